@@ -1,0 +1,77 @@
+"""One exception hierarchy, so callers and the CLI can tell failures apart.
+
+Every message is one line that names the thing that is wrong and where; the
+CLI prints it as is and maps each class to a documented exit code.
+"""
+
+from __future__ import annotations
+
+
+class DelegateError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    exit_code = 1
+
+
+class ModelFormatError(DelegateError):
+    """The model file is not a valid TFLite flatbuffer (or violates its invariants)."""
+
+    exit_code = 3
+
+
+class ConfigError(DelegateError):
+    """The YAML configuration is invalid; the message names file, key path and line."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 line: int | None = None):
+        where = ""
+        if file:
+            where = f"{file}"
+            if line is not None:
+                where += f":{line}"
+            where += ": "
+        if key:
+            where += f"{key}: "
+        super().__init__(where + message)
+        self.file, self.key, self.line = file, key, line
+
+
+class PluginError(DelegateError):
+    """A backend plugin is missing, unavailable or misbehaved."""
+
+    exit_code = 5
+
+
+class UnsupportedOpError(DelegateError):
+    """No usable backend can run an op (op index, code, version and the reasons)."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, *, op_index: int | None = None, opcode: str | None = None,
+                 backend: str | None = None):
+        super().__init__(message)
+        self.op_index, self.opcode, self.backend = op_index, opcode, backend
+
+
+class CompileError(DelegateError):
+    """A backend failed to build a partition; carries the build log."""
+
+    exit_code = 7
+
+    def __init__(self, message: str, *, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+class ExecutionError(DelegateError):
+    """Running a compiled plan failed, or the inputs given to it are invalid."""
+
+    exit_code = 8
+
+
+class CacheError(DelegateError):
+    """The kernel cache directory is unsafe or unusable."""
+
+    exit_code = 9
