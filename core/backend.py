@@ -1,0 +1,148 @@
+"""The backend contract: what a plugin's backend answers when the planner negotiates with it.
+
+A plugin registers :class:`BackendInfo` descriptors through the
+``delegate_backends`` hook; the factory builds a :class:`Backend` for one run
+with its options from the config.  The planner asks ``supports`` per op,
+``estimate_ms`` per op and ``transfer_ms`` per cut edge, then calls
+``compile`` once per partition and runs the result with tensors that stay
+resident on the backend between partitions.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .ir import Op, Subgraph, Tensor
+
+API_VERSION = 1
+
+LAYOUTS = ("NHWC", "PHWC4", "NCHW")
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A backend a plugin offers.
+
+    ``factory(options)`` builds the backend; ``available()`` says, without side
+    effects, whether it can run here and, when not, why (missing package, no device).
+    """
+
+    name: str
+    factory: Callable[[Mapping[str, Any]], "Backend"]
+    available: Callable[[], tuple[bool, str]] = lambda: (True, "")
+    description: str = ""
+    api_version: int = API_VERSION
+    is_accelerator: bool = False
+
+
+@dataclass(frozen=True)
+class Support:
+    """A backend's answer for one op: yes, or no with the check that failed."""
+
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> "Support":
+        return cls(True)
+
+    @classmethod
+    def no(cls, reason: str) -> "Support":
+        return cls(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass
+class CompileOptions:
+    """What a backend needs to know to build a partition."""
+
+    precision: str = "fp32"  # "fp32" | "fp16" (fp16 only where precision loss is allowed)
+    allow_quantized: bool = False  # accept quantized op versions (float view of int8 models)
+    inference_preference: str = "fast_single_answer"  # or "sustained_speed"
+    num_threads: int = 1
+    cache_dir: str | None = None
+    model_token: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Partition:
+    """A connected set of ops placed on one backend, as a subgraph view of the model.
+
+    ``inputs``/``outputs`` are the tensors crossing the partition boundary
+    (graph inputs, values produced by other partitions, or consumed after it).
+    """
+
+    index: int
+    backend: str
+    ops: list[Op]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    graph: Subgraph
+
+    @property
+    def op_indices(self) -> list[int]:
+        return [op.index for op in self.ops]
+
+
+class CompiledPartition(abc.ABC):
+    """A partition ready to run.  Values passed in and out are this backend's device values."""
+
+    @abc.abstractmethod
+    def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        """Run once.  ``inputs`` maps tensor index -> device value; returns the outputs likewise."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``delegate plan`` (precision used, kernels, fusion)."""
+        return {}
+
+    def profile(self) -> dict[int, float]:
+        """Per-op measured milliseconds of the last run, where the backend can tell."""
+        return {}
+
+
+class Backend(abc.ABC):
+    """One execution backend (CPU, an OpenCL device, a WebGPU adapter...)."""
+
+    name: str = "backend"
+    layout: str = "NHWC"
+    precisions: tuple[str, ...] = ("fp32",)
+    is_accelerator: bool = False
+
+    @abc.abstractmethod
+    def supports(self, op: Op, options: CompileOptions) -> Support:
+        """Whether this backend can run ``op`` (code, version, dtypes, shapes, attributes)."""
+
+    @abc.abstractmethod
+    def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
+        """Build a partition; raise CompileError with the build log on failure."""
+
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """Estimated time of ``op`` here, or None to let the cost model use its roofline."""
+        return None
+
+    def transfer_ms(self, nbytes: int) -> float:
+        """Time to move ``nbytes`` between host memory and this backend (0 for the host)."""
+        return 0.0
+
+    def to_device(self, array: np.ndarray) -> Any:
+        """Host array -> device value (identity on the CPU)."""
+        return array
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """Device value -> host array (identity on the CPU)."""
+        return value
+
+    def device_info(self) -> dict[str, Any]:
+        """Device, driver and version facts; they key profiles and the kernel cache."""
+        return {"backend": self.name}
+
+    def close(self) -> None:
+        """Release device resources."""

@@ -1,0 +1,315 @@
+"""Output-shape inference per builtin op.
+
+Used by the builder (so tests need not spell output shapes) and by the runtime
+when an input is resized.  Rules follow the TFLite kernels' Prepare steps;
+constant operands (axes, shapes, paddings) are read from the tensors' data.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .errors import UnsupportedOpError
+from .ir import Op
+
+Shape = tuple[int, ...]
+ShapeFn = Callable[[Op], list[Shape]]
+_RULES: dict[str, ShapeFn] = {}
+
+
+def rule(*opcodes: str):
+    """Register a shape function for one or more op codes."""
+    def register(fn: ShapeFn) -> ShapeFn:
+        for code in opcodes:
+            _RULES[code] = fn
+        return fn
+    return register
+
+
+def has_rule(opcode: str) -> bool:
+    return opcode in _RULES
+
+
+def infer_output_shapes(op: Op, num_outputs: int = 1) -> list[Shape]:
+    """Shapes of ``op``'s outputs from its inputs' shapes, options and constant operands."""
+    fn = _RULES.get(op.opcode)
+    if fn is None:
+        raise UnsupportedOpError(f"{op.describe()}: no shape rule; give the output shape explicitly",
+                                 op_index=op.index, opcode=op.opcode)
+    shapes = fn(op)
+    if len(shapes) == 1 and num_outputs > 1:
+        shapes = shapes * num_outputs
+    return shapes
+
+
+def const_values(op: Op, i: int) -> np.ndarray:
+    t = op.input(i)
+    if t is None or t.data is None:
+        raise UnsupportedOpError(f"{op.describe()}: input {i} must be constant to infer shapes",
+                                 op_index=op.index, opcode=op.opcode)
+    return np.asarray(t.data)
+
+
+def broadcast(*shapes: Shape) -> Shape:
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+def conv_out(size: int, kernel: int, stride: int, dilation: int, padding: str) -> int:
+    effective = (kernel - 1) * dilation + 1
+    if padding == "SAME":
+        return (size + stride - 1) // stride
+    return (size - effective + stride) // stride
+
+
+ELEMENTWISE_BINARY = ("ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE", "POW", "MAXIMUM", "MINIMUM",
+                      "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL",
+                      "NOT_EQUAL", "LOGICAL_AND", "LOGICAL_OR", "PRELU")
+ELEMENTWISE_UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "HARD_SWISH", "LOGISTIC",
+                     "TANH", "GELU", "ELU", "SOFTMAX", "LOG_SOFTMAX", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE",
+                     "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "LOGICAL_NOT", "CAST", "DEQUANTIZE",
+                     "QUANTIZE", "L2_NORMALIZATION", "CUMSUM", "SIGN", "ZEROS_LIKE", "LOCAL_RESPONSE_NORMALIZATION")
+
+
+@rule(*ELEMENTWISE_BINARY)
+def _binary(op: Op) -> list[Shape]:
+    return [broadcast(op.inputs[0].shape, op.inputs[1].shape)]
+
+
+@rule(*ELEMENTWISE_UNARY)
+def _unary(op: Op) -> list[Shape]:
+    return [op.inputs[0].shape]
+
+
+@rule("SELECT", "SELECT_V2")
+def _select(op: Op) -> list[Shape]:
+    return [broadcast(*(t.shape for t in op.inputs))]
+
+
+@rule("DENSIFY")
+def _densify(op: Op) -> list[Shape]:
+    return [op.inputs[0].shape]
+
+
+@rule("CONV_2D", "DEPTHWISE_CONV_2D")
+def _conv(op: Op) -> list[Shape]:
+    n, h, w, _ = op.inputs[0].shape
+    f = op.inputs[1].shape
+    o = op.options
+    kh, kw = f[1], f[2]
+    out_c = f[0] if op.opcode == "CONV_2D" else f[3]
+    return [(n, conv_out(h, kh, o.get("stride_h", 1), o.get("dilation_h_factor", 1), o.get("padding", "SAME")),
+             conv_out(w, kw, o.get("stride_w", 1), o.get("dilation_w_factor", 1), o.get("padding", "SAME")),
+             out_c)]
+
+
+@rule("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D")
+def _pool(op: Op) -> list[Shape]:
+    n, h, w, c = op.inputs[0].shape
+    o = op.options
+    return [(n, conv_out(h, o["filter_height"], o["stride_h"], 1, o.get("padding", "SAME")),
+             conv_out(w, o["filter_width"], o["stride_w"], 1, o.get("padding", "SAME")), c)]
+
+
+@rule("TRANSPOSE_CONV")
+def _transpose_conv(op: Op) -> list[Shape]:
+    return [tuple(int(v) for v in const_values(op, 0))]
+
+
+@rule("FULLY_CONNECTED")
+def _fully_connected(op: Op) -> list[Shape]:
+    x, w = op.inputs[0].shape, op.inputs[1].shape
+    units = w[0]
+    if op.options.get("keep_num_dims"):
+        return [x[:-1] + (units,)]
+    batch = int(np.prod(x, dtype=np.int64)) // w[1]
+    return [(batch, units)]
+
+
+@rule("BATCH_MATMUL")
+def _batch_matmul(op: Op) -> list[Shape]:
+    a, b = op.inputs[0].shape, op.inputs[1].shape
+    m = a[-1] if op.options.get("adj_x") else a[-2]
+    n = b[-2] if op.options.get("adj_y") else b[-1]
+    return [broadcast(a[:-2], b[:-2]) + (m, n)]
+
+
+@rule("RESHAPE")
+def _reshape(op: Op) -> list[Shape]:
+    total = op.inputs[0].size
+    if len(op.inputs) > 1 and op.inputs[1] is not None and op.inputs[1].data is not None:
+        target = [int(v) for v in np.asarray(op.inputs[1].data).ravel()]
+    else:
+        target = list(op.options.get("new_shape", []))
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1], dtype=np.int64)) or 1
+        target[target.index(-1)] = total // known
+    return [tuple(target)]
+
+
+@rule("SQUEEZE")
+def _squeeze(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    dims = [d % len(shape) for d in op.options.get("squeeze_dims", [])]
+    return [tuple(d for i, d in enumerate(shape) if not ((i in dims) if dims else d == 1))]
+
+
+@rule("EXPAND_DIMS")
+def _expand_dims(op: Op) -> list[Shape]:
+    shape = list(op.inputs[0].shape)
+    axis = int(const_values(op, 1).ravel()[0])
+    if axis < 0:
+        axis += len(shape) + 1
+    shape.insert(axis, 1)
+    return [tuple(shape)]
+
+
+@rule("CONCATENATION")
+def _concat(op: Op) -> list[Shape]:
+    shape = list(op.inputs[0].shape)
+    axis = op.options.get("axis", 0) % len(shape)
+    shape[axis] = sum(t.shape[axis] for t in op.inputs)
+    return [tuple(shape)]
+
+
+@rule("TRANSPOSE")
+def _transpose(op: Op) -> list[Shape]:
+    perm = const_values(op, 1).ravel()
+    return [tuple(op.inputs[0].shape[int(p)] for p in perm)]
+
+
+@rule("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL")
+def _reduce(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    axes = {int(a) % len(shape) for a in const_values(op, 1).ravel()}
+    if op.options.get("keep_dims"):
+        return [tuple(1 if i in axes else d for i, d in enumerate(shape))]
+    return [tuple(d for i, d in enumerate(shape) if i not in axes)]
+
+
+@rule("ARG_MAX", "ARG_MIN")
+def _arg(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    axis = int(const_values(op, 1).ravel()[0]) % len(shape)
+    return [tuple(d for i, d in enumerate(shape) if i != axis)]
+
+
+@rule("PAD", "PADV2", "MIRROR_PAD")
+def _pad(op: Op) -> list[Shape]:
+    pads = const_values(op, 1).reshape(-1, 2)
+    return [tuple(int(d + p[0] + p[1]) for d, p in zip(op.inputs[0].shape, pads))]
+
+
+@rule("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
+def _resize(op: Op) -> list[Shape]:
+    n, _, _, c = op.inputs[0].shape
+    h, w = (int(v) for v in const_values(op, 1).ravel())
+    return [(n, h, w, c)]
+
+
+@rule("DEPTH_TO_SPACE")
+def _depth_to_space(op: Op) -> list[Shape]:
+    n, h, w, c = op.inputs[0].shape
+    b = op.options["block_size"]
+    return [(n, h * b, w * b, c // (b * b))]
+
+
+@rule("SPACE_TO_DEPTH")
+def _space_to_depth(op: Op) -> list[Shape]:
+    n, h, w, c = op.inputs[0].shape
+    b = op.options["block_size"]
+    return [(n, h // b, w // b, c * b * b)]
+
+
+@rule("SLICE")
+def _slice(op: Op) -> list[Shape]:
+    begin = const_values(op, 1).ravel()
+    size = const_values(op, 2).ravel()
+    shape = op.inputs[0].shape
+    return [tuple(int(shape[i] - begin[i]) if size[i] == -1 else int(size[i]) for i in range(len(shape)))]
+
+
+@rule("STRIDED_SLICE")
+def _strided_slice(op: Op) -> list[Shape]:
+    from .strided import strided_slice_plan  # shared with the kernels
+    return [strided_slice_plan(op.inputs[0].shape, const_values(op, 1), const_values(op, 2),
+                               const_values(op, 3), op.options).output_shape]
+
+
+@rule("GATHER")
+def _gather(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    axis = op.options.get("axis", 0) % len(shape)
+    batch = op.options.get("batch_dims", 0)
+    idx = op.inputs[1].shape
+    return [shape[:axis] + idx[batch:] + shape[axis + 1:]]
+
+
+@rule("GATHER_ND")
+def _gather_nd(op: Op) -> list[Shape]:
+    params, idx = op.inputs[0].shape, op.inputs[1].shape
+    return [idx[:-1] + params[idx[-1]:]]
+
+
+@rule("TILE")
+def _tile(op: Op) -> list[Shape]:
+    reps = const_values(op, 1).ravel()
+    return [tuple(int(d * r) for d, r in zip(op.inputs[0].shape, reps))]
+
+
+@rule("BROADCAST_TO")
+def _broadcast_to(op: Op) -> list[Shape]:
+    return [broadcast(op.inputs[0].shape, tuple(int(v) for v in const_values(op, 1).ravel()))]
+
+
+@rule("FILL")
+def _fill(op: Op) -> list[Shape]:
+    return [tuple(int(v) for v in const_values(op, 0).ravel())]
+
+
+@rule("SHAPE")
+def _shape(op: Op) -> list[Shape]:
+    return [(len(op.inputs[0].shape),)]
+
+
+@rule("PACK")
+def _pack(op: Op) -> list[Shape]:
+    shape = list(op.inputs[0].shape)
+    axis = op.options.get("axis", 0)
+    if axis < 0:
+        axis += len(shape) + 1
+    shape.insert(axis, len(op.inputs))
+    return [tuple(shape)]
+
+
+@rule("UNPACK")
+def _unpack(op: Op) -> list[Shape]:
+    shape = list(op.inputs[0].shape)
+    axis = op.options.get("axis", 0) % len(shape)
+    count = shape.pop(axis)
+    return [tuple(shape)] * count
+
+
+@rule("SPLIT")
+def _split(op: Op) -> list[Shape]:
+    shape = list(op.inputs[1].shape)
+    axis = int(const_values(op, 0).ravel()[0]) % len(shape)
+    n = op.options["num_splits"]
+    shape[axis] //= n
+    return [tuple(shape)] * n
+
+
+@rule("SPLIT_V")
+def _split_v(op: Op) -> list[Shape]:
+    shape = list(op.inputs[0].shape)
+    sizes = [int(s) for s in const_values(op, 1).ravel()]
+    axis = int(const_values(op, 2).ravel()[0]) % len(shape)
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = shape[axis] - (sum(sizes) + 1)
+    out = []
+    for s in sizes:
+        part = list(shape)
+        part[axis] = s
+        out.append(tuple(part))
+    return out

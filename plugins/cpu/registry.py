@@ -1,0 +1,57 @@
+"""Kernel registry of the CPU backend.
+
+A kernel is registered per op code as a *factory*: ``factory(op)`` runs once at
+compile time (precomputing transposed weights, dequantized constants, index
+maps) and returns ``run(inputs, outputs)``, which reads the input arrays and
+writes into the preallocated output arrays.  Float and quantized variants of
+one op are registered separately; the quantized one is chosen when the op's
+first input carries quantization and an integer dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from delegate import Op
+
+Run = Callable[[list[np.ndarray], list[np.ndarray]], None]
+Factory = Callable[[Op], Run]
+
+FLOAT_KERNELS: dict[str, Factory] = {}
+QUANT_KERNELS: dict[str, Factory] = {}
+_INTEGER_Q = (np.int8, np.uint8, np.int16)
+
+
+def kernel(*opcodes: str, quantized: bool = False):
+    """Register a kernel factory for one or more op codes."""
+    table = QUANT_KERNELS if quantized else FLOAT_KERNELS
+
+    def register(factory: Factory) -> Factory:
+        for code in opcodes:
+            table[code] = factory
+        return factory
+    return register
+
+
+def is_quantized_op(op: Op) -> bool:
+    """True when the op computes on quantized integers (its activations are int8/uint8/int16 + scale)."""
+    for t in list(op.inputs) + list(op.outputs):
+        if t is not None and t.quantization is not None and not t.is_constant \
+                and t.dtype.numpy is not None and t.dtype.numpy.type in _INTEGER_Q:
+            return True
+    return False
+
+
+def find_kernel(op: Op, custom: dict[str, Factory] | None = None) -> Factory | None:
+    if op.custom and custom and op.opcode in custom:
+        return custom[op.opcode]
+    if is_quantized_op(op) and op.opcode in QUANT_KERNELS:
+        return QUANT_KERNELS[op.opcode]
+    return FLOAT_KERNELS.get(op.opcode)
+
+
+def load_all() -> None:
+    """Import every kernel module so its registrations take effect."""
+    from . import kernels  # noqa: F401
