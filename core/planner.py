@@ -1,0 +1,428 @@
+"""Placement: which backend runs each op, and the partitions that result.
+
+Pipeline: capability query -> per-op costs -> assignment -> partition formation
+-> partition limits -> explanation.  The assignment minimises total compute
+plus transfer time.  With the CPU and one accelerator this is exactly an s-t
+minimum cut (networkx), where a tensor consumed on several devices is paid for
+once per destination; with several accelerators each CPU+accelerator pair is
+solved exactly and the cheapest pair is kept (plans mixing two accelerators
+are not considered).  ``partitioner: greedy`` reproduces LiteRT's rule (every
+supported op delegated, largest partitions by node count kept) as a baseline,
+and the cost plan falls back to it in the rare case the partition limits make
+the greedy plan cheaper, so the cost plan never costs more.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import networkx as nx
+
+from .backend import Backend, CompileOptions, Partition
+from .cost import DeviceProfile, op_bytes, op_flops, op_signature
+from .errors import UnsupportedOpError
+from .ir import Op, Subgraph, Tensor
+from .partition import make_partition
+
+INF = math.inf
+_BIG = 1e12  # finite stand-in for "impossible" inside the max-flow graph
+
+
+@dataclass
+class Rule:
+    """A pin or deny rule: matches by op code, op index or tensor-name glob."""
+
+    backend: str | None = None
+    op: str | None = None
+    index: int | None = None
+    tensor: str | None = None
+
+    def matches(self, op: Op) -> bool:
+        if self.op is not None and op.opcode != self.op:
+            return False
+        if self.index is not None and op.index != self.index:
+            return False
+        if self.tensor is not None and not any(
+                fnmatch.fnmatchcase(t.name, self.tensor) for t in op.outputs):
+            return False
+        return True
+
+    def describe(self) -> str:
+        what = []
+        if self.op is not None:
+            what.append(f"op {self.op}")
+        if self.index is not None:
+            what.append(f"index {self.index}")
+        if self.tensor is not None:
+            what.append(f"tensor {self.tensor!r}")
+        return " ".join(what) or "all ops"
+
+
+@dataclass
+class PlacementSettings:
+    partitioner: str = "cost"  # "cost" | "greedy"
+    max_delegated_partitions: int = 0  # 0 = unlimited
+    min_nodes_per_partition: int = 1
+    pins: list[Rule] = field(default_factory=list)
+    denies: list[Rule] = field(default_factory=list)
+
+
+@dataclass
+class Copy:
+    tensor: int
+    name: str
+    source: str
+    destination: str
+    nbytes: int
+    ms: float
+
+
+@dataclass
+class OpDecision:
+    index: int
+    opcode: str
+    version: int
+    backend: str
+    reason: str
+    estimates_ms: dict[str, float]
+    refusals: dict[str, str]
+    copies: int = 0
+
+
+@dataclass
+class Plan:
+    graph: Subgraph
+    partitions: list[Partition]
+    decisions: list[OpDecision]
+    copies: list[Copy]
+    estimated_ms: float
+    partitioner: str
+    accelerators: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delegated(self) -> list[Partition]:
+        return [p for p in self.partitions if p.backend != "cpu"]
+
+    def summary(self) -> str:
+        """LiteRT's own wording for the delegation result."""
+        delegated = self.delegated
+        names = sorted({p.backend for p in delegated}) or (self.accelerators[:1] or ["none"])
+        n_ops = sum(len(p.ops) for p in delegated)
+        return (f"Replacing {n_ops} out of {len(self.graph.ops)} node(s) with delegate ({', '.join(names)}) node, "
+                f"yielding {len(delegated)} partitions")
+
+    def warnings(self) -> list[str]:
+        """LiteRT's per-op warning for every op no accelerator can run."""
+        out = []
+        if not self.accelerators:
+            return out
+        for d in self.decisions:
+            if all(a in d.refusals for a in self.accelerators):
+                out.append(f"op code #{d.index} ({d.opcode}) cannot be handled by this delegate")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "partitioner": self.partitioner,
+            "estimated_ms": round(self.estimated_ms, 4),
+            "partitions": [{"index": p.index, "backend": p.backend, "ops": p.op_indices,
+                            "inputs": [t.index for t in p.inputs], "outputs": [t.index for t in p.outputs]}
+                           for p in self.partitions],
+            "copies": [c.__dict__ for c in self.copies],
+            "ops": [d.__dict__ for d in self.decisions],
+            "warnings": self.warnings(),
+            "notes": self.notes,
+        }
+
+
+class Planner:
+    """Places the ops of a subgraph on the given backends (priority order, CPU included)."""
+
+    def __init__(self, backends: Mapping[str, Backend], profiles: Mapping[str, DeviceProfile],
+                 options: CompileOptions, settings: PlacementSettings | None = None):
+        if "cpu" not in backends:
+            raise ValueError("the cpu backend must be part of every plan (it is the fallback)")
+        self.backends = dict(backends)
+        self.profiles = dict(profiles)
+        self.options = options
+        self.settings = settings or PlacementSettings()
+        self.accelerators = [n for n in self.backends if n != "cpu"]
+
+    # -- costs -----------------------------------------------------------
+    def op_cost(self, op: Op, backend: str) -> float:
+        be = self.backends[backend]
+        estimate = be.estimate_ms(op, self.options)
+        if estimate is not None:
+            return float(estimate)
+        profile = self.profiles[backend]
+        measured = profile.measured_op_ms.get(op_signature(op))
+        if measured is not None:
+            return float(measured)
+        return profile.compute_ms(op_flops(op), op_bytes(op))
+
+    def transfer_cost(self, t: Tensor, backend: str) -> float:
+        """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""
+        if backend == "cpu":
+            return 0.0
+        be = self.backends[backend]
+        ms = be.transfer_ms(t.nbytes)
+        if ms:
+            return ms
+        host = self.profiles["cpu"]
+        convert = t.nbytes / (host.gbytes_per_s * 1e9) * 1e3 if be.layout != "NHWC" else 0.0
+        return self.profiles[backend].transfer_ms(t.nbytes) + convert
+
+    def capabilities(self, graph: Subgraph) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]]]:
+        """Per op: cost on each backend that can run it, and the reason of each that cannot."""
+        costs: dict[int, dict[str, float]] = {}
+        refusals: dict[int, dict[str, str]] = {}
+        for op in graph.ops:
+            costs[op.index], refusals[op.index] = {}, {}
+            pinned = [r for r in self.settings.pins if r.matches(op)]
+            for name, be in self.backends.items():
+                try:
+                    answer = be.supports(op, self.options)
+                except Exception as exc:  # a plugin bug must not break planning
+                    answer = None
+                    refusals[op.index][name] = f"support query failed: {type(exc).__name__}: {exc}"
+                if answer is not None and not answer:
+                    refusals[op.index][name] = answer.reason or "not supported"
+                elif answer is not None:
+                    denied = next((r for r in self.settings.denies
+                                   if r.matches(op) and r.backend in (None, name)
+                                   and not (r.backend is None and name == "cpu")), None)
+                    if denied is not None:
+                        refusals[op.index][name] = f"denied by config rule ({denied.describe()})"
+                    elif pinned and pinned[0].backend != name:
+                        refusals[op.index][name] = f"pinned to {pinned[0].backend} by config"
+                    else:
+                        costs[op.index][name] = self.op_cost(op, name)
+            if pinned and pinned[0].backend not in costs[op.index]:
+                target = pinned[0].backend
+                why = refusals[op.index].get(target, f"backend {target!r} is not in use")
+                raise UnsupportedOpError(f"{op.describe()} is pinned to {target} but {target} cannot run it: {why}",
+                                         op_index=op.index, opcode=op.opcode, backend=target)
+            if not costs[op.index]:
+                reasons = "; ".join(f"{b}: {r}" for b, r in refusals[op.index].items())
+                raise UnsupportedOpError(f"{op.describe()} cannot run on any backend ({reasons})",
+                                         op_index=op.index, opcode=op.opcode)
+        return costs, refusals
+
+    # -- assignment ------------------------------------------------------
+    def evaluate(self, graph: Subgraph, assignment: Mapping[int, str],
+                 costs: Mapping[int, Mapping[str, float]]) -> tuple[float, list[Copy]]:
+        """Total estimated time of an assignment and the copies it causes."""
+        total = sum(costs[op.index].get(assignment[op.index], INF) for op in graph.ops)
+        copies = []
+        for t in graph.tensors:
+            if t.is_constant:
+                continue
+            source = assignment[t.producer.index] if t.producer is not None else "cpu"
+            destinations = {assignment[u.index] for u in t.uses}
+            if any(o.index == t.index for o in graph.outputs):
+                destinations.add("cpu")
+            for dest in sorted(destinations - {source}):
+                # a device-to-device move goes through the host
+                ms = self.transfer_cost(t, source) + self.transfer_cost(t, dest)
+                copies.append(Copy(t.index, t.name, source, dest, t.nbytes, ms))
+                total += ms
+        return total, copies
+
+    def min_cut(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
+        """Exact CPU/accelerator assignment by s-t minimum cut (source side = accelerator)."""
+        g = nx.DiGraph()
+        s, t = "source", "sink"
+
+        def cap(value: float) -> float:
+            return _BIG if value == INF else value
+
+        def add(u, v, c):
+            if c <= 0:
+                return
+            if g.has_edge(u, v):
+                g[u][v]["capacity"] += c
+            else:
+                g.add_edge(u, v, capacity=c)
+
+        g.add_nodes_from([s, t])
+        for op in graph.ops:
+            c = costs[op.index]
+            add(s, op.index, cap(c.get("cpu", INF)))  # cut when the op is on the CPU
+            add(op.index, t, cap(c.get(accel, INF)))  # cut when the op is on the accelerator
+        outputs = {o.index for o in graph.outputs}
+        for tensor in graph.tensors:
+            if tensor.is_constant or (not tensor.uses and tensor.index not in outputs):
+                continue
+            ms = self.transfer_cost(tensor, accel)
+            producer = tensor.producer.index if tensor.producer is not None else None
+            down, up = ("down", tensor.index), ("up", tensor.index)
+            # download once when produced on the accelerator and needed on the host
+            if producer is not None:
+                add(producer, down, ms)
+                for u in tensor.uses:
+                    g.add_edge(down, u.index)  # infinite
+                if tensor.index in outputs:
+                    add(down, t, _BIG)
+            # upload once when produced on the host and needed on the accelerator
+            for u in tensor.uses:
+                g.add_edge(u.index, up)
+            if producer is not None:
+                add(up, producer, ms)
+            else:
+                add(up, t, ms)
+        _, (source_side, _) = nx.minimum_cut(g, s, t)
+        return {op.index: (accel if op.index in source_side else "cpu") for op in graph.ops}
+
+    def greedy(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
+        """LiteRT's rule: every op the accelerator supports is delegated."""
+        return {op.index: (accel if accel in costs[op.index] else "cpu") for op in graph.ops}
+
+    # -- partitions ------------------------------------------------------
+    @staticmethod
+    def form_partitions(graph: Subgraph, assignment: Mapping[int, str]) -> list[list[Op]]:
+        """Group ops into partitions whose quotient graph is acyclic.
+
+        Ops are taken in topological order; an op joins the newest partition of its
+        backend that is not older than any partition it reads from, else opens one.
+        Every edge then runs from an older partition to a newer (or the same) one.
+        """
+        groups: list[tuple[str, list[Op]]] = []
+        part_of: dict[int, int] = {}
+        for op in graph.topological_order():
+            backend = assignment[op.index]
+            deps = [part_of[t.producer.index] for t in op.inputs
+                    if t is not None and t.producer is not None]
+            floor = max(deps, default=-1)
+            target = None
+            for gi in range(len(groups) - 1, floor - 1, -1):
+                if gi < 0:
+                    break
+                if groups[gi][0] == backend:
+                    target = gi
+                    break
+            if target is None:
+                groups.append((backend, []))
+                target = len(groups) - 1
+            groups[target][1].append(op)
+            part_of[op.index] = target
+        return [ops for _, ops in groups]
+
+    def enforce_limits(self, graph: Subgraph, assignment: dict[int, str],
+                       costs: Mapping[int, Mapping[str, float]], by_size: bool) -> tuple[dict[int, str], list[str]]:
+        """Move partitions below ``min_nodes_per_partition`` or beyond ``max_delegated_partitions`` to the CPU.
+
+        Which partitions stay: the largest by node count (``by_size``, LiteRT's rule) or
+        those whose removal would cost the most time (the cost planner).
+        """
+        notes = []
+        settings = self.settings
+        while True:
+            groups = [ops for ops in self.form_partitions(graph, assignment) if assignment[ops[0].index] != "cpu"]
+            small = [ops for ops in groups if len(ops) < settings.min_nodes_per_partition]
+            movable = [ops for ops in small if all("cpu" in costs[o.index] for o in ops)]
+            if movable:
+                for ops in movable:
+                    notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to cpu: "
+                                 f"fewer than min_nodes_per_partition={settings.min_nodes_per_partition}")
+                    for o in ops:
+                        assignment[o.index] = "cpu"
+                continue
+            limit = settings.max_delegated_partitions
+            if not limit or len(groups) <= limit:
+                return assignment, notes
+            base, _ = self.evaluate(graph, assignment, costs)
+
+            def keep_score(ops: list[Op]) -> float:
+                if by_size:
+                    return len(ops)
+                trial = dict(assignment)
+                for o in ops:
+                    if "cpu" not in costs[o.index]:
+                        return INF
+                    trial[o.index] = "cpu"
+                return self.evaluate(graph, trial, costs)[0] - base
+
+            ranked = sorted(groups, key=keep_score, reverse=True)
+            dropped = ranked[limit:]
+            dropped_any = False
+            for ops in dropped:
+                if not all("cpu" in costs[o.index] for o in ops):
+                    continue
+                dropped_any = True
+                notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to cpu: "
+                             f"beyond max_delegated_partitions={limit}")
+                for o in ops:
+                    assignment[o.index] = "cpu"
+            if not dropped_any:
+                return assignment, notes
+
+    # -- the whole pipeline --------------------------------------------------
+    def plan(self, graph: Subgraph) -> Plan:
+        costs, refusals = self.capabilities(graph)
+        cpu_only = {op.index: "cpu" if "cpu" in costs[op.index] else next(iter(costs[op.index]))
+                    for op in graph.ops}
+        candidates: list[tuple[float, dict[int, str], list[str], str]] = []
+        mode = self.settings.partitioner
+        for accel in self.accelerators or [None]:
+            if accel is None:
+                assignment = dict(cpu_only)
+                notes: list[str] = []
+            elif mode == "greedy":
+                assignment, notes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
+            else:
+                assignment, notes = self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs, False)
+                greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
+                if self.evaluate(graph, greedy, costs)[0] < self.evaluate(graph, assignment, costs)[0]:
+                    assignment, notes = greedy, gnotes + ["the greedy plan was cheaper under the partition limits"]
+            total, _ = self.evaluate(graph, assignment, costs)
+            candidates.append((total, assignment, notes, accel or "cpu"))
+        total, assignment, notes, _ = min(candidates, key=lambda c: c[0])
+        total, copies = self.evaluate(graph, assignment, costs)
+        partitions = [make_partition(graph, ops, assignment[ops[0].index], i)
+                      for i, ops in enumerate(self.form_partitions(graph, assignment))]
+        decisions = self.explain(graph, assignment, costs, refusals, copies)
+        return Plan(graph, partitions, decisions, copies, total, mode, self.accelerators, notes)
+
+    def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies) -> list[OpDecision]:
+        copies_into: dict[int, int] = {}
+        for c in copies:
+            t = graph.tensors[c.tensor]
+            for u in t.uses:
+                if assignment[u.index] == c.destination:
+                    copies_into[u.index] = copies_into.get(u.index, 0) + 1
+        out = []
+        for op in graph.ops:
+            chosen = assignment[op.index]
+            est = {b: round(v, 5) for b, v in costs[op.index].items()}
+            refused = refusals[op.index]
+            if chosen == "cpu" and self.accelerators and all(a in refused for a in self.accelerators):
+                reason = "; ".join(f"{a}: {refused[a]}" for a in self.accelerators)
+            elif chosen == "cpu" and self.accelerators:
+                others = ", ".join(f"{a} {est[a]:.4f} ms" for a in self.accelerators if a in est)
+                reason = (f"cheaper on cpu counting copies: cpu {est['cpu']:.4f} ms vs {others}"
+                          if self.settings.partitioner == "cost" else "outside the kept partitions")
+            elif chosen == "cpu":
+                reason = "cpu is the only backend in use"
+            else:
+                reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs cpu {est['cpu']:.4f} ms" if "cpu" in est else
+                                                              " (cpu cannot run it)")
+            out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
+                                  copies_into.get(op.index, 0)))
+        return out
+
+
+def settings_from_config(values: Mapping[str, Any]) -> PlacementSettings:
+    """PlacementSettings from config values (``pin``/``deny`` lists of rule mappings)."""
+    def rules(items: Sequence[Mapping[str, Any]] | None) -> list[Rule]:
+        return [Rule(**{k: v for k, v in item.items() if k in ("backend", "op", "index", "tensor")})
+                for item in items or []]
+    return PlacementSettings(
+        partitioner=values.get("partitioner", "cost"),
+        max_delegated_partitions=int(values.get("max_delegated_partitions", 0) or 0),
+        min_nodes_per_partition=int(values.get("min_nodes_per_partition", 1) or 1),
+        pins=rules(values.get("pin")), denies=rules(values.get("deny")))
