@@ -1,0 +1,390 @@
+"""The ``delegate`` command line.
+
+``delegate [run] [--config FILE] [MODEL]`` loads, plans, compiles, runs and
+reports; the subcommands inspect, plan, analyze, bench, validate, backends,
+calibrate, cache and zoo each take ``--json``.  Every failure is one line on
+stderr and a documented exit code (README, "Exit codes"); ``--debug`` adds the
+traceback and ``-v`` the log of placement decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import __version__
+from .errors import DelegateError, ExecutionError, ModelFormatError
+
+DEFAULT_MODEL = "zoo:mobilenet_v1"
+EXIT_VALIDATION_FAILED = 10
+EXIT_USAGE = 2
+SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "cache", "zoo")
+
+
+# -- shared helpers ------------------------------------------------------------
+
+def read_model_arg(spec: str):
+    """(Model, bytes, label) for a path or ``zoo:NAME``."""
+    from . import zoo
+    from .tflite.reader import read_model
+
+    if spec.startswith("zoo:"):
+        try:
+            data = zoo.build(spec[4:])
+        except KeyError as exc:
+            raise ModelFormatError(str(exc.args[0])) from None
+        return read_model(data), data, spec
+    path = Path(spec)
+    if not path.exists():
+        raise ModelFormatError(f"{spec}: no such model file (give a .tflite path or zoo:NAME)")
+    if path.is_dir():
+        raise ModelFormatError(f"{spec}: is a directory, not a model file")
+    data = path.read_bytes()
+    return read_model(data), data, spec
+
+
+def load_cli_config(args):
+    from .config import load_config
+    return load_config(args.config, overrides=args.set or [], backends=args.backends)
+
+
+def emit_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def console():
+    from rich.console import Console
+    return Console(highlight=False, soft_wrap=True)
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
+    from rich.table import Table
+    t = Table(title=title, title_justify="left", box=None if not sys.stdout.isatty() else None)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(v) for v in r])
+    return t
+
+
+def output_stats(name: str, arr: np.ndarray) -> dict[str, Any]:
+    stats: dict[str, Any] = {"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)}
+    if arr.size and arr.dtype.kind in "fiub":
+        a = arr.astype(np.float64)
+        stats.update(min=float(a.min()), max=float(a.max()), mean=float(a.mean()))
+    if arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] >= 10 and arr.dtype.kind in "fiu":
+        top = np.argsort(arr[0])[::-1][:5]
+        stats["top5"] = [{"class": int(i), "score": float(arr[0, i])} for i in top]
+    return stats
+
+
+def plan_rows(plan) -> list[list[Any]]:
+    rows = []
+    for p in plan.partitions:
+        ops = p.op_indices
+        span = f"#{ops[0]}..#{ops[-1]}" if len(ops) > 1 else f"#{ops[0]}"
+        rows.append([p.index, p.backend, len(ops), span, len(p.inputs), len(p.outputs)])
+    return rows
+
+
+# -- commands ---------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from .inputs import make_inputs
+    from .session import Session, run_settings
+
+    config = load_cli_config(args)
+    model, _, label = read_model_arg(args.model)
+    started = time.perf_counter()
+    session = Session(model, run_settings(config))
+    init_ms = (time.perf_counter() - started) * 1e3
+    inputs = make_inputs(session.graph, args.input, config, seed=args.seed)
+    t0 = time.perf_counter()
+    outputs = session.run(inputs)
+    first_ms = (time.perf_counter() - t0) * 1e3
+    times = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        session.run(inputs)
+        times.append((time.perf_counter() - t0) * 1e3)
+    median = float(np.median(times)) if times else first_ms
+    if args.output:
+        np.savez(args.output, **outputs)
+    doc = {
+        "model": label,
+        "plan": session.plan.to_dict(),
+        "outputs": [output_stats(n, a) for n, a in outputs.items()],
+        "timing_ms": {"init": round(init_ms, 3), "first_run": round(first_ms, 3), "median": round(median, 3),
+                      "runs": len(times)},
+    }
+    if args.json:
+        emit_json(doc)
+        return 0
+    c = console()
+    c.print(f"[bold]{label}[/bold]: {len(model.main.ops)} ops, backends in use: {', '.join(session.backends)}")
+    for w in session.plan.warnings():
+        c.print(f"WARNING: {w}")
+    c.print(session.plan.summary())
+    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(session.plan)))
+    c.print(f"copies between devices: {len(session.plan.copies)}; estimated {session.plan.estimated_ms:.3f} ms")
+    for note in session.plan.notes:
+        c.print(f"note: {note}")
+    rows = []
+    for s in doc["outputs"]:
+        rows.append([s["name"], s["shape"], s["dtype"], _fmt(s.get("min")), _fmt(s.get("max")), _fmt(s.get("mean"))])
+    c.print(table("outputs", ["name", "shape", "dtype", "min", "max", "mean"], rows))
+    for s in doc["outputs"]:
+        if "top5" in s:
+            c.print(f"top-5 of {s['name']}: " + ", ".join(f"{t['class']} ({t['score']:.4f})" for t in s["top5"]))
+    c.print(f"timing: init {init_ms:.1f} ms, first run {first_ms:.2f} ms, median of {len(times)} runs {median:.2f} ms")
+    if args.output:
+        c.print(f"outputs saved to {args.output}")
+    return 0
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.5g}"
+
+
+def cmd_inspect(args) -> int:
+    model, data, label = read_model_arg(args.model)
+    g = model.main
+    if args.json:
+        emit_json({
+            "model": label, "bytes": len(data), "subgraphs": len(model.subgraphs),
+            "inputs": [_tensor_doc(t) for t in g.inputs], "outputs": [_tensor_doc(t) for t in g.outputs],
+            "ops": [{"index": op.index, "opcode": op.opcode, "version": op.version, "custom": op.custom,
+                     "inputs": [None if t is None else t.index for t in op.inputs],
+                     "outputs": [t.index for t in op.outputs], "options": op.options} for op in g.ops],
+            "tensors": [_tensor_doc(t) for t in g.tensors],
+            "opcode_counts": g.opcode_counts(),
+            "signatures": [s.__dict__ for s in model.signatures],
+            "metadata": sorted(model.metadata),
+        })
+        return 0
+    c = console()
+    c.print(f"[bold]{label}[/bold]: {len(data)} bytes, {len(model.subgraphs)} subgraph(s), "
+            f"{len(g.ops)} ops, {len(g.tensors)} tensors")
+    c.print(table("inputs", ["index", "name", "type", "quantization"],
+                  [[t.index, t.name, t.type_str(), t.quantization.describe() if t.quantization else "-"]
+                   for t in g.inputs]))
+    c.print(table("outputs", ["index", "name", "type", "quantization"],
+                  [[t.index, t.name, t.type_str(), t.quantization.describe() if t.quantization else "-"]
+                   for t in g.outputs]))
+    c.print(table("op codes", ["op", "count"], sorted(g.opcode_counts().items(), key=lambda kv: -kv[1])))
+    if args.ir:
+        print(str(model))
+    return 0
+
+
+def _tensor_doc(t) -> dict[str, Any]:
+    doc = {"index": t.index, "name": t.name, "dtype": t.dtype.name, "shape": list(t.shape),
+           "constant": t.is_constant}
+    if t.shape_signature is not None:
+        doc["shape_signature"] = list(t.shape_signature)
+    if t.quantization is not None:
+        doc["quantization"] = {"scale": t.quantization.scale.tolist(), "zero_point": t.quantization.zero_point.tolist(),
+                               "axis": t.quantization.axis}
+    return doc
+
+
+def cmd_backends(args) -> int:
+    from .plugins import default_manager
+
+    rows = []
+    for s in default_manager().status():
+        entry = {"name": s.name, "plugin": s.plugin, "available": s.available, "reason": s.reason,
+                 "description": s.description}
+        if s.available:
+            entry["devices"] = _devices(s.name)
+        rows.append(entry)
+    if args.json:
+        emit_json({"backends": rows})
+        return 0
+    c = console()
+    c.print(table("backends", ["name", "available", "details"],
+                  [[r["name"], "yes" if r["available"] else "no",
+                    "; ".join(r.get("devices") or []) or r["reason"] or r["description"]] for r in rows]))
+    return 0
+
+
+def _devices(name: str) -> list[str]:
+    from .plugins import default_manager
+    info = default_manager().backend_info(name)
+    lister = getattr(info.factory, "list_devices", None)
+    if lister is None:
+        return []
+    try:
+        return [str(d) for d in lister()]
+    except Exception as exc:
+        return [f"device listing failed: {exc}"]
+
+
+def cmd_plan(args) -> int:
+    from .session import Session, run_settings
+
+    config = load_cli_config(args)
+    model, _, label = read_model_arg(args.model)
+    session = Session(model, run_settings(config))
+    plan = session.plan
+    if args.svg:
+        from .plot import plan_svg
+        Path(args.svg).write_text(plan_svg(plan))
+    if args.json:
+        emit_json({"model": label, **plan.to_dict()})
+        return 0
+    c = console()
+    for w in plan.warnings():
+        c.print(f"WARNING: {w}")
+    c.print(plan.summary())
+    rows = [[d.index, d.opcode, f"v{d.version}", d.backend, _fmt_est(d.estimates_ms.get(d.backend)), d.copies,
+             d.reason] for d in plan.decisions]
+    c.print(table("placement", ["op", "code", "ver", "backend", "est ms", "copies in", "why"], rows))
+    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(plan)))
+    c.print(f"copies: {len(plan.copies)} ({sum(x.nbytes for x in plan.copies)} bytes); "
+            f"estimated total {plan.estimated_ms:.3f} ms ({plan.partitioner} partitioner)")
+    for note in plan.notes:
+        c.print(f"note: {note}")
+    if args.svg:
+        c.print(f"plan drawn to {args.svg}")
+    return 0
+
+
+def _fmt_est(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def cmd_zoo(args) -> int:
+    from . import zoo
+
+    if not args.name:
+        names = sorted(zoo.ZOO)
+        if args.json:
+            emit_json({"models": names})
+        else:
+            print("\n".join(names))
+        return 0
+    try:
+        data = zoo.build(args.name)
+    except KeyError as exc:
+        raise ModelFormatError(str(exc.args[0])) from None
+    out = args.output or f"{args.name}.tflite"
+    Path(out).write_bytes(data)
+    if args.json:
+        emit_json({"model": args.name, "path": out, "bytes": len(data)})
+    else:
+        print(f"wrote {out} ({len(data)} bytes)")
+    return 0
+
+
+# -- argument parsing ------------------------------------------------------------
+
+def _common(p: argparse.ArgumentParser, model: bool = True, config: bool = True) -> None:
+    if model:
+        p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                       help=f"a .tflite file or zoo:NAME (default {DEFAULT_MODEL})")
+    if config:
+        p.add_argument("--config", "-c", help="YAML config (default: the built-in edge defaults)")
+        p.add_argument("--backends", help="comma-separated backends in priority order, overriding the config")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key for this run")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="delegate", description="Run TFLite models across backends, "
+                                     "placed by a cost model.")
+    parser.add_argument("--version", action="version", version=f"delegate {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log placement decisions")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("run", help="load, plan, compile, run and report (the default command)")
+    _common(p)
+    p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
+                   help="inputs: an .npz, NAME=FILE.npy, or an image (PNG/JPEG); random when omitted")
+    p.add_argument("--output", "-o", help="save outputs to this .npz")
+    p.add_argument("--runs", type=int, default=10, help="timed runs after the first (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("inspect", help="print the model's IR: inputs, outputs, ops, tensors")
+    _common(p, config=False)
+    p.add_argument("--ir", action="store_true", help="also print the textual IR")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("plan", help="explain where each op runs and why")
+    _common(p)
+    p.add_argument("--svg", help="draw the plan to this SVG file")
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("backends", help="list installed backends, their devices and availability")
+    _common(p, model=False, config=False)
+    p.set_defaults(fn=cmd_backends)
+
+    p = sub.add_parser("zoo", help="write a built-in model to a .tflite file")
+    p.add_argument("name", nargs="?", help="model name (omit to list)")
+    p.add_argument("--output", "-o", help="output path (default NAME.tflite)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_zoo)
+
+    from . import cli_tools
+    cli_tools.add_parsers(sub, _common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `delegate --config X model.tflite` is `delegate run --config X model.tflite`
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if not any(a in SUBCOMMANDS for a in argv[:1]) and not any(a in ("-h", "--help", "--version") for a in argv):
+        global_flags = [a for a in argv if a in ("--debug", "-v", "-vv", "--verbose")]
+        rest = [a for a in argv if a not in global_flags]
+        if first not in SUBCOMMANDS:
+            argv = global_flags + ["run"] + rest
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        warnings.simplefilter("ignore")  # fallbacks are reported through the log and the plan notes
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.fn(args) or 0)
+    except DelegateError as exc:
+        if args.debug:
+            raise
+        print(f"delegate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("delegate: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: still one line unless --debug
+        if args.debug:
+            raise
+        print(f"delegate: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""The measuring subcommands: analyze, bench, validate, calibrate, cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CacheError, DelegateError, ExecutionError
+
+ANALYZE_WARN_BELOW = 0.80
+
+
+def _progress(total: int, description: str, enabled: bool):
+    """A rich progress bar on a terminal; a no-op context otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        disable=not (enabled and sys.stderr.isatty()), transient=True,
+                        console=__import__("rich.console", fromlist=["Console"]).Console(stderr=True))
+    return progress, progress.add_task(description, total=total)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# -- analyze ---------------------------------------------------------------------
+
+def cmd_analyze(args) -> int:
+    from .cli import console, emit_json, load_cli_config, read_model_arg, table
+    from .cost import op_flops
+    from .plugins import default_manager
+    from .session import run_settings
+
+    config = load_cli_config(args)
+    settings = run_settings(config)
+    model, _, label = read_model_arg(args.model)
+    g = model.main
+    total_flops = sum(op_flops(op) for op in g.ops) or 1.0
+    report = []
+    manager = default_manager()
+    for name, (info, _) in sorted(manager.backends().items()):
+        ok, reason = info.available()
+        if not ok:
+            report.append({"backend": name, "available": False, "reason": reason})
+            continue
+        options = dict(settings.backends).get(name, {})
+        try:
+            backend = info.factory(options)
+        except DelegateError as exc:
+            report.append({"backend": name, "available": False, "reason": str(exc)})
+            continue
+        supported, flops, blockers = 0, 0.0, {}
+        for op in g.ops:
+            answer = backend.supports(op, settings.compile)
+            if answer:
+                supported += 1
+                flops += op_flops(op)
+            else:
+                key = f"{op.opcode} v{op.version}"
+                entry = blockers.setdefault(key, {"count": 0, "reason": answer.reason, "ops": []})
+                entry["count"] += 1
+                entry["ops"].append(op.index)
+        share = supported / max(len(g.ops), 1)
+        entry = {"backend": name, "available": True, "ops_supported": supported, "ops_total": len(g.ops),
+                 "op_share": round(share, 4), "compute_share": round(flops / total_flops, 4), "blockers": blockers}
+        if share < ANALYZE_WARN_BELOW:
+            entry["warning"] = (f"only {share:.0%} of ops run on {name} (below {ANALYZE_WARN_BELOW:.0%}): "
+                                f"expect partitions and copies")
+        report.append(entry)
+        backend.close()
+    if args.json:
+        emit_json({"model": label, "backends": report})
+        return 0
+    c = console()
+    rows = [[r["backend"], f"{r['ops_supported']}/{r['ops_total']} ({r['op_share']:.0%})",
+             f"{r['compute_share']:.0%}", ", ".join(f"{k} x{v['count']}" for k, v in r["blockers"].items()) or "-"]
+            if r["available"] else [r["backend"], "unavailable", "-", r["reason"]] for r in report]
+    c.print(table(f"op support for {label}", ["backend", "ops", "compute", "blocked by"], rows))
+    for r in report:
+        if r.get("warning"):
+            c.print(f"WARNING: {r['warning']}")
+        for key, b in (r.get("blockers") or {}).items():
+            c.print(f"  {r['backend']}: {key}: {b['reason']}")
+    return 0
+
+
+# -- bench -----------------------------------------------------------------------
+
+def _litert_runner(data: bytes, inputs: list[np.ndarray], threads: int):
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        raise DelegateError("--compare litert needs ai-edge-litert (pip install 'delegate[reference]')") from None
+    it = Interpreter(model_content=data, num_threads=threads)
+    it.allocate_tensors()
+    details = it.get_input_details()
+
+    def run():
+        for d, x in zip(details, inputs):
+            it.set_tensor(d["index"], x)
+        it.invoke()
+        return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+    return run
+
+
+def cmd_bench(args) -> int:
+    from .cli import console, emit_json, load_cli_config, read_model_arg, table
+    from .inputs import make_inputs
+    from .session import Session, run_settings
+
+    config = load_cli_config(args)
+    settings = run_settings(config)
+    model, data, label = read_model_arg(args.model)
+    t0 = time.perf_counter()
+    session = Session(model, settings)
+    init_ms = (time.perf_counter() - t0) * 1e3
+    named = make_inputs(session.graph, args.input, config, seed=args.seed)
+    indexed = session.normalize_inputs(named)
+    reference = None
+    if args.compare == "litert":
+        reference = _litert_runner(data, [named[t.name] for t in session.graph.inputs],
+                                   settings.compile.num_threads or 1)
+    for _ in range(args.warmup):
+        session.run_indexed(indexed)
+        if reference:
+            reference()
+    ours, theirs = [], []
+    progress, task = _progress(args.runs, "bench", not args.json)
+    with progress:
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            session.run_indexed(indexed)
+            ours.append((time.perf_counter() - t) * 1e3)
+            if reference:
+                t = time.perf_counter()
+                reference()
+                theirs.append((time.perf_counter() - t) * 1e3)
+            progress.advance(task)
+    per_op = _per_op_profile(session, indexed)
+    if args.profile:
+        _save_measured(session, per_op)
+    doc: dict[str, Any] = {
+        "model": label, "runs": args.runs, "init_ms": round(init_ms, 3),
+        "median_ms": round(float(np.median(ours)), 4),
+        "p50_ms": round(float(np.percentile(ours, 50)), 4), "p90_ms": round(float(np.percentile(ours, 90)), 4),
+        "p99_ms": round(float(np.percentile(ours, 99)), 4),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "partitions": len(session.plan.partitions), "copies": len(session.plan.copies),
+        "backends": [p.backend for p in session.plan.partitions],
+        "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
+    }
+    if reference:
+        doc["reference"] = "litert"
+        doc["reference_median_ms"] = round(float(np.median(theirs)), 4)
+        doc["ratio"] = round(doc["median_ms"] / max(doc["reference_median_ms"], 1e-9), 3)
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("run,delegate_ms" + (",litert_ms" if reference else "") + "\n")
+            for i, v in enumerate(ours):
+                f.write(f"{i},{v:.5f}" + (f",{theirs[i]:.5f}" if reference else "") + "\n")
+    if args.json:
+        emit_json(doc)
+        return 0
+    c = console()
+    c.print(f"[bold]{label}[/bold]: {args.runs} runs after {args.warmup} warm-ups; init {init_ms:.1f} ms; "
+            f"{session.plan.summary()}")
+    c.print(f"delegate: p50 {doc['p50_ms']:.3f} ms, p90 {doc['p90_ms']:.3f} ms, p99 {doc['p99_ms']:.3f} ms; "
+            f"peak RSS {doc['peak_rss_mb']:.0f} MB")
+    if reference:
+        c.print(f"litert:   median {doc['reference_median_ms']:.3f} ms; ratio delegate/litert {doc['ratio']:.2f}x")
+    c.print(table("top-5 ops by time", ["op", "code", "backend", "ms"],
+                  [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}"] for r in doc["top_ops"]]))
+    return 0
+
+
+def _per_op_profile(session, indexed, repeats: int = 3) -> list[dict[str, Any]]:
+    """Per-op times: from the backend's own profile where it has one, else the partition's time split by estimate."""
+    rows = []
+    for part, compiled in zip(session.executor.partitions, session.executor.compiled):
+        times = {}
+        enable = getattr(compiled, "set_profiling", None)
+        if enable:
+            enable(True)
+            for _ in range(repeats):
+                session.run_indexed(indexed)
+            times = compiled.profile()
+            enable(False)
+        if not times:
+            t = time.perf_counter()
+            for _ in range(repeats):
+                session.run_indexed(indexed)
+            total = (time.perf_counter() - t) * 1e3 / repeats
+            est = {op.index: session.planner.op_cost(op, part.backend) for op in part.ops}
+            norm = sum(est.values()) or 1.0
+            times = {i: total * v / norm for i, v in est.items()}
+        for op in part.ops:
+            rows.append({"op": op.index, "opcode": op.opcode, "backend": part.backend, "ms": float(times.get(op.index, 0))})
+    return rows
+
+
+def _save_measured(session, per_op) -> None:
+    from .cost import op_signature, save_profile
+    ops = {op.index: op for op in session.graph.ops}
+    for name, backend in session.backends.items():
+        profile = session.profiles[name]
+        for r in per_op:
+            if r["backend"] == name:
+                profile.measured_op_ms[op_signature(ops[r["op"]])] = r["ms"]
+        save_profile(backend.device_info(), profile)
+
+
+# -- validate ----------------------------------------------------------------------
+
+def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, e in expected.items():
+        a = np.asarray(actual[name], np.float64)
+        e = np.asarray(e, np.float64)
+        if a.shape != e.shape:
+            raise ExecutionError(f"output {name!r}: shape {list(a.shape)} differs from expected {list(e.shape)}")
+        diff = np.abs(a - e)
+        denom = float(np.abs(e).max()) or 1.0
+        na, ne = np.linalg.norm(a), np.linalg.norm(e)
+        cosine = float(np.dot(a.ravel(), e.ravel()) / (na * ne)) if na and ne else float(na == ne)
+        out[name] = {"max_abs_error": float(diff.max()) if diff.size else 0.0,
+                     "max_rel_error": float(diff.max() / denom) if diff.size else 0.0, "cosine": cosine}
+    return out
+
+
+def cmd_validate(args) -> int:
+    from .cli import EXIT_VALIDATION_FAILED, console, emit_json, load_cli_config, read_model_arg, table
+    from .inputs import make_inputs
+    from .session import Session, run_settings
+
+    config = load_cli_config(args)
+    model, data, label = read_model_arg(args.model)
+    session = Session(model, run_settings(config))
+    thresholds = dict(getattr(config, "validate", None) or {})
+    for key in ("max_abs_error", "max_rel_error", "min_cosine"):
+        if getattr(args, key) is not None:
+            thresholds[key] = getattr(args, key)
+    thresholds.setdefault("max_rel_error", 5e-4 if session.settings.compile.precision == "fp32" else 1e-2)
+    results: dict[str, dict[str, float]] = {}
+    progress, task = _progress(args.samples, "validate", not args.json)
+    with progress:
+        for sample in range(args.samples):
+            named = make_inputs(session.graph, args.input, config, seed=args.seed + sample)
+            actual = session.run(named)
+            if args.expected:
+                archive = np.load(args.expected)
+                expected = {k: archive[k] for k in archive.files}
+                missing = set(expected) - set(actual)
+                if missing:
+                    raise ExecutionError(f"{args.expected}: outputs {sorted(missing)} are not outputs of the model")
+            else:
+                ref = _litert_runner(data, [named[t.name] for t in session.graph.inputs], 1)()
+                expected = {t.name: r for t, r in zip(session.graph.outputs, ref)}
+            for name, r in compare_outputs(actual, expected).items():
+                worst = results.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "cosine": 1.0})
+                worst["max_abs_error"] = max(worst["max_abs_error"], r["max_abs_error"])
+                worst["max_rel_error"] = max(worst["max_rel_error"], r["max_rel_error"])
+                worst["cosine"] = min(worst["cosine"], r["cosine"])
+            progress.advance(task)
+    failures = []
+    for name, r in results.items():
+        if "max_abs_error" in thresholds and r["max_abs_error"] > thresholds["max_abs_error"]:
+            failures.append(f"{name}: max abs error {r['max_abs_error']:.3g} > {thresholds['max_abs_error']}")
+        if "max_rel_error" in thresholds and r["max_rel_error"] > thresholds["max_rel_error"]:
+            failures.append(f"{name}: max rel error {r['max_rel_error']:.3g} > {thresholds['max_rel_error']}")
+        if "min_cosine" in thresholds and r["cosine"] < thresholds["min_cosine"]:
+            failures.append(f"{name}: cosine {r['cosine']:.6f} < {thresholds['min_cosine']}")
+    doc = {"model": label, "reference": args.expected or "litert", "samples": args.samples,
+           "precision": session.settings.compile.precision, "thresholds": thresholds,
+           "outputs": results, "passed": not failures, "failures": failures,
+           "backends": sorted({p.backend for p in session.plan.partitions})}
+    if args.json:
+        emit_json(doc)
+    else:
+        c = console()
+        c.print(table(f"{label} vs {doc['reference']} ({args.samples} input(s))",
+                      ["output", "max abs", "max rel", "cosine"],
+                      [[n, f"{r['max_abs_error']:.3g}", f"{r['max_rel_error']:.3g}", f"{r['cosine']:.6f}"]
+                       for n, r in results.items()]))
+        c.print("PASS" if not failures else "FAIL: " + "; ".join(failures))
+    return 0 if not failures else EXIT_VALIDATION_FAILED
+
+
+# -- calibrate -----------------------------------------------------------------------
+
+def _calibration_models():
+    from .tflite.builder import GraphBuilder
+
+    rng = np.random.default_rng(0)
+    gemm = GraphBuilder()
+    x = gemm.input("x", (256, 512))
+    gemm.output(gemm.op("FULLY_CONNECTED", [x, gemm.const("w", rng.standard_normal((512, 512)) * 0.05)],
+                        options={"fused_activation_function": "NONE"}))
+    stream = GraphBuilder()
+    a = stream.input("a", (1, 256, 256, 32))
+    stream.output(stream.op("ADD", [a, stream.const("b", np.ones(32, np.float32))],
+                            options={"fused_activation_function": "NONE"}))
+    tiny = GraphBuilder()
+    t = tiny.input("t", (1, 1, 1, 4))
+    tiny.output(tiny.op("RELU", [t]))
+    return {"gemm": (gemm.build(), 2.0 * 256 * 512 * 512), "stream": (stream.build(), 0.0),
+            "tiny": (tiny.build(), 0.0)}
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return float(np.median(samples))
+
+
+def calibrate_backend(backend, compile_options, repeats: int = 10):
+    """Measure throughput, bandwidth, launch overhead and transfers of one backend."""
+    from .cost import DeviceProfile
+    from .partition import make_partition
+    from .runtime import Executor
+
+    figures = {}
+    for key, (model, flops) in _calibration_models().items():
+        g = model.main
+        ex = Executor(g, [make_partition(g, g.ops, backend.name, 0)], {backend.name: backend}, compile_options)
+        inputs = {t.index: np.ones(t.shape, np.float32) for t in g.inputs}
+        figures[key] = (_time(lambda: ex.run(inputs), repeats), flops, g)
+    launch = figures["tiny"][0]
+    gemm_s = max(figures["gemm"][0] - launch, 1e-7)
+    stream_g = figures["stream"][2]
+    stream_bytes = 2 * stream_g.inputs[0].nbytes
+    stream_s = max(figures["stream"][0] - launch, 1e-7)
+    profile = DeviceProfile(gflops=figures["gemm"][1] / gemm_s / 1e9, gbytes_per_s=stream_bytes / stream_s / 1e9,
+                            launch_us=launch * 1e6, source="calibrated")
+    if backend.name != "cpu":
+        small, big = np.ones(1024, np.float32), np.ones(4 << 20, np.float32)
+        t_small = _time(lambda: backend.to_host(backend.to_device(small)), repeats)
+        t_big = _time(lambda: backend.to_host(backend.to_device(big)), max(repeats // 3, 2))
+        profile.transfer_latency_us = t_small / 2 * 1e6
+        profile.transfer_gbytes_per_s = 2 * big.nbytes / max(t_big - t_small, 1e-7) / 1e9
+    return profile
+
+
+def cmd_calibrate(args) -> int:
+    from .cli import console, emit_json, load_cli_config, table
+    from .cost import save_profile
+    from .session import instantiate_backends, run_settings
+    from .plugins import default_manager
+
+    config = load_cli_config(args)
+    settings = run_settings(config)
+    backends, skipped = instantiate_backends(settings.backends, default_manager(), True)
+    rows = []
+    progress, task = _progress(len(backends), "calibrate", not args.json)
+    with progress:
+        for name, backend in backends.items():
+            profile = calibrate_backend(backend, settings.compile, args.repeats)
+            path = save_profile(backend.device_info(), profile)
+            rows.append({"backend": name, "gflops": round(profile.gflops, 2),
+                         "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 1),
+                         "transfer_latency_us": round(profile.transfer_latency_us, 1),
+                         "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
+                                                   if np.isfinite(profile.transfer_gbytes_per_s) else None),
+                         "profile": str(path)})
+            progress.advance(task)
+    if args.json:
+        emit_json({"profiles": rows, "skipped": skipped})
+        return 0
+    c = console()
+    c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "xfer latency us", "xfer GB/s", "saved to"],
+                  [[r["backend"], r["gflops"], r["gbytes_per_s"], r["launch_us"], r["transfer_latency_us"],
+                    r["transfer_gbytes_per_s"] or "-", r["profile"]] for r in rows]))
+    for name, why in skipped.items():
+        c.print(f"skipped {name}: {why}")
+    return 0
+
+
+# -- cache ---------------------------------------------------------------------------
+
+def cmd_cache(args) -> int:
+    from .cli import console, emit_json, load_cli_config, table
+
+    config = load_cli_config(args)
+    directory = getattr(getattr(config, "serialization", None), "dir", None) if not isinstance(
+        getattr(config, "serialization", None), dict) else config.serialization.get("dir")
+    if not directory:
+        raise CacheError("no serialization.dir is configured; set it in the config or with "
+                         "--set serialization.dir=PATH")
+    root = Path(os.path.expanduser(str(directory)))
+    entries = []
+    if root.is_dir():
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                entries.append({"path": str(p.relative_to(root)), "bytes": p.stat().st_size,
+                                "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime))})
+    if args.action == "clear":
+        if root.is_dir():
+            for p in root.iterdir():
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        doc = {"dir": str(root), "removed": len(entries)}
+        if args.json:
+            emit_json(doc)
+        else:
+            print(f"removed {len(entries)} cache entries from {root}")
+        return 0
+    if args.json:
+        emit_json({"dir": str(root), "entries": entries})
+        return 0
+    console().print(table(f"kernel cache {root}", ["entry", "bytes", "modified"],
+                          [[e["path"], e["bytes"], e["modified"]] for e in entries]))
+    return 0
+
+
+def add_parsers(sub, common) -> None:
+    p = sub.add_parser("analyze", help="per backend: share of ops and compute it supports, what blocks it")
+    common(p)
+    p.set_defaults(fn=cmd_analyze)
+
+    p = sub.add_parser("bench", help="latency percentiles, per-op profile, comparison with LiteRT")
+    common(p)
+    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--compare", choices=["litert"], help="alternate with LiteRT's interpreter on the same inputs")
+    p.add_argument("--csv", help="write per-run times to this CSV")
+    p.add_argument("--profile", action="store_true", help="store measured per-op times for later plans")
+    p.add_argument("--input", "-i", action="append")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")
+    common(p)
+    p.add_argument("--expected", help=".npz of expected outputs (keys: output tensor names)")
+    p.add_argument("--input", "-i", action="append")
+    p.add_argument("--samples", type=int, default=1, help="number of random inputs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-abs-error", dest="max_abs_error", type=float)
+    p.add_argument("--max-rel-error", dest="max_rel_error", type=float)
+    p.add_argument("--min-cosine", dest="min_cosine", type=float)
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("calibrate", help="measure each backend and store its profile")
+    common(p, model=False)
+    p.add_argument("--repeats", type=int, default=10)
+    p.set_defaults(fn=cmd_calibrate)
+
+    p = sub.add_parser("cache", help="list or clear the kernel cache")
+    p.add_argument("action", choices=["ls", "clear"])
+    common(p, model=False)
+    p.set_defaults(fn=cmd_cache)
