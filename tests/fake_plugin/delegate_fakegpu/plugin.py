@@ -1,0 +1,89 @@
+"""An 'accelerator' that holds tensors in its own wrapper type and runs a few elementwise ops.
+
+It imports only delegate's public API, exactly as a real third-party plugin would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Backend, BackendInfo, CompiledPartition, Support, hookimpl
+
+SUPPORTED = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
+UNARY = {"RELU": lambda x: np.maximum(x, 0), "LOGISTIC": lambda x: 1 / (1 + np.exp(-x)), "TANH": np.tanh}
+
+
+class DeviceArray:
+    """A value 'on the device': the runtime must move it through to_host/to_device."""
+
+    def __init__(self, array):
+        self.array = np.array(array)
+
+
+class FakeCompiled(CompiledPartition):
+    def __init__(self, partition):
+        self.partition = partition
+        self.runs = 0
+
+    def run(self, inputs):
+        values = {i: v.array for i, v in inputs.items()}
+        for op in self.partition.ops:
+            args = [values[t.index] if t.index in values else np.asarray(t.data) for t in op.inputs]
+            if op.opcode in SUPPORTED:
+                out = SUPPORTED[op.opcode](args[0], args[1])
+            else:
+                out = UNARY[op.opcode](args[0])
+            if op.options.get("fused_activation_function") == "RELU":
+                out = np.maximum(out, 0)
+            values[op.outputs[0].index] = out.astype(np.float32)
+        self.runs += 1
+        return {t.index: DeviceArray(values[t.index]) for t in self.partition.outputs}
+
+
+class FakeGpu(Backend):
+    name = "fakegpu"
+    layout = "PHWC4"
+    precisions = ("fp32", "fp16")
+    is_accelerator = True
+
+    def __init__(self, options):
+        self.options = dict(options)
+        self.fail_compile = bool(self.options.get("fail_compile"))
+
+    def supports(self, op, options):
+        if op.opcode not in SUPPORTED and op.opcode not in UNARY:
+            return Support.no(f"fakegpu runs only {sorted(SUPPORTED) + sorted(UNARY)}")
+        if op.version != 1:
+            return Support.no(f"version {op.version} is not supported (only 1)")
+        if any(t is not None and t.dtype.name != "float32" for t in op.inputs):
+            return Support.no("float32 only")
+        act = op.options.get("fused_activation_function", "NONE")
+        if act not in ("NONE", "RELU"):
+            return Support.no(f"fused activation {act} is not supported")
+        return Support.yes()
+
+    def compile(self, partition, options):
+        if self.fail_compile:
+            raise RuntimeError("simulated compiler crash")
+        return FakeCompiled(partition)
+
+    def estimate_ms(self, op, options):
+        return 0.001
+
+    def transfer_ms(self, nbytes):
+        return 0.05 + nbytes / 1e9
+
+    def to_device(self, array):
+        return DeviceArray(array)
+
+    def to_host(self, value):
+        return value.array
+
+    def device_info(self):
+        return {"backend": "fakegpu", "device": "fake", "device_type": "gpu"}
+
+
+@hookimpl
+def delegate_backends():
+    return [BackendInfo("fakegpu", factory=FakeGpu, description="test-only fake accelerator",
+                        is_accelerator=True)]

@@ -1,0 +1,171 @@
+"""Placement properties over random DAGs with fake backends."""
+
+import itertools
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from delegate import Backend, CompileOptions, Support, read_model
+from delegate.cost import DEFAULT_PROFILES
+from delegate.errors import UnsupportedOpError
+from delegate.planner import PlacementSettings, Planner, Rule
+from delegate.tflite.builder import GraphBuilder
+
+OPCODES = ["ADD", "MUL", "RELU", "TANH", "ABS", "SUB"]
+
+
+class TableBackend(Backend):
+    """A backend whose support and costs come from tables drawn by the test."""
+
+    def __init__(self, name, supported, cost, transfer, accelerator=True):
+        self.name, self.supported, self.cost, self.transfer = name, supported, cost, transfer
+        self.is_accelerator = accelerator
+        self.layout = "NHWC"
+
+    def supports(self, op, options):
+        return Support.yes() if op.index in self.supported else Support.no(f"table says no to op #{op.index}")
+
+    def estimate_ms(self, op, options):
+        return self.cost[op.index]
+
+    def transfer_ms(self, nbytes):
+        return self.transfer * nbytes / 32
+
+    def compile(self, partition, options):
+        raise NotImplementedError("planning-only backend")
+
+
+@st.composite
+def problems(draw, max_ops=12):
+    n = draw(st.integers(2, max_ops))
+    b = GraphBuilder()
+    tensors = [b.input("x", (1, 8))]
+    for i in range(n):
+        code = draw(st.sampled_from(OPCODES))
+        if code in ("ADD", "MUL", "SUB"):
+            a = draw(st.sampled_from(tensors))
+            c = draw(st.sampled_from(tensors))
+            tensors.append(b.op(code, [a, c], options={"fused_activation_function": "NONE"}))
+        else:
+            tensors.append(b.op(code, [draw(st.sampled_from(tensors))]))
+    unused = [t for t in tensors[1:] if not any(t in op.inputs for op in b.ops)]
+    b.output(*(unused or tensors[-1:]))
+    model = read_model(b.to_bytes())
+    supported = {i for i in range(n) if draw(st.booleans()) or draw(st.booleans())}
+    cpu_cost = [draw(st.floats(0.01, 2.0)) for _ in range(n)]
+    gpu_cost = [draw(st.floats(0.001, 1.0)) for _ in range(n)]
+    transfer = draw(st.floats(0.0, 1.0))
+    return model.main, supported, cpu_cost, gpu_cost, transfer
+
+
+def make_planner(supported, cpu_cost, gpu_cost, transfer, settings=None):
+    n = len(cpu_cost)
+    backends = {"gpu": TableBackend("gpu", supported, gpu_cost, transfer),
+                "cpu": TableBackend("cpu", set(range(n)), cpu_cost, 0.0, accelerator=False)}
+    profiles = {"gpu": DEFAULT_PROFILES["gpu"], "cpu": DEFAULT_PROFILES["cpu"]}
+    return Planner(backends, profiles, CompileOptions(), settings or PlacementSettings())
+
+
+def check_partitions(graph, plan):
+    seen = [i for p in plan.partitions for i in p.op_indices]
+    assert sorted(seen) == [op.index for op in graph.ops], "every op in exactly one partition"
+    part_of = {i: p.index for p in plan.partitions for i in p.op_indices}
+    quotient = nx.DiGraph()
+    quotient.add_nodes_from(p.index for p in plan.partitions)
+    for op in graph.ops:
+        for t in op.inputs:
+            if t is not None and t.producer is not None and part_of[t.producer.index] != part_of[op.index]:
+                quotient.add_edge(part_of[t.producer.index], part_of[op.index])
+    assert nx.is_directed_acyclic_graph(quotient)
+    for u, v in quotient.edges:
+        assert u < v, "partitions run in index order"
+
+
+@given(problems())
+def test_partitions_cover_and_are_acyclic(problem):
+    graph, supported, cpu, gpu, transfer = problem
+    for mode in ("cost", "greedy"):
+        plan = make_planner(supported, cpu, gpu, transfer, PlacementSettings(partitioner=mode)).plan(graph)
+        check_partitions(graph, plan)
+        for p in plan.partitions:
+            if p.backend == "gpu":
+                assert set(p.op_indices) <= supported
+
+
+@given(problems(), st.integers(0, 3))
+def test_cost_plan_never_worse_than_greedy(problem, limit):
+    graph, supported, cpu, gpu, transfer = problem
+    cost = make_planner(supported, cpu, gpu, transfer,
+                        PlacementSettings("cost", max_delegated_partitions=limit)).plan(graph)
+    greedy = make_planner(supported, cpu, gpu, transfer,
+                          PlacementSettings("greedy", max_delegated_partitions=limit)).plan(graph)
+    assert cost.estimated_ms <= greedy.estimated_ms + 1e-9
+    if limit:
+        assert len(cost.delegated) <= limit
+
+
+@given(problems(max_ops=10))
+def test_min_cut_equals_brute_force(problem):
+    graph, supported, cpu, gpu, transfer = problem
+    planner = make_planner(supported, cpu, gpu, transfer)
+    plan = planner.plan(graph)
+    costs, _ = planner.capabilities(graph)
+    best = np.inf
+    for choice in itertools.product(["cpu", "gpu"], repeat=len(graph.ops)):
+        if any(c == "gpu" and i not in supported for i, c in enumerate(choice)):
+            continue
+        best = min(best, planner.evaluate(graph, dict(enumerate(choice)), costs)[0])
+    assert plan.estimated_ms == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def _chain(n=6):
+    b = GraphBuilder()
+    t = b.input("x", (1, 8))
+    for _ in range(n):
+        t = b.op("RELU", [t], name="relu")
+    b.output(t)
+    return read_model(b.to_bytes()).main
+
+
+def test_min_nodes_and_pins_and_denies():
+    graph = _chain()
+    n = len(graph.ops)
+    everything = set(range(n))
+    fast = [0.001] * n
+    slow = [1.0] * n
+    plan = make_planner(everything, slow, fast, 0.0,
+                        PlacementSettings(min_nodes_per_partition=n + 1)).plan(graph)
+    assert all(p.backend == "cpu" for p in plan.partitions)
+    assert any("min_nodes_per_partition" in note for note in plan.notes)
+    plan = make_planner(everything, slow, fast, 0.0,
+                        PlacementSettings(denies=[Rule(backend="gpu", index=2)])).plan(graph)
+    assert plan.decisions[2].backend == "cpu" and "denied" in plan.decisions[2].refusals["gpu"]
+    plan = make_planner(everything, fast, slow, 0.0,
+                        PlacementSettings(pins=[Rule(backend="gpu", op="RELU", index=3)])).plan(graph)
+    assert plan.decisions[3].backend == "gpu"
+    with pytest.raises(UnsupportedOpError, match="pinned to gpu"):
+        make_planner(set(), fast, slow, 0.0, PlacementSettings(pins=[Rule(backend="gpu", index=0)])).plan(graph)
+
+
+def test_litert_words_in_summary_and_warnings():
+    graph = _chain(4)
+    plan = make_planner({0, 1, 3}, [1.0] * 4, [0.001] * 4, 0.0, PlacementSettings("greedy")).plan(graph)
+    assert plan.summary() == "Replacing 3 out of 4 node(s) with delegate (gpu) node, yielding 2 partitions"
+    assert plan.warnings() == ["op code #2 (RELU) cannot be handled by this delegate"]
+    doc = plan.to_dict()
+    assert {"partitions", "copies", "estimated_ms"} <= set(doc)
+    assert all({"backend", "ops"} <= set(p) for p in doc["partitions"])
+
+
+def test_copy_paid_once_per_destination():
+    b = GraphBuilder()
+    x = b.input("x", (1, 8))
+    y = b.op("RELU", [x], name="producer")
+    b.output(b.op("TANH", [y], name="c1"), b.op("ABS", [y], name="c2"))
+    graph = read_model(b.to_bytes()).main
+    planner = make_planner({0}, [1.0, 0.1, 0.1], [0.001] * 3, 1.0)
+    costs, _ = planner.capabilities(graph)
+    total, copies = planner.evaluate(graph, {0: "gpu", 1: "cpu", 2: "cpu"}, costs)
+    assert [(c.tensor, c.destination) for c in copies if c.source == "gpu"] == [(y.index, "cpu")]
