@@ -24,7 +24,7 @@ from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .cost import DEFAULT_PROFILES, DeviceProfile, load_profile
 from .errors import DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
-from .planner import Plan, PlacementSettings, Planner
+from .planner import Plan, PlacementSettings, Planner, settings_from_config
 from .plugins import PluginManager, default_manager
 from .runtime import Executor
 from .tflite.reader import read_model
@@ -44,6 +44,31 @@ class RunSettings:
     compile: CompileOptions = field(default_factory=CompileOptions)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
+
+
+def _as_mapping(value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {k: v for k, v in vars(value).items() if v is not None}
+
+
+def run_settings(config: Any) -> RunSettings:
+    """RunSettings from a loaded :class:`delegate.config.Config` (or one model's section of it)."""
+    backends = []
+    for entry in config.backends:
+        if isinstance(entry, str):
+            backends.append((entry, {}))
+        else:
+            entry = _as_mapping(entry)
+            backends.append((entry["name"], dict(entry.get("options") or {})))
+    placement = settings_from_config({
+        "partitioner": config.partitioner,
+        "max_delegated_partitions": config.max_delegated_partitions,
+        "min_nodes_per_partition": config.min_nodes_per_partition,
+        "pin": [_as_mapping(r) for r in (config.pin or [])],
+        "deny": [_as_mapping(r) for r in (config.deny or [])],
+    })
+    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback))
 
 
 def _warn(message: str) -> None:
@@ -214,7 +239,7 @@ def load(model: str | os.PathLike | bytes | Model, config: Any = None, **overrid
 
     ``overrides`` are ``--set``-style keys, e.g. ``load(path, precision="fp16")``.
     """
-    from .config import load_config, run_settings
+    from .config import load_config
 
     if not isinstance(model, Model):
         model = read_model(model)
