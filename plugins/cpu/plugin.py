@@ -61,6 +61,40 @@ class CpuCompiled(CompiledPartition):
         return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes)}
 
 
+class LitertCompiled(CompiledPartition):
+    """A CPU partition handed whole to LiteRT's interpreter (written out through the TFLite writer)."""
+
+    def __init__(self, partition: Partition, num_threads: int):
+        from ai_edge_litert.interpreter import Interpreter
+        from delegate.export import partition_model
+        from delegate.tflite.writer import write_model
+
+        self.partition = partition
+        self.interpreter = Interpreter(model_content=write_model(partition_model(partition)),
+                                       num_threads=max(num_threads, 1))
+        self.interpreter.allocate_tensors()
+        self.input_slots = [d["index"] for d in self.interpreter.get_input_details()]
+        self.output_slots = [d["index"] for d in self.interpreter.get_output_details()]
+
+    def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        it = self.interpreter
+        for slot, t in zip(self.input_slots, self.partition.inputs):
+            it.set_tensor(slot, inputs[t.index])
+        it.invoke()
+        return {t.index: it.get_tensor(slot) for slot, t in zip(self.output_slots, self.partition.outputs)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "litert"}
+
+
+def litert_installed() -> bool:
+    try:
+        import ai_edge_litert.interpreter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class CpuBackend(Backend):
     name = "cpu"
     layout = "NHWC"
@@ -78,6 +112,20 @@ class CpuBackend(Backend):
         return Support.yes()
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
+        """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
+
+        With ``auto`` a partition LiteRT cannot take (a custom op it lacks) stays on numpy.
+        """
+        engine = self.options.get("engine", "numpy")
+        if engine == "litert" and not litert_installed():
+            raise CompileError("cpu engine 'litert' needs ai-edge-litert (pip install 'delegate[reference]')")
+        if engine in ("litert", "auto") and litert_installed():
+            try:
+                return LitertCompiled(partition, options.num_threads)
+            except (RuntimeError, ValueError) as exc:
+                if engine == "litert":
+                    raise CompileError(f"LiteRT could not take partition {partition.index}: "
+                                       f"{str(exc).splitlines()[0]}") from None
         return CpuCompiled(partition, self.custom)
 
     def device_info(self) -> dict[str, Any]:
