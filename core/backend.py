@@ -140,6 +140,9 @@ class Backend(abc.ABC):
         """Device value -> host array (identity on the CPU)."""
         return value
 
+    def add_custom_kernels(self, kernels: Mapping[str, Any]) -> None:
+        """Kernels for custom ops contributed by other plugins (``delegate_custom_kernels``)."""
+
     def device_info(self) -> dict[str, Any]:
         """Device, driver and version facts; they key profiles and the kernel cache."""
         return {"backend": self.name}

@@ -93,6 +93,7 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
             if not ok:
                 raise PluginError(f"backend {name!r} is not available here: {reason}")
             backends[name] = info.factory(dict(options or {}))
+            backends[name].add_custom_kernels(manager.custom_kernels(name))
         except Exception as exc:
             message = str(exc) if isinstance(exc, DelegateError) else f"backend {name!r} failed to start: {exc}"
             if not fallback or name == "cpu":
@@ -101,6 +102,7 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
             log.info("%s; continuing without it", message)
     if "cpu" not in backends:
         backends["cpu"] = manager.backend_info("cpu").factory({})
+        backends["cpu"].add_custom_kernels(manager.custom_kernels("cpu"))
     # the CPU last: it is the fallback, whatever the order in the config
     cpu = backends.pop("cpu")
     backends["cpu"] = cpu
@@ -134,8 +136,12 @@ class Session:
         self.manager = manager or default_manager()
         self.graph: Subgraph = model.subgraphs[subgraph]
         started = time.perf_counter()
+        self._warned: set[str] = set()
         self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
                                                            self.settings.fallback)
+        for graph_pass in self.manager.graph_passes():
+            if graph_pass(self.graph):
+                self.graph.link()
         self.profiles = backend_profiles(self.backends)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.plan: Plan = self.planner.plan(self.graph)
@@ -156,8 +162,9 @@ class Session:
             return self._to_cpu(partition, f"compile failed: {exc}")
 
     def _to_cpu(self, partition: Partition, why: str) -> CompiledPartition:
-        _warn(f"backend {partition.backend!r} {why}; partition {partition.index} "
-              f"({len(partition.ops)} ops) falls back to cpu")
+        if partition.backend not in self._warned:
+            self._warned.add(partition.backend)
+            _warn(f"backend {partition.backend!r} {why}; its partitions fall back to cpu")
         self.plan.notes.append(f"partition {partition.index} moved from {partition.backend} to cpu: {why}")
         partition.backend = "cpu"
         return self.backends["cpu"].compile(partition, self.settings.compile)

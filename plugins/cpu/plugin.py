@@ -100,10 +100,13 @@ class CpuBackend(Backend):
     layout = "NHWC"
     precisions = ("fp32", "int8")
 
-    def __init__(self, options: Mapping[str, Any] | None = None, custom_kernels: dict | None = None):
+    def __init__(self, options: Mapping[str, Any] | None = None):
         registry.load_all()
         self.options = dict(options or {})
-        self.custom = dict(custom_kernels or {})
+        self.custom: dict[str, registry.Factory] = {}
+
+    def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
+        self.custom.update(kernels)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         if registry.find_kernel(op, self.custom) is None:
@@ -132,11 +135,6 @@ class CpuBackend(Backend):
         return {"backend": self.name, "device": "host", "numpy": np.__version__}
 
 
-def _factory(options: Mapping[str, Any]) -> CpuBackend:
-    from delegate.plugins import default_manager
-    return CpuBackend(options, default_manager().custom_kernels("cpu"))
-
-
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("cpu", factory=_factory, description="numpy kernels on the host; runs every op")]
+    return [BackendInfo("cpu", factory=CpuBackend, description="numpy kernels on the host; runs every op")]

@@ -1,0 +1,139 @@
+"""The plugin contract: discovery, disable lists, a third-party backend end to end, hookspec meta-tests."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import delegate
+from delegate import hookspecs
+from delegate.backend import BackendInfo
+from delegate.errors import PluginError
+from delegate.planner import PlacementSettings
+from delegate.plugins import PluginManager
+from delegate.session import BackendFallbackWarning, RunSettings, Session
+from delegate.tflite.builder import GraphBuilder
+from delegate import read_model
+
+HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("delegate_")]
+
+
+def mixed_model():
+    """ADD/MUL/TANH (the fake accelerator runs them) around an ABS (it does not)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 4))
+    y = b.op("ADD", [x, b.const("c", np.full(4, 0.5, np.float32))], options={"fused_activation_function": "RELU"})
+    y = b.op("MUL", [y, y], options={"fused_activation_function": "NONE"})
+    z = b.op("ABS", [y])
+    b.output(b.op("TANH", [z]), b.op("SUB", [y, z], options={"fused_activation_function": "NONE"}))
+    return read_model(b.to_bytes())
+
+
+def test_every_hookspec_documented_with_example():
+    assert set(HOOKS) == {"delegate_backends", "delegate_custom_kernels", "delegate_graph_passes",
+                          "delegate_plan_ready"}
+    for name in HOOKS:
+        doc = inspect.getdoc(getattr(hookspecs, name))
+        assert doc and "@hookimpl" in doc, f"{name} lacks a documented example"
+
+
+def test_entry_points_discovered():
+    manager = PluginManager()
+    names = {s.name: s for s in manager.status()}
+    assert names["cpu"].available
+    assert names["fakegpu"].available and names["fakegpu"].plugin == "fakegpu"
+
+
+def test_disable_list_from_env(monkeypatch):
+    monkeypatch.setenv("DELEGATE_DISABLE_PLUGINS", "fakegpu")
+    assert "fakegpu" not in PluginManager().backends()
+    assert "fakegpu" not in PluginManager(disable=["fakegpu"]).backends()
+
+
+def test_unknown_backend_lists_installed():
+    with pytest.raises(PluginError, match="installed backends: .*cpu"):
+        PluginManager().backend_info("tpu9000")
+
+
+def test_misspelt_hook_is_rejected():
+    class Bad:
+        @delegate.hookimpl
+        def delegate_backend(self):  # missing "s"
+            return []
+    with pytest.raises(Exception, match="delegate_backend"):
+        PluginManager(load_entry_points=False, extra_plugins=[Bad()])
+
+
+class Recorder:
+    """Implements every extension hook, to prove each one is called."""
+
+    def __init__(self):
+        self.calls = []
+
+    @delegate.hookimpl
+    def delegate_backends(self):
+        self.calls.append("delegate_backends")
+        return [BackendInfo("recorder-cpu", factory=lambda options: None, available=lambda: (False, "test only"))]
+
+    @delegate.hookimpl
+    def delegate_custom_kernels(self, backend):
+        self.calls.append("delegate_custom_kernels")
+        if backend == "cpu":
+            def negate(op):
+                def run(ins, outs):
+                    np.negative(ins[0], out=outs[0])
+                return run
+            return {"MyNegate": negate}
+        return None
+
+    @delegate.hookimpl
+    def delegate_graph_passes(self):
+        self.calls.append("delegate_graph_passes")
+        return [lambda graph: False]
+
+    @delegate.hookimpl
+    def delegate_plan_ready(self, plan):
+        self.calls.append("delegate_plan_ready")
+
+
+def test_every_hookspec_exercised():
+    recorder = Recorder()
+    manager = PluginManager(extra_plugins=[recorder])
+    assert "recorder-cpu" in manager.backends()
+    assert any(not s.available and s.reason == "test only" for s in manager.status())
+    assert len(manager.graph_passes()) == 1
+    b = GraphBuilder()
+    x = b.input("x", (3,))
+    b.output(b.op("MyNegate", [x], custom=True, shape=(3,)))
+    session = Session(read_model(b.to_bytes()), RunSettings(), manager=manager)
+    np.testing.assert_array_equal(session.run([np.array([1, -2, 3], np.float32)])["mynegate"], [-1, 2, -3])
+    assert set(recorder.calls) == set(HOOKS)
+
+
+def test_third_party_backend_end_to_end():
+    model = mixed_model()
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 4)).astype(np.float32)
+    reference = Session(model, RunSettings()).run([x])
+    session = Session(model, RunSettings(backends=[("fakegpu", {}), ("cpu", {})],
+                                         placement=PlacementSettings(partitioner="greedy")))
+    assert {p.backend for p in session.plan.partitions} == {"fakegpu", "cpu"}
+    assert session.plan.warnings() == ["op code #2 (ABS) cannot be handled by this delegate"]
+    out = session.run([x])
+    for name in reference:
+        np.testing.assert_allclose(out[name], reference[name], rtol=1e-6)
+    # y is consumed by the CPU (ABS) and by the accelerator (SUB): one download, then one upload of z
+    assert session.executor.transfers_last_run >= 2
+
+
+def test_failing_backend_falls_back_to_cpu_once():
+    model = mixed_model()
+    x = np.ones((1, 8, 8, 4), np.float32)
+    settings = RunSettings(backends=[("fakegpu", {"fail_compile": True}), ("cpu", {})],
+                           placement=PlacementSettings(partitioner="greedy"))
+    with pytest.warns(BackendFallbackWarning, match="fakegpu.*simulated compiler crash"):
+        session = Session(model, settings)
+    assert all(p.backend == "cpu" for p in session.executor.partitions)
+    np.testing.assert_allclose(session.run([x])["tanh"], Session(model, RunSettings()).run([x])["tanh"])
+    settings.fallback = False
+    with pytest.raises(RuntimeError, match="simulated compiler crash"):
+        Session(model, settings)
