@@ -1,3 +1,3 @@
 """CPU kernels, one module per op family; importing this package registers them all."""
 
-from . import elementwise  # noqa: F401
+from . import activations, conv, convert, elementwise, pool, reduce, resize, shape_ops  # noqa: F401

@@ -1,10 +1,13 @@
-"""Helpers shared by the CPU kernels."""
+"""Helpers shared by the CPU kernels: fused activations, compile-time constants, axes, padding."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
+
+from delegate import Op, Tensor
+from delegate.ir import Sparsity
 
 
 def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
@@ -22,3 +25,130 @@ def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
     if name == "SIGN_BIT":
         return lambda x: np.copyto(x, np.signbit(x).astype(x.dtype))
     raise ValueError(f"unsupported fused activation {name!r}")
+
+
+def fused(op: Op) -> Callable[[np.ndarray], None]:
+    """The op's fused activation as an in-place callable (a no-op when there is none)."""
+    act = activation(op.options.get("fused_activation_function"))
+    return act if act is not None else (lambda x: None)
+
+
+def dequantize_array(values: np.ndarray, tensor: Tensor) -> np.ndarray:
+    """float32 values of a float16 or affinely quantized integer array (per tensor or per channel)."""
+    if values.dtype.kind == "f" or tensor.quantization is None:
+        return values.astype(np.float32)
+    q = tensor.quantization
+    shape = [1] * values.ndim
+    if q.per_channel:
+        shape[q.axis] = -1
+    scale = q.scale.astype(np.float32).reshape(shape)
+    zero = q.zero_point.astype(np.float32).reshape(shape)
+    return ((values.astype(np.float32) - zero) * scale).astype(np.float32)
+
+
+def densify(values: np.ndarray, shape: tuple[int, ...], sparsity: Sparsity) -> np.ndarray:
+    """Expand TFLite's sparse storage (per-level DENSE / CSR, optional blocks) into a dense array.
+
+    The traversal dims are walked level by level, keeping for every stored
+    element its position at the current level; CSR levels expand a parent
+    position into the child range its segments name.
+    """
+    rank = len(shape)
+    levels = sparsity.dim_metadata
+    block_sizes = {d: levels[rank + k].dense_size for k, d in enumerate(sparsity.block_map)}
+    positions = np.zeros(1, np.int64)
+    coords: dict[int, np.ndarray] = {}
+    for level, meta in zip(sparsity.traversal_order, levels):
+        if meta.format == "DENSE":
+            n = meta.dense_size
+            within = np.tile(np.arange(n, dtype=np.int64), positions.size)
+            parents = np.repeat(np.arange(positions.size), n)
+            positions = positions[parents] * n + within
+        else:
+            seg = meta.array_segments.astype(np.int64)
+            counts = seg[positions + 1] - seg[positions]
+            parents = np.repeat(np.arange(positions.size), counts)
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            positions = seg[positions][parents] + np.arange(parents.size) - first
+            within = meta.array_indices.astype(np.int64)[positions]
+        coords = {k: v[parents] for k, v in coords.items()}
+        coords[level] = within
+    dense = np.zeros(shape, values.dtype)
+    index = []
+    for d in range(rank):
+        if d in block_sizes:
+            k = rank + sparsity.block_map.index(d)
+            index.append(coords[d] * block_sizes[d] + coords[k])
+        else:
+            index.append(coords[d])
+    dense[tuple(index)] = values[positions]
+    return dense
+
+
+def constant(t: Tensor | None) -> np.ndarray | None:
+    """The value of ``t`` when known at compile time: a constant, or DEQUANTIZE/DENSIFY of one.
+
+    Lets conv/FC kernels lay out float16 or sparse MediaPipe weights once instead of every run.
+    """
+    if t is None:
+        return None
+    if t.is_constant:
+        data = np.asarray(t.data)
+        return densify(data, t.shape, t.sparsity) if t.sparsity is not None else data
+    op = t.producer
+    if op is not None and op.opcode in ("DEQUANTIZE", "DENSIFY") and op.inputs and len(op.outputs) == 1:
+        src = constant(op.inputs[0])
+        if src is not None:
+            return dequantize_array(src, op.inputs[0]) if op.opcode == "DEQUANTIZE" else src
+    return None
+
+
+def float_constant(t: Tensor | None) -> np.ndarray | None:
+    """A compile-time constant as float32, dequantizing weight-only quantized integers."""
+    value = constant(t)
+    if value is None:
+        return None
+    return dequantize_array(value, t) if value.dtype.kind in "iu" else value.astype(np.float32)
+
+
+def normalize_axes(axes, rank: int) -> tuple[int, ...]:
+    """Sorted, de-duplicated non-negative axes."""
+    return tuple(sorted({int(a) % rank for a in np.asarray(axes).ravel()})) if rank else ()
+
+
+def same_padding(size: int, kernel: int, stride: int, dilation: int, out: int) -> tuple[int, int]:
+    """(before, after) padding TFLite uses for SAME; the extra odd pixel goes after."""
+    effective = (kernel - 1) * dilation + 1
+    total = max((out - 1) * stride + effective - size, 0)
+    return total // 2, total - total // 2
+
+
+def window_view(x: np.ndarray, out_hw: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                dilation: tuple[int, int] = (1, 1)) -> np.ndarray:
+    """Zero-copy (N, OH, OW, KH, KW, C) view of the sliding windows over an NHWC array."""
+    n, _, _, c = x.shape
+    sn, sh, sw, sc = x.strides
+    return np.lib.stride_tricks.as_strided(
+        x, (n, out_hw[0], out_hw[1], kernel[0], kernel[1], c),
+        (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc), writeable=False)
+
+
+class Padded:
+    """A persistent NHWC buffer whose border keeps a fill value; each run copies the input inside.
+
+    Without padding it hands the input through unchanged, so callers need not special-case it.
+    """
+
+    def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], fill: float = 0.0,
+                 dtype=np.float32):
+        n, h, w, c = shape
+        top, bottom, left, right = pads
+        self.any = any(pads)
+        self.buffer = np.full((n, h + top + bottom, w + left + right, c), fill, dtype) if self.any else None
+        self.inside = self.buffer[:, top:top + h, left:left + w, :] if self.any else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if not self.any:
+            return x
+        np.copyto(self.inside, x)
+        return self.buffer

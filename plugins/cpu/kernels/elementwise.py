@@ -1,4 +1,4 @@
-"""Elementwise float kernels (binary with broadcasting, unary activations)."""
+"""Elementwise kernels: arithmetic and comparisons with broadcasting, logic, select, unary math."""
 
 from __future__ import annotations
 
@@ -7,26 +7,85 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import activation
-
-_BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide,
-           "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
+from .common import fused
 
 
-@kernel(*_BINARY)
-def binary(op: Op):
-    fn = _BINARY[op.opcode]
-    act = activation(op.options.get("fused_activation_function"))
+def _divide(a, b, out):
+    """TFLite integer DIV truncates toward zero; float DIV is true division."""
+    if out.dtype.kind == "f":
+        return np.divide(a, b, out=out)
+    np.floor_divide(a, b, out=out)
+    out += (out < 0) & (out * b != a)
+    return out
+
+
+def _floor_div(a, b, out):
+    if out.dtype.kind == "f":
+        np.divide(a, b, out=out)
+        return np.floor(out, out=out)
+    return np.floor_divide(a, b, out=out)
+
+
+def _squared_difference(a, b, out):
+    np.subtract(a, b, out=out)
+    return np.multiply(out, out, out=out)
+
+
+_ARITHMETIC = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": _divide,
+               "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "POW": np.power,
+               "SQUARED_DIFFERENCE": _squared_difference, "FLOOR_DIV": _floor_div, "FLOOR_MOD": np.mod}
+_COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
+            "GREATER_EQUAL": np.greater_equal, "EQUAL": np.equal, "NOT_EQUAL": np.not_equal,
+            "LOGICAL_AND": np.logical_and, "LOGICAL_OR": np.logical_or}
+
+
+@kernel(*_ARITHMETIC)
+def arithmetic(op: Op):
+    fn = _ARITHMETIC[op.opcode]
+    act = fused(op)
 
     def run(ins, outs):
         fn(ins[0], ins[1], out=outs[0])
-        if act:
-            act(outs[0])
+        act(outs[0])
     return run
 
 
-@kernel("RELU")
-def relu(op: Op):
+@kernel(*_COMPARE)
+def compare(op: Op):
+    fn = _COMPARE[op.opcode]
+
     def run(ins, outs):
-        np.maximum(ins[0], 0, out=outs[0])
+        fn(ins[0], ins[1], out=outs[0])
+    return run
+
+
+@kernel("SELECT", "SELECT_V2")
+def select(op: Op):
+    cond_rank = len(op.inputs[0].shape)
+    out_rank = len(op.outputs[0].shape)
+    # SELECT (v1) takes a rank-1 condition that picks whole rows of the first dimension.
+    row_select = op.opcode == "SELECT" and cond_rank == 1 and out_rank > 1
+
+    def run(ins, outs):
+        cond = ins[0].reshape(-1, *([1] * (out_rank - 1))) if row_select else ins[0]
+        np.copyto(outs[0], np.where(cond, ins[1], ins[2]))
+    return run
+
+
+def _rsqrt(x, out):
+    np.sqrt(x, out=out)
+    return np.divide(1, out, out=out)
+
+
+_UNARY = {"EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "RSQRT": _rsqrt, "SQUARE": np.square,
+          "ABS": np.abs, "NEG": np.negative, "SIN": np.sin, "COS": np.cos, "FLOOR": np.floor,
+          "CEIL": np.ceil, "ROUND": np.rint, "LOGICAL_NOT": np.logical_not, "SIGN": np.sign}
+
+
+@kernel(*_UNARY)
+def unary(op: Op):
+    fn = _UNARY[op.opcode]
+
+    def run(ins, outs):
+        fn(ins[0], out=outs[0])
     return run

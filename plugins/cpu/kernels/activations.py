@@ -1,0 +1,152 @@
+"""Activation kernels: ReLU family, PReLU, sigmoid-like functions, softmax and L2 normalisation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+from .common import constant
+
+_CLIPS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+
+
+@kernel(*_CLIPS)
+def clip(op: Op):
+    low, high = _CLIPS[op.opcode]
+
+    def run(ins, outs):
+        if high is None:
+            np.maximum(ins[0], low, out=outs[0])
+        else:
+            np.clip(ins[0], low, high, out=outs[0])
+    return run
+
+
+def _scaled_negative_part(op: Op, slope):
+    """Kernel for x>0 ? x : slope*x, with ``slope`` broadcast against x (PReLU, LeakyReLU)."""
+    scratch = np.empty(op.outputs[0].shape, np.float32)
+
+    def run(ins, outs):
+        alpha = slope if slope is not None else ins[1]
+        np.minimum(ins[0], 0, out=scratch)
+        np.multiply(scratch, alpha, out=scratch)
+        np.maximum(ins[0], 0, out=outs[0])
+        outs[0] += scratch
+    return run
+
+
+@kernel("PRELU")
+def prelu(op: Op):
+    alpha = constant(op.inputs[1])
+    return _scaled_negative_part(op, None if alpha is None else alpha.astype(np.float32))
+
+
+@kernel("LEAKY_RELU")
+def leaky_relu(op: Op):
+    return _scaled_negative_part(op, np.float32(op.options.get("alpha", 0.2)))
+
+
+@kernel("HARD_SWISH")
+def hard_swish(op: Op):
+    scratch = np.empty(op.outputs[0].shape, np.float32)
+
+    def run(ins, outs):
+        np.add(ins[0], 3, out=scratch)
+        np.clip(scratch, 0, 6, out=scratch)
+        np.multiply(ins[0], scratch, out=outs[0])
+        outs[0] /= 6
+    return run
+
+
+@kernel("LOGISTIC")
+def logistic(op: Op):
+    def run(ins, outs):
+        out = outs[0]
+        with np.errstate(over="ignore"):  # exp overflow gives inf, and 1/(1+inf) is the right 0
+            np.negative(ins[0], out=out)
+            np.exp(out, out=out)
+        out += 1
+        np.reciprocal(out, out=out)
+    return run
+
+
+@kernel("TANH")
+def tanh(op: Op):
+    def run(ins, outs):
+        np.tanh(ins[0], out=outs[0])
+    return run
+
+
+@kernel("ELU")
+def elu(op: Op):
+    def run(ins, outs):
+        x = ins[0]
+        np.copyto(outs[0], np.where(x < 0, np.expm1(np.minimum(x, 0)), x))
+    return run
+
+
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf to ~1e-7 absolute (Abramowitz & Stegun 7.1.26), computed in float64; numpy has none."""
+    x = np.asarray(x, np.float64)
+    t = 1.0 / (1.0 + _ERF_P * np.abs(x))
+    poly = t * (_ERF_A[0] + t * (_ERF_A[1] + t * (_ERF_A[2] + t * (_ERF_A[3] + t * _ERF_A[4]))))
+    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
+
+
+@kernel("GELU")
+def gelu(op: Op):
+    approximate = bool(op.options.get("approximate", False))
+    k = math.sqrt(2.0 / math.pi)
+
+    def run(ins, outs):
+        x = ins[0].astype(np.float64)
+        if approximate:
+            inner = np.tanh(k * (x + 0.044715 * x ** 3))
+        else:
+            inner = erf(x * math.sqrt(0.5))
+        np.copyto(outs[0], 0.5 * x * (1.0 + inner), casting="same_kind")
+    return run
+
+
+def _shifted_exp(x: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
+    """exp(beta * (x - max(x))) along the last axis, written into ``out``; returns the row sums."""
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
+    if beta != 1.0:
+        out *= beta
+    np.exp(out, out=out)
+    return out.sum(axis=-1, keepdims=True)
+
+
+@kernel("SOFTMAX")
+def softmax(op: Op):
+    beta = float(op.options.get("beta", 1.0))
+
+    def run(ins, outs):
+        outs[0] /= _shifted_exp(ins[0], beta, outs[0])
+    return run
+
+
+@kernel("LOG_SOFTMAX")
+def log_softmax(op: Op):
+    def run(ins, outs):
+        x = ins[0]
+        shifted = x - x.max(axis=-1, keepdims=True)
+        np.subtract(shifted, np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), out=outs[0])
+    return run
+
+
+@kernel("L2_NORMALIZATION")
+def l2_normalization(op: Op):
+    def run(ins, outs):
+        x = ins[0]
+        norm = np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
+        np.divide(x, np.maximum(norm, 1e-6), out=outs[0])
+    return run

@@ -1,0 +1,248 @@
+"""Convolution and matrix-product kernels: CONV_2D, DEPTHWISE_CONV_2D, TRANSPOSE_CONV, FULLY_CONNECTED,
+BATCH_MATMUL, and MediaPipe's Convolution2DTransposeBias.
+
+Weights are laid out once at compile time as GEMM operands; a convolution
+copies its sliding windows into a preallocated im2col buffer and runs one
+BLAS matmul, a depthwise convolution accumulates one multiply per filter tap.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+from .common import Padded, float_constant, fused, same_padding, window_view
+
+
+def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
+    o = op.options
+    if o.get("padding", "SAME") != "SAME":
+        return 0, 0, 0, 0
+    top, bottom = same_padding(in_hw[0], kernel_hw[0], o.get("stride_h", 1), o.get("dilation_h_factor", 1),
+                               out_hw[0])
+    left, right = same_padding(in_hw[1], kernel_hw[1], o.get("stride_w", 1), o.get("dilation_w_factor", 1),
+                               out_hw[1])
+    return top, bottom, left, right
+
+
+def _bias(op: Op, index: int, channels: int) -> np.ndarray | None:
+    bias = float_constant(op.input(index))
+    return None if bias is None else bias.reshape(channels)
+
+
+def _filter_layout(w: np.ndarray, groups: int) -> np.ndarray:
+    """OHWI filter -> (groups, KH*KW*I, O/groups) GEMM operands matching the im2col column order."""
+    o, kh, kw, ci = w.shape
+    per_group = o // groups
+    return np.ascontiguousarray(w.reshape(groups, per_group, kh * kw * ci).transpose(0, 2, 1))
+
+
+@kernel("CONV_2D")
+def conv_2d(op: Op):
+    n, h, w, c = op.inputs[0].shape
+    o, kh, kw, ci = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    opts = op.options
+    stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
+    dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
+    groups = c // ci
+    weights = float_constant(op.inputs[1])
+    gemm = None if weights is None else _filter_layout(weights, groups)
+    bias = _bias(op, 2, o)
+    act = fused(op)
+    pad = Padded((n, h, w, c), _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
+    pointwise = kh == kw == 1 and not pad.any
+    columns = None if pointwise else np.empty((n, oh, ow, kh, kw, c), np.float32)
+    rows = n * oh * ow
+
+    def run(ins, outs):
+        x, out = ins[0], outs[0]
+        operand = gemm if gemm is not None else _filter_layout(np.asarray(ins[1], np.float32), groups)
+        if pointwise:
+            cols = (x[:, ::stride[0], ::stride[1], :] if stride != (1, 1) else x).reshape(rows, c)
+        else:
+            np.copyto(columns, window_view(pad(x), (oh, ow), (kh, kw), stride, dilation))
+            cols = columns.reshape(rows, kh * kw * c)
+        out2d = out.reshape(rows, o)
+        if groups == 1:
+            np.matmul(cols, operand[0], out=out2d)
+        else:
+            per_group = o // groups
+            grouped = cols.reshape(rows, kh * kw, groups, ci)
+            for g in range(groups):
+                np.matmul(grouped[:, :, g, :].reshape(rows, kh * kw * ci), operand[g],
+                          out=out2d[:, g * per_group:(g + 1) * per_group])
+        if bias is not None:
+            out += bias
+        act(out)
+    return run
+
+
+@kernel("DEPTHWISE_CONV_2D")
+def depthwise_conv_2d(op: Op):
+    n, h, w, c = op.inputs[0].shape
+    _, kh, kw, oc = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    opts = op.options
+    sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
+    dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
+    multiplier = oc // c
+    weights = float_constant(op.inputs[1])
+    bias = _bias(op, 2, oc)
+    act = fused(op)
+    top, bottom, left, right = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    # The input is copied into a padded buffer with each channel repeated ``multiplier`` times, so
+    # every tap is one elementwise multiply over the output's (channel * multiplier) layout.
+    spread = multiplier > 1 or top or bottom or left or right
+    buffer = np.zeros((n, h + top + bottom, w + left + right, oc), np.float32) if spread else None
+    inside = None if buffer is None else \
+        buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
+    scratch = np.empty((n, oh, ow, oc), np.float32)
+    taps = [(ky * dh, kx * dw, ky, kx) for ky in range(kh) for kx in range(kw)]
+
+    def run(ins, outs):
+        x, out = ins[0], outs[0]
+        filt = weights if weights is not None else np.asarray(ins[1], np.float32)
+        if buffer is not None:
+            np.copyto(inside, x[..., None])
+            x = buffer
+        for i, (y0, x0, ky, kx) in enumerate(taps):
+            window = x[:, y0:y0 + sh * (oh - 1) + 1:sh, x0:x0 + sw * (ow - 1) + 1:sw, :]
+            if i == 0:
+                np.multiply(window, filt[0, ky, kx], out=out)
+            else:
+                np.multiply(window, filt[0, ky, kx], out=scratch)
+                out += scratch
+        if bias is not None:
+            out += bias
+        act(out)
+    return run
+
+
+def transpose_conv(out_shape, weights: np.ndarray | None, bias: np.ndarray | None, in_shape,
+                   stride: tuple[int, int], pad_before: tuple[int, int], act):
+    """Transposed convolution: one GEMM to per-tap contributions, then strided accumulation.
+
+    ``weights`` are OHWI; each input pixel adds ``x . w[:, ky, kx, :]`` at output
+    position ``(iy * stride - pad + ky, ix * stride - pad + kx)``; bias is added once.
+    """
+    n, ih, iw, ci = in_shape
+    _, oh, ow, o = out_shape
+    sh, sw = stride
+    top, left = pad_before
+
+    def layout(w):
+        kh, kw = w.shape[1], w.shape[2]
+        return np.ascontiguousarray(w.transpose(3, 1, 2, 0).reshape(ci, kh * kw * o)), kh, kw
+
+    fixed = layout(weights) if weights is not None else None
+    state = {}
+
+    def buffers(kh, kw):
+        key = (kh, kw)
+        if key not in state:
+            full = (n, max((ih - 1) * sh + kh, top + oh), max((iw - 1) * sw + kw, left + ow), o)
+            state[key] = (np.empty(full, np.float32), np.empty((n * ih * iw, kh * kw * o), np.float32))
+        return state[key]
+
+    def run(x, w, out):
+        gemm, kh, kw = fixed if fixed is not None else layout(np.asarray(w, np.float32))
+        acc, contrib = buffers(kh, kw)
+        np.matmul(x.reshape(n * ih * iw, ci), gemm, out=contrib)
+        parts = contrib.reshape(n, ih, iw, kh, kw, o)
+        acc.fill(0)
+        for ky in range(kh):
+            for kx in range(kw):
+                acc[:, ky:ky + sh * (ih - 1) + 1:sh, kx:kx + sw * (iw - 1) + 1:sw, :] += parts[:, :, :, ky, kx, :]
+        np.copyto(out, acc[:, top:top + oh, left:left + ow, :])
+        if bias is not None:
+            out += bias
+        act(out)
+    return run
+
+
+@kernel("TRANSPOSE_CONV")
+def transpose_conv_2d(op: Op):
+    out_shape = op.outputs[0].shape
+    o, kh, kw, _ = op.inputs[1].shape
+    opts = op.options
+    stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
+    pads = (0, 0)
+    if opts.get("padding", "SAME") == "SAME":
+        # Padding as for a forward convolution from the output size back to the input size.
+        pads = tuple(same_padding(out_shape[1 + i], (kh, kw)[i], stride[i], 1,
+                                  -(-out_shape[1 + i] // stride[i]))[0] for i in range(2))
+    run_tc = transpose_conv(out_shape, float_constant(op.inputs[1]), _bias(op, 3, o), op.inputs[2].shape,
+                            stride, pads, fused(op))
+
+    def run(ins, outs):
+        run_tc(ins[2], ins[1], outs[0])
+    return run
+
+
+def transpose_conv_bias_params(custom_options: bytes) -> tuple[str, int, int]:
+    """(padding, stride_w, stride_h) from MediaPipe's packed TfLiteTransposeConvParams struct."""
+    padding, stride_w, stride_h = struct.unpack_from("<iii", custom_options)
+    return {1: "SAME", 2: "VALID"}.get(padding, "VALID"), stride_w, stride_h
+
+
+def transpose_conv_bias_geometry(in_shape, weight_shape, custom_options: bytes):
+    """Output shape and (top, left) padding of Convolution2DTransposeBias."""
+    padding, sw, sh = transpose_conv_bias_params(custom_options)
+    n, ih, iw, _ = in_shape
+    o, kh, kw, _ = weight_shape
+    total_h = total_w = 0
+    if padding == "SAME":
+        total_h = max(0, kh - (ih - 1) % sh - 1)
+        total_w = max(0, kw - (iw - 1) % sw - 1)
+    out_shape = (n, sh * (ih - 1) + kh - total_h, sw * (iw - 1) + kw - total_w, o)
+    return out_shape, (total_h // 2, total_w // 2), (sh, sw)
+
+
+@kernel("Convolution2DTransposeBias")
+def convolution_2d_transpose_bias(op: Op):
+    out_shape, pads, stride = transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape,
+                                                           op.custom_options or b"")
+    o = op.inputs[1].shape[0]
+    run_tc = transpose_conv(op.outputs[0].shape, float_constant(op.inputs[1]), _bias(op, 2, o),
+                            op.inputs[0].shape, stride, pads, lambda x: None)
+
+    def run(ins, outs):
+        run_tc(ins[0], ins[1], outs[0])
+    return run
+
+
+@kernel("FULLY_CONNECTED")
+def fully_connected(op: Op):
+    units, depth = op.inputs[1].shape
+    weights = float_constant(op.inputs[1])
+    gemm = None if weights is None else np.ascontiguousarray(weights.T)
+    bias = _bias(op, 2, units)
+    act = fused(op)
+
+    def run(ins, outs):
+        operand = gemm if gemm is not None else np.asarray(ins[1], np.float32).T
+        out2d = outs[0].reshape(-1, units)
+        np.matmul(ins[0].reshape(-1, depth), operand, out=out2d)
+        if bias is not None:
+            out2d += bias
+        act(out2d)
+    return run
+
+
+@kernel("BATCH_MATMUL")
+def batch_matmul(op: Op):
+    adj_x, adj_y = bool(op.options.get("adj_x")), bool(op.options.get("adj_y"))
+    rhs = float_constant(op.inputs[1])
+    if rhs is not None:
+        rhs = np.ascontiguousarray(np.swapaxes(rhs, -1, -2) if adj_y else rhs)
+
+    def run(ins, outs):
+        a = np.swapaxes(ins[0], -1, -2) if adj_x else ins[0]
+        b = rhs if rhs is not None else (np.swapaxes(ins[1], -1, -2) if adj_y else ins[1])
+        np.matmul(a, b, out=outs[0])
+    return run

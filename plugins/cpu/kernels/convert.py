@@ -1,0 +1,35 @@
+"""Type conversions: CAST, DEQUANTIZE of float16/weight-only constants, DENSIFY of sparse constants."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+from .common import constant, dequantize_array
+
+
+@kernel("CAST")
+def cast(op: Op):
+    def run(ins, outs):
+        # C++ static_cast semantics: float -> int truncates toward zero, anything -> bool is "!= 0".
+        np.copyto(outs[0], ins[0], casting="unsafe")
+    return run
+
+
+@kernel("DEQUANTIZE", "DENSIFY")
+def materialize(op: Op):
+    """Constant sources are expanded once at compile time; each run only copies the result."""
+    value = constant(op.outputs[0])
+    if value is not None:
+        def run_constant(ins, outs):
+            np.copyto(outs[0], value)
+        return run_constant
+    if op.opcode == "DENSIFY":
+        raise ValueError("DENSIFY needs a constant sparse input")
+    source = op.inputs[0]
+
+    def run(ins, outs):
+        np.copyto(outs[0], dequantize_array(ins[0], source))
+    return run

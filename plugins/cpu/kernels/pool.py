@@ -1,0 +1,67 @@
+"""2-D pooling kernels (MAX_POOL_2D, AVERAGE_POOL_2D, L2_POOL_2D).
+
+Pooling windows are separable: reducing along W, then along H, costs
+KW + KH passes instead of KH * KW.  Tiling windows (stride == filter, no
+padding, the common 2x2/2 and global pools) reduce a reshaped view at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+from .common import Padded, fused, same_padding
+
+# opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
+_POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
+          "AVERAGE_POOL_2D": (np.add, 0.0, True, False),
+          "L2_POOL_2D": (np.add, 0.0, True, True)}
+
+
+def _valid_counts(size: int, out: int, kernel: int, stride: int, before: int) -> np.ndarray:
+    """How many input positions each output window covers along one axis (padding excluded)."""
+    start = np.arange(out) * stride - before
+    return np.minimum(start + kernel, size) - np.maximum(start, 0)
+
+
+@kernel(*_POOLS)
+def pool_2d(op: Op):
+    reduce, fill, average, l2 = _POOLS[op.opcode]
+    n, h, w, c = op.inputs[0].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    o = op.options
+    kh, kw, sh, sw = o["filter_height"], o["filter_width"], o["stride_h"], o["stride_w"]
+    pads = (0, 0, 0, 0)
+    if o.get("padding", "SAME") == "SAME":
+        pads = same_padding(h, kh, sh, 1, oh) + same_padding(w, kw, sw, 1, ow)
+    pad = Padded((n, h, w, c), pads, fill)
+    act = fused(op)
+    tiled = (kh, kw) == (sh, sw) and not pad.any
+    divisor = None
+    if average:
+        divisor = (_valid_counts(h, oh, kh, sh, pads[0])[:, None]
+                   * _valid_counts(w, ow, kw, sw, pads[2])[None, :]).astype(np.float32)[None, :, :, None]
+    rows = np.empty((n, h + pads[0] + pads[1], ow, c), np.float32)
+
+    def run(ins, outs):
+        x, out = ins[0], outs[0]
+        if l2:
+            x = np.square(x)
+        if tiled:
+            reduce.reduce(x[:, :oh * kh, :ow * kw, :].reshape(n, oh, kh, ow, kw, c), axis=(2, 4), out=out)
+        else:
+            xp = pad(x)
+            np.copyto(rows, xp[:, :, 0:sw * (ow - 1) + 1:sw, :])
+            for kx in range(1, kw):
+                reduce(rows, xp[:, :, kx:kx + sw * (ow - 1) + 1:sw, :], out=rows)
+            np.copyto(out, rows[:, 0:sh * (oh - 1) + 1:sh])
+            for ky in range(1, kh):
+                reduce(out, rows[:, ky:ky + sh * (oh - 1) + 1:sh], out=out)
+        if divisor is not None:
+            out /= divisor
+        if l2:
+            np.sqrt(out, out=out)
+        act(out)
+    return run

@@ -1,0 +1,83 @@
+"""Image resizing: RESIZE_BILINEAR (separable: rows, then columns) and RESIZE_NEAREST_NEIGHBOR.
+
+Source indices and weights per output row/column are computed once, in
+float32 like TFLite, so that boundary cases round the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+
+
+def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
+    if align_corners and out_size > 1:
+        return np.float32(in_size - 1) / np.float32(out_size - 1)
+    return np.float32(in_size) / np.float32(out_size)
+
+
+def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel: bool):
+    """(lower index, upper index, weight of the upper one) for every output position."""
+    scale = _scale(in_size, out_size, align_corners)
+    pos = np.arange(out_size, dtype=np.float32)
+    src = (pos + np.float32(0.5)) * scale - np.float32(0.5) if half_pixel else pos * scale
+    low = np.maximum(np.floor(src).astype(np.int64), 0)
+    high = np.minimum(np.ceil(src).astype(np.int64), in_size - 1)
+    return low, high, (src - low).astype(np.float32)
+
+
+def nearest_index(in_size: int, out_size: int, align_corners: bool, half_pixel: bool) -> np.ndarray:
+    scale = _scale(in_size, out_size, align_corners)
+    pos = np.arange(out_size, dtype=np.float32) + np.float32(0.5 if half_pixel else 0.0)
+    src = pos * scale
+    # align_corners rounds half away from zero (all values here are >= 0).
+    idx = np.floor(src + np.float32(0.5)) if align_corners else np.floor(src)
+    idx = np.minimum(idx.astype(np.int64), in_size - 1)
+    return np.maximum(idx, 0) if half_pixel else idx
+
+
+def _flags(op: Op) -> tuple[bool, bool]:
+    return bool(op.options.get("align_corners")), bool(op.options.get("half_pixel_centers"))
+
+
+def _lerp(src, low, high, weight, axis, lo_buf, hi_buf):
+    """src[low] + (src[high] - src[low]) * weight along ``axis``, computed in ``lo_buf``."""
+    np.take(src, low, axis=axis, out=lo_buf)
+    np.take(src, high, axis=axis, out=hi_buf)
+    hi_buf -= lo_buf
+    hi_buf *= weight
+    lo_buf += hi_buf
+    return lo_buf
+
+
+@kernel("RESIZE_BILINEAR")
+def resize_bilinear(op: Op):
+    n, h, w, c = op.inputs[0].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    flags = _flags(op)
+    y0, y1, wy = bilinear_taps(h, oh, *flags)
+    x0, x1, wx = bilinear_taps(w, ow, *flags)
+    wy = wy.reshape(1, oh, 1, 1)
+    wx = wx.reshape(1, 1, ow, 1)
+    top, bottom = np.empty((n, oh, w, c), np.float32), np.empty((n, oh, w, c), np.float32)
+    right = np.empty((n, oh, ow, c), np.float32)
+
+    def run(ins, outs):
+        rows = _lerp(ins[0], y0, y1, wy, 1, top, bottom)
+        _lerp(rows, x0, x1, wx, 2, outs[0], right)
+    return run
+
+
+@kernel("RESIZE_NEAREST_NEIGHBOR")
+def resize_nearest_neighbor(op: Op):
+    _, h, w, _ = op.inputs[0].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    rows = nearest_index(h, oh, *_flags(op))
+    cols = nearest_index(w, ow, *_flags(op))
+
+    def run(ins, outs):
+        np.copyto(outs[0], ins[0][:, rows][:, :, cols])
+    return run

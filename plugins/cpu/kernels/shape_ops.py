@@ -1,0 +1,259 @@
+"""Data-movement kernels: reshapes, transposes, joins and splits, slices, gathers, padding, fills.
+
+Index arithmetic (slices, permutations, border regions) is worked out at
+compile time from constant operands; runtime operands fall back to the same
+planning per run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op
+from delegate.strided import strided_slice_plan
+
+from ..registry import kernel
+from .common import constant, fused
+
+
+def _operand(fixed, ins, i):
+    """A compile-time constant operand, or the runtime value of input ``i``."""
+    return fixed if fixed is not None else np.asarray(ins[i])
+
+
+def _int_list(values) -> list[int]:
+    return [int(v) for v in np.asarray(values).ravel()]
+
+
+@kernel("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+def reshape(op: Op):
+    def run(ins, outs):
+        np.copyto(outs[0], np.reshape(ins[0], outs[0].shape))
+    return run
+
+
+@kernel("TRANSPOSE")
+def transpose(op: Op):
+    fixed = constant(op.inputs[1])
+
+    def run(ins, outs):
+        np.copyto(outs[0], np.transpose(ins[0], _int_list(_operand(fixed, ins, 1))))
+    return run
+
+
+@kernel("CONCATENATION")
+def concatenation(op: Op):
+    axis = op.options.get("axis", 0) % max(len(op.outputs[0].shape), 1)
+    act = fused(op)
+
+    def run(ins, outs):
+        np.concatenate(ins, axis=axis, out=outs[0])
+        act(outs[0])
+    return run
+
+
+@kernel("PACK")
+def pack(op: Op):
+    axis = op.options.get("axis", 0) % len(op.outputs[0].shape)
+
+    def run(ins, outs):
+        np.stack(ins, axis=axis, out=outs[0])
+    return run
+
+
+@kernel("UNPACK")
+def unpack(op: Op):
+    axis = op.options.get("axis", 0) % len(op.inputs[0].shape)
+
+    def run(ins, outs):
+        for i, out in enumerate(outs):
+            np.copyto(out, np.take(ins[0], i, axis=axis))
+    return run
+
+
+def _split_into(x: np.ndarray, axis: int, outs) -> None:
+    start = 0
+    for out in outs:
+        size = out.shape[axis]
+        np.copyto(out, x[(slice(None),) * axis + (slice(start, start + size),)])
+        start += size
+
+
+@kernel("SPLIT")
+def split(op: Op):
+    fixed = constant(op.inputs[0])
+    rank = len(op.inputs[1].shape)
+
+    def run(ins, outs):
+        _split_into(ins[1], int(_operand(fixed, ins, 0).ravel()[0]) % rank, outs)
+    return run
+
+
+@kernel("SPLIT_V")
+def split_v(op: Op):
+    fixed = constant(op.inputs[2])
+    rank = len(op.inputs[0].shape)
+
+    def run(ins, outs):
+        _split_into(ins[0], int(_operand(fixed, ins, 2).ravel()[0]) % rank, outs)
+    return run
+
+
+def _slice_index(shape, begin, size) -> tuple[slice, ...]:
+    return tuple(slice(b, d if s == -1 else b + s) for b, s, d in zip(_int_list(begin), _int_list(size), shape))
+
+
+@kernel("SLICE")
+def slice_op(op: Op):
+    shape = op.inputs[0].shape
+    begin, size = constant(op.inputs[1]), constant(op.inputs[2])
+    fixed = _slice_index(shape, begin, size) if begin is not None and size is not None else None
+
+    def run(ins, outs):
+        index = fixed if fixed is not None else _slice_index(shape, ins[1], ins[2])
+        np.copyto(outs[0], ins[0][index])
+    return run
+
+
+@kernel("STRIDED_SLICE")
+def strided_slice(op: Op):
+    shape = op.inputs[0].shape
+    spec = [constant(op.inputs[i]) for i in (1, 2, 3)]
+    fixed = strided_slice_plan(shape, *spec, op.options) if all(s is not None for s in spec) else None
+
+    def run(ins, outs):
+        plan = fixed or strided_slice_plan(shape, ins[1], ins[2], ins[3], op.options)
+        np.copyto(outs[0], plan.apply(ins[0]).reshape(outs[0].shape))
+    return run
+
+
+@kernel("GATHER")
+def gather(op: Op):
+    rank = len(op.inputs[0].shape)
+    axis = op.options.get("axis", 0) % rank
+    batch_dims = op.options.get("batch_dims", 0)
+    if batch_dims < 0:
+        batch_dims += len(op.inputs[1].shape)
+
+    def run(ins, outs):
+        x, idx = ins[0], np.asarray(ins[1]).astype(np.intp)
+        if batch_dims == 0:
+            np.take(x, idx, axis=axis, out=outs[0])
+            return
+        batch = int(np.prod(x.shape[:batch_dims]))
+        xb = x.reshape(batch, *x.shape[batch_dims:])
+        ib = idx.reshape(batch, *idx.shape[batch_dims:])
+        ob = outs[0].reshape(batch, *outs[0].shape[batch_dims:])
+        for j in range(batch):
+            np.take(xb[j], ib[j], axis=axis - batch_dims, out=ob[j])
+    return run
+
+
+@kernel("GATHER_ND")
+def gather_nd(op: Op):
+    def run(ins, outs):
+        idx = np.asarray(ins[1]).astype(np.intp)
+        np.copyto(outs[0], ins[0][tuple(np.moveaxis(idx, -1, 0))])
+    return run
+
+
+@kernel("TILE")
+def tile(op: Op):
+    fixed = constant(op.inputs[1])
+
+    def run(ins, outs):
+        np.copyto(outs[0], np.tile(ins[0], _int_list(_operand(fixed, ins, 1))))
+    return run
+
+
+def _pad_regions(pads, out_shape) -> tuple[tuple[slice, ...], list[tuple[slice, ...]]]:
+    """The interior slice and the border slabs that together cover a padded output exactly once."""
+    rank = len(out_shape)
+    interior = tuple(slice(int(b), int(d - a)) for (b, a), d in zip(pads, out_shape))
+    borders = []
+    for axis, (before, after) in enumerate(pads):
+        lead = interior[:axis]
+        rest = (slice(None),) * (rank - axis - 1)
+        if before:
+            borders.append(lead + (slice(0, int(before)),) + rest)
+        if after:
+            borders.append(lead + (slice(int(out_shape[axis] - after), None),) + rest)
+    return interior, borders
+
+
+@kernel("PAD", "PADV2")
+def pad(op: Op):
+    out_shape = op.outputs[0].shape
+    fixed = constant(op.inputs[1])
+    fill_value = constant(op.input(2))
+
+    def regions(pads):
+        return _pad_regions(np.asarray(pads).reshape(-1, 2), out_shape)
+
+    planned = regions(fixed) if fixed is not None else None
+
+    def run(ins, outs):
+        interior, borders = planned or regions(ins[1])
+        value = 0 if op.input(2) is None else _operand(fill_value, ins, 2).ravel()[0]
+        out = outs[0]
+        for region in borders:
+            out[region] = value
+        out[interior] = ins[0]
+    return run
+
+
+@kernel("MIRROR_PAD")
+def mirror_pad(op: Op):
+    mode = "reflect" if op.options.get("mode", "REFLECT") == "REFLECT" else "symmetric"
+    fixed = constant(op.inputs[1])
+
+    def run(ins, outs):
+        pads = np.asarray(_operand(fixed, ins, 1)).reshape(-1, 2).astype(int)
+        np.copyto(outs[0], np.pad(ins[0], pads, mode=mode))
+    return run
+
+
+@kernel("DEPTH_TO_SPACE")
+def depth_to_space(op: Op):
+    b = op.options["block_size"]
+    n, h, w, c = op.inputs[0].shape
+    depth = c // (b * b)
+
+    def run(ins, outs):
+        blocks = ins[0].reshape(n, h, w, b, b, depth).transpose(0, 1, 3, 2, 4, 5)
+        np.copyto(outs[0].reshape(n, h, b, w, b, depth), blocks)
+    return run
+
+
+@kernel("SPACE_TO_DEPTH")
+def space_to_depth(op: Op):
+    b = op.options["block_size"]
+    n, h, w, c = op.inputs[0].shape
+
+    def run(ins, outs):
+        blocks = ins[0].reshape(n, h // b, b, w // b, b, c).transpose(0, 1, 3, 2, 4, 5)
+        np.copyto(outs[0].reshape(n, h // b, w // b, b, b, c), blocks)
+    return run
+
+
+@kernel("BROADCAST_TO")
+def broadcast_to(op: Op):
+    def run(ins, outs):
+        np.copyto(outs[0], ins[0])
+    return run
+
+
+@kernel("SHAPE")
+def shape(op: Op):
+    dims = np.asarray(op.inputs[0].shape)
+
+    def run(ins, outs):
+        outs[0][...] = dims
+    return run
+
+
+@kernel("FILL")
+def fill(op: Op):
+    def run(ins, outs):
+        outs[0].fill(np.asarray(ins[1]).ravel()[0])
+    return run
