@@ -28,6 +28,7 @@ from .planner import Plan, PlacementSettings, Planner, settings_from_config
 from .plugins import PluginManager, default_manager
 from .runtime import Executor
 from .tflite.reader import read_model
+from .validate import validate_graph
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Session:
         self._warned: set[str] = set()
         self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
                                                            self.settings.fallback)
+        validate_graph(self.graph)
         for graph_pass in self.manager.graph_passes():
             if graph_pass(self.graph):
                 self.graph.link()

@@ -1,0 +1,37 @@
+"""Structural check of a graph before placement: every op's operands must fit the op.
+
+Output shapes declared in the file are compared with those the op's shape rule
+derives from its inputs, as TFLite's Prepare step would; a mismatch or an
+operand the op cannot use is a ModelFormatError naming the op, so no kernel
+ever sees an inconsistent model.  Ops without a shape rule are left to their backend.
+"""
+
+from __future__ import annotations
+
+from .errors import DelegateError, ModelFormatError
+from .ir import Subgraph
+from .shapes import has_rule, infer_output_shapes
+
+
+def validate_graph(graph: Subgraph) -> None:
+    """Raise ModelFormatError for the first op whose operands do not fit it."""
+    for op in graph.ops:
+        if op.custom or not has_rule(op.opcode):
+            continue
+        if not op.outputs:
+            raise ModelFormatError(f"{op.describe()}: has no outputs")
+        if any(t is not None and t.is_dynamic for t in op.inputs):
+            continue  # declared shapes are placeholders until the input is resized
+        try:
+            shapes = infer_output_shapes(op, len(op.outputs))
+        except DelegateError as exc:
+            raise ModelFormatError(f"{op.describe()}: {exc}") from None
+        except Exception as exc:
+            raise ModelFormatError(f"{op.describe()}: operands do not fit the op "
+                                   f"({type(exc).__name__}: {exc})") from None
+        if len(shapes) != len(op.outputs):
+            raise ModelFormatError(f"{op.describe()}: has {len(op.outputs)} outputs, its operands give {len(shapes)}")
+        for t, shape in zip(op.outputs, shapes):
+            if tuple(shape) != t.shape and t.size != 0:
+                raise ModelFormatError(f"{op.describe()}: output tensor {t.index} ({t.name!r}) has shape "
+                                       f"{list(t.shape)} but its inputs give {list(shape)}")
