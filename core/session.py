@@ -55,13 +55,14 @@ def _as_mapping(value: Any) -> dict[str, Any]:
 
 def run_settings(config: Any) -> RunSettings:
     """RunSettings from a loaded :class:`delegate.config.Config` (or one model's section of it)."""
+    cpu_options = _as_mapping(config.cpu) if getattr(config, "cpu", None) else {}
     backends = []
     for entry in config.backends:
-        if isinstance(entry, str):
-            backends.append((entry, {}))
-        else:
-            entry = _as_mapping(entry)
-            backends.append((entry["name"], dict(entry.get("options") or {})))
+        entry = {"name": entry} if isinstance(entry, str) else _as_mapping(entry)
+        options = dict(entry.get("options") or {})
+        backends.append((entry["name"], {**cpu_options, **options} if entry["name"] == "cpu" else options))
+    if all(name != "cpu" for name, _ in backends):
+        backends.append(("cpu", cpu_options))
     placement = settings_from_config({
         "partitioner": config.partitioner,
         "max_delegated_partitions": config.max_delegated_partitions,
