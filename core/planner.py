@@ -109,8 +109,10 @@ class Plan:
 
     def summary(self) -> str:
         """LiteRT's own wording for the delegation result."""
+        if not self.accelerators:
+            return f"No delegate in use: all {len(self.graph.ops)} node(s) run on cpu"
         delegated = self.delegated
-        names = sorted({p.backend for p in delegated}) or (self.accelerators[:1] or ["none"])
+        names = sorted({p.backend for p in delegated}) or self.accelerators[:1]
         n_ops = sum(len(p.ops) for p in delegated)
         return (f"Replacing {n_ops} out of {len(self.graph.ops)} node(s) with delegate ({', '.join(names)}) node, "
                 f"yielding {len(delegated)} partitions")

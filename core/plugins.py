@@ -66,7 +66,7 @@ class PluginManager:
                 plugin = ep.load()
             except Exception as exc:  # a broken plugin must not break discovery
                 self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-                log.warning("backend plugin %r failed to load: %s", ep.name, exc)
+                log.info("backend plugin %r failed to load: %s", ep.name, exc)
                 continue
             self.pm.register(plugin, name=ep.name)
 

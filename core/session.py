@@ -89,8 +89,11 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
     for name, options in requested:
         if name in backends:
             continue
-        info = manager.backend_info(name)  # unknown name -> PluginError listing the installed ones
-        ok, reason = _probe(info)
+        if name in manager.load_errors and name not in manager.backends():
+            info, ok, reason = None, False, f"its plugin failed to load ({manager.load_errors[name]})"
+        else:
+            info = manager.backend_info(name)  # unknown name -> PluginError listing the installed ones
+            ok, reason = _probe(info)
         try:
             if not ok:
                 raise PluginError(f"backend {name!r} is not available here: {reason}")
