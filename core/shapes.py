@@ -313,3 +313,28 @@ def _split_v(op: Op) -> list[Shape]:
         part[axis] = s
         out.append(tuple(part))
     return out
+
+
+def transpose_conv_bias_geometry(in_shape: Shape, weight_shape: Shape, custom_options: bytes | None):
+    """MediaPipe's Convolution2DTransposeBias: (output shape, (top, left) padding, (stride_h, stride_w)).
+
+    Its custom options are a packed C struct of three int32: padding (1 SAME,
+    2 VALID), stride_w, stride_h.  SAME trims the overlap a forward SAME
+    convolution would have added, half of it before.
+    """
+    import struct
+
+    padding, stride_w, stride_h = struct.unpack_from("<iii", custom_options or bytes(12))
+    n, ih, iw, _ = in_shape
+    o, kh, kw, _ = weight_shape
+    trim_h = trim_w = 0
+    if padding == 1:
+        trim_h = max(0, kh - (ih - 1) % stride_h - 1)
+        trim_w = max(0, kw - (iw - 1) % stride_w - 1)
+    out = (n, stride_h * (ih - 1) + kh - trim_h, stride_w * (iw - 1) + kw - trim_w, o)
+    return out, (trim_h // 2, trim_w // 2), (stride_h, stride_w)
+
+
+@rule("Convolution2DTransposeBias")
+def _transpose_conv_bias(op: Op) -> list[Shape]:
+    return [transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)[0]]

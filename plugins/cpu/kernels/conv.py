@@ -8,11 +8,10 @@ BLAS matmul, a depthwise convolution accumulates one multiply per filter tap.
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from delegate import Op
+from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
 from .common import Padded, float_constant, fused, same_padding, window_view
@@ -184,29 +183,9 @@ def transpose_conv_2d(op: Op):
     return run
 
 
-def transpose_conv_bias_params(custom_options: bytes) -> tuple[str, int, int]:
-    """(padding, stride_w, stride_h) from MediaPipe's packed TfLiteTransposeConvParams struct."""
-    padding, stride_w, stride_h = struct.unpack_from("<iii", custom_options)
-    return {1: "SAME", 2: "VALID"}.get(padding, "VALID"), stride_w, stride_h
-
-
-def transpose_conv_bias_geometry(in_shape, weight_shape, custom_options: bytes):
-    """Output shape and (top, left) padding of Convolution2DTransposeBias."""
-    padding, sw, sh = transpose_conv_bias_params(custom_options)
-    n, ih, iw, _ = in_shape
-    o, kh, kw, _ = weight_shape
-    total_h = total_w = 0
-    if padding == "SAME":
-        total_h = max(0, kh - (ih - 1) % sh - 1)
-        total_w = max(0, kw - (iw - 1) % sw - 1)
-    out_shape = (n, sh * (ih - 1) + kh - total_h, sw * (iw - 1) + kw - total_w, o)
-    return out_shape, (total_h // 2, total_w // 2), (sh, sw)
-
-
 @kernel("Convolution2DTransposeBias")
 def convolution_2d_transpose_bias(op: Op):
-    out_shape, pads, stride = transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape,
-                                                           op.custom_options or b"")
+    _, pads, stride = transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)
     o = op.inputs[1].shape[0]
     run_tc = transpose_conv(op.outputs[0].shape, float_constant(op.inputs[1]), _bias(op, 2, o),
                             op.inputs[0].shape, stride, pads, lambda x: None)

@@ -1,0 +1,149 @@
+"""Golden tests of the convolution and matrix-product kernels against LiteRT."""
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
+
+ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
+
+
+def _conv_model(opcode, x_shape, w, bias, options):
+    b = GraphBuilder()
+    x = b.input("x", x_shape)
+    b.output(b.op(opcode, [x, b.const("w", w), b.const("b", bias)], options=options))
+    return b.to_bytes()
+
+
+@given(h=st.integers(3, 12), w=st.integers(3, 12), cin=st.integers(1, 6), cout=st.integers(1, 8),
+       k=st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 5)]), stride=st.integers(1, 3),
+       dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
+       batch=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, seed):
+    kh, kw = k
+    if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
+        padding = "SAME"
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dilation,
+            "dilation_w_factor": dilation, "fused_activation_function": act}
+    model = _conv_model("CONV_2D", (batch, h, w, cin), weights, bias, opts)
+    check_against_litert(model, [rng.standard_normal((batch, h, w, cin))], builtin=dilation > 1)
+
+
+@given(groups=st.integers(2, 3), per_group=st.integers(1, 3), cout_per_group=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_grouped_conv_2d(groups, per_group, cout_per_group, seed):
+    rng = np.random.default_rng(seed)
+    cin, cout = groups * per_group, groups * cout_per_group
+    weights = rng.standard_normal((cout, 3, 3, per_group)).astype(np.float32)
+    model = _conv_model("CONV_2D", (1, 6, 7, cin), weights, rng.standard_normal(cout).astype(np.float32),
+                        {"padding": "SAME", "stride_h": 1, "stride_w": 1})
+    check_against_litert(model, [rng.standard_normal((1, 6, 7, cin))], builtin=True)
+
+
+@given(h=st.integers(3, 12), w=st.integers(3, 12), c=st.integers(1, 6), multiplier=st.integers(1, 3),
+       k=st.sampled_from([(1, 1), (3, 3), (5, 5), (2, 3)]), stride=st.integers(1, 2),
+       dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
+       seed=st.integers(0, 2**16))
+def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, seed):
+    kh, kw = k
+    if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
+        padding = "SAME"
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((1, kh, kw, c * multiplier)).astype(np.float32)
+    bias = rng.standard_normal(c * multiplier).astype(np.float32)
+    opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
+            "dilation_h_factor": dilation, "dilation_w_factor": dilation, "fused_activation_function": act}
+    model = _conv_model("DEPTHWISE_CONV_2D", (1, h, w, c), weights, bias, opts)
+    check_against_litert(model, [rng.standard_normal((1, h, w, c))], builtin=dilation > 1)
+
+
+def _transpose_conv_out(size, k, stride, padding):
+    return size * stride if padding == "SAME" else (size - 1) * stride + k
+
+
+@given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 5), cout=st.integers(1, 5),
+       k=st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 3)]), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    kh, kw = k
+    out_shape = (1, _transpose_conv_out(h, kh, stride, padding), _transpose_conv_out(w, kw, stride, padding), cout)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, w, cin))
+    inputs = [b.const("shape", np.array(out_shape, np.int32)),
+              b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)), x]
+    if with_bias:
+        inputs.append(b.const("b", rng.standard_normal(cout).astype(np.float32)))
+    b.output(b.op("TRANSPOSE_CONV", inputs, options={"padding": padding, "stride_h": stride, "stride_w": stride},
+                  dtype="float32"))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((1, h, w, cin))], builtin=True)
+
+
+@given(h=st.integers(1, 9), w=st.integers(1, 9), cin=st.integers(1, 6), cout=st.integers(1, 4),
+       k=st.sampled_from([(2, 2), (3, 3), (4, 4), (1, 1), (3, 2)]), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
+def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
+    """MediaPipe's custom op, checked against LiteRT's TRANSPOSE_CONV with the same geometry and a bias."""
+    from delegate.shapes import transpose_conv_bias_geometry
+    rng = np.random.default_rng(seed)
+    kh, kw = k
+    weights = rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
+    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
+
+    custom = GraphBuilder()
+    x = custom.input("x", (1, h, w, cin))
+    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
+                            custom=True, custom_options=params))
+    builtin = GraphBuilder()
+    x = builtin.input("x", (1, h, w, cin))
+    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
+                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
+                              options={"padding": padding, "stride_h": stride, "stride_w": stride},
+                              dtype="float32"))
+    data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
+    assert_close(delegate_run(custom.to_bytes(), [data]), litert_run(builtin.to_bytes(), [data], builtin=True))
+
+
+@given(batch=st.sampled_from([(1,), (3,), (2, 3)]), depth=st.integers(1, 20), units=st.integers(1, 12),
+       keep=st.booleans(), with_bias=st.booleans(), act=ACTIVATIONS, seed=st.integers(0, 2**16))
+def test_fully_connected(batch, depth, units, keep, with_bias, act, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", batch + (depth,))
+    inputs = [x, b.const("w", rng.standard_normal((units, depth)).astype(np.float32))]
+    inputs.append(b.const("b", rng.standard_normal(units).astype(np.float32)) if with_bias else None)
+    b.output(b.op("FULLY_CONNECTED", inputs, options={"keep_num_dims": keep, "fused_activation_function": act}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal(batch + (depth,))])
+
+
+def test_fully_connected_float16_weights_through_dequantize():
+    """MediaPipe stores FC/conv weights as float16 constants behind DEQUANTIZE; they fold at compile time."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x = b.input("x", (2, 16))
+    w = b.op("DEQUANTIZE", [b.const("w16", rng.standard_normal((5, 16)).astype(np.float16))], dtype="float32")
+    bias = b.op("DEQUANTIZE", [b.const("b16", rng.standard_normal(5).astype(np.float16))], dtype="float32")
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias]))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((2, 16))])
+
+
+@given(m=st.integers(1, 5), k=st.integers(1, 6), n=st.integers(1, 5), adj_x=st.booleans(), adj_y=st.booleans(),
+       batches=st.sampled_from([((2,), (2,)), ((1,), (3,)), ((2, 1), (3,)), ((), (2,))]),
+       const_rhs=st.booleans(), seed=st.integers(0, 2**16))
+def test_batch_matmul(m, k, n, adj_x, adj_y, batches, const_rhs, seed):
+    rng = np.random.default_rng(seed)
+    a_shape = batches[0] + ((k, m) if adj_x else (m, k))
+    b_shape = batches[1] + ((n, k) if adj_y else (k, n))
+    b = GraphBuilder()
+    a = b.input("a", a_shape)
+    rhs_value = rng.standard_normal(b_shape).astype(np.float32)
+    rhs = b.const("b", rhs_value) if const_rhs else b.input("b", b_shape)
+    b.output(b.op("BATCH_MATMUL", [a, rhs], options={"adj_x": adj_x, "adj_y": adj_y}))
+    inputs = [rng.standard_normal(a_shape)] + ([] if const_rhs else [rhs_value])
+    check_against_litert(b.to_bytes(), inputs, builtin=True)
