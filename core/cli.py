@@ -71,13 +71,16 @@ def _json_default(value: Any) -> Any:
 
 
 def console():
+    """rich on a terminal; wide plain text (no colour, no wrapping of table rows) when piped."""
     from rich.console import Console
-    return Console(highlight=False, soft_wrap=True)
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, color_system=None, width=240)
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
     from rich.table import Table
-    t = Table(title=title, title_justify="left", box=None if not sys.stdout.isatty() else None)
+    t = Table(title=title, title_justify="left", box=None)
     for c in columns:
         t.add_column(c)
     for r in rows:

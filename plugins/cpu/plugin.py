@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,6 +21,7 @@ class CpuCompiled(CompiledPartition):
 
     def __init__(self, partition: Partition, custom: dict[str, registry.Factory]):
         self.partition = partition
+        self.timings: dict[int, list[float]] | None = None
         ops = partition.ops
         external = {t.index for t in partition.inputs}
         outputs = {t.index for t in partition.outputs}
@@ -52,10 +54,23 @@ class CpuCompiled(CompiledPartition):
         return self.buffers[t.index]
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        timings = self.timings
         for op, run, sources, outs in self.steps:
             ins = [inputs[s] if isinstance(s, int) else s for s in sources]
-            run(ins, outs)
+            if timings is None:
+                run(ins, outs)
+            else:
+                start = time.perf_counter()
+                run(ins, outs)
+                timings.setdefault(op.index, []).append((time.perf_counter() - start) * 1e3)
         return {t.index: self.buffers[t.index] for t in self.partition.outputs}
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Time every op of the following runs (for ``delegate bench``'s per-op profile)."""
+        self.timings = {} if enabled else None
+
+    def profile(self) -> dict[int, float]:
+        return {i: float(np.median(v)) for i, v in (self.timings or {}).items()}
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes)}
