@@ -1,0 +1,137 @@
+"""The command line as a person uses it: real subprocesses, their output and exit codes."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+CPU = ["--config", "configs/cpu.yaml"]
+
+
+def delegate(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def as_json(*args):
+    return json.loads(delegate(*args, "--json").stdout)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from delegate.tflite.builder import GraphBuilder
+    b = GraphBuilder()
+    x = b.input("image", (1, 8, 8, 3))
+    y = b.op("CONV_2D", [x, b.const("w", np.random.default_rng(0).standard_normal((4, 3, 3, 3))),
+                         b.const("b", np.zeros(4))],
+             options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU"})
+    y = b.op("RESHAPE", [y, b.const("shape", np.array([1, 64], np.int32))], options={"new_shape": [1, 64]})
+    b.output(b.op("SOFTMAX", [y], options={"beta": 1.0}, name="scores"))
+    path = tmp_path_factory.mktemp("models") / "tiny.tflite"
+    path.write_bytes(b.to_bytes())
+    return str(path)
+
+
+def test_main_job_default_model_json():
+    doc = as_json(*CPU, "--runs", "2")
+    assert doc["model"] == "zoo:mobilenet_v1"
+    assert doc["plan"]["partitions"] and doc["plan"]["partitions"][0]["backend"] == "cpu"
+    out = doc["outputs"][0]
+    assert out["shape"] == [1, 1001] and len(out["top5"]) == 5 and out["max"] > out["min"]
+    assert {"init", "first_run", "median"} <= set(doc["timing_ms"])
+
+
+def test_main_job_text_and_run_alias(tiny_model, tmp_path):
+    text = delegate("run", *CPU, tiny_model, "--output", str(tmp_path / "out.npz")).stdout
+    assert "No delegate in use" in text and "top-5 of scores" in text and "timing:" in text
+    saved = np.load(tmp_path / "out.npz")
+    assert saved["scores"].shape == (1, 64)
+
+
+def test_inputs_from_npz_npy_and_image(tiny_model, tmp_path):
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 8, 8, 3)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", image=x)
+    np.save(tmp_path / "x.npy", x)
+    a = delegate(*CPU, tiny_model, "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "a.npz"))
+    b = delegate(*CPU, tiny_model, "--input", f"image={tmp_path / 'x.npy'}", "--output", str(tmp_path / "b.npz"))
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["scores"], np.load(tmp_path / "b.npz")["scores"])
+    from PIL import Image
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(tmp_path / "p.png")
+    doc = as_json(*CPU, tiny_model, "--input", str(tmp_path / "p.png"))
+    assert doc["outputs"][0]["shape"] == [1, 64]
+
+
+def test_inspect(tiny_model):
+    doc = as_json("inspect", tiny_model)
+    assert doc["opcode_counts"] == {"CONV_2D": 1, "RESHAPE": 1, "SOFTMAX": 1}
+    assert doc["inputs"][0]["name"] == "image" and doc["ops"][0]["version"] == 1
+    assert "CONV_2D.v1" in delegate("inspect", tiny_model, "--ir").stdout
+
+
+def test_plan_json_and_svg(tiny_model, tmp_path):
+    svg = tmp_path / "plan.svg"
+    doc = as_json("plan", *CPU, tiny_model, "--svg", str(svg))
+    assert {"partitions", "copies", "estimated_ms", "summary", "ops"} <= set(doc)
+    assert sorted(i for p in doc["partitions"] for i in p["ops"]) == [0, 1, 2]
+    assert svg.read_text().startswith("<svg") and "CONV_2D" in svg.read_text()
+
+
+def test_analyze_backends_and_zoo(tmp_path):
+    doc = as_json("analyze", *CPU, "zoo:mobilenet_v1")
+    cpu = next(b for b in doc["backends"] if b["backend"] == "cpu")
+    assert cpu["op_share"] == 1.0 and cpu["compute_share"] == 1.0
+    names = {b["name"] for b in as_json("backends")["backends"]}
+    assert {"cpu", "opencl", "wgpu"} <= names
+    out = tmp_path / "m.tflite"
+    delegate("zoo", "mobilenet_v1", "-o", str(out))
+    assert out.stat().st_size > 1_000_000
+
+
+def test_bench_compare_litert(tiny_model, tmp_path):
+    doc = as_json("bench", *CPU, tiny_model, "--runs", "5", "--warmup", "1", "--compare", "litert",
+                  "--csv", str(tmp_path / "runs.csv"))
+    assert {"median_ms", "reference_median_ms", "ratio", "peak_rss_mb", "p90_ms", "p99_ms"} <= set(doc)
+    assert doc["top_ops"] and doc["ratio"] > 0
+    assert len((tmp_path / "runs.csv").read_text().splitlines()) == 6
+
+
+def test_validate_against_litert_and_expected(tiny_model, tmp_path):
+    doc = as_json("validate", *CPU, tiny_model, "--samples", "2")
+    assert doc["passed"] and doc["outputs"]["scores"]["cosine"] > 0.9999
+    assert {"max_abs_error", "max_rel_error", "cosine"} <= set(doc["outputs"]["scores"])
+    np.savez(tmp_path / "wrong.npz", scores=np.zeros((1, 64), np.float32))
+    proc = delegate("validate", *CPU, tiny_model, "--expected", str(tmp_path / "wrong.npz"), check=False)
+    assert proc.returncode == 10 and "FAIL" in proc.stdout
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["run", "missing.tflite"], 3, "no such model file"),
+    (["run", "--backends", "tpu9000"], 5, "unknown backend 'tpu9000'"),
+    (["run", "--set", "precision=fp64"], 4, "precision"),
+    (["inspect", "zoo:nope"], 3, "unknown zoo model"),
+])
+def test_errors_are_one_line_with_distinct_codes(args, code, words):
+    proc = delegate(*args, check=False)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_bad_yaml_names_file_and_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("precision: fp16\npartitoner: cost\n")
+    proc = delegate("run", "--config", str(cfg), check=False)
+    assert proc.returncode == 4 and "bad.yaml:2" in proc.stderr and "partitioner" in proc.stderr
+
+
+def test_corrupt_model_and_debug_traceback(tmp_path):
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"\x10\x00\x00\x00TFL3" + b"\xff" * 40)
+    proc = delegate("inspect", str(bad), check=False)
+    assert proc.returncode == 3 and len(proc.stderr.strip().splitlines()) == 1
+    proc = delegate("--debug", "inspect", str(bad), check=False)
+    assert "Traceback" in proc.stderr
