@@ -84,6 +84,8 @@ def _unary(op: Op) -> list[Shape]:
 
 @rule("SELECT", "SELECT_V2")
 def _select(op: Op) -> list[Shape]:
+    if op.opcode == "SELECT":  # v1: same-shaped values; the condition matches them or picks rows
+        return [op.inputs[1].shape]
     return [broadcast(*(t.shape for t in op.inputs))]
 
 

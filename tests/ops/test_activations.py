@@ -1,0 +1,70 @@
+"""Golden tests of the activation kernels against LiteRT."""
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import check_against_litert
+
+SHAPES = st.sampled_from([(7,), (2, 9), (1, 4, 5, 3), (2, 3, 1, 6)])
+
+
+def _unary_model(opcode, shape, options=None):
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op(opcode, [x], options=options))
+    return b.to_bytes()
+
+
+@given(op=st.sampled_from(["RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "HARD_SWISH", "LOGISTIC", "TANH",
+                           "ELU"]), shape=SHAPES, scale=st.sampled_from([1.0, 5.0, 60.0]),
+       seed=st.integers(0, 2**16))
+def test_pointwise_activation(op, shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * scale])
+
+
+@given(alpha=st.sampled_from([0.01, 0.2, 1.5, -0.3]), shape=SHAPES, seed=st.integers(0, 2**16))
+def test_leaky_relu(alpha, shape, seed):
+    rng = np.random.default_rng(seed)
+    check_against_litert(_unary_model("LEAKY_RELU", shape, {"alpha": alpha}), [rng.standard_normal(shape) * 4])
+
+
+@given(approximate=st.booleans(), shape=SHAPES, seed=st.integers(0, 2**16))
+def test_gelu(approximate, shape, seed):
+    rng = np.random.default_rng(seed)
+    check_against_litert(_unary_model("GELU", shape, {"approximate": approximate}),
+                         [rng.standard_normal(shape) * 3], builtin=True)
+
+
+@given(alpha_shape=st.sampled_from([(3,), (1, 1, 3), (5, 1), (4, 5, 3)]), const_alpha=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_prelu(alpha_shape, const_alpha, seed):
+    rng = np.random.default_rng(seed)
+    alpha = rng.standard_normal(alpha_shape).astype(np.float32)
+    b = GraphBuilder()
+    x = b.input("x", (2, 4, 5, 3))
+    a = b.const("alpha", alpha) if const_alpha else b.input("alpha", alpha_shape)
+    b.output(b.op("PRELU", [x, a]))
+    inputs = [rng.standard_normal((2, 4, 5, 3)) * 3] + ([] if const_alpha else [alpha])
+    check_against_litert(b.to_bytes(), inputs, builtin=not const_alpha)
+
+
+@given(beta=st.sampled_from([1.0, 0.5, 2.0]), shape=SHAPES, scale=st.sampled_from([1.0, 30.0]),
+       seed=st.integers(0, 2**16))
+def test_softmax(beta, shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    check_against_litert(_unary_model("SOFTMAX", shape, {"beta": beta}), [rng.standard_normal(shape) * scale])
+
+
+@given(shape=SHAPES, scale=st.sampled_from([1.0, 30.0]), seed=st.integers(0, 2**16))
+def test_log_softmax(shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    check_against_litert(_unary_model("LOG_SOFTMAX", shape), [rng.standard_normal(shape) * scale])
+
+
+@given(shape=SHAPES, tiny=st.booleans(), seed=st.integers(0, 2**16))
+def test_l2_normalization(shape, tiny, seed):
+    rng = np.random.default_rng(seed)
+    scale = 1e-8 if tiny else 3.0  # tiny inputs exercise the epsilon floor of the norm
+    check_against_litert(_unary_model("L2_NORMALIZATION", shape), [rng.standard_normal(shape) * scale])

@@ -1,0 +1,35 @@
+"""Golden tests of the 2-D pooling kernels against LiteRT."""
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import check_against_litert
+
+
+@given(op=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D", "L2_POOL_2D"]), h=st.integers(1, 12),
+       w=st.integers(1, 12), c=st.integers(1, 5), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), padding=st.sampled_from(["SAME", "VALID"]),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]), batch=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_pool_2d(op, h, w, c, kh, kw, sh, sw, padding, act, batch, seed):
+    if padding == "VALID":
+        kh, kw = min(kh, h), min(kw, w)
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, c))
+    b.output(b.op(op, [x], options={"padding": padding, "filter_height": kh, "filter_width": kw,
+                                    "stride_h": sh, "stride_w": sw, "fused_activation_function": act}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((batch, h, w, c)) * 3])
+
+
+@given(op=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), size=st.sampled_from([(2, 8), (4, 8), (16, 16), (3, 9)]),
+       c=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_tiling_and_global_pools(op, size, c, seed):
+    """Windows that tile the input exactly (2x2/2 and whole-image pools, as in MediaPipe models)."""
+    k, h = size
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, h, c))
+    b.output(b.op(op, [x], options={"padding": "VALID", "filter_height": k, "filter_width": k,
+                                    "stride_h": k, "stride_w": k}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((1, h, h, c))])
