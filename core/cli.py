@@ -110,57 +110,90 @@ def plan_rows(plan) -> list[list[Any]]:
 
 # -- commands ---------------------------------------------------------------------
 
-def cmd_run(args) -> int:
+def run_one(spec: str, model_config, input_specs, seed: int, runs: int) -> dict[str, Any]:
+    """Load, plan, compile and run one model; the report as data."""
     from .inputs import make_inputs
     from .session import Session, run_settings
 
-    config = load_cli_config(args)
-    model, _, label = read_model_arg(args.model)
+    model, _, label = read_model_arg(spec)
     started = time.perf_counter()
-    session = Session(model, run_settings(config))
+    session = Session(model, run_settings(model_config))
     init_ms = (time.perf_counter() - started) * 1e3
-    inputs = make_inputs(session.graph, args.input, config, seed=args.seed)
+    inputs = make_inputs(session.graph, input_specs, model_config, seed=seed)
     t0 = time.perf_counter()
     outputs = session.run(inputs)
     first_ms = (time.perf_counter() - t0) * 1e3
     times = []
-    for _ in range(args.runs):
+    for _ in range(runs):
         t0 = time.perf_counter()
         session.run(inputs)
         times.append((time.perf_counter() - t0) * 1e3)
     median = float(np.median(times)) if times else first_ms
-    if args.output:
-        np.savez(args.output, **outputs)
-    doc = {
+    return {
         "model": label,
+        "name": getattr(model_config, "name", label),
+        "precision": model_config.precision,
+        "backends_in_use": list(session.backends),
         "plan": session.plan.to_dict(),
         "outputs": [output_stats(n, a) for n, a in outputs.items()],
         "timing_ms": {"init": round(init_ms, 3), "first_run": round(first_ms, 3), "median": round(median, 3),
                       "runs": len(times)},
+        "_arrays": outputs,
+        "_plan": session.plan,
     }
+
+
+def cmd_run(args) -> int:
+    config = load_cli_config(args)
+    if args.model is None and config.models:
+        jobs = [(m.path, m) for m in config.models]
+    else:
+        spec = args.model or DEFAULT_MODEL
+        jobs = [(spec, config.for_model(spec))]
+    if config.concurrency == "parallel" and len(jobs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            reports = list(pool.map(lambda job: run_one(job[0], job[1], args.input, args.seed, args.runs), jobs))
+    else:
+        reports = [run_one(spec, mc, args.input, args.seed, args.runs) for spec, mc in jobs]
+    if args.output:
+        arrays = {}
+        for r in reports:
+            prefix = f"{r['name']}/" if len(reports) > 1 else ""
+            arrays.update({prefix + k: v for k, v in r["_arrays"].items()})
+        np.savez(args.output, **arrays)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in reports]
     if args.json:
-        emit_json(doc)
+        emit_json(public[0] if len(public) == 1 else {"models": public})
         return 0
     c = console()
-    c.print(f"[bold]{label}[/bold]: {len(model.main.ops)} ops, backends in use: {', '.join(session.backends)}")
-    for w in session.plan.warnings():
-        c.print(f"WARNING: {w}")
-    c.print(session.plan.summary())
-    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(session.plan)))
-    c.print(f"copies between devices: {len(session.plan.copies)}; estimated {session.plan.estimated_ms:.3f} ms")
-    for note in session.plan.notes:
-        c.print(f"note: {note}")
-    rows = []
-    for s in doc["outputs"]:
-        rows.append([s["name"], s["shape"], s["dtype"], _fmt(s.get("min")), _fmt(s.get("max")), _fmt(s.get("mean"))])
-    c.print(table("outputs", ["name", "shape", "dtype", "min", "max", "mean"], rows))
-    for s in doc["outputs"]:
-        if "top5" in s:
-            c.print(f"top-5 of {s['name']}: " + ", ".join(f"{t['class']} ({t['score']:.4f})" for t in s["top5"]))
-    c.print(f"timing: init {init_ms:.1f} ms, first run {first_ms:.2f} ms, median of {len(times)} runs {median:.2f} ms")
+    for r in reports:
+        print_report(c, r)
     if args.output:
         c.print(f"outputs saved to {args.output}")
     return 0
+
+
+def print_report(c, r: dict[str, Any]) -> None:
+    plan = r["_plan"]
+    c.print(f"[bold]{r['model']}[/bold] ({r['name']}, {r['precision']}): {len(plan.graph.ops)} ops, "
+            f"backends in use: {', '.join(r['backends_in_use'])}")
+    for w in plan.warnings():
+        c.print(f"WARNING: {w}")
+    c.print(plan.summary())
+    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(plan)))
+    c.print(f"copies between devices: {len(plan.copies)}; estimated {plan.estimated_ms:.3f} ms")
+    for note in plan.notes:
+        c.print(f"note: {note}")
+    rows = [[s["name"], s["shape"], s["dtype"], _fmt(s.get("min")), _fmt(s.get("max")), _fmt(s.get("mean"))]
+            for s in r["outputs"]]
+    c.print(table("outputs", ["name", "shape", "dtype", "min", "max", "mean"], rows))
+    for s in r["outputs"]:
+        if "top5" in s:
+            c.print(f"top-5 of {s['name']}: " + ", ".join(f"{t['class']} ({t['score']:.4f})" for t in s["top5"]))
+    t = r["timing_ms"]
+    c.print(f"timing: init {t['init']:.1f} ms, first run {t['first_run']:.2f} ms, "
+            f"median of {t['runs']} runs {t['median']:.2f} ms")
 
 
 def _fmt(v: Any) -> str:
@@ -246,7 +279,7 @@ def cmd_plan(args) -> int:
 
     config = load_cli_config(args)
     model, _, label = read_model_arg(args.model)
-    session = Session(model, run_settings(config))
+    session = Session(model, run_settings(config.for_model(args.model)))
     plan = session.plan
     if args.svg:
         from .plot import plan_svg
@@ -321,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="load, plan, compile, run and report (the default command)")
     _common(p)
+    p.set_defaults(model=None)  # none given: the config's models: list, else the default model
     p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
                    help="inputs: an .npz, NAME=FILE.npy, or an image (PNG/JPEG); random when omitted")
     p.add_argument("--output", "-o", help="save outputs to this .npz")

@@ -41,22 +41,22 @@ def cmd_analyze(args) -> int:
     from .session import run_settings
 
     config = load_cli_config(args)
-    settings = run_settings(config)
+    settings = run_settings(config.for_model(args.model))
     model, _, label = read_model_arg(args.model)
     g = model.main
     total_flops = sum(op_flops(op) for op in g.ops) or 1.0
     report = []
     manager = default_manager()
-    for name, (info, _) in sorted(manager.backends().items()):
-        ok, reason = info.available()
-        if not ok:
-            report.append({"backend": name, "available": False, "reason": reason})
+    for status in manager.status():
+        name = status.name
+        if not status.available:
+            report.append({"backend": name, "available": False, "reason": status.reason})
             continue
         options = dict(settings.backends).get(name, {})
         try:
-            backend = info.factory(options)
-        except DelegateError as exc:
-            report.append({"backend": name, "available": False, "reason": str(exc)})
+            backend = manager.backend_info(name).factory(options)
+        except Exception as exc:  # a broken plugin is reported, not fatal
+            report.append({"backend": name, "available": False, "reason": f"failed to start: {exc}"})
             continue
         supported, flops, blockers = 0, 0.0, {}
         for op in g.ops:
@@ -118,7 +118,7 @@ def cmd_bench(args) -> int:
     from .session import Session, run_settings
 
     config = load_cli_config(args)
-    settings = run_settings(config)
+    settings = run_settings(config.for_model(args.model))
     model, data, label = read_model_arg(args.model)
     t0 = time.perf_counter()
     session = Session(model, settings)
@@ -243,7 +243,7 @@ def cmd_validate(args) -> int:
 
     config = load_cli_config(args)
     model, data, label = read_model_arg(args.model)
-    session = Session(model, run_settings(config))
+    session = Session(model, run_settings(config.for_model(args.model)))
     thresholds = dict(getattr(config, "validate", None) or {})
     for key in ("max_abs_error", "max_rel_error", "min_cosine"):
         if getattr(args, key) is not None:
