@@ -1,7 +1,6 @@
 """The YAML config layer: defaults, shipped configs, located errors, overrides, models, paths."""
 
 import json
-import os
 import re
 from dataclasses import fields, replace
 from importlib import resources
