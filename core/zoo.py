@@ -36,11 +36,15 @@ class _Net:
         return f"{kind}_{self.count}"
 
     def conv(self, x, out_c: int, k: int = 3, stride: int = 1, act: str = "RELU6", padding: str = "SAME",
-             dilation: int = 1):
+             dilation: int = 1, head: bool = False):
+        """``head``: a prediction head, with zero-mean filters at a third of the usual scale and no bias, so that on
+        the non-negative features below it no class wins everywhere by a constant offset."""
         name = self._name("conv")
         in_c = x.shape[-1]
         w = self.rng.standard_normal((out_c, k, k, in_c)) * np.sqrt(2.0 / (k * k * in_c))
         bias = self.rng.standard_normal(out_c) * 0.05
+        if head:
+            w, bias = (w - w.mean(axis=(1, 2, 3), keepdims=True)) / 3, np.zeros(out_c)
         return self.b.op("CONV_2D", [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
                          options={"padding": padding, "stride_w": stride, "stride_h": stride,
                                   "dilation_w_factor": dilation, "dilation_h_factor": dilation,
@@ -65,12 +69,42 @@ class _Net:
         return self.b.op("FULLY_CONNECTED", [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
                          options={"fused_activation_function": act}, name=name)
 
+    def dense_3d(self, x, units: int, act: str = "NONE"):
+        """FULLY_CONNECTED over the last axis of a [batch, tokens, features] tensor."""
+        name = self._name("dense")
+        in_c = x.shape[-1]
+        w = self.rng.standard_normal((units, in_c)) * np.sqrt(1.0 / in_c)
+        bias = self.rng.standard_normal(units) * 0.02
+        return self.b.op("FULLY_CONNECTED", [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
+                         options={"fused_activation_function": act, "keep_num_dims": True}, name=name)
+
     def global_pool(self, x):
         n, h, w, c = x.shape
         return self.b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "stride_w": 1, "stride_h": 1,
                                                           "filter_width": w, "filter_height": h,
                                                           "fused_activation_function": "NONE"},
                          name=self._name("pool"))
+
+    def add(self, a, b, act: str = "NONE"):
+        return self.b.op("ADD", [a, b], options={"fused_activation_function": act}, name=self._name("add"))
+
+    def concat(self, tensors, axis: int = -1):
+        return self.b.op("CONCATENATION", list(tensors), options={"axis": axis % len(tensors[0].shape),
+                                                                  "fused_activation_function": "NONE"},
+                         name=self._name("concat"))
+
+    def resize_bilinear(self, x, h: int, w: int):
+        return self.b.op("RESIZE_BILINEAR", [x, self.b.const(self._name("size"), np.array([h, w], np.int32))],
+                         options={"align_corners": False, "half_pixel_centers": True}, name=self._name("resize"))
+
+    def max_pool(self, x, k: int = 2, stride: int = 2, padding: str = "SAME"):
+        return self.b.op("MAX_POOL_2D", [x], options={"padding": padding, "stride_w": stride, "stride_h": stride,
+                                                      "filter_width": k, "filter_height": k,
+                                                      "fused_activation_function": "NONE"},
+                         name=self._name("maxpool"))
+
+    def leaky_relu(self, x, alpha: float = 0.1):
+        return self.b.op("LEAKY_RELU", [x], options={"alpha": alpha}, name=self._name("leaky"))
 
     def reshape(self, x, shape):
         return self.b.op("RESHAPE", [x, self.b.const(self._name("shape"), np.array(shape, np.int32))],
@@ -96,6 +130,165 @@ def mobilenet_v1(alpha: float = 1.0, classes: int = 1001, size: int = 224, seed:
     y = net.reshape(y, (1, y.shape[-1]))
     logits = net.dense(y, classes)
     b.output(b.op("SOFTMAX", [logits], options={"beta": 1.0}, name="predictions"))
+    return b.to_bytes()
+
+
+def _mobilenet_features(net: _Net, x, alpha: float, blocks):
+    y = net.conv(x, max(8, int(32 * alpha)), stride=2)
+    for out_c, stride, dilation in blocks:
+        y = net.depthwise(y, stride=stride, dilation=dilation)
+        y = net.conv(y, max(8, int(out_c * alpha)), k=1)
+    return y
+
+
+@register("deeplab_v3")
+def deeplab_v3(classes: int = 21, size: int = 257, seed: int = 1) -> bytes:
+    """DeepLab-v3-style segmenter: dilated MobileNet backbone (output stride 16), ASPP, bilinear upsampling."""
+    net = _Net(seed)
+    b = net.b
+    x = b.input("input", (1, size, size, 3))
+    blocks = [(64, 1, 1), (128, 2, 1), (128, 1, 1), (256, 2, 1), (256, 1, 1), (320, 2, 1),
+              (320, 1, 2), (320, 1, 2)]
+    features = _mobilenet_features(net, x, 0.5, blocks)
+    h, w = features.shape[1:3]
+    branches = [net.conv(features, 64, k=1, act="RELU")]
+    for rate in (2, 4, 6):  # atrous convolutions at several rates
+        branches.append(net.conv(features, 64, k=3, act="RELU", dilation=rate))
+    pooled = net.global_pool(features)
+    pooled = net.conv(pooled, 64, k=1, act="RELU")
+    branches.append(net.resize_bilinear(pooled, h, w))
+    y = net.conv(net.concat(branches), 64, k=1, act="RELU")
+    logits = net.conv(y, classes, k=1, act="NONE")
+    b.output(net.resize_bilinear(logits, size, size))
+    return b.to_bytes()
+
+
+def _ssd_anchors(sizes, scales=(0.2, 0.35, 0.5)) -> np.ndarray:
+    """Centre-size anchors (y, x, h, w) over the feature maps, two aspect ratios per cell."""
+    anchors = []
+    for (fh, fw), scale in zip(sizes, scales):
+        for i in range(fh):
+            for j in range(fw):
+                for ratio in (1.0, 2.0):
+                    anchors.append([(i + 0.5) / fh, (j + 0.5) / fw, scale / np.sqrt(ratio), scale * np.sqrt(ratio)])
+    return np.array(anchors, np.float32)
+
+
+@register("mobilenet_ssd")
+def mobilenet_ssd(classes: int = 10, size: int = 300, seed: int = 2) -> bytes:
+    """MobileNet-SSD: box and class heads on three feature maps, then TFLite_Detection_PostProcess."""
+    from flatbuffers import flexbuffers
+
+    net = _Net(seed)
+    b = net.b
+    x = b.input("normalized_input_image_tensor", (1, size, size, 3))
+    blocks = [(64, 1, 1), (128, 2, 1), (128, 1, 1), (256, 2, 1), (256, 1, 1), (512, 2, 1), (512, 1, 1)]
+    f1 = _mobilenet_features(net, x, 0.5, blocks)
+    f2 = net.conv(net.depthwise(f1, stride=2), 256, k=1)
+    f3 = net.conv(net.depthwise(f2, stride=2), 256, k=1)
+    boxes, scores, sizes = [], [], []
+    for f in (f1, f2, f3):
+        n_cells = f.shape[1] * f.shape[2] * 2
+        sizes.append(f.shape[1:3])
+        boxes.append(net.reshape(net.conv(f, 2 * 4, k=3, act="NONE", head=True), (1, n_cells, 4)))
+        scores.append(net.reshape(net.conv(f, 2 * (classes + 1), k=3, act="NONE", head=True),
+                                  (1, n_cells, classes + 1)))
+    box_encodings = net.concat(boxes, axis=1)
+    class_scores = b.op("LOGISTIC", [net.concat(scores, axis=1)], name="class_predictions")
+    anchors = b.const("anchors", _ssd_anchors(sizes))
+    options = flexbuffers.Dumps({
+        "max_detections": 10, "max_classes_per_detection": 1, "detections_per_class": 100,
+        "use_regular_nms": False, "nms_score_threshold": 0.3, "nms_iou_threshold": 0.6,
+        "num_classes": classes, "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0})
+    outs = b.op("TFLite_Detection_PostProcess", [box_encodings, class_scores, anchors], custom=True,
+                custom_options=bytes(options), shapes=[(1, 10, 4), (1, 10), (1, 10), (1,)],
+                name="TFLite_Detection_PostProcess")
+    b.output(*outs)
+    return b.to_bytes()
+
+
+@register("posenet")
+def posenet(keypoints: int = 17, size: int = 257, seed: int = 3) -> bytes:
+    """PoseNet-style multi-head keypoint model: heatmaps, offsets and forward/backward displacements."""
+    net = _Net(seed)
+    b = net.b
+    x = b.input("image", (1, size, size, 3))
+    blocks = [(64, 1, 1), (128, 2, 1), (128, 1, 1), (256, 2, 1), (256, 1, 1), (512, 2, 1), (512, 1, 1)]
+    features = _mobilenet_features(net, x, 0.5, blocks)
+    heatmaps = b.op("LOGISTIC", [net.conv(features, keypoints, k=1, act="NONE")], name="heatmaps")
+    offsets = net.conv(features, 2 * keypoints, k=1, act="NONE")
+    edges = keypoints - 1
+    forward = net.conv(features, 2 * edges, k=1, act="NONE")
+    backward = net.conv(features, 2 * edges, k=1, act="NONE")
+    b.output(heatmaps, offsets, forward, backward)
+    return b.to_bytes()
+
+
+@register("yolo_tiny")
+def yolo_tiny(classes: int = 20, size: int = 416, seed: int = 4) -> bytes:
+    """YOLOv3-tiny-style detector: conv + leaky ReLU + max-pool backbone, two heads, nearest upsampling.
+
+    The leaky ReLUs and nearest-neighbour resize are ops the LiteRT GPU list lacks, so they sit between
+    large supported regions: the case where placing by cost beats "largest partition wins".
+    """
+    net = _Net(seed)
+    b = net.b
+    x = b.input("input", (1, size, size, 3))
+    y = x
+    route = None
+    for i, width in enumerate((16, 32, 64, 128, 256)):
+        y = net.leaky_relu(net.conv(y, width, act="NONE"))
+        if i == 4:
+            route = y
+        y = net.max_pool(y)
+    y = net.leaky_relu(net.conv(y, 512, act="NONE"))
+    y = net.leaky_relu(net.conv(y, 256, k=1, act="NONE"))
+    head1 = net.conv(net.leaky_relu(net.conv(y, 512, act="NONE")), 3 * (5 + classes), k=1, act="NONE")
+    up = net.leaky_relu(net.conv(y, 128, k=1, act="NONE"))
+    h, w = route.shape[1:3]
+    up = b.op("RESIZE_NEAREST_NEIGHBOR", [up, b.const("up_size", np.array([h, w], np.int32))],
+              options={"align_corners": False, "half_pixel_centers": False}, name="upsample")
+    y2 = net.leaky_relu(net.conv(net.concat([up, route]), 256, act="NONE"))
+    head2 = net.conv(y2, 3 * (5 + classes), k=1, act="NONE")
+    b.output(head1, head2)
+    return b.to_bytes()
+
+
+@register("transformer_block")
+def transformer_block(tokens: int = 64, width: int = 128, heads: int = 4, seed: int = 5) -> bytes:
+    """One pre-norm transformer encoder block: layer norm, multi-head self-attention, GELU MLP."""
+    net = _Net(seed)
+    b = net.b
+    x = b.input("tokens", (1, tokens, width))
+    head = width // heads
+
+    def layer_norm(t):
+        axis = b.const(net._name("axis"), np.array([-1 % 3], np.int32))
+        mean = b.op("MEAN", [t, axis], options={"keep_dims": True}, name=net._name("mean"))
+        centred = b.op("SUB", [t, mean], options={"fused_activation_function": "NONE"}, name=net._name("centre"))
+        var = b.op("MEAN", [b.op("MUL", [centred, centred], options={"fused_activation_function": "NONE"},
+                                 name=net._name("square")), axis], options={"keep_dims": True},
+                   name=net._name("var"))
+        eps = b.const(net._name("eps"), np.array([1e-5], np.float32))
+        inv = b.op("RSQRT", [net.add(var, eps)], name=net._name("rsqrt"))
+        return b.op("MUL", [centred, inv], options={"fused_activation_function": "NONE"}, name=net._name("norm"))
+
+    def project(t, units):
+        return net.dense_3d(t, units)
+
+    h = layer_norm(x)
+    q, k, v = (net.reshape(project(h, width), (1, tokens, heads, head)) for _ in range(3))
+    perm = b.const("perm", np.array([0, 2, 1, 3], np.int32))
+    q, k, v = (b.op("TRANSPOSE", [t, perm], name=net._name("heads")) for t in (q, k, v))
+    scores = b.op("BATCH_MATMUL", [q, k], options={"adj_x": False, "adj_y": True}, name="scores")
+    scale = b.const("scale", np.array([1.0 / np.sqrt(head)], np.float32))
+    scores = b.op("MUL", [scores, scale], options={"fused_activation_function": "NONE"}, name="scaled")
+    attn = b.op("SOFTMAX", [scores], options={"beta": 1.0}, name="attention")
+    ctx = b.op("BATCH_MATMUL", [attn, v], options={"adj_x": False, "adj_y": False}, name="context")
+    ctx = net.reshape(b.op("TRANSPOSE", [ctx, perm], name="merge"), (1, tokens, width))
+    x = net.add(x, project(ctx, width))
+    m = b.op("GELU", [project(layer_norm(x), 2 * width)], options={"approximate": True}, name="gelu")
+    b.output(net.add(x, project(m, width)))
     return b.to_bytes()
 
 
