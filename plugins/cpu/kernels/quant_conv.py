@@ -1,0 +1,189 @@
+"""Quantized accumulating kernels: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, BATCH_MATMUL.
+
+Products of zero-point-centred integers are summed exactly (float64 BLAS is
+exact here: every partial sum stays far below 2**53), the int32/int64 bias is
+added, and the accumulator is rescaled per output channel.  Which rescaling
+rounding applies follows the LiteRT kernel that runs the op: CONV_2D and
+FULLY_CONNECTED go through ruy, depthwise and transpose conv through TFLite's
+vectorised output loop (ties rounded up on whole groups of 8 channels, gemmlowp's
+rounding on the rest), BATCH_MATMUL through the scalar reference, and 16-bit
+activations with 64-bit biases through the 64-bit variant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op, Tensor
+from delegate.ir import DType
+
+from ..registry import kernel
+from .common import Padded, same_padding, window_view
+from .conv import _conv_pads
+from .quant_util import (
+    Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_half_up, multiply_wide,
+    qrange, scale, scales, zero_point)
+
+
+def _weights(t: Tensor) -> np.ndarray:
+    if t is None or t.data is None:
+        raise ValueError("quantized kernels need constant weights")
+    return np.asarray(t.data).astype(np.int64) - zero_point(t)
+
+
+def _bias(op: Op, index: int, channels: int) -> np.ndarray:
+    t = op.input(index)
+    return np.zeros(channels, np.int64) if t is None else np.asarray(t.data, np.int64).reshape(channels)
+
+
+def _output_stage(op: Op, x: Tensor, w: Tensor, channels: int, rounding) -> Requantize:
+    """Per-channel rescale real = s_in * s_w[c] / s_out, computed as the LiteRT kernel computes it.
+
+    Per-channel weights use double precision; per-tensor uint8 weights (and per-tensor
+    FULLY_CONNECTED / BATCH_MATMUL) multiply the two float32 scales in float32 first.
+    """
+    out = op.outputs[0]
+    float_product = w.quantization.scale.size == 1 and (
+        x.dtype.numpy == np.uint8 or op.opcode in ("FULLY_CONNECTED", "BATCH_MATMUL"))
+    if float_product:
+        real = np.float64(scale(x) * scales(w)[0]) / np.float64(scale(out))
+    else:
+        real = np.float64(scale(x)) * scales(w).astype(np.float64) / np.float64(scale(out))
+    real = np.broadcast_to(real, (channels,))
+    return Requantize.of(real, zero_point(out), activation_bounds(op), rounding)
+
+
+def _gemm_rounding(op: Op, x: Tensor) -> object:
+    """ruy's rounding, unless 16-bit activations take LiteRT's reference 64-bit path."""
+    if x.dtype.numpy != np.int16:
+        return multiply_half_up
+    bias = op.input(2)
+    declared = op.options.get("quantized_bias_type", DType.float32.value)
+    wide = (bias is not None and bias.dtype is DType.int64) or declared == DType.int64.value
+    if op.opcode == "CONV_2D":  # the optimized 16x8 conv runs only when declared with int32 biases
+        wide = wide or declared != DType.int32.value
+    return multiply_wide if wide else multiply_half_up
+
+
+def _channel_rounding(x: Tensor, channels: int):
+    """Depthwise and transpose conv rescale in LiteRT's 8-channel vector loop (16-bit: 64-bit reference)."""
+    return multiply_wide if x.dtype.numpy == np.int16 else lane_rounding(channels)
+
+
+def _sliding_windows(op: Op, kernel_hw, dtype):
+    """A function giving the (N, OH, OW, KH, KW, C) windows of the input, padded with its zero point
+    (so padding contributes nothing once the zero point is taken out)."""
+    x = op.inputs[0]
+    o = op.options
+    stride = (o.get("stride_h", 1), o.get("stride_w", 1))
+    dilation = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1))
+    out_hw = op.outputs[0].shape[1:3]
+    pad = Padded(x.shape, _conv_pads(op, x.shape[1:3], kernel_hw, out_hw), zero_point(x), dtype)
+    return lambda values: window_view(pad(values), out_hw, kernel_hw, stride, dilation)
+
+
+@kernel("CONV_2D", quantized=True)
+def conv2d(op: Op):
+    """im2col + one exact float64 GEMM; the input zero point is folded into the bias."""
+    x, w = op.inputs[0], op.inputs[1]
+    weights = _weights(w)
+    out_c, kh, kw, in_c = weights.shape
+    if x.shape[3] != in_c:
+        raise ValueError("grouped quantized CONV_2D is not supported")
+    matrix = weights.reshape(out_c, -1).T.astype(np.float64)
+    bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(1, 2, 3))
+    windows = _sliding_windows(op, (kh, kw), np.float64)
+    output = _output_stage(op, x, w, out_c, _gemm_rounding(op, x))
+
+    def run(ins, outs):
+        cols = windows(ins[0])
+        acc = cols.reshape(*cols.shape[:3], -1) @ matrix
+        output(acc.astype(np.int64) + bias, outs[0])
+    return run
+
+
+@kernel("DEPTHWISE_CONV_2D", quantized=True)
+def depthwise_conv2d(op: Op):
+    """One integer multiply-accumulate per filter tap over all pixels and channels at once."""
+    x, w = op.inputs[0], op.inputs[1]
+    weights = _weights(w)
+    _, kh, kw, out_c = weights.shape
+    in_c = x.shape[3]
+    per_input = weights.reshape(kh, kw, in_c, out_c // in_c)
+    bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(0, 1, 2))
+    windows = _sliding_windows(op, (kh, kw), np.int64)
+    output = _output_stage(op, x, w, out_c, _channel_rounding(x, out_c))
+
+    def run(ins, outs):
+        win = windows(ins[0])
+        acc = np.zeros(win.shape[:3] + per_input.shape[2:], np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                acc += win[:, :, :, i, j, :, None] * per_input[i, j]
+        output(acc.reshape(*acc.shape[:3], out_c) + bias, outs[0])
+    return run
+
+
+@kernel("FULLY_CONNECTED", quantized=True)
+def fully_connected(op: Op):
+    x, w = op.inputs[0], op.inputs[1]
+    weights = _weights(w)
+    units, depth = weights.shape
+    matrix = weights.T.astype(np.float64)
+    bias = _bias(op, 2, units)
+    output = _output_stage(op, x, w, units, _gemm_rounding(op, x))
+    offset = zero_point(x)
+
+    def run(ins, outs):
+        acc = (ins[0].reshape(-1, depth).astype(np.float64) - offset) @ matrix
+        output((acc.astype(np.int64) + bias).reshape(outs[0].shape), outs[0])
+    return run
+
+
+@kernel("TRANSPOSE_CONV", quantized=True)
+def transpose_conv(op: Op):
+    """Each input pixel scatters its (KH, KW, O) patch into the output at stride spacing."""
+    w, x = op.inputs[1], op.inputs[2]
+    weights = _weights(w)
+    out_c, kh, kw, in_c = weights.shape
+    matrix = weights.transpose(3, 1, 2, 0).reshape(in_c, -1).astype(np.float64)
+    bias = _bias(op, 3, out_c)
+    n, in_h, in_w, _ = x.shape
+    out_h, out_w = op.outputs[0].shape[1:3]
+    sh, sw = op.options.get("stride_h", 1), op.options.get("stride_w", 1)
+    top = same_padding(out_h, kh, sh, 1, in_h)[0]
+    left = same_padding(out_w, kw, sw, 1, in_w)[0]
+    full_h = max((in_h - 1) * sh + kh, top + out_h)
+    full_w = max((in_w - 1) * sw + kw, left + out_w)
+    output = _output_stage(op, x, w, out_c, _channel_rounding(x, out_c))
+    offset = zero_point(x)
+
+    def run(ins, outs):
+        patches = (ins[2].astype(np.float64) - offset) @ matrix
+        patches = patches.astype(np.int64).reshape(n, in_h, in_w, kh, kw, out_c)
+        full = np.zeros((n, full_h, full_w, out_c), np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                full[:, i:i + (in_h - 1) * sh + 1:sh, j:j + (in_w - 1) * sw + 1:sw] += patches[:, :, :, i, j]
+        output(full[:, top:top + out_h, left:left + out_w] + bias, outs[0])
+    return run
+
+
+@kernel("BATCH_MATMUL", quantized=True)
+def batch_matmul(op: Op):
+    lhs, rhs = op.inputs[0], op.inputs[1]
+    adj_x, adj_y = op.options.get("adj_x", False), op.options.get("adj_y", False)
+    rounding = multiply_wide if lhs.dtype.numpy == np.int16 else multiply_by_quantized_multiplier
+    out = op.outputs[0]
+    real = np.float64(scale(lhs) * scale(rhs)) / np.float64(scale(out))
+    output = Requantize.of(real, zero_point(out), qrange(out), rounding)
+    offsets = (zero_point(lhs), zero_point(rhs))
+
+    def run(ins, outs):
+        a, b = (v.astype(np.float64) - zp for v, zp in zip(ins, offsets))
+        if adj_x:
+            a = np.swapaxes(a, -1, -2)
+        if adj_y:
+            b = np.swapaxes(b, -1, -2)
+        output(np.matmul(a, b).astype(np.int64), outs[0])
+    return run

@@ -1,0 +1,280 @@
+"""Quantized (int8 / uint8 / int16) kernels with LiteRT's integer semantics, bit for bit.
+
+Each factory derives the fixed-point parameters once, from the tensors'
+scales and zero points, exactly as the matching LiteRT kernel's Prepare does
+(including where it computes in float32 rather than double), so that ``run``
+is pure integer numpy.  This module holds conversions, elementwise arithmetic
+and activations; the accumulating kernels (convolutions, matmuls), the
+windowed/reducing kernels and data movement live in the sibling
+``quant_*`` modules, imported here so one import registers them all, and
+the 16-bit table activations in ``quant_int16``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate import Op
+
+from ..registry import kernel
+from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
+from . import quant_int16
+from .quant_util import (
+    INT32_MAX, Requantize, activation_bounds, clamp_bounds, lookup_table, multiply_by_quantized_multiplier,
+    qrange, quantize_multiplier, round_half_away, rounding_divide_by_pot, saturating_rounding_doubling_high_mul,
+    scale, store, table_index, trunc_div, zero_point)
+
+
+# --- conversions ----------------------------------------------------------------------------
+
+@kernel("QUANTIZE", quantized=True)
+def quantize(op: Op):
+    src, dst = op.inputs[0], op.outputs[0]
+    bounds = qrange(dst)
+    if src.dtype.is_float:
+        inverse = np.float64(scale(dst))
+
+        def run_float(ins, outs):
+            q = round_half_away(ins[0].astype(np.float64) / inverse)
+            store(outs[0], q.astype(np.int64) + zero_point(dst), *bounds)
+        return run_float
+    requantize = Requantize.of(np.float64(scale(src)) / np.float64(scale(dst)), zero_point(dst), bounds)
+    offset = zero_point(src)
+
+    def run(ins, outs):
+        requantize(ins[0].astype(np.int64) - offset, outs[0])
+    return run
+
+
+@kernel("DEQUANTIZE", quantized=True)
+def dequantize(op: Op):
+    """LiteRT's vector loop (whole blocks of 8) computes in float32, its scalar tail in double."""
+    src = op.inputs[0]
+    factor, offset = np.float64(scale(src)), zero_point(src)
+    size = src.size
+    vector = (np.arange(size) < size - size % 8).reshape(src.shape)
+    vector_offset = np.float32(-offset * factor)
+
+    def run(ins, outs):
+        q = ins[0]
+        fast = q.astype(np.float32) * np.float32(factor) + vector_offset
+        exact = (factor * (q.astype(np.float64) - offset)).astype(np.float32)
+        np.copyto(outs[0], np.where(vector, fast, exact))
+    return run
+
+
+# --- elementwise arithmetic -----------------------------------------------------------------
+
+_SCALAR, _VECTOR, _BROADCAST_VECTOR = 0, 1, 2
+
+
+def _int8_add_loops(shape_a, shape_b, out_shape) -> np.ndarray:
+    """Which of LiteRT's int8 ADD loops computes each output element; their roundings differ.
+
+    Same shapes run one flat loop whose whole 16-element blocks are vectorised.  A
+    broadcast is folded into at most five nested dimensions (ProcessBroadcastShapes); the
+    innermost run is then either an elementwise loop (16-wide vector blocks) or, when it
+    has length one, a scalar-broadcast loop (8-wide vector blocks).  Leftovers, and
+    broadcasts that do not fold, run the scalar code.
+    """
+    rank = len(out_shape)
+    a = (1,) * (rank - len(shape_a)) + tuple(shape_a)
+    b = (1,) * (rank - len(shape_b)) + tuple(shape_b)
+    flat = np.arange(int(np.prod(out_shape, dtype=np.int64))).reshape(out_shape)
+
+    def blocks(length: int, lanes: int, code: int) -> np.ndarray:
+        return np.where(flat % length < length - length % lanes, code, _SCALAR)
+
+    if a == b:
+        return blocks(max(flat.size, 1), 16, _VECTOR)
+    differing = [i for i in range(rank) if a[i] != b[i]]
+    slow, fast = (a, b) if a[differing[-1]] == 1 else (b, a)  # ``slow`` is broadcast along the inner dim
+    folded, i = [1] * 5, rank - 1
+    for slot, keeps in ((4, lambda j: slow[j] == fast[j]), (3, lambda j: slow[j] == 1),
+                        (2, lambda j: slow[j] == fast[j]), (1, lambda j: fast[j] == 1),
+                        (0, lambda j: slow[j] == fast[j])):
+        while i >= 0 and keeps(i):
+            folded[slot] *= max(slow[i], fast[i])
+            i -= 1
+    if i >= 0:
+        return np.full(out_shape, _SCALAR)
+    if folded[4] > 1:
+        return blocks(folded[4], 16, _VECTOR)
+    return blocks(folded[3], 8, _BROADCAST_VECTOR)
+
+
+@kernel("ADD", "SUB", quantized=True)
+def add_sub(op: Op):
+    """Both operands are brought to a common scale with 20 (16-bit: 15) bits of headroom, then summed."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    left_shift = 15 if out.dtype.numpy == np.int16 else 20
+    twice_max = np.float32(2) * max(scale(a), scale(b))
+    to_common = [quantize_multiplier(np.float64(scale(t)) / np.float64(twice_max)) for t in (a, b)]
+    output = Requantize.of(np.float64(twice_max) / np.float64(np.float32(1 << left_shift) * scale(out)),
+                           zero_point(out), activation_bounds(op))
+    offsets = (zero_point(a), zero_point(b))
+    sign = -1 if op.opcode == "SUB" else 1
+    # Only int8 ADD runs LiteRT's vectorised loops; SUB and the other types run scalar code.
+    vectorised = op.opcode == "ADD" and out.dtype.numpy == np.int8
+    loops = _int8_add_loops(a.shape, b.shape, out.shape) if vectorised else None
+
+    def to_common_scale(v, multiplier, shift):
+        scalar = multiply_by_quantized_multiplier(v << left_shift, multiplier, shift)
+        if loops is None:
+            return scalar
+        # The 16-wide loop folds the right shift into the left shift before the high multiply;
+        # the 8-wide loop shifts right afterwards, truncating.
+        combined = left_shift + int(shift)
+        folded = v << combined if combined >= 0 else v >> -combined
+        vector = saturating_rounding_doubling_high_mul(folded, multiplier)
+        truncated = saturating_rounding_doubling_high_mul(v << left_shift, multiplier) >> -int(shift)
+        return np.choose(loops, (scalar, vector, truncated))
+
+    def run(ins, outs):
+        x, y = (to_common_scale(v.astype(np.int64) - zp, *params)
+                for v, zp, params in zip(ins, offsets, to_common))
+        output(x + sign * y, outs[0])
+    return run
+
+
+@kernel("MUL", quantized=True)
+def mul(op: Op):
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    output = Requantize.of(scale(a) * scale(b) / scale(out), zero_point(out), activation_bounds(op))
+    offsets = (zero_point(a), zero_point(b))
+
+    def run(ins, outs):
+        output((ins[0].astype(np.int64) - offsets[0]) * (ins[1].astype(np.int64) - offsets[1]), outs[0])
+    return run
+
+
+# --- activations ----------------------------------------------------------------------------
+
+_RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+
+
+@kernel(*_RELU_BOUNDS, quantized=True)
+def relu(op: Op):
+    """Rescale to the output's parameters, then clamp at the quantized bounds."""
+    src, dst = op.inputs[0], op.outputs[0]
+    output = Requantize.of(scale(src) / scale(dst), zero_point(dst), clamp_bounds(dst, *_RELU_BOUNDS[op.opcode]))
+    offset = zero_point(src)
+
+    def run(ins, outs):
+        output(ins[0].astype(np.int64) - offset, outs[0])
+    return run
+
+
+def _negative_slope_kernel(op: Op, identity_real, slope_real, slope_values):
+    """x >= 0 ? x * identity : x * slope, where slope_values(ins) gives the integer slope factor."""
+    src, dst = op.inputs[0], op.outputs[0]
+    identity = quantize_multiplier(identity_real)
+    slope_multiplier, slope_shift = quantize_multiplier(slope_real)
+    # MultiplyByQuantizedMultiplier needs a non-negative significand; a negative slope flips the result.
+    sign = np.where(slope_multiplier < 0, -1, 1)
+    slope = (np.abs(slope_multiplier), slope_shift)
+    offset, out_offset, bounds = zero_point(src), zero_point(dst), qrange(dst)
+
+    def run(ins, outs):
+        x = ins[0].astype(np.int64) - offset
+        positive = multiply_by_quantized_multiplier(x, *identity)
+        negative = sign * multiply_by_quantized_multiplier(x * slope_values(ins), *slope)
+        store(outs[0], np.where(x >= 0, positive, negative) + out_offset, *bounds)
+    return run
+
+
+@kernel("LEAKY_RELU", quantized=True)
+def leaky_relu(op: Op):
+    src, dst = op.inputs[0], op.outputs[0]
+    alpha = np.float32(op.options.get("alpha", 0.2))
+    return _negative_slope_kernel(op, scale(src) / scale(dst), scale(src) * alpha / scale(dst), lambda ins: 1)
+
+
+@kernel("PRELU", quantized=True)
+def prelu(op: Op):
+    src, alpha, dst = op.inputs[0], op.inputs[1], op.outputs[0]
+    alpha_offset = zero_point(alpha)
+    return _negative_slope_kernel(op, scale(src) / scale(dst), scale(src) * scale(alpha) / scale(dst),
+                                  lambda ins: ins[1].astype(np.int64) - alpha_offset)
+
+
+def _q15_multiplier(real: np.float32) -> tuple[int, int]:
+    """A Q15 significand (the Q31 one rounded down to 16 bits) and its exponent."""
+    multiplier, exponent = quantize_multiplier(np.float64(real))
+    q15 = 0x7FFF if multiplier >= INT32_MAX - (1 << 15) else (int(multiplier) + (1 << 15)) >> 16
+    return q15, int(exponent)
+
+
+@kernel("HARD_SWISH", quantized=True)
+def hard_swish(op: Op):
+    """x * relu6(x + 3) / 6 in LiteRT's 16-bit fixed point: a 'reluish' factor in [0, 1] times x."""
+    src, dst = op.inputs[0], op.outputs[0]
+    hires_scale = np.float32(1.0 / 128.0) * scale(src)
+    out_multiplier, out_exponent = _q15_multiplier(hires_scale / scale(dst))
+    relu_multiplier, relu_exponent = _q15_multiplier(hires_scale / np.float32(3.0 / 32768.0))
+    offset, out_offset, bounds = zero_point(src), zero_point(dst), qrange(dst)
+
+    def saturating_left_shift(v, amount):
+        return np.clip(v << amount, -(1 << 15), (1 << 15) - 1)
+
+    def run(ins, outs):
+        hires = (ins[0].astype(np.int64) - offset) * 128
+        preshift_output = saturating_rounding_doubling_high_mul(hires, out_multiplier, bits=16)
+        reluish = hires
+        if relu_exponent > 0:
+            reluish = saturating_left_shift(reluish, relu_exponent - 1)
+        reluish = saturating_rounding_doubling_high_mul(reluish, relu_multiplier, bits=16)
+        if relu_exponent > 0:
+            reluish = saturating_left_shift(reluish, 1)
+        elif relu_exponent < 0:
+            reluish = rounding_divide_by_pot(reluish, -relu_exponent)
+        reluish = (reluish + (1 << 15)) >> 1  # from [-1, 1] to [0, 1]
+        product = trunc_div(reluish * preshift_output, np.int64(1 << 15))
+        store(outs[0], rounding_divide_by_pot(product, -out_exponent) + out_offset, *bounds)
+    return run
+
+
+_TRANSCENDENTAL = {
+    "LOGISTIC": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)),
+    "TANH": np.tanh,
+}
+_INT16_KERNELS = {"LOGISTIC": quant_int16.logistic, "TANH": quant_int16.tanh, "SOFTMAX": quant_int16.softmax}
+
+
+@kernel(*_TRANSCENDENTAL, quantized=True)
+def transcendental(op: Op):
+    """int8/uint8 inputs have 256 values: LiteRT tabulates the function once, and so do we."""
+    if op.inputs[0].dtype.numpy == np.int16:
+        return _INT16_KERNELS[op.opcode](op)
+    table = lookup_table(op, _TRANSCENDENTAL[op.opcode])
+
+    def run(ins, outs):
+        np.take(table, table_index(ins[0]), out=outs[0])
+    return run
+
+
+@kernel("SOFTMAX", quantized=True)
+def softmax(op: Op):
+    """LiteRT's table softmax: exp of (x - row max) looked up, summed in float32 in order, normalised."""
+    src, dst = op.inputs[0], op.outputs[0]
+    if src.dtype.numpy == np.int16:
+        return _INT16_KERNELS["SOFTMAX"](op)
+    beta = np.float32(op.options.get("beta", 1.0))
+    # exp_table[d] = exp(input_scale * beta * -d) for a distance d = max - x in [0, 255]
+    exp_table = np.exp(-scale(src) * beta * np.arange(256, dtype=np.float32)).astype(np.float32)
+    out_scale, out_offset, bounds = scale(dst), zero_point(dst), qrange(dst)
+    # LiteRT rounds uint8 probabilities by adding 0.5 and truncating (ignoring the zero point).
+    truncate = dst.dtype.numpy == np.uint8
+
+    def run(ins, outs):
+        x = ins[0].astype(np.int64)
+        exps = exp_table[x.max(axis=-1, keepdims=True) - x]
+        total = np.cumsum(exps, axis=-1, dtype=np.float32)[..., -1:]
+        inverse = np.float32(1) / (total * out_scale)
+        prob = exps * inverse
+        if truncate:
+            q = (prob + np.float32(0.5)).astype(np.int64)
+        else:
+            q = round_half_away(prob).astype(np.int64) + out_offset
+        store(outs[0], q, *bounds)
+    return run
