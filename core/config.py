@@ -27,7 +27,7 @@ import yaml
 from .backend import CompileOptions
 from .config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, SCHEMA
 from .errors import ConfigError
-from .planner import PlacementSettings, Rule
+from .planner import Rule
 
 DEFAULTS_RESOURCE = "default_config.yaml"
 ZOO_PREFIX = "zoo:"
@@ -657,15 +657,3 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
     validate_document(doc)
     return build_config(doc, source)
 
-
-def run_settings(config: Settings):
-    """The session's RunSettings for a Config (its top level) or one ModelConfig."""
-    from .session import RunSettings  # imported here: the session module imports this one
-
-    return RunSettings(
-        backends=[(b.name, dict(b.options)) for b in config.backends], compile=config.compile_options(),
-        placement=PlacementSettings(partitioner=config.partitioner,
-                                    max_delegated_partitions=config.max_delegated_partitions,
-                                    min_nodes_per_partition=config.min_nodes_per_partition,
-                                    pins=list(config.pin), denies=list(config.deny)),
-        fallback=config.fallback)

@@ -416,15 +416,3 @@ class Planner:
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
                                   copies_into.get(op.index, 0)))
         return out
-
-
-def settings_from_config(values: Mapping[str, Any]) -> PlacementSettings:
-    """PlacementSettings from config values (``pin``/``deny`` lists of rule mappings)."""
-    def rules(items: Sequence[Mapping[str, Any]] | None) -> list[Rule]:
-        return [Rule(**{k: v for k, v in item.items() if k in ("backend", "op", "index", "tensor")})
-                for item in items or []]
-    return PlacementSettings(
-        partitioner=values.get("partitioner", "cost"),
-        max_delegated_partitions=int(values.get("max_delegated_partitions", 0) or 0),
-        min_nodes_per_partition=int(values.get("min_nodes_per_partition", 1) or 1),
-        pins=rules(values.get("pin")), denies=rules(values.get("deny")))

@@ -24,7 +24,7 @@ from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .cost import DEFAULT_PROFILES, DeviceProfile, load_profile
 from .errors import DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
-from .planner import Plan, PlacementSettings, Planner, settings_from_config
+from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
 from .runtime import Executor
 from .tflite.reader import read_model
@@ -47,29 +47,21 @@ class RunSettings:
     fallback: bool = True
 
 
-def _as_mapping(value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        return dict(value)
-    return {k: v for k, v in vars(value).items() if v is not None}
-
-
 def run_settings(config: Any) -> RunSettings:
-    """RunSettings from a loaded :class:`delegate.config.Config` (or one model's section of it)."""
-    cpu_options = _as_mapping(config.cpu) if getattr(config, "cpu", None) else {}
-    backends = []
-    for entry in config.backends:
-        entry = {"name": entry} if isinstance(entry, str) else _as_mapping(entry)
-        options = dict(entry.get("options") or {})
-        backends.append((entry["name"], {**cpu_options, **options} if entry["name"] == "cpu" else options))
+    """RunSettings from a loaded Config (its top level) or one ModelConfig.
+
+    The config's ``cpu`` section becomes the cpu backend's options; the CPU is
+    always in the list, as the fallback.
+    """
+    cpu_options = dict(config.cpu)
+    backends = [(b.name, {**cpu_options, **b.options} if b.name == "cpu" else dict(b.options))
+                for b in config.backends]
     if all(name != "cpu" for name, _ in backends):
         backends.append(("cpu", cpu_options))
-    placement = settings_from_config({
-        "partitioner": config.partitioner,
-        "max_delegated_partitions": config.max_delegated_partitions,
-        "min_nodes_per_partition": config.min_nodes_per_partition,
-        "pin": [_as_mapping(r) for r in (config.pin or [])],
-        "deny": [_as_mapping(r) for r in (config.deny or [])],
-    })
+    placement = PlacementSettings(partitioner=config.partitioner,
+                                  max_delegated_partitions=config.max_delegated_partitions,
+                                  min_nodes_per_partition=config.min_nodes_per_partition,
+                                  pins=list(config.pin), denies=list(config.deny))
     return RunSettings(backends, config.compile_options(), placement, bool(config.fallback))
 
 
