@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -45,6 +45,25 @@ class RunSettings:
     compile: CompileOptions = field(default_factory=CompileOptions)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
+    accuracy_guard: AccuracyBound | None = None
+
+
+@dataclass
+class AccuracyBound:
+    """Largest error an accelerator partition may show against the CPU on the calibration input."""
+
+    max_abs_error: float | None = None
+    max_rel_error: float | None = 1e-2
+
+    def exceeded(self, actual: np.ndarray, expected: np.ndarray) -> float | None:
+        """The error when it is beyond the bound, else None."""
+        diff = float(np.abs(actual.astype(np.float64) - expected).max()) if expected.size else 0.0
+        if self.max_abs_error is not None and diff > self.max_abs_error:
+            return diff
+        scale = float(np.abs(expected).max()) if expected.size else 0.0
+        if self.max_rel_error is not None and diff > self.max_rel_error * max(scale, 1e-12):
+            return diff
+        return None
 
 
 def run_settings(config: Any) -> RunSettings:
@@ -62,7 +81,9 @@ def run_settings(config: Any) -> RunSettings:
                                   max_delegated_partitions=config.max_delegated_partitions,
                                   min_nodes_per_partition=config.min_nodes_per_partition,
                                   pins=list(config.pin), denies=list(config.deny))
-    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback))
+    guard = config.accuracy_guard
+    bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
+    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound)
 
 
 def _warn(message: str) -> None:
@@ -147,6 +168,8 @@ class Session:
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
                                  compiled=[self._compile(p) for p in self.plan.partitions])
+        if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
+            self._guard_accuracy(self.settings.accuracy_guard)
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # -- compile / fallback ----------------------------------------------
@@ -166,6 +189,50 @@ class Session:
         self.plan.notes.append(f"partition {partition.index} moved from {partition.backend} to cpu: {why}")
         partition.backend = "cpu"
         return self.backends["cpu"].compile(partition, self.settings.compile)
+
+    # -- accuracy guard ------------------------------------------------------
+    def _guard_accuracy(self, bound: AccuracyBound) -> None:
+        """Check every accelerator partition on a calibration input against the CPU, given the same inputs.
+
+        A partition beyond the bound is rebuilt in fp32 when it ran in fp16, and moved to the CPU
+        when fp32 is still beyond it; each step is noted in the plan.
+        """
+        from .inputs import random_input
+
+        rng = np.random.default_rng(0)
+        cpu = self.backends["cpu"]
+        values = {t.index: random_input(t, rng) for t in self.graph.inputs}
+        for i, part in enumerate(self.executor.partitions):
+            reference = cpu.compile(part, self.settings.compile).run({t.index: values[t.index] for t in part.inputs})
+            reference = {k: np.asarray(cpu.to_host(v)) for k, v in reference.items()}
+            if part.backend != "cpu":
+                error = self._partition_error(part, self.executor.compiled[i], values, reference, bound)
+                if error is not None and self.settings.compile.precision == "fp16":
+                    fp32 = replace(self.settings.compile, precision="fp32")
+                    compiled = self.backends[part.backend].compile(part, fp32)
+                    self.plan.notes.append(f"accuracy guard: partition {part.index} on {part.backend} erred "
+                                           f"{error:.3g} in fp16; rebuilt in fp32")
+                    self.executor.compiled[i] = compiled
+                    error = self._partition_error(part, compiled, values, reference, bound)
+                if error is not None:
+                    self.plan.notes.append(f"accuracy guard: partition {part.index} on {part.backend} erred "
+                                           f"{error:.3g}; moved to cpu")
+                    backend = part.backend
+                    part.backend = "cpu"
+                    self.executor.compiled[i] = cpu.compile(part, self.settings.compile)
+                    log.warning("accuracy guard moved partition %d from %s to cpu (error %.3g)",
+                                part.index, backend, error)
+            values.update(reference)
+
+    def _partition_error(self, part, compiled, values, reference, bound: AccuracyBound) -> float | None:
+        backend = self.backends[part.backend]
+        outputs = compiled.run({t.index: backend.to_device(values[t.index]) for t in part.inputs})
+        worst = None
+        for idx, value in outputs.items():
+            error = bound.exceeded(np.asarray(backend.to_host(value)), reference[idx])
+            if error is not None:
+                worst = max(worst or 0.0, error)
+        return worst
 
     # -- running -----------------------------------------------------------
     def input_tensors(self) -> list[Tensor]:

@@ -137,3 +137,23 @@ def test_failing_backend_falls_back_to_cpu_once():
     settings.fallback = False
     with pytest.raises(RuntimeError, match="simulated compiler crash"):
         Session(model, settings)
+
+
+@pytest.mark.parametrize("options, expected_backends, words", [
+    ({"fp16_error": 0.5}, {"fakegpu", "cpu"}, "rebuilt in fp32"),
+    ({"error": 0.5}, {"cpu"}, "moved to cpu"),
+])
+def test_accuracy_guard(options, expected_backends, words):
+    from delegate.backend import CompileOptions
+    from delegate.session import AccuracyBound
+    model = mixed_model()
+    settings = RunSettings(backends=[("fakegpu", options), ("cpu", {})], compile=CompileOptions(precision="fp16"),
+                           placement=PlacementSettings(partitioner="greedy"),
+                           accuracy_guard=AccuracyBound(max_abs_error=0.01))
+    session = Session(model, settings)
+    assert {p.backend for p in session.executor.partitions} == expected_backends
+    assert any(words in note for note in session.plan.notes)
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 4)).astype(np.float32)
+    reference = Session(model, RunSettings()).run([x])
+    for name, value in session.run([x]).items():
+        np.testing.assert_allclose(value, reference[name], rtol=1e-5, atol=1e-6)

@@ -21,8 +21,11 @@ class DeviceArray:
 
 
 class FakeCompiled(CompiledPartition):
-    def __init__(self, partition):
+    """``error`` is added to every output, to exercise the accuracy guard."""
+
+    def __init__(self, partition, error=0.0):
         self.partition = partition
+        self.error = error
         self.runs = 0
 
     def run(self, inputs):
@@ -37,7 +40,7 @@ class FakeCompiled(CompiledPartition):
                 out = np.maximum(out, 0)
             values[op.outputs[0].index] = out.astype(np.float32)
         self.runs += 1
-        return {t.index: DeviceArray(values[t.index]) for t in self.partition.outputs}
+        return {t.index: DeviceArray(values[t.index] + np.float32(self.error)) for t in self.partition.outputs}
 
 
 class FakeGpu(Backend):
@@ -65,7 +68,10 @@ class FakeGpu(Backend):
     def compile(self, partition, options):
         if self.fail_compile:
             raise RuntimeError("simulated compiler crash")
-        return FakeCompiled(partition)
+        error = float(self.options.get("error", 0.0))
+        if options.precision == "fp16":
+            error += float(self.options.get("fp16_error", 0.0))
+        return FakeCompiled(partition, error)
 
     def estimate_ms(self, op, options):
         return 0.001
