@@ -1,0 +1,133 @@
+"""Fusion planning shared by the GPU backends: which ops of a partition run as one kernel.
+
+A group is a root op (a convolution, fully connected layer, pooling, an
+elementwise op...) followed by the elementwise ops that directly consume its
+result: its fused activation, an ADD of another tensor (the residual of a
+ResNet block), a MUL by a constant or a per-channel gate, PRELU, further
+activations.  The root's kernel applies them as an *epilogue* to each value
+before storing it, so the intermediate tensors are never written and each
+group costs one launch.  A consumer is absorbed only when it is the sole use
+of the value, the value is not needed outside the partition, and the result
+keeps the value's shape.
+
+A group runs where its last op was: every tensor it reads was produced
+before that point, and nothing else reads the values it keeps in registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Sequence
+
+from ..ir import Op, Tensor
+from .constants import activation_quant, constant_value, is_folded_dequantize
+from .support import BINARY, UNARY
+
+
+@dataclass(frozen=True)
+class Step:
+    """One elementwise step of an epilogue.
+
+    ``kind`` is ``unary`` (``name`` an activation), ``binary`` (``name`` the op,
+    ``operand`` its other input, ``swapped`` when the running value is the op's
+    second input) or ``quantize`` (round onto the grid ``quant``).
+    """
+
+    kind: str
+    name: str
+    operand: Tensor | None = None
+    swapped: bool = False
+    quant: tuple[float, float, float, float] | None = None
+
+    @property
+    def scalar(self) -> bool:
+        """The operand is one constant value (passed as a number, not read from memory)."""
+        return self.operand is not None and self.operand.size == 1 and constant_value(self.operand) is not None
+
+    def signature(self) -> tuple:
+        """What the generated code depends on (operand values and grids are arguments)."""
+        operand = None if self.operand is None else ("scalar" if self.scalar else "tensor")
+        return (self.kind, self.name, operand, self.swapped)
+
+
+@dataclass
+class Group:
+    """A root op and the ops fused into its kernel's epilogue."""
+
+    root: Op
+    steps: list[Step] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def output(self) -> Tensor:
+        """The tensor the group stores (the last fused op's result)."""
+        return self.ops[-1].outputs[0]
+
+    @property
+    def fused(self) -> list[Op]:
+        return self.ops[1:]
+
+
+def activation_steps(op: Op, float_view: bool) -> list[Step]:
+    """The op's fused activation, then rounding onto its output grid in the float view."""
+    steps = []
+    act = op.options.get("fused_activation_function", "NONE")
+    if act not in ("NONE", None) and op.opcode != "LSTM":
+        steps.append(Step("unary", act))
+    quant = activation_quant(op.outputs[0]) if float_view and op.outputs else None
+    if quant is not None:
+        steps.append(Step("quantize", "QUANTIZE", quant=quant))
+    return steps
+
+
+def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
+    """Steps of elementwise ``op`` applied to the running ``value`` (one of its inputs)."""
+    if op.opcode in UNARY:
+        return [Step("unary", op.opcode)] + activation_steps(op, float_view)
+    swapped = op.inputs[1] is value and op.inputs[0] is not value
+    other = op.inputs[0] if swapped else op.inputs[1]
+    return [Step("binary", op.opcode, other, swapped)] + activation_steps(op, float_view)
+
+
+def is_elementwise(op: Op) -> bool:
+    return not op.custom and op.opcode in UNARY + BINARY
+
+
+def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
+    if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1:
+        return False
+    if op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype:
+        return False
+    return op.opcode in UNARY or not (op.inputs[0] is value and op.inputs[1] is value)
+
+
+def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
+                can_host: Callable[[Op], bool] = lambda op: True) -> list[Group]:
+    """Groups of ``ops`` (topologically ordered) in the order their kernels must run.
+
+    ``keep`` holds the indices of tensors that must be stored (partition
+    outputs); ``can_host(op)`` says whether the backend's kernel for ``op``
+    takes an epilogue of following ops.  Folded DEQUANTIZE ops form no group.
+    """
+    members = {id(op) for op in ops}
+    position = {id(op): i for i, op in enumerate(ops)}
+    absorbed: set[int] = set()
+    groups: list[Group] = []
+    for op in ops:
+        if id(op) in absorbed or is_folded_dequantize(op):
+            continue
+        if is_elementwise(op):
+            group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
+        else:
+            group = Group(op, activation_steps(op, float_view), [op])
+        if len(op.outputs) == 1 and can_host(op):
+            value = op.outputs[0]
+            while value.index not in keep and len(value.uses) == 1 and _absorbable(value.uses[0], value, members):
+                follower = value.uses[0]
+                group.steps += elementwise_steps(follower, value, float_view)
+                group.ops.append(follower)
+                absorbed.add(id(follower))
+                value = follower.outputs[0]
+        groups.append(group)
+    groups.sort(key=lambda g: position[id(g.ops[-1])])
+    return groups

@@ -1,0 +1,132 @@
+"""PHWC4: how GPU partitions store tensors, and the index math around it.
+
+A tensor of rank <= 4 is first read as 4-D NHWC by padding its shape with
+ones on the left: ``(C,) -> (1,1,1,C)``, ``(B,C) -> (1,1,B,C)``,
+``(A,B,C) -> (1,A,B,C)``; so the last axis is always the channel axis and an
+axis ``k`` of a rank-``r`` tensor is axis ``k + 4 - r`` of the 4-D view.
+Channels are then cut into slices of four and stored slice-major as
+``[N, S, H, W, 4]`` with ``S = ceil(C / 4)``; the lanes past ``C`` in the last
+slice hold zeros, an invariant every kernel keeps so that reductions over
+channels and 4x4 weight blocks can read whole vectors without masks.
+
+Why slice-major rather than ``[N, H, W, S*4]``: a work item that produces one
+4-channel vector reads its horizontal neighbours from consecutive addresses,
+one slice of an H x W plane is a contiguous block, and a reshape that keeps
+N, C and H*W leaves the bytes unchanged (so it costs nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+Shape4 = tuple[int, int, int, int]
+
+
+def as_nhwc(shape: Sequence[int]) -> Shape4:
+    """The 4-D NHWC view of a tensor shape of rank 0..4."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > 4:
+        raise ValueError(f"shape {list(shape)} has rank {len(shape)}; the GPU layout holds rank <= 4")
+    return (1,) * (4 - len(shape)) + shape  # type: ignore[return-value]
+
+
+def nhwc_axis(axis: int, rank: int) -> int:
+    """Axis of the 4-D view that axis ``axis`` (negative allowed) of a rank-``rank`` tensor becomes."""
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1) + 4 - rank
+
+
+def slices(channels: int) -> int:
+    return -(-int(channels) // 4)
+
+
+def phwc4_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
+    n, h, w, c = as_nhwc(shape)
+    return n, slices(c), h, w, 4
+
+
+def phwc4_vectors(shape: Sequence[int]) -> int:
+    """Number of 4-lane vectors a tensor of ``shape`` occupies."""
+    n, s, h, w, _ = phwc4_shape(shape)
+    return n * s * h * w
+
+
+def same_storage(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether tensors of shapes ``a`` and ``b`` with the same elements in NHWC order share PHWC4 bytes."""
+    na, ha, wa, ca = as_nhwc(a)
+    nb, hb, wb, cb = as_nhwc(b)
+    return na == nb and ca == cb and ha * wa == hb * wb
+
+
+def to_phwc4(array: np.ndarray, dtype=None) -> np.ndarray:
+    """NHWC (or lower rank) array -> contiguous ``[N, S, H, W, 4]`` array with zero padding lanes."""
+    array = np.asarray(array)
+    n, h, w, c = as_nhwc(array.shape)
+    out = np.zeros((n, slices(c) * 4, h, w), dtype or array.dtype)
+    out[:, :c] = array.reshape(n, h, w, c).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(out.reshape(n, slices(c), 4, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_phwc4(data: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Inverse of :func:`to_phwc4`: the tensor of ``shape`` held in a PHWC4 array (or its flat buffer)."""
+    n, s, h, w, _ = phwc4_shape(shape)
+    c = as_nhwc(shape)[3]
+    planes = np.asarray(data).reshape(n, s, h, w, 4).transpose(0, 2, 3, 1, 4).reshape(n, h, w, s * 4)
+    return np.ascontiguousarray(planes[..., :c]).reshape(tuple(shape))
+
+
+def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> int:
+    """Leading padding TFLite applies for SAME (the larger half of the total goes after)."""
+    out = -(-size // stride)
+    total = (out - 1) * stride + (kernel - 1) * dilation + 1 - size
+    return max(total, 0) // 2
+
+
+def padding_before(padding: str, size: int, kernel: int, stride: int, dilation: int = 1) -> int:
+    return same_padding(size, kernel, stride, dilation) if padding == "SAME" else 0
+
+
+def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int) -> int:
+    """Leading padding of a transposed convolution producing ``out_size`` (TFLite's rule).
+
+    The padding is the one the forward convolution from the output back to the
+    input would use, so both directions agree on where the kernel sits.
+    """
+    if padding != "SAME":
+        return 0
+    forward = -(-out_size // stride)
+    total = (forward - 1) * stride + kernel - out_size
+    return max(total, 0) // 2
+
+
+def pack_conv_weights(weights: np.ndarray) -> np.ndarray:
+    """OHWI weights -> ``[S_out, KH, KW, S_in, 4 input lanes, 4 output lanes]``.
+
+    A kernel producing output slice ``s`` multiplies each input vector lane
+    ``k`` by one contiguous 4-vector (the weights of that input channel for
+    the slice's 4 output channels), so it reads weights in order.
+    """
+    o, kh, kw, i = weights.shape
+    so, si = slices(o), slices(i)
+    padded = np.zeros((so * 4, kh, kw, si * 4), np.float32)
+    padded[:o, :, :, :i] = weights
+    return np.ascontiguousarray(padded.reshape(so, 4, kh, kw, si, 4).transpose(0, 2, 3, 4, 5, 1))
+
+
+def pack_depthwise_weights(weights: np.ndarray) -> np.ndarray:
+    """``[1, KH, KW, C]`` weights -> ``[S, KH, KW, 4]``: one vector per tap and slice."""
+    _, kh, kw, c = weights.shape
+    padded = np.zeros((kh, kw, slices(c) * 4), np.float32)
+    padded[..., :c] = weights[0]
+    return np.ascontiguousarray(padded.reshape(kh, kw, slices(c), 4).transpose(2, 0, 1, 3))
+
+
+def pack_vector(values: np.ndarray | None, channels: int) -> np.ndarray:
+    """Per-channel values (a bias) padded to whole slices; zeros when absent."""
+    out = np.zeros(slices(channels) * 4, np.float32)
+    if values is not None:
+        out[:channels] = np.asarray(values, np.float32).ravel()
+    return out

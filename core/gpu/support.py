@@ -1,0 +1,323 @@
+"""Which ops the GPU backends run, by op code, version, dtypes and constraints, and why not.
+
+The table follows LiteRT's GPU delegate: by default an op is accepted only at
+version 1, since later versions mostly add integer variants the float
+kernels do not implement; a few ops list more versions whose float semantics
+the kernels do implement (dilated depthwise convolution, basic-kernel LSTM,
+half-pixel bilinear resize).  With ``allow_quantized`` the quantized versions
+are accepted too and run on the float view (:mod:`delegate.gpu.constants`).
+Every refusal names the check that failed, so a plan can say why an op
+stayed on the CPU.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..backend import CompileOptions, Support
+from ..ir import DType, Op, Tensor
+from ..strided import strided_slice_plan
+from .constants import (constant_value, int_values, is_folded_dequantize, is_quantized,
+                        needs_quantized_support)
+
+FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6", "TANH")
+UNARY = ("RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
+BINARY = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND")
+TRANSPOSE_CONV_BIAS = "Convolution2DTransposeBias"
+
+Check = Callable[[Op], "str | None"]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """What the GPU path accepts of one op code."""
+
+    versions: int = 1          # highest version accepted for float models
+    quant_versions: int = 1    # highest version accepted with allow_quantized (float view)
+    check: Check | None = None  # constraint on shapes/options; returns why not, or None
+    params: tuple[int, ...] = ()  # inputs that are integer parameters (shapes, axes), not data
+
+
+def _fused(op: Op) -> str | None:
+    act = op.options.get("fused_activation_function", "NONE")
+    if act not in FUSED_ACTIVATIONS:
+        return f"fused activation {act} is not implemented on the GPU (supported: {', '.join(FUSED_ACTIVATIONS)})"
+    return None
+
+
+def _rank(t: Tensor, rank: int, what: str) -> str | None:
+    if len(t.shape) != rank:
+        return f"{what} must have rank {rank}, has shape {list(t.shape)}"
+    return None
+
+
+def _constant(op: Op, i: int, what: str, optional: bool = False) -> str | None:
+    t = op.input(i)
+    if t is None:
+        return None if optional else f"{what} (input {i}) is missing"
+    if constant_value(t) is None:
+        return f"{what} (input {i}) must be a constant; runtime {what} stay on the CPU"
+    return None
+
+
+def _first(*reasons: str | None) -> str | None:
+    return next((r for r in reasons if r), None)
+
+
+def _conv(op: Op) -> str | None:
+    o = op.options
+    if min(o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1),
+           o.get("dilation_w_factor", 1)) < 1:
+        return "strides and dilations must be positive"
+    return _first(_rank(op.inputs[0], 4, "input"), _rank(op.inputs[1], 4, "weights"),
+                  _constant(op, 1, "weights"), _constant(op, 2, "bias", optional=True), _fused(op))
+
+
+def _depthwise(op: Op) -> str | None:
+    reason = _conv(op)
+    if reason:
+        return reason
+    in_c, out_c = op.inputs[0].shape[3], op.outputs[0].shape[3]
+    if in_c == 0 or out_c % in_c:
+        return f"output channels {out_c} are not a multiple of input channels {in_c}"
+    return None
+
+
+def _fully_connected(op: Op) -> str | None:
+    w = op.inputs[1]
+    if op.options.get("weights_format", "DEFAULT") != "DEFAULT":
+        return f"weights format {op.options['weights_format']} is not implemented (only DEFAULT)"
+    if w.sparsity is not None:
+        return "sparse weights are not implemented"
+    reason = _first(_rank(w, 2, "weights"), _constant(op, 1, "weights"), _constant(op, 2, "bias", optional=True),
+                    _fused(op))
+    if reason:
+        return reason
+    if op.inputs[0].size % w.shape[1]:
+        return f"input of {op.inputs[0].size} values is not a whole number of rows of {w.shape[1]}"
+    return None
+
+
+def _transpose_conv(op: Op) -> str | None:
+    shape = int_values(op.input(0))
+    if shape is None or len(shape) != 4:
+        return "output_shape (input 0) must be a constant of 4 values"
+    return _first(_rank(op.inputs[2], 4, "input"), _rank(op.inputs[1], 4, "weights"),
+                  _constant(op, 1, "weights"), _constant(op, 3, "bias", optional=True), _fused(op))
+
+
+def transpose_conv_bias_params(op: Op) -> tuple[str, int, int]:
+    """(padding, stride_w, stride_h) of MediaPipe's ``Convolution2DTransposeBias``.
+
+    Its custom options are the raw C struct ``TfLiteTransposeConvParams``:
+    three int32 (padding enum 1=SAME 2=VALID, stride width, stride height).
+    """
+    raw = op.custom_options or b""
+    if len(raw) < 12:
+        raise ValueError(f"custom options are {len(raw)} bytes, expected 12 (padding, stride_w, stride_h)")
+    padding, stride_w, stride_h = struct.unpack_from("<3i", raw)
+    if padding not in (1, 2) or stride_w < 1 or stride_h < 1:
+        raise ValueError(f"invalid parameters padding={padding} stride=({stride_w},{stride_h})")
+    return ("SAME" if padding == 1 else "VALID"), stride_w, stride_h
+
+
+def _transpose_conv_bias(op: Op) -> str | None:
+    try:
+        transpose_conv_bias_params(op)
+    except ValueError as exc:
+        return str(exc)
+    return _first(_rank(op.inputs[0], 4, "input"), _rank(op.inputs[1], 4, "weights"),
+                  _constant(op, 1, "weights"), _constant(op, 2, "bias"))
+
+
+def _pool(op: Op) -> str | None:
+    o = op.options
+    if min(o.get("filter_height", 0), o.get("filter_width", 0), o.get("stride_h", 0), o.get("stride_w", 0)) < 1:
+        return "filter sizes and strides must be positive"
+    return _first(_rank(op.inputs[0], 4, "input"), _fused(op))
+
+
+def _concat(op: Op) -> str | None:
+    rank = len(op.outputs[0].shape)
+    if any(len(t.shape) != rank for t in op.inputs):
+        return "inputs of different ranks"
+    return _fused(op)
+
+
+def _pad(op: Op) -> str | None:
+    pads = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if pads is None or len(pads) != 2 * rank:
+        return "paddings (input 1) must be a constant of shape [rank, 2]"
+    if min(pads) < 0:
+        return "negative paddings are not implemented"
+    return None
+
+
+def _resize(op: Op) -> str | None:
+    if int_values(op.input(1)) is None:
+        return "size (input 1) must be a constant"
+    if op.options.get("align_corners") and op.options.get("half_pixel_centers"):
+        return "align_corners and half_pixel_centers cannot both be set"
+    return _rank(op.inputs[0], 4, "input")
+
+
+def _strided_slice(op: Op) -> str | None:
+    values = [int_values(op.input(i)) for i in (1, 2, 3)]
+    if any(v is None for v in values):
+        return "begin, end and strides (inputs 1-3) must be constants"
+    if op.options.get("ellipsis_mask") or op.options.get("new_axis_mask"):
+        return "ellipsis_mask and new_axis_mask are not implemented"
+    try:
+        strided_slice_plan(op.inputs[0].shape, *values, op.options)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _mean(op: Op) -> str | None:
+    axes = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if axes is None:
+        return "axes (input 1) must be a constant"
+    if any(not -rank <= a < rank for a in axes):
+        return f"axes {axes} out of range for rank {rank}"
+    if any(a % rank == 0 for a in axes) and rank == 4 and op.inputs[0].shape[0] > 1:
+        return "reducing over the batch axis is not implemented"
+    return None
+
+
+def _depth_to_space(op: Op) -> str | None:
+    block = op.options.get("block_size", 0)
+    if block < 1:
+        return "block_size must be positive"
+    return _rank(op.inputs[0], 4, "input")
+
+
+def _binary(op: Op) -> str | None:
+    try:
+        shape = np.broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape)
+    except ValueError:
+        return f"shapes {list(op.inputs[0].shape)} and {list(op.inputs[1].shape)} do not broadcast"
+    if tuple(shape) != tuple(op.outputs[0].shape):
+        return f"output shape {list(op.outputs[0].shape)} is not the broadcast of the inputs"
+    return _fused(op)
+
+
+def _logical_and(op: Op) -> str | None:
+    if any(t.dtype is not DType.bool for t in list(op.inputs) + list(op.outputs)):
+        return "LOGICAL_AND takes and gives bool tensors"
+    return _binary(op)
+
+
+def _lstm(op: Op) -> str | None:
+    o = op.options
+    if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
+        return "only the basic LSTM kernel (5 inputs, 4 outputs) is implemented"
+    if o.get("fused_activation_function") != "TANH":
+        return "the basic LSTM kernel requires a TANH activation"
+    if o.get("cell_clip", 0) or o.get("proj_clip", 0):
+        return "cell and projection clipping are not implemented"
+    return _first(_rank(op.inputs[0], 2, "input"), _constant(op, 2, "weights"), _constant(op, 3, "bias"))
+
+
+RULES: dict[str, OpRule] = {
+    "ADD": OpRule(1, 2, _binary),
+    "SUB": OpRule(1, 2, _binary),
+    "MUL": OpRule(1, 4, _binary),
+    "MAXIMUM": OpRule(1, 2, _binary),
+    "MINIMUM": OpRule(1, 2, _binary),
+    "PRELU": OpRule(1, 1, _binary),
+    "LOGICAL_AND": OpRule(1, 1, _logical_and),
+    "RELU": OpRule(1, 2),
+    "RELU6": OpRule(1, 2),
+    "LOGISTIC": OpRule(1, 2),
+    "TANH": OpRule(1, 2),
+    "EXP": OpRule(1, 2),
+    "HARD_SWISH": OpRule(1, 1),
+    "CONV_2D": OpRule(1, 5, _conv),
+    "DEPTHWISE_CONV_2D": OpRule(2, 6, _depthwise),
+    "FULLY_CONNECTED": OpRule(1, 9, _fully_connected),
+    "TRANSPOSE_CONV": OpRule(1, 3, _transpose_conv, params=(0,)),
+    "AVERAGE_POOL_2D": OpRule(1, 2, _pool),
+    "MAX_POOL_2D": OpRule(1, 2, _pool),
+    "CONCATENATION": OpRule(1, 2, _concat),
+    "PAD": OpRule(1, 2, _pad, params=(1,)),
+    "RESHAPE": OpRule(1, 1, params=(1,)),
+    "RESIZE_BILINEAR": OpRule(3, 3, _resize, params=(1,)),
+    "SOFTMAX": OpRule(1, 2),
+    "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),
+    "MEAN": OpRule(1, 2, _mean, params=(1,)),
+    "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
+    "LSTM": OpRule(2, 2, _lstm),
+    "DEQUANTIZE": OpRule(4, 4),
+}
+CUSTOM_RULES: dict[str, OpRule] = {
+    TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
+}
+
+
+def rule_for(op: Op) -> OpRule | None:
+    return (CUSTOM_RULES if op.custom else RULES).get(op.opcode)
+
+
+def _tensor_reason(t: Tensor, what: str, options: CompileOptions, op: Op) -> str | None:
+    if len(t.shape) > 4:
+        return f"{what} has rank {len(t.shape)}; the GPU layout holds rank <= 4"
+    if t.size == 0:
+        return f"{what} is empty (shape {list(t.shape)})"
+    if t.dtype is DType.bool and op.opcode == "LOGICAL_AND":
+        return None
+    if needs_quantized_support(t):
+        if not options.allow_quantized:
+            return f"{what} is quantized {t.dtype.name}; enable allow_quantized to run it on the float view"
+        if is_quantized(t) and t.quantization.per_channel and not t.is_constant:
+            return f"{what} is quantized per channel; only constants may be"
+        return None
+    if t.dtype is DType.float16 and (t.is_constant or constant_value(t) is not None):
+        return None
+    if t.dtype is not DType.float32:
+        return f"{what} is {t.dtype.name}; the GPU path computes float32 tensors"
+    return None
+
+
+def check_op(op: Op, options: CompileOptions) -> Support:
+    """The GPU path's answer for ``op``: yes, or no with the human reason."""
+    rule = rule_for(op)
+    if rule is None:
+        kind = "custom op" if op.custom else "op"
+        return Support.no(f"{kind} {op.opcode} has no GPU kernel")
+    if op.version > rule.versions:
+        if op.version > rule.quant_versions:
+            return Support.no(f"{op.opcode} version {op.version} is not supported on the GPU "
+                              f"(float up to v{rule.versions}, quantized up to v{rule.quant_versions})")
+        if not options.allow_quantized:
+            return Support.no(f"{op.opcode} version {op.version} is a quantized variant; the GPU accepts "
+                              f"v{rule.versions} unless allow_quantized is on")
+    if op.opcode == "DEQUANTIZE":
+        return _check_dequantize(op, options)
+    for i, t in enumerate(op.inputs):
+        if t is None or i in rule.params:
+            continue
+        reason = _tensor_reason(t, f"input {i}", options, op)
+        if reason:
+            return Support.no(reason)
+    for i, t in enumerate(op.outputs):
+        reason = _tensor_reason(t, f"output {i}", options, op)
+        if reason:
+            return Support.no(reason)
+    reason = rule.check(op) if rule.check else None
+    return Support.no(reason) if reason else Support.yes()
+
+
+def _check_dequantize(op: Op, options: CompileOptions) -> Support:
+    if not is_folded_dequantize(op):
+        return Support.no("DEQUANTIZE of a runtime tensor is a float-view boundary and stays on the CPU; "
+                          "only constants are folded")
+    if op.input(0).dtype is not DType.float16 and not options.allow_quantized:
+        return Support.no(f"DEQUANTIZE of a {op.input(0).dtype.name} constant needs allow_quantized")
+    return Support.yes()

@@ -1,0 +1,82 @@
+"""The opencl backend object: device selection, the support answer, compile, and boundary transfers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
+from delegate.gpu.support import check_op
+from delegate.ir import Op
+
+from .compiled import ClCompiled
+from .device import DeviceRequest, device_facts, import_pyopencl, select_device
+from .program import ProgramBuilder
+from .values import ClValue
+
+
+@dataclass
+class DeviceState:
+    """One context, one in-order queue and the built programs of a device, shared in the process."""
+
+    cl: Any
+    device: Any
+    context: Any
+    queue: Any
+    facts: dict[str, Any]
+    builder: ProgramBuilder
+
+
+_DEVICES: dict[tuple[str, str, str], DeviceState] = {}
+
+
+def device_state(cl, platform, device) -> DeviceState:
+    facts = device_facts(cl, platform, device)
+    key = (facts["platform"], facts["device"], facts["driver_version"])
+    if key not in _DEVICES:
+        context = cl.Context([device])
+        _DEVICES[key] = DeviceState(cl, device, context, cl.CommandQueue(context, device), facts,
+                                    ProgramBuilder(cl, context, device, facts))
+    return _DEVICES[key]
+
+
+class OpenCLBackend(Backend):
+    """Runs GPU-supported ops as OpenCL kernels; tensors live as PHWC4 buffers between kernels."""
+
+    name = "opencl"
+    layout = "PHWC4"
+    precisions = ("fp32", "fp16")
+    is_accelerator = True
+
+    def __init__(self, options: Mapping[str, Any] | None = None):
+        cl = import_pyopencl()
+        platform, device = select_device(cl, DeviceRequest.from_options(dict(options or {})))
+        self.state = device_state(cl, platform, device)
+
+    def supports(self, op: Op, options: CompileOptions) -> Support:
+        return check_op(op, options)
+
+    def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
+        return ClCompiled(self.state, partition, options)
+
+    def to_device(self, array: np.ndarray) -> ClValue:
+        return ClValue.stage(array)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        if isinstance(value, ClValue):
+            return value.to_host(self.state.cl, self.state.queue)
+        return np.asarray(value)
+
+    def transfer_ms(self, nbytes: int) -> float:
+        """Launch latency plus bytes over the host link (memory copies when the device is the CPU)."""
+        if self.state.facts["device_type"] == "cpu":
+            return 0.01 + nbytes / 8e9 * 1e3
+        return 0.03 + nbytes / 12e9 * 1e3
+
+    def device_info(self) -> dict[str, Any]:
+        return dict(self.state.facts)
+
+    def close(self) -> None:
+        self.state.queue.finish()

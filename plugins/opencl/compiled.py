@@ -1,0 +1,159 @@
+"""A compiled OpenCL partition: buffers resident, kernels built and bound, work-group sizes chosen.
+
+``run`` enqueues the uploads of the partition's inputs and every kernel on
+the device's in-order queue and returns at once; the only wait is the read
+of the outputs in ``to_host``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from delegate.backend import CompiledPartition, CompileOptions, Partition
+from delegate.gpu.constants import constant_value
+from delegate.gpu.fusion import plan_groups
+
+from .cache import KernelCache, cache_key
+from .lowering import Launch, Lowering
+from .program import kernel_name, program_source
+from .values import ClValue, ReadbackBatch
+
+# Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
+LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
+TUNE_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Storage and arithmetic types of a partition, and why they were chosen."""
+
+    name: str
+    storage: np.dtype
+    defines: tuple[str, ...]
+    reason: str
+
+
+def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
+    if requested == "fp16":
+        if device_has_fp16:
+            return Precision("fp16", np.dtype(np.float16), ("HALF_STORAGE", "HALF_MATH"),
+                             "fp16 allowed and the device has cl_khr_fp16: half storage and arithmetic; "
+                             "reductions, softmax and resize accumulate in fp32")
+        return Precision("fp16 storage", np.dtype(np.float16), ("HALF_STORAGE",),
+                         "fp16 allowed but the device lacks cl_khr_fp16: half storage through "
+                         "vload_half/vstore_half, fp32 arithmetic")
+    if requested == "fp32":
+        return Precision("fp32", np.dtype(np.float32), (), "fp32 requested")
+    return Precision("fp32", np.dtype(np.float32), (),
+                     f"precision {requested!r} has no OpenCL kernels; fp32 used")
+
+
+class ClCompiled(CompiledPartition):
+    def __init__(self, device, partition: Partition, options: CompileOptions):
+        self.device = device
+        cl = device.cl
+        self.precision = choose_precision(options.precision, device.facts["fp16"])
+        ops = sorted(partition.ops, key=lambda op: op.index)
+        lowering = Lowering(cl, device.context, device.queue, self.precision.storage)
+        # Inputs whose value is known at compile time (weights from a folded DEQUANTIZE placed
+        # elsewhere) are uploaded once as constants; the others are refilled by every run.
+        self.inputs = [(t, lowering.tensor(t)) for t in partition.inputs if constant_value(t) is None]
+        self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized,
+                                  can_host=lowering.can_host)
+        for group in self.groups:
+            lowering.lower(group)
+        self.outputs = [(t, lowering.tensor(t)) for t in partition.outputs]
+        self.device_bytes = lowering.device_bytes
+        self.labels = [launch.label for launch in lowering.launches]
+        cache = KernelCache(options.cache_dir, options.model_token) if options.cache_dir else None
+        self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
+        self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = []
+        if lowering.launches:
+            self._bind(lowering.launches, cache, options.inference_preference == "sustained_speed")
+
+    def _bind(self, launches: list[Launch], cache: KernelCache | None, tune: bool) -> None:
+        cl = self.device.cl
+        variants = list(dict.fromkeys(launch.variant for launch in launches))
+        names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
+        built = self.device.builder.build(program_source(variants, self.precision.defines), cache)
+        self.build_origin, self.build_seconds = built.origin, built.seconds
+        # A kernel does not keep its argument buffers alive; the partition does.
+        self.bound_args = [launch.args for launch in launches]
+        kernels = []
+        for launch in launches:
+            kernel = cl.Kernel(built.program, names[launch.variant])
+            kernel.set_args(*launch.args)
+            kernels.append(kernel)
+        sizes = [launch.global_size for launch in launches]
+        locals_: list = [None] * len(launches)
+        if tune:
+            key = cache_key({"program": built.key, "launches": [[names[l.variant], l.global_size] for l in launches]})
+            stored = cache.load(key, "tune") if cache else None
+            locals_ = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
+                [self._fastest(k, g) for k, g in zip(kernels, sizes)]
+            if cache and stored is None:
+                cache.store(key, "tune", json.dumps(locals_).encode())
+            self.tuned = True
+        self.launches = [(k, _round_up(g, l), l) for k, g, l in zip(kernels, sizes, locals_)]
+
+    def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
+        """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
+        cl, queue = self.device.cl, self.device.queue
+        limit = min(self.device.facts["max_work_group_size"],
+                    kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device.device))
+        best, best_time = None, float("inf")
+        for local in (None,) + tuple(l for l in LOCAL_SIZES if l[0] * l[1] * l[2] <= limit):
+            size = _round_up(global_size, local)
+            cl.enqueue_nd_range_kernel(queue, kernel, size, local)  # warm-up (first launches compile)
+            queue.finish()
+            elapsed = float("inf")
+            for _ in range(TUNE_REPEATS):
+                start = time.perf_counter()
+                cl.enqueue_nd_range_kernel(queue, kernel, size, local)
+                queue.finish()
+                elapsed = min(elapsed, time.perf_counter() - start)
+            if elapsed < best_time:
+                best, best_time = local, elapsed
+        return best
+
+    def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        cl, queue, storage = self.device.cl, self.device.queue, self.precision.storage
+        for tensor, buffer in self.inputs:
+            value = inputs[tensor.index]
+            if not isinstance(value, ClValue):
+                value = ClValue.stage(value)
+            value.upload(cl, queue, buffer, tensor, storage)
+        for kernel, global_size, local_size in self.launches:
+            cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+        values = [ClValue(t.shape, t.dtype, quant=t.quantization, buffer=buf, storage=storage)
+                  for t, buf in self.outputs]
+        batch = ReadbackBatch(values)
+        for value in values:
+            value.batch = batch
+        return {t.index: v for (t, _), v in zip(self.outputs, values)}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": "opencl",
+            "device": self.device.facts["device"],
+            "precision": self.precision.name,
+            "precision_reason": self.precision.reason,
+            "ops": sum(len(g.ops) for g in self.groups),
+            "kernels": len(self.launches),
+            "fused": [label for label in self.labels if "+" in label],
+            "program": self.build_origin,
+            "build_ms": round(self.build_seconds * 1e3, 3),
+            "work_group_sizes": "tuned" if self.tuned else "driver default",
+            "device_bytes": self.device_bytes,
+        }
+
+
+def _round_up(size: tuple[int, ...], local: tuple[int, ...] | None) -> tuple[int, ...]:
+    if local is None:
+        return tuple(size)
+    return tuple(-(-g // l) * l for g, l in zip(size, local))

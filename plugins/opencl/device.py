@@ -1,0 +1,122 @@
+"""Choosing the OpenCL device a backend runs on, and the facts about it that key caches and profiles.
+
+pyopencl is imported here, inside functions, so that importing the plugin
+never fails: a missing package or driver makes the backend unavailable, with
+the reason, instead of breaking plugin discovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from delegate.errors import PluginError
+
+from . import __version__
+
+DEVICE_TYPES = ("gpu", "cpu", "accelerator", "any")
+OPTION_KEYS = ("platform", "device", "device_type")
+_PREFERENCE = ("gpu", "accelerator", "cpu")  # for device_type "any": the fastest kind first
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """Backend options naming a device: substrings of the platform and device names, and a kind."""
+
+    platform: str = ""
+    device: str = ""
+    device_type: str = "any"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "DeviceRequest":
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise PluginError(f"opencl backend: unknown option(s) {', '.join(unknown)}; "
+                              f"valid options: {', '.join(OPTION_KEYS)}")
+        kind = str(options.get("device_type", "any")).lower()
+        if kind not in DEVICE_TYPES:
+            raise PluginError(f"opencl backend: device_type {kind!r} is not one of {', '.join(DEVICE_TYPES)}")
+        return cls(str(options.get("platform", "") or ""), str(options.get("device", "") or ""), kind)
+
+    def describe(self) -> str:
+        parts = [f"{k}~{v!r}" for k, v in (("platform", self.platform), ("device", self.device)) if v]
+        return ", ".join(parts + [f"device_type={self.device_type}"])
+
+
+def import_pyopencl():
+    """pyopencl, or PluginError saying how to get it."""
+    try:
+        import pyopencl
+    except ImportError as exc:
+        raise PluginError(f"pyopencl is not installed ({exc}); install delegate[opencl]") from None
+    return pyopencl
+
+
+def device_kind(cl, device) -> str:
+    if device.type & cl.device_type.GPU:
+        return "gpu"
+    if device.type & cl.device_type.ACCELERATOR:
+        return "accelerator"
+    return "cpu"
+
+
+def list_devices(cl) -> list[tuple[Any, Any]]:
+    """(platform, device) pairs of every OpenCL device; PluginError when there is no platform."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:
+        raise PluginError(f"no OpenCL platform found ({exc}); install a driver or pocl-binary-distribution") \
+            from None
+    found = []
+    for platform in platforms:
+        try:
+            found.extend((platform, d) for d in platform.get_devices())
+        except cl.Error:
+            continue  # a platform without devices
+    if not found:
+        raise PluginError("OpenCL platforms exist but none has a device")
+    return found
+
+
+def select_device(cl, request: DeviceRequest) -> tuple[Any, Any]:
+    """The (platform, device) matching ``request``; PluginError listing the devices found otherwise."""
+    found = list_devices(cl)
+    matches = [(p, d) for p, d in found
+               if request.platform.lower() in p.name.lower() and request.device.lower() in d.name.lower()
+               and request.device_type in ("any", device_kind(cl, d))]
+    if not matches:
+        listing = "; ".join(f"{p.name.strip()} / {d.name.strip()} ({device_kind(cl, d)})" for p, d in found)
+        raise PluginError(f"opencl backend: no device matches {request.describe()}; devices found: {listing}")
+    return min(matches, key=lambda pd: _PREFERENCE.index(device_kind(cl, pd[1])))
+
+
+def probe() -> tuple[bool, str]:
+    """Whether any OpenCL device is usable here, and if not why; never raises."""
+    try:
+        cl = import_pyopencl()
+        platform, device = select_device(cl, DeviceRequest())
+    except PluginError as exc:
+        return False, str(exc)
+    except Exception as exc:  # a broken driver must not break discovery
+        return False, f"OpenCL probe failed: {type(exc).__name__}: {exc}"
+    return True, f"{device.name.strip()} on {platform.name.strip()}"
+
+
+def device_facts(cl, platform, device) -> dict[str, Any]:
+    """What identifies a device and driver: keys the kernel cache and the cost profiles."""
+    extensions = sorted(device.extensions.split())
+    return {
+        "backend": "opencl",
+        "platform": platform.name.strip(),
+        "platform_version": platform.version.strip(),
+        "device": device.name.strip(),
+        "device_type": device_kind(cl, device),
+        "driver_version": device.driver_version.strip(),
+        "opencl_c_version": device.opencl_c_version.strip(),
+        "compute_units": int(device.max_compute_units),
+        "max_work_group_size": int(device.max_work_group_size),
+        "global_mem_bytes": int(device.global_mem_size),
+        "fp16": "cl_khr_fp16" in extensions,
+        "extensions": extensions,
+        "plugin_version": __version__,
+    }

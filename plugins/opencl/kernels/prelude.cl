@@ -1,0 +1,92 @@
+// Shared by every kernel of a program: storage and arithmetic types, PHWC4 addressing, activations.
+//
+// Tensors are PHWC4 buffers ([N][S][H][W][4], see delegate.gpu.layout) described by
+// an int4 of dimensions (W, H, S, N).  STORAGE is the buffer element type: float, or
+// half read and written through vload_half/vstore_half, which every OpenCL device has,
+// so fp16 storage halves memory traffic even where cl_khr_fp16 is missing.  FLT4 is
+// the arithmetic type: half4 only where the device has cl_khr_fp16 and fp16 was
+// allowed.  Reductions use float4 (ACC4) whatever the precision.
+
+#if defined(HALF_MATH)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+typedef half FLT;
+typedef half4 FLT4;
+#define TO_FLT4(v) convert_half4(v)
+#else
+typedef float FLT;
+typedef float4 FLT4;
+#define TO_FLT4(v) (v)
+#endif
+typedef float4 ACC4;
+#define TO_ACC4(v) convert_float4(v)
+
+#if defined(HALF_STORAGE)
+#define STORAGE half
+#if defined(HALF_MATH)
+#define LOAD4(p, i) vload4((i), (p))
+#define STORE4(v, p, i) vstore4((v), (i), (p))
+#define LOAD1(p, i) ((p)[i])
+#define STORE1(v, p, i) ((p)[i] = (v))
+#else
+#define LOAD4(p, i) vload_half4((i), (p))
+#define STORE4(v, p, i) vstore_half4_rte((v), (i), (p))
+#define LOAD1(p, i) vload_half((i), (p))
+#define STORE1(v, p, i) vstore_half_rte((v), (i), (p))
+#endif
+#else
+#define STORAGE float
+#define LOAD4(p, i) vload4((i), (p))
+#define STORE4(v, p, i) vstore4((v), (i), (p))
+#define LOAD1(p, i) ((p)[i])
+#define STORE1(v, p, i) ((p)[i] = (v))
+#endif
+
+// Index of the vector at (n, y, x, slice s) of a tensor with dimensions d = (W, H, S, N).
+inline int vec_index(int4 d, int n, int y, int x, int s) {
+  return ((n * d.z + s) * d.y + y) * d.x + x;
+}
+
+// Index of the scalar channel c at (n, y, x).
+inline int lane_index(int4 d, int n, int y, int x, int c) {
+  return vec_index(d, n, y, x, c >> 2) * 4 + (c & 3);
+}
+
+// Zeroes the lanes past `channels` in slice s: padding lanes always hold zero.
+inline FLT4 mask_tail(FLT4 v, int s, int channels) {
+  int keep = channels - s * 4;
+  if (keep >= 4) return v;
+  return (FLT4)(v.x, keep > 1 ? v.y : (FLT)0, keep > 2 ? v.z : (FLT)0, (FLT)0);
+}
+
+// Reads operand t (dimensions d) at an output position, broadcasting dimensions of size 1;
+// splat_channel is set when t has a single channel that stands for all of them.
+inline FLT4 read_bcast(__global const STORAGE* t, int4 d, int splat_channel, int n, int y, int x, int s) {
+  FLT4 v = LOAD4(t, vec_index(d, d.w == 1 ? 0 : n, d.y == 1 ? 0 : y, d.x == 1 ? 0 : x, d.z == 1 ? 0 : s));
+  return splat_channel ? (FLT4)(v.x) : v;
+}
+
+inline FLT4 fake_quant(FLT4 v, float4 q) {  // q = (scale, zero point, qmin, qmax)
+  float4 level = clamp(round(convert_float4(v) / q.x) + q.y, q.z, q.w);
+  return TO_FLT4((level - q.y) * q.x);
+}
+
+#define ACT_RELU(v) max((v), (FLT4)(0))
+#define ACT_RELU6(v) clamp((v), (FLT4)(0), (FLT4)(6))
+#define ACT_RELU_N1_TO_1(v) clamp((v), (FLT4)(-1), (FLT4)(1))
+#define ACT_TANH(v) tanh(v)
+#define ACT_LOGISTIC(v) ((FLT4)(1) / ((FLT4)(1) + exp(-(v))))
+#define ACT_EXP(v) exp(v)
+#define ACT_HARD_SWISH(v) ((v) * clamp((v) + (FLT4)(3), (FLT4)(0), (FLT4)(6)) / (FLT4)(6))
+
+#define BIN_ADD(a, b) ((a) + (b))
+#define BIN_SUB(a, b) ((a) - (b))
+#define BIN_MUL(a, b) ((a) * (b))
+#define BIN_MAXIMUM(a, b) max((a), (b))
+#define BIN_MINIMUM(a, b) min((a), (b))
+#define BIN_PRELU(a, b) (max((a), (FLT4)(0)) + (b) * min((a), (FLT4)(0)))
+#define BIN_LOGICAL_AND(a, b) logical_and((a), (b))
+
+inline FLT4 logical_and(FLT4 a, FLT4 b) {
+  return (FLT4)((FLT)(a.x != 0 && b.x != 0), (FLT)(a.y != 0 && b.y != 0), (FLT)(a.z != 0 && b.z != 0),
+                (FLT)(a.w != 0 && b.w != 0));
+}

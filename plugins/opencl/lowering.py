@@ -1,0 +1,350 @@
+"""From fused groups to kernel launches: the buffers, packed weights and arguments of one partition.
+
+Everything here happens once, at compile time: each activation tensor gets a
+zero-filled PHWC4 buffer, constants are converted to the float view, packed
+and uploaded, and each group becomes one launch (two when a layout change
+must follow) whose argument list is complete, so running the partition is
+only enqueueing kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from delegate.errors import CompileError
+from delegate.gpu.constants import constant_value, int_values
+from delegate.gpu.fusion import Group, Step, is_elementwise
+from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
+                                 padding_before, phwc4_vectors, same_storage, slices, to_phwc4,
+                                 transpose_conv_padding)
+from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
+from delegate.ir import Op, Tensor
+from delegate.strided import strided_slice_plan
+
+from .program import Variant
+
+# Kernels that store one vector per work item through EPILOGUE, so following ops can be fused.
+_EPILOGUE_HOSTS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
+                   "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "RESIZE_BILINEAR", "SOFTMAX", "STRIDED_SLICE", "MEAN",
+                   "DEPTH_TO_SPACE"}
+
+
+@dataclass
+class Launch:
+    """One kernel enqueue: which variant, its bound arguments, its grid and the ops it computes."""
+
+    variant: Variant
+    args: list[Any]
+    global_size: tuple[int, int, int]
+    label: str
+
+
+def grid(shape: Sequence[int]) -> tuple[int, int, int]:
+    """One work item per output vector: (W, H, N * S)."""
+    n, h, w, c = as_nhwc(shape)
+    return w, h, n * slices(c)
+
+
+def label(ops: Sequence[Op]) -> str:
+    return "+".join(f"{op.opcode}#{op.index}" for op in ops)
+
+
+class Lowering:
+    """Allocates a partition's buffers and turns its groups into launches."""
+
+    def __init__(self, cl, context, queue, storage: np.dtype):
+        self.cl, self.context, self.queue, self.storage = cl, context, queue, np.dtype(storage)
+        self.buffers: dict[int, Any] = {}
+        self.launches: list[Launch] = []
+        self.device_bytes = 0
+
+    # -- buffers ------------------------------------------------------------
+    def _allocate(self, vectors: int):
+        nbytes = max(vectors, 1) * 4 * self.storage.itemsize
+        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        self.cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, np.uint8), 0, nbytes)
+        self.device_bytes += nbytes
+        return buf
+
+    def upload(self, array: np.ndarray):
+        """A read-only buffer holding ``array`` (already in the kernel's layout) in the storage type."""
+        data = np.ascontiguousarray(array, self.storage)
+        self.device_bytes += data.nbytes
+        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_ONLY | self.cl.mem_flags.COPY_HOST_PTR,
+                              hostbuf=data)
+
+    def tensor(self, t: Tensor):
+        """The buffer of ``t``: its constant value uploaded once, or a zero-filled activation buffer."""
+        if t.index not in self.buffers:
+            value = constant_value(t)
+            if value is not None:
+                self.buffers[t.index] = self.upload(to_phwc4(value.reshape(t.shape)))
+            else:
+                self.buffers[t.index] = self._allocate(phwc4_vectors(t.shape))
+        return self.buffers[t.index]
+
+    def temp(self, shape: Sequence[int]):
+        return self._allocate(phwc4_vectors(shape))
+
+    # -- arguments ----------------------------------------------------------
+    def cl_int4(self, a: int, b: int, c: int, d: int):
+        return self.cl.cltypes.make_int4(int(a), int(b), int(c), int(d))
+
+    def dims(self, shape: Sequence[int]):
+        n, h, w, c = as_nhwc(shape)
+        return self.cl_int4(w, h, slices(c), n)
+
+    def out_args(self, buf, shape: Sequence[int]) -> list[Any]:
+        return [buf, self.dims(shape), np.int32(as_nhwc(shape)[3])]
+
+    def epilogue_args(self, steps: Sequence[Step], shape: Sequence[int]) -> list[Any]:
+        args: list[Any] = []
+        for step in steps:
+            if step.kind == "quantize":
+                args.append(self.cl.cltypes.make_float4(*step.quant))
+            elif step.kind == "binary" and step.scalar:
+                args.append(np.float32(constant_value(step.operand).ravel()[0]))
+            elif step.kind == "binary":
+                operand = step.operand
+                splat = as_nhwc(operand.shape)[3] == 1 and as_nhwc(shape)[3] > 1
+                args += [self.tensor(operand), self.dims(operand.shape), np.int32(splat)]
+        return args
+
+    def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
+            global_size: tuple[int, int, int], ops: Sequence[Op]) -> None:
+        variant = Variant(template, tuple(s.signature() for s in steps))
+        self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, label(ops)))
+
+    def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
+        """Move elements between slices when a reshape changes the channel count or batch."""
+        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape), np.int32(as_nhwc(src_shape)[3])]
+        self.add("reshape", (), args, dst_shape, grid(dst_shape), ops)
+
+    def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
+        """Output buffer for a kernel whose result has shape ``natural``, and what to run after it."""
+        out = g.output
+        if same_storage(natural, out.shape):
+            return self.tensor(out), lambda: None
+        tmp = self.temp(natural)
+        return tmp, lambda: self.relayout(tmp, natural, self.tensor(out), out.shape, g.ops)
+
+    # -- groups -------------------------------------------------------------
+    def can_host(self, op: Op) -> bool:
+        """Whether the kernel of ``op`` takes following elementwise ops as its epilogue."""
+        if is_elementwise(op):
+            return True
+        key = TRANSPOSE_CONV_BIAS if op.custom else op.opcode
+        if key not in _EPILOGUE_HOSTS:
+            return False
+        return as_nhwc(natural_shape(op)) == as_nhwc(op.outputs[0].shape)
+
+    def lower(self, g: Group) -> None:
+        op = g.root
+        if is_elementwise(op):
+            return self.elementwise(g)
+        handler = _HANDLERS.get(TRANSPOSE_CONV_BIAS if op.custom else op.opcode)
+        if handler is None:
+            raise CompileError(f"{op.describe()}: the opencl backend has no kernel for it")
+        handler(self, g)
+
+    def elementwise(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        splat = as_nhwc(x.shape)[3] == 1 and as_nhwc(out.shape)[3] > 1
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape), np.int32(splat)]
+        self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def conv_2d(self, g: Group) -> None:
+        op, out = g.root, g.output
+        x, weights = op.inputs[0], constant_value(op.inputs[1])
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
+        if op.opcode == "DEPTHWISE_CONV_2D":
+            args += [np.int32(out.shape[3] // x.shape[3]), self.upload(pack_depthwise_weights(weights))]
+            template = "depthwise_conv2d"
+        else:
+            args.append(self.upload(pack_conv_weights(weights)))
+            template = "conv2d"
+        args += [self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
+                 *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
+        self.add(template, g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
+        o = op.options
+        sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
+        dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
+        pad_y = padding_before(o.get("padding", "VALID"), in_shape[1], kh, sh, dh)
+        pad_x = padding_before(o.get("padding", "VALID"), in_shape[2], kw, sw, dw)
+        if dilated:
+            return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
+        return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
+
+    def fully_connected(self, g: Group) -> None:
+        op = g.root
+        self.matmul(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
+                    constant_value(op.input(2)), self.tensor(g.output), g.output.shape, g.steps, g.ops)
+
+    def matmul(self, src, src_shape, weights: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
+               steps: Sequence[Step], ops: Sequence[Op]) -> None:
+        """Rows of ``src`` times ``weights.T`` (+ bias), flattening the input first when needed."""
+        units, depth = weights.shape
+        if as_nhwc(src_shape)[3] != depth:
+            flat = (int(np.prod(src_shape)) // depth, depth)
+            tmp = self.temp(flat)
+            self.relayout(src, src_shape, tmp, flat, ops)
+            src, src_shape = tmp, flat
+        rows = int(np.prod(src_shape)) // depth
+        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape),
+                                                self.upload(pack_conv_weights(weights.reshape(units, 1, 1, depth))),
+                                                self.upload(pack_vector(bias, units)), np.int32(rows)]
+        self.add("fully_connected", steps, args, dst_shape, (rows, slices(units), 1), ops)
+
+    def transpose_conv(self, g: Group) -> None:
+        op, out = g.root, g.output
+        if op.custom:
+            x, weights, bias = op.inputs[0], constant_value(op.inputs[1]), constant_value(op.inputs[2])
+            padding, sw, sh = transpose_conv_bias_params(op)
+        else:
+            x, weights, bias = op.inputs[2], constant_value(op.inputs[1]), constant_value(op.input(3))
+            padding, sw, sh = op.options.get("padding", "VALID"), op.options["stride_w"], op.options["stride_h"]
+        _, kh, kw, _ = weights.shape
+        pad_y = transpose_conv_padding(padding, out.shape[1], kh, sh)
+        pad_x = transpose_conv_padding(padding, out.shape[2], kw, sw)
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
+            self.upload(pack_vector(bias, out.shape[3])), self.cl_int4(kw, kh, sw, sh),
+            self.cl.cltypes.make_int2(pad_x, pad_y)]
+        self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def pool(self, g: Group) -> None:
+        op, out, x = g.root, g.output, g.root.inputs[0]
+        o = op.options
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
+        args += self._window(op, x.shape, o["filter_height"], o["filter_width"], dilated=False)
+        args.append(np.int32(op.opcode == "MAX_POOL_2D"))
+        self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def concatenation(self, g: Group) -> None:
+        op, out = g.root, g.output
+        self.concat(op.inputs, op.options.get("axis", 0), self.tensor(out), out.shape, g.steps, g.ops)
+
+    def concat(self, inputs: Sequence[Tensor], axis: int, dst, dst_shape, steps, ops) -> None:
+        axis = nhwc_axis(axis, len(dst_shape))
+        offset = [0, 0, 0, 0]  # along n, h, w, c
+        for t in inputs:
+            args = self.out_args(dst, dst_shape) + [self.tensor(t), self.dims(t.shape),
+                                                    np.int32(as_nhwc(t.shape)[3]),
+                                                    self.cl_int4(offset[2], offset[1], offset[3], offset[0])]
+            self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
+            offset[axis] += as_nhwc(t.shape)[axis]
+
+    def affine(self, g: Group, src: Tensor, begin: Sequence[int], step: Sequence[int],
+               natural: Sequence[int]) -> None:
+        """Output coordinate o reads ``begin + o * step`` per NHWC axis (PAD, STRIDED_SLICE)."""
+        dst, after = self.into_natural(g, natural)
+        args = self.out_args(dst, natural) + [self.tensor(src), self.dims(src.shape), np.int32(as_nhwc(src.shape)[3]),
+                                              self.cl_int4(begin[2], begin[1], begin[3], begin[0]),
+                                              self.cl_int4(step[2], step[1], step[3], step[0])]
+        self.add("slice", g.steps, args, natural, grid(natural), g.ops)
+        after()
+
+    def pad(self, g: Group) -> None:
+        x = g.root.inputs[0]
+        pads = np.asarray(int_values(g.root.inputs[1])).reshape(-1, 2)
+        before = [0] * (4 - len(x.shape)) + [int(p) for p in pads[:, 0]]
+        self.affine(g, x, [-b for b in before], [1, 1, 1, 1], g.output.shape)
+
+    def strided_slice(self, g: Group) -> None:
+        op, x = g.root, g.root.inputs[0]
+        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
+        picked = [range(size)[index] for size, index in zip(x.shape, plan.index)]
+        lead = 4 - len(x.shape)
+        self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
+                    natural_shape(op))
+
+    def mean(self, g: Group) -> None:
+        op, x = g.root, g.root.inputs[0]
+        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
+        natural = natural_shape(op)
+        dst, after = self.into_natural(g, natural)
+        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
+                                              self.cl_int4(2 in axes, 1 in axes, 3 in axes, 0)]
+        self.add("mean", g.steps, args, natural, grid(natural), g.ops)
+        after()
+
+    def reshape(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        if same_storage(x.shape, out.shape):
+            self.buffers[out.index] = self.tensor(x)  # same bytes: no kernel
+        else:
+            self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
+
+    def resize_bilinear(self, g: Group) -> None:
+        op, x, out = g.root, g.root.inputs[0], g.output
+        align = bool(op.options.get("align_corners"))
+
+        def scale(src: int, dst: int) -> float:
+            return (src - 1) / (dst - 1) if align and dst > 1 else src / dst
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape),
+            self.cl.cltypes.make_float2(scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1])),
+            np.int32(bool(op.options.get("half_pixel_centers")))]
+        self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def softmax(self, g: Group) -> None:
+        op, x, out = g.root, g.root.inputs[0], g.output
+        n, h, w, _ = as_nhwc(out.shape)
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), np.float32(op.options.get("beta", 1.0))]
+        self.add("softmax", g.steps, args, out.shape, (w, h, n), g.ops)
+
+    def depth_to_space(self, g: Group) -> None:
+        op, x, out = g.root, g.root.inputs[0], g.output
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             np.int32(op.options["block_size"])]
+        self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    def lstm(self, g: Group) -> None:
+        """Basic LSTM cell: concat(input, previous output) -> fully connected -> gates."""
+        op = g.root
+        x, prev_activ, weights, bias, prev_state = op.inputs
+        activ, state, concat_out, gates = op.outputs
+        self.concat([x, prev_activ], -1, self.tensor(concat_out), concat_out.shape, (), [op])
+        self.matmul(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
+                    self.tensor(gates), gates.shape, (), [op])
+        units = activ.shape[-1]
+        args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
+                self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
+        self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
+
+
+def natural_shape(op: Op) -> tuple[int, ...]:
+    """The shape a kernel produces before any reshape: reduced or shrunk axes kept with size 1."""
+    x = op.inputs[0]
+    if op.opcode == "MEAN":
+        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
+        return tuple(1 if i in axes else d for i, d in enumerate(as_nhwc(x.shape)))
+    if op.opcode == "STRIDED_SLICE":
+        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
+        return tuple(len(range(size)[index]) for size, index in zip(x.shape, plan.index))
+    return op.outputs[0].shape
+
+
+_HANDLERS: dict[str, Callable[[Lowering, Group], None]] = {
+    "CONV_2D": Lowering.conv_2d,
+    "DEPTHWISE_CONV_2D": Lowering.conv_2d,
+    "FULLY_CONNECTED": Lowering.fully_connected,
+    "TRANSPOSE_CONV": Lowering.transpose_conv,
+    TRANSPOSE_CONV_BIAS: Lowering.transpose_conv,
+    "AVERAGE_POOL_2D": Lowering.pool,
+    "MAX_POOL_2D": Lowering.pool,
+    "CONCATENATION": Lowering.concatenation,
+    "PAD": Lowering.pad,
+    "STRIDED_SLICE": Lowering.strided_slice,
+    "MEAN": Lowering.mean,
+    "RESHAPE": Lowering.reshape,
+    "RESIZE_BILINEAR": Lowering.resize_bilinear,
+    "SOFTMAX": Lowering.softmax,
+    "DEPTH_TO_SPACE": Lowering.depth_to_space,
+    "LSTM": Lowering.lstm,
+}

@@ -1,0 +1,141 @@
+"""OpenCL programs: kernel templates instantiated with generated epilogues, built once per source.
+
+A kernel template (``kernels/<name>.cl``) computes one output vector and
+calls ``EPILOGUE(v, n, y, x, s)`` before storing it.  A *variant* is a
+template plus the signature of the fused steps it applies; the steps'
+operands (buffers, constants, quantization grids) are kernel arguments, so
+the source depends on the structure of a partition, not on its shapes or
+weights, and identical partitions (or test cases) share one build.
+
+All variants of a partition go into one program: one build per partition.
+Builds are memoised per device for the process and, with a cache directory,
+stored as device binaries keyed by everything that could change them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Sequence
+
+from delegate.errors import CompileError
+
+from . import __version__
+from .cache import KernelCache, cache_key
+
+
+@lru_cache(maxsize=None)
+def template(name: str) -> str:
+    return resources.files("delegate_opencl").joinpath("kernels", f"{name}.cl").read_text()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A kernel template with the signature of its epilogue (see :meth:`delegate.gpu.Step.signature`)."""
+
+    template: str
+    epilogue: tuple[tuple, ...] = ()
+
+
+def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:
+    """(extra kernel parameters, statement) implementing the epilogue steps on the value ``v``."""
+    params, body = [], []
+    for i, (kind, name, operand, swapped) in enumerate(epilogue):
+        arg = f"e{i}"
+        if kind == "unary":
+            body.append(f"v = ACT_{name}(v);")
+        elif kind == "quantize":
+            params.append(f"float4 {arg}")
+            body.append(f"v = fake_quant(v, {arg});")
+        elif kind == "binary":
+            if operand == "scalar":
+                params.append(f"float {arg}")
+                other = f"(FLT4)((FLT){arg})"
+            else:
+                params.append(f"__global const STORAGE* {arg}, int4 {arg}_dims, int {arg}_splat")
+                other = f"read_bcast({arg}, {arg}_dims, {arg}_splat, n, y, x, s)"
+            lhs, rhs = (other, "v") if swapped else ("v", other)
+            body.append(f"v = BIN_{name}({lhs}, {rhs});")
+        else:
+            raise ValueError(f"unknown epilogue step kind {kind!r}")
+    return "".join(", " + p for p in params), "do { " + " ".join(body) + " } while (0)"
+
+
+def kernel_name(variant: Variant, index: int) -> str:
+    return f"{variant.template}_{index}"
+
+
+def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
+    """One program holding every variant, each as ``<template>_<index>``."""
+    parts = [f"#define {d}" for d in defines] + [template("prelude")]
+    for i, variant in enumerate(variants):
+        params, body = epilogue_code(variant.epilogue)
+        parts += [f"#define KERNEL_NAME {kernel_name(variant, i)}", f"#define EPILOGUE_PARAMS {params}",
+                  f"#define EPILOGUE(v, n, y, x, s) {body}", template(variant.template),
+                  "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
+    return "\n".join(parts) + "\n"
+
+
+@dataclass
+class Built:
+    program: Any
+    key: str
+    origin: str  # "memory" (built earlier in this process), "cache" (device binary from disk), "source"
+    seconds: float
+
+
+class ProgramBuilder:
+    """Builds programs for one device, reusing earlier builds of the same source."""
+
+    BUILD_OPTIONS = ("-cl-std=CL1.2",)
+
+    def __init__(self, cl, context, device, facts: dict[str, Any]):
+        self.cl, self.context, self.device, self.facts = cl, context, device, facts
+        self.memo: dict[str, Any] = {}
+
+    def key(self, source: str) -> str:
+        return cache_key({"platform": self.facts["platform"], "device": self.facts["device"],
+                          "driver": self.facts["driver_version"], "plugin": __version__,
+                          "options": self.BUILD_OPTIONS,
+                          "source": hashlib.sha256(source.encode()).hexdigest()})
+
+    def build(self, source: str, cache: KernelCache | None) -> Built:
+        key = self.key(source)
+        if key in self.memo:
+            return Built(self.memo[key], key, "memory", 0.0)
+        start = time.perf_counter()
+        program, origin = None, "source"
+        binary = cache.load(key, "bin") if cache else None
+        if binary is not None:
+            program = self._from_binary(binary)
+            origin = "cache" if program is not None else "source"
+        if program is None:
+            program = self._from_source(source)
+            if cache:
+                cache.store(key, "bin", self._binary(program))
+        self.memo[key] = program
+        return Built(program, key, origin, time.perf_counter() - start)
+
+    def _from_source(self, source: str):
+        cl = self.cl
+        try:
+            return cl.Program(self.context, source).build(options=list(self.BUILD_OPTIONS), devices=[self.device])
+        except cl.RuntimeError as exc:
+            raise CompileError(f"OpenCL program failed to build on {self.facts['device']}", log=str(exc)) from None
+
+    def _from_binary(self, binary: bytes):
+        cl = self.cl
+        try:
+            return cl.Program(self.context, [self.device], [binary]).build(options=list(self.BUILD_OPTIONS))
+        except (cl.Error, ValueError) as exc:
+            warnings.warn(f"cached OpenCL binary was rejected by the driver ({exc}); rebuilding from source",
+                          RuntimeWarning, stacklevel=4)
+            return None
+
+    def _binary(self, program) -> bytes:
+        index = list(program.get_info(self.cl.program_info.DEVICES)).index(self.device)
+        return bytes(program.get_info(self.cl.program_info.BINARIES)[index])
