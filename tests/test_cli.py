@@ -135,3 +135,26 @@ def test_corrupt_model_and_debug_traceback(tmp_path):
     assert proc.returncode == 3 and len(proc.stderr.strip().splitlines()) == 1
     proc = delegate("--debug", "inspect", str(bad), check=False)
     assert "Traceback" in proc.stderr
+
+
+def test_calibrate_stores_a_profile_that_plans_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
+    doc = as_json("calibrate", "--backends", "cpu", "--set", "cpu.engine=numpy", "--repeats", "2")
+    row = doc["profiles"][0]
+    assert row["backend"] == "cpu" and row["gflops"] > 0 and row["gbytes_per_s"] > 0 and row["launch_us"] > 0
+    saved = json.loads(open(row["profile"]).read())
+    assert saved["device_info"]["engine"] == "numpy"
+    from delegate.cost import load_profile
+    assert load_profile(saved["device_info"], "cpu").source == row["profile"]
+
+
+def test_cache_ls_and_clear(tmp_path):
+    cache = tmp_path / "kernels"
+    cache.mkdir(mode=0o700)
+    (cache / "entry.bin").write_bytes(b"x" * 10)
+    doc = as_json("cache", "ls", "--set", f"serialization.dir={cache}")
+    assert [e["path"] for e in doc["entries"]] == ["entry.bin"]
+    assert as_json("cache", "clear", "--set", f"serialization.dir={cache}")["removed"] == 1
+    assert not any(cache.iterdir())
+    proc = delegate("cache", "ls", check=False)
+    assert proc.returncode == 9 and "serialization.dir" in proc.stderr

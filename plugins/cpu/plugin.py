@@ -147,7 +147,8 @@ class CpuBackend(Backend):
         return CpuCompiled(partition, self.custom)
 
     def device_info(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": "host", "numpy": np.__version__}
+        return {"backend": self.name, "device": "host", "engine": self.options.get("engine", "numpy"),
+                "numpy": np.__version__}
 
 
 @hookimpl
