@@ -14,5 +14,16 @@ __all__ = [
     "Backend", "BackendInfo", "CompiledPartition", "CompileOptions", "Partition", "Support", "hookimpl",
     "CacheError", "CompileError", "ConfigError", "DelegateError", "ExecutionError", "ModelFormatError",
     "PluginError", "UnsupportedOpError", "DType", "Model", "Op", "Quantization", "Subgraph", "Tensor",
-    "read_model", "__version__",
+    "read_model", "__version__", "load", "Session", "RunSettings", "Interpreter",
 ]
+
+
+def __getattr__(name: str):
+    """``delegate.load``, ``delegate.Session`` and ``delegate.Interpreter`` load on first use."""
+    if name in ("load", "Session", "RunSettings"):
+        from . import session
+        return getattr(session, name)
+    if name == "Interpreter":
+        from .interpreter import Interpreter
+        return Interpreter
+    raise AttributeError(f"module 'delegate' has no attribute {name!r}")
