@@ -112,8 +112,40 @@ def _litert_runner(data: bytes, inputs: list[np.ndarray], threads: int):
     return run
 
 
+def cmd_suite(args) -> int:
+    """The whole corpus on every configuration; see delegate.suite."""
+    from . import zoo
+    from .cli import console, emit_json, read_model_arg
+    from .suite import CONFIGS, run_suite
+
+    specs = args.models or [f"zoo:{name}" for name in sorted(zoo.ZOO)]
+    for directory in args.models_dir or []:
+        specs += sorted(str(p) for p in Path(directory).glob("*.tflite"))
+    models = [(Path(s).stem if not s.startswith("zoo:") else s, read_model_arg(s)[1]) for s in specs]
+    configs = args.configs.split(",") if args.configs else None
+    unknown = set(configs or []) - {c.name for c in CONFIGS}
+    if unknown:
+        raise DelegateError(f"unknown suite config(s) {sorted(unknown)}; known: {[c.name for c in CONFIGS]}")
+    progress, task = _progress(len(models) * (len(configs or CONFIGS) + 1), "suite", not args.json)
+    with progress:
+        def step(label: str) -> None:
+            progress.update(task, description=label)
+            progress.advance(task)
+        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out), step)
+    if args.json:
+        emit_json({"rows": [r.__dict__ for r in rows], "files": [str(f) for f in files]})
+        return 0
+    c = console()
+    c.print(Path(files[0]).read_text())
+    c.print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .cli import console, emit_json, load_cli_config, read_model_arg, table
+
+    if args.suite:
+        return cmd_suite(args)
     from .inputs import make_inputs
     from .session import Session, run_settings
 
@@ -437,6 +469,12 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--profile", action="store_true", help="store measured per-op times for later plans")
     p.add_argument("--input", "-i", action="append")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--suite", action="store_true", help="the whole corpus on every backend/config vs LiteRT")
+    p.add_argument("--models", nargs="+", help="suite: models (paths or zoo:NAME; default all zoo models)")
+    p.add_argument("--models-dir", action="append", help="suite: also every .tflite in this directory")
+    p.add_argument("--configs", help="suite: comma-separated subset of configurations")
+    p.add_argument("--threads", type=int, default=2, help="suite: threads for delegate's CPU and LiteRT")
+    p.add_argument("--out", default="bench-results", help="suite: output directory")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")

@@ -1,0 +1,298 @@
+"""``delegate bench --suite``: the corpus on every available backend and config, against LiteRT.
+
+For each model, LiteRT's interpreter (same thread count) and each delegate
+configuration run alternately in one process on the same inputs.  Written to
+``--out``: ``suite.md`` (table with machine, versions, date and the exact
+command), ``suite.csv`` and ``suite.png`` (latency ratio to LiteRT per model
+and configuration, when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .backend import CompileOptions
+from .errors import DelegateError
+from .planner import PlacementSettings
+from .session import RunSettings, Session
+
+CPU_NUMPY = ("cpu", {"engine": "numpy"})
+
+
+@dataclass
+class SuiteConfig:
+    name: str
+    backends: list[tuple[str, dict]]
+    precision: str = "fp32"
+    partitioner: str = "cost"
+
+    def settings(self, threads: int, cache_dir: str | None) -> RunSettings:
+        return RunSettings(backends=self.backends,
+                           compile=CompileOptions(precision=self.precision, allow_quantized=True,
+                                                  num_threads=threads, cache_dir=cache_dir,
+                                                  inference_preference="sustained_speed"),
+                           placement=PlacementSettings(partitioner=self.partitioner), fallback=True)
+
+
+CONFIGS = [
+    SuiteConfig("cpu-numpy", [CPU_NUMPY]),
+    SuiteConfig("cpu-litert", [("cpu", {"engine": "litert"})]),
+    SuiteConfig("opencl-fp32", [("opencl", {}), CPU_NUMPY]),
+    SuiteConfig("opencl-fp16", [("opencl", {}), CPU_NUMPY], precision="fp16"),
+    SuiteConfig("opencl-fp32-greedy", [("opencl", {}), CPU_NUMPY], partitioner="greedy"),
+    SuiteConfig("wgpu-fp32", [("wgpu", {}), CPU_NUMPY]),
+    SuiteConfig("wgpu-fp16", [("wgpu", {}), CPU_NUMPY], precision="fp16"),
+    SuiteConfig("wgpu-fp32-greedy", [("wgpu", {}), CPU_NUMPY], partitioner="greedy"),
+]
+
+
+@dataclass
+class Row:
+    model: str
+    config: str
+    status: str = "ok"
+    init_ms: float | None = None
+    init_cached_ms: float | None = None
+    first_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    litert_ms: float | None = None
+    ratio: float | None = None
+    partitions: int | None = None
+    copies: int | None = None
+    max_error: float | None = None
+    peak_rss_mb: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    worst = 0.0
+    for a, e in zip(actual, expected):
+        if e.dtype.kind not in "fiu" or not e.size:
+            continue
+        scale = max(float(np.abs(e.astype(np.float64)).max()), 1e-12)
+        worst = max(worst, float(np.abs(a.astype(np.float64) - e).max()) / scale)
+    return worst
+
+
+def _litert_interpreter(data: bytes, threads: int) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=data, num_threads=threads)
+    it.allocate_tensors()
+    ins, outs = it.get_input_details(), it.get_output_details()
+
+    def run(inputs):
+        for d, x in zip(ins, inputs):
+            it.set_tensor(d["index"], x)
+        it.invoke()
+        return [it.get_tensor(d["index"]) for d in outs]
+    return run
+
+
+def _litert_gpu(data: bytes, like: list[np.ndarray]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """LiteRT's GPU accelerator (CompiledModel); raises where it cannot run.  ``like``: the outputs' form."""
+    import tempfile
+
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+    with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
+        f.write(data)
+    model = CompiledModel.from_file(f.name, hardware_accel=HardwareAccelerator.GPU | HardwareAccelerator.CPU)
+    ins, outs = model.create_input_buffers(0), model.create_output_buffers(0)
+
+    def run(inputs):
+        for buf, x in zip(ins, inputs):
+            buf.write(x)
+        model.run_by_index(0, ins, outs)
+        return [buf.read(e.size, e.dtype).reshape(e.shape) for buf, e in zip(outs, like)]
+    return run
+
+
+def _time_alternating(ours: Callable[[], Any], theirs: Callable[[], Any] | None, runs: int):
+    mine, ref = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        ours()
+        mine.append((time.perf_counter() - t) * 1e3)
+        if theirs is not None:
+            t = time.perf_counter()
+            theirs()
+            ref.append((time.perf_counter() - t) * 1e3)
+    return mine, ref
+
+
+def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, threads: int,
+                cache_root: Path, progress: Callable[[str], None]) -> list[Row]:
+    from .inputs import random_input
+    from .tflite.reader import read_model
+
+    model = read_model(data)
+    rng = np.random.default_rng(0)
+    host_inputs = [random_input(t, rng) for t in model.main.inputs]
+    reference = _litert_interpreter(data, threads)
+    expected = reference(host_inputs)
+    rows = []
+    for config in configs:
+        progress(f"{label} / {config.name}")
+        row = Row(label, config.name)
+        rows.append(row)
+        cache_dir = cache_root / f"{label.replace(':', '_')}-{config.name}"
+        try:
+            t = time.perf_counter()
+            session = Session(model, config.settings(threads, str(cache_dir)))
+            row.init_ms = (time.perf_counter() - t) * 1e3
+            if not any(p.backend == config.backends[0][0] for p in session.plan.partitions) \
+                    and config.backends[0][0] != "cpu":
+                row.status = f"nothing placed on {config.backends[0][0]}"
+            t = time.perf_counter()
+            Session(model, config.settings(threads, str(cache_dir))).close()
+            row.init_cached_ms = (time.perf_counter() - t) * 1e3
+            inputs = session.normalize_inputs(host_inputs)
+            t = time.perf_counter()
+            out = session.run_indexed(inputs)
+            row.first_ms = (time.perf_counter() - t) * 1e3
+            row.max_error = _relative_error([out[t.index] for t in session.graph.outputs], expected)
+            for _ in range(3):
+                session.run_indexed(inputs)
+                reference(host_inputs)
+            mine, ref = _time_alternating(lambda: session.run_indexed(inputs), lambda: reference(host_inputs), runs)
+            row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
+            row.litert_ms = float(np.median(ref))
+            row.ratio = row.p50_ms / row.litert_ms
+            row.partitions, row.copies = len(session.plan.partitions), len(session.plan.copies)
+            row.peak_rss_mb = _rss_mb()
+            session.close()
+        except (DelegateError, RuntimeError, ValueError) as exc:
+            row.status = f"failed: {str(exc).splitlines()[0][:120]}"
+    progress(f"{label} / litert-gpu")
+    row = Row(label, "litert-gpu")
+    try:
+        t = time.perf_counter()
+        gpu = _litert_gpu(data, expected)
+        row.init_ms = (time.perf_counter() - t) * 1e3
+        t = time.perf_counter()
+        got = gpu(host_inputs)
+        row.first_ms = (time.perf_counter() - t) * 1e3
+        row.max_error = _relative_error(got, expected)
+        for _ in range(3):
+            gpu(host_inputs)
+        mine, ref = _time_alternating(lambda: gpu(host_inputs), lambda: reference(host_inputs), runs)
+        row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
+        row.litert_ms = float(np.median(ref))
+        row.ratio = row.p50_ms / row.litert_ms
+    except Exception as exc:  # LiteRT's accelerator is optional: record why it did not run
+        row.status = f"unavailable: {str(exc).splitlines()[0][:120]}"
+    rows.append(row)
+    return rows
+
+
+def machine_facts() -> dict[str, str]:
+    from . import __version__
+    facts = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "python": platform.python_version(),
+             "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+                        f"{len(__import__('os').sched_getaffinity(0))} cores",
+             "delegate": __version__, "numpy": np.__version__}
+    try:
+        import ai_edge_litert
+        facts["ai-edge-litert"] = getattr(ai_edge_litert, "__version__", "installed")
+    except ImportError:
+        pass
+    return facts
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts()
+    lines = [f"Benchmark suite, {facts['date']}. Command: `{command}`", "",
+             "Machine: " + facts["machine"] + "; " + "; ".join(devices), "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("date", "machine")), "",
+             "| model | config | p50 ms | p90 ms | LiteRT ms | ratio | first ms | init ms | init cached ms "
+             "| partitions | copies | max err | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.config} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.litert_ms)} | "
+                     f"{_fmt(r.ratio, 2)} | {_fmt(r.first_ms)} | {_fmt(r.init_ms, 1)} | {_fmt(r.init_cached_ms, 1)} | "
+                     f"{r.partitions if r.partitions is not None else '-'} | "
+                     f"{r.copies if r.copies is not None else '-'} | "
+                     f"{'-' if r.max_error is None else f'{r.max_error:.2e}'} | {r.status} |")
+    md = out / "suite.md"
+    md.write_text("\n".join(lines) + "\n")
+    csv_path = out / "suite.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        names = [k for k in Row.__dataclass_fields__ if k != "extra"]
+        writer.writerow(names)
+        for r in rows:
+            writer.writerow([getattr(r, k) for k in names])
+    written = [md, csv_path]
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return written
+    ok = [r for r in rows if r.ratio is not None]
+    models = sorted({r.model for r in ok})
+    configs = sorted({r.config for r in ok})
+    fig, ax = plt.subplots(figsize=(max(6, len(models) * 1.6), 4.5))
+    width = 0.8 / max(len(configs), 1)
+    for i, config in enumerate(configs):
+        values = [next((r.ratio for r in ok if r.model == m and r.config == config), np.nan) for m in models]
+        ax.bar(np.arange(len(models)) + i * width, values, width, label=config)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(models)) + 0.4 - width / 2)
+    ax.set_xticklabels(models, rotation=20, ha="right")
+    ax.set_ylabel("latency / LiteRT interpreter (lower is better)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = out / "suite.png"
+    fig.savefig(png, dpi=110)
+    written.append(png)
+    return written
+
+
+def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, runs: int, threads: int,
+              out: Path, progress: Callable[[str], None]) -> tuple[list[Row], list[Path]]:
+    configs = [c for c in CONFIGS if not config_names or c.name in config_names]
+    rows = []
+    cache_root = out / "cache"
+    cache_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for label, data in models:
+        rows.extend(bench_model(label, data, configs, runs, threads, cache_root, progress))
+    devices = _device_lines()
+    return rows, write_reports(rows, out, "delegate " + " ".join(sys.argv[1:]), devices)
+
+
+def _device_lines() -> list[str]:
+    from .plugins import default_manager
+
+    lines = []
+    for status in default_manager().status():
+        if status.available and status.name != "cpu":
+            try:
+                info = default_manager().backend_info(status.name).factory({}).device_info()
+                lines.append(f"{status.name}: {info.get('device', info)}")
+            except Exception as exc:
+                lines.append(f"{status.name}: unavailable ({exc})")
+    return lines
