@@ -21,8 +21,8 @@ from ..registry import kernel
 from .common import Padded, same_padding, window_view
 from .conv import _conv_pads
 from .quant_util import (
-    Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_half_up, multiply_wide,
-    qrange, scale, scales, zero_point)
+    RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_half_up, multiply_wide,
+    qrange, scale, scales, vector_lanes, zero_point)
 
 
 def _weights(t: Tensor) -> np.ndarray:
@@ -36,38 +36,54 @@ def _bias(op: Op, index: int, channels: int) -> np.ndarray:
     return np.zeros(channels, np.int64) if t is None else np.asarray(t.data, np.int64).reshape(channels)
 
 
-def _output_stage(op: Op, x: Tensor, w: Tensor, channels: int, rounding) -> Requantize:
-    """Per-channel rescale real = s_in * s_w[c] / s_out, computed as the LiteRT kernel computes it.
-
-    Per-channel weights use double precision; per-tensor uint8 weights (and per-tensor
-    FULLY_CONNECTED / BATCH_MATMUL) multiply the two float32 scales in float32 first.
-    """
+def _real_multiplier(op: Op, x: Tensor, w: Tensor, channels: int, float_product: bool) -> np.ndarray:
+    """Per-channel real rescale s_in * s_w[c] / s_out: in double, or with the float32 product first."""
     out = op.outputs[0]
-    float_product = w.quantization.scale.size == 1 and (
-        x.dtype.numpy == np.uint8 or op.opcode in ("FULLY_CONNECTED", "BATCH_MATMUL"))
     if float_product:
         real = np.float64(scale(x) * scales(w)[0]) / np.float64(scale(out))
     else:
         real = np.float64(scale(x)) * scales(w).astype(np.float64) / np.float64(scale(out))
-    real = np.broadcast_to(real, (channels,))
-    return Requantize.of(real, zero_point(out), activation_bounds(op), rounding)
+    return np.broadcast_to(real, (channels,))
 
 
-def _gemm_rounding(op: Op, x: Tensor) -> object:
-    """ruy's rounding, unless 16-bit activations take LiteRT's reference 64-bit path."""
+def _output_stage(op: Op, x: Tensor, w: Tensor, channels: int, rounding) -> Requantize:
+    """The fixed-point output stage, its multiplier derived as the LiteRT kernel derives it:
+    per-tensor uint8 weights (and per-tensor FULLY_CONNECTED) multiply the float32 scales first."""
+    float_product = w.quantization.scale.size == 1 and (
+        x.dtype.numpy == np.uint8 or op.opcode == "FULLY_CONNECTED")
+    real = _real_multiplier(op, x, w, channels, float_product)
+    return Requantize.of(real, zero_point(op.outputs[0]), activation_bounds(op), rounding)
+
+
+def _reference_16x8(op: Op, x: Tensor) -> bool:
+    """Whether LiteRT runs a 16-bit-activation CONV_2D / FULLY_CONNECTED through its reference
+    kernel rather than ruy: always for int64 biases, and whenever a zero point is not 0."""
     if x.dtype.numpy != np.int16:
-        return multiply_half_up
+        return False
     bias = op.input(2)
     declared = op.options.get("quantized_bias_type", DType.float32.value)
-    wide = (bias is not None and bias.dtype is DType.int64) or declared == DType.int64.value
+    if any(zero_point(t) for t in (x, op.inputs[1], op.outputs[0])):
+        return True
     if op.opcode == "CONV_2D":  # the optimized 16x8 conv runs only when declared with int32 biases
-        wide = wide or declared != DType.int32.value
-    return multiply_wide if wide else multiply_half_up
+        return declared != DType.int32.value
+    return (bias is not None and bias.dtype is DType.int64) or declared == DType.int64.value
 
 
-def _channel_rounding(x: Tensor, channels: int):
-    """Depthwise and transpose conv rescale in LiteRT's 8-channel vector loop (16-bit: 64-bit reference)."""
-    return multiply_wide if x.dtype.numpy == np.int16 else lane_rounding(channels)
+def _vector_loop_rounding(op: Op, x: Tensor):
+    """The output rounding of LiteRT's depthwise / transpose conv for the input type.
+
+    int8 vectorises over whole groups of 8 channels; uint8 transpose conv over whole blocks of
+    16 flat elements, while uint8 depthwise rounds ties away from zero even in its vector code;
+    16-bit activations run the 64-bit reference.
+    """
+    out = op.outputs[0]
+    if x.dtype.numpy == np.int16:
+        return multiply_wide
+    if x.dtype.numpy == np.int8:
+        return lane_rounding(vector_lanes(out.shape[-1], 8))
+    if op.opcode == "DEPTHWISE_CONV_2D":
+        return multiply_by_quantized_multiplier
+    return lane_rounding(vector_lanes(out.size, 16, out.shape))
 
 
 def _sliding_windows(op: Op, kernel_hw, dtype):
@@ -93,7 +109,7 @@ def conv2d(op: Op):
     matrix = weights.reshape(out_c, -1).T.astype(np.float64)
     bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(1, 2, 3))
     windows = _sliding_windows(op, (kh, kw), np.float64)
-    output = _output_stage(op, x, w, out_c, _gemm_rounding(op, x))
+    output = _output_stage(op, x, w, out_c, multiply_wide if _reference_16x8(op, x) else multiply_half_up)
 
     def run(ins, outs):
         cols = windows(ins[0])
@@ -112,7 +128,7 @@ def depthwise_conv2d(op: Op):
     per_input = weights.reshape(kh, kw, in_c, out_c // in_c)
     bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(0, 1, 2))
     windows = _sliding_windows(op, (kh, kw), np.int64)
-    output = _output_stage(op, x, w, out_c, _channel_rounding(x, out_c))
+    output = _output_stage(op, x, w, out_c, _vector_loop_rounding(op, x))
 
     def run(ins, outs):
         win = windows(ins[0])
@@ -131,7 +147,12 @@ def fully_connected(op: Op):
     units, depth = weights.shape
     matrix = weights.T.astype(np.float64)
     bias = _bias(op, 2, units)
-    output = _output_stage(op, x, w, units, _gemm_rounding(op, x))
+    if _reference_16x8(op, x):
+        # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
+        real = _real_multiplier(op, x, w, units, float_product=False)
+        output = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
+    else:
+        output = _output_stage(op, x, w, units, multiply_half_up)
     offset = zero_point(x)
 
     def run(ins, outs):
@@ -155,7 +176,7 @@ def transpose_conv(op: Op):
     left = same_padding(out_w, kw, sw, 1, in_w)[0]
     full_h = max((in_h - 1) * sh + kh, top + out_h)
     full_w = max((in_w - 1) * sw + kw, left + out_w)
-    output = _output_stage(op, x, w, out_c, _channel_rounding(x, out_c))
+    output = _output_stage(op, x, w, out_c, _vector_loop_rounding(op, x))
     offset = zero_point(x)
 
     def run(ins, outs):

@@ -14,8 +14,8 @@ from delegate import Op
 from ..registry import kernel
 from .common import Padded, normalize_axes, same_padding, window_view
 from .quant_util import (
-    activation_bounds, multiply_by_quantized_multiplier, qrange, quantize_multiplier, round_half_away, scale,
-    store, trunc_div, zero_point)
+    activation_bounds, lane_rounding, multiply_by_quantized_multiplier, qrange, quantize_multiplier,
+    round_half_away, scale, store, trunc_div, vector_lanes, zero_point)
 
 
 def _pool_windows(op: Op, fill: int, dtype):
@@ -83,9 +83,10 @@ def mean(op: Op):
         shift_back = np.float32(in_offset) * scale(src) / scale(dst)
         bias = out_offset - int(shift_back + np.float32(0.5) if shift_back > 0 else shift_back - np.float32(0.5))
         multiplier, shift = quantize_multiplier(scale(src) / (np.float32(count) * scale(dst)))
+        rescale = lane_rounding(vector_lanes(src.shape[3], 16))  # vectorised over 16 channels at a time
 
         def run_spatial(ins, outs):
-            store(outs[0], multiply_by_quantized_multiplier(total(ins[0]), multiplier, shift) + bias, *bounds)
+            store(outs[0], rescale(total(ins[0]), multiplier, shift) + bias, *bounds)
         return run_spatial
     # Generic path: 1/count folded into the fixed-point multiplier, keeping as many bits as fit.
     multiplier, shift = quantize_multiplier(np.float64(scale(src)) / np.float64(scale(dst)))

@@ -83,11 +83,16 @@ def multiply_half_up(x, multiplier, shift):
     return (scaled + ((np.int64(1) << right) >> 1)) >> right
 
 
-def lane_rounding(channels: int, lanes: int = 8):
-    """Per-channel rescale as LiteRT's vectorised output stage does it: whole groups of ``lanes``
-    channels take the vector rounding, the leftover channels the scalar one."""
-    vector = np.arange(channels) < channels - channels % lanes
+def vector_lanes(length: int, lanes: int, shape=None) -> np.ndarray:
+    """Which of ``length`` positions a vector loop of ``lanes`` covers (whole blocks only; the rest
+    fall to the scalar tail), optionally reshaped onto the tensor they index."""
+    covered = np.arange(length) < length - length % lanes
+    return covered if shape is None else covered.reshape(shape)
 
+
+def lane_rounding(vector: np.ndarray):
+    """Rescale as LiteRT's vectorised output loops do: positions in ``vector`` (broadcast against
+    the accumulators) take the vector rounding, the scalar tail gemmlowp's."""
     def rounding(x, multiplier, shift):
         return np.where(vector, multiply_half_up(x, multiplier, shift),
                         multiply_by_quantized_multiplier(x, multiplier, shift))
@@ -177,6 +182,20 @@ class Requantize:
 
     def __call__(self, acc: np.ndarray, out: np.ndarray) -> None:
         store(out, self.rounding(acc, self.multiplier, self.shift) + self.zero_point, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class RescaleInDouble:
+    """acc -> clamp(round(acc * real) + zero_point) in double precision, as a few reference kernels do."""
+
+    real: np.ndarray
+    zero_point: int
+    lo: int
+    hi: int
+
+    def __call__(self, acc: np.ndarray, out: np.ndarray) -> None:
+        rescaled = round_half_away(acc.astype(np.float64) * self.real).astype(np.int64)
+        store(out, rescaled + self.zero_point, self.lo, self.hi)
 
 
 def lookup_table(op: Op, fn) -> np.ndarray:

@@ -20,9 +20,9 @@ from ..registry import kernel
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, Requantize, activation_bounds, clamp_bounds, lookup_table, multiply_by_quantized_multiplier,
-    qrange, quantize_multiplier, round_half_away, rounding_divide_by_pot, saturating_rounding_doubling_high_mul,
-    scale, store, table_index, trunc_div, zero_point)
+    INT32_MAX, Requantize, activation_bounds, clamp_bounds, lane_rounding, lookup_table,
+    multiply_by_quantized_multiplier, qrange, quantize_multiplier, round_half_away, rounding_divide_by_pot,
+    saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div, vector_lanes, zero_point)
 
 
 # --- conversions ----------------------------------------------------------------------------
@@ -32,13 +32,21 @@ def quantize(op: Op):
     src, dst = op.inputs[0], op.outputs[0]
     bounds = qrange(dst)
     if src.dtype.is_float:
-        inverse = np.float64(scale(dst))
+        # LiteRT's vector loop (whole blocks of 8) multiplies by a float32 reciprocal and rounds
+        # ties to even; its scalar tail divides in double and rounds ties away from zero.
+        vector = vector_lanes(src.size, 8, src.shape)
+        divisor = np.float64(scale(dst))
+        reciprocal = np.float32(1.0 / divisor)
 
         def run_float(ins, outs):
-            q = round_half_away(ins[0].astype(np.float64) / inverse)
+            x = ins[0]
+            q = np.where(vector, np.rint(x * reciprocal), round_half_away(x.astype(np.float64) / divisor))
             store(outs[0], q.astype(np.int64) + zero_point(dst), *bounds)
         return run_float
-    requantize = Requantize.of(np.float64(scale(src)) / np.float64(scale(dst)), zero_point(dst), bounds)
+    # Between 8-bit types LiteRT vectorises over whole blocks of 16 elements; 16-bit runs scalar code.
+    eight_bit = {src.dtype.numpy, dst.dtype.numpy} <= {np.dtype(np.int8), np.dtype(np.uint8)}
+    rounding = lane_rounding(vector_lanes(src.size, 16, src.shape)) if eight_bit else multiply_by_quantized_multiplier
+    requantize = Requantize.of(np.float64(scale(src)) / np.float64(scale(dst)), zero_point(dst), bounds, rounding)
     offset = zero_point(src)
 
     def run(ins, outs):
