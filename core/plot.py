@@ -38,7 +38,8 @@ def plan_svg(plan) -> str:
             for col, node in enumerate(level[start:start + MAX_PER_ROW]):
                 position[node] = (MARGIN + col * (BOX_W + GAP_X), MARGIN + 40 + row * (BOX_H + GAP_Y))
             row += 1
-    width = MARGIN * 2 + MAX_PER_ROW * (BOX_W + GAP_X)
+    columns = max((x for x, _ in position.values()), default=MARGIN) + BOX_W + GAP_X
+    width = max(columns + MARGIN, 560)
     height = MARGIN * 2 + 60 + row * (BOX_H + GAP_Y)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="11">',
