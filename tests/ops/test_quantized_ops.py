@@ -191,6 +191,18 @@ def test_add_sub_mul(seed, opcode, shapes, swap, act, dtype):
     check(b, [random_q(rng, shape_a, dtype), random_q(rng, shape_b, dtype)])
 
 
+@given(seed=seeds, opcode=st.sampled_from(["ADD", "SUB"]), exponents=st.sampled_from(
+    [(-10, -12, -10), (-12, -11, -11), (-9, -9, -9), (-13, -11, -11)]), act=activations)
+def test_int16_power_of_two_add_sub(seed, opcode, exponents, act):
+    """With power-of-two scales (and the default pot_scale_int16) LiteRT shifts instead of rescaling."""
+    rng = np.random.default_rng(seed)
+    qa, qb, qo = ((2.0 ** e, 0) for e in exponents)
+    b = GraphBuilder()
+    x, y = b.input("a", (3, 40), "int16", quant=qa), b.input("b", (3, 40), "int16", quant=qb)
+    b.output(b.op(opcode, [x, y], dtype="int16", quant=qo, options={"fused_activation_function": act}))
+    check(b, [random_q(rng, (3, 40), "int16"), random_q(rng, (3, 40), "int16")])
+
+
 UNARY = {"RELU": {}, "RELU6": {}, "RELU_N1_TO_1": {}, "LEAKY_RELU": {"alpha": 0.1}, "HARD_SWISH": {},
          "LOGISTIC": {}, "TANH": {}}
 

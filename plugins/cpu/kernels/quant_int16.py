@@ -13,7 +13,8 @@ import numpy as np
 
 from delegate import Op, Tensor
 
-from .quant_util import multiply_by_quantized_multiplier, quantize_multiplier, round_half_away, scale
+from .quant_util import (
+    multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale)
 
 
 
@@ -39,8 +40,8 @@ def _input_rescale(t: Tensor, pot_shifts: tuple[int, ...]) -> tuple[int, int]:
     scales of 2**-(12 - k) for k in ``pot_shifts`` instead run gemmlowp's fixed-point
     routine, which this module does not reproduce.
     """
-    log2 = np.log(np.float32(scale(t))) * np.float32(1.0 / np.log(2.0))
-    if abs(log2 - round_half_away(log2)) < 1e-3 and 12 + int(round_half_away(log2)) in pot_shifts:
+    exponent = power_of_two_exponent(t)
+    if exponent is not None and 12 + exponent in pot_shifts:
         raise ValueError("int16 inputs with a power-of-two scale take LiteRT's gemmlowp path, "
                          "which the quantized cpu kernels do not implement")
     multiplier, shift = np.float64(scale(t)) * 4096.0 * 3.0, 0

@@ -133,6 +133,13 @@ def quantize_scalar(value: float, t: Tensor) -> int:
     return zero_point(t) + int(round_half_away(np.float32(value) / scale(t)))
 
 
+def power_of_two_exponent(t: Tensor) -> int | None:
+    """log2 of ``t``'s scale when it is a power of two (within LiteRT's float32 tolerance), else None."""
+    log2 = np.log(scale(t)) * np.float32(1.0 / np.log(2.0))
+    rounded = round_half_away(log2)
+    return int(rounded) if abs(log2 - rounded) < 1e-3 else None
+
+
 _ACTIVATION_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0),
                       "RELU_0_TO_1": (0.0, 1.0)}
 

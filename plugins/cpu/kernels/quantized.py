@@ -21,8 +21,9 @@ from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration 
 from . import quant_int16
 from .quant_util import (
     INT32_MAX, Requantize, activation_bounds, clamp_bounds, lane_rounding, lookup_table,
-    multiply_by_quantized_multiplier, qrange, quantize_multiplier, round_half_away, rounding_divide_by_pot,
-    saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div, vector_lanes, zero_point)
+    multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
+    rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
+    vector_lanes, zero_point)
 
 
 # --- conversions ----------------------------------------------------------------------------
@@ -111,10 +112,29 @@ def _int8_add_loops(shape_a, shape_b, out_shape) -> np.ndarray:
     return blocks(folded[3], 8, _BROADCAST_VECTOR)
 
 
+def _power_of_two_add_sub(op: Op, exponents: list[int]):
+    """LiteRT's legacy int16 path when every scale is a power of two: shift one operand onto the
+    output scale (rounding), then add or subtract with int16 saturation."""
+    shifts = [exponents[2] - e for e in exponents[:2]]
+    if min(shifts) < 0:
+        raise ValueError("power-of-two int16 ADD/SUB needs input scales no finer than the output's")
+    sign = -1 if op.opcode == "SUB" else 1
+    bounds = activation_bounds(op)
+
+    def run(ins, outs):
+        x, y = (rounding_divide_by_pot(v.astype(np.int64), s) for v, s in zip(ins, shifts))
+        store(outs[0], np.clip(x + sign * y, -(1 << 15), (1 << 15) - 1), *bounds)
+    return run
+
+
 @kernel("ADD", "SUB", quantized=True)
 def add_sub(op: Op):
     """Both operands are brought to a common scale with 20 (16-bit: 15) bits of headroom, then summed."""
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if out.dtype.numpy == np.int16 and op.options.get("pot_scale_int16", True):
+        exponents = [power_of_two_exponent(t) for t in (a, b, out)]
+        if None not in exponents:
+            return _power_of_two_add_sub(op, exponents)
     left_shift = 15 if out.dtype.numpy == np.int16 else 20
     twice_max = np.float32(2) * max(scale(a), scale(b))
     to_common = [quantize_multiplier(np.float64(scale(t)) / np.float64(twice_max)) for t in (a, b)]
