@@ -122,7 +122,8 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
             group = Group(op, activation_steps(op, float_view), [op])
         if len(op.outputs) == 1 and can_host(op):
             value = op.outputs[0]
-            while value.index not in keep and len(value.uses) == 1 and _absorbable(value.uses[0], value, members):
+            while (value.index not in keep and len(value.uses) == 1 and id(value.uses[0]) not in absorbed
+                   and _absorbable(value.uses[0], value, members)):
                 follower = value.uses[0]
                 group.steps += elementwise_steps(follower, value, float_view)
                 group.ops.append(follower)

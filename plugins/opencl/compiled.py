@@ -90,7 +90,7 @@ class ClCompiled(CompiledPartition):
             kernel.set_args(*launch.args)
             kernels.append(kernel)
         sizes = [launch.global_size for launch in launches]
-        locals_: list = [None] * len(launches)
+        locals_: list = [default_local(g) for g in sizes]
         if tune:
             key = cache_key({"program": built.key, "launches": [[names[l.variant], l.global_size] for l in launches]})
             stored = cache.load(key, "tune") if cache else None
@@ -148,9 +148,15 @@ class ClCompiled(CompiledPartition):
             "fused": [label for label in self.labels if "+" in label],
             "program": self.build_origin,
             "build_ms": round(self.build_seconds * 1e3, 3),
-            "work_group_sizes": "tuned" if self.tuned else "driver default",
+            "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": self.device_bytes,
         }
+
+
+def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:
+    """Up to 16 x 4 work items over x and y: a common GPU shape, and few distinct shapes to compile
+    (drivers such as PoCL build one work-group function per local size)."""
+    return tuple(min((16, 4)[i], 1 << max(g - 1, 0).bit_length()) if i < 2 else 1 for i, g in enumerate(global_size))
 
 
 def _round_up(size: tuple[int, ...], local: tuple[int, ...] | None) -> tuple[int, ...]:
