@@ -1,0 +1,138 @@
+"""The ``wgpu`` backend: negotiates ops with the planner and compiles partitions into WebGPU programs."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import numpy as np
+
+from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
+from delegate.gpu import check_op
+from delegate.gpu.cache import EntryStore, cache_key
+from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.ir import Op
+
+from . import __version__
+from .compiled import DeviceTensor, HostTensor, WgpuCompiled
+from .device import AdapterRequest, describe_adapter, device_facts, open_device
+from .program import Program, build_program
+
+log = logging.getLogger(__name__)
+WEIGHTED = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1,
+            "Convolution2DTransposeBias": 1, "LSTM": 2}  # op -> input holding weights to pack
+
+
+@lru_cache(maxsize=1)
+def shader_digest() -> str:
+    """Digest of every shader template: a cached plan is only valid for the sources it was made from."""
+    digest = hashlib.sha256()
+    for entry in sorted(resources.files("delegate_wgpu").joinpath("shaders").iterdir(), key=lambda e: e.name):
+        digest.update(entry.name.encode() + entry.read_bytes())
+    return digest.hexdigest()
+
+
+def storage_buffers_needed(op: Op) -> int:
+    """Storage buffers the op's own kernel binds (before any fused op adds operands)."""
+    if op.opcode == "CONCATENATION":
+        return len(op.inputs) + 1
+    return 4  # output, input, weights and bias at most
+
+
+def largest_binding(op: Op, itemsize: int) -> tuple[str, int]:
+    """(what, bytes) of the largest buffer the op's kernels bind: a tensor, or its packed weights."""
+    sizes = [(f"tensor {t.name!r}", phwc4_vectors(t.shape) * 4 * itemsize)
+             for t in list(op.inputs) + list(op.outputs) if t is not None and len(t.shape) <= 4]
+    weights = op.input(WEIGHTED[op.opcode]) if op.opcode in WEIGHTED else None
+    if weights is not None and len(weights.shape) in (2, 4):
+        inner = op.inputs[0].shape[-1] if op.opcode == "CONV_2D" else weights.shape[-1]
+        middle = int(np.prod(weights.shape[1:-1]))
+        sizes.append(("packed weights", slices(weights.shape[0]) * 4 * middle * slices(inner) * 4 * itemsize))
+    return max(sizes, key=lambda s: s[1])
+
+
+class WgpuBackend(Backend):
+    """WGSL kernels on PHWC4 buffers of one WebGPU adapter."""
+
+    name = "wgpu"
+    layout = "PHWC4"
+    precisions = ("fp32", "fp16")
+    is_accelerator = True
+
+    def __init__(self, options: Mapping[str, Any] | None = None):
+        self.request = AdapterRequest.from_options(dict(options or {}))
+        self.context = open_device(self.request)
+        self.facts = device_facts(self.context)
+
+    def storage(self, options: CompileOptions) -> tuple[str, str]:
+        """(storage type, why) for ``options`` on this adapter."""
+        if options.precision != "fp16":
+            return "f32", "fp32: precision loss is not allowed (compile precision fp32)"
+        if self.context.f16:
+            return "f16", ("fp16 storage: precision loss is allowed and the adapter has shader-f16; activations "
+                           "and weights are stored as f16, arithmetic and accumulation (sums, softmax, "
+                           "reductions) stay f32")
+        return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
+
+    def supports(self, op: Op, options: CompileOptions) -> Support:
+        answer = check_op(op, options)
+        if not answer:
+            return answer
+        limits = self.context.limits
+        needed, most = storage_buffers_needed(op), limits["max-storage-buffers-per-shader-stage"]
+        if needed > most:
+            return Support.no(f"needs {needed} storage buffers in one kernel; the adapter allows {most} per stage")
+        itemsize = 2 if self.storage(options)[0] == "f16" else 4
+        what, nbytes = largest_binding(op, itemsize)
+        limit = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
+        if nbytes > limit:
+            return Support.no(f"{what} needs a {nbytes}-byte buffer; the adapter binds at most {limit} bytes")
+        return Support.yes()
+
+    def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
+        storage, why = self.storage(options)
+        program, source = self._program(partition, options, storage)
+        facts = {"adapter": describe_adapter(self.context.adapter), "precision": "fp16" if storage == "f16" else "fp32",
+                 "precision_reason": why, "plan_source": source, **program.facts}
+        return WgpuCompiled(self.context, program, facts)
+
+    def _program(self, partition: Partition, options: CompileOptions, storage: str) -> tuple[Program, str]:
+        """The partition's program: from the cache when one is configured and holds it, else planned."""
+        build = lambda: build_program(partition, options, storage, self.request.workgroup_size,  # noqa: E731
+                                      self.context.limits, self.request.fuse)
+        if not (options.cache_dir and options.model_token):
+            return build(), "planned"
+        store = EntryStore(options.cache_dir, "wgpu", options.model_token)
+        key = cache_key({
+            "model": options.model_token, "ops": [(op.index, op.opcode, op.version) for op in partition.ops],
+            "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
+            "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
+            "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,
+            "workgroup": self.request.workgroup_size, "device": self.facts, "shaders": shader_digest(),
+            "plugin": __version__})
+        raw = store.load(key, "plan")
+        if raw is not None:
+            try:
+                return Program.from_bytes(raw), "cache"
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("wgpu: cached plan %s could not be read (%s); planning again", key[:12], exc)
+        program = build()
+        store.store(key, "plan", program.to_bytes())
+        return program, "planned"
+
+    def to_device(self, array: np.ndarray) -> HostTensor:
+        """Boundary conversion NHWC -> PHWC4; the partition reading it uploads it into its input buffer."""
+        return HostTensor(np.asarray(array))
+
+    def to_host(self, value: Any) -> np.ndarray:
+        if isinstance(value, DeviceTensor):
+            return value.to_host()
+        if isinstance(value, HostTensor):
+            return value.array
+        return np.asarray(value)
+
+    def device_info(self) -> dict[str, Any]:
+        return dict(self.facts)

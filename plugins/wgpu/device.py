@@ -1,0 +1,197 @@
+"""Choosing the WebGPU adapter, opening a device on it, and the facts and limits that shape the plan.
+
+wgpu is imported inside functions only, so importing the plugin never fails:
+a missing package or adapter makes the backend unavailable, with the reason.
+Devices are shared per adapter within a process (with their pipelines), so
+compiling many small models (tests, several sessions) builds each shader once.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from delegate.errors import PluginError
+
+from . import __version__
+
+POWER_PREFERENCES = ("high-performance", "low-power")
+BACKEND_TYPES = {"vulkan": ("vulkan",), "metal": ("metal",), "dx12": ("d3d12", "dx12"),
+                 "gl": ("opengl", "opengles", "gl"), "any": ()}
+OPTION_KEYS = ("power_preference", "backend_type", "adapter", "limits", "workgroup_size", "fuse")
+# Adapter limits the plan depends on; a ``limits`` option may lower them (to plan for a smaller device).
+LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+          "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+          "max-compute-workgroups-per-dimension", "max-uniform-buffer-binding-size")
+# Native APIs before OpenGL, whose compute path is the most restricted.
+_API_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
+_KIND_RANK = {"high-performance": {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3},
+              "low-power": {"IntegratedGPU": 0, "DiscreteGPU": 1, "VirtualGPU": 2, "CPU": 3}}
+
+
+@dataclass(frozen=True)
+class AdapterRequest:
+    """Backend options naming an adapter, plus the limits and workgroup size to plan with."""
+
+    power_preference: str = "high-performance"
+    backend_type: str = "any"
+    adapter: str = ""
+    limits: tuple[tuple[str, int], ...] = ()
+    workgroup_size: int = 64
+    fuse: bool = True
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "AdapterRequest":
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise PluginError(f"wgpu backend: unknown option(s) {', '.join(unknown)}; "
+                              f"valid options: {', '.join(OPTION_KEYS)}")
+        power = str(options.get("power_preference", "high-performance")).lower()
+        if power not in POWER_PREFERENCES:
+            raise PluginError(f"wgpu backend: power_preference {power!r} is not one of "
+                              f"{', '.join(POWER_PREFERENCES)}")
+        api = str(options.get("backend_type", "any")).lower()
+        if api not in BACKEND_TYPES:
+            raise PluginError(f"wgpu backend: backend_type {api!r} is not one of {', '.join(BACKEND_TYPES)}")
+        limits = []
+        for name, value in dict(options.get("limits") or {}).items():
+            key = str(name).replace("_", "-")
+            if key not in LIMITS:
+                raise PluginError(f"wgpu backend: unknown limit {name!r}; limits that can be lowered: "
+                                  f"{', '.join(l.replace('-', '_') for l in LIMITS)}")
+            if not isinstance(value, int) or value < 1:
+                raise PluginError(f"wgpu backend: limit {name} must be a positive integer, got {value!r}")
+            limits.append((key, value))
+        size = options.get("workgroup_size", 64)
+        if not isinstance(size, int) or size < 1:
+            raise PluginError(f"wgpu backend: workgroup_size must be a positive integer, got {size!r}")
+        return cls(power, api, str(options.get("adapter", "") or ""), tuple(sorted(limits)), size,
+                   bool(options.get("fuse", True)))
+
+    def describe(self) -> str:
+        parts = [f"backend_type={self.backend_type}", f"power_preference={self.power_preference}"]
+        if self.adapter:
+            parts.insert(0, f"adapter~{self.adapter!r}")
+        return ", ".join(parts)
+
+
+def import_wgpu():
+    """The wgpu module, or PluginError saying how to get it."""
+    try:
+        import wgpu
+    except ImportError as exc:
+        raise PluginError(f"wgpu is not installed ({exc}); install delegate[wgpu]") from None
+    return wgpu
+
+
+@functools.lru_cache(maxsize=1)
+def adapters() -> tuple[Any, ...]:
+    """Every adapter wgpu finds (enumerated once per process: it initialises each driver)."""
+    wgpu = import_wgpu()
+    try:
+        found = tuple(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as exc:
+        raise PluginError(f"wgpu could not enumerate adapters: {type(exc).__name__}: {exc}") from None
+    if not found:
+        raise PluginError("wgpu found no adapter; install a Vulkan, Metal or D3D12 driver "
+                          "(on Linux without a GPU: Mesa lavapipe, package mesa-vulkan-drivers)")
+    return found
+
+
+def api_name(adapter) -> str:
+    return str(adapter.info.get("backend_type", "")).lower()
+
+
+def describe_adapter(adapter) -> str:
+    info = adapter.info
+    f16 = ", shader-f16" if "shader-f16" in adapter.features else ""
+    return f"{info.get('device') or info.get('vendor')} ({info.get('adapter_type')}, {info.get('backend_type')}{f16})"
+
+
+def list_devices() -> list[str]:
+    """One line per adapter, for ``delegate backends``."""
+    return [describe_adapter(a) for a in adapters()]
+
+
+def select_adapter(request: AdapterRequest):
+    """The best adapter matching ``request``; PluginError listing the adapters when none does."""
+    found = adapters()
+    wanted = BACKEND_TYPES[request.backend_type]
+    needle = request.adapter.lower()
+    matches = [a for a in found
+               if (not wanted or api_name(a) in wanted)
+               and (not needle or any(needle in str(a.info.get(k, "")).lower()
+                                      for k in ("device", "vendor", "description")))]
+    if not matches:
+        listing = "; ".join(describe_adapter(a) for a in found)
+        raise PluginError(f"wgpu backend: no adapter matches {request.describe()}; adapters found: {listing}")
+    kinds = _KIND_RANK[request.power_preference]
+    return min(matches, key=lambda a: (kinds.get(a.info.get("adapter_type"), 4), _API_RANK.get(api_name(a), 1)))
+
+
+def probe() -> tuple[bool, str]:
+    """Whether a WebGPU adapter is usable here, and which (or why not); never raises."""
+    try:
+        return True, describe_adapter(select_adapter(AdapterRequest()))
+    except PluginError as exc:
+        return False, str(exc)
+    except Exception as exc:  # a broken driver must not break discovery
+        return False, f"wgpu probe failed: {type(exc).__name__}: {exc}"
+
+
+@dataclass
+class DeviceContext:
+    """An open device and what is built on it once per process: pipelines and bind group layouts."""
+
+    adapter: Any
+    device: Any
+    f16: bool
+    limits: dict[str, int]
+    pipelines: dict[str, Any] = field(default_factory=dict)
+    layouts: dict[tuple, Any] = field(default_factory=dict)
+
+
+_CONTEXTS: dict[tuple, DeviceContext] = {}
+
+
+def open_device(request: AdapterRequest) -> DeviceContext:
+    """The shared device on the adapter ``request`` selects, with limits lowered as it asks."""
+    adapter = select_adapter(request)
+    caps = dict(request.limits)
+    limits = {name: min(int(adapter.limits[name]), caps.get(name, adapter.limits[name])) for name in LIMITS}
+    key = (id(adapter), tuple(sorted(limits.items())))
+    context = _CONTEXTS.get(key)
+    if context is None:
+        f16 = "shader-f16" in adapter.features
+        try:
+            device = adapter.request_device_sync(label="delegate", required_features=["shader-f16"] if f16 else [],
+                                                 required_limits=dict(limits))
+        except Exception as exc:
+            raise PluginError(f"wgpu backend: cannot open a device on {describe_adapter(adapter)}: {exc}") from None
+        context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, limits)
+    size = request.workgroup_size
+    most = min(limits["max-compute-invocations-per-workgroup"], limits["max-compute-workgroup-size-x"])
+    if size > most:
+        raise PluginError(f"wgpu backend: workgroup_size {size} exceeds what {describe_adapter(adapter)} allows "
+                          f"({most} invocations)")
+    return context
+
+
+def device_facts(context: DeviceContext) -> dict[str, Any]:
+    """What identifies the adapter and driver: keys the cache and the cost profiles."""
+    info = context.adapter.info
+    return {
+        "backend": "wgpu",
+        "adapter": info.get("device", ""),
+        "vendor": info.get("vendor", ""),
+        "backend_type": info.get("backend_type", ""),
+        "adapter_type": info.get("adapter_type", ""),
+        "device_type": "cpu" if info.get("adapter_type") == "CPU" else "gpu",
+        "driver": info.get("description", ""),
+        "features": sorted(str(f) for f in context.adapter.features),
+        "shader_f16": context.f16,
+        "limits": dict(sorted(context.limits.items())),
+        "wgpu": import_wgpu().__version__,
+        "plugin_version": __version__,
+    }

@@ -1,0 +1,331 @@
+"""From fused op groups to kernels: which template each op uses, its parameters and packed weights.
+
+Each builder receives a :class:`delegate.gpu.Group` (a root op and the
+elementwise steps fused after it) and appends the kernels that compute the
+group's output.  Values are named by tensor index; weights rearranged for the
+kernels and tensors that exist only inside a partition get their own keys.
+"""
+
+from __future__ import annotations
+
+from string import Template
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from delegate.gpu import Group, constant_value
+from delegate.gpu.constants import int_values
+from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
+                                 padding_before, same_storage, transpose_conv_padding)
+from delegate.gpu.support import TRANSPOSE_CONV_BIAS
+from delegate.ir import Op, Tensor
+from delegate.shapes import transpose_conv_bias_geometry
+from delegate.strided import strided_slice_plan
+
+from .shaders import Kernel, template
+
+
+class KernelPlan:
+    """Kernels of one partition in launch order, with the constants and temporaries they use."""
+
+    def __init__(self):
+        self.kernels: list[Kernel] = []
+        self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
+        self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
+        self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
+        self.groups: list[Group] = []
+
+    def kernel(self, name: str, group: Group, label: str | None = None) -> Kernel:
+        k = Kernel(name, label or "+".join(op.opcode for op in group.ops))
+        k.output(group.output.index, group.output.shape, group.steps)
+        self.kernels.append(k)
+        return k
+
+    def constant(self, key: Hashable, vectors: np.ndarray) -> Hashable:
+        self.constants[key] = np.ascontiguousarray(vectors, np.float32).reshape(-1, 4)
+        return key
+
+    def temporary(self, key: Hashable, shape: Sequence[int]) -> Hashable:
+        self.temporaries[key] = tuple(shape)
+        return key
+
+    def add(self, group: Group) -> None:
+        self.groups.append(group)
+        BUILDERS[group.root.opcode](self, group)
+
+
+Builder = Callable[[KernelPlan, Group], None]
+BUILDERS: dict[str, Builder] = {}
+
+
+def builds(*codes: str):
+    def register(fn: Builder) -> Builder:
+        for code in codes:
+            BUILDERS[code] = fn
+        return fn
+    return register
+
+
+def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
+    """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups."""
+    o, kh, kw, per_group = weights.shape
+    if per_group == in_channels:
+        return weights
+    groups = in_channels // per_group
+    dense = np.zeros((o, kh, kw, in_channels), np.float32)
+    out_per_group = o // groups
+    for g in range(groups):
+        rows = slice(g * out_per_group, (g + 1) * out_per_group)
+        dense[rows, :, :, g * per_group:(g + 1) * per_group] = weights[rows]
+    return dense
+
+
+def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
+    return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
+
+
+@builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
+        "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
+def _elementwise(plan: KernelPlan, group: Group) -> None:
+    k = plan.kernel("elementwise", group)
+    src = group.root.inputs[0]
+    k.broadcast("src", src.index, src.shape, group.output.shape)
+
+
+@builds("CONV_2D")
+def _conv(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x, out = op.inputs[0], op.outputs[0]
+    weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
+    k = plan.kernel("conv2d", group)
+    k.tensor("src", x.index, x.shape)
+    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
+    k.read("bias", _bias(plan, op, 2, out.shape[3]))
+    _window(k, op.options, x.shape, weights.shape[1:3])
+
+
+def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int]) -> None:
+    kh, kw = kernel
+    sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
+    dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
+    padding = o.get("padding", "VALID")
+    k.param("window", "vec4<i32>", (kw, kh, sw, sh))
+    k.param("spacing", "vec4<i32>", (padding_before(padding, in_shape[2], kw, sw, dw),
+                                     padding_before(padding, in_shape[1], kh, sh, dh), dw, dh))
+
+
+@builds("DEPTHWISE_CONV_2D")
+def _depthwise(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x, out = op.inputs[0], op.outputs[0]
+    weights = constant_value(op.inputs[1])
+    k = plan.kernel("depthwise_conv2d", group)
+    k.tensor("src", x.index, x.shape)
+    k.read("weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
+    k.read("bias", _bias(plan, op, 2, out.shape[3]))
+    k.param("multiplier", "i32", out.shape[3] // x.shape[3])
+    _window(k, op.options, x.shape, weights.shape[1:3])
+
+
+@builds("FULLY_CONNECTED")
+def _fully_connected(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    weights = constant_value(op.inputs[1])
+    depth = weights.shape[1]
+    source, shape = x.index, x.shape
+    if x.shape[-1] != depth:  # the input is flattened into rows of `depth` values first
+        shape = (x.size // depth, depth)
+        source = _reshape_kernel(plan, x, plan.temporary(("rows", op.index), shape), shape, f"{op.opcode}:rows")
+    _matmul(plan, plan.kernel("fully_connected", group), op, source, shape, weights, 2)
+
+
+def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
+            bias_input: int) -> None:
+    """Bind a matrix product's input rows, its [units, depth] weights as 4x4 blocks, and its bias."""
+    k.tensor("src", source, shape)
+    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
+    k.read("bias", _bias(plan, op, bias_input, len(weights)))
+
+
+@builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
+def _transpose_conv(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    out = op.outputs[0]
+    weights = constant_value(op.inputs[1])
+    _, kh, kw, _ = weights.shape
+    if op.custom:
+        x, bias_input = op.inputs[0], 2
+        _, (pad_h, pad_w), (sh, sw) = transpose_conv_bias_geometry(x.shape, weights.shape, op.custom_options)
+    else:
+        x, bias_input = op.inputs[2], 3
+        o = op.options
+        sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
+        pad_h = transpose_conv_padding(o.get("padding", "VALID"), out.shape[1], kh, sh)
+        pad_w = transpose_conv_padding(o.get("padding", "VALID"), out.shape[2], kw, sw)
+    k = plan.kernel("transpose_conv2d", group)
+    k.tensor("src", x.index, x.shape)
+    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
+    k.read("bias", _bias(plan, op, bias_input, out.shape[3]))
+    k.param("window", "vec4<i32>", (kw, kh, sw, sh))
+    k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
+
+
+@builds("AVERAGE_POOL_2D", "MAX_POOL_2D")
+def _pool(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    k = plan.kernel("pool2d", group)
+    k.tensor("src", x.index, x.shape)
+    _window(k, op.options, x.shape, (op.options["filter_height"], op.options["filter_width"]))
+    k.param("is_max", "i32", int(op.opcode == "MAX_POOL_2D"))
+
+
+@builds("RESIZE_BILINEAR")
+def _resize(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x, out = op.inputs[0], op.outputs[0]
+    align = bool(op.options.get("align_corners"))
+
+    def scale(size_in: int, size_out: int) -> float:
+        if align and size_out > 1:
+            return (size_in - 1) / (size_out - 1)
+        return size_in / size_out
+    k = plan.kernel("resize_bilinear", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("scale", "vec4<f32>", (scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1]), 0.0, 0.0))
+    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
+
+
+@builds("SOFTMAX")
+def _softmax(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    k = plan.kernel("softmax", group)
+    k.tensor("src", x.index, x.shape)
+    n, h, w, _ = as_nhwc(x.shape)
+    k.param("pixels", "i32", n * h * w)
+    k.param("beta", "f32", float(op.options.get("beta", 1.0)))
+    k.invocations = n * h * w
+
+
+@builds("MEAN")
+def _mean(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    rank = len(x.shape)
+    axes = {nhwc_axis(a, rank) for a in int_values(op.input(1))}
+    shape = as_nhwc(x.shape)
+    k = plan.kernel("mean", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
+    k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
+
+
+# -- data movement: the gather kernel with one mapping per op ------------------------------------
+
+def _gather(plan: KernelPlan, group: Group | None, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[int]]],
+            aligned: bool, substitutions: dict[str, str] | None = None, output=None, label: str = "") -> Kernel:
+    """A gather kernel writing ``group``'s output, or ``output`` = (key, shape) outside any group."""
+    if group is not None:
+        k = plan.kernel("gather", group)
+    else:
+        k = Kernel("gather", label).output(*output)
+        plan.kernels.append(k)
+    for i, (value, shape) in enumerate(inputs):
+        k.tensor(f"in{i}", value, shape)
+    k.param("aligned", "i32", int(aligned))
+    lanes, vectors = [], []
+    for i in range(len(inputs)):
+        lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
+        vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
+    read = "\n".join([
+        "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
+        "    default: { return 0.0; }", "  }", "}",
+        "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
+        "    default: { return V(0.0); }", "  }", "}"])
+    k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions or {}), "READ": read}
+    return k
+
+
+def _reshape_kernel(plan: KernelPlan, x: Tensor, key: Hashable, shape: Sequence[int], label: str) -> Hashable:
+    _gather(plan, None, "reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(shape)[3],
+            output=(key, shape), label=label)
+    return key
+
+
+@builds("RESHAPE")
+def _reshape(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.root.outputs[0]
+    if not group.steps and same_storage(x.shape, out.shape):
+        plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
+        return
+    _gather(plan, group, "reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
+
+
+@builds("PAD")
+def _pad(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    pads = int_values(group.root.input(1))
+    before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
+    k = _gather(plan, group, "pad", [(x.index, x.shape)], before[3] % 4 == 0)
+    k.param("before", "vec4<i32>", before)
+
+
+@builds("STRIDED_SLICE")
+def _strided_slice(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
+    ranges = [range(size)[index] for size, index in zip(sliced.effective_shape, sliced.index)]
+    ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
+    aligned = (ranges[3].step == 1 and ranges[3].start % 4 == 0
+               and as_nhwc(op.outputs[0].shape)[3] == len(ranges[3]))
+    k = _gather(plan, group, "slice", [(x.index, x.shape)], aligned)
+    k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
+    k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
+    k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
+
+
+@builds("DEPTH_TO_SPACE")
+def _depth_to_space(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.root.outputs[0]
+    k = _gather(plan, group, "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
+    k.param("block", "i32", group.root.options["block_size"])
+
+
+def _concat_kernel(plan: KernelPlan, group: Group | None, parts: Sequence[tuple[Hashable, Sequence[int]]],
+                   axis: int, output=None, label: str = "") -> None:
+    sizes = [as_nhwc(shape)[axis] for _, shape in parts]
+    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
+    cases = "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
+                      f"  start = p.end{i};" for i in range(len(parts)))
+    k = _gather(plan, group, "concat", parts, aligned, {"CASES": cases}, output=output, label=label)
+    k.param("axis", "i32", axis)
+    for i, end in enumerate(np.cumsum(sizes)):
+        k.param(f"end{i}", "i32", int(end))
+
+
+@builds("CONCATENATION")
+def _concatenation(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    axis = nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))
+    _concat_kernel(plan, group, [(t.index, t.shape) for t in op.inputs], axis)
+
+
+@builds("LSTM")
+def _lstm(plan: KernelPlan, group: Group) -> None:
+    """The basic LSTM cell: [input, previous activation] -> matrix product -> gates."""
+    op = group.root
+    x, prev_activation, weights_t, _, prev_state = op.inputs
+    activation, state, concat, gates = op.outputs
+    _concat_kernel(plan, None, [(x.index, x.shape), (prev_activation.index, prev_activation.shape)], 3,
+                   output=(concat.index, concat.shape), label="LSTM:concat")
+    product = Kernel("fully_connected", "LSTM:matmul").output(gates.index, gates.shape)
+    _matmul(plan, product, op, concat.index, concat.shape, constant_value(weights_t), 3)
+    plan.kernels.append(product)
+    cell = Kernel("lstm_gates", "LSTM:gates").output(activation.index, activation.shape)
+    cell.tensor("gates", gates.index, gates.shape)
+    cell.tensor("prev_state", prev_state.index, prev_state.shape)
+    cell.tensor("state", state.index, state.shape, writable=True)
+    plan.kernels.append(cell)

@@ -1,0 +1,25 @@
+"""Registers the ``wgpu`` backend through the ``delegate.backends`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from delegate import BackendInfo, hookimpl
+
+from .device import list_devices, probe
+
+
+def factory(options: Mapping[str, Any]):
+    """Build the backend (imports wgpu: only when a backend is wanted)."""
+    from .backend import WgpuBackend
+    return WgpuBackend(options)
+
+
+factory.list_devices = list_devices
+
+
+@hookimpl
+def delegate_backends():
+    return [BackendInfo("wgpu", factory=factory, available=probe, is_accelerator=True,
+                        description="WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: power_preference, "
+                                    "backend_type, adapter, limits, workgroup_size, fuse")]

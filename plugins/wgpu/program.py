@@ -1,0 +1,242 @@
+"""A partition's plan for the device, as plain data: shaders, buffers, dispatches, inputs and outputs.
+
+Planning fuses ops into groups (:mod:`delegate.gpu.fusion`), turns each group
+into kernels (:mod:`.kernels`), and assigns buffers: partition inputs,
+outputs and constants get their own; tensors living only inside the
+partition share buffers wherever their lifetimes (in launch order) do not
+overlap.  A reshape that keeps the PHWC4 bytes shares its input's buffer.
+
+A :class:`Program` holds no device objects, so it serialises to bytes and a
+later run on the same device can skip planning, WGSL generation and weight
+packing altogether (see :mod:`.compiled`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Hashable
+
+import numpy as np
+
+from delegate.backend import CompileOptions, Partition
+from delegate.errors import CompileError
+from delegate.gpu import constant_value, plan_groups, to_phwc4
+from delegate.gpu.constants import is_quantized
+from delegate.gpu.layout import phwc4_vectors
+
+from .kernels import KernelPlan
+from .shaders import Kernel
+
+PARAMS_ALIGNMENT = 256  # WebGPU's largest minUniformBufferOffsetAlignment
+STORAGE_DTYPES = {"f32": np.float32, "f16": np.float16}
+
+
+@dataclass
+class BufferSpec:
+    nbytes: int
+    role: str  # "input" | "output" | "constant" | "scratch" (shared by lifetime)
+    data: tuple[int, int] | None = None  # (offset, size) of a constant's bytes in the blob
+
+
+@dataclass
+class DispatchSpec:
+    shader: int
+    bindings: list[tuple[int, bool]]  # (buffer, writable) in binding order; the uniform comes last
+    params: tuple[int, int]  # (offset, size) of the uniform contents from the program's params_start
+    invocations: int
+    label: str
+
+
+@dataclass
+class TensorSpec:
+    """A tensor crossing the partition boundary: where it lives and how the host reads it."""
+
+    index: int
+    buffer: int
+    shape: list[int]
+    dtype: str
+    quant: list[float] | None = None  # (scale, zero point) of a quantized tensor in the float view
+
+
+@dataclass
+class Program:
+    storage: str
+    workgroup: int
+    shaders: list[str]
+    buffers: list[BufferSpec]
+    dispatches: list[DispatchSpec]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    facts: dict[str, Any] = field(default_factory=dict)
+    params_start: int = 0  # the blob holds constants, then (from here) every dispatch's uniform contents
+    blob: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        head = {k: v for k, v in asdict(self).items() if k != "blob"}
+        text = json.dumps(head).encode()
+        return struct.pack("<Q", len(text)) + text + self.blob
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Program":
+        (size,) = struct.unpack_from("<Q", raw)
+        head = json.loads(raw[8:8 + size])
+        return cls(head["storage"], head["workgroup"], head["shaders"],
+                   [BufferSpec(b["nbytes"], b["role"], tuple(b["data"]) if b["data"] else None)
+                    for b in head["buffers"]],
+                   [DispatchSpec(d["shader"], [tuple(x) for x in d["bindings"]], tuple(d["params"]),
+                                 d["invocations"], d["label"]) for d in head["dispatches"]],
+                   [TensorSpec(**t) for t in head["inputs"]], [TensorSpec(**t) for t in head["outputs"]],
+                   head["facts"], head["params_start"], raw[8 + size:])
+
+
+def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_buffers: int) -> KernelPlan:
+    """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
+    keep = {t.index for t in partition.outputs}
+    while True:
+        groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized,
+                             can_host=lambda op: fuse)
+        plan = KernelPlan()
+        for group in groups:
+            first = len(plan.kernels)
+            plan.add(group)
+            if group.fused and any(len(k.bindings) > max_buffers for k in plan.kernels[first:]):
+                keep.add(group.ops[-2].outputs[0].index)  # end the group one op earlier and plan again
+                break
+        else:
+            return plan
+
+
+def build_program(partition: Partition, options: CompileOptions, storage: str, workgroup: int,
+                  limits: dict[str, int], fuse: bool = True) -> Program:
+    """Plan ``partition`` for a device with ``limits``; raises CompileError when it cannot fit."""
+    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"])
+    tensors = {t.index: t for t in partition.graph.tensors}
+    itemsize = np.dtype(STORAGE_DTYPES[storage]).itemsize
+
+    def root_of(key: Hashable) -> Hashable:
+        """The value whose buffer ``key`` uses (a reshape keeping the PHWC4 bytes shares its input's)."""
+        while key in plan.aliases:
+            key = plan.aliases[key]
+        return key
+
+    inputs = {t.index for t in partition.inputs}
+    outputs = {t.index for t in partition.outputs}
+
+    roles: dict[Hashable, str] = {}
+    sizes: dict[Hashable, int] = {}
+    members: dict[Hashable, set] = {}
+    span: dict[Hashable, list[int]] = {}
+
+    def register(key: Hashable, position: int | None) -> Hashable:
+        root = root_of(key)
+        members.setdefault(root, set()).add(key)
+        if root not in roles:
+            if root in plan.constants:
+                roles[root], sizes[root] = "constant", plan.constants[root].nbytes // 4 * itemsize
+            else:
+                shape = plan.temporaries[root] if root in plan.temporaries else tensors[root].shape
+                sizes[root] = phwc4_vectors(shape) * 4 * itemsize
+                roles[root] = "constant" if root in tensors and constant_value(tensors[root]) is not None else "scratch"
+        if key in inputs:
+            roles[root] = "input"
+        elif key in outputs and roles[root] == "scratch":
+            roles[root] = "output"
+        if position is not None:
+            first_last = span.setdefault(root, [position, position])
+            first_last[1] = position
+        return root
+
+    for position, kernel in enumerate(plan.kernels):
+        for binding in kernel.bindings:
+            register(binding.value, position)
+    for index in outputs:
+        register(index, None)
+
+    buffer_of, buffers, blob = _assign_buffers(roles, sizes, span, plan, tensors, storage)
+    limit = limits["max-storage-buffer-binding-size"]
+    for spec in buffers:
+        if spec.nbytes > limit:
+            raise CompileError(f"a buffer of {spec.nbytes} bytes exceeds the adapter's storage binding limit {limit}")
+
+    shaders: dict[str, int] = {}
+    dispatches = []
+    params = bytearray()
+    most = limits["max-compute-workgroups-per-dimension"]
+    for kernel in plan.kernels:
+        source = kernel.source(storage, workgroup)
+        shader = shaders.setdefault(source, len(shaders))
+        data = kernel.params_bytes()
+        params.extend(bytes(-len(params) % PARAMS_ALIGNMENT))
+        if -(-kernel.invocations // workgroup) > most * most:
+            raise CompileError(f"{kernel.label}: {kernel.invocations} work items exceed the adapter's dispatch limit")
+        dispatches.append(DispatchSpec(shader, [(buffer_of[root_of(b.value)], b.writable) for b in kernel.bindings],
+                                       (len(params), len(data)), kernel.invocations, kernel.label))
+        params.extend(data)
+    params_start = -(-len(blob) // PARAMS_ALIGNMENT) * PARAMS_ALIGNMENT
+    blob = bytes(blob) + bytes(params_start - len(blob)) + bytes(params)
+
+    def boundary(index: int) -> TensorSpec:
+        t = tensors[index]
+        quant = None
+        if is_quantized(t):
+            quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
+        return TensorSpec(index, buffer_of[root_of(index)], list(t.shape), t.dtype.name, quant)
+
+    used = {root_of(b.value) for k in plan.kernels for b in k.bindings}
+    facts = {
+        "dispatches": len(dispatches),
+        "kernels": [k.label for k in plan.kernels],
+        "fused": [[op.index for op in g.ops] for g in plan.groups if g.fused],
+        "shaders": len(shaders),
+        "buffer_bytes": {role: sum(b.nbytes for b in buffers if b.role == role)
+                         for role in ("input", "output", "constant", "scratch")},
+    }
+    return Program(storage, workgroup, list(shaders), buffers, dispatches,
+                   [boundary(t.index) for t in partition.inputs if root_of(t.index) in used],
+                   [boundary(t.index) for t in partition.outputs], facts, params_start, blob)
+
+
+def _assign_buffers(roles, sizes, span, plan: KernelPlan, tensors, storage: str):
+    """Buffer per storage root: own buffers for inputs, outputs and constants; scratch shared by lifetime."""
+    dtype = STORAGE_DTYPES[storage]
+    buffers: list[BufferSpec] = []
+    buffer_of: dict[Hashable, int] = {}
+    blob = bytearray()
+    for root, role in roles.items():
+        if role == "scratch":
+            continue
+        data = None
+        if role == "constant":
+            if root in plan.constants:
+                values = plan.constants[root]
+            else:
+                t = tensors[root]
+                values = to_phwc4(constant_value(t).reshape(t.shape), np.float32)
+            raw = np.ascontiguousarray(values, dtype).tobytes()
+            blob.extend(bytes(-len(blob) % 16))
+            data = (len(blob), len(raw))
+            blob.extend(raw)
+        buffer_of[root] = len(buffers)
+        buffers.append(BufferSpec(sizes[root], role, data))
+    free: list[int] = []
+    active: list[tuple[int, int]] = []  # (last use, buffer)
+    for root in sorted((r for r, role in roles.items() if role == "scratch"), key=lambda r: span[r][0]):
+        first, last = span[root]
+        for item in [a for a in active if a[0] < first]:
+            active.remove(item)
+            free.append(item[1])
+        need = sizes[root]
+        fitting = [b for b in free if buffers[b].nbytes >= need]
+        chosen = min(fitting, key=lambda b: buffers[b].nbytes) if fitting else (
+            max(free, key=lambda b: buffers[b].nbytes) if free else None)
+        if chosen is None:
+            chosen = len(buffers)
+            buffers.append(BufferSpec(need, "scratch"))
+        else:
+            free.remove(chosen)
+            buffers[chosen].nbytes = max(buffers[chosen].nbytes, need)
+        buffer_of[root] = chosen
+        active.append((last, chosen))
+    return buffer_of, buffers, blob

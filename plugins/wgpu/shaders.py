@@ -1,0 +1,164 @@
+"""WGSL assembly: a kernel template plus generated bindings, uniform parameters and epilogue.
+
+A template (``shaders/<name>.wgsl``) computes output vectors and hands each to
+``emit(v, pos)``, which applies the epilogue (the fused steps of
+:mod:`delegate.gpu.fusion`) and stores it.  Everything that varies with
+shapes or weights is a uniform parameter or a buffer, so the source depends
+only on the structure of a kernel: identical structures share one shader
+module and pipeline on a device.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from string import Template
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from delegate.gpu import Step, constant_value
+from delegate.gpu.layout import as_nhwc, phwc4_shape
+
+PARAM_TYPES = {"i32": ("i", 1, 4), "f32": ("f", 1, 4), "vec4<i32>": ("i", 4, 16), "vec4<f32>": ("f", 4, 16)}
+
+
+@lru_cache(maxsize=None)
+def template(name: str) -> str:
+    return resources.files("delegate_wgpu").joinpath("shaders", f"{name}.wgsl").read_text()
+
+
+def dims(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """(W, H, S, N) of a tensor's PHWC4 storage: how kernels address it."""
+    n, s, h, w, _ = phwc4_shape(shape)
+    return w, h, s, n
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A storage buffer a kernel reads or writes; ``value`` names it in the program's buffer plan."""
+
+    name: str
+    value: Hashable
+    writable: bool
+
+
+@dataclass
+class Kernel:
+    """One dispatch being described: template, buffers, uniform parameters, epilogue, work size."""
+
+    template: str
+    label: str
+    invocations: int = 0
+    bindings: list[Binding] = field(default_factory=list)
+    params: list[tuple[str, str, Any]] = field(default_factory=list)
+    substitutions: dict[str, str] = field(default_factory=dict)
+    epilogue: list[str] = field(default_factory=list)
+    helpers: list[str] = field(default_factory=list)
+    out: str = "dst"
+
+    # -- declarations ----------------------------------------------------
+    def read(self, name: str, value: Hashable) -> "Kernel":
+        self.bindings.append(Binding(name, value, False))
+        return self
+
+    def write(self, name: str, value: Hashable) -> "Kernel":
+        self.bindings.append(Binding(name, value, True))
+        return self
+
+    def param(self, name: str, wgsl_type: str, value: Any) -> "Kernel":
+        if wgsl_type not in PARAM_TYPES:
+            raise ValueError(f"unsupported parameter type {wgsl_type}")
+        self.params.append((name, wgsl_type, value))
+        return self
+
+    def tensor(self, name: str, value: Hashable, shape: Sequence[int], writable: bool = False) -> "Kernel":
+        """A PHWC4 tensor with its dims (``p.<name>_d``) and channel count (``p.<name>_c``)."""
+        (self.write if writable else self.read)(name, value)
+        self.param(f"{name}_d", "vec4<i32>", dims(shape))
+        return self.param(f"{name}_c", "i32", as_nhwc(shape)[3])
+
+    def broadcast(self, name: str, value: Hashable, shape: Sequence[int], out_shape: Sequence[int]) -> str:
+        """Bind a tensor read at output positions, dimensions of size 1 broadcast; returns the read expression."""
+        self.read(name, value)
+        self.param(f"{name}_d", "vec4<i32>", dims(shape))
+        splat = as_nhwc(shape)[3] == 1 and as_nhwc(out_shape)[3] > 1
+        self.helpers.append(
+            f"fn broadcast_{name}(o: Pos) -> V {{\n"
+            f"  let d = p.{name}_d;\n"
+            f"  let v = {name}_at(vidx(d, select(o.n, 0, d.w == 1), select(o.y, 0, d.y == 1), "
+            f"select(o.x, 0, d.x == 1), select(o.s, 0, d.z == 1)));\n"
+            f"  return {'V(v.x)' if splat else 'v'};\n}}")
+        return f"broadcast_{name}(o)"
+
+    def output(self, value: Hashable, shape: Sequence[int], steps: Sequence[Step] = ()) -> "Kernel":
+        """The stored tensor; work items default to one per output vector; ``steps`` form the epilogue."""
+        self.tensor(self.out, value, shape, writable=True)
+        self.param("count", "i32", int(np.prod(dims(shape))))
+        self.invocations = int(np.prod(dims(shape)))
+        out_nhwc = as_nhwc(shape)
+        for k, step in enumerate(steps):
+            self.epilogue.append(self._step(k, step, out_nhwc))
+        return self
+
+    def _step(self, k: int, step: Step, out_nhwc: tuple[int, ...]) -> str:
+        name = f"e{k}"
+        if step.kind == "unary":
+            return f"v = unary_{step.name}(v);"
+        if step.kind == "quantize":
+            self.param(name, "vec4<f32>", step.quant)
+            return f"v = fake_quant(v, p.{name});"
+        if step.scalar:
+            self.param(name, "f32", float(constant_value(step.operand).ravel()[0]))
+            other = f"V(p.{name})"
+        else:
+            other = self.broadcast(name, step.operand.index, step.operand.shape, out_nhwc)
+        lhs, rhs = (other, "v") if step.swapped else ("v", other)
+        return f"v = binary_{step.name}({lhs}, {rhs});"
+
+    # -- generated code --------------------------------------------------
+    def source(self, storage: str, workgroup: int) -> str:
+        """The complete WGSL of this kernel for storage type ``f32`` or ``f16``."""
+        prelude = Template(template("common")).substitute(
+            ENABLE="enable f16;" if storage == "f16" else "", STORAGE=storage, WORKGROUP=workgroup)
+        parts = [prelude, self._declarations()]
+        parts.extend(self.helpers)
+        if any(b.name == self.out for b in self.bindings):
+            body = "\n  ".join(self.epilogue)
+            parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
+                         f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), "
+                         f"mask_tail(v, o.s, p.{self.out}_c));\n}}")
+        parts.append(Template(template(self.template)).substitute(self.substitutions))
+        return "\n\n".join(parts) + "\n"
+
+    def _declarations(self) -> str:
+        lines = []
+        for i, b in enumerate(self.bindings):
+            access = "read_write" if b.writable else "read"
+            lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<vec4<S>>;")
+            if b.writable:
+                lines.append(f"fn {b.name}_store(i: i32, v: V) {{ {b.name}[i] = vec4<S>(v); }}")
+                lines.append(f"fn {b.name}_store_lane(i: i32, v: f32) {{ {b.name}[i >> 2u][i & 3] = S(v); }}")
+            lines.append(f"fn {b.name}_at(i: i32) -> V {{ return V({b.name}[i]); }}")
+            lines.append(f"fn {b.name}_lane(i: i32) -> f32 {{ return f32({b.name}[i >> 2u][i & 3]); }}")
+        fields = "\n".join(f"  {name}: {wgsl_type}," for name, wgsl_type, _ in self.params) or "  unused: i32,"
+        lines.append(f"struct Params {{\n{fields}\n}}")
+        lines.append(f"@group(0) @binding({len(self.bindings)}) var<uniform> p: Params;")
+        return "\n".join(lines)
+
+    def params_bytes(self) -> bytes:
+        """The uniform buffer contents, laid out by WGSL's uniform rules (vec4 aligned to 16 bytes)."""
+        out = bytearray()
+        for _, wgsl_type, value in self.params:
+            code, count, align = PARAM_TYPES[wgsl_type]
+            out.extend(bytes(-len(out) % align))
+            values = [value] if count == 1 else list(value)
+            if len(values) != count:
+                raise ValueError(f"parameter of type {wgsl_type} needs {count} values, got {values}")
+            out.extend(struct.pack(f"<{count}{code}", *values))
+        if not out:
+            out.extend(bytes(4))  # the placeholder field of an empty struct
+        out.extend(bytes(-len(out) % 16))
+        return bytes(out)

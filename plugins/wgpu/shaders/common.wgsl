@@ -1,0 +1,62 @@
+// Shared by every kernel: types, PHWC4 addressing, activations and binary ops.
+//
+// Tensors are PHWC4 buffers ([N][S][H][W] vectors of 4 channels, see delegate.gpu.layout)
+// described by dims d = (W, H, S, N).  S is the storage element type (f32, or f16 when
+// fp16 is allowed); all arithmetic uses V = vec4<f32>, so sums accumulate in f32.
+// Lanes past a tensor's channel count hold zero, and every store keeps them so.
+
+$ENABLE
+alias S = $STORAGE;
+alias V = vec4<f32>;
+const WG: u32 = ${WORKGROUP}u;
+
+// Output position of one work item: image n, row y, column x, channel slice s.
+struct Pos { n: i32, y: i32, x: i32, s: i32 }
+
+// The flat work item index; dispatches wider than 65535 workgroups wrap into gid.y.
+fn flat_id(gid: vec3<u32>, groups: vec3<u32>) -> i32 {
+  return i32(gid.x + gid.y * groups.x * WG);
+}
+
+fn position(i: i32, d: vec4<i32>) -> Pos {
+  let plane = d.x * d.y;
+  let rest = i / plane;
+  return Pos(rest / d.z, (i % plane) / d.x, i % d.x, rest % d.z);
+}
+
+fn vidx(d: vec4<i32>, n: i32, y: i32, x: i32, s: i32) -> i32 {
+  return ((n * d.z + s) * d.y + y) * d.x + x;
+}
+
+// Index of channel c at (n, y, x) counted in scalars.
+fn lidx(d: vec4<i32>, n: i32, y: i32, x: i32, c: i32) -> i32 {
+  return vidx(d, n, y, x, c >> 2u) * 4 + (c & 3);
+}
+
+fn mask_tail(v: V, s: i32, channels: i32) -> V {
+  return select(V(0.0), v, vec4<i32>(0, 1, 2, 3) < vec4<i32>(channels - s * 4));
+}
+
+// Rounds onto a quantization grid q = (scale, zero point, qmin, qmax), ties away from zero.
+fn fake_quant(v: V, q: V) -> V {
+  let scaled = v / q.x;
+  let level = clamp(sign(scaled) * floor(abs(scaled) + 0.5) + q.y, V(q.z), V(q.w));
+  return (level - q.y) * q.x;
+}
+
+fn unary_RELU(v: V) -> V { return max(v, V(0.0)); }
+fn unary_RELU6(v: V) -> V { return clamp(v, V(0.0), V(6.0)); }
+fn unary_RELU_N1_TO_1(v: V) -> V { return clamp(v, V(-1.0), V(1.0)); }
+// tanh saturates to +-1 in f32 well before 10; clamping keeps exp() in range on every driver.
+fn unary_TANH(v: V) -> V { return tanh(clamp(v, V(-10.0), V(10.0))); }
+fn unary_LOGISTIC(v: V) -> V { return 1.0 / (1.0 + exp(-v)); }
+fn unary_EXP(v: V) -> V { return exp(v); }
+fn unary_HARD_SWISH(v: V) -> V { return v * clamp(v + 3.0, V(0.0), V(6.0)) / 6.0; }
+
+fn binary_ADD(a: V, b: V) -> V { return a + b; }
+fn binary_SUB(a: V, b: V) -> V { return a - b; }
+fn binary_MUL(a: V, b: V) -> V { return a * b; }
+fn binary_MAXIMUM(a: V, b: V) -> V { return max(a, b); }
+fn binary_MINIMUM(a: V, b: V) -> V { return min(a, b); }
+fn binary_PRELU(a: V, b: V) -> V { return max(a, V(0.0)) + b * min(a, V(0.0)); }
+fn binary_LOGICAL_AND(a: V, b: V) -> V { return select(V(0.0), V(1.0), (a != V(0.0)) & (b != V(0.0))); }

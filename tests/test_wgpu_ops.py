@@ -1,0 +1,425 @@
+"""Golden tests of every WebGPU kernel against LiteRT, on the adapter wgpu finds here (Mesa lavapipe in CI).
+
+fp32 results must be within 1e-4 of the output range; fp16 storage within
+2e-2 (f16 keeps 11 significant bits, and a value is rounded at each tensor
+the partition stores).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from delegate import CompileOptions
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
+
+_available, _why = default_manager().backend_info("wgpu").available()
+pytestmark = pytest.mark.skipif(not _available, reason=f"no WebGPU adapter: {_why}")
+
+FP32 = 1e-4
+FP16_RTOL = 2e-2
+ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
+SHAPES = st.sampled_from([(7,), (2, 9), (1, 4, 5, 3), (2, 3, 1, 6), (1, 2, 3, 8)])
+
+
+def check(model, inputs, rtol=FP32, builtin=False, **kwargs):
+    check_against_litert(model, inputs, backend="wgpu", rtol=rtol, atol=1e-5, builtin=builtin, **kwargs)
+
+
+def unary_model(opcode, shape, options=None):
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op(opcode, [x], options=options))
+    return b.to_bytes()
+
+
+# -- elementwise --------------------------------------------------------------------------------
+
+BROADCASTS = st.sampled_from([((2, 3, 4, 5), (2, 3, 4, 5)), ((1, 3, 4, 6), (6,)), ((1, 3, 4, 6), (1, 1, 1, 1)),
+                              ((1, 3, 4, 6), (1, 3, 4, 1)), ((2, 1, 4, 3), (1, 5, 1, 3)), ((5,), (3, 1)),
+                              ((3, 9), (3, 9)), ((4, 2, 7), (2, 1))])
+
+
+@given(op=st.sampled_from(["ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"]), shapes=BROADCASTS,
+       const_second=st.booleans(), act=ACTIVATIONS, seed=st.integers(0, 2**16))
+def test_binary(op, shapes, const_second, act, seed):
+    rng = np.random.default_rng(seed)
+    a_shape, b_shape = shapes
+    b = GraphBuilder()
+    x = b.input("x", a_shape)
+    other = rng.standard_normal(b_shape).astype(np.float32)
+    y = b.const("y", other) if const_second else b.input("y", b_shape)
+    options = {"fused_activation_function": act} if op in ("ADD", "SUB", "MUL") else {}
+    b.output(b.op(op, [x, y], options=options))
+    inputs = [rng.standard_normal(a_shape)] + ([] if const_second else [other])
+    check(b.to_bytes(), inputs, builtin=True)
+
+
+@given(op=st.sampled_from(["ADD", "MUL", "SUB"]), seed=st.integers(0, 2**16))
+def test_binary_runtime_first_operand_broadcast(op, seed):
+    """The first input is the smaller one: the kernel broadcasts its base value too."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, 1, 1, 5))
+    y = b.input("y", (2, 3, 4, 5))
+    b.output(b.op(op, [x, y]))
+    check(b.to_bytes(), [rng.standard_normal((1, 1, 1, 5)), rng.standard_normal((2, 3, 4, 5))], builtin=True)
+
+
+@given(op=st.sampled_from(["RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH"]), shape=SHAPES,
+       scale=st.sampled_from([1.0, 4.0, 30.0]), seed=st.integers(0, 2**16))
+def test_unary(op, shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    scale = min(scale, 4.0) if op == "EXP" else scale
+    check(unary_model(op, shape), [rng.standard_normal(shape) * scale])
+
+
+@given(alpha_shape=st.sampled_from([(3,), (1, 1, 3), (5, 1), (4, 5, 3), (1,)]), seed=st.integers(0, 2**16))
+def test_prelu(alpha_shape, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (2, 4, 5, 3))
+    b.output(b.op("PRELU", [x, b.const("alpha", rng.standard_normal(alpha_shape).astype(np.float32))]))
+    check(b.to_bytes(), [rng.standard_normal((2, 4, 5, 3)) * 3])
+
+
+@given(shapes=st.sampled_from([((2, 3, 5), (2, 3, 5)), ((1, 4, 4, 6), (6,)), ((3, 7), (1, 7))]),
+       seed=st.integers(0, 2**16))
+def test_logical_and(shapes, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x, y = b.input("x", shapes[0], "bool"), b.input("y", shapes[1], "bool")
+    b.output(b.op("LOGICAL_AND", [x, y]))
+    check(b.to_bytes(), [rng.random(shapes[0]) > 0.5, rng.random(shapes[1]) > 0.5], builtin=True)
+
+
+# -- convolutions and matrix products -----------------------------------------------------------
+
+@given(h=st.integers(3, 10), w=st.integers(3, 10), cin=st.integers(1, 9), cout=st.integers(1, 9),
+       k=st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 5)]), stride=st.integers(1, 3), dilation=st.integers(1, 2),
+       padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS, batch=st.integers(1, 2),
+       seed=st.integers(0, 2**16))
+def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, seed):
+    kh, kw = k
+    if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
+        padding = "SAME"
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, cin))
+    b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)),
+                              b.const("b", rng.standard_normal(cout).astype(np.float32))],
+                  options={"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dilation,
+                           "dilation_w_factor": dilation, "fused_activation_function": act}))
+    check(b.to_bytes(), [rng.standard_normal((batch, h, w, cin))], builtin=dilation > 1)
+
+
+def test_grouped_conv_2d():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 7, 6))
+    b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((9, 3, 3, 2)).astype(np.float32)),
+                              b.const("b", rng.standard_normal(9).astype(np.float32))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    check(b.to_bytes(), [rng.standard_normal((1, 6, 7, 6))], builtin=True)
+
+
+@given(h=st.integers(3, 10), w=st.integers(3, 10), c=st.integers(1, 9), multiplier=st.integers(1, 3),
+       k=st.sampled_from([(1, 1), (3, 3), (5, 5), (2, 3)]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
+       padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS, seed=st.integers(0, 2**16))
+def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, seed):
+    kh, kw = k
+    if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
+        padding = "SAME"
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, w, c))
+    b.output(b.op("DEPTHWISE_CONV_2D",
+                  [x, b.const("w", rng.standard_normal((1, kh, kw, c * multiplier)).astype(np.float32)),
+                   b.const("b", rng.standard_normal(c * multiplier).astype(np.float32))],
+                  version=2 if dilation > 1 else 1,
+                  options={"padding": padding, "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
+                           "dilation_h_factor": dilation, "dilation_w_factor": dilation,
+                           "fused_activation_function": act}))
+    check(b.to_bytes(), [rng.standard_normal((1, h, w, c))], builtin=dilation > 1)
+
+
+@given(batch=st.sampled_from([(1,), (3,), (2, 3), (1, 2, 2)]), depth=st.integers(1, 20), units=st.integers(1, 12),
+       keep=st.booleans(), with_bias=st.booleans(), act=ACTIVATIONS, seed=st.integers(0, 2**16))
+def test_fully_connected(batch, depth, units, keep, with_bias, act, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", batch + (depth,))
+    inputs = [x, b.const("w", rng.standard_normal((units, depth)).astype(np.float32))]
+    inputs.append(b.const("b", rng.standard_normal(units).astype(np.float32)) if with_bias else None)
+    b.output(b.op("FULLY_CONNECTED", inputs, options={"keep_num_dims": keep, "fused_activation_function": act}))
+    check(b.to_bytes(), [rng.standard_normal(batch + (depth,))])
+
+
+def test_fully_connected_flattens_its_input():
+    """An input whose last axis is not the weights' depth is read as rows of that depth."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 2, 5))
+    b.output(b.op("FULLY_CONNECTED", [x, b.const("w", rng.standard_normal((7, 30)).astype(np.float32)), None]))
+    check(b.to_bytes(), [rng.standard_normal((1, 3, 2, 5))])
+
+
+def test_float16_weights_through_dequantize():
+    """MediaPipe stores weights as float16 constants behind DEQUANTIZE, folded at compile time."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 6, 5))
+    w = b.op("DEQUANTIZE", [b.const("w16", rng.standard_normal((4, 3, 3, 5)).astype(np.float16))], dtype="float32")
+    bias = b.op("DEQUANTIZE", [b.const("b16", rng.standard_normal(4).astype(np.float16))], dtype="float32")
+    b.output(b.op("CONV_2D", [x, w, bias], options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    check(b.to_bytes(), [rng.standard_normal((1, 6, 6, 5))])
+
+
+def _transpose_conv_out(size, k, stride, padding):
+    return size * stride if padding == "SAME" else (size - 1) * stride + k
+
+
+@given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 6), cout=st.integers(1, 6),
+       k=st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 3)]), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    kh, kw = k
+    out_shape = (1, _transpose_conv_out(h, kh, stride, padding), _transpose_conv_out(w, kw, stride, padding), cout)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, w, cin))
+    inputs = [b.const("shape", np.array(out_shape, np.int32)),
+              b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)), x]
+    if with_bias:
+        inputs.append(b.const("b", rng.standard_normal(cout).astype(np.float32)))
+    b.output(b.op("TRANSPOSE_CONV", inputs, dtype="float32",
+                  options={"padding": padding, "stride_h": stride, "stride_w": stride}))
+    check(b.to_bytes(), [rng.standard_normal((1, h, w, cin))], builtin=True)
+
+
+@given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 6), cout=st.integers(1, 5),
+       k=st.sampled_from([(2, 2), (3, 3), (4, 4), (3, 2)]), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
+def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
+    """MediaPipe's custom op, against LiteRT's TRANSPOSE_CONV with the same geometry plus the bias."""
+    from delegate.shapes import transpose_conv_bias_geometry
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((cout, *k, cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
+    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
+    custom = GraphBuilder()
+    x = custom.input("x", (1, h, w, cin))
+    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
+                            custom=True, custom_options=params))
+    builtin = GraphBuilder()
+    x = builtin.input("x", (1, h, w, cin))
+    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
+                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
+                              version=3, dtype="float32",
+                              options={"padding": padding, "stride_h": stride, "stride_w": stride}))
+    data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
+    assert_close(delegate_run(custom.to_bytes(), [data], "wgpu"), litert_run(builtin.to_bytes(), [data], builtin=True),
+                 rtol=FP32, atol=1e-5)
+
+
+# -- pooling, resizing, reductions --------------------------------------------------------------
+
+@given(op=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), h=st.integers(1, 10), w=st.integers(1, 10),
+       c=st.integers(1, 6), kh=st.integers(1, 4), kw=st.integers(1, 4), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), act=st.sampled_from(["NONE", "RELU", "RELU6"]),
+       batch=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_pool_2d(op, h, w, c, kh, kw, stride, padding, act, batch, seed):
+    if padding == "VALID":
+        kh, kw = min(kh, h), min(kw, w)
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, c))
+    b.output(b.op(op, [x], options={"padding": padding, "filter_height": kh, "filter_width": kw,
+                                    "stride_h": stride, "stride_w": stride, "fused_activation_function": act}))
+    check(b.to_bytes(), [rng.standard_normal((batch, h, w, c)) * 3])
+
+
+MODES = st.sampled_from([(1, False, False), (2, True, False), (3, False, True)])  # version, align, half pixel
+
+
+@given(h=st.integers(1, 8), w=st.integers(1, 8), oh=st.integers(1, 17), ow=st.integers(1, 17), c=st.integers(1, 6),
+       mode=MODES, batch=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_resize_bilinear(h, w, oh, ow, c, mode, batch, seed):
+    version, align, half = mode
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, c))
+    b.output(b.op("RESIZE_BILINEAR", [x, b.const("size", np.array([oh, ow], np.int32))], version=version,
+                  options={"align_corners": align, "half_pixel_centers": half}))
+    check(b.to_bytes(), [rng.standard_normal((batch, h, w, c))], builtin=True)
+
+
+@given(beta=st.sampled_from([1.0, 0.5, 2.0]), shape=SHAPES, scale=st.sampled_from([1.0, 30.0]),
+       seed=st.integers(0, 2**16))
+def test_softmax(beta, shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    check(unary_model("SOFTMAX", shape, {"beta": beta}), [rng.standard_normal(shape) * scale])
+
+
+@given(case=st.sampled_from([((1, 5, 6, 7), [1, 2]), ((1, 5, 6, 7), [3]), ((1, 5, 6, 7), [2]), ((3, 10), [1]),
+                             ((2, 4, 9), [-1]), ((1, 3, 4, 6), [1, 2, 3]), ((1, 4, 4, 5), [0, 1])]),
+       keep=st.booleans(), seed=st.integers(0, 2**16))
+def test_mean(case, keep, seed):
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("MEAN", [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep}))
+    check(b.to_bytes(), [rng.standard_normal(shape)])
+
+
+# -- data movement ------------------------------------------------------------------------------
+
+@given(shapes=st.sampled_from([[(1, 3, 4, 5), (1, 3, 4, 3)], [(1, 3, 4, 4), (1, 3, 4, 8), (1, 3, 4, 2)],
+                               [(2, 3, 4), (2, 5, 4)], [(1, 2, 3, 6), (1, 2, 2, 6)], [(2, 3, 5), (1, 3, 5)],
+                               [(3, 5), (3, 2), (3, 1)]]),
+       seed=st.integers(0, 2**16))
+def test_concatenation(shapes, seed):
+    rng = np.random.default_rng(seed)
+    rank = len(shapes[0])
+    axis = next(i for i in range(rank) if shapes[0][i] != shapes[1][i])
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", s) for i, s in enumerate(shapes)]
+    b.output(b.op("CONCATENATION", xs, options={"axis": axis if axis < rank - 1 else -1}))
+    check(b.to_bytes(), [rng.standard_normal(s) for s in shapes])
+
+
+@given(shape=st.sampled_from([(1, 4, 5, 3), (2, 3, 6), (5, 7), (1, 3, 3, 8)]), seed=st.integers(0, 2**16),
+       pads=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=4, max_size=4))
+def test_pad(shape, pads, seed):
+    rng = np.random.default_rng(seed)
+    pads = pads[:len(shape)]
+    if len(shape) == 4:
+        pads[0] = (0, 0)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("PAD", [x, b.const("pads", np.array(pads, np.int32))]))
+    check(b.to_bytes(), [rng.standard_normal(shape)])
+
+
+@given(case=st.sampled_from([((1, 4, 6, 3), (1, 24, 3)), ((1, 4, 6, 3), (1, 72)), ((2, 6, 5), (2, 3, 10)),
+                             ((1, 2, 2, 8), (1, 4, 8)), ((4, 9), (6, 6)), ((1, 1, 1, 12), (1, 3, 4))]),
+       seed=st.integers(0, 2**16))
+def test_reshape(case, seed):
+    shape, new_shape = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    y = b.op("RESHAPE", [x, b.const("shape", np.array(new_shape, np.int32))], options={"new_shape": list(new_shape)})
+    b.output(b.op("RELU", [y]))  # the output leaves through a kernel even when the reshape is free
+    check(b.to_bytes(), [rng.standard_normal(shape)])
+
+
+@given(case=st.sampled_from([
+    ((1, 6, 7, 5), [0, 1, 2, 0], [1, 5, 7, 5], [1, 1, 2, 1], {}),
+    ((1, 6, 7, 9), [0, 0, 0, 4], [1, 6, 7, 9], [1, 2, 1, 1], {}),
+    ((1, 6, 7, 9), [0, 0, 0, 1], [1, 6, 7, 8], [1, 1, 1, 3], {}),
+    ((2, 5, 6), [1, 0, 0], [2, 5, 6], [1, 1, 1], {"shrink_axis_mask": 1}),
+    ((8, 10), [-1, 0], [0, 10], [-1, 2], {"end_mask": 1}),
+    ((1, 6, 7, 4), [0, 0, 0, 0], [0, 3, 0, 0], [1, 1, 1, 1], {"begin_mask": 15, "end_mask": 13}),
+]), seed=st.integers(0, 2**16))
+def test_strided_slice(case, seed):
+    shape, begin, end, strides, options = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("STRIDED_SLICE", [x, b.const("begin", np.array(begin, np.int32)),
+                                    b.const("end", np.array(end, np.int32)),
+                                    b.const("strides", np.array(strides, np.int32))], options=options))
+    check(b.to_bytes(), [rng.standard_normal(shape)], builtin=True)
+
+
+@given(block=st.integers(2, 3), c=st.sampled_from([1, 2, 4, 5]), h=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_depth_to_space(block, c, h, seed):
+    rng = np.random.default_rng(seed)
+    shape = (1, h, h + 1, c * block * block)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("DEPTH_TO_SPACE", [x], options={"block_size": block}))
+    check(b.to_bytes(), [rng.standard_normal(shape)])
+
+
+# -- LSTM ---------------------------------------------------------------------------------------
+
+@given(batch=st.integers(1, 3), depth=st.integers(1, 9), units=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_basic_lstm(batch, depth, units, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, depth))
+    prev_activation = b.input("prev_activation", (batch, units))
+    prev_state = b.input("prev_state", (batch, units))
+    weights = b.const("w", rng.standard_normal((4 * units, depth + units)).astype(np.float32) * 0.5)
+    bias = b.const("b", rng.standard_normal(4 * units).astype(np.float32))
+    outs = b.op("LSTM", [x, prev_activation, weights, bias, prev_state], version=2,
+                options={"fused_activation_function": "TANH", "cell_clip": 0.0, "proj_clip": 0.0,
+                         "kernel_type": "BASIC"},
+                shapes=[(batch, units), (batch, units), (batch, depth + units), (batch, 4 * units)])
+    b.output(outs[0], outs[1])
+    check(b.to_bytes(), [rng.standard_normal((batch, depth)), rng.standard_normal((batch, units)),
+                         rng.standard_normal((batch, units))], builtin=True)
+
+
+# -- precision and the float view ---------------------------------------------------------------
+
+HALF = CompileOptions(precision="fp16")
+
+
+@given(h=st.integers(3, 8), cin=st.integers(1, 9), cout=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_fp16_conv_chain(h, cin, cout, seed):
+    """f16 storage: looser tolerance (2e-2 of the range), arithmetic still accumulates in f32."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, h, cin))
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((cout, 3, 3, cin)).astype(np.float32)),
+                         b.const("b", rng.standard_normal(cout).astype(np.float32))],
+             options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU"})
+    y = b.op("MEAN", [y, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False})
+    b.output(b.op("SOFTMAX", [y], options={"beta": 1.0}))
+    check(b.to_bytes(), [rng.standard_normal((1, h, h, cin))], rtol=FP16_RTOL, options=HALF)
+
+
+def test_fp16_is_used_and_explained():
+    from delegate.partition import make_partition
+    from delegate import read_model
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 4))
+    b.output(b.op("RELU", [x]))
+    g = read_model(b.to_bytes()).main
+    backend = default_manager().backend_info("wgpu").factory({})
+    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), HALF)
+    facts = compiled.describe()
+    if backend.device_info()["shader_f16"]:
+        assert facts["precision"] == "fp16" and "shader-f16" in facts["precision_reason"]
+    else:
+        assert facts["precision"] == "fp32" and "lacks" in facts["precision_reason"]
+    assert backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions()).describe()["precision"] == "fp32"
+
+
+QUANT = CompileOptions(allow_quantized=True)
+
+
+@given(cin=st.integers(1, 6), cout=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_quantized_conv_through_the_float_view(cin, cout, seed):
+    """int8 activations and per-channel int8 weights run as floats, rounded onto each output's grid."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 5, cin), "int8", quant=(0.05, 3))
+    w = rng.integers(-127, 128, (cout, 3, 3, cin)).astype(np.int8)
+    scales = rng.uniform(0.002, 0.01, cout).astype(np.float32)
+    bias = rng.integers(-500, 500, cout).astype(np.int32)
+    y = b.op("CONV_2D", [x, b.const("w", w, quant=(scales, np.zeros(cout, np.int64), 0)),
+                         b.const("b", bias, quant=(scales * 0.05, np.zeros(cout, np.int64), 0))],
+             version=3, dtype="int8", quant=(0.04, -2),
+             options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU"})
+    pooled = b.op("MAX_POOL_2D", [y], dtype="int8", quant=(0.04, -2), version=2,
+                  options={"padding": "VALID", "filter_height": 2, "filter_width": 2, "stride_h": 1, "stride_w": 1})
+    b.output(b.op("ADD", [pooled, pooled], dtype="int8", quant=(0.08, 0), version=2))
+    data = rng.integers(-128, 128, (1, 5, 5, cin)).astype(np.int8)
+    check(b.to_bytes(), [data], options=QUANT, lsb=1)
