@@ -37,14 +37,18 @@ class _Net:
 
     def conv(self, x, out_c: int, k: int = 3, stride: int = 1, act: str = "RELU6", padding: str = "SAME",
              dilation: int = 1, head: bool = False):
-        """``head``: a prediction head, with zero-mean filters at a third of the usual scale and no bias, so that on
-        the non-negative features below it no class wins everywhere by a constant offset."""
+        """``head``: a prediction head without bias whose k x k kernels (one per output and input channel) are
+        double-centred: every row and every column sums to zero.  The features below it are non-negative with
+        per-channel means, so kernels with non-zero sums would give each class a constant offset and one class
+        would win everywhere; these respond only to how the features vary, and still sum to zero where SAME
+        padding cuts off a border row or column."""
         name = self._name("conv")
         in_c = x.shape[-1]
         w = self.rng.standard_normal((out_c, k, k, in_c)) * np.sqrt(2.0 / (k * k * in_c))
         bias = self.rng.standard_normal(out_c) * 0.05
         if head:
-            w, bias = (w - w.mean(axis=(1, 2, 3), keepdims=True)) / 3, np.zeros(out_c)
+            w = w - w.mean(axis=1, keepdims=True) - w.mean(axis=2, keepdims=True) + w.mean(axis=(1, 2), keepdims=True)
+            bias = np.zeros(out_c)
         return self.b.op("CONV_2D", [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
                          options={"padding": padding, "stride_w": stride, "stride_h": stride,
                                   "dilation_w_factor": dilation, "dilation_h_factor": dilation,
@@ -292,8 +296,17 @@ def transformer_block(tokens: int = 64, width: int = 128, heads: int = 4, seed: 
     return b.to_bytes()
 
 
-def build(name: str, **kwargs) -> bytes:
-    """Bytes of a zoo model; raises KeyError listing the known names."""
+def build(name: str, quant: str = "fp32", **kwargs) -> bytes:
+    """Bytes of a zoo model, as built (``fp32``) or post-training quantized (``fp16`` weights, full ``int8``).
+
+    Raises KeyError listing the known names, ValueError listing the quantization modes.
+    """
     if name not in ZOO:
         raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
-    return ZOO[name](**kwargs)
+    data = ZOO[name](**kwargs)
+    if quant == "fp32":
+        return data
+    from .quantize import quantize
+    from .tflite.reader import read_model
+    from .tflite.writer import write_model
+    return write_model(quantize(read_model(data), quant))
