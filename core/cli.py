@@ -22,6 +22,7 @@ import numpy as np
 
 from . import __version__
 from .errors import DelegateError, ExecutionError, ModelFormatError
+from .quantize import MODES as QUANT_MODES
 
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
@@ -319,15 +320,16 @@ def cmd_zoo(args) -> int:
             print("\n".join(names))
         return 0
     try:
-        data = zoo.build(args.name)
+        data = zoo.build(args.name, quant=args.quant)
     except KeyError as exc:
         raise ModelFormatError(str(exc.args[0])) from None
-    out = args.output or f"{args.name}.tflite"
+    suffix = "" if args.quant == "fp32" else f"_{args.quant}"
+    out = args.output or f"{args.name}{suffix}.tflite"
     Path(out).write_bytes(data)
     if args.json:
-        emit_json({"model": args.name, "path": out, "bytes": len(data)})
+        emit_json({"model": args.name, "quant": args.quant, "path": out, "bytes": len(data)})
     else:
-        print(f"wrote {out} ({len(data)} bytes)")
+        print(f"wrote {out} ({args.quant}, {len(data)} bytes)")
     return 0
 
 
@@ -378,7 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("zoo", help="write a built-in model to a .tflite file")
     p.add_argument("name", nargs="?", help="model name (omit to list)")
-    p.add_argument("--output", "-o", help="output path (default NAME.tflite)")
+    p.add_argument("--output", "-o", help="output path (default NAME.tflite, NAME_QUANT.tflite when quantized)")
+    p.add_argument("--quant", choices=QUANT_MODES, default="fp32",
+                   help="fp32 as built; fp16 weights behind DEQUANTIZE; int8 full-integer, calibrated on random "
+                        "inputs, with float32 inputs and outputs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_zoo)
 
