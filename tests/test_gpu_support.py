@@ -1,0 +1,273 @@
+"""The device-independent GPU parts: support answers, PHWC4 layout math, the float view, fusion planning,
+and the opencl plugin's availability probe when pyopencl or a platform is missing."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from delegate import CompileOptions, Quantization
+from delegate.gpu import check_op, plan_groups
+from delegate.gpu.constants import constant_value, dequantize, from_float_view
+from delegate.gpu.layout import as_nhwc, from_phwc4, nhwc_axis, pack_conv_weights, phwc4_shape, same_storage, to_phwc4
+from delegate.tflite.builder import GraphBuilder
+
+FLOAT = CompileOptions()
+QUANT = CompileOptions(allow_quantized=True)
+
+
+def single_op(opcode, input_shapes, consts=(), *, version=1, options=None, dtype="float32", **kwargs):
+    """A graph holding one op; returns the op (producers and uses linked)."""
+    b = GraphBuilder()
+    ins = [b.input(f"x{i}", s, dtype) for i, s in enumerate(input_shapes)]
+    ins += [b.const(f"c{i}", c) if c is not None else None for i, c in enumerate(consts)]
+    b.output(b.op(opcode, ins, version=version, options=options, **kwargs))
+    return b.build().main.ops[0]
+
+
+def conv_op(version=1, weights_dtype=np.float32, act="NONE"):
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 5, 3))
+    w = np.ones((4, 3, 3, 3), weights_dtype)
+    quant = (np.full(4, 0.1), np.zeros(4), 0) if weights_dtype == np.int8 else None
+    y = b.op("CONV_2D", [x, b.const("w", w, quant=quant), b.const("b", np.zeros(4, np.float32))], version=version,
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": act},
+             dtype="float32")
+    b.output(y)
+    return b.build().main.ops[0]
+
+
+# -- support answers -------------------------------------------------------------------
+def test_conv_version_2_needs_quantized_support():
+    op = conv_op(version=2, weights_dtype=np.int8)
+    answer = check_op(op, FLOAT)
+    assert not answer and "allow_quantized" in answer.reason and "version 2" in answer.reason
+    assert check_op(op, QUANT)
+
+
+def test_versions_beyond_the_table_are_refused_even_quantized():
+    answer = check_op(conv_op(version=7), QUANT)
+    assert not answer and "not supported" in answer.reason and "v5" in answer.reason
+
+
+@pytest.mark.parametrize("opcode,version,ok", [
+    ("DEPTHWISE_CONV_2D", 2, True), ("DEPTHWISE_CONV_2D", 3, False),
+    ("RESIZE_BILINEAR", 3, True), ("RESIZE_BILINEAR", 4, False),
+])
+def test_listed_float_versions(opcode, version, ok):
+    if opcode == "DEPTHWISE_CONV_2D":
+        op = single_op(opcode, [(1, 4, 4, 2)], [np.ones((1, 3, 3, 2), np.float32), np.zeros(2, np.float32)],
+                       version=version, options={"padding": "SAME", "stride_w": 1, "stride_h": 1,
+                                                 "depth_multiplier": 1, "dilation_w_factor": 2,
+                                                 "dilation_h_factor": 2})
+    else:
+        op = single_op(opcode, [(1, 4, 4, 2)], [np.array([8, 8], np.int32)], version=version,
+                       options={"half_pixel_centers": True})
+    assert bool(check_op(op, FLOAT)) is ok
+
+
+def test_unknown_and_custom_ops_are_refused_with_reason():
+    assert "SIN has no GPU kernel" in check_op(single_op("SIN", [(1, 4)]), FLOAT).reason
+    op = single_op("MyOp", [(1, 4)], custom=True, shape=(1, 4))
+    assert "custom op MyOp has no GPU kernel" in check_op(op, FLOAT).reason
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: single_op("RELU", [(1, 2, 2, 2, 2)]), "rank 5"),
+    (lambda: single_op("RELU", [(1, 4)], dtype="int32"), "int32"),
+    (lambda: single_op("CONV_2D", [(1, 4, 4, 2), (3, 1, 1, 2)], [np.zeros(3, np.float32)],
+                       options={"padding": "SAME", "stride_w": 1, "stride_h": 1}), "must be a constant"),
+    (lambda: conv_op(act="TANH"), "fused TANH"),
+    (lambda: conv_op(act="SIGN_BIT"), "SIGN_BIT"),
+    (lambda: single_op("MEAN", [(2, 3, 3, 4)], [np.array([0, 1], np.int32)]), "batch axis"),
+    (lambda: single_op("STRIDED_SLICE", [(1, 4, 4, 4)], [np.zeros(4, np.int32), np.full(4, 2, np.int32),
+                                                          np.ones(4, np.int32)], options={"ellipsis_mask": 1}),
+     "ellipsis_mask"),
+    (lambda: single_op("DEQUANTIZE", [(1, 4)], dtype="float16"), "runtime tensor"),
+    (lambda: single_op("LSTM", [(1, 3), (1, 2)], [np.zeros((8, 5), np.float32), np.zeros(8, np.float32)],
+                       options={"kernel_type": "FULL", "fused_activation_function": "TANH"},
+                       shapes=[(1, 2)] * 1), "basic LSTM"),
+    (lambda: single_op("Convolution2DTransposeBias", [(1, 2, 2, 1)],
+                       [np.zeros((1, 2, 2, 1), np.float32), np.zeros(1, np.float32)], custom=True,
+                       custom_options=b"\x01\x00", shape=(1, 4, 4, 1)), "custom options are 2 bytes"),
+])
+def test_refusals_name_the_failed_check(make, needle):
+    answer = check_op(make(), FLOAT)
+    assert not answer
+    assert needle in answer.reason
+
+
+def test_quantized_activations_need_the_float_view():
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 2), "int8", quant=(0.1, 3))
+    b.output(b.op("MAX_POOL_2D", [x], options={"padding": "VALID", "filter_height": 2,
+                                                          "filter_width": 2, "stride_h": 2, "stride_w": 2},
+                  quant=(0.1, 3)))
+    op = b.build().main.ops[0]
+    assert "enable allow_quantized" in check_op(op, FLOAT).reason
+    assert check_op(op, QUANT)
+
+
+def test_dequantize_of_constants_is_folded():
+    b = GraphBuilder()
+    half = b.const("w16", np.arange(6, dtype=np.float16).reshape(2, 3))
+    q = b.const("w8", np.array([[-2, 0, 5]], np.int8), quant=(0.5, 1))
+    y16 = b.op("DEQUANTIZE", [half], version=2, dtype="float32")
+    y8 = b.op("DEQUANTIZE", [q], version=3, dtype="float32")
+    b.output(y16, y8)
+    g = b.build().main
+    assert check_op(g.ops[0], FLOAT)
+    assert "needs allow_quantized" in check_op(g.ops[1], FLOAT).reason and check_op(g.ops[1], QUANT)
+    np.testing.assert_array_equal(constant_value(y16), np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_allclose(constant_value(y8), [[-1.5, -0.5, 2.0]])
+
+
+def test_transpose_conv_bias_custom_options_parsed():
+    op = single_op("Convolution2DTransposeBias", [(1, 2, 2, 1)],
+                   [np.zeros((1, 2, 2, 1), np.float32), np.zeros(1, np.float32)], custom=True,
+                   custom_options=struct.pack("<3i", 1, 2, 2), shape=(1, 4, 4, 1))
+    assert check_op(op, FLOAT)
+
+
+# -- float view ---------------------------------------------------------------------------
+def test_per_channel_dequantize_and_requantize():
+    data = np.array([[10, -10], [4, 0]], np.int8)
+    quant = Quantization(np.array([0.5, 0.25], np.float32), np.array([0, 2]), axis=0)
+    np.testing.assert_allclose(dequantize(data, quant), [[5, -5], [0.5, -0.5]])
+    per_tensor = Quantization(np.array([0.5], np.float32), np.array([-1]))
+    from delegate.ir import DType
+    q = from_float_view(np.array([0.25, -0.25, 100.0, -100.0], np.float32), DType.int8, per_tensor)
+    np.testing.assert_array_equal(q, [0, -2, 127, -128])  # ties away from zero, then clamped
+
+
+# -- layout -------------------------------------------------------------------------------
+shapes = st.lists(st.integers(1, 6), min_size=0, max_size=4).map(tuple)
+
+
+@given(shape=shapes, seed=st.integers(0, 1000))
+def test_phwc4_round_trip_and_zero_padding(shape, seed):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    packed = to_phwc4(x)
+    assert packed.shape == phwc4_shape(shape)
+    np.testing.assert_array_equal(from_phwc4(packed, shape), x)
+    c = as_nhwc(shape)[3]
+    assert not packed[:, -1, ..., c % 4 or 4:].any()  # lanes past the channels hold zero
+
+
+@given(shape=st.tuples(*[st.integers(1, 6)] * 4), data=st.data())
+def test_reshapes_keeping_batch_channels_and_plane_share_bytes(shape, data):
+    n, h, w, c = shape
+    rows = data.draw(st.sampled_from([d for d in range(1, h * w + 1) if h * w % d == 0]))
+    other = (n, rows, h * w // rows, c)
+    while len(other) > 1 and other[0] == 1 and data.draw(st.booleans()):
+        other = other[1:]
+    assert same_storage(shape, other)
+    x = np.arange(n * h * w * c, dtype=np.float32)
+    np.testing.assert_array_equal(to_phwc4(x.reshape(shape)).ravel(), to_phwc4(x.reshape(other)).ravel())
+
+
+def test_axes_map_onto_the_4d_view():
+    assert as_nhwc((5,)) == (1, 1, 1, 5) and as_nhwc((2, 5)) == (1, 1, 2, 5)
+    assert [nhwc_axis(a, 2) for a in (0, 1, -1)] == [2, 3, 3]
+    with pytest.raises(ValueError):
+        nhwc_axis(3, 3)
+
+
+def test_conv_weights_pack_into_4x4_blocks():
+    w = np.arange(5 * 1 * 1 * 6, dtype=np.float32).reshape(5, 1, 1, 6)
+    packed = pack_conv_weights(w)
+    assert packed.shape == (2, 1, 1, 2, 4, 4)
+    assert packed[1, 0, 0, 1, 1, 0] == w[4, 0, 0, 5]  # output 4 = slice 1 lane 0; input 5 = slice 1 lane 1
+    assert packed[1, 0, 0, 1, 2, 0] == 0 and packed[1, 0, 0, 0, 0, 1] == 0  # padding
+
+
+# -- fusion -------------------------------------------------------------------------------
+def residual_block(extra_output=False):
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    r = b.input("r", (1, 4, 4, 4))
+    y = b.op("CONV_2D", [x, b.const("w", np.ones((4, 1, 1, 3), np.float32)), b.const("b", np.zeros(4, np.float32))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    z = b.op("ADD", [r, y], options={"fused_activation_function": "NONE"})
+    m = b.op("MUL", [z, b.const("k", np.float32(0.5).reshape(1))], options={"fused_activation_function": "NONE"})
+    b.output(b.op("HARD_SWISH", [m]))
+    if extra_output:
+        b.output(z)
+    return b.build().main
+
+
+def test_conv_bias_activation_and_followers_form_one_group():
+    g = residual_block()
+    groups = plan_groups(g.ops, {t.index for t in g.outputs})
+    assert len(groups) == 1
+    steps = groups[0].steps
+    assert [s.signature() for s in steps] == [("unary", "RELU", None, False), ("binary", "ADD", "tensor", True),
+                                              ("binary", "MUL", "scalar", False), ("unary", "HARD_SWISH", None, False)]
+    assert groups[0].output is g.outputs[0]
+
+
+def test_values_needed_elsewhere_are_stored():
+    g = residual_block(extra_output=True)
+    groups = plan_groups(g.ops, {t.index for t in g.outputs})
+    assert [[op.opcode for op in grp.ops] for grp in groups] == [["CONV_2D", "ADD"], ["MUL", "HARD_SWISH"]]
+
+
+@given(seed=st.integers(0, 500))
+def test_groups_run_after_everything_they_read(seed):
+    """Random elementwise DAGs: each group's inputs are graph inputs, constants or stored earlier."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    values = [b.input("x", (1, 2, 2, 3)), b.input("y", (1, 2, 2, 3))]
+    for _ in range(8):
+        if rng.random() < 0.4:
+            values.append(b.op(str(rng.choice(["RELU", "LOGISTIC", "TANH"])), [values[rng.integers(len(values))]]))
+        else:
+            a, c = rng.integers(len(values), size=2)
+            values.append(b.op(str(rng.choice(["ADD", "MUL", "MAXIMUM"])), [values[a], values[c]]))
+    b.output(values[-1])
+    g = b.build().main
+    groups = plan_groups(g.ops, {t.index for t in g.outputs})
+    stored = {t.index for t in g.inputs}
+    for grp in groups:
+        members = {id(op) for op in grp.ops}
+        for op in grp.ops:
+            for t in op.inputs:
+                inside = t.producer is not None and id(t.producer) in members
+                assert inside or t.index in stored, f"group {grp.ops} reads {t} before it is stored"
+        stored.add(grp.output.index)
+    assert sum(len(grp.ops) for grp in groups) == len(g.ops)
+
+
+# -- availability probe --------------------------------------------------------------------
+def test_probe_without_pyopencl(monkeypatch):
+    from delegate_opencl import device
+    monkeypatch.setitem(sys.modules, "pyopencl", None)
+    ok, reason = device.probe()
+    assert not ok and "pyopencl is not installed" in reason
+
+
+def test_probe_without_platform(monkeypatch):
+    from delegate_opencl import device
+
+    class NoPlatform(Exception):
+        pass
+
+    def no_platforms():
+        raise NoPlatform("PLATFORM_NOT_FOUND_KHR")
+    fake = types.SimpleNamespace(Error=NoPlatform, get_platforms=no_platforms)
+    monkeypatch.setattr(device, "import_pyopencl", lambda: fake)
+    ok, reason = device.probe()
+    assert not ok and "no OpenCL platform found" in reason
+
+
+def test_plugin_registers_through_the_entry_point():
+    from delegate.plugins import PluginManager
+    info = PluginManager().backend_info("opencl")
+    assert info.is_accelerator and callable(info.available)
+    ok, reason = info.available()
+    assert isinstance(ok, bool) and reason
