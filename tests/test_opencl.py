@@ -598,3 +598,79 @@ def test_device_info_keys_caches_and_reports_fp16(backend):
     facts = compiled.describe()
     assert facts["precision"] == ("fp16" if info["fp16"] else "fp16 storage")
     assert "cl_khr_fp16" in facts["precision_reason"]
+
+
+# -- partitions with the CPU: the float view and whole models ---------------------------------
+def split_by_support(g, backend, options, deny=()):
+    """Consecutive ops in model order grouped by where they run: opencl when it says yes, else the CPU."""
+    runs = []
+    for op in g.ops:
+        where = "opencl" if op.opcode not in deny and backend.supports(op, options) else "cpu"
+        if runs and runs[-1][0] == where:
+            runs[-1][1].append(op)
+        else:
+            runs.append((where, [op]))
+    return [make_partition(g, ops, where, i) for i, (where, ops) in enumerate(runs)]
+
+
+def run_split(backend, data, inputs, options, deny=()):
+    g = read_model(data).main
+    parts = split_by_support(g, backend, options, deny)
+    cpu = default_manager().backend_info("cpu").factory({})
+    executor = Executor(g, parts, {"cpu": cpu, "opencl": backend}, options)
+    out = executor.run({t.index: x for t, x in zip(g.inputs, inputs)})
+    return [out[t.index] for t in g.outputs], parts, executor
+
+
+def quantized_conv_model(rng):
+    """float -> QUANTIZE -> int8 CONV_2D (per-channel weights) -> int8 MAX_POOL -> DEQUANTIZE -> float."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 6, 3))
+    q = b.op("QUANTIZE", [x], dtype="int8", quant=(0.02, -3))
+    w_scale = rng.uniform(0.005, 0.02, 5).astype(np.float32)
+    w = b.const("w", rng.integers(-127, 128, (5, 3, 3, 3)).astype(np.int8), quant=(w_scale, np.zeros(5), 0))
+    bias = b.const("b", rng.integers(-500, 500, 5).astype(np.int32), quant=(0.02 * w_scale, np.zeros(5), 0))
+    y = b.op("CONV_2D", [q, w, bias], version=3, dtype="int8", quant=(0.05, 4),
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    m = b.op("MAX_POOL_2D", [y], version=2, dtype="int8", quant=(0.05, 4),
+             options={"padding": "VALID", "filter_height": 2, "filter_width": 2, "stride_h": 2, "stride_w": 2})
+    b.output(b.op("DEQUANTIZE", [m], version=2, dtype="float32"))
+    return b.to_bytes()
+
+
+def test_quantized_model_runs_on_the_float_view(backend):
+    rng = np.random.default_rng(7)
+    data = quantized_conv_model(rng)
+    x = rng.uniform(-2, 2, (1, 7, 6, 3)).astype(np.float32)
+    options = CompileOptions(allow_quantized=True)
+    out, parts, _ = run_split(backend, data, [x], options)
+    assert [(p.backend, [op.opcode for op in p.ops]) for p in parts] == [
+        ("cpu", ["QUANTIZE"]), ("opencl", ["CONV_2D", "MAX_POOL_2D"]), ("cpu", ["DEQUANTIZE"])]
+    # Constants dequantized once, activations rounded onto their int8 grid after each op: within one
+    # output step of LiteRT's integer kernels.
+    assert_close(out, litert_run(data, [x]), rtol=0, atol=0.05 * 1.001)
+    refused = split_by_support(read_model(data).main, backend, CompileOptions())
+    assert [p.backend for p in refused] == ["cpu"]
+
+
+MEDIAPIPE = ("selfie_segmentation", "face_detection_short_range", "pose_landmark_full", "hand_landmark_lite")
+MEDIAPIPE_TOLERANCE = 5e-4  # of each output's range
+
+
+@pytest.mark.parametrize("name,deny", [(name, ()) for name in MEDIAPIPE] +
+                         [("face_detection_short_range", ("RESHAPE", "CONCATENATION"))])
+def test_mediapipe_models_match_litert(backend, name, deny):
+    """Every op opencl supports runs there, the rest on the CPU; outputs within 5e-4 of their range."""
+    from tests.mediapipe import mediapipe_models
+    data = mediapipe_models()[f"{name}.tflite"].read_bytes()
+    g = read_model(data).main
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in g.inputs]
+    out, parts, executor = run_split(backend, data, inputs, CompileOptions(), deny)
+    on_gpu = sum(len(p.ops) for p in parts if p.backend == "opencl")
+    assert on_gpu == len(g.ops) - sum(op.opcode in deny for op in g.ops)
+    if deny:
+        assert len(parts) > 1 and executor.transfers_last_run > 0
+    for actual, expected in zip(out, litert_run(data, inputs)):
+        error = float(np.abs(actual.astype(np.float64) - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
+        assert error <= MEDIAPIPE_TOLERANCE, f"{name}: error {error:.3g} of the output range"
