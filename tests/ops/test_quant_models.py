@@ -8,9 +8,13 @@ keeps activations at about unit spread, so the int8 values stay mostly in
 range instead of saturating.
 """
 
-import numpy as np
-from hypothesis import given, strategies as st
+from functools import lru_cache
 
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from delegate import read_model, zoo
 from delegate.tflite.builder import GraphBuilder
 from tests.ops.test_quantized_ops import random_q
 from tests.oputil import check_against_litert
@@ -157,3 +161,29 @@ def test_transformer_block(seed):
                   options={"keep_dims": False})
     b.output(b.op("DEQUANTIZE", [pooled], dtype="float32"))
     net.check([net.rng.integers(0, 32, (1, tokens)).astype(np.int32)], pooled_quant)
+
+
+ZOO_INT8 = {"mobilenet_v1": dict(alpha=0.25, size=96, classes=20), "deeplab_v3": dict(size=65, classes=5),
+            "posenet": dict(size=65), "yolo_tiny": dict(size=96, classes=4),
+            "transformer_block": dict(tokens=16, width=32, heads=2)}
+
+
+@lru_cache(maxsize=None)
+def _zoo_int8(name: str) -> bytes:
+    return zoo.build(name, "int8", **ZOO_INT8[name])
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_INT8))
+@settings(max_examples=3)
+@given(seed=st.integers(0, 2**16))
+def test_zoo_models_post_training_quantized(name, seed):
+    """The zoo's converter-style full-int8 models (calibrated per-channel weights, int8 activations,
+    fixed-scale softmax/logistic, RSQRT and GELU in layer norms and MLPs) end to end."""
+    data = _zoo_int8(name)
+    graph = read_model(data).main
+    rng = np.random.default_rng(seed)
+    inputs = [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in graph.inputs]
+    # Float outputs may differ by one step of the int8 tensor each was dequantized from.
+    steps = [op.inputs[0].quantization.scale[0] for op in graph.ops
+             if op.opcode == "DEQUANTIZE" and op.outputs[0] in graph.outputs]
+    check_against_litert(data, inputs, builtin=True, lsb=1, atol=max(steps) * 1.001)

@@ -204,17 +204,19 @@ def test_int16_power_of_two_add_sub(seed, opcode, exponents, act):
 
 
 UNARY = {"RELU": {}, "RELU6": {}, "RELU_N1_TO_1": {}, "LEAKY_RELU": {"alpha": 0.1}, "HARD_SWISH": {},
-         "LOGISTIC": {}, "TANH": {}}
+         "LOGISTIC": {}, "TANH": {}, "GELU": {"approximate": False}}
 
 
-@given(seed=seeds, opcode=st.sampled_from(sorted(UNARY)), dtype=eight_bit, negative_alpha=st.booleans())
-def test_unary_activations(seed, opcode, dtype, negative_alpha):
+@given(seed=seeds, opcode=st.sampled_from(sorted(UNARY)), dtype=eight_bit, variant=st.booleans())
+def test_unary_activations(seed, opcode, dtype, variant):
     rng = np.random.default_rng(seed)
     in_quant = (float(rng.uniform(0.02, 0.08)), activation_quant(rng, dtype)[1])
     out_quant = activation_quant(rng, dtype)
     options = dict(UNARY[opcode])
-    if opcode == "LEAKY_RELU" and negative_alpha:
+    if opcode == "LEAKY_RELU" and variant:
         options["alpha"] = -0.3
+    if opcode == "GELU":
+        options["approximate"] = variant
     if opcode == "LOGISTIC":  # LiteRT requires the [0, 1] output quantization
         out_quant = (1 / 256, -128 if dtype == "int8" else 0)
     if opcode == "TANH":
@@ -417,6 +419,27 @@ def test_int16_logistic_tanh(seed, opcode, in_scale):
     shape = (4, 300)
     b = unary_model(opcode, shape, "int16", (in_scale, 0), (1 / 32768, 0))
     check(b, [random_q(rng, shape, "int16")])
+
+
+@given(seed=seeds, approximate=st.booleans())
+def test_int16_gelu(seed, approximate):
+    rng = np.random.default_rng(seed)
+    shape = (4, 200)
+    in_quant, out_quant = activation_quant(rng, "int16"), activation_quant(rng, "int16")
+    b = unary_model("GELU", shape, "int16", in_quant, out_quant, {"approximate": approximate})
+    check(b, [random_q(rng, shape, "int16")])
+
+
+@given(seed=seeds, dtype=st.sampled_from(["int8", "int16"]))
+def test_rsqrt(seed, dtype):
+    """Layer-norm style inputs (non-negative variances); int8 runs a fixed-point Newton iteration."""
+    rng = np.random.default_rng(seed)
+    shape = (4, 200)
+    in_scale = float(rng.uniform(0.0005, 0.01))
+    in_quant = (in_scale, -128) if dtype == "int8" else (in_scale / 256, 0)
+    out_quant = (float(rng.uniform(0.02, 0.2)), -128) if dtype == "int8" else (0.002, 0)
+    values = rng.integers(in_quant[1], np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+    check(unary_model("RSQRT", shape, dtype, in_quant, out_quant), [values])
 
 
 def test_int16_logistic_with_power_of_two_scale_is_refused():

@@ -106,15 +106,15 @@ def conv2d(op: Op):
     out_c, kh, kw, in_c = weights.shape
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
-    matrix = weights.reshape(out_c, -1).T.astype(np.float64)
+    matrix = np.ascontiguousarray(weights.reshape(out_c, -1).T, np.float64)  # BLAS wants C order here
     bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(1, 2, 3))
     windows = _sliding_windows(op, (kh, kw), np.float64)
     output = _output_stage(op, x, w, out_c, multiply_wide if _reference_16x8(op, x) else multiply_half_up)
 
     def run(ins, outs):
         cols = windows(ins[0])
-        acc = cols.reshape(*cols.shape[:3], -1) @ matrix
-        output(acc.astype(np.int64) + bias, outs[0])
+        acc = cols.reshape(-1, matrix.shape[0]) @ matrix
+        output(acc.astype(np.int64).reshape(outs[0].shape) + bias, outs[0])
     return run
 
 
@@ -145,7 +145,7 @@ def fully_connected(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     units, depth = weights.shape
-    matrix = weights.T.astype(np.float64)
+    matrix = np.ascontiguousarray(weights.T, np.float64)
     bias = _bias(op, 2, units)
     if _reference_16x8(op, x):
         # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
@@ -167,7 +167,7 @@ def transpose_conv(op: Op):
     w, x = op.inputs[1], op.inputs[2]
     weights = _weights(w)
     out_c, kh, kw, in_c = weights.shape
-    matrix = weights.transpose(3, 1, 2, 0).reshape(in_c, -1).astype(np.float64)
+    matrix = np.ascontiguousarray(weights.transpose(3, 1, 2, 0).reshape(in_c, -1), np.float64)
     bias = _bias(op, 3, out_c)
     n, in_h, in_w, _ = x.shape
     out_h, out_w = op.outputs[0].shape[1:3]
@@ -180,7 +180,7 @@ def transpose_conv(op: Op):
     offset = zero_point(x)
 
     def run(ins, outs):
-        patches = (ins[2].astype(np.float64) - offset) @ matrix
+        patches = (ins[2].reshape(-1, in_c).astype(np.float64) - offset) @ matrix
         patches = patches.astype(np.int64).reshape(n, in_h, in_w, kh, kw, out_c)
         full = np.zeros((n, full_h, full_w, out_c), np.int64)
         for i in range(kh):
@@ -203,8 +203,8 @@ def batch_matmul(op: Op):
     def run(ins, outs):
         a, b = (v.astype(np.float64) - zp for v, zp in zip(ins, offsets))
         if adj_x:
-            a = np.swapaxes(a, -1, -2)
+            a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
         if adj_y:
-            b = np.swapaxes(b, -1, -2)
+            b = np.ascontiguousarray(np.swapaxes(b, -1, -2))
         output(np.matmul(a, b).astype(np.int64), outs[0])
     return run

@@ -14,7 +14,8 @@ import numpy as np
 from delegate import Op, Tensor
 
 from .quant_util import (
-    multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale)
+    c_math, multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale,
+    zero_point)
 
 
 
@@ -88,22 +89,39 @@ def tanh(op: Op):
     return run
 
 
-def interpolation_table(fn, input_scale: float, input_zero_point: int, output_scale: float) -> np.ndarray:
-    """LiteRT's 513-entry int16 table of ``fn``: samples nudged by half their midpoint error."""
-    input_min = input_scale * (-32768 - input_zero_point)
-    input_max = input_scale * (32767 - input_zero_point)
-    inverse = 65536.0 / (output_scale * 32767 - output_scale * -32768)
+def interpolation_table(fn, input_scale: float, input_zero_point: int, output_scale: float,
+                        output_zero_point: int = 0, precision=np.float64) -> np.ndarray:
+    """LiteRT's 513-entry int16 table of ``fn``: samples nudged by half their midpoint error.
+
+    ``precision`` is the float type LiteRT builds that table in (double for softmax's tables,
+    float32 for the per-op ones); ``fn`` receives and returns arrays of it.
+    """
+    f = precision
+    input_min = f(input_scale) * f(-32768 - input_zero_point)
+    input_max = f(input_scale) * f(32767 - input_zero_point)
+    output_range = f(output_scale) * f(32767 - output_zero_point) - f(output_scale) * f(-32768 - output_zero_point)
+    inverse = f(65536) / output_range
     steps = 512
-    step = (input_max - input_min) / steps
-    i = np.arange(steps)
-    value = fn(input_min + i * step)
-    middle = fn(input_min + i * step + step / 2)
-    following = fn(input_min + (i + 1) * step)
+    step = (input_max - input_min) / f(steps)
+    i = np.arange(steps).astype(f)
+    value = fn(input_min + i * step).astype(f)
+    middle = fn(input_min + i * step + step / f(2)).astype(f)
+    following = fn(input_min + (i + f(1)) * step).astype(f)
     sample = round_half_away(value * inverse)
-    interpolated = round_half_away((following * inverse + sample) / 2)
-    bias = round_half_away((interpolated - round_half_away(middle * inverse)) / 2)
-    last = round_half_away(fn(np.float64(input_max)) * inverse)
+    interpolated = round_half_away((following * inverse + sample) / f(2))
+    bias = round_half_away((interpolated - round_half_away(middle * inverse)) / f(2))
+    last = round_half_away(fn(np.atleast_1d(input_max)).astype(f) * inverse)
     return np.clip(np.append(sample - bias, last), -32768, 32767).astype(np.int64)
+
+
+def table_kernel(op: Op, fn):
+    """A unary int16 op computed through LiteRT's float32 interpolation table of ``fn``."""
+    src, dst = op.inputs[0], op.outputs[0]
+    table = interpolation_table(fn, scale(src), zero_point(src), scale(dst), zero_point(dst), np.float32)
+
+    def run(ins, outs):
+        np.copyto(outs[0], table_lookup(ins[0].astype(np.int64), table), casting="unsafe")
+    return run
 
 
 def table_lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -115,7 +133,7 @@ def table_lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 _RANGE = 65535.0
 # exp over [-10, 0] and 1/(1+x) over [0, 1], both onto a symmetric [-1, 1] output range.
-_EXP_TABLE = interpolation_table(np.exp, 10.0 / _RANGE, 32767, 2.0 / _RANGE)
+_EXP_TABLE = interpolation_table(c_math("exp", np.float64), 10.0 / _RANGE, 32767, 2.0 / _RANGE)
 _RECIPROCAL_TABLE = interpolation_table(lambda v: 1.0 / (1.0 + v), 1.0 / _RANGE, -32768, 2.0 / _RANGE)
 
 

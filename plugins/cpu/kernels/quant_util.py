@@ -13,7 +13,11 @@ overflow.  Scale arithmetic that LiteRT does in float32 is done in float32 too.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -203,6 +207,26 @@ class RescaleInDouble:
     def __call__(self, acc: np.ndarray, out: np.ndarray) -> None:
         rescaled = round_half_away(acc.astype(np.float64) * self.real).astype(np.int64)
         store(out, rescaled + self.zero_point, self.lo, self.hi)
+
+
+@lru_cache(maxsize=None)
+def c_math(name: str, precision=np.float32):
+    """The C library's ``name`` (its ``f`` variant for float32), elementwise over an array.
+
+    LiteRT builds its lookup tables with these functions; calling the same ones keeps the
+    tables identical, where numpy's own loops may differ in the last ulp.  Without a C
+    math library, the double-precision result rounded to ``precision`` stands in.
+    """
+    library = ctypes.util.find_library("m")
+    symbol = name + "f" if precision is np.float32 else name
+    c_type = ctypes.c_float if precision is np.float32 else ctypes.c_double
+    fn = getattr(ctypes.CDLL(library), symbol, None) if library else None
+    if fn is None:
+        fallback = np.vectorize(getattr(math, name), otypes=[np.float64])
+        return lambda v: fallback(np.asarray(v, np.float64)).astype(precision)
+    fn.restype, fn.argtypes = c_type, [c_type]
+    ufunc = np.frompyfunc(fn, 1, 1)
+    return lambda v: ufunc(np.asarray(v, precision).astype(np.float64)).astype(precision)
 
 
 def lookup_table(op: Op, fn) -> np.ndarray:

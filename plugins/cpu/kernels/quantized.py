@@ -20,7 +20,7 @@ from ..registry import kernel
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, Requantize, activation_bounds, clamp_bounds, lane_rounding, lookup_table,
+    INT32_MAX, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, lookup_table,
     multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
     rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
     vector_lanes, zero_point)
@@ -263,8 +263,8 @@ def hard_swish(op: Op):
 
 
 _TRANSCENDENTAL = {
-    "LOGISTIC": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)),
-    "TANH": np.tanh,
+    "LOGISTIC": lambda v: np.float32(1) / (np.float32(1) + c_math("exp")(-v)),
+    "TANH": lambda v: c_math("tanh")(v),
 }
 _INT16_KERNELS = {"LOGISTIC": quant_int16.logistic, "TANH": quant_int16.tanh, "SOFTMAX": quant_int16.softmax}
 
@@ -281,6 +281,92 @@ def transcendental(op: Op):
     return run
 
 
+_SQRT_2_OVER_PI = np.float32(2 / np.sqrt(np.pi) * np.sqrt(0.5))
+
+
+def _gelu(approximate: bool):
+    """LiteRT's float32 GELU: the tanh approximation, or the erfc form that avoids cancellation."""
+    half = np.float32(0.5)
+    if approximate:
+        tanh = c_math("tanh")
+
+        def gelu(v):
+            cubic = v + np.float32(0.044715) * v * v * v
+            return half * v * (np.float32(1) + tanh(_SQRT_2_OVER_PI * cubic))
+        return gelu
+    erfc = c_math("erfc")
+
+    def gelu(v):
+        return half * v * erfc(v * np.float32(-np.sqrt(0.5)))
+    return gelu
+
+
+@kernel("GELU", quantized=True)
+def gelu(op: Op):
+    fn = _gelu(bool(op.options.get("approximate", False)))
+    if op.inputs[0].dtype.numpy == np.int16:
+        return quant_int16.table_kernel(op, fn)
+    table = lookup_table(op, fn)
+
+    def run(ins, outs):
+        np.take(table, table_index(ins[0]), out=outs[0])
+    return run
+
+
+def _inverse_sqrt(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1/sqrt(values) as (Q31 significand, exponent), by LiteRT's five fixed-point Newton steps."""
+    v = np.maximum(values.astype(np.int64), 1)
+    shift = np.full(v.shape, 11, np.int64)
+    while (v >= 1 << 29).any():
+        large = v >= 1 << 29
+        v, shift = np.where(large, v // 4, v), shift + large
+    pairs = (31 - np.frexp(v.astype(np.float64))[1]) // 2 - 1  # normalise into [2**27, 2**29)
+    shift -= pairs
+    v <<= 2 * pairs
+
+    def times_pot(a, exponent):
+        return np.clip(a << exponent, -(1 << 31), INT32_MAX)
+
+    mul = saturating_rounding_doubling_high_mul
+    half_input = rounding_divide_by_pot(v >> 1, 1)  # Q3.28
+    x = np.full(v.shape, 1 << 28, np.int64)  # 1.0 in Q3.28
+    for _ in range(5):
+        cube = times_pot(mul(mul(x, x), x), 6)
+        x = times_pot(mul((1 << 28) + (1 << 27), x) - mul(half_input, cube), 3)
+    x = mul(x, 1518500250)  # times sqrt(2) / 2
+    x, shift = np.where(shift < 0, x << np.maximum(-shift, 0), x), np.maximum(shift, 0)
+    trivial = values <= 1  # 1/sqrt(1), and 0 treated like it
+    return np.where(trivial, INT32_MAX, x), np.where(trivial, 0, -shift)
+
+
+@kernel("RSQRT", quantized=True)
+def rsqrt(op: Op):
+    """int8: a 256-entry table of LiteRT's fixed-point inverse square root; int16: its float table."""
+    src, dst = op.inputs[0], op.outputs[0]
+    if src.dtype.numpy == np.int16:
+        ceiling = np.float32(32767) * scale(dst)  # what non-positive inputs map to
+
+        def inverse_sqrt(v):
+            positive = v > 0
+            return np.where(positive, np.float32(1) / np.sqrt(np.where(positive, v, np.float32(1))), ceiling)
+        return quant_int16.table_kernel(op, inverse_sqrt)
+    multiplier, shift = quantize_multiplier(1.0 / np.float64(np.sqrt(scale(src)) * scale(dst)))
+    offset, out_offset = zero_point(src), zero_point(dst)
+    lo, hi = qrange(dst)
+    centred = np.arange(qrange(src)[0], qrange(src)[1] + 1) - offset  # indexed like table_index
+    inv_multiplier, inv_shift = _inverse_sqrt(centred)
+    data = multiply_by_quantized_multiplier(1, inv_multiplier, inv_shift + 20)
+    values = multiply_by_quantized_multiplier(data, multiplier, shift - 20) + out_offset
+    # A zero input (and below, which LiteRT rejects) saturates.
+    table = np.clip(np.where(centred > 0, values, hi), lo, hi).astype(dst.dtype.numpy)
+
+    def run(ins, outs):
+        if (ins[0] < offset).any():
+            raise ValueError("RSQRT is only defined for inputs at or above the zero point")
+        np.take(table, table_index(ins[0]), out=outs[0])
+    return run
+
+
 @kernel("SOFTMAX", quantized=True)
 def softmax(op: Op):
     """LiteRT's table softmax: exp of (x - row max) looked up, summed in float32 in order, normalised."""
@@ -289,7 +375,7 @@ def softmax(op: Op):
         return _INT16_KERNELS["SOFTMAX"](op)
     beta = np.float32(op.options.get("beta", 1.0))
     # exp_table[d] = exp(input_scale * beta * -d) for a distance d = max - x in [0, 255]
-    exp_table = np.exp(-scale(src) * beta * np.arange(256, dtype=np.float32)).astype(np.float32)
+    exp_table = c_math("exp")(-scale(src) * beta * np.arange(256, dtype=np.float32))
     out_scale, out_offset, bounds = scale(dst), zero_point(dst), qrange(dst)
     # LiteRT rounds uint8 probabilities by adding 0.5 and truncating (ignoring the zero point).
     truncate = dst.dtype.numpy == np.uint8
