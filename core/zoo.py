@@ -65,10 +65,11 @@ class _Net:
                                   "dilation_w_factor": dilation, "dilation_h_factor": dilation,
                                   "fused_activation_function": act}, name=name)
 
-    def dense(self, x, units: int, act: str = "NONE"):
+    def dense(self, x, units: int, act: str = "NONE", gain: float = 1.0):
+        """``gain`` widens the logits of a classifier, so its softmax is peaked rather than near uniform."""
         name = self._name("dense")
         in_c = x.shape[-1]
-        w = self.rng.standard_normal((units, in_c)) * np.sqrt(2.0 / in_c)
+        w = self.rng.standard_normal((units, in_c)) * np.sqrt(2.0 / in_c) * gain
         bias = self.rng.standard_normal(units) * 0.05
         return self.b.op("FULLY_CONNECTED", [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
                          options={"fused_activation_function": act}, name=name)
@@ -132,7 +133,7 @@ def mobilenet_v1(alpha: float = 1.0, classes: int = 1001, size: int = 224, seed:
         y = net.conv(y, ch(out_c), k=1)
     y = net.global_pool(y)
     y = net.reshape(y, (1, y.shape[-1]))
-    logits = net.dense(y, classes)
+    logits = net.dense(y, classes, gain=4.0)
     b.output(b.op("SOFTMAX", [logits], options={"beta": 1.0}, name="predictions"))
     return b.to_bytes()
 
