@@ -21,8 +21,8 @@ from ..registry import kernel
 from .common import Padded, same_padding, window_view
 from .conv import _conv_pads
 from .quant_util import (
-    RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_half_up, multiply_wide,
-    qrange, scale, scales, vector_lanes, zero_point)
+    RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
+    multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
 
 
 def _weights(t: Tensor) -> np.ndarray:

@@ -1,10 +1,11 @@
-"""16-bit LOGISTIC, TANH and SOFTMAX: LiteRT's interpolated lookup tables in fixed point.
+"""16-bit LOGISTIC, TANH, SOFTMAX (and GELU, RSQRT): LiteRT's interpolated lookup tables.
 
 int16 inputs have too many values for a direct table, so LiteRT interpolates
 linearly between table entries: sigmoid (which also gives tanh, as
-2*sigmoid(2x) - 1) from a 256-entry Q0.16 table, and softmax's exp and
-1/(1+x) from 513-entry tables; all tables nudge their samples so that the
-interpolation error is balanced between the entries and the midpoints.
+2*sigmoid(2x) - 1) from a 256-entry Q0.16 table, softmax's exp and 1/(1+x)
+and other unary functions from 513-entry tables; all tables nudge their
+samples so that the interpolation error is balanced between the entries and
+the midpoints.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from delegate import Op, Tensor
 from .quant_util import (
     c_math, multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale,
     zero_point)
-
 
 
 def _sigmoid_table() -> np.ndarray:

@@ -1,14 +1,15 @@
 """Fixed-point arithmetic of TFLite's integer kernels, vectorised over numpy int64 arrays.
 
 TFLite rescales integer accumulators by a real factor encoded as a Q31
-significand and a power-of-two exponent (``QuantizeMultiplier``).  Its own
-kernels apply it with gemmlowp's two roundings (a saturating rounding doubling
-high multiply, then a rounding right shift), while their vectorised
-loops (NEON, which LiteRT's x86 build emulates with SSE) and the GEMM library
-behind CONV_2D and FULLY_CONNECTED (ruy) round the final shift's ties upward.  Matching LiteRT to the last bit
-means reproducing those exact steps, not computing ``round(x * scale)``; every
-helper here takes int64 arrays holding int32-range values, so no step can
-overflow.  Scale arithmetic that LiteRT does in float32 is done in float32 too.
+significand and a power-of-two exponent (``QuantizeMultiplier``).  Its scalar
+code applies it with gemmlowp's two roundings (a saturating rounding doubling
+high multiply, then a rounding right shift, ties away from zero), while its
+vectorised loops (NEON, which LiteRT's x86 build emulates with SSE) and the
+GEMM library behind CONV_2D and FULLY_CONNECTED (ruy) round the final shift's
+ties upward.  Matching LiteRT to the last bit means reproducing those exact
+steps, not computing ``round(x * scale)``; every helper here takes int64 arrays
+holding int32-range values, so no step can overflow.  Scale arithmetic that
+LiteRT does in float32 is done in float32 too.
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def power_of_two_exponent(t: Tensor) -> int | None:
     return int(rounded) if abs(log2 - rounded) < 1e-3 else None
 
 
-_ACTIVATION_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0),
-                      "RELU_0_TO_1": (0.0, 1.0)}
+# Real-valued clamps of the ReLU family, as ops and as fused activations.
+RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
 
 def clamp_bounds(t: Tensor, lower: float | None = None, upper: float | None = None) -> tuple[int, int]:
@@ -158,12 +159,12 @@ def clamp_bounds(t: Tensor, lower: float | None = None, upper: float | None = No
     return lo, hi
 
 
-def activation_bounds(op: Op, t: Tensor | None = None) -> tuple[int, int]:
-    """The fused activation of ``op`` as a clamp on its (first) output's quantized values."""
+def activation_bounds(op: Op) -> tuple[int, int]:
+    """The fused activation of ``op`` as a clamp on its output's quantized values."""
     name = op.options.get("fused_activation_function", "NONE")
-    if name not in ("NONE", None) and name not in _ACTIVATION_BOUNDS:
+    if name not in ("NONE", None) and name not in RELU_BOUNDS:
         raise ValueError(f"fused activation {name} has no quantized form")
-    return clamp_bounds(t or op.outputs[0], *_ACTIVATION_BOUNDS.get(name, (None, None)))
+    return clamp_bounds(op.outputs[0], *RELU_BOUNDS.get(name, (None, None)))
 
 
 def store(out: np.ndarray, values: np.ndarray, lo: int, hi: int) -> None:
@@ -222,7 +223,7 @@ def c_math(name: str, precision=np.float32):
     c_type = ctypes.c_float if precision is np.float32 else ctypes.c_double
     fn = getattr(ctypes.CDLL(library), symbol, None) if library else None
     if fn is None:
-        fallback = np.vectorize(getattr(math, name), otypes=[np.float64])
+        fallback = getattr(np, name, None) or np.vectorize(getattr(math, name), otypes=[np.float64])
         return lambda v: fallback(np.asarray(v, np.float64)).astype(precision)
     fn.restype, fn.argtypes = c_type, [c_type]
     ufunc = np.frompyfunc(fn, 1, 1)

@@ -20,7 +20,7 @@ from ..registry import kernel
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, lookup_table,
+    INT32_MAX, RELU_BOUNDS, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, lookup_table,
     multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
     rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
     vector_lanes, zero_point)
@@ -178,14 +178,11 @@ def mul(op: Op):
 
 # --- activations ----------------------------------------------------------------------------
 
-_RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
-
-
-@kernel(*_RELU_BOUNDS, quantized=True)
+@kernel(*RELU_BOUNDS, quantized=True)
 def relu(op: Op):
     """Rescale to the output's parameters, then clamp at the quantized bounds."""
     src, dst = op.inputs[0], op.outputs[0]
-    output = Requantize.of(scale(src) / scale(dst), zero_point(dst), clamp_bounds(dst, *_RELU_BOUNDS[op.opcode]))
+    output = Requantize.of(scale(src) / scale(dst), zero_point(dst), clamp_bounds(dst, *RELU_BOUNDS[op.opcode]))
     offset = zero_point(src)
 
     def run(ins, outs):
