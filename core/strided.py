@@ -102,6 +102,7 @@ def strided_slice_plan(shape: Sequence[int], begin: Sequence[int], end: Sequence
         if _bit(end_mask, spec):
             stop = size if stride > 0 else -1
         length = max(0, -(-(stop - start) // stride))
-        index.append(slice(start, None if stop < 0 else stop, stride))
+        # -1 here means "before the first element", which Python slicing would read as the last one.
+        index.append(slice(start, None if stop < 0 else stop, stride) if length else slice(0, 0))
         out_shape.append(length)
     return StridedSlicePlan(tuple(effective), tuple(index), tuple(out_shape))

@@ -145,7 +145,7 @@ def gather(op: Op):
         ib = idx.reshape(batch, *idx.shape[batch_dims:])
         ob = outs[0].reshape(batch, *outs[0].shape[batch_dims:])
         for j in range(batch):
-            np.take(xb[j], ib[j], axis=axis - batch_dims, out=ob[j])
+            ob[j] = np.take(xb[j], ib[j], axis=axis - batch_dims)
     return run
 
 

@@ -1,0 +1,77 @@
+"""Golden tests of reductions, ARG_MAX/ARG_MIN and CUMSUM against LiteRT."""
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import check_against_litert
+
+SHAPES = st.sampled_from([(6,), (3, 4), (2, 3, 4), (1, 5, 4, 3), (2, 2, 3, 2)])
+
+
+@st.composite
+def shape_and_axes(draw):
+    shape = draw(SHAPES)
+    rank = len(shape)
+    axes = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank))
+    return shape, axes
+
+
+@given(op=st.sampled_from(["MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"]), case=shape_and_axes(),
+       keep_dims=st.booleans(), seed=st.integers(0, 2**16))
+def test_float_reduce(op, case, keep_dims, seed):
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op(op, [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal(shape) + (1.0 if op == "REDUCE_PROD" else 0.0)])
+
+
+@given(op=st.sampled_from(["SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "MEAN"]), case=shape_and_axes(),
+       keep_dims=st.booleans(), seed=st.integers(0, 2**16))
+def test_int32_reduce(op, case, keep_dims, seed):
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int32")
+    b.output(b.op(op, [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims}))
+    check_against_litert(b.to_bytes(), [rng.integers(-4, 5, shape).astype(np.int32)], lsb=0)
+
+
+@given(op=st.sampled_from(["REDUCE_ANY", "REDUCE_ALL"]), case=shape_and_axes(), keep_dims=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_bool_reduce(op, case, keep_dims, seed):
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape, "bool")
+    b.output(b.op(op, [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims}))
+    check_against_litert(b.to_bytes(), [rng.random(shape) < 0.7])
+
+
+@given(op=st.sampled_from(["ARG_MAX", "ARG_MIN"]), shape=SHAPES, axis_seed=st.integers(0, 100),
+       out_type=st.sampled_from(["int32", "int64"]), dtype=st.sampled_from(["float32", "int32"]),
+       seed=st.integers(0, 2**16))
+def test_arg_extreme(op, shape, axis_seed, out_type, dtype, seed):
+    rng = np.random.default_rng(seed)
+    axis = axis_seed % (2 * len(shape)) - len(shape)
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype)
+    code = 2 if out_type == "int32" else 4  # TensorType codes
+    b.output(b.op(op, [x, b.const("axis", np.array([axis], np.int32))], options={"output_type": code},
+                  dtype=out_type))
+    values = rng.integers(-3, 4, shape).astype(dtype)  # few distinct values: ties pick the first index
+    check_against_litert(b.to_bytes(), [values], lsb=0)
+
+
+@given(shape=SHAPES, axis_seed=st.integers(0, 100), exclusive=st.booleans(), reverse=st.booleans(),
+       dtype=st.sampled_from(["float32", "int32"]), seed=st.integers(0, 2**16))
+def test_cumsum(shape, axis_seed, exclusive, reverse, dtype, seed):
+    rng = np.random.default_rng(seed)
+    axis = axis_seed % (2 * len(shape)) - len(shape)
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype)
+    b.output(b.op("CUMSUM", [x, b.const("axis", np.array(axis, np.int32))],
+                  options={"exclusive": exclusive, "reverse": reverse}))
+    check_against_litert(b.to_bytes(), [(rng.standard_normal(shape) * 5).astype(dtype)], lsb=0)
