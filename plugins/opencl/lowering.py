@@ -168,7 +168,8 @@ class Lowering:
             template = "conv2d"
         args += [self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
                  *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
-        self.add(template, g.steps, args, out.shape, grid(out.shape), g.ops)
+        w, h, z = grid(out.shape)
+        self.add(template, g.steps, args, out.shape, (-(-w // 4), h, z), g.ops)  # 4 columns per work item
 
     def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
         o = op.options
