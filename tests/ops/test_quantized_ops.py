@@ -191,6 +191,19 @@ def test_add_sub_mul(seed, opcode, shapes, swap, act, dtype):
     check(b, [random_q(rng, shape_a, dtype), random_q(rng, shape_b, dtype)])
 
 
+@given(seed=seeds, shapes=st.sampled_from(BROADCASTS), swap=st.booleans())
+def test_squared_difference(seed, shapes, swap):
+    """int8 only, as in LiteRT (layer norms decomposed by the converter use it)."""
+    rng = np.random.default_rng(seed)
+    shape_a, shape_b = shapes[::-1] if swap else shapes
+    b = GraphBuilder()
+    qa, qb = activation_quant(rng), activation_quant(rng)
+    x, y = b.input("a", shape_a, "int8", quant=qa), b.input("b", shape_b, "int8", quant=qb)
+    out_scale = (2 * max(qa[0], qb[0]) * 127) ** 2 / 255 / float(rng.uniform(2, 8))
+    b.output(b.op("SQUARED_DIFFERENCE", [x, y], dtype="int8", quant=(out_scale, -128)))
+    check(b, [random_q(rng, shape_a), random_q(rng, shape_b)])
+
+
 @given(seed=seeds, opcode=st.sampled_from(["ADD", "SUB"]), exponents=st.sampled_from(
     [(-10, -12, -10), (-12, -11, -11), (-9, -9, -9), (-13, -11, -11)]), act=activations)
 def test_int16_power_of_two_add_sub(seed, opcode, exponents, act):

@@ -112,6 +112,13 @@ def _int8_add_loops(shape_a, shape_b, out_shape) -> np.ndarray:
     return blocks(folded[3], 8, _BROADCAST_VECTOR)
 
 
+def _common_scale(a, b):
+    """Multipliers taking both operands onto the scale 2 * max(s_a, s_b), and that scale: the
+    shared preparation of LiteRT's quantized ADD, SUB and SQUARED_DIFFERENCE."""
+    twice_max = np.float32(2) * max(scale(a), scale(b))
+    return [quantize_multiplier(np.float64(scale(t)) / np.float64(twice_max)) for t in (a, b)], np.float64(twice_max)
+
+
 def _power_of_two_add_sub(op: Op, exponents: list[int]):
     """LiteRT's legacy int16 path when every scale is a power of two: shift one operand onto the
     output scale (rounding), then add or subtract with int16 saturation."""
@@ -136,9 +143,8 @@ def add_sub(op: Op):
         if None not in exponents:
             return _power_of_two_add_sub(op, exponents)
     left_shift = 15 if out.dtype.numpy == np.int16 else 20
-    twice_max = np.float32(2) * max(scale(a), scale(b))
-    to_common = [quantize_multiplier(np.float64(scale(t)) / np.float64(twice_max)) for t in (a, b)]
-    output = Requantize.of(np.float64(twice_max) / np.float64(np.float32(1 << left_shift) * scale(out)),
+    to_common, twice_max = _common_scale(a, b)
+    output = Requantize.of(twice_max / np.float64(np.float32(1 << left_shift) * scale(out)),
                            zero_point(out), activation_bounds(op))
     offsets = (zero_point(a), zero_point(b))
     sign = -1 if op.opcode == "SUB" else 1
@@ -162,6 +168,25 @@ def add_sub(op: Op):
         x, y = (to_common_scale(v.astype(np.int64) - zp, *params)
                 for v, zp, params in zip(ins, offsets, to_common))
         output(x + sign * y, outs[0])
+    return run
+
+
+@kernel("SQUARED_DIFFERENCE", quantized=True)
+def squared_difference(op: Op):
+    """int8 only, as in LiteRT: operands on a common scale with 7 bits of headroom, the squared
+    difference rescaled to the output."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if out.dtype.numpy != np.int8:
+        raise ValueError(f"LiteRT has no {out.dtype.name} SQUARED_DIFFERENCE kernel")
+    to_common, twice_max = _common_scale(a, b)
+    output = Requantize.of(twice_max * twice_max / np.float64(np.float32(1 << 14) * scale(out)),
+                           zero_point(out), qrange(out))
+    offsets = (zero_point(a), zero_point(b))
+
+    def run(ins, outs):
+        x, y = (multiply_by_quantized_multiplier((v.astype(np.int64) - zp) << 7, *params)
+                for v, zp, params in zip(ins, offsets, to_common))
+        output((x - y) * (x - y), outs[0])
     return run
 
 
