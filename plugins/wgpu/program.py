@@ -22,7 +22,8 @@ import numpy as np
 
 from delegate.backend import CompileOptions, Partition
 from delegate.errors import CompileError
-from delegate.gpu import constant_value, plan_groups, to_phwc4
+from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
+from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import phwc4_vectors
 
@@ -95,17 +96,38 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
     """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
     keep = {t.index for t in partition.outputs}
     while True:
-        groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized,
-                             can_host=lambda op: fuse)
+        groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelPlan()
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)
-            if group.fused and any(len(k.bindings) > max_buffers for k in plan.kernels[first:]):
-                keep.add(group.ops[-2].outputs[0].index)  # end the group one op earlier and plan again
+            bindings = max(len(k.bindings) for k in plan.kernels[first:]) if len(plan.kernels) > first else 0
+            if group.fused and bindings > max_buffers:
+                fitting = _ops_within(group, bindings, max_buffers, options.allow_quantized)
+                keep.add(group.ops[fitting - 1].outputs[0].index)  # the group ends there; plan again
                 break
         else:
             return plan
+
+
+def _ops_within(group: Group, bindings: int, max_buffers: int, float_view: bool) -> int:
+    """How many of the group's ops one kernel can apply when each tensor operand costs a storage buffer."""
+    def operands(steps) -> int:
+        return sum(1 for s in steps if s.kind == "binary" and not s.scalar)
+
+    follower_steps, value = [], group.root.outputs[0]
+    for op in group.fused:
+        follower_steps.append(elementwise_steps(op, value, float_view))
+        value = op.outputs[0]
+    root_steps = group.steps[:len(group.steps) - sum(len(s) for s in follower_steps)]
+    used = bindings - operands(group.steps) + operands(root_steps)
+    count = 1
+    for steps in follower_steps:
+        used += operands(steps)
+        if used > max_buffers:
+            break
+        count += 1
+    return count
 
 
 def build_program(partition: Partition, options: CompileOptions, storage: str, workgroup: int,
@@ -153,6 +175,9 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
             register(binding.value, position)
     for index in outputs:
         register(index, None)
+    for index in inputs:
+        if root_of(index) in roles:  # read by a kernel, or the storage of an output (a free reshape)
+            register(index, None)
 
     buffer_of, buffers, blob = _assign_buffers(roles, sizes, span, plan, tensors, storage)
     limit = limits["max-storage-buffer-binding-size"]
@@ -184,7 +209,6 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
             quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
         return TensorSpec(index, buffer_of[root_of(index)], list(t.shape), t.dtype.name, quant)
 
-    used = {root_of(b.value) for k in plan.kernels for b in k.bindings}
     facts = {
         "dispatches": len(dispatches),
         "kernels": [k.label for k in plan.kernels],
@@ -194,7 +218,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
                          for role in ("input", "output", "constant", "scratch")},
     }
     return Program(storage, workgroup, list(shaders), buffers, dispatches,
-                   [boundary(t.index) for t in partition.inputs if root_of(t.index) in used],
+                   [boundary(t.index) for t in partition.inputs if root_of(t.index) in roles],
                    [boundary(t.index) for t in partition.outputs], facts, params_start, blob)
 
 

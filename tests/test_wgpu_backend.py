@@ -1,0 +1,339 @@
+"""The WebGPU backend beyond single kernels: adapters, refusals, fusion, boundaries, the plan cache."""
+
+import os
+import stat
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from delegate import CompileOptions, read_model
+from delegate.errors import CacheError, PluginError
+from delegate.gpu.cache import CacheWarning
+from delegate.partition import make_partition
+from delegate.planner import PlacementSettings, Rule
+from delegate.plugins import default_manager
+from delegate.runtime import Executor
+from delegate.session import RunSettings, Session
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import assert_close, litert_run
+
+INFO = default_manager().backend_info("wgpu")
+_available, _why = INFO.available()
+pytestmark = pytest.mark.skipif(not _available, reason=f"no WebGPU adapter: {_why}")
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return INFO.factory({})
+
+
+def normal(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def compile_whole(backend, model: bytes, options=None):
+    g = read_model(model).main
+    return g, backend.compile(make_partition(g, g.ops, "wgpu", 0), options or CompileOptions())
+
+
+def run_compiled(backend, g, compiled, inputs):
+    values = compiled.run({t.index: backend.to_device(x) for t, x in zip(g.inputs, inputs)})
+    return [backend.to_host(values[t.index]) for t in g.outputs]
+
+
+# -- adapters ---------------------------------------------------------------------------------
+
+def test_devices_are_listed_for_the_cli():
+    devices = INFO.factory.list_devices()
+    assert devices and all("(" in d and ")" in d for d in devices)
+    ok, reason = INFO.available()
+    assert ok and reason in devices
+
+
+def test_device_info_names_adapter_driver_features_and_limits(backend):
+    info = backend.device_info()
+    assert info["backend"] == "wgpu" and info["adapter"] and info["backend_type"] and info["driver"]
+    assert info["shader_f16"] == ("shader-f16" in info["features"])
+    for limit in ("max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+                  "max-compute-invocations-per-workgroup"):
+        assert info["limits"][limit] > 0
+
+
+def test_every_adapter_can_be_chosen_by_api_and_name():
+    from delegate_wgpu.device import adapters
+    for adapter in adapters():
+        api = adapter.info["backend_type"].lower()
+        option = next(k for k, names in {"vulkan": ("vulkan",), "metal": ("metal",), "dx12": ("d3d12",),
+                                         "gl": ("opengl", "opengles")}.items() if api in names)
+        chosen = INFO.factory({"backend_type": option, "adapter": adapter.info["device"][:8]}).device_info()
+        assert chosen["backend_type"] == adapter.info["backend_type"]
+        assert chosen["adapter"] == adapter.info["device"]
+
+
+def test_no_matching_adapter_lists_the_adapters():
+    with pytest.raises(PluginError) as info:
+        INFO.factory({"adapter": "no such gpu"})
+    message = str(info.value)
+    assert "no adapter matches adapter~'no such gpu'" in message and "adapters found:" in message
+    assert all(d in message for d in INFO.factory.list_devices())
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"device": "x"}, "unknown option(s) device; valid options: power_preference"),
+    ({"power_preference": "fastest"}, "not one of high-performance, low-power"),
+    ({"backend_type": "cuda"}, "not one of vulkan, metal, dx12, gl, any"),
+    ({"limits": {"max_texture_size": 4}}, "unknown limit 'max_texture_size'"),
+    ({"limits": {"max_buffer_size": 0}}, "must be a positive integer"),
+    ({"workgroup_size": 1 << 20}, "workgroup_size 1048576 exceeds"),
+])
+def test_invalid_options_say_what_is_valid(options, needle):
+    with pytest.raises(PluginError, match=None) as info:
+        INFO.factory(options)
+    assert needle in str(info.value)
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+def conv_model(rng, cin=3, cout=4, size=5, runtime_weights=False, version=1):
+    b = GraphBuilder()
+    x = b.input("x", (1, size, size, cin))
+    w = b.input("w", (cout, 3, 3, cin)) if runtime_weights else b.const("w", normal(rng, (cout, 3, 3, cin)))
+    b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, cout))], version=version,
+                  options={"padding": "SAME", "stride_w": 1, "stride_h": 1}))
+    return b
+
+
+def concat_model(count):
+    b = GraphBuilder()
+    b.output(b.op("CONCATENATION", [b.input(f"x{i}", (1, 2, 2, 3)) for i in range(count)], options={"axis": 3}))
+    return b
+
+
+def answer(backend, b, index=0, options=None):
+    return backend.supports(read_model(b.to_bytes()).main.ops[index], options or CompileOptions())
+
+
+def test_refusals_name_their_reason(backend):
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (2, 3))
+    b.output(b.op("GELU", [x]))
+    assert "has no GPU kernel" in answer(backend, b).reason
+    assert "must be a constant" in answer(backend, conv_model(rng, runtime_weights=True)).reason
+    assert "version 3" in answer(backend, conv_model(rng, version=3)).reason
+    b = GraphBuilder()
+    x = b.input("x", (1, 2, 2, 3))
+    b.output(b.op("ADD", [x, x], options={"fused_activation_function": "TANH"}))
+    assert "TANH" in answer(backend, b).reason
+
+
+def test_adapter_limits_force_refusals():
+    rng = np.random.default_rng(1)
+    few_buffers = INFO.factory({"limits": {"max_storage_buffers_per_shader_stage": 4}})
+    reason = answer(few_buffers, concat_model(4)).reason
+    assert reason == "needs 5 storage buffers in one kernel; the adapter allows 4 per stage"
+    assert answer(few_buffers, concat_model(3))
+    small = INFO.factory({"limits": {"max_storage_buffer_binding_size": 1024}})
+    reason = answer(small, conv_model(rng, cin=8, size=6)).reason
+    assert reason.startswith("tensor 'x' needs a 1152-byte buffer; the adapter binds at most 1024 bytes")
+    reason = answer(small, conv_model(rng, cin=16, cout=9, size=2)).reason
+    assert reason.startswith("packed weights need") or "packed weights" in reason
+    assert answer(small, conv_model(rng, cin=3, size=4))
+
+
+def test_the_plan_explains_a_refusal_and_runs_the_op_on_the_cpu():
+    rng = np.random.default_rng(2)
+    data = concat_model(4).to_bytes()
+    settings = RunSettings(backends=[("wgpu", {"limits": {"max_storage_buffers_per_shader_stage": 4}}), ("cpu", {})],
+                           placement=PlacementSettings(partitioner="greedy"))
+    session = Session(read_model(data), settings)
+    decision = session.plan.decisions[0]
+    assert decision.backend == "cpu" and "storage buffers" in str(session.plan.to_dict())
+    inputs = [normal(rng, (1, 2, 2, 3)) for _ in range(4)]
+    out = session.run(inputs)
+    assert_close([out[session.graph.outputs[0].name]], litert_run(data, inputs))
+
+
+# -- fusion ---------------------------------------------------------------------------------------
+
+def residual_block(rng, extra_output=False):
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 7))
+    r = b.input("r", (1, 6, 5, 6))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 7))), b.const("b", normal(rng, 6))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    z = b.op("ADD", [r, y])
+    m = b.op("MUL", [z, b.const("k", np.array([0.5], np.float32))])
+    g = b.op("MUL", [m, b.input("gate", (1, 1, 1, 6))])
+    b.output(b.op("HARD_SWISH", [g]))
+    if extra_output:
+        b.output(z)
+    return b.to_bytes()
+
+
+def test_fusion_reduces_dispatches_and_keeps_results(backend):
+    rng = np.random.default_rng(3)
+    model = residual_block(rng)
+    inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6)), normal(rng, (1, 1, 1, 6))]
+    expected = litert_run(model, inputs)
+    g, fused = compile_whole(backend, model)
+    assert fused.describe()["dispatches"] == 1 and fused.describe()["fused"] == [[0, 1, 2, 3, 4]]
+    g, unfused = compile_whole(INFO.factory({"fuse": False}), model)
+    assert unfused.describe()["dispatches"] == 5
+    for compiled in (fused, unfused):
+        assert_close(run_compiled(backend, g, compiled, inputs), expected, rtol=RTOL, atol=1e-5)
+    _, split = compile_whole(backend, residual_block(rng, extra_output=True))  # the ADD result leaves the partition
+    assert split.describe()["dispatches"] == 2
+
+
+def test_fusion_stops_at_the_storage_buffer_limit():
+    rng = np.random.default_rng(4)
+    model = residual_block(rng)
+    narrow = INFO.factory({"limits": {"max_storage_buffers_per_shader_stage": 5}})
+    g, compiled = compile_whole(narrow, model)
+    assert compiled.describe()["dispatches"] == 2  # conv (4 buffers) + residual (5); the gate starts a kernel
+    inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6)), normal(rng, (1, 1, 1, 6))]
+    assert_close(run_compiled(narrow, g, compiled, inputs), litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+
+
+# -- layout and boundaries --------------------------------------------------------------------
+
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=st.integers(0, 2**16))
+def test_device_layout_round_trip(backend, shape, seed):
+    """Host -> PHWC4 buffer -> host through a partition whose only op is a free reshape (no dispatch)."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    n, h, w, c = (1,) * (4 - len(shape)) + shape
+    flat = (n, 1, h * w, c) if len(shape) == 4 else (h * w, c)  # keeps N, H*W and C: the same PHWC4 bytes
+    b.output(b.op("RESHAPE", [x, b.const("s", np.array(flat, np.int32))]))
+    g, compiled = compile_whole(backend, b.to_bytes())
+    assert compiled.describe()["dispatches"] == 0
+    data = normal(np.random.default_rng(seed), shape, 10)
+    np.testing.assert_array_equal(run_compiled(backend, g, compiled, [data])[0], data.reshape(flat))
+
+
+def test_quantized_boundaries_go_through_the_float_view(backend):
+    """int8 in, int8 out: dequantized on upload, requantized on read-back, exactly."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 5, 6), "int8", quant=(0.1, -3))
+    b.output(b.op("RESHAPE", [x, b.const("s", np.array((1, 15, 6), np.int32))], dtype="int8", quant=(0.1, -3)))
+    g, compiled = compile_whole(backend, b.to_bytes(), CompileOptions(allow_quantized=True))
+    data = np.random.default_rng(5).integers(-128, 128, (1, 3, 5, 6)).astype(np.int8)
+    out = run_compiled(backend, g, compiled, [data])[0]
+    assert out.dtype == np.int8
+    np.testing.assert_array_equal(out, data.reshape(1, 15, 6))
+
+
+def test_values_stay_on_the_device_between_partitions(backend):
+    """wgpu -> cpu -> wgpu: the first partition's result reaches the third without visiting the host."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 5))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 1, 1, 5))), b.const("b", normal(rng, 6))],
+             options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
+    z = b.op("SQUARE", [y])
+    b.output(b.op("ADD", [y, z]))
+    data = b.to_bytes()
+    g = read_model(data).main
+    cpu = default_manager().backend_info("cpu").factory({})
+    parts = [make_partition(g, g.ops[:1], "wgpu", 0), make_partition(g, g.ops[1:2], "cpu", 1),
+             make_partition(g, g.ops[2:], "wgpu", 2)]
+    executor = Executor(g, parts, {"wgpu": backend, "cpu": cpu}, CompileOptions())
+    inputs = [normal(rng, (1, 4, 4, 5))]
+    out = executor.run({g.inputs[0].index: inputs[0]})
+    assert executor.transfers_last_run == 4  # x up, y down (for SQUARE), z up, the result down
+    assert_close([out[g.outputs[0].index]], litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
+# -- the plan cache ---------------------------------------------------------------------------
+
+def deep_model(seed=7):
+    """Enough layers with weights that planning (packing, WGSL) costs something."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    v = b.input("x", (1, 8, 8, 16))
+    for i in range(12):
+        v = b.op("CONV_2D", [v, b.const(f"w{i}", normal(rng, (16, 3, 3, 16), 0.2)), b.const(f"b{i}", normal(rng, 16))],
+                 options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU6"})
+        v = b.op("DEPTHWISE_CONV_2D", [v, b.const(f"d{i}", normal(rng, (1, 3, 3, 16), 0.3)),
+                                       b.const(f"c{i}", normal(rng, 16))],
+                 options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
+    b.output(b.op("MEAN", [v, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False}))
+    return b.to_bytes()
+
+
+def cached_options(tmp_path, token="deep"):
+    return CompileOptions(cache_dir=str(tmp_path / "cache"), model_token=token)
+
+
+def test_second_compile_reuses_the_plan_and_is_faster(backend, tmp_path):
+    model = deep_model()
+    g = read_model(model).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    options = cached_options(tmp_path)
+    started = time.perf_counter()
+    first = backend.compile(partition, options)
+    cold = time.perf_counter() - started
+    assert first.describe()["plan_source"] == "planned"
+    warm_times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        second = backend.compile(partition, options)
+        warm_times.append(time.perf_counter() - started)
+        assert second.describe()["plan_source"] == "cache"
+    warm = min(warm_times)
+    print(f"wgpu init: {cold * 1e3:.1f} ms planned, {warm * 1e3:.1f} ms from the cache ({cold / warm:.1f}x)")
+    assert warm < cold / 2
+    inputs = [normal(np.random.default_rng(8), (1, 8, 8, 16))]
+    expected = run_compiled(backend, g, first, inputs)
+    np.testing.assert_array_equal(run_compiled(backend, g, second, inputs)[0], expected[0])
+    assert_close(expected, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+def test_corrupt_entries_are_rebuilt_with_a_warning(backend, tmp_path, damage):
+    g = read_model(deep_model()).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    options = cached_options(tmp_path, f"damaged-{damage}")
+    backend.compile(partition, options)
+    (entry,) = (tmp_path / "cache" / "wgpu").glob("*.plan")
+    raw = bytearray(entry.read_bytes())
+    if damage == "flip":
+        raw[-100] ^= 0xFF
+    elif damage == "truncate":
+        raw = raw[:len(raw) // 2]
+    else:
+        raw = bytearray(b"not a cache entry")
+    entry.write_bytes(bytes(raw))
+    with pytest.warns(CacheWarning, match="rebuilding it"):
+        rebuilt = backend.compile(partition, options)
+    assert rebuilt.describe()["plan_source"] == "planned"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backend.compile(partition, options).describe()["plan_source"] == "cache"
+
+
+def test_entries_are_keyed_by_precision(backend, tmp_path):
+    g = read_model(deep_model()).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    backend.compile(partition, cached_options(tmp_path, "keyed"))
+    half = CompileOptions(precision="fp16", cache_dir=str(tmp_path / "cache"), model_token="keyed")
+    assert backend.compile(partition, half).describe()["plan_source"] == "planned"
+    assert len(list((tmp_path / "cache" / "wgpu").glob("*.plan"))) == 2
+
+
+def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_path):
+    g = read_model(concat_model(2).to_bytes()).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    backend.compile(partition, cached_options(tmp_path, "private"))
+    for path in (tmp_path / "cache", tmp_path / "cache" / "wgpu"):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(CacheError, match="writable by group or others"):
+        backend.compile(partition, CompileOptions(cache_dir=str(shared), model_token="m"))
