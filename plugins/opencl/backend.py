@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
+from delegate.gpu.constants import is_folded_dequantize
 from delegate.gpu.support import check_op
 from delegate.ir import Op
 
@@ -57,6 +58,10 @@ class OpenCLBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return check_op(op, options)
+
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
+        return 0.0 if is_folded_dequantize(op) else None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         return ClCompiled(self.state, partition, options)

@@ -43,7 +43,7 @@ def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
         if device_has_fp16:
             return Precision("fp16", np.dtype(np.float16), ("HALF_STORAGE", "HALF_MATH"),
                              "fp16 allowed and the device has cl_khr_fp16: half storage and arithmetic; "
-                             "reductions, softmax and resize accumulate in fp32")
+                             "mean, average pooling, softmax and resize accumulate in fp32")
         return Precision("fp16 storage", np.dtype(np.float16), ("HALF_STORAGE",),
                          "fp16 allowed but the device lacks cl_khr_fp16: half storage through "
                          "vload_half/vstore_half, fp32 arithmetic")
@@ -54,19 +54,23 @@ def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
 
 
 class ClCompiled(CompiledPartition):
+    """A partition lowered to kernels bound to device-resident buffers."""
+
     def __init__(self, device, partition: Partition, options: CompileOptions):
         self.device = device
         cl = device.cl
         self.precision = choose_precision(options.precision, device.facts["fp16"])
         ops = sorted(partition.ops, key=lambda op: op.index)
         lowering = Lowering(cl, device.context, device.queue, self.precision.storage)
-        # Inputs whose value is known at compile time (weights from a folded DEQUANTIZE placed
-        # elsewhere) are uploaded once as constants; the others are refilled by every run.
-        self.inputs = [(t, lowering.tensor(t)) for t in partition.inputs if constant_value(t) is None]
         self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized,
                                   can_host=lowering.can_host)
         for group in self.groups:
             lowering.lower(group)
+        # Every run refills the input buffers the kernels read, except those known at compile time
+        # (weights from a DEQUANTIZE folded elsewhere), which were uploaded once as constants; inputs
+        # that are only parameters (a RESHAPE's shape) are not read at all.
+        self.inputs = [(t, lowering.buffers[t.index]) for t in partition.inputs
+                       if t.index in lowering.buffers and constant_value(t) is None]
         self.outputs = [(t, lowering.tensor(t)) for t in partition.outputs]
         self.device_bytes = lowering.device_bytes
         self.labels = [launch.label for launch in lowering.launches]
