@@ -1,0 +1,73 @@
+"""Real MediaPipe models on the WebGPU backend (what it supports) and the CPU (the rest), against LiteRT.
+
+Placement uses LiteRT's own rule (greedy: every op the GPU path supports
+goes to it), so the test exercises as much of the backend as the model
+allows.  fp32 results must be within 5e-4 of each output's range.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from delegate import read_model
+from delegate.planner import PlacementSettings, Rule
+from delegate.plugins import default_manager
+from delegate.session import RunSettings, Session
+from tests.oputil import litert_run
+
+_available, _why = default_manager().backend_info("wgpu").available()
+pytestmark = pytest.mark.skipif(not _available, reason=f"no WebGPU adapter: {_why}")
+
+MODELS = ["selfie_segmentation.tflite", "face_detection_short_range.tflite", "hand_landmark_lite.tflite",
+          "pose_landmark_full.tflite"]
+UNPACKED = Path(os.environ.get("DELEGATE_MEDIAPIPE_DIR", "/tmp/mp/x/mediapipe/modules"))
+TOLERANCE = 5e-4
+
+
+def model_path(name: str) -> Path:
+    """The model from an unpacked MediaPipe tree, else from the test cache of the mediapipe wheel."""
+    found = sorted(UNPACKED.rglob(name)) if UNPACKED.is_dir() else []
+    if found:
+        return found[0]
+    from tests.mediapipe import mediapipe_models
+    return mediapipe_models()[name]
+
+
+def relative_error(actual, expected) -> float:
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    return float(np.abs(actual.astype(np.float64) - expected).max()) / scale
+
+
+def run_and_compare(data: bytes, placement: PlacementSettings) -> Session:
+    model = read_model(data)
+    session = Session(model, RunSettings(backends=[("wgpu", {}), ("cpu", {})], placement=placement))
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, t.shape).astype(t.dtype.numpy) for t in model.main.inputs]
+    out = session.run(inputs)
+    for t, expected in zip(session.graph.outputs, litert_run(data, inputs)):
+        error = relative_error(out[t.name], expected)
+        assert error <= TOLERANCE, f"output {t.name!r}: max error {error:.3g} of its range > {TOLERANCE}"
+    return session
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_matches_litert(name):
+    data = model_path(name).read_bytes()
+    session = run_and_compare(data, PlacementSettings(partitioner="greedy"))
+    wgpu = session.backends["wgpu"]
+    for decision, op in zip(session.plan.decisions, session.graph.ops):
+        supported = wgpu.supports(op, session.settings.compile)
+        assert (decision.backend == "wgpu") == bool(supported), f"{op.describe()}: {decision.backend}"
+    on_gpu = [c for p, c in zip(session.plan.partitions, session.executor.compiled) if p.backend == "wgpu"]
+    assert on_gpu and all(c.describe()["dispatches"] > 0 for c in on_gpu)
+
+
+def test_partitions_alternating_between_wgpu_and_cpu():
+    """Upsampling denied to wgpu: the decoder alternates devices, values cross every boundary."""
+    data = model_path("selfie_segmentation.tflite").read_bytes()
+    placement = PlacementSettings(partitioner="greedy", denies=[Rule(backend="wgpu", op="RESIZE_BILINEAR")])
+    session = run_and_compare(data, placement)
+    backends = [p.backend for p in session.plan.partitions]
+    assert backends.count("wgpu") >= 2 and "cpu" in backends
