@@ -271,3 +271,11 @@ def test_plugin_registers_through_the_entry_point():
     assert info.is_accelerator and callable(info.available)
     ok, reason = info.available()
     assert isinstance(ok, bool) and reason
+
+
+@pytest.mark.parametrize("axes,hosts", [([1, 2], True), ([3], False)])
+def test_no_fusion_into_kernels_followed_by_a_relayout(axes, hosts):
+    """MEAN over the channels of (1,4,4,8) computes (1,4,4,1) but stores (1,4,4): positions differ."""
+    from delegate.gpu.fusion import hosts_epilogue
+    op = single_op("MEAN", [(1, 4, 4, 8)], [np.array(axes, np.int32)], options={"keep_dims": False})
+    assert hosts_epilogue(op) is hosts

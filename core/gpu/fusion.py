@@ -21,7 +21,13 @@ from typing import Callable, Collection, Sequence
 
 from ..ir import Op, Tensor
 from .constants import activation_quant, constant_value, is_folded_dequantize
-from .support import BINARY, UNARY
+from .layout import as_nhwc, natural_output_shape
+from .support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
+
+# Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
+EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
+                            "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "RESIZE_BILINEAR", "SOFTMAX", "STRIDED_SLICE",
+                            "MEAN", "DEPTH_TO_SPACE"} | set(UNARY) | set(BINARY))
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,18 @@ def is_elementwise(op: Op) -> bool:
     return not op.custom and op.opcode in UNARY + BINARY
 
 
+def hosts_epilogue(op: Op) -> bool:
+    """Whether following elementwise ops can be fused into the kernel of ``op``.
+
+    Not when the kernel's result needs a relayout afterwards: the epilogue would see the
+    positions of the kernel's shape, not of the output the fused ops broadcast against.
+    """
+    known = op.opcode == TRANSPOSE_CONV_BIAS if op.custom else op.opcode in EPILOGUE_HOSTS
+    if not known or len(op.outputs) != 1:
+        return False
+    return as_nhwc(natural_output_shape(op)) == as_nhwc(op.outputs[0].shape)
+
+
 def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
     if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1:
         return False
@@ -102,7 +120,7 @@ def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
 
 
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
-                can_host: Callable[[Op], bool] = lambda op: True) -> list[Group]:
+                can_host: Callable[[Op], bool] = hosts_epilogue) -> list[Group]:
     """Groups of ``ops`` (topologically ordered) in the order their kernels must run.
 
     ``keep`` holds the indices of tensors that must be stored (partition
@@ -120,7 +138,7 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
             group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
         else:
             group = Group(op, activation_steps(op, float_view), [op])
-        if len(op.outputs) == 1 and can_host(op):
+        if can_host(op):
             value = op.outputs[0]
             while (value.index not in keep and len(value.uses) == 1 and id(value.uses[0]) not in absorbed
                    and _absorbable(value.uses[0], value, members)):

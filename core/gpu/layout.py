@@ -21,6 +21,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..ir import Op
+from ..strided import strided_slice_plan
+from .constants import int_values
+
 Shape4 = tuple[int, int, int, int]
 
 
@@ -130,3 +134,16 @@ def pack_vector(values: np.ndarray | None, channels: int) -> np.ndarray:
     if values is not None:
         out[:channels] = np.asarray(values, np.float32).ravel()
     return out
+
+
+def natural_output_shape(op: Op) -> tuple[int, ...]:
+    """The shape a kernel computes before any reshape: axes a MEAN reduces or a STRIDED_SLICE shrinks
+    are kept with size 1.  When its storage differs from the output's, a relayout must follow."""
+    x = op.inputs[0]
+    if op.opcode == "MEAN":
+        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
+        return tuple(1 if i in axes else d for i, d in enumerate(as_nhwc(x.shape)))
+    if op.opcode == "STRIDED_SLICE":
+        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
+        return tuple(len(range(size)[index]) for size, index in zip(x.shape, plan.index))
+    return op.outputs[0].shape

@@ -62,8 +62,7 @@ class ClCompiled(CompiledPartition):
         self.precision = choose_precision(options.precision, device.facts["fp16"])
         ops = sorted(partition.ops, key=lambda op: op.index)
         lowering = Lowering(cl, device.context, device.queue, self.precision.storage)
-        self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized,
-                                  can_host=lowering.can_host)
+        self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized)
         for group in self.groups:
             lowering.lower(group)
         # Every run refills the input buffers the kernels read, except those known at compile time

@@ -17,20 +17,14 @@ import numpy as np
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.fusion import Group, Step, is_elementwise
-from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
-                                 padding_before, phwc4_vectors, same_storage, slices, to_phwc4,
-                                 transpose_conv_padding)
+from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_conv_weights,
+                                 pack_depthwise_weights, pack_vector, padding_before, phwc4_vectors, same_storage,
+                                 slices, to_phwc4, transpose_conv_padding)
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
 from delegate.ir import Op, Tensor
 from delegate.strided import strided_slice_plan
 
 from .program import Variant
-
-# Kernels that store one vector per work item through EPILOGUE, so following ops can be fused.
-_EPILOGUE_HOSTS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
-                   "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "RESIZE_BILINEAR", "SOFTMAX", "STRIDED_SLICE", "MEAN",
-                   "DEPTH_TO_SPACE"}
-
 
 @dataclass
 class Launch:
@@ -132,15 +126,6 @@ class Lowering:
         return tmp, lambda: self.relayout(tmp, natural, self.tensor(out), out.shape, g.ops)
 
     # -- groups -------------------------------------------------------------
-    def can_host(self, op: Op) -> bool:
-        """Whether the kernel of ``op`` takes following elementwise ops as its epilogue."""
-        if is_elementwise(op):
-            return True
-        key = TRANSPOSE_CONV_BIAS if op.custom else op.opcode
-        if key not in _EPILOGUE_HOSTS:
-            return False
-        return as_nhwc(natural_shape(op)) == as_nhwc(op.outputs[0].shape)
-
     def lower(self, g: Group) -> None:
         op = g.root
         if is_elementwise(op):
@@ -262,12 +247,12 @@ class Lowering:
         picked = [range(size)[index] for size, index in zip(x.shape, plan.index)]
         lead = 4 - len(x.shape)
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
-                    natural_shape(op))
+                    natural_output_shape(op))
 
     def mean(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
-        natural = natural_shape(op)
+        natural = natural_output_shape(op)
         dst, after = self.into_natural(g, natural)
         args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
                                               self.cl_int4(2 in axes, 1 in axes, 3 in axes, 0)]
@@ -317,18 +302,6 @@ class Lowering:
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
-
-
-def natural_shape(op: Op) -> tuple[int, ...]:
-    """The shape a kernel produces before any reshape: reduced or shrunk axes kept with size 1."""
-    x = op.inputs[0]
-    if op.opcode == "MEAN":
-        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
-        return tuple(1 if i in axes else d for i, d in enumerate(as_nhwc(x.shape)))
-    if op.opcode == "STRIDED_SLICE":
-        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
-        return tuple(len(range(size)[index]) for size, index in zip(x.shape, plan.index))
-    return op.outputs[0].shape
 
 
 _HANDLERS: dict[str, Callable[[Lowering, Group], None]] = {
