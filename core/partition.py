@@ -16,7 +16,7 @@ def make_partition(graph: Subgraph, ops: Sequence[Op], backend: str, index: int)
     inputs, seen = [], set()
     for op in ops:
         for t in op.inputs:
-            if t is None or t.index in produced or t.index in seen or t.is_constant:
+            if t is None or t.index in produced or t.index in seen or t.is_constant or t.is_variable:
                 continue
             seen.add(t.index)
             inputs.append(t)

@@ -340,3 +340,10 @@ def transpose_conv_bias_geometry(in_shape: Shape, weight_shape: Shape, custom_op
 @rule("Convolution2DTransposeBias")
 def _transpose_conv_bias(op: Op) -> list[Shape]:
     return [transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)[0]]
+
+
+@rule("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM")
+def _lstm(op: Op) -> list[Shape]:
+    """The input's shape with its feature dimension replaced by the output state's."""
+    n_output = op.inputs[18].shape[-1]
+    return [op.inputs[0].shape[:-1] + (n_output,)]

@@ -47,6 +47,12 @@ class CpuCompiled(CompiledPartition):
     def _source(self, t: Tensor | None, external: set[int]):
         if t is None:
             return None
+        if t.is_variable:
+            # State (LSTM cell/output) persists across runs; kernels update it in place.
+            if t.index not in self.buffers:
+                initial = np.zeros(t.shape, t.dtype.numpy) if t.data is None else np.asarray(t.data)
+                self.buffers[t.index] = np.array(initial, t.dtype.numpy).reshape(t.shape)
+            return self.buffers[t.index]
         if t.index in external:
             return t.index  # filled from the run's inputs
         if t.data is not None:
