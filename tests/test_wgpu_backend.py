@@ -13,7 +13,7 @@ from delegate import CompileOptions, read_model
 from delegate.errors import CacheError, PluginError
 from delegate.gpu.cache import CacheWarning
 from delegate.partition import make_partition
-from delegate.planner import PlacementSettings, Rule
+from delegate.planner import PlacementSettings
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.session import RunSettings, Session

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu import check_op
+from delegate.gpu import check_op, is_folded_dequantize, same_storage
 from delegate.gpu.cache import EntryStore, cache_key
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.ir import Op
@@ -22,8 +22,8 @@ from .device import AdapterRequest, describe_adapter, device_facts, open_device
 from .program import Program, build_program
 
 log = logging.getLogger(__name__)
-WEIGHTED = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1,
-            "Convolution2DTransposeBias": 1, "LSTM": 2}  # op -> input holding weights to pack
+# op -> input holding weights packed as 4x4 blocks (padded on both channel axes, so larger than the tensor)
+BLOCK_WEIGHTS = {"CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1, "Convolution2DTransposeBias": 1, "LSTM": 2}
 
 
 @lru_cache(maxsize=1)
@@ -46,7 +46,7 @@ def largest_binding(op: Op, itemsize: int) -> tuple[str, int]:
     """(what, bytes) of the largest buffer the op's kernels bind: a tensor, or its packed weights."""
     sizes = [(f"tensor {t.name!r}", phwc4_vectors(t.shape) * 4 * itemsize)
              for t in list(op.inputs) + list(op.outputs) if t is not None and len(t.shape) <= 4]
-    weights = op.input(WEIGHTED[op.opcode]) if op.opcode in WEIGHTED else None
+    weights = op.input(BLOCK_WEIGHTS[op.opcode]) if op.opcode in BLOCK_WEIGHTS else None
     if weights is not None and len(weights.shape) in (2, 4):
         inner = op.inputs[0].shape[-1] if op.opcode == "CONV_2D" else weights.shape[-1]
         middle = int(np.prod(weights.shape[1:-1]))
@@ -91,6 +91,13 @@ class WgpuBackend(Backend):
         if nbytes > limit:
             return Support.no(f"{what} needs a {nbytes}-byte buffer; the adapter binds at most {limit} bytes")
         return Support.yes()
+
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes); else the roofline."""
+        if is_folded_dequantize(op) or (op.opcode == "RESHAPE" and same_storage(op.inputs[0].shape,
+                                                                             op.outputs[0].shape)):
+            return 0.0
+        return None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         storage, why = self.storage(options)

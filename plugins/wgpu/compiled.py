@@ -120,7 +120,8 @@ class WgpuCompiled(CompiledPartition):
         params = blob[program.params_start:]
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
                                                        usage=wgpu.BufferUsage.UNIFORM)
-        pipelines = [self._pipeline(source, program.dispatches) for source in program.shaders]
+        writable = {d.shader: tuple(w for _, w in d.bindings) for d in program.dispatches}
+        pipelines = [self._pipeline(source, writable[i]) for i, source in enumerate(program.shaders)]
         most = context.limits["max-compute-workgroups-per-dimension"]
         self.launches = []
         for d in program.dispatches:
@@ -138,15 +139,13 @@ class WgpuCompiled(CompiledPartition):
         self.results = {s.index: DeviceTensor(context, self.buffers[s.buffer], program.storage, s)
                         for s in program.outputs}
 
-    def _pipeline(self, source: str, dispatches) -> tuple[Any, Any]:
+    def _pipeline(self, source: str, writable: tuple[bool, ...]) -> tuple[Any, Any]:
         """The pipeline of ``source`` on this device (built once per process) and its bind group layout."""
         cached = self.context.pipelines.get(source)
         if cached is not None:
             return cached
         wgpu = import_wgpu()
         device = self.context.device
-        index = self.program.shaders.index(source)
-        writable = next(tuple(w for _, w in d.bindings) for d in dispatches if d.shader == index)
         layout = self.context.layouts.get(writable)
         if layout is None:
             kinds = [wgpu.BufferBindingType.storage if w else wgpu.BufferBindingType.read_only_storage

@@ -28,7 +28,6 @@ from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import phwc4_vectors
 
 from .kernels import KernelPlan
-from .shaders import Kernel
 
 PARAMS_ALIGNMENT = 256  # WebGPU's largest minUniformBufferOffsetAlignment
 STORAGE_DTYPES = {"f32": np.float32, "f16": np.float16}

@@ -125,11 +125,9 @@ class Kernel:
             ENABLE="enable f16;" if storage == "f16" else "", STORAGE=storage, WORKGROUP=workgroup)
         parts = [prelude, self._declarations()]
         parts.extend(self.helpers)
-        if any(b.name == self.out for b in self.bindings):
-            body = "\n  ".join(self.epilogue)
-            parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
-                         f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), "
-                         f"mask_tail(v, o.s, p.{self.out}_c));\n}}")
+        body = "\n  ".join(self.epilogue)
+        parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
+                     f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), mask_tail(v, o.s, p.{self.out}_c));\n}}")
         parts.append(Template(template(self.template)).substitute(self.substitutions))
         return "\n\n".join(parts) + "\n"
 
