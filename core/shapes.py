@@ -347,3 +347,22 @@ def _lstm(op: Op) -> list[Shape]:
     """The input's shape with its feature dimension replaced by the output state's."""
     n_output = op.inputs[18].shape[-1]
     return [op.inputs[0].shape[:-1] + (n_output,)]
+
+
+def detection_postprocess_options(custom_options: bytes | None) -> dict:
+    """TFLite_Detection_PostProcess's flexbuffer options, with TFLite's defaults filled in."""
+    from flatbuffers import flexbuffers
+
+    options = dict(flexbuffers.Loads(custom_options)) if custom_options else {}
+    options.setdefault("max_classes_per_detection", 1)
+    options.setdefault("detections_per_class", 100)
+    options.setdefault("use_regular_nms", False)
+    return options
+
+
+@rule("TFLite_Detection_PostProcess")
+def _detection_postprocess(op: Op) -> list[Shape]:
+    """Boxes (1, D, 4), classes (1, D), scores (1, D) and the count (1,), D = detections x classes each."""
+    o = detection_postprocess_options(op.custom_options)
+    count = int(o["max_detections"]) * int(o["max_classes_per_detection"])
+    return [(1, count, 4), (1, count), (1, count), (1,)]

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from delegate.tflite.builder import GraphBuilder
-from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
+from tests.oputil import check_against_litert
 
 ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
 
@@ -81,33 +81,6 @@ def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
     b.output(b.op("TRANSPOSE_CONV", inputs, options={"padding": padding, "stride_h": stride, "stride_w": stride},
                   dtype="float32"))
     check_against_litert(b.to_bytes(), [rng.standard_normal((1, h, w, cin))], builtin=True)
-
-
-@given(h=st.integers(1, 9), w=st.integers(1, 9), cin=st.integers(1, 6), cout=st.integers(1, 4),
-       k=st.sampled_from([(2, 2), (3, 3), (4, 4), (1, 1), (3, 2)]), stride=st.integers(1, 3),
-       padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
-def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
-    """MediaPipe's custom op, checked against LiteRT's TRANSPOSE_CONV with the same geometry and a bias."""
-    from delegate.shapes import transpose_conv_bias_geometry
-    rng = np.random.default_rng(seed)
-    kh, kw = k
-    weights = rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)
-    bias = rng.standard_normal(cout).astype(np.float32)
-    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
-    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
-
-    custom = GraphBuilder()
-    x = custom.input("x", (1, h, w, cin))
-    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
-                            custom=True, custom_options=params))
-    builtin = GraphBuilder()
-    x = builtin.input("x", (1, h, w, cin))
-    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
-                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
-                              options={"padding": padding, "stride_h": stride, "stride_w": stride},
-                              dtype="float32"))
-    data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
-    assert_close(delegate_run(custom.to_bytes(), [data]), litert_run(builtin.to_bytes(), [data], builtin=True))
 
 
 @given(batch=st.sampled_from([(1,), (3,), (2, 3)]), depth=st.integers(1, 20), units=st.integers(1, 12),

@@ -1,0 +1,78 @@
+"""Golden tests of the custom ops: TFLite_Detection_PostProcess (regular and fast NMS) and MediaPipe's
+Convolution2DTransposeBias."""
+
+import numpy as np
+from flatbuffers import flexbuffers
+from hypothesis import given, strategies as st
+
+from delegate.shapes import transpose_conv_bias_geometry
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import assert_close, delegate_run, litert_run
+
+
+def _detection_model(num_boxes, num_classes, background, anchors, options):
+    b = GraphBuilder()
+    boxes = b.input("boxes", (1, num_boxes, 4))
+    scores = b.input("scores", (1, num_boxes, num_classes + background))
+    outs = b.op("TFLite_Detection_PostProcess", [boxes, scores, b.const("anchors", anchors)], custom=True,
+                custom_options=flexbuffers.Dumps(options), num_outputs=4, dtype="float32")
+    b.output(*outs)
+    return b.to_bytes()
+
+
+def _anchors(rng, n):
+    centres = rng.uniform(0.1, 0.9, (n, 2))
+    sizes = rng.uniform(0.05, 0.4, (n, 2))
+    return np.concatenate([centres, sizes], axis=1).astype(np.float32)
+
+
+@given(num_boxes=st.integers(1, 40), num_classes=st.integers(1, 5), background=st.integers(0, 1),
+       regular=st.booleans(), max_detections=st.integers(1, 10), per_detection=st.integers(1, 3),
+       per_class=st.integers(1, 6), score_threshold=st.sampled_from([0.0, 0.3, 0.6]),
+       iou_threshold=st.sampled_from([0.3, 0.6, 1.0]), seed=st.integers(0, 2**16))
+def test_detection_postprocess(num_boxes, num_classes, background, regular, max_detections, per_detection,
+                               per_class, score_threshold, iou_threshold, seed):
+    rng = np.random.default_rng(seed)
+    options = {"max_detections": max_detections, "max_classes_per_detection": per_detection,
+               "detections_per_class": per_class, "use_regular_nms": regular, "nms_score_threshold": score_threshold,
+               "nms_iou_threshold": iou_threshold, "num_classes": num_classes, "y_scale": 10.0, "x_scale": 10.0,
+               "h_scale": 5.0, "w_scale": 5.0}
+    model = _detection_model(num_boxes, num_classes, background, _anchors(rng, num_boxes), options)
+    inputs = [rng.standard_normal((1, num_boxes, 4)).astype(np.float32),
+              rng.random((1, num_boxes, num_classes + background)).astype(np.float32)]
+    actual, expected = delegate_run(model, inputs), litert_run(model, inputs)
+    assert_close(actual[3:], expected[3:])
+    # Only the reported detections' slots are defined; LiteRT leaves the others unwritten.  Fast NMS gives
+    # each kept anchor ``per_detection`` slots, of which its top classes fill the first ones.
+    count = int(expected[3][0])
+    if regular:
+        slots = np.arange(count)
+    else:
+        slots = (np.arange(count)[:, None] * per_detection + np.arange(min(per_detection, num_classes))).ravel()
+    assert_close([a[:, slots] for a in actual[:3]], [e[:, slots] for e in expected[:3]])
+
+
+@given(h=st.integers(1, 9), w=st.integers(1, 9), cin=st.integers(1, 6), cout=st.integers(1, 4),
+       k=st.sampled_from([(2, 2), (3, 3), (4, 4), (1, 1), (3, 2)]), stride=st.integers(1, 3),
+       padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
+def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
+    """MediaPipe's op, which LiteRT cannot run, against LiteRT's TRANSPOSE_CONV with the same geometry."""
+    rng = np.random.default_rng(seed)
+    kh, kw = k
+    weights = rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
+    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
+
+    custom = GraphBuilder()
+    x = custom.input("x", (1, h, w, cin))
+    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
+                            custom=True, custom_options=params))
+    builtin = GraphBuilder()
+    x = builtin.input("x", (1, h, w, cin))
+    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
+                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
+                              options={"padding": padding, "stride_h": stride, "stride_w": stride},
+                              dtype="float32"))
+    data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
+    assert_close(delegate_run(custom.to_bytes(), [data]), litert_run(builtin.to_bytes(), [data], builtin=True))
