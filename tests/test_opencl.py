@@ -183,6 +183,7 @@ def test_transpose_conv(shape, out, k, stride, padding, seed):
        padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
 def test_convolution_2d_transpose_bias(shape, out, k, stride, padding, seed):
     """MediaPipe's custom op: a transposed convolution with a bias, parameters as a raw C struct."""
+    stride = min(stride, k)  # LiteRT runs this op through XNNPACK only, which needs stride <= kernel
     rng = np.random.default_rng(seed)
     n, h, w, c = shape
     size = (lambda s: s * stride) if padding == "SAME" else (lambda s: (s - 1) * stride + k)
