@@ -138,6 +138,7 @@ class WgpuCompiled(CompiledPartition):
         self.inputs = [_InputSlot(s, self.buffers[s.buffer], program.storage) for s in program.inputs]
         self.results = {s.index: DeviceTensor(context, self.buffers[s.buffer], program.storage, s)
                         for s in program.outputs}
+        self.profiler: _Profiler | None = None
 
     def _pipeline(self, source: str, writable: tuple[bool, ...]) -> tuple[Any, Any]:
         """The pipeline of ``source`` on this device (built once per process) and its bind group layout."""
@@ -176,13 +177,69 @@ class WgpuCompiled(CompiledPartition):
             else:
                 device.queue.write_buffer(slot.buffer, 0, slot.stage(value))
         compute = encoder.begin_compute_pass()
-        for pipeline, group, x, y in self.launches:
+        stamp = self.profiler.stamp if self.profiler else None
+        for i, (pipeline, group, x, y) in enumerate(self.launches):
+            if stamp:
+                stamp(compute, i)
             compute.set_pipeline(pipeline)
             compute.set_bind_group(0, group)
             compute.dispatch_workgroups(x, y)
+        if stamp:
+            stamp(compute, len(self.launches))
         compute.end()
+        if self.profiler:
+            self.profiler.resolve(encoder)
         device.queue.submit([encoder.finish()])
+        if self.profiler:
+            self.profiler.collect()
         return self.results
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Time every dispatch of the following runs with GPU timestamps, where the adapter has them."""
+        self.profiler = _Profiler(self.context, self.program) if enabled and self.context.timestamps else None
+
+    def profile(self) -> dict[int, float]:
+        """Median milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
+        return self.profiler.per_op() if self.profiler else {}
 
     def describe(self) -> dict[str, Any]:
         return dict(self.facts)
+
+
+class _Profiler:
+    """A timestamp before every dispatch and after the last, read back after each run."""
+
+    def __init__(self, context: DeviceContext, program: Program):
+        wgpu = import_wgpu()
+        from wgpu.backends.wgpu_native.extras import write_timestamp
+
+        device = context.device
+        self.context, self.program = context, program
+        self.count = len(program.dispatches) + 1
+        self.queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=self.count)
+        self.resolved = device.create_buffer(size=8 * self.count,
+                                             usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self.readback = device.create_buffer(size=8 * self.count,
+                                             usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.stamp = lambda compute, index: write_timestamp(compute, self.queries, index)
+        self.samples: dict[int, list[float]] = {}
+
+    def resolve(self, encoder) -> None:
+        encoder.resolve_query_set(self.queries, 0, self.count, self.resolved, 0)
+        encoder.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, 8 * self.count)
+
+    def collect(self) -> None:
+        self.readback.map_sync(import_wgpu().MapMode.READ)
+        try:
+            ticks = np.frombuffer(self.readback.read_mapped(), np.uint64).astype(np.float64)
+        finally:
+            self.readback.unmap()
+        run: dict[int, float] = {}
+        for d, ns in zip(self.program.dispatches, np.diff(ticks)):
+            if d.ops:
+                run[d.ops[0]] = run.get(d.ops[0], 0.0) + max(ns, 0.0) * 1e-6  # timestamps are nanoseconds
+        for op, ms in run.items():
+            self.samples.setdefault(op, []).append(ms)
+
+    def per_op(self) -> dict[int, float]:
+        return {op: float(np.median(ms)) for op, ms in self.samples.items()}

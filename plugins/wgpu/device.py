@@ -25,6 +25,7 @@ LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buf
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
           "max-compute-workgroups-per-dimension", "max-uniform-buffer-binding-size")
 # Native APIs before OpenGL, whose compute path is the most restricted.
+TIMESTAMP_FEATURES = ("timestamp-query", "timestamp-query-inside-passes")
 _API_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
 _KIND_RANK = {"high-performance": {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3},
               "low-power": {"IntegratedGPU": 0, "DiscreteGPU": 1, "VirtualGPU": 2, "CPU": 3}}
@@ -147,6 +148,7 @@ class DeviceContext:
     adapter: Any
     device: Any
     f16: bool
+    timestamps: bool  # per-dispatch GPU timestamps (for per-op profiles)
     limits: dict[str, int]
     pipelines: dict[str, Any] = field(default_factory=dict)
     layouts: dict[tuple, Any] = field(default_factory=dict)
@@ -164,12 +166,14 @@ def open_device(request: AdapterRequest) -> DeviceContext:
     context = _CONTEXTS.get(key)
     if context is None:
         f16 = "shader-f16" in adapter.features
+        timestamps = set(TIMESTAMP_FEATURES) <= set(adapter.features)
+        features = (["shader-f16"] if f16 else []) + (list(TIMESTAMP_FEATURES) if timestamps else [])
         try:
-            device = adapter.request_device_sync(label="delegate", required_features=["shader-f16"] if f16 else [],
+            device = adapter.request_device_sync(label="delegate", required_features=features,
                                                  required_limits=dict(limits))
         except Exception as exc:
             raise PluginError(f"wgpu backend: cannot open a device on {describe_adapter(adapter)}: {exc}") from None
-        context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, limits)
+        context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, timestamps, limits)
     size = request.workgroup_size
     most = min(limits["max-compute-invocations-per-workgroup"], limits["max-compute-workgroup-size-x"])
     if size > most:

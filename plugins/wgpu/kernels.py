@@ -35,9 +35,16 @@ class KernelPlan:
         self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
         self.groups: list[Group] = []
 
-    def kernel(self, name: str, group: Group, label: str | None = None) -> Kernel:
-        k = Kernel(name, label or "+".join(op.opcode for op in group.ops))
+    def kernel(self, name: str, group: Group) -> Kernel:
+        """A kernel from template ``name`` storing the group's output through the group's epilogue."""
+        k = Kernel(name, "+".join(f"{op.opcode}#{op.index}" for op in group.ops), ops=[op.index for op in group.ops])
         k.output(group.output.index, group.output.shape, group.steps)
+        self.kernels.append(k)
+        return k
+
+    def part(self, name: str, op: Op, role: str, value: Hashable, shape: Sequence[int]) -> Kernel:
+        """A kernel computing one stage of ``op`` into ``value`` (no epilogue): a flattening copy, an LSTM stage."""
+        k = Kernel(name, f"{op.opcode}#{op.index}:{role}", ops=[op.index]).output(value, shape)
         self.kernels.append(k)
         return k
 
@@ -136,7 +143,9 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
     source, shape = x.index, x.shape
     if x.shape[-1] != depth:  # the input is flattened into rows of `depth` values first
         shape = (x.size // depth, depth)
-        source = _reshape_kernel(plan, x, plan.temporary(("rows", op.index), shape), shape, f"{op.opcode}:rows")
+        source = plan.temporary(("rows", op.index), shape)
+        _gather(plan.part("gather", op, "rows", source, shape), "reshape", [(x.index, x.shape)],
+                _same_channels(x.shape, shape))
     _matmul(plan, plan.kernel("fully_connected", group), op, source, shape, weights, 2)
 
 
@@ -224,14 +233,9 @@ def _mean(plan: KernelPlan, group: Group) -> None:
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------
 
-def _gather(plan: KernelPlan, group: Group | None, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[int]]],
-            aligned: bool, substitutions: dict[str, str] | None = None, output=None, label: str = "") -> Kernel:
-    """A gather kernel writing ``group``'s output, or ``output`` = (key, shape) outside any group."""
-    if group is not None:
-        k = plan.kernel("gather", group)
-    else:
-        k = Kernel("gather", label).output(*output)
-        plan.kernels.append(k)
+def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool,
+            substitutions: dict[str, str] | None = None) -> Kernel:
+    """Make ``k`` a gather kernel: ``map_<mapping>.wgsl`` says where each output element comes from."""
     for i, (value, shape) in enumerate(inputs):
         k.tensor(f"in{i}", value, shape)
     k.param("aligned", "i32", int(aligned))
@@ -248,10 +252,8 @@ def _gather(plan: KernelPlan, group: Group | None, mapping: str, inputs: Sequenc
     return k
 
 
-def _reshape_kernel(plan: KernelPlan, x: Tensor, key: Hashable, shape: Sequence[int], label: str) -> Hashable:
-    _gather(plan, None, "reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(shape)[3],
-            output=(key, shape), label=label)
-    return key
+def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
+    return as_nhwc(a)[3] == as_nhwc(b)[3]
 
 
 @builds("RESHAPE")
@@ -260,7 +262,7 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
     if not group.steps and same_storage(x.shape, out.shape):
         plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
         return
-    _gather(plan, group, "reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
+    _gather(plan.kernel("gather", group), "reshape", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
 
 
 @builds("PAD")
@@ -268,7 +270,7 @@ def _pad(plan: KernelPlan, group: Group) -> None:
     x = group.root.inputs[0]
     pads = int_values(group.root.input(1))
     before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
-    k = _gather(plan, group, "pad", [(x.index, x.shape)], before[3] % 4 == 0)
+    k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
     k.param("before", "vec4<i32>", before)
 
 
@@ -281,7 +283,7 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
     ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
     aligned = (ranges[3].step == 1 and ranges[3].start % 4 == 0
                and as_nhwc(op.outputs[0].shape)[3] == len(ranges[3]))
-    k = _gather(plan, group, "slice", [(x.index, x.shape)], aligned)
+    k = _gather(plan.kernel("gather", group), "slice", [(x.index, x.shape)], aligned)
     k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
     k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
     k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
@@ -290,17 +292,17 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
 @builds("DEPTH_TO_SPACE")
 def _depth_to_space(plan: KernelPlan, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
-    k = _gather(plan, group, "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
+    k = _gather(plan.kernel("gather", group), "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
     k.param("block", "i32", group.root.options["block_size"])
 
 
-def _concat_kernel(plan: KernelPlan, group: Group | None, parts: Sequence[tuple[Hashable, Sequence[int]]],
-                   axis: int, output=None, label: str = "") -> None:
-    sizes = [as_nhwc(shape)[axis] for _, shape in parts]
+def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
+    """Make ``k`` concatenate ``parts`` along ``axis`` of the NHWC view."""
+    sizes = [as_nhwc(t.shape)[axis] for t in parts]
     aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
     cases = "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
                       f"  start = p.end{i};" for i in range(len(parts)))
-    k = _gather(plan, group, "concat", parts, aligned, {"CASES": cases}, output=output, label=label)
+    _gather(k, "concat", [(t.index, t.shape) for t in parts], aligned, {"CASES": cases})
     k.param("axis", "i32", axis)
     for i, end in enumerate(np.cumsum(sizes)):
         k.param(f"end{i}", "i32", int(end))
@@ -309,23 +311,19 @@ def _concat_kernel(plan: KernelPlan, group: Group | None, parts: Sequence[tuple[
 @builds("CONCATENATION")
 def _concatenation(plan: KernelPlan, group: Group) -> None:
     op = group.root
-    axis = nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))
-    _concat_kernel(plan, group, [(t.index, t.shape) for t in op.inputs], axis)
+    _concat(plan.kernel("gather", group), op.inputs, nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape)))
 
 
 @builds("LSTM")
 def _lstm(plan: KernelPlan, group: Group) -> None:
     """The basic LSTM cell: [input, previous activation] -> matrix product -> gates."""
     op = group.root
-    x, prev_activation, weights_t, _, prev_state = op.inputs
+    x, prev_activation, weights, _, prev_state = op.inputs
     activation, state, concat, gates = op.outputs
-    _concat_kernel(plan, None, [(x.index, x.shape), (prev_activation.index, prev_activation.shape)], 3,
-                   output=(concat.index, concat.shape), label="LSTM:concat")
-    product = Kernel("fully_connected", "LSTM:matmul").output(gates.index, gates.shape)
-    _matmul(plan, product, op, concat.index, concat.shape, constant_value(weights_t), 3)
-    plan.kernels.append(product)
-    cell = Kernel("lstm_gates", "LSTM:gates").output(activation.index, activation.shape)
+    _concat(plan.part("gather", op, "concat", concat.index, concat.shape), [x, prev_activation], 3)
+    _matmul(plan, plan.part("fully_connected", op, "matmul", gates.index, gates.shape), op, concat.index,
+            concat.shape, constant_value(weights), 3)
+    cell = plan.part("lstm_gates", op, "gates", activation.index, activation.shape)
     cell.tensor("gates", gates.index, gates.shape)
     cell.tensor("prev_state", prev_state.index, prev_state.shape)
     cell.tensor("state", state.index, state.shape, writable=True)
-    plan.kernels.append(cell)

@@ -47,6 +47,7 @@ class DispatchSpec:
     params: tuple[int, int]  # (offset, size) of the uniform contents from the program's params_start
     invocations: int
     label: str
+    ops: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Program:
                    [BufferSpec(b["nbytes"], b["role"], tuple(b["data"]) if b["data"] else None)
                     for b in head["buffers"]],
                    [DispatchSpec(d["shader"], [tuple(x) for x in d["bindings"]], tuple(d["params"]),
-                                 d["invocations"], d["label"]) for d in head["dispatches"]],
+                                 d["invocations"], d["label"], d["ops"]) for d in head["dispatches"]],
                    [TensorSpec(**t) for t in head["inputs"]], [TensorSpec(**t) for t in head["outputs"]],
                    head["facts"], head["params_start"], raw[8 + size:])
 
@@ -145,14 +146,12 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     inputs = {t.index for t in partition.inputs}
     outputs = {t.index for t in partition.outputs}
 
-    roles: dict[Hashable, str] = {}
+    roles: dict[Hashable, str] = {}  # storage root -> input | output | constant | scratch
     sizes: dict[Hashable, int] = {}
-    members: dict[Hashable, set] = {}
-    span: dict[Hashable, list[int]] = {}
+    span: dict[Hashable, list[int]] = {}  # storage root -> [first, last] kernel using it
 
-    def register(key: Hashable, position: int | None) -> Hashable:
+    def register(key: Hashable, position: int | None) -> None:
         root = root_of(key)
-        members.setdefault(root, set()).add(key)
         if root not in roles:
             if root in plan.constants:
                 roles[root], sizes[root] = "constant", plan.constants[root].nbytes // 4 * itemsize
@@ -165,9 +164,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         elif key in outputs and roles[root] == "scratch":
             roles[root] = "output"
         if position is not None:
-            first_last = span.setdefault(root, [position, position])
-            first_last[1] = position
-        return root
+            span.setdefault(root, [position, position])[1] = position
 
     for position, kernel in enumerate(plan.kernels):
         for binding in kernel.bindings:
@@ -196,7 +193,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         if -(-kernel.invocations // workgroup) > most * most:
             raise CompileError(f"{kernel.label}: {kernel.invocations} work items exceed the adapter's dispatch limit")
         dispatches.append(DispatchSpec(shader, [(buffer_of[root_of(b.value)], b.writable) for b in kernel.bindings],
-                                       (len(params), len(data)), kernel.invocations, kernel.label))
+                                       (len(params), len(data)), kernel.invocations, kernel.label, kernel.ops))
         params.extend(data)
     params_start = -(-len(blob) // PARAMS_ALIGNMENT) * PARAMS_ALIGNMENT
     blob = bytes(blob) + bytes(params_start - len(blob)) + bytes(params)

@@ -51,6 +51,7 @@ class Kernel:
 
     template: str
     label: str
+    ops: list[int] = field(default_factory=list)  # indices of the ops it computes (for profiles)
     invocations: int = 0
     bindings: list[Binding] = field(default_factory=list)
     params: list[tuple[str, str, Any]] = field(default_factory=list)
