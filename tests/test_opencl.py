@@ -658,8 +658,8 @@ MEDIAPIPE = ("selfie_segmentation", "face_detection_short_range", "pose_landmark
 MEDIAPIPE_TOLERANCE = 5e-4  # of each output's range
 
 
-@pytest.mark.parametrize("name,deny", [(name, ()) for name in MEDIAPIPE] +
-                         [("face_detection_short_range", ("RESHAPE", "CONCATENATION"))])
+@pytest.mark.parametrize("name,deny", [pytest.param(name, (), id=name) for name in MEDIAPIPE] + [
+    pytest.param("face_detection_short_range", ("RESHAPE", "CONCATENATION"), id="face_detection_split_with_cpu")])
 def test_mediapipe_models_match_litert(backend, name, deny):
     """Every op opencl supports runs there, the rest on the CPU; outputs within 5e-4 of their range."""
     from tests.mediapipe import mediapipe_models
