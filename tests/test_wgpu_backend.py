@@ -357,3 +357,14 @@ def test_per_op_profile_from_gpu_timestamps(backend):
     assert all(ms >= 0 for ms in times.values()) and sum(times.values()) * 3 <= wall_ms
     compiled.set_profiling(False)
     assert compiled.profile() == {}
+
+
+def test_missing_wgpu_makes_the_backend_unavailable_not_broken(monkeypatch):
+    import sys
+    from delegate_wgpu import device
+    monkeypatch.setitem(sys.modules, "wgpu", None)  # as if the package were not installed
+    monkeypatch.setattr(device, "adapters", device.adapters.__wrapped__)  # bypass the process-wide cache
+    ok, reason = INFO.available()
+    assert not ok and "wgpu is not installed" in reason and "delegate[wgpu]" in reason
+    with pytest.raises(PluginError, match="wgpu is not installed"):
+        INFO.factory({})
