@@ -139,9 +139,9 @@ class Kernel:
             lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<vec4<S>>;")
             if b.writable:
                 lines.append(f"fn {b.name}_store(i: i32, v: V) {{ {b.name}[i] = vec4<S>(v); }}")
-                lines.append(f"fn {b.name}_store_lane(i: i32, v: f32) {{ {b.name}[i >> 2u][i & 3] = S(v); }}")
-            lines.append(f"fn {b.name}_at(i: i32) -> V {{ return V({b.name}[i]); }}")
-            lines.append(f"fn {b.name}_lane(i: i32) -> f32 {{ return f32({b.name}[i >> 2u][i & 3]); }}")
+            else:
+                lines.append(f"fn {b.name}_at(i: i32) -> V {{ return V({b.name}[i]); }}")
+                lines.append(f"fn {b.name}_lane(i: i32) -> f32 {{ return f32({b.name}[i >> 2u][i & 3]); }}")
         fields = "\n".join(f"  {name}: {wgsl_type}," for name, wgsl_type, _ in self.params) or "  unused: i32,"
         lines.append(f"struct Params {{\n{fields}\n}}")
         lines.append(f"@group(0) @binding({len(self.bindings)}) var<uniform> p: Params;")

@@ -1,6 +1,7 @@
 // CONV_2D: one work item per output vector (4 output channels at one pixel).
-// weights: [S_out][KH][KW][S_in][input lane] vectors of 4 output channels (delegate.gpu.weights);
-// window = (kernel w, kernel h, stride x, stride y), spacing = (pad x, pad y, dilation x, dilation y).
+// weights: [S_out][KH][KW][S_in][input lane] vectors of 4 output channels, as
+// delegate.gpu.layout.pack_conv_weights lays them out; window = (kernel w, kernel h,
+// stride x, stride y), spacing = (pad x, pad y, dilation x, dilation y).
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
   let i = flat_id(gid, groups);
