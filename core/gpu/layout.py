@@ -144,6 +144,12 @@ def natural_output_shape(op: Op) -> tuple[int, ...]:
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
         return tuple(1 if i in axes else d for i, d in enumerate(as_nhwc(x.shape)))
     if op.opcode == "STRIDED_SLICE":
-        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
-        return tuple(len(range(size)[index]) for size, index in zip(x.shape, plan.index))
+        return tuple(len(r) for r in slice_ranges(op))
     return op.outputs[0].shape
+
+
+def slice_ranges(op: Op) -> list[range]:
+    """The input indices a STRIDED_SLICE (without ellipsis or new axes) takes along each axis."""
+    x = op.inputs[0]
+    plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
+    return [range(size)[index] for size, index in zip(x.shape, plan.index)]

@@ -19,12 +19,12 @@ from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.fusion import Group, Step, is_elementwise
 from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, padding_before, phwc4_vectors, same_storage,
-                                 slices, to_phwc4, transpose_conv_padding)
+                                 slice_ranges, slices, to_phwc4, transpose_conv_padding)
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
 from delegate.ir import Op, Tensor
-from delegate.strided import strided_slice_plan
 
 from .program import Variant
+
 
 @dataclass
 class Launch:
@@ -44,6 +44,11 @@ def grid(shape: Sequence[int]) -> tuple[int, int, int]:
 
 def label(ops: Sequence[Op]) -> str:
     return "+".join(f"{op.opcode}#{op.index}" for op in ops)
+
+
+def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
+    """A single-channel operand broadcast over all channels of the result."""
+    return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
 
 
 class Lowering:
@@ -103,8 +108,7 @@ class Lowering:
                 args.append(np.float32(constant_value(step.operand).ravel()[0]))
             elif step.kind == "binary":
                 operand = step.operand
-                splat = as_nhwc(operand.shape)[3] == 1 and as_nhwc(shape)[3] > 1
-                args += [self.tensor(operand), self.dims(operand.shape), np.int32(splat)]
+                args += [self.tensor(operand), self.dims(operand.shape), np.int32(splat_channel(operand.shape, shape))]
         return args
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
@@ -129,16 +133,17 @@ class Lowering:
     def lower(self, g: Group) -> None:
         op = g.root
         if is_elementwise(op):
-            return self.elementwise(g)
-        handler = _HANDLERS.get(TRANSPOSE_CONV_BIAS if op.custom else op.opcode)
+            self.elementwise(g)
+            return
+        handler = None if op.custom and op.opcode != TRANSPOSE_CONV_BIAS else _HANDLERS.get(op.opcode)
         if handler is None:
             raise CompileError(f"{op.describe()}: the opencl backend has no kernel for it")
         handler(self, g)
 
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
-        splat = as_nhwc(x.shape)[3] == 1 and as_nhwc(out.shape)[3] > 1
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape), np.int32(splat)]
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             np.int32(splat_channel(x.shape, out.shape))]
         self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def conv_2d(self, g: Group) -> None:
@@ -243,8 +248,7 @@ class Lowering:
 
     def strided_slice(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
-        plan = strided_slice_plan(x.shape, *(int_values(op.inputs[i]) for i in (1, 2, 3)), op.options)
-        picked = [range(size)[index] for size, index in zip(x.shape, plan.index)]
+        picked = slice_ranges(op)
         lead = 4 - len(x.shape)
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
                     natural_output_shape(op))
