@@ -6,7 +6,8 @@ kernels do not implement; a few ops list more versions whose float semantics
 the kernels do implement (dilated depthwise convolution, basic-kernel LSTM,
 half-pixel bilinear resize).  With ``allow_quantized`` the quantized versions
 are accepted too and run on the float view (:mod:`delegate.gpu.constants`).
-Every refusal names the check that failed, so a plan can say why an op
+DEQUANTIZE is accepted only with a constant input, whatever its version up
+to 4: it is folded at compile time and never runs.  Every refusal names the check that failed, so a plan can say why an op
 stayed on the CPU.
 """
 
