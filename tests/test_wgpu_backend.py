@@ -249,6 +249,27 @@ def test_values_stay_on_the_device_between_partitions(backend):
     assert_close([out[g.outputs[0].index]], litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("gpu_first", [True, False])
+def test_folded_constants_across_partitions(backend, gpu_first):
+    """float16 weights behind DEQUANTIZE: folded whichever side the DEQUANTIZEs land on, and a folded value
+    that leaves the GPU partition (the bias, also used on the CPU) is delivered from its constant buffer."""
+    rng = np.random.default_rng(10)
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 5, 3))
+    w = b.op("DEQUANTIZE", [b.const("w16", normal(rng, (4, 3, 3, 3)).astype(np.float16))], dtype="float32")
+    bias = b.op("DEQUANTIZE", [b.const("b16", normal(rng, 4).astype(np.float16))], dtype="float32")
+    b.output(b.op("CONV_2D", [x, w, bias], options={"padding": "VALID", "stride_w": 1, "stride_h": 1}))
+    b.output(b.op("ADD", [bias, bias]))
+    data = b.to_bytes()
+    g = read_model(data).main
+    cut, names = (3, ("wgpu", "cpu")) if gpu_first else (2, ("cpu", "wgpu"))
+    parts = [make_partition(g, g.ops[:cut], names[0], 0), make_partition(g, g.ops[cut:], names[1], 1)]
+    cpu = default_manager().backend_info("cpu").factory({})
+    inputs = [normal(rng, (1, 5, 5, 3))]
+    out = Executor(g, parts, {"wgpu": backend, "cpu": cpu}, CompileOptions()).run({g.inputs[0].index: inputs[0]})
+    assert_close([out[t.index] for t in g.outputs], litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
 # -- the plan cache ---------------------------------------------------------------------------
 
 def deep_model(seed=7):
