@@ -272,16 +272,17 @@ def test_folded_constants_across_partitions(backend, gpu_first):
 
 # -- the plan cache ---------------------------------------------------------------------------
 
-def deep_model(seed=7):
+def deep_model(seed=7, layers=16, width=32):
     """Enough layers with weights that planning (packing, WGSL) costs something."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
-    v = b.input("x", (1, 8, 8, 16))
-    for i in range(12):
-        v = b.op("CONV_2D", [v, b.const(f"w{i}", normal(rng, (16, 3, 3, 16), 0.2)), b.const(f"b{i}", normal(rng, 16))],
+    v = b.input("x", (1, 8, 8, width))
+    for i in range(layers):
+        v = b.op("CONV_2D", [v, b.const(f"w{i}", normal(rng, (width, 3, 3, width), 0.1)),
+                             b.const(f"b{i}", normal(rng, width))],
                  options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU6"})
-        v = b.op("DEPTHWISE_CONV_2D", [v, b.const(f"d{i}", normal(rng, (1, 3, 3, 16), 0.3)),
-                                       b.const(f"c{i}", normal(rng, 16))],
+        v = b.op("DEPTHWISE_CONV_2D", [v, b.const(f"d{i}", normal(rng, (1, 3, 3, width), 0.3)),
+                                       b.const(f"c{i}", normal(rng, width))],
                  options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
     b.output(b.op("MEAN", [v, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False}))
     return b.to_bytes()
@@ -292,24 +293,29 @@ def cached_options(tmp_path, token="deep"):
 
 
 def test_second_compile_reuses_the_plan_and_is_faster(backend, tmp_path):
+    """Best of three compiles each way, pipelines already built in this process in both cases: what the
+    cache saves is planning, WGSL generation and weight packing."""
     model = deep_model()
     g = read_model(model).main
     partition = make_partition(g, g.ops, "wgpu", 0)
     options = cached_options(tmp_path)
-    started = time.perf_counter()
     first = backend.compile(partition, options)
-    cold = time.perf_counter() - started
     assert first.describe()["plan_source"] == "planned"
-    warm_times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        second = backend.compile(partition, options)
-        warm_times.append(time.perf_counter() - started)
-        assert second.describe()["plan_source"] == "cache"
-    warm = min(warm_times)
-    print(f"wgpu init: {cold * 1e3:.1f} ms planned, {warm * 1e3:.1f} ms from the cache ({cold / warm:.1f}x)")
-    assert warm < cold / 2
-    inputs = [normal(np.random.default_rng(8), (1, 8, 8, 16))]
+
+    def best_of_three(compile_options) -> tuple[float, object]:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            compiled = backend.compile(partition, compile_options)
+            times.append(time.perf_counter() - started)
+        return min(times), compiled
+    planned, _ = best_of_three(CompileOptions())
+    cached, second = best_of_three(options)
+    assert second.describe()["plan_source"] == "cache"
+    print(f"wgpu init: {planned * 1e3:.1f} ms planned, {cached * 1e3:.1f} ms from the cache "
+          f"({planned / cached:.1f}x)")
+    assert cached < planned * 0.8
+    inputs = [normal(np.random.default_rng(8), (1, 8, 8, 32))]
     expected = run_compiled(backend, g, first, inputs)
     np.testing.assert_array_equal(run_compiled(backend, g, second, inputs)[0], expected[0])
     assert_close(expected, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
