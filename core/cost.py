@@ -56,14 +56,13 @@ DEFAULT_PROFILES = {
 
 def _conv_flops(op: Op) -> float:
     out = op.outputs[0]
-    w = op.inputs[1]
-    if w is None:
-        return 0.0
+    w = op.input(1)
+    if w is None or len(w.shape) != 4:
+        return float(out.size)
     if op.opcode == "DEPTHWISE_CONV_2D":
         return 2.0 * out.size * w.shape[1] * w.shape[2]
     # CONV_2D weights OHWI: per output element kh*kw*ci multiply-adds
-    per_output = int(np.prod(w.shape[1:])) if len(w.shape) > 1 else 1
-    return 2.0 * out.size * per_output
+    return 2.0 * out.size * int(np.prod(w.shape[1:]))
 
 
 def op_flops(op: Op) -> float:
@@ -72,25 +71,26 @@ def op_flops(op: Op) -> float:
     if code in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         return _conv_flops(op)
     if code in ("TRANSPOSE_CONV", "Convolution2DTransposeBias"):
-        w = op.inputs[1] if code == "TRANSPOSE_CONV" else op.inputs[1]
-        x = op.inputs[2] if code == "TRANSPOSE_CONV" else op.inputs[0]
-        if w is None or x is None:
-            return 0.0
+        w = op.input(1)
+        x = op.input(2) if code == "TRANSPOSE_CONV" else op.input(0)
+        if w is None or x is None or len(w.shape) != 4:
+            return float(op.outputs[0].size) if op.outputs else 0.0
         return 2.0 * x.size * int(np.prod(w.shape[:3]))
     if code == "FULLY_CONNECTED":
-        w = op.inputs[1]
-        return 2.0 * op.outputs[0].size * (w.shape[-1] if w is not None else 1)
+        w = op.input(1)
+        return 2.0 * op.outputs[0].size * (w.shape[-1] if w is not None and w.shape else 1)
     if code == "BATCH_MATMUL":
-        a = op.inputs[0]
+        a = op.input(0)
+        if a is None or len(a.shape) < 2:
+            return float(op.outputs[0].size)
         k = a.shape[-2] if op.options.get("adj_x") else a.shape[-1]
         return 2.0 * op.outputs[0].size * k
     if code in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
         return float(op.outputs[0].size * op.options.get("filter_height", 1) * op.options.get("filter_width", 1))
     if code in ("UNIDIRECTIONAL_SEQUENCE_LSTM", "LSTM"):
-        x = op.inputs[0]
-        w = op.inputs[1]
-        n_cell = w.shape[0] if w is not None else 1
-        return 8.0 * x.size * n_cell + 8.0 * op.outputs[0].size * n_cell
+        x, w = op.input(0), op.input(1)
+        n_cell = w.shape[0] if w is not None and w.shape else 1
+        return 8.0 * (x.size if x is not None else 0) * n_cell + 8.0 * op.outputs[0].size * n_cell
     out = sum(t.size for t in op.outputs)
     ins = sum(t.size for t in op.inputs if t is not None)
     return float(max(out, ins))
