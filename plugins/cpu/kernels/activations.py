@@ -9,7 +9,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import constant
+from .common import along_rows, float_constant
 
 _CLIPS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
@@ -27,22 +27,33 @@ def clip(op: Op):
 
 
 def _scaled_negative_part(op: Op, slope):
-    """Kernel for x>0 ? x : slope*x, with ``slope`` broadcast against x (PReLU, LeakyReLU)."""
-    scratch = np.empty(op.outputs[0].shape, np.float32)
+    """Kernel for x>0 ? x : slope*x, with ``slope`` broadcast against x (PReLU, LeakyReLU).
+
+    Computed as x + (slope - 1) * min(x, 0) in three passes, or, for slopes
+    known to lie in [0, 1], as max(x, slope * x) in two.
+    """
+    shape = op.outputs[0].shape
+    if slope is not None:
+        slope = along_rows(slope, shape)
+        if np.all((slope >= 0) & (slope <= 1)):
+            def run_bounded(ins, outs):
+                np.multiply(ins[0], slope, out=outs[0])
+                np.maximum(ins[0], outs[0], out=outs[0])
+            return run_bounded
+    excess = None if slope is None else slope - np.float32(1)
+    scratch = np.empty(shape, np.float32)
 
     def run(ins, outs):
-        alpha = slope if slope is not None else ins[1]
         np.minimum(ins[0], 0, out=scratch)
-        np.multiply(scratch, alpha, out=scratch)
-        np.maximum(ins[0], 0, out=outs[0])
-        outs[0] += scratch
+        np.multiply(scratch, excess if excess is not None else ins[1] - np.float32(1), out=scratch)
+        np.add(ins[0], scratch, out=outs[0])
     return run
 
 
 @kernel("PRELU")
 def prelu(op: Op):
-    alpha = constant(op.inputs[1])
-    return _scaled_negative_part(op, None if alpha is None else alpha.astype(np.float32))
+    alpha = float_constant(op.inputs[1])
+    return _scaled_negative_part(op, alpha)
 
 
 @kernel("LEAKY_RELU")

@@ -111,6 +111,20 @@ def float_constant(t: Tensor | None) -> np.ndarray | None:
     return dequantize_array(value, t) if value.dtype.kind in "iu" else value.astype(np.float32)
 
 
+def along_rows(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` (broadcast against arrays of ``shape``) laid out over the last two dims of ``shape``.
+
+    A per-channel vector against an NHWC tensor makes numpy loop over the
+    channels for every pixel; repeated along the width it can run one long
+    inner loop per row instead.  Values that vary over leading dims are returned as they are.
+    """
+    values = np.asarray(values)
+    if len(shape) < 2 or any(d != 1 for d in values.shape[:-2]):
+        return values
+    trailing = values.reshape(values.shape[-2:]) if values.ndim > 2 else values
+    return np.ascontiguousarray(np.broadcast_to(trailing, shape[-2:]))
+
+
 def normalize_axes(axes, rank: int) -> tuple[int, ...]:
     """Sorted, de-duplicated non-negative axes."""
     return tuple(sorted({int(a) % rank for a in np.asarray(axes).ravel()})) if rank else ()

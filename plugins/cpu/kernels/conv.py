@@ -14,7 +14,7 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
-from .common import Padded, float_constant, fused, same_padding, window_view
+from .common import Padded, along_rows, float_constant, fused, same_padding, window_view
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -52,6 +52,7 @@ def conv_2d(op: Op):
     weights = float_constant(op.inputs[1])
     gemm = None if weights is None else _filter_layout(weights, groups)
     bias = _bias(op, 2, o)
+    bias = None if bias is None else along_rows(bias, op.outputs[0].shape)
     act = fused(op)
     pad = Padded((n, h, w, c), _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     pointwise = kh == kw == 1 and not pad.any
@@ -81,8 +82,21 @@ def conv_2d(op: Op):
     return run
 
 
+# From this many output channels on, einsum's inner loop over channels beats per-tap passes.
+WIDE_DEPTHWISE = 192
+
+
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
+    """One multiply-accumulate per filter tap over the whole output, or one einsum for many channels.
+
+    numpy is fast only on long contiguous inner loops.  With many channels the
+    channel loop is long enough for einsum over the sliding-window view.  With
+    few, every tap is arranged to read rows contiguous over (width, channels):
+    the filter taps are tiled along the output width, and with strides the
+    padded input is first split into stride_h * stride_w phase images (every
+    stride-th row and column), in which each tap's window is a contiguous-row slice.
+    """
     n, h, w, c = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
@@ -94,32 +108,59 @@ def depthwise_conv_2d(op: Op):
     bias = _bias(op, 2, oc)
     act = fused(op)
     top, bottom, left, right = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
-    # The input is copied into a padded buffer with each channel repeated ``multiplier`` times, so
-    # every tap is one elementwise multiply over the output's (channel * multiplier) layout.
+    hp, wp = h + top + bottom, w + left + right
+    # Padding and the channel multiplier go into one buffer: input channel i fills outputs i*m .. i*m+m-1.
     spread = multiplier > 1 or top or bottom or left or right
-    buffer = np.zeros((n, h + top + bottom, w + left + right, oc), np.float32) if spread else None
-    inside = None if buffer is None else \
-        buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
+    buffer = np.zeros((n, hp, wp, oc), np.float32) if spread else None
+    inside = None if buffer is None else buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
+    wide = oc >= WIDE_DEPTHWISE
+    taps = [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw, ky, kx)
+            for ky in range(kh) for kx in range(kw)]
+    phases = {} if (sh, sw) == (1, 1) or wide else {
+        key: np.empty((n, -(-(hp - key[0]) // sh), -(-(wp - key[1]) // sw), oc), np.float32)
+        for key in sorted({t[0] for t in taps})}
+    tiled = None if weights is None or wide else _tile_taps(weights, ow)
+    bias_row = None if bias is None else along_rows(bias, op.outputs[0].shape)
     scratch = np.empty((n, oh, ow, oc), np.float32)
-    taps = [(ky * dh, kx * dw, ky, kx) for ky in range(kh) for kx in range(kw)]
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
-        filt = weights if weights is not None else np.asarray(ins[1], np.float32)
         if buffer is not None:
             np.copyto(inside, x[..., None])
             x = buffer
-        for i, (y0, x0, ky, kx) in enumerate(taps):
-            window = x[:, y0:y0 + sh * (oh - 1) + 1:sh, x0:x0 + sw * (ow - 1) + 1:sw, :]
-            if i == 0:
-                np.multiply(window, filt[0, ky, kx], out=out)
-            else:
-                np.multiply(window, filt[0, ky, kx], out=scratch)
-                out += scratch
-        if bias is not None:
-            out += bias
+        if wide:
+            filt = weights if weights is not None else np.asarray(ins[1], np.float32)
+            windows = window_view(x, (oh, ow), (kh, kw), (sh, sw), (dh, dw))
+            np.einsum("nhwijc,ijc->nhwc", windows, filt[0], out=out)
+        else:
+            _accumulate_taps(x, tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow),
+                             phases, taps, (sh, sw), out, scratch)
+        if bias_row is not None:
+            out += bias_row
         act(out)
     return run
+
+
+def _accumulate_taps(x, filt, phases, taps, stride, out, scratch):
+    """out = sum over taps of window * tiled filter tap, reading windows from the phase images."""
+    sh, sw = stride
+    oh, ow = out.shape[1:3]
+    for (py, px), image in phases.items():
+        np.copyto(image, x[:, py::sh, px::sw, :])
+    source = phases or {(0, 0): x}
+    for i, (key, y0, x0, ky, kx) in enumerate(taps):
+        window = source[key][:, y0:y0 + oh, x0:x0 + ow, :]
+        if i == 0:
+            np.multiply(window, filt[ky, kx], out=out)
+        else:
+            np.multiply(window, filt[ky, kx], out=scratch)
+            out += scratch
+
+
+def _tile_taps(weights: np.ndarray, width: int) -> np.ndarray:
+    """(1, KH, KW, C) depthwise filter -> (KH, KW, width, C), each tap repeated along the output width."""
+    _, kh, kw, oc = weights.shape
+    return np.ascontiguousarray(np.broadcast_to(weights[0, :, :, None, :], (kh, kw, width, oc)))
 
 
 def transpose_conv(out_shape, weights: np.ndarray | None, bias: np.ndarray | None, in_shape,

@@ -7,7 +7,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import fused
+from .common import along_rows, constant, fused
 
 
 def _divide(a, b, out):
@@ -43,9 +43,11 @@ _COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
 def arithmetic(op: Op):
     fn = _ARITHMETIC[op.opcode]
     act = fused(op)
+    # Constant operands (per-channel scales and offsets) are laid out once for long inner loops.
+    fixed = [None if v is None else along_rows(v, op.outputs[0].shape) for v in map(constant, op.inputs[:2])]
 
     def run(ins, outs):
-        fn(ins[0], ins[1], out=outs[0])
+        fn(ins[0] if fixed[0] is None else fixed[0], ins[1] if fixed[1] is None else fixed[1], out=outs[0])
         act(outs[0])
     return run
 

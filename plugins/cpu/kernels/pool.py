@@ -41,16 +41,18 @@ def pool_2d(op: Op):
     tiled = (kh, kw) == (sh, sw) and not pad.any
     divisor = None
     if average:
-        divisor = (_valid_counts(h, oh, kh, sh, pads[0])[:, None]
-                   * _valid_counts(w, ow, kw, sw, pads[2])[None, :]).astype(np.float32)[None, :, :, None]
-    rows = np.empty((n, h + pads[0] + pads[1], ow, c), np.float32)
+        counts = _valid_counts(h, oh, kh, sh, pads[0])[:, None] * _valid_counts(w, ow, kw, sw, pads[2])[None, :]
+        divisor = np.ascontiguousarray(np.broadcast_to(counts[:, :, None], (oh, ow, c)), np.float32)
+    rows = np.empty((n, oh, w * c) if tiled else (n, h + pads[0] + pads[1], ow, c), np.float32)
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
         if l2:
             x = np.square(x)
         if tiled:
-            reduce.reduce(x[:, :oh * kh, :ow * kw, :].reshape(n, oh, kh, ow, kw, c), axis=(2, 4), out=out)
+            # Whole windows: reduce each band of kh rows, then each run of kw columns.
+            _reduce_axis(reduce, x[:, :oh * kh].reshape(n, oh, kh, w * c), 2, rows)
+            _reduce_axis(reduce, rows[:, :, :ow * kw * c].reshape(n, oh, ow, kw, c), 3, out)
         else:
             xp = pad(x)
             np.copyto(rows, xp[:, :, 0:sw * (ow - 1) + 1:sw, :])
@@ -65,3 +67,23 @@ def pool_2d(op: Op):
             np.sqrt(out, out=out)
         act(out)
     return run
+
+
+def _reduce_axis(reduce, x: np.ndarray, axis: int, out: np.ndarray) -> None:
+    """``reduce`` over one axis into ``out``: pairwise on slices when short, ufunc.reduce when long."""
+    size = x.shape[axis]
+    if size > 4:
+        reduce.reduce(x, axis=axis, out=out)
+        return
+    part = [slice(None)] * x.ndim
+
+    def at(i):
+        part[axis] = i
+        return x[tuple(part)]
+
+    if size == 1:
+        np.copyto(out, at(0))
+        return
+    reduce(at(0), at(1), out=out)
+    for i in range(2, size):
+        reduce(out, at(i), out=out)

@@ -11,6 +11,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
+from .common import along_rows
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -61,13 +62,14 @@ def resize_bilinear(op: Op):
     y0, y1, wy = bilinear_taps(h, oh, *flags)
     x0, x1, wx = bilinear_taps(w, ow, *flags)
     wy = wy.reshape(1, oh, 1, 1)
-    wx = wx.reshape(1, 1, ow, 1)
-    top, bottom = np.empty((n, oh, w, c), np.float32), np.empty((n, oh, w, c), np.float32)
-    right = np.empty((n, oh, ow, c), np.float32)
+    wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
+    # Columns first: the channel-strided gathers then run over the input's rows, not the output's.
+    left, right = np.empty((n, h, ow, c), np.float32), np.empty((n, h, ow, c), np.float32)
+    below = np.empty((n, oh, ow, c), np.float32)
 
     def run(ins, outs):
-        rows = _lerp(ins[0], y0, y1, wy, 1, top, bottom)
-        _lerp(rows, x0, x1, wx, 2, outs[0], right)
+        cols = _lerp(ins[0], x0, x1, wx, 2, left, right)
+        _lerp(cols, y0, y1, wy, 1, outs[0], below)
     return run
 
 
