@@ -249,6 +249,7 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return written
     ok = [r for r in rows if r.ratio is not None]
@@ -264,6 +265,8 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
     ax.set_xticklabels(models, rotation=20, ha="right")
     ax.set_ylabel("latency / LiteRT interpreter (lower is better)")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2gx"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2gx"))
     ax.legend(fontsize=7)
     fig.tight_layout()
     png = out / "suite.png"
