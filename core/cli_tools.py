@@ -152,6 +152,12 @@ def cmd_bench(args) -> int:
     config = load_cli_config(args)
     settings = run_settings(config.for_model(args.model))
     model, data, label = read_model_arg(args.model)
+    if args.batch:
+        from .shapes import with_batch
+        from .tflite.writer import write_model
+        with_batch(model.main, args.batch)
+        data = write_model(model)  # the reference runs the same batch
+        label += f" (batch {args.batch})"
     t0 = time.perf_counter()
     session = Session(model, settings)
     init_ms = (time.perf_counter() - t0) * 1e3
@@ -181,7 +187,8 @@ def cmd_bench(args) -> int:
     if args.profile:
         _save_measured(session, per_op)
     doc: dict[str, Any] = {
-        "model": label, "runs": args.runs, "init_ms": round(init_ms, 3),
+        "model": label, "runs": args.runs, "batch": args.batch or 1, "init_ms": round(init_ms, 3),
+        "throughput_per_s": round((args.batch or 1) * 1e3 / float(np.median(ours)), 1),
         "median_ms": round(float(np.median(ours)), 4),
         "p50_ms": round(float(np.percentile(ours, 50)), 4), "p90_ms": round(float(np.percentile(ours, 90)), 4),
         "p99_ms": round(float(np.percentile(ours, 99)), 4),
@@ -469,6 +476,7 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--profile", action="store_true", help="store measured per-op times for later plans")
     p.add_argument("--input", "-i", action="append")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, help="run at this batch size (inputs' leading dimension)")
     p.add_argument("--suite", action="store_true", help="the whole corpus on every backend/config vs LiteRT")
     p.add_argument("--models", nargs="+", help="suite: models (paths or zoo:NAME; default all zoo models)")
     p.add_argument("--models-dir", action="append", help="suite: also every .tflite in this directory")

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import ExecutionError
+from .errors import ExecutionError, UnsupportedOpError
 from .ir import Model, Tensor
-from .shapes import has_rule, infer_output_shapes
+from .shapes import propagate
 from .tflite.reader import read_model
 
 
@@ -94,11 +94,10 @@ class Interpreter:
         if len(new_shape) != len(t.shape):
             raise ExecutionError(f"input {t.name!r}: cannot change rank from {len(t.shape)} to {len(new_shape)}")
         t.shape = new_shape
-        for op in self._graph.topological_order():
-            if not has_rule(op.opcode):
-                raise ExecutionError(f"cannot resize: {op.describe()} has no shape rule")
-            for out, shape in zip(op.outputs, infer_output_shapes(op, len(op.outputs))):
-                out.shape = tuple(shape)
+        try:
+            propagate(self._graph)
+        except UnsupportedOpError as exc:
+            raise ExecutionError(str(exc)) from None
         self._session = None
 
     def _input(self, index: int) -> Tensor:

@@ -366,3 +366,22 @@ def _detection_postprocess(op: Op) -> list[Shape]:
     o = detection_postprocess_options(op.custom_options)
     count = int(o["max_detections"]) * int(o["max_classes_per_detection"])
     return [(1, count, 4), (1, count), (1, count), (1,)]
+
+
+def propagate(graph) -> None:
+    """Recompute every op's output shapes from the graph inputs' (after an input was resized)."""
+    for op in graph.topological_order():
+        if not has_rule(op.opcode):
+            raise UnsupportedOpError(f"cannot change shapes: {op.describe()} has no shape rule",
+                                     op_index=op.index, opcode=op.opcode)
+        for out, shape in zip(op.outputs, infer_output_shapes(op, len(op.outputs))):
+            out.shape = tuple(int(d) for d in shape)
+
+
+def with_batch(graph, batch: int) -> None:
+    """Set the leading dimension of every graph input to ``batch`` and propagate."""
+    for t in graph.inputs:
+        if not t.shape:
+            raise UnsupportedOpError(f"input {t.name!r} is a scalar; it has no batch dimension")
+        t.shape = (batch,) + tuple(t.shape[1:])
+    propagate(graph)
