@@ -14,12 +14,13 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
+from .kernels.common import kernel_threads
 
 
 class CpuCompiled(CompiledPartition):
     """Kernels bound to preallocated buffers; ``run`` only calls them in order."""
 
-    def __init__(self, partition: Partition, custom: dict[str, registry.Factory]):
+    def __init__(self, partition: Partition, custom: dict[str, registry.Factory], num_threads: int = 1):
         self.partition = partition
         self.timings: dict[int, list[float]] | None = None
         ops = partition.ops
@@ -38,7 +39,8 @@ class CpuCompiled(CompiledPartition):
             if factory is None:
                 raise CompileError(f"{op.describe()}: the cpu backend has no kernel for it")
             try:
-                run = factory(op)
+                with kernel_threads(num_threads):
+                    run = factory(op)
             except Exception as exc:
                 raise CompileError(f"{op.describe()}: cpu kernel setup failed: {exc}") from exc
             self.steps.append((op, run, [self._source(t, external) for t in op.inputs],
@@ -150,7 +152,7 @@ class CpuBackend(Backend):
                 if engine == "litert":
                     raise CompileError(f"LiteRT could not take partition {partition.index}: "
                                        f"{str(exc).splitlines()[0]}") from None
-        return CpuCompiled(partition, self.custom)
+        return CpuCompiled(partition, self.custom, options.num_threads)
 
     def device_info(self) -> dict[str, Any]:
         return {"backend": self.name, "device": "host", "engine": self.options.get("engine", "numpy"),

@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
 
@@ -47,8 +48,9 @@ def test_grouped_conv_2d(groups, per_group, cout_per_group, seed):
 @given(h=st.integers(3, 12), w=st.integers(3, 12), c=st.sampled_from([1, 3, 6, 100]), multiplier=st.integers(1, 3),
        k=st.sampled_from([(1, 1), (3, 3), (5, 5), (2, 3)]), stride=st.integers(1, 2),
        dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
-       seed=st.integers(0, 2**16))
-def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, seed):
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, threads, seed):
+    """Also with two kernel threads, which split large outputs into row bands."""
     kh, kw = k
     if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
         padding = "SAME"
@@ -58,7 +60,8 @@ def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, ac
     opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
             "dilation_h_factor": dilation, "dilation_w_factor": dilation, "fused_activation_function": act}
     model = _conv_model("DEPTHWISE_CONV_2D", (1, h, w, c), weights, bias, opts)
-    check_against_litert(model, [rng.standard_normal((1, h, w, c))], builtin=dilation > 1)
+    check_against_litert(model, [rng.standard_normal((1, h, w, c))], builtin=dilation > 1,
+                         options=CompileOptions(num_threads=threads))
 
 
 def _transpose_conv_out(size, k, stride, padding):

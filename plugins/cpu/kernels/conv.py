@@ -14,7 +14,7 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
-from .common import Padded, along_rows, float_constant, fused, same_padding, window_view
+from .common import Padded, along_rows, float_constant, fused, row_splitter, same_padding, window_view
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -123,33 +123,40 @@ def depthwise_conv_2d(op: Op):
     bias_row = None if bias is None else along_rows(bias, op.outputs[0].shape)
     scratch = np.empty((n, oh, ow, oc), np.float32)
 
+    split = row_splitter(oh, n * oh * ow * oc * len(taps))
+
     def run(ins, outs):
         x, out = ins[0], outs[0]
         if buffer is not None:
             np.copyto(inside, x[..., None])
             x = buffer
         if wide:
-            filt = weights if weights is not None else np.asarray(ins[1], np.float32)
+            filt = (weights if weights is not None else np.asarray(ins[1], np.float32))[0]
             windows = window_view(x, (oh, ow), (kh, kw), (sh, sw), (dh, dw))
-            np.einsum("nhwijc,ijc->nhwc", windows, filt[0], out=out)
         else:
-            _accumulate_taps(x, tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow),
-                             phases, taps, (sh, sw), out, scratch)
-        if bias_row is not None:
-            out += bias_row
-        act(out)
+            filt = tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow)
+            for (py, px), image in phases.items():
+                np.copyto(image, x[:, py::sh, px::sw, :])
+            source = phases or {(0, 0): x}
+
+        def rows(start, stop):
+            part = out[:, start:stop]
+            if wide:
+                np.einsum("nhwijc,ijc->nhwc", windows[:, start:stop], filt, out=part)
+            else:
+                _accumulate_taps(source, filt, taps, start, stop, part, scratch[:, start:stop])
+            if bias_row is not None:
+                part += bias_row
+            act(part)
+        split(rows)
     return run
 
 
-def _accumulate_taps(x, filt, phases, taps, stride, out, scratch):
-    """out = sum over taps of window * tiled filter tap, reading windows from the phase images."""
-    sh, sw = stride
-    oh, ow = out.shape[1:3]
-    for (py, px), image in phases.items():
-        np.copyto(image, x[:, py::sh, px::sw, :])
-    source = phases or {(0, 0): x}
+def _accumulate_taps(source, filt, taps, start, stop, out, scratch):
+    """Output rows start..stop: the sum over taps of each window times its tiled filter tap."""
+    ow = out.shape[2]
     for i, (key, y0, x0, ky, kx) in enumerate(taps):
-        window = source[key][:, y0:y0 + oh, x0:x0 + ow, :]
+        window = source[key][:, y0 + start:y0 + stop, x0:x0 + ow, :]
         if i == 0:
             np.multiply(window, filt[ky, kx], out=out)
         else:
