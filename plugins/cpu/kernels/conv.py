@@ -170,36 +170,36 @@ def _tile_taps(weights: np.ndarray, width: int) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(weights[0, :, :, None, :], (kh, kw, width, oc)))
 
 
-def transpose_conv(out_shape, weights: np.ndarray | None, bias: np.ndarray | None, in_shape,
-                   stride: tuple[int, int], pad_before: tuple[int, int], act):
+def transpose_conv(op: Op, slots: tuple[int, int, int], stride: tuple[int, int], pad_before: tuple[int, int],
+                   act):
     """Transposed convolution: one GEMM to per-tap contributions, then strided accumulation.
 
-    ``weights`` are OHWI; each input pixel adds ``x . w[:, ky, kx, :]`` at output
-    position ``(iy * stride - pad + ky, ix * stride - pad + kx)``; bias is added once.
+    ``slots`` are the input indices of data, weights (OHWI) and bias.  Each input
+    pixel adds ``x . w[:, ky, kx, :]`` at output position
+    ``(iy * stride - pad + ky, ix * stride - pad + kx)``; bias is added once.
+    Returns ``run(x, w, out)`` (``w`` is only read when the weights are not constant).
     """
-    n, ih, iw, ci = in_shape
-    _, oh, ow, o = out_shape
+    data_index, weight_index, bias_index = slots
+    n, ih, iw, ci = op.inputs[data_index].shape
+    _, oh, ow, o = op.outputs[0].shape
+    _, kh, kw, _ = op.inputs[weight_index].shape
     sh, sw = stride
     top, left = pad_before
+    bias = _bias(op, bias_index, o)
+    bias = None if bias is None else along_rows(bias, op.outputs[0].shape)
 
     def layout(w):
-        kh, kw = w.shape[1], w.shape[2]
-        return np.ascontiguousarray(w.transpose(3, 1, 2, 0).reshape(ci, kh * kw * o)), kh, kw
+        return np.ascontiguousarray(w.transpose(3, 1, 2, 0).reshape(ci, kh * kw * o))
 
-    fixed = layout(weights) if weights is not None else None
-    state = {}
-
-    def buffers(kh, kw):
-        key = (kh, kw)
-        if key not in state:
-            full = (n, max((ih - 1) * sh + kh, top + oh), max((iw - 1) * sw + kw, left + ow), o)
-            state[key] = (np.empty(full, np.float32), np.empty((n * ih * iw, kh * kw * o), np.float32))
-        return state[key]
+    weights = float_constant(op.inputs[weight_index])
+    gemm = None if weights is None else layout(weights)
+    full = (n, max((ih - 1) * sh + kh, top + oh), max((iw - 1) * sw + kw, left + ow), o)
+    acc = np.empty(full, np.float32)
+    contrib = np.empty((n * ih * iw, kh * kw * o), np.float32)
 
     def run(x, w, out):
-        gemm, kh, kw = fixed if fixed is not None else layout(np.asarray(w, np.float32))
-        acc, contrib = buffers(kh, kw)
-        np.matmul(x.reshape(n * ih * iw, ci), gemm, out=contrib)
+        np.matmul(x.reshape(n * ih * iw, ci), gemm if gemm is not None else layout(np.asarray(w, np.float32)),
+                  out=contrib)
         parts = contrib.reshape(n, ih, iw, kh, kw, o)
         acc.fill(0)
         for ky in range(kh):
@@ -215,7 +215,7 @@ def transpose_conv(out_shape, weights: np.ndarray | None, bias: np.ndarray | Non
 @kernel("TRANSPOSE_CONV")
 def transpose_conv_2d(op: Op):
     out_shape = op.outputs[0].shape
-    o, kh, kw, _ = op.inputs[1].shape
+    _, kh, kw, _ = op.inputs[1].shape
     opts = op.options
     stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
     pads = (0, 0)
@@ -223,8 +223,7 @@ def transpose_conv_2d(op: Op):
         # Padding as for a forward convolution from the output size back to the input size.
         pads = tuple(same_padding(out_shape[1 + i], (kh, kw)[i], stride[i], 1,
                                   -(-out_shape[1 + i] // stride[i]))[0] for i in range(2))
-    run_tc = transpose_conv(out_shape, float_constant(op.inputs[1]), _bias(op, 3, o), op.inputs[2].shape,
-                            stride, pads, fused(op))
+    run_tc = transpose_conv(op, (2, 1, 3), stride, pads, fused(op))
 
     def run(ins, outs):
         run_tc(ins[2], ins[1], outs[0])
@@ -234,9 +233,7 @@ def transpose_conv_2d(op: Op):
 @kernel("Convolution2DTransposeBias")
 def convolution_2d_transpose_bias(op: Op):
     _, pads, stride = transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)
-    o = op.inputs[1].shape[0]
-    run_tc = transpose_conv(op.outputs[0].shape, float_constant(op.inputs[1]), _bias(op, 2, o),
-                            op.inputs[0].shape, stride, pads, lambda x: None)
+    run_tc = transpose_conv(op, (0, 1, 2), stride, pads, lambda x: None)
 
     def run(ins, outs):
         run_tc(ins[0], ins[1], outs[0])
