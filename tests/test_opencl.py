@@ -18,6 +18,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from delegate import CacheError, CompileOptions, PluginError, read_model
+from delegate.gpu.cache import CacheWarning, EntryStore
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
@@ -25,7 +26,6 @@ from delegate.tflite.builder import GraphBuilder
 from tests.oputil import assert_close, check_against_litert, litert_run
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
-from delegate_opencl.cache import KernelCache  # noqa: E402
 from delegate_opencl.compiled import ClCompiled  # noqa: E402
 from delegate_opencl.device import probe  # noqa: E402
 from delegate_opencl.program import ProgramBuilder, Variant, program_source  # noqa: E402
@@ -476,7 +476,7 @@ def fresh_builder(backend):
 
 def test_second_compile_loads_binaries_and_is_faster(backend, tmp_path):
     source = program_source([Variant("conv2d"), Variant("pool2d", (("unary", "RELU6", None, False),))], ())
-    cache = KernelCache(tmp_path, "model-a")
+    cache = EntryStore(tmp_path, "opencl", "model-a")
     first = fresh_builder(backend).build(source, cache)
     second = fresh_builder(backend).build(source, cache)
     assert (first.origin, second.origin) == ("source", "cache")
@@ -500,33 +500,33 @@ def test_compile_uses_the_cache_and_gives_the_same_answers(backend, tmp_path, mo
 @pytest.mark.parametrize("damage,why", [
     (lambda raw: raw[:-7] + bytes(b ^ 0xFF for b in raw[-7:]), "checksum"),
     (lambda raw: raw[: raw.index(b"\n") + 20], "checksum"),
-    (lambda raw: b"garbage", "not a cache entry"),
+    (lambda raw: b"garbage", "not an entry of this format"),
 ])
 def test_damaged_entries_are_rebuilt_with_a_warning(backend, tmp_path, damage, why):
     source = program_source([Variant("elementwise", (("unary", "EXP", None, False),))], ())
-    cache = KernelCache(tmp_path, "m")
+    cache = EntryStore(tmp_path, "opencl", "m")
     built = fresh_builder(backend).build(source, cache)
     path = cache.path(built.key, "bin")
     path.write_bytes(damage(path.read_bytes()))
-    with pytest.warns(RuntimeWarning, match=why):
+    with pytest.warns(CacheWarning, match=why):
         again = fresh_builder(backend).build(source, cache)
     assert again.origin == "source"
     assert fresh_builder(backend).build(source, cache).origin == "cache"  # rewritten whole
 
 
 def test_entry_for_other_source_is_not_trusted(backend, tmp_path):
-    cache = KernelCache(tmp_path, "m")
+    cache = EntryStore(tmp_path, "opencl", "m")
     sources = [program_source([Variant("elementwise", ((("unary", op, None, False)),))], ()) for op in ("EXP", "TANH")]
     builders = [fresh_builder(backend) for _ in sources]
     keys = [builders[0].key(s) for s in sources]
     builders[0].build(sources[0], cache)
     cache.path(keys[1], "bin").write_bytes(cache.path(keys[0], "bin").read_bytes())
-    with pytest.warns(RuntimeWarning, match="another device, driver, source or options"):
+    with pytest.warns(CacheWarning, match="another device, source or options"):
         assert builders[1].build(sources[1], cache).origin == "source"
 
 
 def test_cache_directory_is_private(tmp_path):
-    cache = KernelCache(tmp_path / "new" / "dir", "m")
+    cache = EntryStore(tmp_path / "new" / "dir", "opencl", "m")
     for path in (tmp_path / "new" / "dir", cache.directory):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
     cache.store("k" * 64, "bin", b"payload")

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import CompiledPartition, CompileOptions, Partition
+from delegate.gpu.cache import EntryStore, cache_key
 from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
 
-from .cache import KernelCache, cache_key
 from .lowering import Launch, Lowering
 from .program import kernel_name, program_source
 from .values import ClValue, ReadbackBatch
@@ -73,13 +73,13 @@ class ClCompiled(CompiledPartition):
         self.outputs = [(t, lowering.tensor(t)) for t in partition.outputs]
         self.device_bytes = lowering.device_bytes
         self.labels = [launch.label for launch in lowering.launches]
-        cache = KernelCache(options.cache_dir, options.model_token) if options.cache_dir else None
+        cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
         self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = []
         if lowering.launches:
             self._bind(lowering.launches, cache, options.inference_preference == "sustained_speed")
 
-    def _bind(self, launches: list[Launch], cache: KernelCache | None, tune: bool) -> None:
+    def _bind(self, launches: list[Launch], cache: EntryStore | None, tune: bool) -> None:
         cl = self.device.cl
         variants = list(dict.fromkeys(launch.variant for launch in launches))
         names = {v: kernel_name(v, i) for i, v in enumerate(variants)}

@@ -23,9 +23,9 @@ from importlib import resources
 from typing import Any, Sequence
 
 from delegate.errors import CompileError
+from delegate.gpu.cache import CacheWarning, EntryStore, cache_key
 
 from . import __version__
-from .cache import KernelCache, cache_key
 
 
 @lru_cache(maxsize=None)
@@ -103,7 +103,7 @@ class ProgramBuilder:
                           "options": self.BUILD_OPTIONS,
                           "source": hashlib.sha256(source.encode()).hexdigest()})
 
-    def build(self, source: str, cache: KernelCache | None) -> Built:
+    def build(self, source: str, cache: EntryStore | None) -> Built:
         key = self.key(source)
         if key in self.memo:
             return Built(self.memo[key], key, "memory", 0.0)
@@ -133,7 +133,7 @@ class ProgramBuilder:
             return cl.Program(self.context, [self.device], [binary]).build(options=list(self.BUILD_OPTIONS))
         except (cl.Error, ValueError) as exc:
             warnings.warn(f"cached OpenCL binary was rejected by the driver ({exc}); rebuilding from source",
-                          RuntimeWarning, stacklevel=4)
+                          CacheWarning, stacklevel=4)
             return None
 
     def _binary(self, program) -> bytes:
