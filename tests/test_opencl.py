@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import stat
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -465,6 +466,22 @@ def test_device_buffers_round_trip(backend, shape, seed):
     assert compiled.describe()["kernels"] == 0
     data = normal(np.random.default_rng(seed), shape)
     np.testing.assert_array_equal(run_compiled(backend, g, compiled, [data])[0], data.reshape(g.outputs[0].shape))
+
+
+def test_per_op_profile_from_event_timestamps(backend):
+    rng = np.random.default_rng(8)
+    g, compiled = compile_whole(backend, residual_block(rng, extra_output=True))
+    inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6))]
+    compiled.set_profiling(True)
+    started = time.perf_counter()
+    for _ in range(3):
+        run_compiled(backend, g, compiled, inputs)
+    wall_ms = (time.perf_counter() - started) * 1e3
+    times = compiled.profile()
+    assert set(times) == {0, 2}  # each kernel's time is booked on its first op: the conv, and the MUL
+    assert all(ms >= 0 for ms in times.values()) and sum(times.values()) * 3 <= wall_ms
+    compiled.set_profiling(False)
+    assert compiled.profile() == {}
 
 
 # -- kernel cache and tuning ---------------------------------------------------------------

@@ -38,8 +38,9 @@ def device_state(cl, platform, device) -> DeviceState:
     key = (facts["platform"], facts["device"], facts["driver_version"])
     if key not in _DEVICES:
         context = cl.Context([device])
-        _DEVICES[key] = DeviceState(cl, device, context, cl.CommandQueue(context, device), facts,
-                                    ProgramBuilder(cl, context, device, facts))
+        # In order, with event timestamps: profiling a run costs only keeping its events.
+        queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        _DEVICES[key] = DeviceState(cl, device, context, queue, facts, ProgramBuilder(cl, context, device, facts))
     return _DEVICES[key]
 
 

@@ -73,6 +73,8 @@ class ClCompiled(CompiledPartition):
         self.outputs = [(t, lowering.tensor(t)) for t in partition.outputs]
         self.device_bytes = lowering.device_bytes
         self.labels = [launch.label for launch in lowering.launches]
+        self.first_ops = [launch.ops[0].index for launch in lowering.launches]
+        self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
         self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = []
@@ -131,14 +133,33 @@ class ClCompiled(CompiledPartition):
             if not isinstance(value, ClValue):
                 value = ClValue.stage(value)
             value.upload(cl, queue, buffer, tensor, storage)
-        for kernel, global_size, local_size in self.launches:
-            cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+        if self.profiled is None:
+            for kernel, global_size, local_size in self.launches:
+                cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+        else:
+            self.profiled.append([cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+                                  for kernel, global_size, local_size in self.launches])
         values = [ClValue(t.shape, t.dtype, quant=t.quantization, buffer=buf, storage=storage)
                   for t, buf in self.outputs]
         batch = ReadbackBatch(values)
         for value in values:
             value.batch = batch
         return {t.index: v for (t, _), v in zip(self.outputs, values)}
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Keep the events of the following runs' kernels, for :meth:`profile`."""
+        self.profiled = [] if enabled else None
+
+    def profile(self) -> dict[int, float]:
+        """Median device milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
+        if not self.profiled or not self.launches:
+            return {}
+        self.profiled[-1][-1].wait()
+        times: dict[int, float] = {}
+        for i, op_index in enumerate(self.first_ops):
+            ns = [run[i].profile.end - run[i].profile.start for run in self.profiled]
+            times[op_index] = times.get(op_index, 0.0) + float(np.median(ns)) / 1e6
+        return times
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -33,17 +33,17 @@ class Launch:
     variant: Variant
     args: list[Any]
     global_size: tuple[int, int, int]
-    label: str
+    ops: list[Op]
+
+    @property
+    def label(self) -> str:
+        return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
 def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     """One work item per output vector: (W, H, N * S)."""
     n, h, w, c = as_nhwc(shape)
     return w, h, n * slices(c)
-
-
-def label(ops: Sequence[Op]) -> str:
-    return "+".join(f"{op.opcode}#{op.index}" for op in ops)
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -114,7 +114,7 @@ class Lowering:
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op]) -> None:
         variant = Variant(template, tuple(s.signature() for s in steps))
-        self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, label(ops)))
+        self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, list(ops)))
 
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
