@@ -140,8 +140,12 @@ def _batch_matmul(op: Op) -> list[Shape]:
 @rule("RESHAPE")
 def _reshape(op: Op) -> list[Shape]:
     total = op.inputs[0].size
-    if len(op.inputs) > 1 and op.inputs[1] is not None and op.inputs[1].data is not None:
-        target = [int(v) for v in np.asarray(op.inputs[1].data).ravel()]
+    shape_input = op.input(1)
+    if shape_input is not None and shape_input.data is not None:
+        target = [int(v) for v in np.asarray(shape_input.data).ravel()]
+    elif shape_input is not None and not op.options.get("new_shape"):
+        const_values(op, 1)  # computed at run time: raises "must be constant"
+        target = []
     else:
         target = list(op.options.get("new_shape", []))
     if -1 in target:
@@ -368,13 +372,24 @@ def _detection_postprocess(op: Op) -> list[Shape]:
     return [(1, count, 4), (1, count), (1, count), (1,)]
 
 
-def propagate(graph) -> None:
-    """Recompute every op's output shapes from the graph inputs' (after an input was resized)."""
+def propagate(graph, strict: bool = True) -> None:
+    """Recompute every op's output shapes from the graph inputs' (after an input was resized).
+
+    ``strict=False`` keeps the declared shapes of ops without a rule instead of refusing.
+    """
     for op in graph.topological_order():
         if not has_rule(op.opcode):
+            if not strict:
+                continue
             raise UnsupportedOpError(f"cannot change shapes: {op.describe()} has no shape rule",
                                      op_index=op.index, opcode=op.opcode)
-        for out, shape in zip(op.outputs, infer_output_shapes(op, len(op.outputs))):
+        try:
+            shapes = infer_output_shapes(op, len(op.outputs))
+        except UnsupportedOpError:
+            if strict:
+                raise
+            continue  # depends on values computed at run time: the declared shapes stand
+        for out, shape in zip(op.outputs, shapes):
             out.shape = tuple(int(d) for d in shape)
 
 
@@ -385,3 +400,21 @@ def with_batch(graph, batch: int) -> None:
             raise UnsupportedOpError(f"input {t.name!r} is a scalar; it has no batch dimension")
         t.shape = (batch,) + tuple(t.shape[1:])
     propagate(graph)
+
+
+@rule("SPACE_TO_BATCH_ND")
+def _space_to_batch(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    block = [int(b) for b in const_values(op, 1).ravel()]
+    pads = const_values(op, 2).reshape(-1, 2)
+    spatial = [(shape[1 + i] + int(p[0]) + int(p[1])) // b for i, (b, p) in enumerate(zip(block, pads))]
+    return [(shape[0] * int(np.prod(block)),) + tuple(spatial) + tuple(shape[1 + len(block):])]
+
+
+@rule("BATCH_TO_SPACE_ND")
+def _batch_to_space(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    block = [int(b) for b in const_values(op, 1).ravel()]
+    crops = const_values(op, 2).reshape(-1, 2)
+    spatial = [shape[1 + i] * b - int(c[0]) - int(c[1]) for i, (b, c) in enumerate(zip(block, crops))]
+    return [(shape[0] // int(np.prod(block)),) + tuple(spatial) + tuple(shape[1 + len(block):])]

@@ -8,22 +8,34 @@ ever sees an inconsistent model.  Ops without a shape rule are left to their bac
 
 from __future__ import annotations
 
-from .errors import DelegateError, ModelFormatError
+from .errors import DelegateError, ModelFormatError, UnsupportedOpError
 from .ir import Subgraph
-from .shapes import has_rule, infer_output_shapes
+from .shapes import has_rule, infer_output_shapes, propagate
 
 
 def validate_graph(graph: Subgraph) -> None:
-    """Raise ModelFormatError for the first op whose operands do not fit it."""
+    """Raise ModelFormatError for the first op whose operands do not fit it.
+
+    In a model with dynamic input dimensions the file's intermediate shapes are
+    placeholders (converters write batch 1 even past a SPACE_TO_BATCH_ND), so
+    they are first recomputed from the inputs, as TFLite does when preparing.
+    """
+    if any(t.is_dynamic for t in graph.inputs):
+        try:
+            propagate(graph, strict=False)
+        except DelegateError as exc:
+            raise ModelFormatError(str(exc)) from None
+        except Exception as exc:
+            raise ModelFormatError(f"shapes do not follow from the inputs ({type(exc).__name__}: {exc})") from None
     for op in graph.ops:
         if op.custom or not has_rule(op.opcode):
             continue
         if not op.outputs:
             raise ModelFormatError(f"{op.describe()}: has no outputs")
-        if any(t is not None and t.is_dynamic for t in op.inputs):
-            continue  # declared shapes are placeholders until the input is resized
         try:
             shapes = infer_output_shapes(op, len(op.outputs))
+        except UnsupportedOpError:
+            continue  # its shape depends on values computed at run time; the declared one stands
         except DelegateError as exc:
             raise ModelFormatError(f"{op.describe()}: {exc}") from None
         except Exception as exc:

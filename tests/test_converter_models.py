@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tflite.Model import Model as FbModel
 
-from delegate import DelegateError, UnsupportedOpError, read_model
+from delegate import DelegateError, read_model
 from delegate.session import RunSettings, Session
 from delegate.tflite.writer import write_model
 from tests.oputil import assert_close, litert, litert_run
@@ -29,11 +29,6 @@ LITERT_REFUSES = {"transformer_block_int16x8.tflite": (
 RUNNABLE = [n for n in NAMES if n not in LITERT_REFUSES]
 # Float models: within this fraction of the output range of each LiteRT kernel set.
 TOLERANCE = 1e-4
-# Cases where delegate's CPU kernels do not yet match LiteRT: (the op and the symptom, the exception seen).
-CPU_KNOWN_FAILURES: dict[str, tuple[str, type[Exception]]] = {
-    "deeplab_tiny_fp32.tflite": ("SPACE_TO_BATCH_ND and BATCH_TO_SPACE_ND (atrous convolution as the converter "
-                                 "lowers it) have no cpu kernel: UnsupportedOpError at op #3", UnsupportedOpError),
-}
 
 
 def load(name: str) -> bytes:
@@ -64,16 +59,6 @@ def relative_error(actual, expected) -> float:
         scale = max(float(np.abs(e).max()), 1e-6)
         worst = max(worst, float(np.abs(a.astype(np.float64) - e).max()) / scale)
     return worst
-
-
-def cpu_cases(names):
-    cases = []
-    for n in names:
-        if n in CPU_KNOWN_FAILURES:
-            reason, raises = CPU_KNOWN_FAILURES[n]
-            n = pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=raises, reason=reason))
-        cases.append(n)
-    return cases
 
 
 def test_fixture_set_is_complete_and_small():
@@ -185,7 +170,7 @@ def cpu_outputs(model, inputs) -> list[np.ndarray]:
     return [out[t.name] for t in session.graph.outputs]
 
 
-@pytest.mark.parametrize("name", cpu_cases(FLOAT))
+@pytest.mark.parametrize("name", FLOAT)
 def test_float_model_on_cpu_matches_litert(name):
     """Within 1e-4 of the output range of XNNPACK and of the builtin kernels, or, where those two
     disagree more, no further from either than they are from each other."""
@@ -201,7 +186,7 @@ def test_float_model_on_cpu_matches_litert(name):
         assert error <= bound, f"{name}: max error {error:.3g} of the output range vs {label} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("name", cpu_cases([n for n in QUANTIZED if n in RUNNABLE]))
+@pytest.mark.parametrize("name", [n for n in QUANTIZED if n in RUNNABLE])
 def test_quantized_model_on_cpu_matches_litert(name):
     """Within one quantization step of LiteRT's builtin (reference integer) kernels."""
     data = load(name)
