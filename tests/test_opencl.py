@@ -513,6 +513,15 @@ def test_second_compile_loads_binaries_and_is_faster(backend, tmp_path):
     assert second.seconds < first.seconds, (first.seconds, second.seconds)
 
 
+def test_programs_built_earlier_reach_a_new_cache_directory(backend, tmp_path):
+    source = program_source([Variant("elementwise", (("unary", "RELU", None, False),))], ())
+    builder = fresh_builder(backend)
+    assert builder.build(source, None).origin == "source"
+    cache = EntryStore(tmp_path, "opencl", "late")
+    assert builder.build(source, cache).origin == "memory"
+    assert fresh_builder(backend).build(source, cache).origin == "cache"
+
+
 def test_compile_uses_the_cache_and_gives_the_same_answers(backend, tmp_path, monkeypatch):
     rng = np.random.default_rng(5)
     b = residual_block(rng)

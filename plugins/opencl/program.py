@@ -105,19 +105,16 @@ class ProgramBuilder:
 
     def build(self, source: str, cache: EntryStore | None) -> Built:
         key = self.key(source)
-        if key in self.memo:
-            return Built(self.memo[key], key, "memory", 0.0)
         start = time.perf_counter()
-        program, origin = None, "source"
-        binary = cache.load(key, "bin") if cache else None
-        if binary is not None:
-            program = self._from_binary(binary)
-            origin = "cache" if program is not None else "source"
+        program, origin = self.memo.get(key), "memory"
         if program is None:
-            program = self._from_source(source)
-            if cache:
-                cache.store(key, "bin", self._binary(program))
-        self.memo[key] = program
+            binary = cache.load(key, "bin") if cache else None
+            program = self._from_binary(binary) if binary is not None else None
+            origin = "cache" if program is not None else "source"
+            self.memo[key] = program = program or self._from_source(source)
+        # A build this process made earlier reaches a cache directory it had not seen yet.
+        if cache and (origin == "source" or (origin == "memory" and not cache.path(key, "bin").exists())):
+            cache.store(key, "bin", self._binary(program))
         return Built(program, key, origin, time.perf_counter() - start)
 
     def _from_source(self, source: str):
