@@ -50,10 +50,10 @@ class ClValue:
         if self.staged is not None:
             data = to_float_view(self.staged, tensor)
         else:
-            data = to_phwc4(self.host_raw(cl, queue))  # already the float view
+            data = to_phwc4(self.host_floats(cl, queue))  # already the float view
         cl.enqueue_copy(queue, buffer, data.astype(storage), is_blocking=False)
 
-    def host_raw(self, cl, queue) -> np.ndarray:
+    def host_floats(self, cl, queue) -> np.ndarray:
         """The float values of a device-resident value in NHWC (reads it back if needed)."""
         if self.readback is None:
             self.batch.read(cl, queue)
@@ -62,7 +62,7 @@ class ClValue:
     def to_host(self, cl, queue) -> np.ndarray:
         if self.staged is not None:
             return from_phwc4(self.staged, self.shape)
-        return from_float_view(self.host_raw(cl, queue), self.dtype, self.quant)
+        return from_float_view(self.host_floats(cl, queue), self.dtype, self.quant)
 
 
 class ReadbackBatch:
