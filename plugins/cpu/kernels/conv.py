@@ -82,17 +82,25 @@ def conv_2d(op: Op):
     return run
 
 
-# From this many output channels on, einsum's inner loop over channels beats per-tap passes.
-WIDE_DEPTHWISE = 192
+def _prefer_einsum(pixels: int, channels: int, taps: int) -> bool:
+    """Whether one einsum beats per-tap passes for a depthwise convolution (microseconds, measured).
+
+    Per-tap passes cost a fixed ~6 us per numpy call plus two passes over the
+    output at ~8 elements/ns; einsum loops over channels innermost, so its rate
+    grows with the channel count, to about 5 multiply-adds/ns from ~150 channels on.
+    """
+    per_tap = taps * (6.0 + 2 * pixels * channels / 8e3)
+    einsum = pixels * channels * taps / (min(5.0, channels / 30) * 1e3)
+    return einsum < per_tap
 
 
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
-    """One multiply-accumulate per filter tap over the whole output, or one einsum for many channels.
+    """One multiply-accumulate per filter tap over the whole output, or one einsum over all taps.
 
-    numpy is fast only on long contiguous inner loops.  With many channels the
-    channel loop is long enough for einsum over the sliding-window view.  With
-    few, every tap is arranged to read rows contiguous over (width, channels):
+    numpy is fast only on long contiguous inner loops.  With many channels (or
+    few pixels) einsum over the sliding-window view wins.  Otherwise every tap
+    is arranged to read rows contiguous over (width, channels):
     the filter taps are tiled along the output width, and with strides the
     padded input is first split into stride_h * stride_w phase images (every
     stride-th row and column), in which each tap's window is a contiguous-row slice.
@@ -113,7 +121,7 @@ def depthwise_conv_2d(op: Op):
     spread = multiplier > 1 or top or bottom or left or right
     buffer = np.zeros((n, hp, wp, oc), np.float32) if spread else None
     inside = None if buffer is None else buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
-    wide = oc >= WIDE_DEPTHWISE
+    wide = _prefer_einsum(n * oh * ow, oc, kh * kw)
     taps = [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw, ky, kx)
             for ky in range(kh) for kx in range(kw)]
     phases = {} if (sh, sw) == (1, 1) or wide else {
