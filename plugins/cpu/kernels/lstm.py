@@ -76,7 +76,7 @@ def lstm(op: Op):
     if op.options.get("kernel_type", "FULL") != "FULL":
         raise ValueError("only the FULL LSTM kernel is supported")
     sequence = op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM"
-    time_major = not sequence or bool(op.options.get("time_major", True))
+    time_major = not sequence or bool(op.options.get("time_major", False))  # the schema default
     activation = fused(op)
     cell_clip = float(op.options.get("cell_clip") or 0.0)
     proj_clip = float(op.options.get("proj_clip") or 0.0)
