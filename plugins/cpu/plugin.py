@@ -133,7 +133,7 @@ class CpuBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         if registry.find_kernel(op, self.custom) is None:
-            kind = "custom op" if op.custom else "op"
+            kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
             return Support.no(f"no cpu kernel for {kind} {op.opcode}")
         return Support.yes()
 

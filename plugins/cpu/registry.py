@@ -44,11 +44,25 @@ def is_quantized_op(op: Op) -> bool:
     return False
 
 
+# Ops that only move, select or reorder values: their float kernels are exact on quantized
+# integers (input and output share one quantization), so they need no quantized twin.
+VALUE_PRESERVING = frozenset({
+    "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "GATHER_ND",
+    "SPLIT", "SPLIT_V", "PACK", "UNPACK", "TILE", "BROADCAST_TO", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH",
+    "SPACE_TO_BATCH_ND", "BATCH_TO_SPACE_ND", "RESIZE_NEAREST_NEIGHBOR", "SHAPE", "ARG_MAX", "ARG_MIN",
+    "MIRROR_PAD", "REVERSE_V2", "ZEROS_LIKE", "MAXIMUM", "MINIMUM", "REDUCE_MAX", "REDUCE_MIN",
+})
+
+
 def find_kernel(op: Op, custom: dict[str, Factory] | None = None) -> Factory | None:
+    """The kernel for ``op``; a quantized op never silently gets a float kernel that would do
+    arithmetic on raw integers."""
     if op.custom and custom and op.opcode in custom:
         return custom[op.opcode]
-    if is_quantized_op(op) and op.opcode in QUANT_KERNELS:
-        return QUANT_KERNELS[op.opcode]
+    if is_quantized_op(op):
+        if op.opcode in QUANT_KERNELS:
+            return QUANT_KERNELS[op.opcode]
+        return FLOAT_KERNELS.get(op.opcode) if op.opcode in VALUE_PRESERVING else None
     return FLOAT_KERNELS.get(op.opcode)
 
 
