@@ -9,7 +9,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import along_rows, float_constant
+from .common import along_rows, float_constant, scratch
 
 _CLIPS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
@@ -41,12 +41,11 @@ def _scaled_negative_part(op: Op, slope):
                 np.maximum(ins[0], outs[0], out=outs[0])
             return run_bounded
     excess = None if slope is None else slope - np.float32(1)
-    scratch = np.empty(shape, np.float32)
 
     def run(ins, outs):
-        np.minimum(ins[0], 0, out=scratch)
-        np.multiply(scratch, excess if excess is not None else ins[1] - np.float32(1), out=scratch)
-        np.add(ins[0], scratch, out=outs[0])
+        negative = np.minimum(ins[0], 0, out=scratch(0, shape))
+        np.multiply(negative, excess if excess is not None else ins[1] - np.float32(1), out=negative)
+        np.add(ins[0], negative, out=outs[0])
     return run
 
 
@@ -63,12 +62,12 @@ def leaky_relu(op: Op):
 
 @kernel("HARD_SWISH")
 def hard_swish(op: Op):
-    scratch = np.empty(op.outputs[0].shape, np.float32)
+    shape = op.outputs[0].shape
 
     def run(ins, outs):
-        np.add(ins[0], 3, out=scratch)
-        np.clip(scratch, 0, 6, out=scratch)
-        np.multiply(ins[0], scratch, out=outs[0])
+        gate = np.add(ins[0], 3, out=scratch(0, shape))
+        np.clip(gate, 0, 6, out=gate)
+        np.multiply(ins[0], gate, out=outs[0])
         outs[0] /= 6
     return run
 

@@ -173,6 +173,27 @@ class Padded:
         return self.buffer
 
 
+_SCRATCH = threading.local()
+
+
+def scratch(slot: int, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """A temporary array for the duration of one kernel run, shared by every kernel of the calling thread.
+
+    Kernels take it at run time (the memory grows to the largest request); the
+    same ``slot`` in another kernel reuses the same memory, so distinct arrays
+    of one kernel need distinct slots and nothing in them outlives the run.
+    Sharing keeps a model's temporaries to the size of its largest op, warm in cache.
+    """
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    buffer = buffers.get(slot)
+    if buffer is None or buffer.nbytes < size:
+        buffer = buffers[slot] = np.empty(max(size, 64), np.uint8)
+    return buffer[:size].view(dtype).reshape(shape)
+
+
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()

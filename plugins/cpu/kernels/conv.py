@@ -14,7 +14,8 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
-from .common import Padded, along_rows, float_constant, fused, row_splitter, same_padding, window_view
+from .common import (Padded, along_rows, float_constant, fused, row_splitter, same_padding, scratch,
+                     window_view)
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -56,7 +57,6 @@ def conv_2d(op: Op):
     act = fused(op)
     pad = Padded((n, h, w, c), _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     pointwise = kh == kw == 1 and not pad.any
-    columns = None if pointwise else np.empty((n, oh, ow, kh, kw, c), np.float32)
     rows = n * oh * ow
 
     def run(ins, outs):
@@ -65,6 +65,7 @@ def conv_2d(op: Op):
         if pointwise:
             cols = (x[:, ::stride[0], ::stride[1], :] if stride != (1, 1) else x).reshape(rows, c)
         else:
+            columns = scratch(0, (n, oh, ow, kh, kw, c))
             np.copyto(columns, window_view(pad(x), (oh, ow), (kh, kw), stride, dilation))
             cols = columns.reshape(rows, kh * kw * c)
         out2d = out.reshape(rows, o)
@@ -125,12 +126,9 @@ def depthwise_conv_2d(op: Op):
     taps = [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw, ky, kx)
             for ky in range(kh) for kx in range(kw)]
     phases = {} if (sh, sw) == (1, 1) or wide else {
-        key: np.empty((n, -(-(hp - key[0]) // sh), -(-(wp - key[1]) // sw), oc), np.float32)
-        for key in sorted({t[0] for t in taps})}
+        key: (n, -(-(hp - key[0]) // sh), -(-(wp - key[1]) // sw), oc) for key in sorted({t[0] for t in taps})}
     tiled = None if weights is None or wide else _tile_taps(weights, ow)
     bias_row = None if bias is None else along_rows(bias, op.outputs[0].shape)
-    scratch = np.empty((n, oh, ow, oc), np.float32)
-
     split = row_splitter(oh, n * oh * ow * oc * len(taps))
 
     def run(ins, outs):
@@ -143,16 +141,18 @@ def depthwise_conv_2d(op: Op):
             windows = window_view(x, (oh, ow), (kh, kw), (sh, sw), (dh, dw))
         else:
             filt = tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow)
-            for (py, px), image in phases.items():
+            source = {(0, 0): x}
+            for slot, ((py, px), shape) in enumerate(phases.items(), start=1):
+                image = source[py, px] = scratch(slot, shape)
                 np.copyto(image, x[:, py::sh, px::sw, :])
-            source = phases or {(0, 0): x}
+            partial = scratch(0, out.shape)
 
         def rows(start, stop):
             part = out[:, start:stop]
             if wide:
                 np.einsum("nhwijc,ijc->nhwc", windows[:, start:stop], filt, out=part)
             else:
-                _accumulate_taps(source, filt, taps, start, stop, part, scratch[:, start:stop])
+                _accumulate_taps(source, filt, taps, start, stop, part, partial[:, start:stop])
             if bias_row is not None:
                 part += bias_row
             act(part)
@@ -202,10 +202,9 @@ def transpose_conv(op: Op, slots: tuple[int, int, int], stride: tuple[int, int],
     weights = float_constant(op.inputs[weight_index])
     gemm = None if weights is None else layout(weights)
     full = (n, max((ih - 1) * sh + kh, top + oh), max((iw - 1) * sw + kw, left + ow), o)
-    acc = np.empty(full, np.float32)
-    contrib = np.empty((n * ih * iw, kh * kw * o), np.float32)
 
     def run(x, w, out):
+        acc, contrib = scratch(0, full), scratch(1, (n * ih * iw, kh * kw * o))
         np.matmul(x.reshape(n * ih * iw, ci), gemm if gemm is not None else layout(np.asarray(w, np.float32)),
                   out=contrib)
         parts = contrib.reshape(n, ih, iw, kh, kw, o)

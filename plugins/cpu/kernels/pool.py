@@ -12,7 +12,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import Padded, fused, same_padding
+from .common import Padded, fused, same_padding, scratch
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
 _POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
@@ -43,12 +43,13 @@ def pool_2d(op: Op):
     if average:
         counts = _valid_counts(h, oh, kh, sh, pads[0])[:, None] * _valid_counts(w, ow, kw, sw, pads[2])[None, :]
         divisor = np.ascontiguousarray(np.broadcast_to(counts[:, :, None], (oh, ow, c)), np.float32)
-    rows = np.empty((n, oh, w * c) if tiled else (n, h + pads[0] + pads[1], ow, c), np.float32)
+    rows_shape = (n, oh, w * c) if tiled else (n, h + pads[0] + pads[1], ow, c)
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
+        rows = scratch(0, rows_shape)
         if l2:
-            x = np.square(x)
+            x = np.square(x, out=scratch(1, x.shape))
         if tiled:
             # Whole windows: reduce each band of kh rows, then each run of kw columns.
             _reduce_axis(reduce, x[:, :oh * kh].reshape(n, oh, kh, w * c), 2, rows)

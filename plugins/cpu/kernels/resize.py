@@ -11,7 +11,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import along_rows
+from .common import along_rows, scratch
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -63,13 +63,11 @@ def resize_bilinear(op: Op):
     x0, x1, wx = bilinear_taps(w, ow, *flags)
     wy = wy.reshape(1, oh, 1, 1)
     wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
-    # Columns first: the channel-strided gathers then run over the input's rows, not the output's.
-    left, right = np.empty((n, h, ow, c), np.float32), np.empty((n, h, ow, c), np.float32)
-    below = np.empty((n, oh, ow, c), np.float32)
 
     def run(ins, outs):
-        cols = _lerp(ins[0], x0, x1, wx, 2, left, right)
-        _lerp(cols, y0, y1, wy, 1, outs[0], below)
+        # Columns first: the channel-strided gathers then run over the input's rows, not the output's.
+        cols = _lerp(ins[0], x0, x1, wx, 2, scratch(0, (n, h, ow, c)), scratch(1, (n, h, ow, c)))
+        _lerp(cols, y0, y1, wy, 1, outs[0], scratch(1, (n, oh, ow, c)))
     return run
 
 
