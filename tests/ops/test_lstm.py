@@ -42,16 +42,22 @@ def _sizes(variant, n_cell, n_output):
 
 
 @given(variant=VARIANTS, n_input=st.integers(1, 5), n_cell=st.integers(1, 6), n_output=st.integers(1, 4),
-       batch=st.integers(1, 3), clips=st.sampled_from([(0.0, 0.0), (0.5, 0.3)]), seed=st.integers(0, 2**16))
-def test_lstm_step(variant, n_input, n_cell, n_output, batch, clips, seed):
+       batch=st.integers(1, 3), clips=st.sampled_from([(0.0, 0.0), (0.5, 0.3)]), runtime_weights=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_lstm_step(variant, n_input, n_cell, n_output, batch, clips, runtime_weights, seed):
+    """``runtime_weights`` feeds the input-to-forget weights as a graph input instead of a constant."""
     n_cell, n_output = _sizes(variant, n_cell, n_output)
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
     x = b.input("x", (batch, n_input))
     operands = _lstm_operands(b, rng, n_input, n_cell, n_output, batch, variant)
+    inputs = [rng.standard_normal((batch, n_input))]
+    if runtime_weights:
+        inputs.append(operands[1].data)
+        operands[1] = b.input("forget_w_input", operands[1].shape)
     options = {"fused_activation_function": "TANH", "cell_clip": clips[0], "proj_clip": clips[1]}
     b.output(b.op("LSTM", [x] + operands, options=options))
-    check_against_litert(b.to_bytes(), [rng.standard_normal((batch, n_input))], builtin=True)
+    check_against_litert(b.to_bytes(), inputs, builtin=True)
 
 
 @given(variant=VARIANTS, time_major=st.booleans(), steps=st.integers(1, 5), n_input=st.integers(1, 4),

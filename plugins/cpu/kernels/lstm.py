@@ -124,7 +124,7 @@ def lstm(op: Op):
         return projected
 
     def run(ins, outs):
-        w = fixed or _Weights(op, lambda i: None if ins[i] is None else np.asarray(ins[i], np.float32))
+        w = fixed or _Weights(op, lambda i: None if op.input(i) is None else np.asarray(ins[i], np.float32))
         x, out = ins[0], outs[0]
         if not sequence:
             x, out = x[None], out[None]
