@@ -10,18 +10,20 @@ from tests.oputil import check_against_litert
 ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
 
 
-def _conv_model(opcode, x_shape, w, bias, options):
+def _check_conv(opcode, x, w, bias, op_options, runtime_weights=False, **check):
+    """One convolution against LiteRT; ``runtime_weights`` feeds the filter as a graph input."""
     b = GraphBuilder()
-    x = b.input("x", x_shape)
-    b.output(b.op(opcode, [x, b.const("w", w), b.const("b", bias)], options=options))
-    return b.to_bytes()
+    inputs = [b.input("x", x.shape)]
+    inputs.append(b.input("w", w.shape) if runtime_weights else b.const("w", w))
+    b.output(b.op(opcode, inputs + [b.const("b", bias)], options=op_options))
+    check_against_litert(b.to_bytes(), [x, w] if runtime_weights else [x], **check)
 
 
 @given(h=st.integers(3, 12), w=st.integers(3, 12), cin=st.integers(1, 6), cout=st.integers(1, 8),
        k=st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 5)]), stride=st.integers(1, 3),
        dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
-       batch=st.integers(1, 2), seed=st.integers(0, 2**16))
-def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, seed):
+       batch=st.integers(1, 2), runtime_weights=st.booleans(), seed=st.integers(0, 2**16))
+def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, runtime_weights, seed):
     kh, kw = k
     if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
         padding = "SAME"
@@ -30,8 +32,8 @@ def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, seed
     bias = rng.standard_normal(cout).astype(np.float32)
     opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dilation,
             "dilation_w_factor": dilation, "fused_activation_function": act}
-    model = _conv_model("CONV_2D", (batch, h, w, cin), weights, bias, opts)
-    check_against_litert(model, [rng.standard_normal((batch, h, w, cin))], builtin=dilation > 1)
+    _check_conv("CONV_2D", rng.standard_normal((batch, h, w, cin)), weights, bias, opts, runtime_weights,
+                builtin=dilation > 1 or runtime_weights)
 
 
 @given(groups=st.integers(2, 3), per_group=st.integers(1, 3), cout_per_group=st.integers(1, 3),
@@ -40,16 +42,15 @@ def test_grouped_conv_2d(groups, per_group, cout_per_group, seed):
     rng = np.random.default_rng(seed)
     cin, cout = groups * per_group, groups * cout_per_group
     weights = rng.standard_normal((cout, 3, 3, per_group)).astype(np.float32)
-    model = _conv_model("CONV_2D", (1, 6, 7, cin), weights, rng.standard_normal(cout).astype(np.float32),
-                        {"padding": "SAME", "stride_h": 1, "stride_w": 1})
-    check_against_litert(model, [rng.standard_normal((1, 6, 7, cin))], builtin=True)
+    _check_conv("CONV_2D", rng.standard_normal((1, 6, 7, cin)), weights, rng.standard_normal(cout).astype(np.float32),
+                {"padding": "SAME", "stride_h": 1, "stride_w": 1}, builtin=True)
 
 
 @given(h=st.integers(3, 12), w=st.integers(3, 12), c=st.sampled_from([1, 3, 6, 100]), multiplier=st.integers(1, 3),
        k=st.sampled_from([(1, 1), (3, 3), (5, 5), (2, 3)]), stride=st.integers(1, 2),
        dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
-       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, threads, seed):
+       threads=st.sampled_from([1, 2]), runtime_weights=st.booleans(), seed=st.integers(0, 2**16))
+def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, threads, runtime_weights, seed):
     """Also with two kernel threads, which split large outputs into row bands."""
     kh, kw = k
     if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
@@ -59,9 +60,8 @@ def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, ac
     bias = rng.standard_normal(c * multiplier).astype(np.float32)
     opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
             "dilation_h_factor": dilation, "dilation_w_factor": dilation, "fused_activation_function": act}
-    model = _conv_model("DEPTHWISE_CONV_2D", (1, h, w, c), weights, bias, opts)
-    check_against_litert(model, [rng.standard_normal((1, h, w, c))], builtin=dilation > 1,
-                         options=CompileOptions(num_threads=threads))
+    _check_conv("DEPTHWISE_CONV_2D", rng.standard_normal((1, h, w, c)), weights, bias, opts, runtime_weights,
+                builtin=dilation > 1 or runtime_weights, options=CompileOptions(num_threads=threads))
 
 
 def _transpose_conv_out(size, k, stride, padding):
@@ -87,15 +87,18 @@ def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
 
 
 @given(batch=st.sampled_from([(1,), (3,), (2, 3)]), depth=st.integers(1, 20), units=st.integers(1, 12),
-       keep=st.booleans(), with_bias=st.booleans(), act=ACTIVATIONS, seed=st.integers(0, 2**16))
-def test_fully_connected(batch, depth, units, keep, with_bias, act, seed):
+       keep=st.booleans(), with_bias=st.booleans(), act=ACTIVATIONS, runtime_weights=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_fully_connected(batch, depth, units, keep, with_bias, act, runtime_weights, seed):
     rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((units, depth)).astype(np.float32)
     b = GraphBuilder()
     x = b.input("x", batch + (depth,))
-    inputs = [x, b.const("w", rng.standard_normal((units, depth)).astype(np.float32))]
+    inputs = [x, b.input("w", weights.shape) if runtime_weights else b.const("w", weights)]
     inputs.append(b.const("b", rng.standard_normal(units).astype(np.float32)) if with_bias else None)
     b.output(b.op("FULLY_CONNECTED", inputs, options={"keep_num_dims": keep, "fused_activation_function": act}))
-    check_against_litert(b.to_bytes(), [rng.standard_normal(batch + (depth,))])
+    data = [rng.standard_normal(batch + (depth,))] + ([weights] if runtime_weights else [])
+    check_against_litert(b.to_bytes(), data, builtin=runtime_weights)
 
 
 def test_fully_connected_float16_weights_through_dequantize():
