@@ -216,6 +216,40 @@ def test_device_layout_round_trip(backend, shape, seed):
     np.testing.assert_array_equal(run_compiled(backend, g, compiled, [data])[0], data.reshape(flat))
 
 
+@pytest.mark.parametrize("shape, fp32_converts", [((1, 5, 6, 3), True), ((2, 3, 4, 4), False), ((1, 1, 1, 8), False),
+                                                  ((7, 9), True), ((6,), True), ((1, 2, 2, 8), True)])
+def test_boundary_layouts_are_converted_on_the_device(backend, shape, fp32_converts):
+    """NHWC in, NHWC out: uploaded as the caller's array and read back as the host's, in fp32 and fp16
+    storage; only four-channel (or single-pixel) fp32 tensors skip the conversion kernels."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("RELU", [x]))
+    data = normal(np.random.default_rng(11), shape, 4)
+    for precision, tolerance in (("fp32", 0), ("fp16", 4e-3)):
+        g, compiled = compile_whole(backend, b.to_bytes(), CompileOptions(precision=precision))
+        converted = [spec.convert is not None for spec in compiled.program.inputs + compiled.program.outputs]
+        assert converted == [compiled.program.storage == "f16" or fp32_converts] * 2
+        out = run_compiled(backend, g, compiled, [data])[0]
+        np.testing.assert_allclose(out, np.maximum(data, 0), rtol=tolerance, atol=tolerance)
+
+
+def test_read_back_joins_the_run_once_the_host_reads_an_output(backend):
+    """The first read copies on its own; later runs record the copy, and every read sees its own run."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 5, 6))
+    b.output(b.op("RELU", [x]))
+    g, compiled = compile_whole(backend, b.to_bytes())
+    rng = np.random.default_rng(12)
+    (tensor,) = compiled.results.values()
+    for step in range(4):
+        data = normal(rng, (1, 3, 5, 6))
+        value = compiled.run({g.inputs[0].index: backend.to_device(data)})[g.outputs[0].index]
+        assert value.fresh == (step > 0)
+        if step != 2:  # a run whose result nobody reads still keeps the copy current
+            np.testing.assert_array_equal(backend.to_host(value), np.maximum(data, 0))
+    assert tensor.wanted
+
+
 def test_quantized_boundaries_go_through_the_float_view(backend):
     """int8 in, int8 out: dequantized on upload, requantized on read-back, exactly."""
     b = GraphBuilder()

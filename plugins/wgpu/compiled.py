@@ -2,9 +2,12 @@
 
 Everything is created once here: buffers (constants uploaded), one uniform
 buffer with every dispatch's parameters, pipelines (shared per device by
-source) and bind groups.  A run records one command encoder with every
-dispatch of the partition and submits it once; host data moves only for
-inputs arriving from the host and for outputs read back by ``to_host``.
+source), bind groups and read-back buffers.  A run records one command
+encoder with one compute pass holding every dispatch of the partition and
+submits it once; host data moves only for inputs arriving from the host
+(uploaded as the caller's array, converted on the device) and for outputs
+read back by ``to_host`` (converted on the device, copied in the same
+submission once the host has asked for them).
 """
 
 from __future__ import annotations
@@ -15,55 +18,83 @@ import numpy as np
 
 from delegate.backend import CompiledPartition
 from delegate.errors import CompileError
-from delegate.gpu import from_phwc4, to_phwc4
+from delegate.gpu import to_phwc4
 from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
 from delegate.ir import DType, Quantization
 
-from .device import DeviceContext, import_wgpu
-from .program import STORAGE_DTYPES, Program, TensorSpec
+from .device import DeviceContext, import_wgpu, map_for_reading
+from .program import STORAGE_DTYPES, DispatchSpec, Program, TensorSpec
 
 
 class HostTensor:
-    """A host array already converted to PHWC4 float32, waiting for the partition that uploads it."""
+    """A host array waiting for the partition that uploads it (which also converts its layout)."""
 
-    __slots__ = ("array", "data")
+    __slots__ = ("array",)
 
     def __init__(self, array: np.ndarray):
         self.array = array
-        self.data = to_phwc4(array, np.float32)
+
+
+Launch = tuple  # (pipeline, bind group, workgroups x, y, z)
+
+
+def record(compute, launch: Launch) -> None:
+    pipeline, group, x, y, z = launch
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(x, y, z)
 
 
 class DeviceTensor:
-    """A partition output resident on the device: its buffer, shape and how the host reads it."""
+    """A partition output resident on the device: its buffer, shape and how the host reads it.
 
-    __slots__ = ("context", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "_readback")
+    The first read-back records its own copy; from then on every run of the partition records the
+    copy (and the conversion to NHWC float32) with its dispatches, so a read only maps the result.
+    """
 
-    def __init__(self, context: DeviceContext, buffer, storage: str, spec: TensorSpec):
-        self.context, self.buffer, self.storage = context, buffer, storage
+    __slots__ = ("context", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
+                 "readback", "wanted", "fresh")
+
+    def __init__(self, context: DeviceContext, buffers: list, storage: str, spec: TensorSpec,
+                 convert: Launch | None):
+        wgpu = import_wgpu()
+        self.context, self.buffer, self.storage = context, buffers[spec.buffer], storage
         self.shape = tuple(spec.shape)
         self.dtype = DType[spec.dtype]
         self.quant = None if spec.quant is None else Quantization(np.array([spec.quant[0]], np.float32),
                                                                   np.array([spec.quant[1]], np.int64))
         self.nbytes = storage_nbytes(self.shape, storage)
-        self._readback = None
+        self.source = self.buffer if spec.staging is None else buffers[spec.staging]
+        self.convert = convert
+        self.readback = context.device.create_buffer(size=self.source.size, label="readback",
+                                                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.wanted = self.fresh = False
+
+    def record_conversion(self, compute) -> None:
+        if self.convert:
+            record(compute, self.convert)
+
+    def record_copy(self, encoder) -> None:
+        encoder.copy_buffer_to_buffer(self.source, 0, self.readback, 0, self.readback.size)
 
     def to_host(self) -> np.ndarray:
-        """Copy back, leave PHWC4 and the float view: the array the host expects for this tensor."""
-        wgpu = import_wgpu()
-        device = self.context.device
-        if self._readback is None:
-            self._readback = device.create_buffer(size=self.nbytes, usage=wgpu.BufferUsage.MAP_READ |
-                                                  wgpu.BufferUsage.COPY_DST, label="readback")
-        encoder = device.create_command_encoder()
-        encoder.copy_buffer_to_buffer(self.buffer, 0, self._readback, 0, self.nbytes)
-        device.queue.submit([encoder.finish()])
-        self._readback.map_sync(wgpu.MapMode.READ)
+        """The array the host expects for this tensor (NHWC, its dtype)."""
+        if not self.fresh:
+            encoder = self.context.device.create_command_encoder()
+            compute = encoder.begin_compute_pass()
+            self.record_conversion(compute)
+            compute.end()
+            self.record_copy(encoder)
+            self.context.device.queue.submit([encoder.finish()])
+            self.wanted = self.fresh = True
+        map_for_reading(self.readback)
         try:
-            values = np.frombuffer(self._readback.read_mapped(), STORAGE_DTYPES[self.storage]).astype(np.float32)
+            raw = self.readback.read_mapped()
         finally:
-            self._readback.unmap()
-        return from_float_view(from_phwc4(values, self.shape), self.dtype, self.quant)
+            self.readback.unmap()
+        values = np.frombuffer(raw, np.float32, count=int(np.prod(self.shape))).reshape(self.shape)
+        return from_float_view(values, self.dtype, self.quant)
 
 
 def storage_nbytes(shape, storage: str) -> int:
@@ -71,33 +102,39 @@ def storage_nbytes(shape, storage: str) -> int:
 
 
 class _InputSlot:
-    """Where one partition input goes, with the scratch arrays its float view needs (made once)."""
+    """Where one partition input goes: its buffer, or host-order staging the device converts from."""
 
-    def __init__(self, spec: TensorSpec, buffer, storage: str):
-        self.spec, self.buffer = spec, buffer
+    def __init__(self, spec: TensorSpec, buffers: list, storage: str, convert: Launch | None):
+        self.index = spec.index
+        self.buffer = buffers[spec.buffer]
+        self.target = self.buffer if spec.staging is None else buffers[spec.staging]
+        self.convert = convert
         self.shape = tuple(spec.shape)
         self.nbytes = storage_nbytes(self.shape, storage)
         self.quant = spec.quant
-        vectors = self.nbytes // (4 * np.dtype(STORAGE_DTYPES[storage]).itemsize)
-        self.work = np.empty((vectors, 4), np.float32) if self.quant else None
-        self.mask = to_phwc4(np.ones(self.shape, np.float32)).reshape(-1, 4) if self.quant else None
-        self.half = np.empty((vectors, 4), np.float16) if storage == "f16" else None
+        if self.quant:  # the float view is made on the host, with scratch arrays made once
+            vectors = phwc4_vectors(self.shape)
+            self.work = np.empty((vectors, 4), np.float32)
+            self.mask = to_phwc4(np.ones(self.shape, np.float32)).reshape(-1, 4)
+            self.half = np.empty((vectors, 4), np.float16) if storage == "f16" else None
 
-    def stage(self, value: Any) -> np.ndarray:
-        """Host value -> the bytes the input buffer holds (float view, storage precision)."""
+    def upload(self, queue, value: Any) -> None:
+        """Write a host value (or one from another device or precision, through the host)."""
         if isinstance(value, DeviceTensor):
-            value = value.to_host()  # from another device or precision: through the host
-        data = (value if isinstance(value, HostTensor) else HostTensor(np.asarray(value))).data.reshape(-1, 4)
-        if self.quant:
-            scale, zero = self.quant
-            np.subtract(data, zero, out=self.work)
-            np.multiply(self.work, scale, out=self.work)
-            np.multiply(self.work, self.mask, out=self.work)  # padding lanes stay zero
-            data = self.work
+            value = value.to_host()
+        array = value.array if isinstance(value, HostTensor) else value
+        if not self.quant:
+            queue.write_buffer(self.target, 0, np.ascontiguousarray(array, np.float32))
+            return
+        scale, zero = self.quant
+        np.subtract(to_phwc4(array, np.float32).reshape(-1, 4), zero, out=self.work)
+        np.multiply(self.work, scale, out=self.work)
+        np.multiply(self.work, self.mask, out=self.work)  # padding lanes stay zero
+        data = self.work
         if self.half is not None:
             np.copyto(self.half, data, casting="unsafe")
             data = self.half
-        return data
+        queue.write_buffer(self.target, 0, data)
 
 
 class WgpuCompiled(CompiledPartition):
@@ -120,25 +157,23 @@ class WgpuCompiled(CompiledPartition):
         params = blob[program.params_start:]
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
                                                        usage=wgpu.BufferUsage.UNIFORM)
-        writable = {d.shader: tuple(w for _, w in d.bindings) for d in program.dispatches}
-        pipelines = [self._pipeline(source, writable[i]) for i, source in enumerate(program.shaders)]
-        most = context.limits["max-compute-workgroups-per-dimension"]
-        self.launches = []
-        for d in program.dispatches:
-            pipeline, layout = pipelines[d.shader]
-            entries = [{"binding": i, "resource": {"buffer": self.buffers[b], "offset": 0,
-                                                   "size": self.buffers[b].size}}
-                       for i, (b, _) in enumerate(d.bindings)]
-            entries.append({"binding": len(d.bindings),
-                            "resource": {"buffer": self.uniforms, "offset": d.params[0], "size": d.params[1]}})
-            group = device.create_bind_group(layout=layout, entries=entries, label=d.label)
-            workgroups = -(-d.invocations // program.workgroup)
-            x = min(workgroups, most)
-            self.launches.append((pipeline, group, x, -(-workgroups // x)))
-        self.inputs = [_InputSlot(s, self.buffers[s.buffer], program.storage) for s in program.inputs]
-        self.results = {s.index: DeviceTensor(context, self.buffers[s.buffer], program.storage, s)
-                        for s in program.outputs}
+        self.launches = [self._launch(d) for d in program.dispatches]
+        self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self._launch(s.convert))
+                       for s in program.inputs]
+        self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self._launch(s.convert))
+                        for s in program.outputs]
+        self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
+
+    def _launch(self, d: DispatchSpec) -> Launch:
+        """Pipeline, bind group (made once, here) and workgroup counts of one dispatch."""
+        pipeline, layout = self._pipeline(self.program.shaders[d.shader], tuple(w for _, w in d.bindings))
+        entries = [{"binding": i, "resource": {"buffer": self.buffers[b], "offset": 0, "size": self.buffers[b].size}}
+                   for i, (b, _) in enumerate(d.bindings)]
+        entries.append({"binding": len(d.bindings),
+                        "resource": {"buffer": self.uniforms, "offset": d.params[0], "size": d.params[1]}})
+        group = self.context.device.create_bind_group(layout=layout, entries=entries, label=d.label)
+        return (pipeline, group, *d.groups)
 
     def _pipeline(self, source: str, writable: tuple[bool, ...]) -> tuple[Any, Any]:
         """The pipeline of ``source`` on this device (built once per process) and its bind group layout."""
@@ -168,25 +203,41 @@ class WgpuCompiled(CompiledPartition):
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         device = self.context.device
         encoder = device.create_command_encoder()
+        conversions = []
         for slot in self.inputs:
-            value = inputs[slot.spec.index]
+            value = inputs[slot.index]
             if (isinstance(value, DeviceTensor) and value.context is self.context
                     and value.storage == self.program.storage):
                 if value.buffer is not slot.buffer:
                     encoder.copy_buffer_to_buffer(value.buffer, 0, slot.buffer, 0, slot.nbytes)
             else:
-                device.queue.write_buffer(slot.buffer, 0, slot.stage(value))
+                slot.upload(device.queue, value)
+                if slot.convert:
+                    conversions.append(slot.convert)
         compute = encoder.begin_compute_pass()
+        for launch in conversions:
+            record(compute, launch)
         stamp = self.profiler.stamp if self.profiler else None
-        for i, (pipeline, group, x, y) in enumerate(self.launches):
+        set_pipeline, set_bind_group, dispatch = compute.set_pipeline, compute.set_bind_group, compute.dispatch_workgroups
+        current = None
+        for i, (pipeline, group, x, y, z) in enumerate(self.launches):
             if stamp:
                 stamp(compute, i)
-            compute.set_pipeline(pipeline)
-            compute.set_bind_group(0, group)
-            compute.dispatch_workgroups(x, y)
+            if pipeline is not current:
+                set_pipeline(pipeline)
+                current = pipeline
+            set_bind_group(0, group)
+            dispatch(x, y, z)
         if stamp:
             stamp(compute, len(self.launches))
+        read = [t for t in self.outputs if t.wanted]
+        for tensor in read:
+            tensor.record_conversion(compute)
         compute.end()
+        for tensor in self.outputs:
+            tensor.fresh = tensor.wanted
+            if tensor.wanted:
+                tensor.record_copy(encoder)
         if self.profiler:
             self.profiler.resolve(encoder)
         device.queue.submit([encoder.finish()])
@@ -229,7 +280,7 @@ class _Profiler:
         encoder.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, 8 * self.count)
 
     def collect(self) -> None:
-        self.readback.map_sync(import_wgpu().MapMode.READ)
+        map_for_reading(self.readback)
         try:
             ticks = np.frombuffer(self.readback.read_mapped(), np.uint64).astype(np.float64)
         finally:

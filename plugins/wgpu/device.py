@@ -182,6 +182,25 @@ def open_device(request: AdapterRequest) -> DeviceContext:
     return context
 
 
+_read_modes: list[Any] = ["READ_NOSYNC", "READ"]
+
+
+def map_for_reading(buffer) -> None:
+    """Map a read-back buffer that the last submission wrote.
+
+    Before every read mapping wgpu-py submits an empty command buffer (a workaround for buffers no
+    submission has touched); ours were just written by one, so the mode that skips that extra
+    submission is used where this wgpu-py has it.
+    """
+    while True:
+        try:
+            return buffer.map_sync(_read_modes[0])
+        except ValueError:
+            if len(_read_modes) == 1:
+                raise
+            _read_modes.pop(0)
+
+
 def device_facts(context: DeviceContext) -> dict[str, Any]:
     """What identifies the adapter and driver: keys the cache and the cost profiles."""
     info = context.adapter.info

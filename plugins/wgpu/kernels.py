@@ -22,7 +22,7 @@ from delegate.ir import Op, Tensor
 from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
-from .shaders import Kernel, template
+from .shaders import Kernel, dims, template
 
 
 class KernelPlan:
@@ -229,6 +229,23 @@ def _mean(plan: KernelPlan, group: Group) -> None:
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
+
+
+# -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
+
+def host_to_phwc4(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
+    """Spread an input uploaded as the caller's NHWC float32 array into its PHWC4 buffer."""
+    k = Kernel("layout_in", f"to_phwc4#{index}").output(index, shape)
+    k.read("host", staging, "f32")
+    return k
+
+
+def phwc4_to_host(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
+    """Gather an output into NHWC float32 for the host to read as is."""
+    k = Kernel("layout_out", f"to_host#{index}").tensor("src", index, shape)
+    k.write("host", staging, "f32")
+    k.invocations = int(np.prod(dims(shape)))
+    return k.param("count", "i32", k.invocations)
 
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------

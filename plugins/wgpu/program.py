@@ -25,9 +25,10 @@ from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
 from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized
-from delegate.gpu.layout import phwc4_vectors
+from delegate.gpu.layout import as_nhwc, phwc4_vectors
 
-from .kernels import KernelPlan
+from .kernels import KernelPlan, host_to_phwc4, phwc4_to_host
+from .shaders import Kernel
 
 PARAMS_ALIGNMENT = 256  # WebGPU's largest minUniformBufferOffsetAlignment
 STORAGE_DTYPES = {"f32": np.float32, "f16": np.float16}
@@ -45,26 +46,48 @@ class DispatchSpec:
     shader: int
     bindings: list[tuple[int, bool]]  # (buffer, writable) in binding order; the uniform comes last
     params: tuple[int, int]  # (offset, size) of the uniform contents from the program's params_start
-    invocations: int
+    groups: tuple[int, int, int]  # workgroups along x, y, z
     label: str
     ops: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DispatchSpec":
+        return cls(d["shader"], [tuple(x) for x in d["bindings"]], tuple(d["params"]), tuple(d["groups"]),
+                   d["label"], d["ops"])
 
 
 @dataclass
 class TensorSpec:
-    """A tensor crossing the partition boundary: where it lives and how the host reads it."""
+    """A tensor crossing the partition boundary: where it lives and how the host reads it.
+
+    ``staging`` holds the tensor in host order (NHWC float32) and ``convert`` moves it between there
+    and ``buffer`` on the device, so the host never reorders data; neither is set when the host
+    bytes are the buffer's (four channels, storage f32) or when the host converts (quantized inputs).
+    """
 
     index: int
     buffer: int
     shape: list[int]
     dtype: str
     quant: list[float] | None = None  # (scale, zero point) of a quantized tensor in the float view
+    staging: int | None = None
+    convert: DispatchSpec | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        convert = d.pop("convert")
+        return cls(**d, convert=DispatchSpec.from_dict(convert) if convert else None)
+
+
+def host_order(shape) -> bool:
+    """Whether a tensor's PHWC4 storage holds its values in NHWC order (one slice, or one pixel)."""
+    n, h, w, c = as_nhwc(shape)
+    return c == 4 or (c % 4 == 0 and h * w == 1)
 
 
 @dataclass
 class Program:
     storage: str
-    workgroup: int
     shaders: list[str]
     buffers: list[BufferSpec]
     dispatches: list[DispatchSpec]
@@ -83,12 +106,12 @@ class Program:
     def from_bytes(cls, raw: bytes) -> "Program":
         (size,) = struct.unpack_from("<Q", raw)
         head = json.loads(raw[8:8 + size])
-        return cls(head["storage"], head["workgroup"], head["shaders"],
+        return cls(head["storage"], head["shaders"],
                    [BufferSpec(b["nbytes"], b["role"], tuple(b["data"]) if b["data"] else None)
                     for b in head["buffers"]],
-                   [DispatchSpec(d["shader"], [tuple(x) for x in d["bindings"]], tuple(d["params"]),
-                                 d["invocations"], d["label"], d["ops"]) for d in head["dispatches"]],
-                   [TensorSpec(**t) for t in head["inputs"]], [TensorSpec(**t) for t in head["outputs"]],
+                   [DispatchSpec.from_dict(d) for d in head["dispatches"]],
+                   [TensorSpec.from_dict(t) for t in head["inputs"]],
+                   [TensorSpec.from_dict(t) for t in head["outputs"]],
                    head["facts"], head["params_start"], raw[8 + size:])
 
 
@@ -182,28 +205,41 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
             raise CompileError(f"a buffer of {spec.nbytes} bytes exceeds the adapter's storage binding limit {limit}")
 
     shaders: dict[str, int] = {}
-    dispatches = []
     params = bytearray()
     most = limits["max-compute-workgroups-per-dimension"]
-    for kernel in plan.kernels:
+
+    def dispatch(kernel: Kernel) -> DispatchSpec:
         source = kernel.source(storage, workgroup)
         shader = shaders.setdefault(source, len(shaders))
         data = kernel.params_bytes()
         params.extend(bytes(-len(params) % PARAMS_ALIGNMENT))
-        if -(-kernel.invocations // workgroup) > most * most:
-            raise CompileError(f"{kernel.label}: {kernel.invocations} work items exceed the adapter's dispatch limit")
-        dispatches.append(DispatchSpec(shader, [(buffer_of[root_of(b.value)], b.writable) for b in kernel.bindings],
-                                       (len(params), len(data)), kernel.invocations, kernel.label, kernel.ops))
+        groups = kernel.grid or _flat_groups(kernel.invocations, workgroup, most)
+        if max(groups) > most:
+            raise CompileError(f"{kernel.label}: {groups} workgroups exceed the adapter's dispatch limit {most}")
+        spec = DispatchSpec(shader, [(buffer_of[root_of(b.value)], b.writable) for b in kernel.bindings],
+                            (len(params), len(data)), groups, kernel.label, kernel.ops)
         params.extend(data)
+        return spec
+
+    dispatches = [dispatch(kernel) for kernel in plan.kernels]
+
+    def boundary(index: int, host_in: bool) -> TensorSpec:
+        t = tensors[index]
+        spec = TensorSpec(index, buffer_of[root_of(index)], list(t.shape), t.dtype.name)
+        if is_quantized(t):
+            spec.quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
+        if (host_in and spec.quant) or (storage == "f32" and host_order(t.shape)):
+            return spec
+        staging = ("host", index)
+        buffer_of[staging] = spec.staging = len(buffers)
+        buffers.append(BufferSpec(4 * max(int(np.prod(t.shape)), 1), "staging"))
+        spec.convert = dispatch((host_to_phwc4 if host_in else phwc4_to_host)(staging, index, t.shape))
+        return spec
+
+    program_inputs = [boundary(t.index, True) for t in partition.inputs if root_of(t.index) in roles]
+    program_outputs = [boundary(t.index, False) for t in partition.outputs]
     params_start = -(-len(blob) // PARAMS_ALIGNMENT) * PARAMS_ALIGNMENT
     blob = bytes(blob) + bytes(params_start - len(blob)) + bytes(params)
-
-    def boundary(index: int) -> TensorSpec:
-        t = tensors[index]
-        quant = None
-        if is_quantized(t):
-            quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
-        return TensorSpec(index, buffer_of[root_of(index)], list(t.shape), t.dtype.name, quant)
 
     facts = {
         "dispatches": len(dispatches),
@@ -211,11 +247,17 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         "fused": [[op.index for op in g.ops] for g in plan.groups if g.fused],
         "shaders": len(shaders),
         "buffer_bytes": {role: sum(b.nbytes for b in buffers if b.role == role)
-                         for role in ("input", "output", "constant", "scratch")},
+                         for role in ("input", "output", "constant", "scratch", "staging")},
     }
-    return Program(storage, workgroup, list(shaders), buffers, dispatches,
-                   [boundary(t.index) for t in partition.inputs if root_of(t.index) in roles],
-                   [boundary(t.index) for t in partition.outputs], facts, params_start, blob)
+    return Program(storage, list(shaders), buffers, dispatches, program_inputs, program_outputs, facts,
+                   params_start, blob)
+
+
+def _flat_groups(invocations: int, workgroup: int, most: int) -> tuple[int, int, int]:
+    """Workgroups of a flat kernel: along x, wrapping into y past the adapter's per-dimension limit."""
+    groups = max(-(-invocations // workgroup), 1)
+    x = min(groups, most)
+    return x, -(-groups // x), 1
 
 
 def _assign_buffers(roles, sizes, span, plan: KernelPlan, tensors, storage: str):

@@ -38,11 +38,16 @@ def dims(shape: Sequence[int]) -> tuple[int, int, int, int]:
 
 @dataclass(frozen=True)
 class Binding:
-    """A storage buffer a kernel reads or writes; ``value`` names it in the program's buffer plan."""
+    """A storage buffer a kernel reads or writes; ``value`` names it in the program's buffer plan.
+
+    ``element`` is the WGSL element type: PHWC4 vectors, or ``f32`` for host-ordered (NHWC) float32
+    values crossing the partition boundary.
+    """
 
     name: str
     value: Hashable
     writable: bool
+    element: str = "vec4<S>"
 
 
 @dataclass
@@ -52,7 +57,10 @@ class Kernel:
     template: str
     label: str
     ops: list[int] = field(default_factory=list)  # indices of the ops it computes (for profiles)
-    invocations: int = 0
+    invocations: int = 0  # flat kernels: work items, in workgroups of the backend's workgroup_size
+    workgroup: tuple[int, int, int] | None = None  # tiled kernels: their own workgroup shape ...
+    grid: tuple[int, int, int] | None = None  # ... and how many workgroups along each axis
+    half: bool = False  # its multiply-adds may run in f16 (when the storage is f16)
     bindings: list[Binding] = field(default_factory=list)
     params: list[tuple[str, str, Any]] = field(default_factory=list)
     substitutions: dict[str, str] = field(default_factory=dict)
@@ -61,12 +69,18 @@ class Kernel:
     out: str = "dst"
 
     # -- declarations ----------------------------------------------------
-    def read(self, name: str, value: Hashable) -> "Kernel":
-        self.bindings.append(Binding(name, value, False))
+    def read(self, name: str, value: Hashable, element: str = "vec4<S>") -> "Kernel":
+        self.bindings.append(Binding(name, value, False, element))
         return self
 
-    def write(self, name: str, value: Hashable) -> "Kernel":
-        self.bindings.append(Binding(name, value, True))
+    def write(self, name: str, value: Hashable, element: str = "vec4<S>") -> "Kernel":
+        self.bindings.append(Binding(name, value, True, element))
+        return self
+
+    def tile(self, workgroup: Sequence[int], grid: Sequence[int]) -> "Kernel":
+        """Dispatch as ``grid`` workgroups of shape ``workgroup`` instead of flat work items."""
+        self.workgroup = tuple(int(v) for v in workgroup)  # type: ignore[assignment]
+        self.grid = tuple(int(v) for v in grid)  # type: ignore[assignment]
         return self
 
     def param(self, name: str, wgsl_type: str, value: Any) -> "Kernel":
@@ -122,13 +136,17 @@ class Kernel:
     # -- generated code --------------------------------------------------
     def source(self, storage: str, workgroup: int) -> str:
         """The complete WGSL of this kernel for storage type ``f32`` or ``f16``."""
+        x, y, z = self.workgroup or (workgroup, 1, 1)
         prelude = Template(template("common")).substitute(
-            ENABLE="enable f16;" if storage == "f16" else "", STORAGE=storage, WORKGROUP=workgroup)
+            ENABLE="enable f16;" if storage == "f16" else "", STORAGE=storage, WG_X=x, WG_Y=y, WG_Z=z,
+            ARITH="f16" if self.half and storage == "f16" else "f32")
         parts = [prelude, self._declarations()]
         parts.extend(self.helpers)
-        body = "\n  ".join(self.epilogue)
-        parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
-                     f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), mask_tail(v, o.s, p.{self.out}_c));\n}}")
+        if any(b.name == self.out and b.writable for b in self.bindings):
+            body = "\n  ".join(self.epilogue)
+            parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
+                         f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), "
+                         f"mask_tail(v, o.s, p.{self.out}_c));\n}}")
         parts.append(Template(template(self.template)).substitute(self.substitutions))
         return "\n\n".join(parts) + "\n"
 
@@ -136,7 +154,9 @@ class Kernel:
         lines = []
         for i, b in enumerate(self.bindings):
             access = "read_write" if b.writable else "read"
-            lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<vec4<S>>;")
+            lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<{b.element}>;")
+            if b.element != "vec4<S>":
+                continue
             if b.writable:
                 lines.append(f"fn {b.name}_store(i: i32, v: V) {{ {b.name}[i] = vec4<S>(v); }}")
             else:

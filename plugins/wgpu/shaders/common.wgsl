@@ -2,13 +2,21 @@
 //
 // Tensors are PHWC4 buffers ([N][S][H][W] vectors of 4 channels, see delegate.gpu.layout)
 // described by dims d = (W, H, S, N).  S is the storage element type (f32, or f16 when
-// fp16 is allowed); all arithmetic uses V = vec4<f32>, so sums accumulate in f32.
+// fp16 is allowed); epilogues, reductions and softmax use V = vec4<f32>.  The multiply-adds
+// of convolutions and matrix products use VA = vec4<A>, A being f16 only when fp16 is allowed
+// (half the registers and twice the arithmetic rate on most GPUs).
 // Lanes past a tensor's channel count hold zero, and every store keeps them so.
 
 $ENABLE
 alias S = $STORAGE;
 alias V = vec4<f32>;
-const WG: u32 = ${WORKGROUP}u;
+alias A = $ARITH;
+alias VA = vec4<A>;
+// Workgroup shape: flat kernels are WG x 1 x 1, tiled kernels choose their own.
+const WG_X: u32 = ${WG_X}u;
+const WG_Y: u32 = ${WG_Y}u;
+const WG_Z: u32 = ${WG_Z}u;
+const WG: u32 = WG_X * WG_Y * WG_Z;
 
 // Output position of one work item: image n, row y, column x, channel slice s.
 struct Pos { n: i32, y: i32, x: i32, s: i32 }
