@@ -76,3 +76,26 @@ def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed
                               dtype="float32"))
     data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
     assert_close(delegate_run(custom.to_bytes(), [data]), litert_run(builtin.to_bytes(), [data], builtin=True))
+
+
+def test_detection_postprocess_with_uint8_inputs():
+    """Quantized SSD heads feed uint8 encodings and scores (and anchors); they are dequantized first."""
+    rng = np.random.default_rng(5)
+    num_boxes, num_classes = 30, 3
+    options = {"max_detections": 5, "max_classes_per_detection": 1, "use_regular_nms": False,
+               "nms_score_threshold": 0.2, "nms_iou_threshold": 0.5, "num_classes": num_classes,
+               "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0}
+    anchors = np.round(_anchors(rng, num_boxes) / 0.004).astype(np.uint8)
+    b = GraphBuilder()
+    boxes = b.input("boxes", (1, num_boxes, 4), "uint8", quant=(0.05, 128))
+    scores = b.input("scores", (1, num_boxes, num_classes + 1), "uint8", quant=(1 / 255, 0))
+    outs = b.op("TFLite_Detection_PostProcess", [boxes, scores, b.const("anchors", anchors, quant=(0.004, 0))],
+                custom=True, custom_options=flexbuffers.Dumps(options), num_outputs=4, dtype="float32")
+    b.output(*outs)
+    inputs = [rng.integers(0, 256, (1, num_boxes, 4)).astype(np.uint8),
+              rng.integers(0, 256, (1, num_boxes, num_classes + 1)).astype(np.uint8)]
+    actual, expected = delegate_run(b.to_bytes(), inputs), litert_run(b.to_bytes(), inputs)
+    count = int(expected[3][0])
+    assert count > 0
+    assert_close(actual[3:], expected[3:])
+    assert_close([a[:, :count] for a in actual[:3]], [e[:, :count] for e in expected[:3]])

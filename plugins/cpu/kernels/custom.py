@@ -11,6 +11,7 @@ from delegate import Op
 from delegate.shapes import detection_postprocess_options
 
 from ..registry import kernel
+from .common import dequantize_array
 
 
 def decode_boxes(encodings: np.ndarray, anchors: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -66,6 +67,7 @@ def _top(values: np.ndarray, count: int) -> np.ndarray:
 
 
 @kernel("TFLite_Detection_PostProcess")
+@kernel("TFLite_Detection_PostProcess", quantized=True)  # uint8 heads: dequantized, then the same float NMS
 def detection_postprocess(op: Op):
     o = detection_postprocess_options(op.custom_options)
     max_detections = int(o["max_detections"])
@@ -80,10 +82,15 @@ def detection_postprocess(op: Op):
     def nms(boxes, scores, limit):
         return non_max_suppression(boxes, scores, score_threshold, iou_threshold, limit)
 
+    def real(i, value):
+        """uint8 encodings, scores and anchors (quantized SSD heads) are dequantized first."""
+        return dequantize_array(value, op.inputs[i]) if value.dtype.kind in "iu" else value
+
     def run(ins, outs):
-        boxes = decode_boxes(ins[0][0], ins[2], scales)
+        encodings, predictions, anchors = (real(i, x) for i, x in enumerate(ins[:3]))
+        boxes = decode_boxes(encodings[0], anchors, scales)
         # A background column, when present, comes first and is skipped.
-        scores = ins[1][0][:, ins[1].shape[2] - num_classes:]
+        scores = predictions[0][:, predictions.shape[2] - num_classes:]
         out_boxes, out_classes, out_scores, out_count = (x.reshape(-1, *x.shape[2:]) for x in outs)
         for out in (out_boxes, out_classes, out_scores):
             out.fill(0)
