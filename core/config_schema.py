@@ -51,7 +51,7 @@ def rule(backend_required: bool) -> dict[str, Any]:
 # Known options of the first-party backends are checked; the mapping stays open
 # because a plugin may accept more than these.
 BACKEND_OPTIONS = {
-    "opencl": {"platform": NAME, "device": NAME, "device_type": enum("gpu", "cpu", "any")},
+    "opencl": {"platform": NAME, "device": NAME, "device_type": enum("gpu", "cpu", "accelerator", "any")},
     "wgpu": {"power_preference": enum("high-performance", "low-power"),
              "backend_type": enum("vulkan", "metal", "dx12", "gl", "any"), "adapter": NAME},
 }
