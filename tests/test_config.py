@@ -159,7 +159,7 @@ ERRORS = [
     ("cpu:\n  engine: tflite\n", 2, "cpu.engine", ["not one of: numpy, litert, auto"]),
     ("partitioner: true\n", 1, "partitioner", ["true is not one of: cost, greedy"]),
     ("backends:\n  - cpu\n  - name: opencl\n    options: {device_type: gpuu}\n", 4,
-     "backends[1].options.device_type", ["'gpuu' is not one of: gpu, cpu, any"]),
+     "backends[1].options.device_type", ["'gpuu' is not one of: gpu, cpu, accelerator, any"]),
     ("backends: [cpu, wgpu, cpu]\n", 1, "backends[2]", ["backend 'cpu' is listed twice"]),
     ("backends: []\n", 1, "backends", ["needs at least 1 item(s), got 0"]),
     ("pin:\n  - {op: CONV_2D, index: 3, backend: cpu}\n", 2, "pin[0]", ["exactly one of op, index or tensor"]),
