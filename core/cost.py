@@ -46,7 +46,8 @@ class DeviceProfile:
 # Defaults when no calibration exists.  Deliberately conservative for accelerators: an
 # uncalibrated GPU must win clearly before ops move there.
 DEFAULT_PROFILES = {
-    "cpu": DeviceProfile(gflops=20.0, gbytes_per_s=8.0, launch_us=15.0),
+    "cpu": DeviceProfile(gflops=20.0, gbytes_per_s=8.0, launch_us=15.0),  # numpy kernels
+    "cpu-litert": DeviceProfile(gflops=80.0, gbytes_per_s=15.0, launch_us=2.0),  # LiteRT engine
     "gpu": DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0,
                          transfer_latency_us=50.0, transfer_gbytes_per_s=5.0),
     "cpu-device": DeviceProfile(gflops=15.0, gbytes_per_s=8.0, launch_us=20.0,

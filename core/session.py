@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
-from .cost import DEFAULT_PROFILES, DeviceProfile, load_profile
+from .cost import DeviceProfile, load_profile
 from .errors import DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
@@ -135,12 +135,18 @@ def _probe(info) -> tuple[bool, str]:
         return False, f"availability check failed: {exc}"
 
 
+def profile_kind(name: str, info: Mapping[str, Any]) -> str:
+    """Which default profile fits a backend when it has not been calibrated."""
+    if name == "cpu":
+        return "cpu-litert" if info.get("engine") == "litert" else "cpu"
+    return "cpu-device" if info.get("device_type") == "cpu" else "gpu"
+
+
 def backend_profiles(backends: Mapping[str, Backend]) -> dict[str, DeviceProfile]:
     profiles = {}
     for name, be in backends.items():
         info = be.device_info()
-        kind = "cpu" if name == "cpu" else ("cpu-device" if info.get("device_type") == "cpu" else "gpu")
-        profiles[name] = load_profile(info, kind) if kind in DEFAULT_PROFILES else DEFAULT_PROFILES["gpu"]
+        profiles[name] = load_profile(info, profile_kind(name, info))
     return profiles
 
 

@@ -142,7 +142,7 @@ class CpuBackend(Backend):
 
         With ``auto`` a partition LiteRT cannot take (a custom op it lacks) stays on numpy.
         """
-        engine = self.options.get("engine", "numpy")
+        engine = self.options.get("engine", "numpy")  # "auto" still falls back per partition
         if engine == "litert" and not litert_installed():
             raise CompileError("cpu engine 'litert' needs ai-edge-litert (pip install 'delegate[reference]')")
         if engine in ("litert", "auto") and litert_installed():
@@ -155,8 +155,15 @@ class CpuBackend(Backend):
         return CpuCompiled(partition, self.custom, options.num_threads)
 
     def device_info(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": "host", "engine": self.options.get("engine", "numpy"),
-                "numpy": np.__version__}
+        return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__}
+
+    @property
+    def engine(self) -> str:
+        """The engine compiled partitions get: ``auto`` means LiteRT where it is installed."""
+        engine = self.options.get("engine", "numpy")
+        if engine == "auto":
+            return "litert" if litert_installed() else "numpy"
+        return engine
 
 
 @hookimpl
