@@ -20,15 +20,23 @@ class DeviceArray:
         self.array = np.array(array)
 
 
-class FakeCompiled(CompiledPartition):
-    """``error`` is added to every output, to exercise the accuracy guard."""
+class DeviceLost(RuntimeError):
+    """What a device that disappears mid-run looks like to the runtime."""
 
-    def __init__(self, partition, error=0.0):
+
+class FakeCompiled(CompiledPartition):
+    """``error`` is added to every output (to exercise the accuracy guard); after ``lose_after``
+    runs the device is gone (to exercise fallback during execution)."""
+
+    def __init__(self, partition, error=0.0, lose_after=None):
         self.partition = partition
         self.error = error
+        self.lose_after = lose_after
         self.runs = 0
 
     def run(self, inputs):
+        if self.lose_after is not None and self.runs >= self.lose_after:
+            raise DeviceLost("fake device disappeared")
         values = {i: v.array for i, v in inputs.items()}
         for op in self.partition.ops:
             args = [values[t.index] if t.index in values else np.asarray(t.data) for t in op.inputs]
@@ -54,6 +62,8 @@ class FakeGpu(Backend):
         self.fail_compile = bool(self.options.get("fail_compile"))
 
     def supports(self, op, options):
+        if self.options.get("fail_supports"):
+            raise RuntimeError("simulated support-query crash")
         if op.opcode not in SUPPORTED and op.opcode not in UNARY:
             return Support.no(f"fakegpu runs only {sorted(SUPPORTED) + sorted(UNARY)}")
         if op.version != 1:
@@ -71,7 +81,7 @@ class FakeGpu(Backend):
         error = float(self.options.get("error", 0.0))
         if options.precision == "fp16":
             error += float(self.options.get("fp16_error", 0.0))
-        return FakeCompiled(partition, error)
+        return FakeCompiled(partition, error, self.options.get("lose_after"))
 
     def estimate_ms(self, op, options):
         return 0.001
