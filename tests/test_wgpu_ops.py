@@ -12,6 +12,8 @@ from hypothesis import given, strategies as st
 from delegate import CompileOptions
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
+from delegate_wgpu import kernels
+from delegate_wgpu.tiling import MatmulTiling, SpatialTiling
 from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
 
 _available, _why = default_manager().backend_info("wgpu").available()
@@ -174,6 +176,52 @@ def test_float16_weights_through_dequantize():
     bias = b.op("DEQUANTIZE", [b.const("b16", rng.standard_normal(4).astype(np.float16))], dtype="float32")
     b.output(b.op("CONV_2D", [x, w, bias], options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
     check(b.to_bytes(), [rng.standard_normal((1, 6, 6, 5))])
+
+
+MATMUL_TILINGS = [MatmulTiling(4, 4, 1), MatmulTiling(2, 1, 4), MatmulTiling(1, 2, 8), MatmulTiling(4, 2, 2)]
+
+
+@pytest.mark.parametrize("tiling", MATMUL_TILINGS, ids=str)
+@pytest.mark.parametrize("case", ["fully_connected", "conv_1x1"])
+def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case):
+    """Rows and output slices that are not multiples of the tile, rows crossing images, and split
+    reductions whose parts add up different numbers of input slices."""
+    monkeypatch.setattr(kernels, "matmul_tiling", lambda *args: tiling)
+    rng = np.random.default_rng(13)
+    b = GraphBuilder()
+    if case == "fully_connected":
+        shape, units = (5, 37), 13
+        x = b.input("x", shape)
+        b.output(b.op("FULLY_CONNECTED", [x, b.const("w", rng.standard_normal((units, 37)).astype(np.float32)),
+                                          b.const("b", rng.standard_normal(units).astype(np.float32))],
+                      options={"fused_activation_function": "RELU"}))
+    else:
+        shape, units = (2, 3, 5, 19), 11
+        x = b.input("x", shape)
+        b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((units, 1, 1, 19)).astype(np.float32)),
+                                  b.const("b", rng.standard_normal(units).astype(np.float32))],
+                      options={"padding": "VALID", "stride_h": 1, "stride_w": 1}))
+    check(b.to_bytes(), [rng.standard_normal(shape)])
+
+
+@pytest.mark.parametrize("op, pixels, slices", [("CONV_2D", 4, 4), ("CONV_2D", 2, 1), ("CONV_2D", 4, 2),
+                                               ("DEPTHWISE_CONV_2D", 4, 1), ("DEPTHWISE_CONV_2D", 2, 1)])
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, multiplier):
+    """Output widths and slice counts that are not multiples of the tile, padding on every side."""
+    monkeypatch.setattr(kernels, "spatial_tiling", lambda *args: SpatialTiling(pixels, slices))
+    rng = np.random.default_rng(14)
+    b = GraphBuilder()
+    x = b.input("x", (2, 6, 9, 6))
+    if op == "CONV_2D":
+        weights, options = (10, 3, 3, 6 // multiplier), {}
+    else:
+        weights, options = (1, 3, 3, 6 * multiplier), {"depth_multiplier": multiplier}
+    b.output(b.op(op, [x, b.const("w", rng.standard_normal(weights).astype(np.float32)),
+                       b.const("b", rng.standard_normal(weights[0] if op == "CONV_2D" else weights[3])
+                               .astype(np.float32))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 2, **options}))
+    check(b.to_bytes(), [rng.standard_normal((2, 6, 9, 6))], builtin=True)
 
 
 def _transpose_conv_out(size, k, stride, padding):

@@ -20,6 +20,7 @@ from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
 from .program import Program, build_program
+from .tiling import DeviceShape
 
 log = logging.getLogger(__name__)
 # op -> input holding weights packed as 4x4 blocks (padded on both channel axes, so larger than the tensor)
@@ -66,6 +67,7 @@ class WgpuBackend(Backend):
         self.request = AdapterRequest.from_options(dict(options or {}))
         self.context = open_device(self.request)
         self.facts = device_facts(self.context)
+        self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits)
 
     def storage(self, options: CompileOptions) -> tuple[str, str]:
         """(storage type, why) for ``options`` on this adapter."""
@@ -109,7 +111,7 @@ class WgpuBackend(Backend):
     def _program(self, partition: Partition, options: CompileOptions, storage: str) -> tuple[Program, str]:
         """The partition's program: from the cache when one is configured and holds it, else planned."""
         build = lambda: build_program(partition, options, storage, self.request.workgroup_size,  # noqa: E731
-                                      self.context.limits, self.request.fuse)
+                                      self.context.limits, self.shape, self.request.fuse)
         if not (options.cache_dir and options.model_token):
             return build(), "planned"
         store = EntryStore(options.cache_dir, "wgpu", options.model_token)

@@ -23,7 +23,8 @@ OPTION_KEYS = ("power_preference", "backend_type", "adapter", "limits", "workgro
 # Adapter limits the plan depends on; a ``limits`` option may lower them (to plan for a smaller device).
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
-          "max-compute-workgroups-per-dimension", "max-uniform-buffer-binding-size")
+          "max-compute-workgroups-per-dimension", "max-uniform-buffer-binding-size",
+          "max-compute-workgroup-storage-size")
 # Native APIs before OpenGL, whose compute path is the most restricted.
 TIMESTAMP_FEATURES = ("timestamp-query", "timestamp-query-inside-passes")
 _API_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}

@@ -17,18 +17,21 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.constants import int_values
 from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
                                  padding_before, same_storage, transpose_conv_padding)
+from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.ir import Op, Tensor
 from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
+from .tiling import DeviceShape, matmul_tiling, spatial_tiling
 
 
 class KernelPlan:
     """Kernels of one partition in launch order, with the constants and temporaries they use."""
 
-    def __init__(self):
+    def __init__(self, device: DeviceShape):
+        self.device = device
         self.kernels: list[Kernel] = []
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
@@ -55,6 +58,10 @@ class KernelPlan:
     def temporary(self, key: Hashable, shape: Sequence[int]) -> Hashable:
         self.temporaries[key] = tuple(shape)
         return key
+
+    def tune(self, kernel: Kernel, tiling):
+        """The tiling ``kernel`` runs with: the one chosen from its sizes."""
+        return tiling
 
     def add(self, group: Group) -> None:
         self.groups.append(group)
@@ -104,11 +111,23 @@ def _conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
+    if weights.shape[1:3] == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1:
+        _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
+        return
     k = plan.kernel("conv2d", group)
     k.tensor("src", x.index, x.shape)
     k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
     _window(k, op.options, x.shape, weights.shape[1:3])
+    _spatial(plan, k, out.shape, 4)
+
+
+def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int) -> None:
+    """Tile a convolution over its output: horizontally adjacent pixels (and slices) per invocation."""
+    tiling = plan.tune(k, spatial_tiling(plan.device, as_nhwc(shape), most_slices))
+    k.substitutions = {"RM": str(tiling.pixels), "RN": str(tiling.slices)}
+    k.tile(*tiling.layout(as_nhwc(shape)))
+    k.half = True
 
 
 def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int]) -> None:
@@ -130,8 +149,9 @@ def _depthwise(plan: KernelPlan, group: Group) -> None:
     k.tensor("src", x.index, x.shape)
     k.read("weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
-    k.param("multiplier", "i32", out.shape[3] // x.shape[3])
     _window(k, op.options, x.shape, weights.shape[1:3])
+    _spatial(plan, k, out.shape, 1)
+    k.substitutions["MULTIPLIER"] = str(out.shape[3] // x.shape[3])
 
 
 @builds("FULLY_CONNECTED")
@@ -146,15 +166,22 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
         source = plan.temporary(("rows", op.index), shape)
         _gather(plan.part("gather", op, "rows", source, shape), "reshape", [(x.index, x.shape)],
                 _same_channels(x.shape, shape))
-    _matmul(plan, plan.kernel("fully_connected", group), op, source, shape, weights, 2)
+    _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
 
 
 def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
             bias_input: int) -> None:
-    """Bind a matrix product's input rows, its [units, depth] weights as 4x4 blocks, and its bias."""
+    """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
     k.tensor("src", source, shape)
     k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
     k.read("bias", _bias(plan, op, bias_input, len(weights)))
+    n, h, w, depth = as_nhwc(shape)
+    rows, slices = n * h * w, slices_of(len(weights))
+    tiling = plan.tune(k, matmul_tiling(plan.device, rows, slices, slices_of(depth)))
+    k.param("rows", "i32", rows)
+    k.substitutions = {"RM": str(tiling.rows), "RN": str(tiling.slices), "KT": str(tiling.split)}
+    k.tile(*tiling.layout(rows, slices))
+    k.half = True
 
 
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
@@ -338,7 +365,7 @@ def _lstm(plan: KernelPlan, group: Group) -> None:
     x, prev_activation, weights, _, prev_state = op.inputs
     activation, state, concat, gates = op.outputs
     _concat(plan.part("gather", op, "concat", concat.index, concat.shape), [x, prev_activation], 3)
-    _matmul(plan, plan.part("fully_connected", op, "matmul", gates.index, gates.shape), op, concat.index,
+    _matmul(plan, plan.part("matmul", op, "matmul", gates.index, gates.shape), op, concat.index,
             concat.shape, constant_value(weights), 3)
     cell = plan.part("lstm_gates", op, "gates", activation.index, activation.shape)
     cell.tensor("gates", gates.index, gates.shape)

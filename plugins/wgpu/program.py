@@ -29,6 +29,7 @@ from delegate.gpu.layout import as_nhwc, phwc4_vectors
 
 from .kernels import KernelPlan, host_to_phwc4, phwc4_to_host
 from .shaders import Kernel
+from .tiling import DeviceShape
 
 PARAMS_ALIGNMENT = 256  # WebGPU's largest minUniformBufferOffsetAlignment
 STORAGE_DTYPES = {"f32": np.float32, "f16": np.float16}
@@ -115,12 +116,13 @@ class Program:
                    head["facts"], head["params_start"], raw[8 + size:])
 
 
-def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_buffers: int) -> KernelPlan:
+def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_buffers: int,
+                 device: DeviceShape) -> KernelPlan:
     """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
     keep = {t.index for t in partition.outputs}
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
-        plan = KernelPlan()
+        plan = KernelPlan(device)
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)
@@ -154,9 +156,9 @@ def _ops_within(group: Group, bindings: int, max_buffers: int, float_view: bool)
 
 
 def build_program(partition: Partition, options: CompileOptions, storage: str, workgroup: int,
-                  limits: dict[str, int], fuse: bool = True) -> Program:
+                  limits: dict[str, int], device: DeviceShape, fuse: bool = True) -> Program:
     """Plan ``partition`` for a device with ``limits``; raises CompileError when it cannot fit."""
-    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"])
+    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"], device)
     tensors = {t.index: t for t in partition.graph.tensors}
     itemsize = np.dtype(STORAGE_DTYPES[storage]).itemsize
 

@@ -1,32 +1,66 @@
-// CONV_2D: one work item per output vector (4 output channels at one pixel).
+// CONV_2D: each invocation computes RM horizontally adjacent output pixels x RN output slices,
+// so every weight block it loads serves RM pixels and every input vector RN slices.
 // weights: [S_out][KH][KW][S_in][input lane] vectors of 4 output channels, as
 // delegate.gpu.layout.pack_conv_weights lays them out; window = (kernel w, kernel h,
 // stride x, stride y), spacing = (pad x, pad y, dilation x, dilation y).
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-  let i = flat_id(gid, groups);
-  if (i >= p.count) { return; }
-  let o = position(i, p.dst_d);
+// Grid: pixel groups along x, output rows along y, (image, slice group) along z.
+const RM: i32 = ${RM};
+const RN: i32 = ${RN};
+
+@compute @workgroup_size(WG_X, WG_Y, WG_Z)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let x0 = i32(gid.x) * RM;
+  let y = i32(gid.y);
+  let groups = (p.dst_d.z + RN - 1) / RN;
+  let n = i32(gid.z) / groups;
+  let slice0 = (i32(gid.z) % groups) * RN;
+  if (x0 >= p.dst_d.x || y >= p.dst_d.y || n >= p.dst_d.w) { return; }
   let d = p.src_d;
   let plane = d.x * d.y;
-  let y0 = o.y * p.window.w - p.spacing.y;
-  let x0 = o.x * p.window.z - p.spacing.x;
-  var acc = bias_at(o.s);
+  let taps = p.window.x * p.window.y;
+  var block: array<i32, RN>;
+  for (var j = 0; j < RN; j++) {
+    block[j] = min(slice0 + j, p.dst_d.z - 1) * taps * d.z * 4;
+  }
+  var acc: array<VA, RM * RN>;
   for (var ky = 0; ky < p.window.y; ky++) {
-    let iy = y0 + ky * p.spacing.w;
+    let iy = y * p.window.w - p.spacing.y + ky * p.spacing.w;
     if (iy < 0 || iy >= d.y) { continue; }
     for (var kx = 0; kx < p.window.x; kx++) {
-      let ix = x0 + kx * p.spacing.z;
-      if (ix < 0 || ix >= d.x) { continue; }
-      var at = vidx(d, o.n, iy, ix, 0);
-      var w = ((o.s * p.window.y + ky) * p.window.x + kx) * d.z * 4;
+      var at: array<i32, RM>;
+      var inside: array<bool, RM>;
+      for (var r = 0; r < RM; r++) {
+        let ix = (x0 + r) * p.window.z - p.spacing.x + kx * p.spacing.z;
+        inside[r] = ix >= 0 && ix < d.x;
+        at[r] = vidx(d, n, iy, clamp(ix, 0, d.x - 1), 0);
+      }
+      let tap = (ky * p.window.x + kx) * d.z * 4;
       for (var si = 0; si < d.z; si++) {
-        let v = src_at(at);
-        acc += v.x * weights_at(w) + v.y * weights_at(w + 1) + v.z * weights_at(w + 2) + v.w * weights_at(w + 3);
-        at += plane;
-        w += 4;
+        var v: array<VA, RM>;
+        for (var r = 0; r < RM; r++) {
+          v[r] = select(VA(0.0), VA(src[at[r] + si * plane]), inside[r]);
+        }
+        for (var j = 0; j < RN; j++) {
+          let w = block[j] + tap + si * 4;
+          let w0 = VA(weights[w]);
+          let w1 = VA(weights[w + 1]);
+          let w2 = VA(weights[w + 2]);
+          let w3 = VA(weights[w + 3]);
+          for (var r = 0; r < RM; r++) {
+            acc[r * RN + j] += v[r].x * w0 + v[r].y * w1 + v[r].z * w2 + v[r].w * w3;
+          }
+        }
       }
     }
   }
-  emit(acc, o);
+  for (var r = 0; r < RM; r++) {
+    let x = x0 + r;
+    if (x >= p.dst_d.x) { break; }
+    for (var j = 0; j < RN; j++) {
+      let s = slice0 + j;
+      if (s < p.dst_d.z) {
+        emit(V(acc[r * RN + j]) + bias_at(s), Pos(n, y, x, s));
+      }
+    }
+  }
 }

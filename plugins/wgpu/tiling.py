@@ -1,0 +1,110 @@
+"""How much each invocation of a tiled kernel computes, and how invocations form workgroups.
+
+A batch-1 network has layers of every shape: 112x112 pixels of 16 channels, 7x7 pixels of 1280,
+one row of 1280.  Each kernel is given enough invocations to keep a large GPU busy and, within
+that, as many outputs per invocation as possible, since every value an invocation loads is
+then reused for several outputs.  Layers too small for that split their reduction instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORKGROUP = 64
+MIN_SLICES_PER_SPLIT = 4  # input slices each part of a split reduction adds up at least
+ROW_LANES = 8
+
+
+@dataclass(frozen=True)
+class DeviceShape:
+    """What tiling needs to know of an adapter."""
+
+    invocations: int  # how many invocations keep it busy
+    workgroup_bytes: int  # workgroup memory one workgroup may use
+
+    @classmethod
+    def of(cls, adapter_type: str, limits: dict[str, int]) -> "DeviceShape":
+        """A GPU wants thousands of invocations in flight (about four warps on each multiprocessor of a
+        large one); a CPU adapter runs a few SIMD lanes per core and prefers fewer, longer invocations."""
+        return cls(256 if adapter_type == "CPU" else 8192, limits["max-compute-workgroup-storage-size"])
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _up_to_4(n: int) -> int:
+    return min(_pow2_at_least(n), 4)
+
+
+@dataclass(frozen=True)
+class MatmulTiling:
+    """``rows`` x ``slices`` outputs per invocation; ``split`` invocations share one reduction."""
+
+    rows: int
+    slices: int
+    split: int
+
+    def layout(self, rows: int, slices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(workgroup shape, workgroup counts): row groups along x, slice groups along y, split along z."""
+        row_groups, slice_groups = _ceil(rows, self.rows), _ceil(slices, self.slices)
+        across = WORKGROUP // self.split
+        wx = min(_pow2_at_least(row_groups), across)
+        wy = max(min(_pow2_at_least(slice_groups), across // wx), 1)
+        return (wx, wy, self.split), (_ceil(row_groups, wx), _ceil(slice_groups, wy), 1)
+
+
+def _blocks(device: DeviceShape, count, most_rows: int, most_slices: int) -> tuple[int, int]:
+    """The largest rows x slices block per invocation (halving the larger side) that still leaves the
+    device ``count(rows, slices)`` invocations to keep it busy, or 1 x 1."""
+    rm, rn = most_rows, most_slices
+    while count(rm, rn) < device.invocations and rm * rn > 1:
+        if rm >= rn:
+            rm //= 2
+        else:
+            rn //= 2
+    return rm, rn
+
+
+def matmul_tiling(device: DeviceShape, rows: int, slices: int, depth: int) -> MatmulTiling:
+    """Tiling of a product of ``rows`` pixel rows, ``slices`` output slices, ``depth`` input slices."""
+    rm, rn = _blocks(device, lambda m, n: _ceil(rows, m) * _ceil(slices, n), _up_to_4(rows), _up_to_4(slices))
+    split = 1
+    while (_ceil(rows, rm) * _ceil(slices, rn) * split < device.invocations and split < WORKGROUP
+           and depth // (split * 2) >= MIN_SLICES_PER_SPLIT
+           and WORKGROUP * rm * rn * 16 <= device.workgroup_bytes):
+        split *= 2
+    return MatmulTiling(rm, rn, split)
+
+
+@dataclass(frozen=True)
+class SpatialTiling:
+    """``pixels`` horizontally adjacent output pixels x ``slices`` output slices per invocation."""
+
+    pixels: int
+    slices: int
+
+    def layout(self, shape: tuple[int, int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(workgroup shape, workgroup counts) over an NHWC output: pixel groups along x, rows along y,
+        (image, slice group) along z."""
+        n, h, w, c = shape
+        columns = _ceil(w, self.pixels)
+        wx = min(_pow2_at_least(columns), WORKGROUP)
+        wy = min(_pow2_at_least(h), WORKGROUP // wx)
+        return (wx, wy, 1), (_ceil(columns, wx), _ceil(h, wy), n * _ceil(_ceil(c, 4), self.slices))
+
+
+def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_slices: int) -> SpatialTiling:
+    """Tiling of a convolution producing NHWC ``shape``, up to ``most_slices`` slices per invocation.
+
+    Rows keep at least ``ROW_LANES`` invocations side by side, so neighbouring lanes still read
+    neighbouring pixels (and a CPU adapter's SIMD lanes stay filled)."""
+    n, h, w, c = shape
+    most_pixels = min(4, 1 << (max(w // ROW_LANES, 1).bit_length() - 1))
+    pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
+                             min(most_slices, _up_to_4(_ceil(c, 4))))
+    return SpatialTiling(pixels, slices)
