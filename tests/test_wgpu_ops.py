@@ -323,6 +323,26 @@ def test_mean(case, keep, seed):
     check(b.to_bytes(), [rng.standard_normal(shape)])
 
 
+@pytest.mark.parametrize("subgroups", [True, False], ids=["subgroups", "workgroup-memory"])
+@pytest.mark.parametrize("case", [("SOFTMAX", (1, 1000)), ("SOFTMAX", (3, 2, 77)), ("SOFTMAX", (2, 1, 1, 2051)),
+                                  ("MEAN", (1, 7, 7, 1280)), ("MEAN", (1, 23, 17, 37)), ("MEAN", (1, 1, 1, 5))],
+                         ids=lambda c: f"{c[0]}{list(c[1])}" if isinstance(c, tuple) else c)
+def test_workgroup_reductions(case, subgroups):
+    """Softmax over many channels and global average pooling: one workgroup per output, combined with
+    subgroup operations (where the adapter has them) or through workgroup memory."""
+    op, shape = case
+    rng = np.random.default_rng(15)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    if op == "SOFTMAX":
+        b.output(b.op("SOFTMAX", [x], options={"beta": 0.7}))
+    else:
+        b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True}))
+    model, inputs = b.to_bytes(), [rng.standard_normal(shape) * 5]
+    actual = delegate_run(model, inputs, "wgpu", backend_options={"subgroups": subgroups})
+    assert_close(actual, litert_run(model, inputs), rtol=FP32, atol=1e-5)
+
+
 # -- data movement ------------------------------------------------------------------------------
 
 @given(shapes=st.sampled_from([[(1, 3, 4, 5), (1, 3, 4, 3)], [(1, 3, 4, 4), (1, 3, 4, 8), (1, 3, 4, 2)],

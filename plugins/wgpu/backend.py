@@ -67,7 +67,8 @@ class WgpuBackend(Backend):
         self.request = AdapterRequest.from_options(dict(options or {}))
         self.context = open_device(self.request)
         self.facts = device_facts(self.context)
-        self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits)
+        self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits,
+                                    self.context.subgroups and self.request.subgroups)
 
     def storage(self, options: CompileOptions) -> tuple[str, str]:
         """(storage type, why) for ``options`` on this adapter."""
@@ -120,7 +121,8 @@ class WgpuBackend(Backend):
             "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
             "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
             "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,
-            "workgroup": self.request.workgroup_size, "device": self.facts, "shaders": shader_digest(),
+            "workgroup": self.request.workgroup_size, "tiling": self.shape, "device": self.facts,
+            "shaders": shader_digest(),
             "plugin": __version__})
         raw = store.load(key, "plan")
         if raw is not None:

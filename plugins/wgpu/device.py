@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, Mapping
 
 from delegate.errors import PluginError
@@ -19,7 +20,7 @@ from . import __version__
 POWER_PREFERENCES = ("high-performance", "low-power")
 BACKEND_TYPES = {"vulkan": ("vulkan",), "metal": ("metal",), "dx12": ("d3d12", "dx12"),
                  "gl": ("opengl", "opengles", "gl"), "any": ()}
-OPTION_KEYS = ("power_preference", "backend_type", "adapter", "limits", "workgroup_size", "fuse")
+OPTION_KEYS = ("power_preference", "backend_type", "adapter", "limits", "workgroup_size", "fuse", "subgroups")
 # Adapter limits the plan depends on; a ``limits`` option may lower them (to plan for a smaller device).
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
@@ -42,6 +43,7 @@ class AdapterRequest:
     limits: tuple[tuple[str, int], ...] = ()
     workgroup_size: int = 64
     fuse: bool = True
+    subgroups: bool = True  # reductions may use subgroup operations where the adapter has them
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "AdapterRequest":
@@ -69,7 +71,7 @@ class AdapterRequest:
         if not isinstance(size, int) or size < 1:
             raise PluginError(f"wgpu backend: workgroup_size must be a positive integer, got {size!r}")
         return cls(power, api, str(options.get("adapter", "") or ""), tuple(sorted(limits)), size,
-                   bool(options.get("fuse", True)))
+                   bool(options.get("fuse", True)), bool(options.get("subgroups", True)))
 
     def describe(self) -> str:
         parts = [f"backend_type={self.backend_type}", f"power_preference={self.power_preference}"]
@@ -151,6 +153,7 @@ class DeviceContext:
     f16: bool
     timestamps: bool  # per-dispatch GPU timestamps (for per-op profiles)
     limits: dict[str, int]
+    subgroups: bool = False  # subgroup operations, in subgroups of consecutive invocations
     pipelines: dict[str, Any] = field(default_factory=dict)
     layouts: dict[tuple, Any] = field(default_factory=dict)
 
@@ -168,19 +171,45 @@ def open_device(request: AdapterRequest) -> DeviceContext:
     if context is None:
         f16 = "shader-f16" in adapter.features
         timestamps = set(TIMESTAMP_FEATURES) <= set(adapter.features)
-        features = (["shader-f16"] if f16 else []) + (list(TIMESTAMP_FEATURES) if timestamps else [])
+        subgroups = "subgroup" in adapter.features
+        features = ((["shader-f16"] if f16 else []) + (list(TIMESTAMP_FEATURES) if timestamps else [])
+                    + (["subgroup"] if subgroups else []))
         try:
             device = adapter.request_device_sync(label="delegate", required_features=features,
                                                  required_limits=dict(limits))
         except Exception as exc:
             raise PluginError(f"wgpu backend: cannot open a device on {describe_adapter(adapter)}: {exc}") from None
-        context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, timestamps, limits)
+        context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, timestamps, limits,
+                                                 subgroups and consecutive_subgroups(device))
     size = request.workgroup_size
     most = min(limits["max-compute-invocations-per-workgroup"], limits["max-compute-workgroup-size-x"])
     if size > most:
         raise PluginError(f"wgpu backend: workgroup_size {size} exceeds what {describe_adapter(adapter)} allows "
                           f"({most} invocations)")
     return context
+
+
+def consecutive_subgroups(device) -> bool:
+    """Whether the device's subgroups are aligned runs of consecutive invocations (the layout the
+    subgroup reductions rely on, which WebGPU does not promise), tried with one dispatch."""
+    wgpu = import_wgpu()
+    try:
+        module = device.create_shader_module(
+            code=resources.files("delegate_wgpu").joinpath("shaders", "subgroup_probe.wgsl").read_text())
+        pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        flags = device.create_buffer(size=4 * 256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                         entries=[{"binding": 0, "resource": {"buffer": flags}}])
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(1)
+        compute.end()
+        device.queue.submit([encoder.finish()])
+        return bytes(device.queue.read_buffer(flags)) == (1).to_bytes(4, "little") * 256
+    except Exception:  # a driver that cannot compile the probe cannot run the reductions either
+        return False
 
 
 _read_modes: list[Any] = ["READ_NOSYNC", "READ"]
@@ -215,6 +244,7 @@ def device_facts(context: DeviceContext) -> dict[str, Any]:
         "driver": info.get("description", ""),
         "features": sorted(str(f) for f in context.adapter.features),
         "shader_f16": context.f16,
+        "subgroups": context.subgroups,
         "limits": dict(sorted(context.limits.items())),
         "wgpu": import_wgpu().__version__,
         "plugin_version": __version__,

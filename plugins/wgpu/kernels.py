@@ -24,7 +24,9 @@ from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
-from .tiling import DeviceShape, matmul_tiling, spatial_tiling
+from .tiling import DeviceShape, matmul_tiling, reduction_workgroup, spatial_tiling
+
+WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 
 
 class KernelPlan:
@@ -237,12 +239,25 @@ def _resize(plan: KernelPlan, group: Group) -> None:
 def _softmax(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
-    k = plan.kernel("softmax", group)
+    n, h, w, c = as_nhwc(x.shape)
+    pixels, depth = n * h * w, slices_of(c)
+    wide = depth >= WIDE_SOFTMAX_SLICES
+    k = plan.kernel("softmax_wide" if wide else "softmax", group)
     k.tensor("src", x.index, x.shape)
-    n, h, w, _ = as_nhwc(x.shape)
-    k.param("pixels", "i32", n * h * w)
+    k.param("pixels", "i32", pixels)
     k.param("beta", "f32", float(op.options.get("beta", 1.0)))
-    k.invocations = n * h * w
+    if wide:
+        _workgroup_reduction(plan, k, depth, pixels)
+    else:
+        k.invocations = pixels
+
+
+def _workgroup_reduction(plan: KernelPlan, k: Kernel, length: int, workgroups: int) -> None:
+    """One workgroup per output of a reduction over ``length`` vectors."""
+    size = reduction_workgroup(length)
+    k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
+    most = plan.device.most_workgroups
+    k.tile((size, 1, 1), (min(workgroups, most), -(-workgroups // most), 1))
 
 
 @builds("MEAN")
@@ -252,6 +267,11 @@ def _mean(plan: KernelPlan, group: Group) -> None:
     rank = len(x.shape)
     axes = {nhwc_axis(a, rank) for a in int_values(op.input(1))}
     shape = as_nhwc(x.shape)
+    if axes == {1, 2} and shape[0] == 1:
+        k = plan.kernel("mean_pixels", group)
+        k.tensor("src", x.index, x.shape)
+        _workgroup_reduction(plan, k, shape[1] * shape[2], slices_of(shape[3]))
+        return
     k = plan.kernel("mean", group)
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))

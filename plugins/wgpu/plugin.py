@@ -22,4 +22,4 @@ factory.list_devices = list_devices
 def delegate_backends():
     return [BackendInfo("wgpu", factory=factory, available=probe, is_accelerator=True,
                         description="WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: power_preference, "
-                                    "backend_type, adapter, limits, workgroup_size, fuse")]
+                                    "backend_type, adapter, limits, workgroup_size, fuse, subgroups")]

@@ -21,12 +21,15 @@ class DeviceShape:
 
     invocations: int  # how many invocations keep it busy
     workgroup_bytes: int  # workgroup memory one workgroup may use
+    most_workgroups: int  # along one dimension of a dispatch
+    subgroups: bool  # reductions may use subgroup operations
 
     @classmethod
-    def of(cls, adapter_type: str, limits: dict[str, int]) -> "DeviceShape":
+    def of(cls, adapter_type: str, limits: dict[str, int], subgroups: bool) -> "DeviceShape":
         """A GPU wants thousands of invocations in flight (about four warps on each multiprocessor of a
         large one); a CPU adapter runs a few SIMD lanes per core and prefers fewer, longer invocations."""
-        return cls(256 if adapter_type == "CPU" else 8192, limits["max-compute-workgroup-storage-size"])
+        return cls(256 if adapter_type == "CPU" else 8192, limits["max-compute-workgroup-storage-size"],
+                   limits["max-compute-workgroups-per-dimension"], subgroups)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -108,3 +111,8 @@ def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_s
     pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
                              min(most_slices, _up_to_4(_ceil(c, 4))))
     return SpatialTiling(pixels, slices)
+
+
+def reduction_workgroup(length: int) -> int:
+    """Invocations sharing a reduction over ``length`` vectors: about two vectors each, 32 to 256."""
+    return min(max(_pow2_at_least(length // 2), 32), 256)
