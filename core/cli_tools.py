@@ -29,7 +29,51 @@ def _progress(total: int, description: str, enabled: bool):
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory.  VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
+    parent across exec, so a child started by a large process would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+_LITERT_ALONE = """
+import sys
+import numpy as np
+from delegate.cli_tools import peak_rss_mb
+from ai_edge_litert.interpreter import Interpreter
+it = Interpreter(model_path=sys.argv[1], num_threads=int(sys.argv[2]))
+it.allocate_tensors()
+for d in it.get_input_details():
+    it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+for _ in range(5):
+    it.invoke()
+print(peak_rss_mb())
+"""
+
+
+def separate_peak_rss(data: bytes, threads: int, argv: list[str]) -> tuple[float, float]:
+    """Peak RSS of delegate alone and of LiteRT alone, each measured in a fresh process on the same model.
+
+    In one process the two runtimes' memory would add up, so the comparison is made apart.
+    """
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
+        f.write(data)
+    ours = subprocess.run([sys.executable, "-m", "delegate.cli", "bench", f.name, "--runs", "5", "--warmup", "1",
+                           "--json", *argv], capture_output=True, text=True, timeout=600)
+    theirs = subprocess.run([sys.executable, "-c", _LITERT_ALONE, f.name, str(threads)], capture_output=True,
+                            text=True, timeout=600)
+    os.unlink(f.name)
+    if ours.returncode or theirs.returncode:
+        raise DelegateError(f"memory measurement failed: {(ours.stderr or theirs.stderr).strip()[-200:]}")
+    return json.loads(ours.stdout)["peak_rss_mb"], float(theirs.stdout.strip().splitlines()[-1])
 
 
 # -- analyze ---------------------------------------------------------------------
@@ -201,6 +245,11 @@ def cmd_bench(args) -> int:
         doc["reference"] = "litert"
         doc["reference_median_ms"] = round(float(np.median(theirs)), 4)
         doc["ratio"] = round(doc["median_ms"] / max(doc["reference_median_ms"], 1e-9), 3)
+        passthrough = [a for flag, value in (("--config", args.config), ("--backends", args.backends))
+                       if value for a in (flag, value)] + [a for v in args.set or [] for a in ("--set", v)]
+        ours_mb, theirs_mb = separate_peak_rss(data, settings.compile.num_threads or 1, passthrough)
+        doc["peak_rss_mb"], doc["reference_peak_rss_mb"] = round(ours_mb, 1), round(theirs_mb, 1)
+        doc["rss_ratio"] = round(ours_mb / theirs_mb, 3)
     if args.csv:
         with open(args.csv, "w") as f:
             f.write("run,delegate_ms" + (",litert_ms" if reference else "") + "\n")
@@ -215,7 +264,9 @@ def cmd_bench(args) -> int:
     c.print(f"delegate: p50 {doc['p50_ms']:.3f} ms, p90 {doc['p90_ms']:.3f} ms, p99 {doc['p99_ms']:.3f} ms; "
             f"peak RSS {doc['peak_rss_mb']:.0f} MB")
     if reference:
-        c.print(f"litert:   median {doc['reference_median_ms']:.3f} ms; ratio delegate/litert {doc['ratio']:.2f}x")
+        c.print(f"litert:   median {doc['reference_median_ms']:.3f} ms; ratio delegate/litert {doc['ratio']:.2f}x; "
+                f"peak RSS alone: delegate {doc['peak_rss_mb']:.0f} MB, litert {doc['reference_peak_rss_mb']:.0f} MB "
+                f"({doc['rss_ratio']:.2f}x)")
     c.print(table("top-5 ops by time", ["op", "code", "backend", "ms"],
                   [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}"] for r in doc["top_ops"]]))
     return 0

@@ -247,22 +247,21 @@ class Subgraph:
                 t.producer = op
 
     def topological_order(self) -> list[Op]:
-        """Ops ordered so each runs after the producers of its inputs; raises on a cycle."""
-        import networkx as nx
+        """Ops ordered so each runs after the producers of its inputs; raises on a cycle.
 
-        g = nx.DiGraph()
-        g.add_nodes_from(range(len(self.ops)))
+        Files list ops in execution order, so that order is kept whenever it is valid.
+        """
         position = {id(op): i for i, op in enumerate(self.ops)}
-        for i, op in enumerate(self.ops):
-            for t in op.inputs:
-                if t is not None and t.producer is not None:
-                    g.add_edge(position[id(t.producer)], i)
+        deps = {i: {position[id(t.producer)] for t in op.inputs if t is not None and t.producer is not None}
+                for i, op in enumerate(self.ops)}
+        if all(d < i for i, ds in deps.items() for d in ds):
+            return list(self.ops)
+        from graphlib import CycleError, TopologicalSorter
         try:
-            order = list(nx.lexicographical_topological_sort(g))
-        except nx.NetworkXUnfeasible:
-            cycle = nx.find_cycle(g)
+            order = list(TopologicalSorter(deps).static_order())
+        except CycleError as exc:
             raise ModelFormatError(
-                f"subgraph {self.name!r}: ops form a cycle through op #{self.ops[cycle[0][0]].index}"
+                f"subgraph {self.name!r}: ops form a cycle through op #{self.ops[exc.args[1][0]].index}"
             ) from None
         return [self.ops[i] for i in order]
 

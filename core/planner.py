@@ -17,9 +17,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import networkx as nx
+from typing import Any, Mapping
 
 from .backend import Backend, CompileOptions, Partition
 from .cost import DeviceProfile, op_bytes, op_flops, op_signature
@@ -237,6 +235,8 @@ class Planner:
 
     def min_cut(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
         """Exact CPU/accelerator assignment by s-t minimum cut (source side = accelerator)."""
+        import networkx as nx  # imported here: only plans with an accelerator need it
+
         g = nx.DiGraph()
         s, t = "source", "sink"
 

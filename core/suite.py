@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .backend import CompileOptions
+from .cli_tools import peak_rss_mb
 from .errors import DelegateError
 from .planner import PlacementSettings
 from .session import RunSettings, Session
@@ -72,11 +73,6 @@ class Row:
     max_error: float | None = None
     peak_rss_mb: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:
@@ -176,7 +172,7 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
             row.litert_ms = float(np.median(ref))
             row.ratio = row.p50_ms / row.litert_ms
             row.partitions, row.copies = len(session.plan.partitions), len(session.plan.copies)
-            row.peak_rss_mb = _rss_mb()
+            row.peak_rss_mb = peak_rss_mb()
             session.close()
         except (DelegateError, RuntimeError, ValueError) as exc:
             row.status = f"failed: {str(exc).splitlines()[0][:120]}"
