@@ -291,7 +291,7 @@ def _device_lines() -> list[str]:
         if status.available and status.name != "cpu":
             try:
                 info = default_manager().backend_info(status.name).factory({}).device_info()
-                lines.append(f"{status.name}: {info.get('device', info)}")
+                lines.append(f"{status.name}: {info.get('device') or info.get('adapter') or status.reason}")
             except Exception as exc:
                 lines.append(f"{status.name}: unavailable ({exc})")
     return lines
