@@ -178,12 +178,14 @@ def test_float16_weights_through_dequantize():
     check(b.to_bytes(), [rng.standard_normal((1, 6, 6, 5))])
 
 
+PRECISIONS = {"fp32": {}, "fp16": {"rtol": FP16_RTOL, "options": CompileOptions(precision="fp16")}}
 MATMUL_TILINGS = [MatmulTiling(4, 4, 1), MatmulTiling(2, 1, 4), MatmulTiling(1, 2, 8), MatmulTiling(4, 2, 2)]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("tiling", MATMUL_TILINGS, ids=str)
 @pytest.mark.parametrize("case", ["fully_connected", "conv_1x1"])
-def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case):
+def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case, precision):
     """Rows and output slices that are not multiples of the tile, rows crossing images, and split
     reductions whose parts add up different numbers of input slices."""
     monkeypatch.setattr(kernels, "matmul_tiling", lambda *args: tiling)
@@ -201,13 +203,14 @@ def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case):
         b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((units, 1, 1, 19)).astype(np.float32)),
                                   b.const("b", rng.standard_normal(units).astype(np.float32))],
                       options={"padding": "VALID", "stride_h": 1, "stride_w": 1}))
-    check(b.to_bytes(), [rng.standard_normal(shape)])
+    check(b.to_bytes(), [rng.standard_normal(shape)], **PRECISIONS[precision])
 
 
 @pytest.mark.parametrize("op, pixels, slices", [("CONV_2D", 4, 4), ("CONV_2D", 2, 1), ("CONV_2D", 4, 2),
                                                ("DEPTHWISE_CONV_2D", 4, 1), ("DEPTHWISE_CONV_2D", 2, 1)])
 @pytest.mark.parametrize("multiplier", [1, 2])
-def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, multiplier):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, multiplier, precision):
     """Output widths and slice counts that are not multiples of the tile, padding on every side."""
     monkeypatch.setattr(kernels, "spatial_tiling", lambda *args: SpatialTiling(pixels, slices))
     rng = np.random.default_rng(14)
@@ -221,7 +224,7 @@ def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, mu
                        b.const("b", rng.standard_normal(weights[0] if op == "CONV_2D" else weights[3])
                                .astype(np.float32))],
                   options={"padding": "SAME", "stride_h": 1, "stride_w": 2, **options}))
-    check(b.to_bytes(), [rng.standard_normal((2, 6, 9, 6))], builtin=True)
+    check(b.to_bytes(), [rng.standard_normal((2, 6, 9, 6))], builtin=True, **PRECISIONS[precision])
 
 
 def _transpose_conv_out(size, k, stride, padding):
@@ -454,20 +457,27 @@ def test_fp16_conv_chain(h, cin, cout, seed):
 
 
 def test_fp16_is_used_and_explained():
+    """f16 storage everywhere; f16 multiply-adds only in convolutions and matrix products."""
     from delegate.partition import make_partition
     from delegate import read_model
+    rng = np.random.default_rng(16)
     b = GraphBuilder()
     x = b.input("x", (1, 4, 4, 4))
-    b.output(b.op("RELU", [x]))
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((8, 3, 3, 4)).astype(np.float32)), None],
+             options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
+    b.output(b.op("SOFTMAX", [y], options={"beta": 1.0}))
     g = read_model(b.to_bytes()).main
     backend = default_manager().backend_info("wgpu").factory({})
     compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), HALF)
     facts = compiled.describe()
     if backend.device_info()["shader_f16"]:
         assert facts["precision"] == "fp16" and "shader-f16" in facts["precision_reason"]
+        assert facts["f16_arithmetic"] == ["CONV_2D#0"]
     else:
         assert facts["precision"] == "fp32" and "lacks" in facts["precision_reason"]
-    assert backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions()).describe()["precision"] == "fp32"
+        assert facts["f16_arithmetic"] == []
+    full = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions()).describe()
+    assert full["precision"] == "fp32" and full["f16_arithmetic"] == []
 
 
 QUANT = CompileOptions(allow_quantized=True)

@@ -75,9 +75,10 @@ class WgpuBackend(Backend):
         if options.precision != "fp16":
             return "f32", "fp32: precision loss is not allowed (compile precision fp32)"
         if self.context.f16:
-            return "f16", ("fp16 storage: precision loss is allowed and the adapter has shader-f16; activations "
-                           "and weights are stored as f16, arithmetic and accumulation (sums, softmax, "
-                           "reductions) stay f32")
+            return "f16", ("fp16: precision loss is allowed and the adapter has shader-f16; activations and "
+                           "weights are stored as f16, convolutions and matrix products multiply and accumulate "
+                           "in f16 (kernels listed under f16_arithmetic), epilogues, softmax and reductions "
+                           "compute in f32")
         return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
 
     def supports(self, op: Op, options: CompileOptions) -> Support:

@@ -246,6 +246,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     facts = {
         "dispatches": len(dispatches),
         "kernels": [k.label for k in plan.kernels],
+        "f16_arithmetic": [k.label for k in plan.kernels if k.half and storage == "f16"],
         "fused": [[op.index for op in g.ops] for g in plan.groups if g.fused],
         "shaders": len(shaders),
         "buffer_bytes": {role: sum(b.nbytes for b in buffers if b.role == role)
