@@ -28,6 +28,22 @@ class DeviceState:
     queue: Any
     facts: dict[str, Any]
     builder: ProgramBuilder
+    profilers: int = 0
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Count a partition starting or stopping to profile.  Event timestamps cost time per enqueue on
+        some drivers, so the queue records them only while some partition profiles; the queue is
+        drained before it is replaced, so the order of work is kept."""
+        before = self.profilers > 0
+        self.profilers += 1 if enabled else -1
+        if (self.profilers > 0) != before:
+            self.queue.finish()
+            self.queue = make_queue(self.cl, self.context, self.device, self.profilers > 0)
+
+
+def make_queue(cl, context, device, profiling: bool):
+    properties = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+    return cl.CommandQueue(context, device, properties=properties)
 
 
 _DEVICES: dict[tuple[str, str, str], DeviceState] = {}
@@ -38,9 +54,8 @@ def device_state(cl, platform, device) -> DeviceState:
     key = (facts["platform"], facts["device"], facts["driver_version"])
     if key not in _DEVICES:
         context = cl.Context([device])
-        # In order, with event timestamps: profiling a run costs only keeping its events.
-        queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-        _DEVICES[key] = DeviceState(cl, device, context, queue, facts, ProgramBuilder(cl, context, device, facts))
+        _DEVICES[key] = DeviceState(cl, device, context, make_queue(cl, context, device, False), facts,
+                                    ProgramBuilder(cl, context, device, facts))
     return _DEVICES[key]
 
 

@@ -21,7 +21,7 @@ from delegate.gpu.fusion import plan_groups
 
 from .lowering import Launch, Lowering
 from .program import kernel_name, program_source
-from .values import ClValue, ReadbackBatch
+from .values import Boundary, ClValue, ReadbackBatch, fill_input
 
 # Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
@@ -58,30 +58,38 @@ class ClCompiled(CompiledPartition):
 
     def __init__(self, device, partition: Partition, options: CompileOptions):
         self.device = device
-        cl = device.cl
         self.precision = choose_precision(options.precision, device.facts["fp16"])
         ops = sorted(partition.ops, key=lambda op: op.index)
-        lowering = Lowering(cl, device.context, device.queue, self.precision.storage)
+        lowering = Lowering(device.cl, device.context, device.queue, self.precision.storage)
         self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized)
         for group in self.groups:
             lowering.lower(group)
         # Every run refills the input buffers the kernels read, except those known at compile time
         # (weights from a DEQUANTIZE folded elsewhere), which were uploaded once as constants; inputs
         # that are only parameters (a RESHAPE's shape) are not read at all.
-        self.inputs = [(t, lowering.buffers[t.index]) for t in partition.inputs
-                       if t.index in lowering.buffers and constant_value(t) is None]
-        self.outputs = [(t, lowering.tensor(t)) for t in partition.outputs]
+        inputs = [t for t in partition.inputs if t.index in lowering.buffers and constant_value(t) is None]
+        crossings = [(t, True) for t in inputs] + [(t, False) for t in partition.outputs]
+        conversions = [lowering.boundary(t, into_device) for t, into_device in crossings]
         self.device_bytes = lowering.device_bytes
         self.labels = [launch.label for launch in lowering.launches]
         self.first_ops = [launch.ops[0].index for launch in lowering.launches]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
+        self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
         cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
-        self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = []
-        if lowering.launches:
-            self._bind(lowering.launches, cache, options.inference_preference == "sustained_speed")
+        converters = [launch for launch, _ in conversions if launch is not None]
+        bound = self._bind(lowering.launches + converters, cache, options.inference_preference == "sustained_speed")
+        self.launches = bound[:len(lowering.launches)]
+        bound_converters = iter(bound[len(lowering.launches):])
+        boundaries = [Boundary(t, lowering.tensor(t), staging, *(next(bound_converters) if launch else ()))
+                      for (t, _), (launch, staging) in zip(crossings, conversions)]
+        self.inputs, self.outputs = boundaries[:len(inputs)], boundaries[len(inputs):]
 
-    def _bind(self, launches: list[Launch], cache: EntryStore | None, tune: bool) -> None:
+    def _bind(self, launches: list[Launch], cache: EntryStore | None, tune: bool) -> list[tuple[Any, tuple, tuple]]:
+        """Build one program for ``launches``, bind their arguments and choose the work-group sizes that
+        their kernels leave open; returns (kernel, global size, local size) per launch."""
+        if not launches:
+            return []
         cl = self.device.cl
         variants = list(dict.fromkeys(launch.variant for launch in launches))
         names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
@@ -94,17 +102,21 @@ class ClCompiled(CompiledPartition):
             kernel = cl.Kernel(built.program, names[launch.variant])
             kernel.set_args(*launch.args)
             kernels.append(kernel)
-        sizes = [launch.global_size for launch in launches]
-        locals_: list = [default_local(g) for g in sizes]
-        if tune:
-            key = cache_key({"program": built.key, "launches": [[names[l.variant], l.global_size] for l in launches]})
+        locals_: list = [launch.local_size or default_local(launch.global_size) for launch in launches]
+        free = [i for i, launch in enumerate(launches) if launch.local_size is None]
+        if tune and free:
+            key = cache_key({"program": built.key,
+                             "launches": [[names[launches[i].variant], launches[i].global_size] for i in free]})
             stored = cache.load(key, "tune") if cache else None
-            locals_ = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
-                [self._fastest(k, g) for k, g in zip(kernels, sizes)]
+            chosen = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
+                [self._fastest(kernels[i], launches[i].global_size) for i in free]
             if cache and stored is None:
-                cache.store(key, "tune", json.dumps(locals_).encode())
+                cache.store(key, "tune", json.dumps(chosen).encode())
+            for i, local in zip(free, chosen):
+                locals_[i] = local
             self.tuned = True
-        self.launches = [(k, _round_up(g, l), l) for k, g, l in zip(kernels, sizes, locals_)]
+        return [(k, _round_up(launch.global_size, local), local)
+                for k, launch, local in zip(kernels, launches, locals_)]
 
     def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
         """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
@@ -128,26 +140,26 @@ class ClCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         cl, queue, storage = self.device.cl, self.device.queue, self.precision.storage
-        for tensor, buffer in self.inputs:
-            value = inputs[tensor.index]
-            if not isinstance(value, ClValue):
-                value = ClValue.stage(value)
-            value.upload(cl, queue, buffer, tensor, storage)
+        self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
+                        for boundary in self.inputs]
+        enqueue = cl.enqueue_nd_range_kernel
         if self.profiled is None:
             for kernel, global_size, local_size in self.launches:
-                cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+                enqueue(queue, kernel, global_size, local_size)
         else:
-            self.profiled.append([cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+            self.profiled.append([enqueue(queue, kernel, global_size, local_size)
                                   for kernel, global_size, local_size in self.launches])
-        values = [ClValue(t.shape, t.dtype, quant=t.quantization, buffer=buf, storage=storage)
-                  for t, buf in self.outputs]
+        values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
+                  for b in self.outputs]
         batch = ReadbackBatch(values)
         for value in values:
             value.batch = batch
-        return {t.index: v for (t, _), v in zip(self.outputs, values)}
+        return {b.tensor.index: v for b, v in zip(self.outputs, values)}
 
     def set_profiling(self, enabled: bool) -> None:
         """Keep the events of the following runs' kernels, for :meth:`profile`."""
+        if enabled != (self.profiled is not None):
+            self.device.set_profiling(enabled)
         self.profiled = [] if enabled else None
 
     def profile(self) -> dict[int, float]:

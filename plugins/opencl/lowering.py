@@ -28,12 +28,17 @@ from .program import Variant
 
 @dataclass
 class Launch:
-    """One kernel enqueue: which variant, its bound arguments, its grid and the ops it computes."""
+    """One kernel enqueue: which variant, its bound arguments, its grid and the ops it computes.
+
+    ``local_size`` is set when the kernel is written for one work-group shape (it shares local
+    memory); otherwise the shape is chosen at compile time (default or tuned).
+    """
 
     variant: Variant
     args: list[Any]
     global_size: tuple[int, int, int]
     ops: list[Op]
+    local_size: tuple[int, int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -44,6 +49,13 @@ def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     """One work item per output vector: (W, H, N * S)."""
     n, h, w, c = as_nhwc(shape)
     return w, h, n * slices(c)
+
+
+def nhwc_is_phwc4(shape: Sequence[int]) -> bool:
+    """Whether NHWC and float32 PHWC4 hold ``shape`` in the same bytes: a single slice of exactly four
+    channels, or whole slices of one pixel."""
+    _, h, w, c = as_nhwc(shape)
+    return c == 4 or (h * w == 1 and c % 4 == 0)
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -87,6 +99,22 @@ class Lowering:
 
     def temp(self, shape: Sequence[int]):
         return self._allocate(phwc4_vectors(shape))
+
+    def boundary(self, t: Tensor, into_device: bool) -> tuple[Launch | None, Any]:
+        """The conversion between ``t``'s buffer and an NHWC float32 staging buffer, and that buffer;
+        (None, None) when the bytes coincide."""
+        if self.storage == np.float32 and nhwc_is_phwc4(t.shape):
+            return None, None
+        n, h, w, c = as_nhwc(t.shape)
+        staging = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(n * h * w * c, 1) * 4)
+        self.device_bytes += max(n * h * w * c, 1) * 4
+        if into_device:
+            launch = Launch(Variant("nhwc_to_phwc4"), self.out_args(self.tensor(t), t.shape) + [staging],
+                            grid(t.shape), [])
+        else:
+            launch = Launch(Variant("phwc4_to_nhwc"), [staging, self.tensor(t), self.dims(t.shape), np.int32(c)],
+                            grid(t.shape), [])
+        return launch, staging
 
     # -- arguments ----------------------------------------------------------
     def cl_int4(self, a: int, b: int, c: int, d: int):
