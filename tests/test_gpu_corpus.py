@@ -1,0 +1,70 @@
+"""The whole corpus on each GPU backend (PoCL and lavapipe here) matches the CPU backend.
+
+Every op a GPU backend supports is placed on it (greedy partitioner, no partition limit);
+the rest runs on the CPU, so mixed plans and boundary copies are exercised as well.
+"""
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model, zoo
+from delegate.planner import PlacementSettings
+from delegate.plugins import default_manager
+from delegate.session import RunSettings, Session
+from tests.mediapipe import NEEDS_MEDIAPIPE_OPS, mediapipe_models
+from tests.test_converter_models import FIXTURES, MANIFEST
+
+# fp32 on a GPU backend: within this fraction of each output's range of the CPU backend's result.
+TOLERANCE = 5e-4
+
+
+def corpus() -> list[tuple[str, bytes]]:
+    models = [(name, path.read_bytes()) for name, path in mediapipe_models().items()
+              if name not in NEEDS_MEDIAPIPE_OPS]
+    models += [(f"zoo:{name}", zoo.build(name)) for name in sorted(zoo.ZOO)]
+    models += [(name, (FIXTURES / name).read_bytes()) for name in sorted(MANIFEST)
+               if MANIFEST[name]["mode"] in ("fp32", "fp16")]
+    return models
+
+
+CORPUS = corpus()
+
+
+def backend_or_skip(name: str) -> None:
+    ok, why = default_manager().backend_info(name).available()
+    if not ok:
+        pytest.skip(f"{name} backend unavailable here: {why}")
+
+
+@pytest.fixture(scope="module")
+def cpu_results():
+    return {}
+
+
+@pytest.mark.parametrize("backend", ["opencl", "wgpu"])
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+def test_corpus_model_matches_cpu(backend, label, cpu_results):
+    backend_or_skip(backend)
+    data = dict(CORPUS)[label]
+    model = read_model(data)
+    rng = np.random.default_rng(0)
+    inputs = []
+    for t in model.main.inputs:
+        lookups = [op for op in t.uses if op.opcode == "GATHER" and op.inputs[1] is t]
+        if lookups:
+            inputs.append(rng.integers(0, lookups[0].inputs[0].shape[0], t.shape).astype(t.dtype.numpy))
+        else:
+            inputs.append(rng.uniform(-1, 1, t.shape).astype(t.dtype.numpy))
+    if label not in cpu_results:
+        cpu_results[label] = Session(read_model(data), RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(inputs)
+    expected = cpu_results[label]
+    session = Session(model, RunSettings(backends=[(backend, {}), ("cpu", {"engine": "numpy"})],
+                                         compile=CompileOptions(precision="fp32", allow_quantized=True),
+                                         placement=PlacementSettings(partitioner="greedy"), fallback=False))
+    placed = sum(len(p.ops) for p in session.plan.partitions if p.backend == backend)
+    assert placed > 0, f"nothing of {label} was placed on {backend}"
+    actual = session.run(inputs)
+    for name, e in expected.items():
+        scale = max(float(np.abs(e).max()), 1e-6)
+        error = float(np.abs(actual[name].astype(np.float64) - e).max()) / scale
+        assert error <= TOLERANCE, f"{label} on {backend}: output {name!r} off by {error:.3g} of its range"
