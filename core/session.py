@@ -171,6 +171,8 @@ class Session:
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.plan: Plan = self.planner.plan(self.graph)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
+        for d in self.plan.decisions:
+            log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
                                  compiled=[self._compile(p) for p in self.plan.partitions])

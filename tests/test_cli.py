@@ -158,3 +158,17 @@ def test_cache_ls_and_clear(tmp_path):
     assert not any(cache.iterdir())
     proc = delegate("cache", "ls", check=False)
     assert proc.returncode == 9 and "serialization.dir" in proc.stderr
+
+
+def test_verbose_logs_decisions(tiny_model):
+    proc = delegate("-v", "plan", *CPU, tiny_model)
+    assert "op #0 CONV_2D v1 -> cpu" in proc.stderr
+
+
+def test_bench_profile_feeds_later_plans(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
+    before = as_json("plan", *CPU, "--set", "cpu.engine=numpy", tiny_model)
+    as_json("bench", *CPU, "--set", "cpu.engine=numpy", tiny_model, "--runs", "3", "--warmup", "1", "--profile")
+    after = as_json("plan", *CPU, "--set", "cpu.engine=numpy", tiny_model)
+    assert list(tmp_path.glob("*.json")), "bench --profile stored no profile"
+    assert [op["estimates_ms"]["cpu"] for op in after["ops"]] != [op["estimates_ms"]["cpu"] for op in before["ops"]]
