@@ -400,6 +400,59 @@ def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_pat
         backend.compile(partition, CompileOptions(cache_dir=str(shared), model_token="m"))
 
 
+def small_network(rng):
+    """One of each tiled kernel: a 3x3 convolution, a depthwise one, a 1x1 convolution, a dense layer."""
+    b = GraphBuilder()
+    v = b.input("x", (1, 9, 10, 3))
+    v = b.op("CONV_2D", [v, b.const("w0", normal(rng, (12, 3, 3, 3))), b.const("b0", normal(rng, 12))],
+             options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"})
+    v = b.op("DEPTHWISE_CONV_2D", [v, b.const("w1", normal(rng, (1, 3, 3, 12))), b.const("b1", normal(rng, 12))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
+    v = b.op("CONV_2D", [v, b.const("w2", normal(rng, (40, 1, 1, 12))), b.const("b2", normal(rng, 40))],
+             options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
+    v = b.op("RESHAPE", [v, b.const("s", np.array([1, 1000], np.int32))], options={"new_shape": [1, 1000]})
+    b.output(b.op("FULLY_CONNECTED", [v, b.const("w3", normal(rng, (10, 1000), 0.1)), b.const("b3", normal(rng, 10))]))
+    return b.to_bytes()
+
+
+def test_sustained_speed_times_the_tilings_and_caches_the_choice(backend, tmp_path):
+    rng = np.random.default_rng(17)
+    model = small_network(rng)
+    g = read_model(model).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    options = CompileOptions(inference_preference="sustained_speed", cache_dir=str(tmp_path / "cache"),
+                             model_token="tuned")
+    tuned = backend.compile(partition, options)
+    facts = tuned.describe()
+    assert facts["plan_source"] == "tuned" and len(facts["tilings"]) == 4
+    program = tuned.program
+    used = {d.shader for d in program.dispatches + [t.convert for t in program.inputs + program.outputs if t.convert]}
+    assert facts["shaders"] == len(program.shaders) == len(used)  # untried tilings' shaders are gone
+    inputs = [normal(rng, (1, 9, 10, 3))]
+    expected = run_compiled(backend, g, tuned, inputs)
+    assert_close(expected, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+    again = backend.compile(partition, options)
+    assert again.describe()["plan_source"] == "cache" and again.describe()["tilings"] == facts["tilings"]
+    np.testing.assert_array_equal(run_compiled(backend, g, again, inputs)[0], expected[0])
+    assert backend.compile(partition, CompileOptions(cache_dir=options.cache_dir, model_token="tuned")
+                           ).describe()["plan_source"] == "planned"  # the other preference has its own entry
+
+
+def test_tuning_keeps_the_fastest_variant(backend, monkeypatch):
+    """With a stopwatch that finds each tiling tried faster than the one before, the last one wins."""
+    from delegate_wgpu import tuning
+    from delegate_wgpu.program import build_program
+    model = small_network(np.random.default_rng(18))
+    g = read_model(model).main
+    partition = make_partition(g, g.ops, "wgpu", 0)
+    options = CompileOptions(inference_preference="sustained_speed")
+    planned = build_program(partition, options, "f32", 64, backend.context.limits, backend.shape, tuning=True)
+    clock = iter(range(10**6, 0, -1))
+    monkeypatch.setattr(tuning, "_Stopwatch", lambda compiled: lambda launch: next(clock))
+    tilings = backend.compile(partition, options).describe()["tilings"]
+    assert tilings == {planned.dispatches[i].label: variants[-1].tiling for i, variants in planned.variants.items()}
+
+
 def test_per_op_profile_from_gpu_timestamps(backend):
     rng = np.random.default_rng(9)
     model = residual_block(rng, extra_output=True)

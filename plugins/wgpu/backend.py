@@ -21,6 +21,7 @@ from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
 from .program import Program, build_program
 from .tiling import DeviceShape
+from .tuning import tune
 
 log = logging.getLogger(__name__)
 # op -> input holding weights packed as 4x4 blocks (padded on both channel axes, so larger than the tensor)
@@ -104,36 +105,52 @@ class WgpuBackend(Backend):
         return None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
-        storage, why = self.storage(options)
-        program, source = self._program(partition, options, storage)
-        facts = {"adapter": describe_adapter(self.context.adapter), "precision": "fp16" if storage == "f16" else "fp32",
-                 "precision_reason": why, "plan_source": source, **program.facts}
-        return WgpuCompiled(self.context, program, facts)
+        """The partition's program (from the plan cache when one is configured and holds it), made real.
 
-    def _program(self, partition: Partition, options: CompileOptions, storage: str) -> tuple[Program, str]:
-        """The partition's program: from the cache when one is configured and holds it, else planned."""
-        build = lambda: build_program(partition, options, storage, self.request.workgroup_size,  # noqa: E731
-                                      self.context.limits, self.shape, self.request.fuse)
+        With ``inference_preference: sustained_speed`` a newly planned program has its tilings timed on
+        the device first (:mod:`.tuning`); the cache then keeps the tuned program."""
+        storage, why = self.storage(options)
+        tuning = options.inference_preference == "sustained_speed"
+        store, key = self._cache_entry(partition, options, storage, tuning)
+        program, source = self._cached(store, key), "cache"
+        if program is None:
+            program, source = build_program(partition, options, storage, self.request.workgroup_size,
+                                            self.context.limits, self.shape, self.request.fuse, tuning), "planned"
+        compiled = WgpuCompiled(self.context, program, {})
+        if program.variants:
+            tune(compiled)
+            source = "tuned"
+        if store is not None and source != "cache":
+            store.store(key, "plan", program.to_bytes())
+        compiled.facts = {"adapter": describe_adapter(self.context.adapter),
+                          "precision": "fp16" if storage == "f16" else "fp32", "precision_reason": why,
+                          "plan_source": source, **program.facts}
+        return compiled
+
+    def _cache_entry(self, partition: Partition, options: CompileOptions, storage: str,
+                     tuning: bool) -> tuple[EntryStore | None, str]:
+        """Where the partition's plan is cached, and under which key; (None, "") without a cache."""
         if not (options.cache_dir and options.model_token):
-            return build(), "planned"
+            return None, ""
         store = EntryStore(options.cache_dir, "wgpu", options.model_token)
-        key = cache_key({
+        return store, cache_key({
             "model": options.model_token, "ops": [(op.index, op.opcode, op.version) for op in partition.ops],
             "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
             "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
             "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,
-            "workgroup": self.request.workgroup_size, "tiling": self.shape, "device": self.facts,
-            "shaders": shader_digest(),
-            "plugin": __version__})
-        raw = store.load(key, "plan")
-        if raw is not None:
-            try:
-                return Program.from_bytes(raw), "cache"
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("wgpu: cached plan %s could not be read (%s); planning again", key[:12], exc)
-        program = build()
-        store.store(key, "plan", program.to_bytes())
-        return program, "planned"
+            "workgroup": self.request.workgroup_size, "tiling": self.shape, "tuned": tuning, "device": self.facts,
+            "shaders": shader_digest(), "plugin": __version__})
+
+    @staticmethod
+    def _cached(store: EntryStore | None, key: str) -> Program | None:
+        raw = store.load(key, "plan") if store is not None else None
+        if raw is None:
+            return None
+        try:
+            return Program.from_bytes(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("wgpu: cached plan %s could not be read (%s); planning again", key[:12], exc)
+            return None
 
     def to_device(self, array: np.ndarray) -> HostTensor:
         """Boundary conversion NHWC -> PHWC4; the partition reading it uploads it into its input buffer."""

@@ -157,15 +157,15 @@ class WgpuCompiled(CompiledPartition):
         params = blob[program.params_start:]
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
                                                        usage=wgpu.BufferUsage.UNIFORM)
-        self.launches = [self._launch(d) for d in program.dispatches]
-        self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self._launch(s.convert))
+        self.launches = [self.launch(d) for d in program.dispatches]
+        self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
-        self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self._launch(s.convert))
+        self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self.launch(s.convert))
                         for s in program.outputs]
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
-    def _launch(self, d: DispatchSpec) -> Launch:
+    def launch(self, d: DispatchSpec) -> Launch:
         """Pipeline, bind group (made once, here) and workgroup counts of one dispatch."""
         pipeline, layout = self._pipeline(self.program.shaders[d.shader], tuple(w for _, w in d.bindings))
         entries = [{"binding": i, "resource": {"buffer": self.buffers[b], "offset": 0, "size": self.buffers[b].size}}
@@ -257,38 +257,49 @@ class WgpuCompiled(CompiledPartition):
         return dict(self.facts)
 
 
-class _Profiler:
-    """A timestamp before every dispatch and after the last, read back after each run."""
+class Timestamps:
+    """``count`` GPU timestamps written inside a compute pass, resolved into a buffer and read back."""
 
-    def __init__(self, context: DeviceContext, program: Program):
+    def __init__(self, context: DeviceContext, count: int):
         wgpu = import_wgpu()
         from wgpu.backends.wgpu_native.extras import write_timestamp
 
         device = context.device
-        self.context, self.program = context, program
-        self.count = len(program.dispatches) + 1
-        self.queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=self.count)
-        self.resolved = device.create_buffer(size=8 * self.count,
+        self.count = count
+        self.queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
+        self.resolved = device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        self.readback = device.create_buffer(size=8 * self.count,
+        self.readback = device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self.stamp = lambda compute, index: write_timestamp(compute, self.queries, index)
-        self.samples: dict[int, list[float]] = {}
 
     def resolve(self, encoder) -> None:
         encoder.resolve_query_set(self.queries, 0, self.count, self.resolved, 0)
         encoder.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, 8 * self.count)
 
-    def collect(self) -> None:
+    def read(self) -> np.ndarray:
+        """Milliseconds between consecutive timestamps of the submission just made."""
         map_for_reading(self.readback)
         try:
             ticks = np.frombuffer(self.readback.read_mapped(), np.uint64).astype(np.float64)
         finally:
             self.readback.unmap()
+        return np.maximum(np.diff(ticks), 0.0) * 1e-6  # timestamps are nanoseconds
+
+
+class _Profiler(Timestamps):
+    """A timestamp before every dispatch and after the last, read back after each run."""
+
+    def __init__(self, context: DeviceContext, program: Program):
+        super().__init__(context, len(program.dispatches) + 1)
+        self.program = program
+        self.samples: dict[int, list[float]] = {}
+
+    def collect(self) -> None:
         run: dict[int, float] = {}
-        for d, ns in zip(self.program.dispatches, np.diff(ticks)):
+        for d, ms in zip(self.program.dispatches, self.read()):
             if d.ops:
-                run[d.ops[0]] = run.get(d.ops[0], 0.0) + max(ns, 0.0) * 1e-6  # timestamps are nanoseconds
+                run[d.ops[0]] = run.get(d.ops[0], 0.0) + ms
         for op, ms in run.items():
             self.samples.setdefault(op, []).append(ms)
 

@@ -8,6 +8,7 @@ kernels and tensors that exist only inside a partition get their own keys.
 
 from __future__ import annotations
 
+import copy
 from string import Template
 from typing import Callable, Hashable, Sequence
 
@@ -24,7 +25,8 @@ from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
-from .tiling import DeviceShape, matmul_tiling, reduction_workgroup, spatial_tiling
+from .tiling import (DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
+                     spatial_tiling)
 
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 
@@ -32,8 +34,8 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 class KernelPlan:
     """Kernels of one partition in launch order, with the constants and temporaries they use."""
 
-    def __init__(self, device: DeviceShape):
-        self.device = device
+    def __init__(self, device: DeviceShape, tuning: bool = False):
+        self.device, self.tuning = device, tuning
         self.kernels: list[Kernel] = []
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
@@ -61,9 +63,20 @@ class KernelPlan:
         self.temporaries[key] = tuple(shape)
         return key
 
-    def tune(self, kernel: Kernel, tiling):
-        """The tiling ``kernel`` runs with: the one chosen from its sizes."""
-        return tiling
+    def tile(self, kernel: Kernel, chosen, candidates: Sequence, *extent) -> None:
+        """Give ``kernel`` the tiling ``chosen`` for its sizes; when tuning, keep a variant of it for
+        every other candidate, to be timed on the device."""
+        def apply(k: Kernel, tiling) -> None:
+            k.substitutions.update(tiling.constants())
+            k.tile(*tiling.layout(*extent))
+            k.tiling = str(tiling)
+        apply(kernel, chosen)
+        for tiling in candidates if self.tuning else ():
+            if tiling != chosen:
+                variant = copy.copy(kernel)
+                variant.substitutions, variant.variants = dict(kernel.substitutions), []
+                apply(variant, tiling)
+                kernel.variants.append(variant)
 
     def add(self, group: Group) -> None:
         self.groups.append(group)
@@ -126,9 +139,8 @@ def _conv(plan: KernelPlan, group: Group) -> None:
 
 def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int) -> None:
     """Tile a convolution over its output: horizontally adjacent pixels (and slices) per invocation."""
-    tiling = plan.tune(k, spatial_tiling(plan.device, as_nhwc(shape), most_slices))
-    k.substitutions = {"RM": str(tiling.pixels), "RN": str(tiling.slices)}
-    k.tile(*tiling.layout(as_nhwc(shape)))
+    shape = as_nhwc(shape)
+    plan.tile(k, spatial_tiling(plan.device, shape, most_slices), spatial_candidates(shape, most_slices), shape)
     k.half = True
 
 
@@ -152,8 +164,8 @@ def _depthwise(plan: KernelPlan, group: Group) -> None:
     k.read("weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
     _window(k, op.options, x.shape, weights.shape[1:3])
-    _spatial(plan, k, out.shape, 1)
     k.substitutions["MULTIPLIER"] = str(out.shape[3] // x.shape[3])
+    _spatial(plan, k, out.shape, 1)
 
 
 @builds("FULLY_CONNECTED")
@@ -178,11 +190,10 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
     k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
     k.read("bias", _bias(plan, op, bias_input, len(weights)))
     n, h, w, depth = as_nhwc(shape)
-    rows, slices = n * h * w, slices_of(len(weights))
-    tiling = plan.tune(k, matmul_tiling(plan.device, rows, slices, slices_of(depth)))
+    rows, slices, depth = n * h * w, slices_of(len(weights)), slices_of(depth)
     k.param("rows", "i32", rows)
-    k.substitutions = {"RM": str(tiling.rows), "RN": str(tiling.slices), "KT": str(tiling.split)}
-    k.tile(*tiling.layout(rows, slices))
+    plan.tile(k, matmul_tiling(plan.device, rows, slices, depth), matmul_candidates(plan.device, rows, slices, depth),
+              rows, slices)
     k.half = True
 
 

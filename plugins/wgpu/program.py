@@ -50,11 +50,21 @@ class DispatchSpec:
     groups: tuple[int, int, int]  # workgroups along x, y, z
     label: str
     ops: list[int] = field(default_factory=list)
+    tiling: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DispatchSpec":
         return cls(d["shader"], [tuple(x) for x in d["bindings"]], tuple(d["params"]), tuple(d["groups"]),
-                   d["label"], d["ops"])
+                   d["label"], d["ops"], d["tiling"])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another tiling of a dispatch, which tuning times against the chosen one."""
+
+    source: str
+    groups: tuple[int, int, int]
+    tiling: str
 
 
 @dataclass
@@ -97,9 +107,10 @@ class Program:
     facts: dict[str, Any] = field(default_factory=dict)
     params_start: int = 0  # the blob holds constants, then (from here) every dispatch's uniform contents
     blob: bytes = b""
+    variants: dict[int, list[Variant]] = field(default_factory=dict)  # dispatch -> other tilings (not stored)
 
     def to_bytes(self) -> bytes:
-        head = {k: v for k, v in asdict(self).items() if k != "blob"}
+        head = {k: v for k, v in asdict(self).items() if k not in ("blob", "variants")}
         text = json.dumps(head).encode()
         return struct.pack("<Q", len(text)) + text + self.blob
 
@@ -117,12 +128,12 @@ class Program:
 
 
 def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_buffers: int,
-                 device: DeviceShape) -> KernelPlan:
+                 device: DeviceShape, tuning: bool = False) -> KernelPlan:
     """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
     keep = {t.index for t in partition.outputs}
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
-        plan = KernelPlan(device)
+        plan = KernelPlan(device, tuning)
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)
@@ -156,9 +167,10 @@ def _ops_within(group: Group, bindings: int, max_buffers: int, float_view: bool)
 
 
 def build_program(partition: Partition, options: CompileOptions, storage: str, workgroup: int,
-                  limits: dict[str, int], device: DeviceShape, fuse: bool = True) -> Program:
-    """Plan ``partition`` for a device with ``limits``; raises CompileError when it cannot fit."""
-    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"], device)
+                  limits: dict[str, int], device: DeviceShape, fuse: bool = True, tuning: bool = False) -> Program:
+    """Plan ``partition`` for a device with ``limits``; raises CompileError when it cannot fit.  With
+    ``tuning`` the tiled kernels bring the variants :mod:`.tuning` chooses from."""
+    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"], device, tuning)
     tensors = {t.index: t for t in partition.graph.tensors}
     itemsize = np.dtype(STORAGE_DTYPES[storage]).itemsize
 
@@ -210,20 +222,24 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     params = bytearray()
     most = limits["max-compute-workgroups-per-dimension"]
 
-    def dispatch(kernel: Kernel) -> DispatchSpec:
-        source = kernel.source(storage, workgroup)
-        shader = shaders.setdefault(source, len(shaders))
-        data = kernel.params_bytes()
-        params.extend(bytes(-len(params) % PARAMS_ALIGNMENT))
+    def groups_of(kernel: Kernel) -> tuple[int, int, int]:
         groups = kernel.grid or _flat_groups(kernel.invocations, workgroup, most)
         if max(groups) > most:
             raise CompileError(f"{kernel.label}: {groups} workgroups exceed the adapter's dispatch limit {most}")
+        return groups
+
+    def dispatch(kernel: Kernel) -> DispatchSpec:
+        shader = shaders.setdefault(kernel.source(storage, workgroup), len(shaders))
+        data = kernel.params_bytes()
+        params.extend(bytes(-len(params) % PARAMS_ALIGNMENT))
         spec = DispatchSpec(shader, [(buffer_of[root_of(b.value)], b.writable) for b in kernel.bindings],
-                            (len(params), len(data)), groups, kernel.label, kernel.ops)
+                            (len(params), len(data)), groups_of(kernel), kernel.label, kernel.ops, kernel.tiling)
         params.extend(data)
         return spec
 
     dispatches = [dispatch(kernel) for kernel in plan.kernels]
+    variants = {i: [Variant(v.source(storage, workgroup), groups_of(v), v.tiling) for v in kernel.variants]
+                for i, kernel in enumerate(plan.kernels) if kernel.variants}
 
     def boundary(index: int, host_in: bool) -> TensorSpec:
         t = tensors[index]
@@ -247,13 +263,14 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         "dispatches": len(dispatches),
         "kernels": [k.label for k in plan.kernels],
         "f16_arithmetic": [k.label for k in plan.kernels if k.half and storage == "f16"],
+        "tilings": {k.label: k.tiling for k in plan.kernels if k.tiling},
         "fused": [[op.index for op in g.ops] for g in plan.groups if g.fused],
         "shaders": len(shaders),
         "buffer_bytes": {role: sum(b.nbytes for b in buffers if b.role == role)
                          for role in ("input", "output", "constant", "scratch", "staging")},
     }
     return Program(storage, list(shaders), buffers, dispatches, program_inputs, program_outputs, facts,
-                   params_start, blob)
+                   params_start, blob, variants)
 
 
 def _flat_groups(invocations: int, workgroup: int, most: int) -> tuple[int, int, int]:

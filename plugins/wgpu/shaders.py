@@ -61,6 +61,8 @@ class Kernel:
     workgroup: tuple[int, int, int] | None = None  # tiled kernels: their own workgroup shape ...
     grid: tuple[int, int, int] | None = None  # ... and how many workgroups along each axis
     half: bool = False  # its multiply-adds may run in f16 (when the storage is f16)
+    tiling: str = ""  # how a tiled kernel divides its work
+    variants: list["Kernel"] = field(default_factory=list)  # other tilings, for tuning to time
     bindings: list[Binding] = field(default_factory=list)
     params: list[tuple[str, str, Any]] = field(default_factory=list)
     substitutions: dict[str, str] = field(default_factory=dict)

@@ -51,11 +51,18 @@ class MatmulTiling:
     rows: int
     slices: int
     split: int
+    workgroup: int = WORKGROUP
+
+    def __str__(self) -> str:
+        return f"{self.rows} rows x {self.slices} slices, split {self.split}, workgroup {self.workgroup}"
+
+    def constants(self) -> dict[str, str]:
+        return {"RM": str(self.rows), "RN": str(self.slices), "KT": str(self.split)}
 
     def layout(self, rows: int, slices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """(workgroup shape, workgroup counts): row groups along x, slice groups along y, split along z."""
         row_groups, slice_groups = _ceil(rows, self.rows), _ceil(slices, self.slices)
-        across = WORKGROUP // self.split
+        across = self.workgroup // self.split
         wx = min(_pow2_at_least(row_groups), across)
         wy = max(min(_pow2_at_least(slice_groups), across // wx), 1)
         return (wx, wy, self.split), (_ceil(row_groups, wx), _ceil(slice_groups, wy), 1)
@@ -73,15 +80,28 @@ def _blocks(device: DeviceShape, count, most_rows: int, most_slices: int) -> tup
     return rm, rn
 
 
+def _can_split(device: DeviceShape, depth: int, rows: int, slices: int, split: int, size: int = WORKGROUP) -> bool:
+    """Whether ``split`` parts each still add up a few input slices, with the partial sums of a
+    workgroup of ``size`` in workgroup memory."""
+    return (split <= size and depth // split >= MIN_SLICES_PER_SPLIT
+            and size * rows * slices * 16 <= device.workgroup_bytes)
+
+
 def matmul_tiling(device: DeviceShape, rows: int, slices: int, depth: int) -> MatmulTiling:
     """Tiling of a product of ``rows`` pixel rows, ``slices`` output slices, ``depth`` input slices."""
     rm, rn = _blocks(device, lambda m, n: _ceil(rows, m) * _ceil(slices, n), _up_to_4(rows), _up_to_4(slices))
     split = 1
-    while (_ceil(rows, rm) * _ceil(slices, rn) * split < device.invocations and split < WORKGROUP
-           and depth // (split * 2) >= MIN_SLICES_PER_SPLIT
-           and WORKGROUP * rm * rn * 16 <= device.workgroup_bytes):
+    while (_ceil(rows, rm) * _ceil(slices, rn) * split < device.invocations
+           and _can_split(device, depth, rm, rn, split * 2)):
         split *= 2
     return MatmulTiling(rm, rn, split)
+
+
+def matmul_candidates(device: DeviceShape, rows: int, slices: int, depth: int) -> list[MatmulTiling]:
+    """What tuning tries: every block up to 4 x 4, unsplit or split 4 or 16 ways, in workgroups of 64 or 128."""
+    return [MatmulTiling(m, n, split, size)
+            for m in _powers(_up_to_4(rows)) for n in _powers(_up_to_4(slices)) for split in (1, 4, 16)
+            for size in (WORKGROUP, 2 * WORKGROUP) if split == 1 or _can_split(device, depth, m, n, split, size)]
 
 
 @dataclass(frozen=True)
@@ -90,14 +110,21 @@ class SpatialTiling:
 
     pixels: int
     slices: int
+    workgroup: int = WORKGROUP
+
+    def __str__(self) -> str:
+        return f"{self.pixels} pixels x {self.slices} slices, workgroup {self.workgroup}"
+
+    def constants(self) -> dict[str, str]:
+        return {"RM": str(self.pixels), "RN": str(self.slices)}
 
     def layout(self, shape: tuple[int, int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """(workgroup shape, workgroup counts) over an NHWC output: pixel groups along x, rows along y,
         (image, slice group) along z."""
         n, h, w, c = shape
         columns = _ceil(w, self.pixels)
-        wx = min(_pow2_at_least(columns), WORKGROUP)
-        wy = min(_pow2_at_least(h), WORKGROUP // wx)
+        wx = min(_pow2_at_least(columns), self.workgroup)
+        wy = min(_pow2_at_least(h), self.workgroup // wx)
         return (wx, wy, 1), (_ceil(columns, wx), _ceil(h, wy), n * _ceil(_ceil(c, 4), self.slices))
 
 
@@ -111,6 +138,17 @@ def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_s
     pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
                              min(most_slices, _up_to_4(_ceil(c, 4))))
     return SpatialTiling(pixels, slices)
+
+
+def spatial_candidates(shape: tuple[int, int, int, int], most_slices: int) -> list[SpatialTiling]:
+    """What tuning tries: 1, 2 or 4 pixels by up to ``most_slices`` slices, in workgroups of 64 or 128."""
+    _, _, w, c = shape
+    return [SpatialTiling(m, n, size) for m in _powers(_up_to_4(w))
+            for n in _powers(min(most_slices, _up_to_4(_ceil(c, 4)))) for size in (WORKGROUP, 2 * WORKGROUP)]
+
+
+def _powers(most: int) -> list[int]:
+    return [1 << i for i in range(most.bit_length())]
 
 
 def reduction_workgroup(length: int) -> int:

@@ -1,0 +1,86 @@
+"""Tilings chosen by timing on the device, for ``inference_preference: sustained_speed``.
+
+A program planned with variants is made real once; each tiled dispatch is then timed with
+each of its tilings on the partition's own buffers, and the fastest replaces the planned
+one.  The program that comes out has no variants left, so the plan cache stores the choice
+and later compiles on the same device skip the timing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from .compiled import Launch, Timestamps, WgpuCompiled, record
+from .device import import_wgpu, map_for_reading
+
+REPEATS = 8  # dispatches per timing, so launch overhead and clock granularity matter little
+TRIALS = 3  # timings per tiling; the fastest counts
+
+
+class _Stopwatch:
+    """Milliseconds of REPEATS back-to-back dispatches: GPU timestamps where the adapter has them,
+    else the host's clock around a submission and its completion."""
+
+    def __init__(self, compiled: WgpuCompiled):
+        wgpu = import_wgpu()
+        self.device = compiled.context.device
+        self.timestamps = Timestamps(compiled.context, 2) if compiled.context.timestamps else None
+        self.done = self.device.create_buffer(size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.source = compiled.uniforms
+
+    def __call__(self, launch: Launch) -> float:
+        best = float("inf")
+        for _ in range(TRIALS):
+            encoder = self.device.create_command_encoder()
+            compute = encoder.begin_compute_pass()
+            if self.timestamps:
+                self.timestamps.stamp(compute, 0)
+            for _ in range(REPEATS):
+                record(compute, launch)
+            if self.timestamps:
+                self.timestamps.stamp(compute, 1)
+            compute.end()
+            if self.timestamps:
+                self.timestamps.resolve(encoder)
+            else:
+                encoder.copy_buffer_to_buffer(self.source, 0, self.done, 0, 4)
+            started = time.perf_counter()
+            self.device.queue.submit([encoder.finish()])
+            if self.timestamps:
+                best = min(best, float(self.timestamps.read()[0]))
+            else:
+                map_for_reading(self.done)
+                self.done.unmap()
+                best = min(best, (time.perf_counter() - started) * 1e3)
+        return best
+
+
+def tune(compiled: WgpuCompiled) -> None:
+    """Give every dispatch with variants its fastest tiling, in ``compiled`` and its program."""
+    program = compiled.program
+    stopwatch = _Stopwatch(compiled)
+    for index, variants in program.variants.items():
+        spec, launch = program.dispatches[index], compiled.launches[index]
+        best = (stopwatch(launch), spec, launch)
+        for variant in variants:
+            if variant.source not in program.shaders:
+                program.shaders.append(variant.source)
+            candidate = replace(spec, shader=program.shaders.index(variant.source), groups=variant.groups,
+                                tiling=variant.tiling)
+            trial = compiled.launch(candidate)
+            best = min(best, (stopwatch(trial), candidate, trial), key=lambda b: b[0])
+        _, program.dispatches[index], compiled.launches[index] = best
+        program.facts["tilings"][spec.label] = program.dispatches[index].tiling
+    program.variants = {}
+    _drop_unused_shaders(program)
+    program.facts["shaders"] = len(program.shaders)
+
+
+def _drop_unused_shaders(program) -> None:
+    specs = program.dispatches + [t.convert for t in program.inputs + program.outputs if t.convert]
+    used = sorted({d.shader for d in specs})
+    renumber = {old: new for new, old in enumerate(used)}
+    program.shaders = [program.shaders[i] for i in used]
+    for d in specs:
+        d.shader = renumber[d.shader]
