@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import __version__
-from .errors import DelegateError, ExecutionError, ModelFormatError
+from .errors import DelegateError, ModelFormatError
 from .quantize import MODES as QUANT_MODES
 
 DEFAULT_MODEL = "zoo:mobilenet_v1"
@@ -100,13 +100,39 @@ def output_stats(name: str, arr: np.ndarray) -> dict[str, Any]:
     return stats
 
 
-def plan_rows(plan) -> list[list[Any]]:
+PARTITION_COLUMNS = ["#", "backend", "ops", "span", "inputs", "outputs", "compiled as"]
+
+
+def compiled_details(session) -> list[dict[str, Any]]:
+    """What each backend says of its compiled partition (engine, precision and why, kernels)."""
+    return [compiled.describe() for compiled in session.executor.compiled]
+
+
+def _summary(details: dict[str, Any]) -> str:
+    parts = [str(details[k]) for k in ("engine", "precision") if k in details]
+    if "precision_reason" in details:
+        parts.append(f"({details['precision_reason']})")
+    for key in ("kernels", "dispatches"):
+        if key in details:
+            count = details[key] if isinstance(details[key], int) else len(details[key])
+            parts.append(f"{count} {key}")
+    return " ".join(parts) or "-"
+
+
+def plan_rows(plan, details: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
-    for p in plan.partitions:
+    for p, d in zip(plan.partitions, details):
         ops = p.op_indices
         span = f"#{ops[0]}..#{ops[-1]}" if len(ops) > 1 else f"#{ops[0]}"
-        rows.append([p.index, p.backend, len(ops), span, len(p.inputs), len(p.outputs)])
+        rows.append([p.index, p.backend, len(ops), span, len(p.inputs), len(p.outputs), _summary(d)])
     return rows
+
+
+def plan_doc(session) -> dict[str, Any]:
+    doc = session.plan.to_dict()
+    for entry, details in zip(doc["partitions"], compiled_details(session)):
+        entry["compiled"] = details
+    return doc
 
 
 # -- commands ---------------------------------------------------------------------
@@ -135,12 +161,13 @@ def run_one(spec: str, model_config, input_specs, seed: int, runs: int) -> dict[
         "name": getattr(model_config, "name", label),
         "precision": model_config.precision,
         "backends_in_use": list(session.backends),
-        "plan": session.plan.to_dict(),
+        "plan": plan_doc(session),
         "outputs": [output_stats(n, a) for n, a in outputs.items()],
         "timing_ms": {"init": round(init_ms, 3), "first_run": round(first_ms, 3), "median": round(median, 3),
                       "runs": len(times)},
         "_arrays": outputs,
         "_plan": session.plan,
+        "_details": compiled_details(session),
     }
 
 
@@ -182,7 +209,7 @@ def print_report(c, r: dict[str, Any]) -> None:
     for w in plan.warnings():
         c.print(f"WARNING: {w}")
     c.print(plan.summary())
-    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(plan)))
+    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, r["_details"])))
     c.print(f"copies between devices: {len(plan.copies)}; estimated {plan.estimated_ms:.3f} ms")
     for note in plan.notes:
         c.print(f"note: {note}")
@@ -286,7 +313,7 @@ def cmd_plan(args) -> int:
         from .plot import plan_svg
         Path(args.svg).write_text(plan_svg(plan))
     if args.json:
-        emit_json({"model": label, **plan.to_dict()})
+        emit_json({"model": label, **plan_doc(session)})
         return 0
     c = console()
     for w in plan.warnings():
@@ -295,7 +322,7 @@ def cmd_plan(args) -> int:
     rows = [[d.index, d.opcode, f"v{d.version}", d.backend, _fmt_est(d.estimates_ms.get(d.backend)), d.copies,
              d.reason] for d in plan.decisions]
     c.print(table("placement", ["op", "code", "ver", "backend", "est ms", "copies in", "why"], rows))
-    c.print(table("partitions", ["#", "backend", "ops", "span", "inputs", "outputs"], plan_rows(plan)))
+    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, compiled_details(session))))
     c.print(f"copies: {len(plan.copies)} ({sum(x.nbytes for x in plan.copies)} bytes); "
             f"estimated total {plan.estimated_ms:.3f} ms ({plan.partitioner} partitioner)")
     for note in plan.notes:
