@@ -328,19 +328,24 @@ def test_mean(case, keep, seed):
 
 @pytest.mark.parametrize("subgroups", [True, False], ids=["subgroups", "workgroup-memory"])
 @pytest.mark.parametrize("case", [("SOFTMAX", (1, 1000)), ("SOFTMAX", (3, 2, 77)), ("SOFTMAX", (2, 1, 1, 2051)),
-                                  ("MEAN", (1, 7, 7, 1280)), ("MEAN", (1, 23, 17, 37)), ("MEAN", (1, 1, 1, 5))],
+                                  ("MEAN", (1, 7, 7, 1280)), ("MEAN", (1, 23, 17, 37)), ("MEAN", (1, 1, 1, 5)),
+                                  ("AVERAGE_POOL_2D", (2, 9, 11, 21)), ("MAX_POOL_2D", (2, 13, 6, 9))],
                          ids=lambda c: f"{c[0]}{list(c[1])}" if isinstance(c, tuple) else c)
 def test_workgroup_reductions(case, subgroups):
-    """Softmax over many channels and global average pooling: one workgroup per output, combined with
-    subgroup operations (where the adapter has them) or through workgroup memory."""
+    """Softmax over many channels and global pooling: one workgroup per output, combined with subgroup
+    operations (where the adapter has them) or through workgroup memory."""
     op, shape = case
     rng = np.random.default_rng(15)
     b = GraphBuilder()
     x = b.input("x", shape)
     if op == "SOFTMAX":
         b.output(b.op("SOFTMAX", [x], options={"beta": 0.7}))
-    else:
+    elif op == "MEAN":
         b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True}))
+    else:  # windows covering the image: exactly, and with SAME padding around it
+        b.output(b.op(op, [x], options={"padding": "VALID" if op == "AVERAGE_POOL_2D" else "SAME",
+                                        "filter_height": shape[1] + (op == "MAX_POOL_2D"), "filter_width": shape[2],
+                                        "stride_h": 20, "stride_w": 20, "fused_activation_function": "RELU"}))
     model, inputs = b.to_bytes(), [rng.standard_normal(shape) * 5]
     actual = delegate_run(model, inputs, "wgpu", backend_options={"subgroups": subgroups})
     assert_close(actual, litert_run(model, inputs), rtol=FP32, atol=1e-5)

@@ -224,6 +224,9 @@ def _transpose_conv(plan: KernelPlan, group: Group) -> None:
 def _pool(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
+    if _global_window(op):
+        _global_pool(plan, group, x, op.opcode == "MAX_POOL_2D")
+        return
     k = plan.kernel("pool2d", group)
     k.tensor("src", x.index, x.shape)
     _window(k, op.options, x.shape, (op.options["filter_height"], op.options["filter_width"]))
@@ -258,17 +261,34 @@ def _softmax(plan: KernelPlan, group: Group) -> None:
     k.param("pixels", "i32", pixels)
     k.param("beta", "f32", float(op.options.get("beta", 1.0)))
     if wide:
-        _workgroup_reduction(plan, k, depth, pixels)
+        most = plan.device.most_workgroups
+        _workgroup_reduction(plan, k, depth, (min(pixels, most), -(-pixels // most)))
     else:
         k.invocations = pixels
 
 
-def _workgroup_reduction(plan: KernelPlan, k: Kernel, length: int, workgroups: int) -> None:
+def _workgroup_reduction(plan: KernelPlan, k: Kernel, length: int, workgroups: tuple[int, int]) -> None:
     """One workgroup per output of a reduction over ``length`` vectors."""
-    size = reduction_workgroup(length)
     k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
-    most = plan.device.most_workgroups
-    k.tile((size, 1, 1), (min(workgroups, most), -(-workgroups // most), 1))
+    k.tile((reduction_workgroup(length), 1, 1), (*workgroups, 1))
+
+
+def _global_window(op: Op) -> bool:
+    """Whether a pooling window covers its whole input at the one output pixel."""
+    o, (_, h, w, _) = op.options, op.inputs[0].shape
+    padding = o.get("padding", "VALID")
+    return tuple(op.outputs[0].shape[1:3]) == (1, 1) and all(
+        k - padding_before(padding, size, k, stride) >= size
+        for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
+
+
+def _global_pool(plan: KernelPlan, group: Group, x: Tensor, is_max: bool) -> None:
+    """Pooling over every pixel of each image as one workgroup reduction per output vector."""
+    n, h, w, c = as_nhwc(x.shape)
+    k = plan.kernel("pool_global", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("is_max", "i32", int(is_max))
+    _workgroup_reduction(plan, k, h * w, (slices_of(c), n))
 
 
 @builds("MEAN")
@@ -279,9 +299,7 @@ def _mean(plan: KernelPlan, group: Group) -> None:
     axes = {nhwc_axis(a, rank) for a in int_values(op.input(1))}
     shape = as_nhwc(x.shape)
     if axes == {1, 2} and shape[0] == 1:
-        k = plan.kernel("mean_pixels", group)
-        k.tensor("src", x.index, x.shape)
-        _workgroup_reduction(plan, k, shape[1] * shape[2], slices_of(shape[3]))
+        _global_pool(plan, group, x, False)
         return
     k = plan.kernel("mean", group)
     k.tensor("src", x.index, x.shape)
