@@ -200,6 +200,39 @@ def test_fusion_stops_at_the_storage_buffer_limit():
     assert_close(run_compiled(narrow, g, compiled, inputs), litert_run(model, inputs), rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.parametrize("op, kernel, stride, padding", [("DEPTHWISE_CONV_2D", 3, 2, "VALID"),
+                                                        ("CONV_2D", 3, 1, "SAME"), ("CONV_2D", 1, 1, "VALID")])
+def test_zero_padding_is_read_through_by_the_convolution(backend, op, kernel, stride, padding):
+    """PAD then convolution (how the converter writes asymmetric padding) is one kernel; a PAD read
+    twice, or padding channels, keeps its own."""
+    rng = np.random.default_rng(19)
+
+    def model(pads, second_reader=False):
+        b = GraphBuilder()
+        x = b.input("x", (1, 7, 8, 5))
+        padded = b.op("PAD", [x, b.const("pads", np.array(pads, np.int32))])
+        channels = 5 + sum(pads[3])
+        if op == "DEPTHWISE_CONV_2D":
+            weights, options = (1, kernel, kernel, channels), {"depth_multiplier": 1}
+        else:
+            weights, options = (6, kernel, kernel, channels), {}
+        y = b.op(op, [padded, b.const("w", normal(rng, weights)), b.const("b", normal(rng, weights[0] if
+                                                                                      op == "CONV_2D" else channels))],
+                 options={"padding": padding, "stride_h": stride, "stride_w": stride, **options})
+        b.output(b.op("ADD", [y, y]) if not second_reader else y)
+        if second_reader:
+            b.output(b.op("RELU", [padded]))
+        return b.to_bytes()
+    inputs = [normal(rng, (1, 7, 8, 5))]
+    for pads, second_reader, dispatches in [([[0, 0], [1, 2], [2, 1], [0, 0]], False, 2),
+                                            ([[0, 0], [1, 2], [2, 1], [0, 0]], True, 3),
+                                            ([[0, 0], [1, 0], [0, 1], [0, 3]], False, 3)]:
+        data = model(pads, second_reader)
+        g, compiled = compile_whole(backend, data)
+        assert compiled.describe()["dispatches"] == dispatches
+        assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
 # -- layout and boundaries --------------------------------------------------------------------
 
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=st.integers(0, 2**16))

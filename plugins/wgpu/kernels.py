@@ -40,6 +40,7 @@ class KernelPlan:
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
         self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
+        self.folded: dict[int, Op] = {}  # output of a PAD that a convolution reads through -> the PAD
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -121,20 +122,46 @@ def _elementwise(plan: KernelPlan, group: Group) -> None:
     k.broadcast("src", src.index, src.shape, group.output.shape)
 
 
+def pad_folds(op: Op) -> bool:
+    """A zero PAD of rows and columns whose one reader is a convolution: the convolution reads the
+    unpadded tensor with its window shifted, taking what lies outside as zeros as it does for its
+    own padding, and no kernel runs for the PAD."""
+    if op.opcode != "PAD" or op.custom or len(op.inputs[0].shape) != 4:
+        return False
+    pads, out = int_values(op.input(1)), op.outputs[0]
+    return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0 and len(out.uses) == 1
+            and out.uses[0].opcode in ("CONV_2D", "DEPTHWISE_CONV_2D") and out.uses[0].inputs[0] is out)
+
+
 @builds("CONV_2D")
 def _conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
-    if weights.shape[1:3] == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1:
+    if (weights.shape[1:3] == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1
+            and x.index not in plan.folded):
         _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
         return
     k = plan.kernel("conv2d", group)
-    k.tensor("src", x.index, x.shape)
+    shift = _source(plan, k, x)
     k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
-    _window(k, op.options, x.shape, weights.shape[1:3])
+    _window(k, op.options, x.shape, weights.shape[1:3], shift)
     _spatial(plan, k, out.shape, 4)
+
+
+def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
+    """Bind a convolution's input as ``src``; for a folded PAD, the PAD's input, and the (rows, columns)
+    of padding that shift the window."""
+    pad = plan.folded.get(x.index)
+    if pad is None:
+        k.tensor("src", x.index, x.shape)
+        return 0, 0
+    k.tensor("src", pad.inputs[0].index, pad.inputs[0].shape)
+    k.label += f"+{pad.opcode}#{pad.index}"
+    k.ops.append(pad.index)
+    pads = int_values(pad.input(1))
+    return pads[2], pads[4]
 
 
 def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int) -> None:
@@ -144,14 +171,15 @@ def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int
     k.half = True
 
 
-def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int]) -> None:
+def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int], shift=(0, 0)) -> None:
+    """Window parameters over an input of ``in_shape``, moved by ``shift`` (rows, columns) more padding."""
     kh, kw = kernel
     sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
     dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
     padding = o.get("padding", "VALID")
     k.param("window", "vec4<i32>", (kw, kh, sw, sh))
-    k.param("spacing", "vec4<i32>", (padding_before(padding, in_shape[2], kw, sw, dw),
-                                     padding_before(padding, in_shape[1], kh, sh, dh), dw, dh))
+    k.param("spacing", "vec4<i32>", (padding_before(padding, in_shape[2], kw, sw, dw) + shift[1],
+                                     padding_before(padding, in_shape[1], kh, sh, dh) + shift[0], dw, dh))
 
 
 @builds("DEPTHWISE_CONV_2D")
@@ -160,10 +188,10 @@ def _depthwise(plan: KernelPlan, group: Group) -> None:
     x, out = op.inputs[0], op.outputs[0]
     weights = constant_value(op.inputs[1])
     k = plan.kernel("depthwise_conv2d", group)
-    k.tensor("src", x.index, x.shape)
+    shift = _source(plan, k, x)
     k.read("weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
-    _window(k, op.options, x.shape, weights.shape[1:3])
+    _window(k, op.options, x.shape, weights.shape[1:3], shift)
     k.substitutions["MULTIPLIER"] = str(out.shape[3] // x.shape[3])
     _spatial(plan, k, out.shape, 1)
 
@@ -360,6 +388,8 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
 
 @builds("PAD")
 def _pad(plan: KernelPlan, group: Group) -> None:
+    if group.root.outputs[0].index in plan.folded:
+        return
     x = group.root.inputs[0]
     pads = int_values(group.root.input(1))
     before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
