@@ -207,23 +207,32 @@ def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case, precision):
 
 
 @pytest.mark.parametrize("op, pixels, slices", [("CONV_2D", 4, 4), ("CONV_2D", 2, 1), ("CONV_2D", 4, 2),
-                                               ("DEPTHWISE_CONV_2D", 4, 1), ("DEPTHWISE_CONV_2D", 2, 1)])
+                                               ("DEPTHWISE_CONV_2D", 4, 1), ("DEPTHWISE_CONV_2D", 2, 1),
+                                               ("TRANSPOSE_CONV", 1, 4), ("TRANSPOSE_CONV", 1, 2)])
 @pytest.mark.parametrize("multiplier", [1, 2])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, multiplier, precision):
-    """Output widths and slice counts that are not multiples of the tile, padding on every side."""
+    """Output widths and slice counts that are not multiples of the tile, padding on every side
+    (a transposed convolution: strides 2 and 3, kernels not multiples of them)."""
     monkeypatch.setattr(kernels, "spatial_tiling", lambda *args: SpatialTiling(pixels, slices))
     rng = np.random.default_rng(14)
     b = GraphBuilder()
     x = b.input("x", (2, 6, 9, 6))
     if op == "CONV_2D":
         weights, options = (10, 3, 3, 6 // multiplier), {}
-    else:
+    elif op == "DEPTHWISE_CONV_2D":
         weights, options = (1, 3, 3, 6 * multiplier), {"depth_multiplier": multiplier}
-    b.output(b.op(op, [x, b.const("w", rng.standard_normal(weights).astype(np.float32)),
-                       b.const("b", rng.standard_normal(weights[0] if op == "CONV_2D" else weights[3])
-                               .astype(np.float32))],
-                  options={"padding": "SAME", "stride_h": 1, "stride_w": 2, **options}))
+    else:
+        weights, options = (5 * multiplier, 3, 4, 6), {}
+    w = b.const("w", rng.standard_normal(weights).astype(np.float32))
+    bias = b.const("b", rng.standard_normal(weights[3] if op == "DEPTHWISE_CONV_2D" else weights[0])
+                   .astype(np.float32))
+    options.update(padding="SAME", stride_h=1 + multiplier, stride_w=2)
+    if op == "TRANSPOSE_CONV":
+        out_shape = np.array([2, 6 * options["stride_h"], 18, weights[0]], np.int32)
+        b.output(b.op(op, [b.const("shape", out_shape), w, x, bias], dtype="float32", options=options))
+    else:
+        b.output(b.op(op, [x, w, bias], options=options))
     check(b.to_bytes(), [rng.standard_normal((2, 6, 9, 6))], builtin=True, **PRECISIONS[precision])
 
 

@@ -164,10 +164,11 @@ def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
     return pads[2], pads[4]
 
 
-def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int) -> None:
+def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
     """Tile a convolution over its output: horizontally adjacent pixels (and slices) per invocation."""
     shape = as_nhwc(shape)
-    plan.tile(k, spatial_tiling(plan.device, shape, most_slices), spatial_candidates(shape, most_slices), shape)
+    plan.tile(k, spatial_tiling(plan.device, shape, most_slices, most_pixels),
+              spatial_candidates(shape, most_slices, most_pixels), shape)
     k.half = True
 
 
@@ -246,6 +247,7 @@ def _transpose_conv(plan: KernelPlan, group: Group) -> None:
     k.read("bias", _bias(plan, op, bias_input, out.shape[3]))
     k.param("window", "vec4<i32>", (kw, kh, sw, sh))
     k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
+    _spatial(plan, k, out.shape, 4, most_pixels=1)
 
 
 @builds("AVERAGE_POOL_2D", "MAX_POOL_2D")

@@ -128,22 +128,26 @@ class SpatialTiling:
         return (wx, wy, 1), (_ceil(columns, wx), _ceil(h, wy), n * _ceil(_ceil(c, 4), self.slices))
 
 
-def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_slices: int) -> SpatialTiling:
-    """Tiling of a convolution producing NHWC ``shape``, up to ``most_slices`` slices per invocation.
+def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_slices: int,
+                   most_pixels: int = 4) -> SpatialTiling:
+    """Tiling of a convolution producing NHWC ``shape``, up to ``most_pixels`` pixels by ``most_slices``
+    slices per invocation.
 
     Rows keep at least ``ROW_LANES`` invocations side by side, so neighbouring lanes still read
     neighbouring pixels (and a CPU adapter's SIMD lanes stay filled)."""
     n, h, w, c = shape
-    most_pixels = min(4, 1 << (max(w // ROW_LANES, 1).bit_length() - 1))
+    most_pixels = min(most_pixels, 1 << (max(w // ROW_LANES, 1).bit_length() - 1))
     pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
                              min(most_slices, _up_to_4(_ceil(c, 4))))
     return SpatialTiling(pixels, slices)
 
 
-def spatial_candidates(shape: tuple[int, int, int, int], most_slices: int) -> list[SpatialTiling]:
-    """What tuning tries: 1, 2 or 4 pixels by up to ``most_slices`` slices, in workgroups of 64 or 128."""
+def spatial_candidates(shape: tuple[int, int, int, int], most_slices: int,
+                       most_pixels: int = 4) -> list[SpatialTiling]:
+    """What tuning tries: up to ``most_pixels`` by ``most_slices`` slices (1, 2 or 4 each), in workgroups
+    of 64 or 128."""
     _, _, w, c = shape
-    return [SpatialTiling(m, n, size) for m in _powers(_up_to_4(w))
+    return [SpatialTiling(m, n, size) for m in _powers(min(most_pixels, _up_to_4(w)))
             for n in _powers(min(most_slices, _up_to_4(_ceil(c, 4)))) for size in (WORKGROUP, 2 * WORKGROUP)]
 
 
