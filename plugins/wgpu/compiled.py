@@ -89,12 +89,11 @@ class DeviceTensor:
             self.context.device.queue.submit([encoder.finish()])
             self.wanted = self.fresh = True
         map_for_reading(self.readback)
-        try:
-            raw = self.readback.read_mapped()
+        try:  # one copy: from the mapped bytes into the array returned
+            mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32, count=int(np.prod(self.shape)))
+            return from_float_view(mapped.reshape(self.shape), self.dtype, self.quant)
         finally:
             self.readback.unmap()
-        values = np.frombuffer(raw, np.float32, count=int(np.prod(self.shape))).reshape(self.shape)
-        return from_float_view(values, self.dtype, self.quant)
 
 
 def storage_nbytes(shape, storage: str) -> int:
