@@ -27,8 +27,10 @@ from delegate.tflite.builder import GraphBuilder
 from tests.oputil import assert_close, check_against_litert, litert_run
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+from delegate_opencl import lowering  # noqa: E402
 from delegate_opencl.compiled import ClCompiled  # noqa: E402
 from delegate_opencl.device import probe  # noqa: E402
+from delegate_opencl.lowering import MATMUL_GROUPS  # noqa: E402
 from delegate_opencl.program import ProgramBuilder, Variant, program_source  # noqa: E402
 
 _AVAILABLE, _WHY = probe()
@@ -161,6 +163,45 @@ def test_fully_connected(rows, depth, units, act, layout, seed):
     w = b.const("w", normal(rng, (units, depth if layout != "flatten" else rows * 2 * depth)))
     opts = {"fused_activation_function": act, "keep_num_dims": layout == "keep_dims"}
     b.output(b.op("FULLY_CONNECTED", [x, w, b.const("b", normal(rng, units))], options=opts))
+    check(b, [normal(rng, shape)])
+
+
+@pytest.mark.parametrize("group", MATMUL_GROUPS)
+@settings(max_examples=8)
+@given(rows=st.integers(5, 70), depth=st.integers(1, 45), units=st.integers(1, 40), conv=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_matmul_tiles(group, rows, depth, units, conv, seed):
+    """Each work-group shape of the tiled product, on sizes that are not multiples of its tile or of
+    the staged chunk: 1x1 convolutions over rows pixels and fully connected layers over rows rows."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 1, rows, depth) if conv else (rows, depth)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    w = normal(rng, (units, 1, 1, depth) if conv else (units, depth))
+    bias = b.const("b", normal(rng, units))
+    if conv:
+        b.output(b.op("CONV_2D", [x, b.const("w", w), bias], options={"padding": "SAME", "stride_h": 1, "stride_w": 1,
+                                                                    "fused_activation_function": "RELU"}))
+    else:
+        b.output(b.op("FULLY_CONNECTED", [x, b.const("w", w), bias], options={"fused_activation_function": "RELU"}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lowering, "matmul_group", lambda *args: group)
+        check(b, [normal(rng, shape)])
+
+
+@settings(max_examples=8)
+@given(batch=st.integers(1, 6), side=st.integers(1, 4), channels=st.integers(1, 9), units=st.integers(1, 12),
+       seed=st.integers(0, 2**16))
+def test_conv_covering_the_input_is_a_matrix_product(batch, side, channels, units, seed):
+    """A window as large as the input gives one pixel per image: a product over the whole image, its
+    sum spread over a work group up to 4 images, tiled beyond."""
+    rng = np.random.default_rng(seed)
+    shape = (batch, side, side + 1, channels)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    w = b.const("w", normal(rng, (units, side, side + 1, channels)))
+    b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, units))],
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1}))
     check(b, [normal(rng, shape)])
 
 

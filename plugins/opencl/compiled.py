@@ -60,7 +60,8 @@ class ClCompiled(CompiledPartition):
         self.device = device
         self.precision = choose_precision(options.precision, device.facts["fp16"])
         ops = sorted(partition.ops, key=lambda op: op.index)
-        lowering = Lowering(device.cl, device.context, device.queue, self.precision.storage)
+        lowering = Lowering(device.cl, device.context, device.queue, self.precision.storage,
+                            device.facts["compute_units"])
         self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized)
         for group in self.groups:
             lowering.lower(group)

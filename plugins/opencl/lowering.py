@@ -45,6 +45,22 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
+# Work-group shapes (WG_P, WG_S) of matmul.cl, largest tile first; each item computes 2 rows x 2 slices.
+MATMUL_GROUPS = ((16, 8), (8, 8), (8, 4))
+MATMUL_CHUNK = 8  # input vectors staged per step
+MATVEC_ROWS = 4  # products with at most this many rows spread their sums over a work group instead
+MATVEC_GROUP = 64
+
+
+def matmul_group(rows: int, out_slices: int, compute_units: int) -> tuple[int, int]:
+    """The largest tile that still gives every compute unit two work groups (else the smallest):
+    big tiles reuse more of what they load, small ones keep a large GPU busy at batch 1."""
+    for wg_p, wg_s in MATMUL_GROUPS:
+        if -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) >= 2 * compute_units:
+            return wg_p, wg_s
+    return MATMUL_GROUPS[-1]
+
+
 def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     """One work item per output vector: (W, H, N * S)."""
     n, h, w, c = as_nhwc(shape)
@@ -66,8 +82,9 @@ def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
 class Lowering:
     """Allocates a partition's buffers and turns its groups into launches."""
 
-    def __init__(self, cl, context, queue, storage: np.dtype):
+    def __init__(self, cl, context, queue, storage: np.dtype, compute_units: int):
         self.cl, self.context, self.queue, self.storage = cl, context, queue, np.dtype(storage)
+        self.compute_units = compute_units
         self.buffers: dict[int, Any] = {}
         self.launches: list[Launch] = []
         self.device_bytes = 0
@@ -140,9 +157,11 @@ class Lowering:
         return args
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
-            global_size: tuple[int, int, int], ops: Sequence[Op]) -> None:
-        variant = Variant(template, tuple(s.signature() for s in steps))
-        self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, list(ops)))
+            global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
+            local_size: tuple[int, int, int] | None = None) -> None:
+        variant = Variant(template, tuple(s.signature() for s in steps), defines)
+        self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, list(ops),
+                                    local_size))
 
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
@@ -177,6 +196,10 @@ class Lowering:
     def conv_2d(self, g: Group) -> None:
         op, out = g.root, g.output
         x, weights = op.inputs[0], constant_value(op.inputs[1])
+        bias = constant_value(op.input(2))
+        if op.opcode == "CONV_2D" and self._is_matmul(op, x.shape, weights.shape):
+            self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
+            return
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
         if op.opcode == "DEPTHWISE_CONV_2D":
             args += [np.int32(out.shape[3] // x.shape[3]), self.upload(pack_depthwise_weights(weights))]
@@ -184,10 +207,24 @@ class Lowering:
         else:
             args.append(self.upload(pack_conv_weights(weights)))
             template = "conv2d"
-        args += [self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
+        args += [self.upload(pack_vector(bias, out.shape[3])),
                  *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
         w, h, z = grid(out.shape)
         self.add(template, g.steps, args, out.shape, (-(-w // 4), h, z), g.ops)  # 4 columns per work item
+
+    @staticmethod
+    def _is_matmul(op: Op, in_shape, weights_shape) -> bool:
+        """A convolution that is a matrix product: 1x1 with stride 1, or an undilated window covering
+        the whole unpadded input, which gives one output pixel per image."""
+        _, kh, kw, _ = weights_shape
+        o = op.options
+        if kh == kw == 1:
+            return o.get("stride_h", 1) == o.get("stride_w", 1) == 1
+        padding = o.get("padding", "VALID")
+        unpadded = padding_before(padding, kh, kh, o.get("stride_h", 1)) == 0 and \
+            padding_before(padding, kw, kw, o.get("stride_w", 1)) == 0
+        return unpadded and (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
+            o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
 
     def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
         o = op.options
@@ -201,23 +238,47 @@ class Lowering:
 
     def fully_connected(self, g: Group) -> None:
         op = g.root
-        self.matmul(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
-                    constant_value(op.input(2)), self.tensor(g.output), g.output.shape, g.steps, g.ops)
+        self.dense(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
+                   constant_value(op.input(2)), self.tensor(g.output), g.output.shape, g.steps, g.ops)
 
-    def matmul(self, src, src_shape, weights: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
-               steps: Sequence[Step], ops: Sequence[Op]) -> None:
-        """Rows of ``src`` times ``weights.T`` (+ bias), flattening the input first when needed."""
+    def dense(self, src, src_shape, weights: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
+              steps: Sequence[Step], ops: Sequence[Op]) -> None:
+        """Each row of ``depth`` values of ``src`` times ``weights.T`` (+ bias): a row is a pixel's channels,
+        or a whole image; any other split is flattened by a relayout first."""
         units, depth = weights.shape
-        if as_nhwc(src_shape)[3] != depth:
-            flat = (int(np.prod(src_shape)) // depth, depth)
+        n, h, w, c = as_nhwc(src_shape)
+        if c == depth:
+            window = weights.reshape(units, 1, 1, depth)
+        elif h * w * c == depth:
+            window = weights.reshape(units, h, w, c)
+        else:
+            flat = (n * h * w * c // depth, depth)
             tmp = self.temp(flat)
             self.relayout(src, src_shape, tmp, flat, ops)
-            src, src_shape = tmp, flat
-        rows = int(np.prod(src_shape)) // depth
-        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape),
-                                                self.upload(pack_conv_weights(weights.reshape(units, 1, 1, depth))),
-                                                self.upload(pack_vector(bias, units)), np.int32(rows)]
-        self.add("fully_connected", steps, args, dst_shape, (rows, slices(units), 1), ops)
+            src, src_shape, window = tmp, flat, weights.reshape(units, 1, 1, depth)
+        self.matmul(src, src_shape, window, bias, dst, dst_shape, steps, ops)
+
+    def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
+               steps: Sequence[Step], ops: Sequence[Op]) -> None:
+        """Rows of ``src`` times OHWI weights ``window``: 1x1 (a row per pixel, its vectors a plane apart)
+        or covering the whole image (a row per image, its vectors consecutive in PHWC4 order)."""
+        units, kh, kw, _ = window.shape
+        n, h, w, c = as_nhwc(src_shape)
+        packed = pack_conv_weights(window).transpose(0, 3, 1, 2, 4, 5)  # [S_out][S_in][KH][KW]: PHWC4 order
+        depth = slices(c) * kh * kw
+        rows, in_plane = (n * h * w, h * w) if kh * kw == 1 else (n, 1)
+        _, oh, ow, _ = as_nhwc(dst_shape)
+        args = self.out_args(dst, dst_shape) + [src, self.upload(packed), self.upload(pack_vector(bias, units)),
+                                                np.int32(rows), np.int32(depth), np.int32(in_plane),
+                                                np.int32(oh * ow)]
+        out_slices = slices(units)
+        if rows <= MATVEC_ROWS:
+            self.add("matvec", steps, args, dst_shape, (out_slices * MATVEC_GROUP, 1, 1), ops,
+                     defines=(("ROWS", rows), ("GROUP", MATVEC_GROUP)), local_size=(MATVEC_GROUP, 1, 1))
+            return
+        wg_p, wg_s = matmul_group(rows, out_slices, self.compute_units)
+        self.add("matmul", steps, args, dst_shape, (-(-rows // (2 * wg_p)) * wg_p, -(-out_slices // (2 * wg_s)) * wg_s, 1),
+                 ops, defines=(("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", MATMUL_CHUNK)), local_size=(wg_p, wg_s, 1))
 
     def transpose_conv(self, g: Group) -> None:
         op, out = g.root, g.output
@@ -328,8 +389,8 @@ class Lowering:
         x, prev_activ, weights, bias, prev_state = op.inputs
         activ, state, concat_out, gates = op.outputs
         self.concat([x, prev_activ], -1, self.tensor(concat_out), concat_out.shape, (), [op])
-        self.matmul(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
-                    self.tensor(gates), gates.shape, (), [op])
+        self.dense(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
+                   self.tensor(gates), gates.shape, (), [op])
         units = activ.shape[-1]
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]

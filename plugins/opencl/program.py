@@ -2,10 +2,11 @@
 
 A kernel template (``kernels/<name>.cl``) computes one output vector and
 calls ``EPILOGUE(v, n, y, x, s)`` before storing it.  A *variant* is a
-template plus the signature of the fused steps it applies; the steps'
-operands (buffers, constants, quantization grids) are kernel arguments, so
-the source depends on the structure of a partition, not on its shapes or
-weights, and identical partitions (or test cases) share one build.
+template plus the signature of the fused steps it applies and the
+compile-time constants it is specialised for (tile sizes, a filter size);
+the steps' operands (buffers, constants, quantization grids) are kernel
+arguments, so the source depends on the structure of a partition, not on
+its weights, and identical partitions (or test cases) share one build.
 
 All variants of a partition go into one program: one build per partition.
 Builds are memoised per device for the process and, with a cache directory,
@@ -35,10 +36,12 @@ def template(name: str) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """A kernel template with the signature of its epilogue (see :meth:`delegate.gpu.Step.signature`)."""
+    """A kernel template with the signature of its epilogue (see :meth:`delegate.gpu.Step.signature`)
+    and the macros it is specialised with, as (name, value) pairs."""
 
     template: str
     epilogue: tuple[tuple, ...] = ()
+    defines: tuple[tuple[str, Any], ...] = ()
 
 
 def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:
@@ -75,8 +78,10 @@ def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
     for i, variant in enumerate(variants):
         params, body = epilogue_code(variant.epilogue)
         parts += [f"#define KERNEL_NAME {kernel_name(variant, i)}", f"#define EPILOGUE_PARAMS {params}",
-                  f"#define EPILOGUE(v, n, y, x, s) {body}", template(variant.template),
-                  "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
+                  f"#define EPILOGUE(v, n, y, x, s) {body}"]
+        parts += [f"#define {name} {value}" for name, value in variant.defines]
+        parts += [template(variant.template), "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
+        parts += [f"#undef {name}" for name, _ in variant.defines]
     return "\n".join(parts) + "\n"
 
 

@@ -1,0 +1,72 @@
+// Rows times a weight matrix: FULLY_CONNECTED, 1x1 CONV_2D with stride 1, and convolutions
+// whose window covers the whole input.  Output vector (row r, slice s) = bias[s] + the sum
+// over input vectors k of in(r, k) . W[s][k].  An operand with `plane` rows per image holds
+// row r, vector k at (r / plane) * depth * plane + k * plane + r % plane (a pixel's slices
+// for a 1x1 convolution; a whole image, plane 1, when the window covers it).
+// weights: [S_out][depth][4 input lanes] vectors of 4 output channels.
+//
+// A work group of WG_P x WG_S items computes a tile of 2 * WG_P rows by 2 * WG_S output
+// slices.  Per step it stages CHUNK input vectors of its rows and the matching weights in
+// local memory, so each value read from global memory serves a whole row or column of the
+// tile.  Item (i, j) computes rows i and i + WG_P of slices j and j + WG_S: neighbouring
+// items read and write neighbouring rows, and items of one row share the weights they read.
+// The 2 x 2 block is held in named registers (some compilers keep private arrays in memory).
+#define TILE_P (2 * WG_P)
+#define TILE_S (2 * WG_S)
+#define GROUP (WG_P * WG_S)
+#ifndef MATMUL_TAP  // once per program, however many variants of this template it holds
+#define MATMUL_TAP(acc, v, taps) acc += (v).x * (taps)[0] + (v).y * (taps)[1] + (v).z * (taps)[2] + (v).w * (taps)[3]
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG_P, WG_S, 1)))
+void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in,
+                 __global const STORAGE* weights, __global const STORAGE* bias, int rows, int depth,
+                 int in_plane, int out_plane EPILOGUE_PARAMS) {
+  __local FLT4 a_tile[CHUNK][TILE_P];
+  __local FLT4 w_tile[TILE_S][CHUNK * 4];
+  int li = get_local_id(0), lj = get_local_id(1), item = lj * WG_P + li;
+  int row0 = get_group_id(0) * TILE_P, s0 = get_group_id(1) * TILE_S;
+  // What this item stages each step: one row at every GROUP / TILE_P-th vector of the chunk,
+  // and one vector of the chunk at every GROUP / (CHUNK * 4)-th slice of the tile.
+  int a_row = item % TILE_P, a_k = item / TILE_P, r = row0 + a_row;
+  int a_base = r < rows ? (r / in_plane) * depth * in_plane + r % in_plane : -1;
+  int w_part = item % (CHUNK * 4), w_slice = item / (CHUNK * 4);
+  int s_lo = s0 + lj, s_hi = s_lo + WG_S;
+  FLT4 lo0 = s_lo < od.z ? LOAD4(bias, s_lo) : (FLT4)(0), lo1 = lo0;  // slice s_lo, rows i and i + WG_P
+  FLT4 hi0 = s_hi < od.z ? LOAD4(bias, s_hi) : (FLT4)(0), hi1 = hi0;  // slice s_hi
+  for (int k0 = 0; k0 < depth; k0 += CHUNK) {
+    for (int kk = a_k; kk < CHUNK; kk += GROUP / TILE_P) {
+      int k = k0 + kk;
+      a_tile[kk][a_row] = a_base >= 0 && k < depth ? LOAD4(in, a_base + k * in_plane) : (FLT4)(0);
+    }
+    int k = k0 + w_part / 4;
+    for (int sl = w_slice; sl < TILE_S; sl += GROUP / (CHUNK * 4)) {
+      int s = s0 + sl;
+      w_tile[sl][w_part] = s < od.z && k < depth ? LOAD4(weights, (s * depth + k0) * 4 + w_part) : (FLT4)(0);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int kk = 0; kk < CHUNK; ++kk) {
+      FLT4 a0 = a_tile[kk][li], a1 = a_tile[kk][li + WG_P];
+      __local const FLT4* w_lo = w_tile[lj] + kk * 4;
+      __local const FLT4* w_hi = w_tile[lj + WG_S] + kk * 4;
+      MATMUL_TAP(lo0, a0, w_lo);
+      MATMUL_TAP(lo1, a1, w_lo);
+      MATMUL_TAP(hi0, a0, w_hi);
+      MATMUL_TAP(hi1, a1, w_hi);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  FLT4 results[4] = {lo0, hi0, lo1, hi1};
+  for (int i = 0; i < 4; ++i) {
+    int row = row0 + li + (i >> 1) * WG_P, s = (i & 1) ? s_hi : s_lo;
+    if (row >= rows || s >= od.z) continue;
+    int n = row / out_plane, p = row % out_plane, y = p / od.x, x = p % od.x;
+    FLT4 v = results[i];
+    EPILOGUE(v, n, y, x, s);
+    STORE4(mask_tail(v, s, out_channels), out, (n * od.z + s) * out_plane + p);
+  }
+}
+
+#undef TILE_P
+#undef TILE_S
+#undef GROUP
