@@ -14,7 +14,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
-from .kernels.common import kernel_threads
+from .kernels.parallel import kernel_threads, single_threaded_blas
 
 
 class CpuCompiled(CompiledPartition):
@@ -63,14 +63,15 @@ class CpuCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
-        for op, run, sources, outs in self.steps:
-            ins = [inputs[s] if isinstance(s, int) else s for s in sources]
-            if timings is None:
-                run(ins, outs)
-            else:
-                start = time.perf_counter()
-                run(ins, outs)
-                timings.setdefault(op.index, []).append((time.perf_counter() - start) * 1e3)
+        with single_threaded_blas:  # the kernels split large products over their threads themselves
+            for op, run, sources, outs in self.steps:
+                ins = [inputs[s] if isinstance(s, int) else s for s in sources]
+                if timings is None:
+                    run(ins, outs)
+                else:
+                    start = time.perf_counter()
+                    run(ins, outs)
+                    timings.setdefault(op.index, []).append((time.perf_counter() - start) * 1e3)
         return {t.index: self.buffers[t.index] for t in self.partition.outputs}
 
     def set_profiling(self, enabled: bool) -> None:

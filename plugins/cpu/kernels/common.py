@@ -1,13 +1,9 @@
-"""Helpers shared by the CPU kernels: fused activations, compile-time constants, axes, padding, threads."""
+"""Helpers shared by the CPU kernels: fused activations, compile-time constants, axes, padding, scratch."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -192,47 +188,3 @@ def scratch(slot: int, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     if buffer is None or buffer.nbytes < size:
         buffer = buffers[slot] = np.empty(max(size, 64), np.uint8)
     return buffer[:size].view(dtype).reshape(shape)
-
-
-_THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def kernel_threads(count: int) -> Iterator[None]:
-    """Kernels built inside this block may split their work over ``count`` threads (CompileOptions.num_threads)."""
-    token = _THREADS.set(max(int(count or 1), 1))
-    try:
-        yield
-    finally:
-        _THREADS.reset(token)
-
-
-def row_splitter(rows: int, work: int, min_work: int = 1 << 18) -> Callable[[Callable[[int, int], None]], None]:
-    """At compile time: a runner that calls ``fn(start, stop)`` over ``rows`` split across threads.
-
-    numpy releases the GIL inside its loops, so disjoint row ranges of one output
-    run in parallel.  Work below ``min_work`` elements (or a single thread) stays inline.
-    """
-    parts = min(_THREADS.get(), rows) if work >= min_work else 1
-    if parts <= 1:
-        return lambda fn: fn(0, rows)
-    bounds = np.linspace(0, rows, parts + 1).astype(int)
-    ranges = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-
-    def split(fn: Callable[[int, int], None]) -> None:
-        pending = [_pool().submit(fn, a, b) for a, b in ranges[1:]]
-        fn(*ranges[0])
-        for future in pending:
-            future.result()
-    return split
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One process-wide pool of helper threads (idle threads cost nothing)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="delegate-cpu")
-        return _POOL

@@ -14,8 +14,8 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
-from .common import (Padded, along_rows, float_constant, fused, row_splitter, same_padding, scratch,
-                     window_view)
+from .common import Padded, along_rows, float_constant, fused, same_padding, scratch, window_view
+from .parallel import chunks_for, spread
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -119,8 +119,8 @@ def depthwise_conv_2d(op: Op):
     top, bottom, left, right = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
     hp, wp = h + top + bottom, w + left + right
     # Padding and the channel multiplier go into one buffer: input channel i fills outputs i*m .. i*m+m-1.
-    spread = multiplier > 1 or top or bottom or left or right
-    buffer = np.zeros((n, hp, wp, oc), np.float32) if spread else None
+    buffered = multiplier > 1 or top or bottom or left or right
+    buffer = np.zeros((n, hp, wp, oc), np.float32) if buffered else None
     inside = None if buffer is None else buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
     wide = _prefer_einsum(n * oh * ow, oc, kh * kw)
     taps = [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw, ky, kx)
@@ -129,7 +129,7 @@ def depthwise_conv_2d(op: Op):
         key: (n, -(-(hp - key[0]) // sh), -(-(wp - key[1]) // sw), oc) for key in sorted({t[0] for t in taps})}
     tiled = None if weights is None or wide else _tile_taps(weights, ow)
     bias_row = None if bias is None else along_rows(bias, op.outputs[0].shape)
-    split = row_splitter(oh, n * oh * ow * oc * len(taps))
+    split = spread(chunks_for(oh, n * oh * ow * oc * len(taps)))
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
