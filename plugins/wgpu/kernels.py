@@ -144,10 +144,16 @@ def _conv(plan: KernelPlan, group: Group) -> None:
         return
     k = plan.kernel("conv2d", group)
     shift = _source(plan, k, x)
-    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
+    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
     k.read("bias", _bias(plan, op, 2, out.shape[3]))
     _window(k, op.options, x.shape, weights.shape[1:3], shift)
     _spatial(plan, k, out.shape, 4)
+
+
+def _weight_blocks(k: Kernel, weights: Hashable) -> None:
+    """Bind weights packed in 4x4 blocks, read by the kernel as matrices."""
+    k.read("weights", weights)
+    k.helpers.append(template("weight_blocks"))
 
 
 def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
@@ -216,7 +222,7 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
             bias_input: int) -> None:
     """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
     k.tensor("src", source, shape)
-    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
+    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
     k.read("bias", _bias(plan, op, bias_input, len(weights)))
     n, h, w, depth = as_nhwc(shape)
     rows, slices, depth = n * h * w, slices_of(len(weights)), slices_of(depth)
@@ -243,7 +249,7 @@ def _transpose_conv(plan: KernelPlan, group: Group) -> None:
         pad_w = transpose_conv_padding(o.get("padding", "VALID"), out.shape[2], kw, sw)
     k = plan.kernel("transpose_conv2d", group)
     k.tensor("src", x.index, x.shape)
-    k.read("weights", plan.constant(("weights", op.index), pack_conv_weights(weights)))
+    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
     k.read("bias", _bias(plan, op, bias_input, out.shape[3]))
     k.param("window", "vec4<i32>", (kw, kh, sw, sh))
     k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))

@@ -41,8 +41,13 @@ fn lidx(d: vec4<i32>, n: i32, y: i32, x: i32, c: i32) -> i32 {
   return vidx(d, n, y, x, c >> 2u) * 4 + (c & 3);
 }
 
+// v with the lanes of slice s past the channel count replaced by fill.
+fn fill_tail(v: V, s: i32, channels: i32, fill: f32) -> V {
+  return select(V(fill), v, vec4<i32>(0, 1, 2, 3) < vec4<i32>(channels - s * 4));
+}
+
 fn mask_tail(v: V, s: i32, channels: i32) -> V {
-  return select(V(0.0), v, vec4<i32>(0, 1, 2, 3) < vec4<i32>(channels - s * 4));
+  return fill_tail(v, s, channels, 0.0);
 }
 
 // Rounds onto a quantization grid q = (scale, zero point, qmin, qmax), ties away from zero.

@@ -18,9 +18,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let d = p.src_d;
   let plane = d.x * d.y;
   let taps = p.window.x * p.window.y;
-  var block: array<i32, RN>;
+  var first: array<i32, RN>;  // weight block of each slice's first tap and input slice
   for (var j = 0; j < RN; j++) {
-    block[j] = min(slice0 + j, p.dst_d.z - 1) * taps * d.z * 4;
+    first[j] = min(slice0 + j, p.dst_d.z - 1) * taps * d.z * 4;
   }
   var acc: array<VA, RM * RN>;
   for (var ky = 0; ky < p.window.y; ky++) {
@@ -41,13 +41,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
           v[r] = select(VA(0.0), VA(src[at[r] + si * plane]), inside[r]);
         }
         for (var j = 0; j < RN; j++) {
-          let w = block[j] + tap + si * 4;
-          let w0 = VA(weights[w]);
-          let w1 = VA(weights[w + 1]);
-          let w2 = VA(weights[w + 2]);
-          let w3 = VA(weights[w + 3]);
+          let block = weight_block(first[j] + tap + si * 4);
           for (var r = 0; r < RM; r++) {
-            acc[r * RN + j] += v[r].x * w0 + v[r].y * w1 + v[r].z * w2 + v[r].w * w3;
+            acc[r * RN + j] += block * v[r];
           }
         }
       }

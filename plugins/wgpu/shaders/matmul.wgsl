@@ -29,9 +29,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     let row = min(row0 + r, p.rows - 1);
     at[r] = (row / plane) * d.z * plane + row % plane;
   }
-  var block: array<i32, RN>;
+  var first: array<i32, RN>;  // weight block of each slice's first input slice
   for (var j = 0; j < RN; j++) {
-    block[j] = min(slice0 + j, slices_out - 1) * d.z * 4;
+    first[j] = min(slice0 + j, slices_out - 1) * d.z * 4;
   }
   var acc: array<VA, RM * RN>;
   for (var si = kt; si < d.z; si += KT) {
@@ -40,13 +40,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
       x[r] = VA(src[at[r] + si * plane]);
     }
     for (var j = 0; j < RN; j++) {
-      let w = block[j] + si * 4;
-      let w0 = VA(weights[w]);
-      let w1 = VA(weights[w + 1]);
-      let w2 = VA(weights[w + 2]);
-      let w3 = VA(weights[w + 3]);
+      let block = weight_block(first[j] + si * 4);
       for (var r = 0; r < RM; r++) {
-        acc[r * RN + j] += x[r].x * w0 + x[r].y * w1 + x[r].z * w2 + x[r].w * w3;
+        acc[r * RN + j] += block * x[r];
       }
     }
   }

@@ -1,9 +1,5 @@
 // SOFTMAX over many channels: one workgroup per pixel, its invocations striding over the slices
 // for the maximum, the sum and the outputs, all in f32.
-fn masked(v: V, s: i32, fill: f32) -> V {
-  return select(V(fill), v, vec4<i32>(0, 1, 2, 3) < vec4<i32>(p.src_c - s * 4));
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
@@ -16,12 +12,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
   let x = pixel % d.x;
   var top = V(-3.4e38);
   for (var s = i32(li); s < d.z; s += i32(WG)) {
-    top = max(top, masked(src_at(vidx(d, n, y, x, s)), s, -3.4e38));
+    top = max(top, fill_tail(src_at(vidx(d, n, y, x, s)), s, p.src_c, -3.4e38));
   }
   let most = workgroup_reduce(V(max(max(top.x, top.y), max(top.z, top.w))), li, true).x;
   var total = V(0.0);
   for (var s = i32(li); s < d.z; s += i32(WG)) {
-    total += masked(exp((src_at(vidx(d, n, y, x, s)) - most) * p.beta), s, 0.0);
+    total += fill_tail(exp((src_at(vidx(d, n, y, x, s)) - most) * p.beta), s, p.src_c, 0.0);
   }
   let sum = dot(workgroup_reduce(total, li, false), V(1.0));
   for (var s = i32(li); s < d.z; s += i32(WG)) {

@@ -18,9 +18,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let d = p.src_d;
   let plane = d.x * d.y;
   let taps = p.window.x * p.window.y;
-  var block: array<i32, RN>;
+  var first: array<i32, RN>;  // weight block of each slice's first tap and input slice
   for (var j = 0; j < RN; j++) {
-    block[j] = min(slice0 + j, p.dst_d.z - 1) * taps * d.z * 4;
+    first[j] = min(slice0 + j, p.dst_d.z - 1) * taps * d.z * 4;
   }
   var acc: array<VA, RN>;
   let ty = y + p.spacing.y;
@@ -36,9 +36,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
       for (var si = 0; si < d.z; si++) {
         let v = VA(src[at + si * plane]);
         for (var j = 0; j < RN; j++) {
-          let w = block[j] + tap + si * 4;
-          acc[j] += v.x * VA(weights[w]) + v.y * VA(weights[w + 1]) + v.z * VA(weights[w + 2])
-                    + v.w * VA(weights[w + 3]);
+          acc[j] += weight_block(first[j] + tap + si * 4) * v;
         }
       }
     }
