@@ -233,6 +233,23 @@ def test_zero_padding_is_read_through_by_the_convolution(backend, op, kernel, st
         assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, gate_batch, gate_first", [(1, 1, False), (2, 2, True), (2, 1, False)])
+def test_channel_gate_is_applied_by_the_next_1x1_convolution(backend, batch, gate_batch, gate_first):
+    """Squeeze-and-excitation: the MUL by a per-channel gate runs inside the 1x1 convolution reading it."""
+    rng = np.random.default_rng(20)
+    b = GraphBuilder()
+    x = b.input("x", (batch, 5, 6, 7))
+    g = b.input("g", (gate_batch, 1, 1, 7))
+    gated = b.op("MUL", [g, x] if gate_first else [x, g])
+    b.output(b.op("CONV_2D", [gated, b.const("w", normal(rng, (9, 1, 1, 7))), b.const("b", normal(rng, 9))],
+                  options={"padding": "VALID", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"}))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    assert compiled.describe()["dispatches"] == 1 and compiled.describe()["kernels"] == ["CONV_2D#1+MUL#0"]
+    inputs = [normal(rng, (batch, 5, 6, 7)), normal(rng, (gate_batch, 1, 1, 7))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
 # -- layout and boundaries --------------------------------------------------------------------
 
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=st.integers(0, 2**16))

@@ -19,7 +19,7 @@ from delegate.ir import Op
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
-from .kernels import pad_folds
+from .kernels import mul_folds, pad_folds
 from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
@@ -99,9 +99,9 @@ class WgpuBackend(Backend):
         return Support.yes()
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD read through
-        by the convolution after it); else the roofline."""
-        if is_folded_dequantize(op) or pad_folds(op) or (
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
+        done by the convolution reading it); else the roofline."""
+        if is_folded_dequantize(op) or pad_folds(op) or mul_folds(op) or (
                 op.opcode == "RESHAPE" and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
             return 0.0
         return None

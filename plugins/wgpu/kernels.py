@@ -40,7 +40,7 @@ class KernelPlan:
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
         self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
-        self.folded: dict[int, Op] = {}  # output of a PAD that a convolution reads through -> the PAD
+        self.folded: dict[int, Op] = {}  # result of an op its reader does (folds_into_reader) -> the op
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -117,6 +117,8 @@ def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
 @builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
         "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
 def _elementwise(plan: KernelPlan, group: Group) -> None:
+    if group.output.index in plan.folded:
+        return
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
     k.broadcast("src", src.index, src.shape, group.output.shape)
@@ -128,9 +130,45 @@ def pad_folds(op: Op) -> bool:
     own padding, and no kernel runs for the PAD."""
     if op.opcode != "PAD" or op.custom or len(op.inputs[0].shape) != 4:
         return False
-    pads, out = int_values(op.input(1)), op.outputs[0]
-    return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0 and len(out.uses) == 1
-            and out.uses[0].opcode in ("CONV_2D", "DEPTHWISE_CONV_2D") and out.uses[0].inputs[0] is out)
+    pads = int_values(op.input(1))
+    return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
+            and _read_by(op, ("CONV_2D", "DEPTHWISE_CONV_2D")) is not None)
+
+
+def mul_folds(op: Op) -> bool:
+    """A MUL of an image by a vector per channel (and image) whose one reader is a 1x1 convolution:
+    the convolution scales each input vector as it reads it (a squeeze-and-excitation gate), and no
+    kernel runs for the MUL."""
+    if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
+        return False
+    reader = _read_by(op, ("CONV_2D",))
+    return (reader is not None and _gate_operands(op) is not None and constant_value(reader.inputs[1]) is not None
+            and reader.inputs[1].shape[1:3] == (1, 1)
+            and reader.options.get("stride_h", 1) == reader.options.get("stride_w", 1) == 1)
+
+
+def _read_by(op: Op, readers: Sequence[str]) -> Op | None:
+    """The op's one reader, when it is one of ``readers`` taking the op's result as its input 0."""
+    out = op.outputs[0]
+    if len(out.uses) != 1 or out.uses[0].custom or out.uses[0].opcode not in readers or out.uses[0].inputs[0] is not out:
+        return None
+    return out.uses[0]
+
+
+def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
+    """(image, gate) of a MUL whose gate has one value per image and channel; else None."""
+    for image, gate in (op.inputs, op.inputs[::-1]):
+        n, h, w, c = as_nhwc(image.shape)
+        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
+                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
+            return image, gate
+    return None
+
+
+def folds_into_reader(group: Group) -> bool:
+    """Whether the group's op is done by the op reading its result (see pad_folds and mul_folds)."""
+    own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
+    return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
 
 
 @builds("CONV_2D")
@@ -139,7 +177,7 @@ def _conv(plan: KernelPlan, group: Group) -> None:
     x, out = op.inputs[0], op.outputs[0]
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
     if (weights.shape[1:3] == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1
-            and x.index not in plan.folded):
+            and getattr(plan.folded.get(x.index), "opcode", "MUL") == "MUL"):
         _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
         return
     k = plan.kernel("conv2d", group)
@@ -164,10 +202,15 @@ def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
         k.tensor("src", x.index, x.shape)
         return 0, 0
     k.tensor("src", pad.inputs[0].index, pad.inputs[0].shape)
-    k.label += f"+{pad.opcode}#{pad.index}"
-    k.ops.append(pad.index)
+    _note_fold(k, pad)
     pads = int_values(pad.input(1))
     return pads[2], pads[4]
+
+
+def _note_fold(k: Kernel, op: Op) -> None:
+    """Record that ``k`` also does ``op`` (for labels and profiles)."""
+    k.label += f"+{op.opcode}#{op.index}"
+    k.ops.append(op.index)
 
 
 def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
@@ -221,7 +264,16 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
 def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
             bias_input: int) -> None:
     """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
-    k.tensor("src", source, shape)
+    gated = plan.folded.get(source)
+    if gated is None:
+        k.tensor("src", source, shape)
+        k.helpers.append(template("matmul_input"))
+    else:
+        image, gate = _gate_operands(gated)
+        k.tensor("src", image.index, image.shape)
+        k.tensor("gate", gate.index, gate.shape)
+        k.helpers.append(template("matmul_input_gated"))
+        _note_fold(k, gated)
     _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
     k.read("bias", _bias(plan, op, bias_input, len(weights)))
     n, h, w, depth = as_nhwc(shape)
@@ -396,7 +448,7 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
 
 @builds("PAD")
 def _pad(plan: KernelPlan, group: Group) -> None:
-    if group.root.outputs[0].index in plan.folded:
+    if group.output.index in plan.folded:
         return
     x = group.root.inputs[0]
     pads = int_values(group.root.input(1))

@@ -27,7 +27,7 @@ from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import as_nhwc, phwc4_vectors
 
-from .kernels import KernelPlan, host_to_phwc4, pad_folds, phwc4_to_host
+from .kernels import KernelPlan, folds_into_reader, host_to_phwc4, phwc4_to_host
 from .shaders import Kernel
 from .tiling import DeviceShape
 
@@ -135,9 +135,8 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelPlan(device, tuning)
-        plan.folded = {g.root.outputs[0].index: g.root for g in groups
-                       if fuse and not g.steps and not g.fused and pad_folds(g.root)
-                       and id(g.root.outputs[0].uses[0]) in members and g.root.outputs[0].index not in keep}
+        plan.folded = {g.output.index: g.root for g in groups if fuse and folds_into_reader(g)
+                       and id(g.output.uses[0]) in members and g.output.index not in keep}
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)

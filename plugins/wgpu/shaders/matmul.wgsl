@@ -25,9 +25,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
   let plane = d.x * d.y;
   let slices_out = p.dst_d.z;
   var at: array<i32, RM>;
+  var image: array<i32, RM>;
   for (var r = 0; r < RM; r++) {
     let row = min(row0 + r, p.rows - 1);
-    at[r] = (row / plane) * d.z * plane + row % plane;
+    image[r] = row / plane;
+    at[r] = image[r] * d.z * plane + row % plane;
   }
   var first: array<i32, RN>;  // weight block of each slice's first input slice
   for (var j = 0; j < RN; j++) {
@@ -37,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
   for (var si = kt; si < d.z; si += KT) {
     var x: array<VA, RM>;
     for (var r = 0; r < RM; r++) {
-      x[r] = VA(src[at[r] + si * plane]);
+      x[r] = matmul_input(at[r] + si * plane, image[r], si);
     }
     for (var j = 0; j < RN; j++) {
       let block = weight_block(first[j] + si * 4);
