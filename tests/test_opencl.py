@@ -276,6 +276,26 @@ def test_softmax(rank, shape, beta, seed):
     check(b, [normal(rng, shape, 4)])
 
 
+@pytest.mark.parametrize("op,shape,axes", [("MEAN", (1, 40, 33, 70), (1, 2)), ("MEAN", (1, 3, 5, 300), (3,)),
+                                            ("SOFTMAX", (2, 1000), None), ("SOFTMAX", (1, 9, 7, 130), None),
+                                            ("AVERAGE_POOL_2D", (2, 17, 23, 9), None)])
+def test_reductions_over_many_values(op, shape, axes):
+    """Reductions longer than a work group: every item sums several values before the group combines
+    them (a global average pool runs as a mean)."""
+    rng = np.random.default_rng(11)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    if op == "MEAN":
+        y = b.op("MEAN", [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": True})
+    elif op == "SOFTMAX":
+        y = b.op("SOFTMAX", [x], options={"beta": 1.0})
+    else:
+        y = b.op(op, [x], options={"padding": "VALID", "filter_height": shape[1], "filter_width": shape[2],
+                                   "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU6"})
+    b.output(y)
+    check(b, [normal(rng, shape, 3)])
+
+
 # -- data movement ------------------------------------------------------------------
 @given(rank=st.integers(2, 4), count=st.integers(1, 3), seed=st.integers(0, 2**16), data=st.data())
 def test_concatenation(rank, count, seed, data):

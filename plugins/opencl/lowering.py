@@ -61,6 +61,20 @@ def matmul_group(rows: int, out_slices: int, compute_units: int) -> tuple[int, i
     return MATMUL_GROUPS[-1]
 
 
+REDUCTION_GROUP = 128  # work-group size of the reduction kernels (mean, softmax)
+
+
+def reduction_shape(count: int) -> tuple[int, int]:
+    """(items per reduction, reductions per work group) for reductions over ``count`` vectors each:
+    up to the whole group shares one reduction, and small ones share a group instead."""
+    items = min(REDUCTION_GROUP, 1 << max(count - 1, 0).bit_length())
+    return items, REDUCTION_GROUP // items
+
+
+def _round_to(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
 def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     """One work item per output vector: (W, H, N * S)."""
     n, h, w, c = as_nhwc(shape)
@@ -72,6 +86,21 @@ def nhwc_is_phwc4(shape: Sequence[int]) -> bool:
     channels, or whole slices of one pixel."""
     _, h, w, c = as_nhwc(shape)
     return c == 4 or (h * w == 1 and c % 4 == 0)
+
+
+def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
+    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
+    o = op.options
+    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
+    padding = o.get("padding", "VALID")
+    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
+            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
+
+
+def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
+    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
+    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
+        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -220,18 +249,13 @@ class Lowering:
         o = op.options
         if kh == kw == 1:
             return o.get("stride_h", 1) == o.get("stride_w", 1) == 1
-        padding = o.get("padding", "VALID")
-        unpadded = padding_before(padding, kh, kh, o.get("stride_h", 1)) == 0 and \
-            padding_before(padding, kw, kw, o.get("stride_w", 1)) == 0
-        return unpadded and (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
-            o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
+        return covers_input(op, in_shape, kh, kw) and o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
 
     def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
         o = op.options
         sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
         dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-        pad_y = padding_before(o.get("padding", "VALID"), in_shape[1], kh, sh, dh)
-        pad_x = padding_before(o.get("padding", "VALID"), in_shape[2], kw, sw, dw)
+        pad_x, pad_y = window_padding(op, in_shape, kh, kw, dilated)
         if dilated:
             return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
         return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
@@ -300,6 +324,9 @@ class Lowering:
     def pool(self, g: Group) -> None:
         op, out, x = g.root, g.output, g.root.inputs[0]
         o = op.options
+        if op.opcode == "AVERAGE_POOL_2D" and covers_input(op, x.shape, o["filter_height"], o["filter_width"]):
+            self.reduce_mean(g, x, out.shape, (True, True, False))
+            return
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
         args += self._window(op, x.shape, o["filter_height"], o["filter_width"], dilated=False)
         args.append(np.int32(op.opcode == "MAX_POOL_2D"))
@@ -345,11 +372,18 @@ class Lowering:
     def mean(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
-        natural = natural_output_shape(op)
+        self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
+
+    def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
+        """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""
         dst, after = self.into_natural(g, natural)
-        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
-                                              self.cl_int4(2 in axes, 1 in axes, 3 in axes, 0)]
-        self.add("mean", g.steps, args, natural, grid(natural), g.ops)
+        _, h, w, c = as_nhwc(x.shape)
+        items, per_group = reduction_shape((w if flags[0] else 1) * (h if flags[1] else 1) *
+                                           (slices(c) if flags[2] else 1))
+        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(c),
+                                              self.cl_int4(*flags, 0)]
+        self.add("mean", g.steps, args, natural, (items, _round_to(phwc4_vectors(natural), per_group), 1), g.ops,
+                 defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
     def reshape(self, g: Group) -> None:
@@ -373,9 +407,11 @@ class Lowering:
 
     def softmax(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
-        n, h, w, _ = as_nhwc(out.shape)
+        n, h, w, c = as_nhwc(out.shape)
+        items, per_group = reduction_shape(slices(c))
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), np.float32(op.options.get("beta", 1.0))]
-        self.add("softmax", g.steps, args, out.shape, (w, h, n), g.ops)
+        self.add("softmax", g.steps, args, out.shape, (items, _round_to(n * h * w, per_group), 1), g.ops,
+                 defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
     def depth_to_space(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output

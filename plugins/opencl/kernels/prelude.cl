@@ -103,3 +103,22 @@ inline FLT4 logical_and(FLT4 a, FLT4 b) {
   return (FLT4)((FLT)(a.x != 0 && b.x != 0), (FLT)(a.y != 0 && b.y != 0), (FLT)(a.z != 0 && b.z != 0),
                 (FLT)(a.w != 0 && b.w != 0));
 }
+
+// Work-group reductions.  The `size` items (a power of two) of one reduction have put their
+// values in scratch[0 .. size); afterwards scratch[0] holds the result.  Every item of the
+// work group must call these, with the same size, since they synchronise it.
+inline void group_sum(__local float4* scratch, int item, int size) {
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int half_size = size / 2; half_size > 0; half_size /= 2) {
+    if (item < half_size) scratch[item] += scratch[item + half_size];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+
+inline void group_max(__local float4* scratch, int item, int size) {
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int half_size = size / 2; half_size > 0; half_size /= 2) {
+    if (item < half_size) scratch[item] = max(scratch[item], scratch[item + half_size]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
