@@ -250,6 +250,32 @@ def test_channel_gate_is_applied_by_the_next_1x1_convolution(backend, batch, gat
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, channels, precision", [(1, 16, "fp32"), (2, 37, "fp32"), (1, 96, "fp16")])
+def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, precision):
+    """Global pooling; both bottleneck convolutions in one workgroup; the gate applied by the projection."""
+    rng = np.random.default_rng(21)
+    b = GraphBuilder()
+    x = b.input("x", (batch, 6, 7, channels))
+    pooled = b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "filter_height": 6, "filter_width": 7,
+                                                   "stride_h": 1, "stride_w": 1})
+    squeeze = channels // 4 + 1
+    conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
+                              b.const("b1", normal(rng, squeeze))], options=conv)
+    hidden = b.op("RELU", [hidden])
+    gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
+                            b.const("b2", normal(rng, channels))], options=conv)
+    gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])
+    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (5, 1, 1, channels))), b.const("b3", normal(rng, 5))],
+                  options=conv))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data, CompileOptions(precision=precision))
+    assert compiled.describe()["dispatches"] == 3
+    inputs = [normal(rng, (batch, 6, 7, channels))]
+    tolerance = 2e-2 if compiled.program.storage == "f16" else RTOL
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=tolerance, atol=1e-5)
+
+
 # -- layout and boundaries --------------------------------------------------------------------
 
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=st.integers(0, 2**16))

@@ -25,10 +25,11 @@ from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
-from .tiling import (DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
+from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
+DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
 class KernelPlan:
@@ -40,7 +41,7 @@ class KernelPlan:
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
         self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
-        self.folded: dict[int, Op] = {}  # result of an op its reader does (folds_into_reader) -> the op
+        self.folded: dict[int, Group] = {}  # result of a group its reader does (folds_into_reader) -> the group
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -132,7 +133,7 @@ def pad_folds(op: Op) -> bool:
         return False
     pads = int_values(op.input(1))
     return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
-            and _read_by(op, ("CONV_2D", "DEPTHWISE_CONV_2D")) is not None)
+            and _read_by(op.outputs[0], ("CONV_2D", "DEPTHWISE_CONV_2D")) is not None)
 
 
 def mul_folds(op: Op) -> bool:
@@ -141,18 +142,36 @@ def mul_folds(op: Op) -> bool:
     kernel runs for the MUL."""
     if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
         return False
-    reader = _read_by(op, ("CONV_2D",))
-    return (reader is not None and _gate_operands(op) is not None and constant_value(reader.inputs[1]) is not None
-            and reader.inputs[1].shape[1:3] == (1, 1)
-            and reader.options.get("stride_h", 1) == reader.options.get("stride_w", 1) == 1)
+    reader = _read_by(op.outputs[0], ("CONV_2D",))
+    return reader is not None and _gate_operands(op) is not None and _pointwise(reader)
 
 
-def _read_by(op: Op, readers: Sequence[str]) -> Op | None:
-    """The op's one reader, when it is one of ``readers`` taking the op's result as its input 0."""
-    out = op.outputs[0]
-    if len(out.uses) != 1 or out.uses[0].custom or out.uses[0].opcode not in readers or out.uses[0].inputs[0] is not out:
+def _pointwise(op: Op) -> bool:
+    """A 1x1 convolution with stride 1 (and constant weights): a matrix product over pixels."""
+    weights = op.inputs[1]
+    return (op.opcode == "CONV_2D" and constant_value(weights) is not None and tuple(weights.shape[1:3]) == (1, 1)
+            and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1)
+
+
+def _read_by(value: Tensor, readers: Sequence[str]) -> Op | None:
+    """The one op reading ``value``, when it is one of ``readers`` taking it as its input 0."""
+    if len(value.uses) != 1 or value.uses[0].custom or value.uses[0].opcode not in readers:
         return None
-    return out.uses[0]
+    return value.uses[0] if value.uses[0].inputs[0] is value else None
+
+
+def _on_one_pixel(op: Op) -> bool:
+    """A 1x1 convolution of an input with one pixel per image, small enough for one workgroup."""
+    return (_pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
+            and op.inputs[1].size <= DENSE_PAIR_WEIGHTS)
+
+
+def chains_into_reader(group: Group) -> bool:
+    """A 1x1 convolution of one pixel whose result, through activations only, is read by another such
+    convolution (the bottleneck of a squeeze-and-excitation block): both run as one kernel."""
+    reader = _read_by(group.output, ("CONV_2D",))
+    return (reader is not None and _on_one_pixel(group.root) and _on_one_pixel(reader)
+            and all(step.kind == "unary" for step in group.steps))
 
 
 def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
@@ -166,18 +185,47 @@ def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
 
 
 def folds_into_reader(group: Group) -> bool:
-    """Whether the group's op is done by the op reading its result (see pad_folds and mul_folds)."""
+    """Whether the group is done by the kernel of the op reading its result (pad_folds, mul_folds,
+    chains_into_reader)."""
+    if group.root.opcode == "CONV_2D":
+        return chains_into_reader(group)
     own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
     return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
+
+
+def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
+    """Two 1x1 convolutions of one pixel as one kernel (see chains_into_reader)."""
+    conv1, conv2 = first.root, second.root
+    x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
+    w1, w2 = constant_value(conv1.inputs[1]), constant_value(conv2.inputs[1])
+    k = plan.kernel("dense_pair", second)
+    _note_fold(k, conv1)
+    k.tensor("src", x.index, x.shape)
+    blocks = [pack_conv_weights(w1).reshape(-1, 4), pack_conv_weights(w2).reshape(-1, 4)]
+    _weight_blocks(k, plan.constant(("weights", conv2.index), np.concatenate(blocks)))
+    k.read("bias", plan.constant(("bias", conv2.index), np.concatenate(
+        [pack_vector(constant_value(op.input(2)), len(w)) for op, w in ((conv1, w1), (conv2, w2))])))
+    k.param("hidden_c", "i32", hidden)
+    k.param("second", "i32", len(blocks[0]))
+    steps = "".join(f"  v = unary_{step.name}(v);\n" for step in first.steps)
+    k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  var v = value;\n{steps}  return v;\n}}")
+    k.substitutions = {"HIDDEN": str(slices_of(hidden))}
+    k.tile((WORKGROUP, 1, 1), (as_nhwc(x.shape)[0], 1, 1))
+    k.half = True
 
 
 @builds("CONV_2D")
 def _conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
+    if group.output.index in plan.folded:
+        return
+    folded = plan.folded.get(x.index)
+    if folded is not None and folded.root.opcode == "CONV_2D":
+        _dense_pair(plan, folded, group)
+        return
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
-    if (weights.shape[1:3] == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1
-            and getattr(plan.folded.get(x.index), "opcode", "MUL") == "MUL"):
+    if _pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
         _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
         return
     k = plan.kernel("conv2d", group)
@@ -197,10 +245,10 @@ def _weight_blocks(k: Kernel, weights: Hashable) -> None:
 def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
     """Bind a convolution's input as ``src``; for a folded PAD, the PAD's input, and the (rows, columns)
     of padding that shift the window."""
-    pad = plan.folded.get(x.index)
-    if pad is None:
+    if x.index not in plan.folded:
         k.tensor("src", x.index, x.shape)
         return 0, 0
+    pad = plan.folded[x.index].root
     k.tensor("src", pad.inputs[0].index, pad.inputs[0].shape)
     _note_fold(k, pad)
     pads = int_values(pad.input(1))
@@ -264,11 +312,11 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
 def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
             bias_input: int) -> None:
     """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
-    gated = plan.folded.get(source)
-    if gated is None:
+    if source not in plan.folded:
         k.tensor("src", source, shape)
         k.helpers.append(template("matmul_input"))
     else:
+        gated = plan.folded[source].root
         image, gate = _gate_operands(gated)
         k.tensor("src", image.index, image.shape)
         k.tensor("gate", gate.index, gate.shape)

@@ -135,7 +135,7 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelPlan(device, tuning)
-        plan.folded = {g.output.index: g.root for g in groups if fuse and folds_into_reader(g)
+        plan.folded = {g.output.index: g for g in groups if fuse and folds_into_reader(g)
                        and id(g.output.uses[0]) in members and g.output.index not in keep}
         for group in groups:
             first = len(plan.kernels)
