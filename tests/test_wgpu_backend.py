@@ -403,7 +403,7 @@ def cached_options(tmp_path, token="deep"):
 
 
 def test_second_compile_reuses_the_plan_and_is_faster(backend, tmp_path):
-    """Best of three compiles each way, pipelines already built in this process in both cases: what the
+    """Best of five compiles each way, pipelines already built in this process in both cases: what the
     cache saves is planning, WGSL generation and weight packing."""
     model = deep_model()
     g = read_model(model).main
@@ -412,15 +412,15 @@ def test_second_compile_reuses_the_plan_and_is_faster(backend, tmp_path):
     first = backend.compile(partition, options)
     assert first.describe()["plan_source"] == "planned"
 
-    def best_of_three(compile_options) -> tuple[float, object]:
+    def best_of_five(compile_options) -> tuple[float, object]:
         times = []
-        for _ in range(3):
+        for _ in range(5):
             started = time.perf_counter()
             compiled = backend.compile(partition, compile_options)
             times.append(time.perf_counter() - started)
         return min(times), compiled
-    planned, _ = best_of_three(CompileOptions())
-    cached, second = best_of_three(options)
+    planned, _ = best_of_five(CompileOptions())
+    cached, second = best_of_five(options)
     assert second.describe()["plan_source"] == "cache"
     print(f"wgpu init: {planned * 1e3:.1f} ms planned, {cached * 1e3:.1f} ms from the cache "
           f"({planned / cached:.1f}x)")

@@ -82,7 +82,8 @@ class KernelPlan:
 
     def add(self, group: Group) -> None:
         self.groups.append(group)
-        BUILDERS[group.root.opcode](self, group)
+        if group.output.index not in self.folded:  # else the reader's kernel does the group
+            BUILDERS[group.root.opcode](self, group)
 
 
 Builder = Callable[[KernelPlan, Group], None]
@@ -115,14 +116,15 @@ def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
     return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
 
 
-@builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
-        "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
-def _elementwise(plan: KernelPlan, group: Group) -> None:
-    if group.output.index in plan.folded:
-        return
-    k = plan.kernel("elementwise", group)
-    src = group.root.inputs[0]
-    k.broadcast("src", src.index, src.shape, group.output.shape)
+# -- ops done by the kernel of the op reading their result ------------------------------------
+
+def folds_into_reader(group: Group) -> bool:
+    """Whether the group is done by the kernel of the op reading its result (pad_folds, mul_folds,
+    chains_into_reader)."""
+    if group.root.opcode == "CONV_2D":
+        return chains_into_reader(group)
+    own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
+    return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
 
 
 def pad_folds(op: Op) -> bool:
@@ -184,20 +186,22 @@ def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def folds_into_reader(group: Group) -> bool:
-    """Whether the group is done by the kernel of the op reading its result (pad_folds, mul_folds,
-    chains_into_reader)."""
-    if group.root.opcode == "CONV_2D":
-        return chains_into_reader(group)
-    own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
-    return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
+# -- kernels -------------------------------------------------------------------------------------
+
+@builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
+        "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
+def _elementwise(plan: KernelPlan, group: Group) -> None:
+    k = plan.kernel("elementwise", group)
+    src = group.root.inputs[0]
+    k.broadcast("src", src.index, src.shape, group.output.shape)
 
 
 def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
     """Two 1x1 convolutions of one pixel as one kernel (see chains_into_reader)."""
     conv1, conv2 = first.root, second.root
     x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
-    w1, w2 = constant_value(conv1.inputs[1]), constant_value(conv2.inputs[1])
+    w1 = dense_groups(constant_value(conv1.inputs[1]), as_nhwc(x.shape)[3])
+    w2 = dense_groups(constant_value(conv2.inputs[1]), hidden)
     k = plan.kernel("dense_pair", second)
     _note_fold(k, conv1)
     k.tensor("src", x.index, x.shape)
@@ -218,8 +222,6 @@ def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
 def _conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
-    if group.output.index in plan.folded:
-        return
     folded = plan.folded.get(x.index)
     if folded is not None and folded.root.opcode == "CONV_2D":
         _dense_pair(plan, folded, group)
@@ -496,8 +498,6 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
 
 @builds("PAD")
 def _pad(plan: KernelPlan, group: Group) -> None:
-    if group.output.index in plan.folded:
-        return
     x = group.root.inputs[0]
     pads = int_values(group.root.input(1))
     before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
