@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Mapping
 
@@ -14,7 +15,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
-from .kernels.parallel import kernel_threads, single_threaded_blas
+from .kernels.parallel import ThreadChoice, kernel_threads, single_threaded_blas
 
 
 class CpuCompiled(CompiledPartition):
@@ -34,6 +35,7 @@ class CpuCompiled(CompiledPartition):
         for t in partition.outputs:
             self.buffers[t.index] = np.empty(t.shape, t.dtype.numpy)
         self.steps = []
+        self.sharing = ThreadChoice() if num_threads > 1 else contextlib.nullcontext
         for op in ops:
             factory = registry.find_kernel(op, custom)
             if factory is None:
@@ -63,7 +65,8 @@ class CpuCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
-        with single_threaded_blas:  # the kernels split large products over their threads themselves
+        # The kernels split large products over their threads themselves.
+        with single_threaded_blas, self.sharing():
             for op, run, sources, outs in self.steps:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
                 if timings is None:

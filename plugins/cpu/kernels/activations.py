@@ -11,18 +11,16 @@ from delegate import Op
 from ..registry import kernel
 from .common import along_rows, float_constant, scratch
 
-_CLIPS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+_CLIPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
 
 @kernel(*_CLIPS)
 def clip(op: Op):
+    """Clamps through np.clip, which runs a vector loop where maximum against a scalar does not."""
     low, high = _CLIPS[op.opcode]
 
     def run(ins, outs):
-        if high is None:
-            np.maximum(ins[0], low, out=outs[0])
-        else:
-            np.clip(ins[0], low, high, out=outs[0])
+        np.clip(ins[0], low, high, out=outs[0])
     return run
 
 

@@ -15,8 +15,8 @@ def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
     """In-place fused activation (TFLite ``fused_activation_function``), or None for NONE."""
     if name in (None, "NONE"):
         return None
-    if name == "RELU":
-        return lambda x: np.maximum(x, 0, out=x)
+    if name == "RELU":  # clip runs a vector loop; maximum against a scalar does not
+        return lambda x: np.clip(x, 0, np.inf, out=x)
     if name == "RELU6":
         return lambda x: np.clip(x, 0, 6, out=x)
     if name == "RELU_N1_TO_1":
@@ -149,34 +149,93 @@ def window_view(x: np.ndarray, out_hw: tuple[int, int], kernel: tuple[int, int],
 
 
 class Padded:
-    """A persistent NHWC buffer whose border keeps a fill value; each run copies the input inside.
+    """The NHWC input inside a border of a fill value, built in scratch memory on each call.
 
-    Without padding it hands the input through unchanged, so callers need not special-case it.
+    Scratch rather than a buffer per kernel, so a model holds one padded image at a time;
+    the border is rewritten every call since other kernels share that memory.  Without
+    padding it hands the input through unchanged, so callers need not special-case it.
     """
 
     def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], fill: float = 0.0,
-                 dtype=np.float32):
+                 dtype=np.float32, slot="padded"):
         n, h, w, c = shape
         top, bottom, left, right = pads
         self.any = any(pads)
-        self.buffer = np.full((n, h + top + bottom, w + left + right, c), fill, dtype) if self.any else None
-        self.inside = self.buffer[:, top:top + h, left:left + w, :] if self.any else None
+        self.shape = (n, h + top + bottom, w + left + right, c)
+        self.dtype, self.fill, self.slot = dtype, fill, slot
+        rows, cols = slice(top, top + h), slice(left, left + w)
+        self.inside = (slice(None), rows, cols)
+        self.border = [(slice(None), slice(0, top)), (slice(None), slice(top + h, None)),
+                       (slice(None), rows, slice(0, left)), (slice(None), rows, slice(left + w, None))]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if not self.any:
             return x
-        np.copyto(self.inside, x)
-        return self.buffer
+        buffer = scratch(self.slot, self.shape, self.dtype)
+        for strip in self.border:
+            buffer[strip] = self.fill
+        np.copyto(buffer[self.inside], x)
+        return buffer
+
+
+class Phases:
+    """Bands of rows of the padded NHWC input split into stride phase images, built in scratch.
+
+    Phase (py, px) holds padded pixels (py + i * stride_h, px + j * stride_w): with
+    strides, each filter tap's window is a contiguous-row slice of one phase.  With
+    unit strides the one phase is the padded input itself, and without padding too,
+    the input unchanged.  Bands are built by the thread that consumes them, while
+    they are in its cache.
+    """
+
+    def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], stride: tuple[int, int] = (1, 1),
+                 keys=((0, 0),), dtype=np.float32, fill: float = 0):
+        n, h, w, c = shape
+        top, bottom, left, right = pads
+        self.dtype, self.fill, self.stride = dtype, fill, stride
+        self.identity = tuple(stride) == (1, 1) and not any(pads)
+        self.plans = {}
+        for py, px in sorted(keys):
+            rows = _phase_span(h, top, bottom, py, stride[0])
+            cols = _phase_span(w, left, right, px, stride[1])
+            self.plans[py, px] = ((n, cols[0], c), rows, cols[1:])
+
+    def band(self, x: np.ndarray, first: int, end: int) -> dict[tuple[int, int], np.ndarray]:
+        """Rows first..end of every phase image (fewer where a phase is shorter)."""
+        if self.identity:
+            return {(0, 0): x[:, first:end]}
+        sh, sw = self.stride
+        images = {}
+        for key, ((n, width, c), (length, i0, i1, y0), (j0, j1, x0)) in self.plans.items():
+            stop = min(end, length)
+            image = images[key] = scratch(("phase", key), (n, stop - first, width, c), self.dtype)
+            r0, r1 = min(max(i0, first), stop) - first, max(min(i1, stop), first) - first
+            image[:, :r0] = self.fill
+            image[:, r1:] = self.fill
+            image[:, r0:r1, :j0] = self.fill
+            image[:, r0:r1, j1:] = self.fill
+            src_row = y0 + (r0 + first - i0) * sh
+            np.copyto(image[:, r0:r1, j0:j1],
+                      x[:, src_row:src_row + (r1 - r0 - 1) * sh + 1:sh, x0:x0 + (j1 - j0 - 1) * sw + 1:sw])
+        return images
+
+
+def _phase_span(size: int, before: int, after: int, phase: int, stride: int) -> tuple[int, int, int, int]:
+    """Along one axis of a phase image: (length, first and end index inside the input, first input index)."""
+    length = -(-(size + before + after - phase) // stride)
+    first = min(length, max(0, -(-(before - phase) // stride)))
+    end = max(first, min(length, -(-(size + before - phase) // stride)))
+    return length, first, end, first * stride + phase - before
 
 
 _SCRATCH = threading.local()
 
 
-def scratch(slot: int, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+def scratch(slot, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     """A temporary array for the duration of one kernel run, shared by every kernel of the calling thread.
 
     Kernels take it at run time (the memory grows to the largest request); the
-    same ``slot`` in another kernel reuses the same memory, so distinct arrays
+    same ``slot`` (any hashable) in another kernel reuses the same memory, so distinct arrays
     of one kernel need distinct slots and nothing in them outlives the run.
     Sharing keeps a model's temporaries to the size of its largest op, warm in cache.
     """

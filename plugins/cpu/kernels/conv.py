@@ -1,9 +1,11 @@
 """Convolution and matrix-product kernels: CONV_2D, DEPTHWISE_CONV_2D, TRANSPOSE_CONV, FULLY_CONNECTED,
 BATCH_MATMUL, and MediaPipe's Convolution2DTransposeBias.
 
-Weights are laid out once at compile time as GEMM operands; a convolution
-copies its sliding windows into a preallocated im2col buffer and runs one
-BLAS matmul, a depthwise convolution accumulates one multiply per filter tap.
+Weights are laid out once at compile time as GEMM operands.  A convolution
+runs one BLAS product per block of output rows (on a view of the input for
+1x1 filters, else on the block's sliding windows copied into scratch) and adds
+bias and activation while the block is in cache; a depthwise convolution
+accumulates one multiply per filter tap.  Blocks are shared among the threads.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel
-from .common import Padded, along_rows, float_constant, fused, same_padding, scratch, window_view
-from .parallel import chunks_for, spread
+from .common import Padded, Phases, along_rows, float_constant, fused, same_padding, scratch, window_view
+from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -34,52 +36,126 @@ def _bias(op: Op, index: int, channels: int) -> np.ndarray | None:
     return None if bias is None else bias.reshape(channels)
 
 
-def _filter_layout(w: np.ndarray, groups: int) -> np.ndarray:
-    """OHWI filter -> (groups, KH*KW*I, O/groups) GEMM operands matching the im2col column order."""
-    o, kh, kw, ci = w.shape
-    per_group = o // groups
-    return np.ascontiguousarray(w.reshape(groups, per_group, kh * kw * ci).transpose(0, 2, 1))
+def _gemm_layout(w: np.ndarray) -> np.ndarray:
+    """OHWI filter (or O x depth matrix) -> contiguous (depth, O) GEMM operand in im2col column order."""
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+
+
+# Smallest product (multiply-adds) worth a chunk of its own on another thread.
+GEMM_CHUNK_WORK = 1 << 21
+# Largest im2col block (bytes) one thread copies before its product: bounds the scratch memory.
+IM2COL_BYTES = 1 << 21
+
+
+def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, copies_rows: bool = False):
+    """spread() over gemm_blocks: shared among the kernel threads, or as few blocks as possible alone."""
+    with kernel_threads(1):
+        alone = gemm_blocks(batch, rows, row_pixels, units, depth, copies_rows)
+    return spread(gemm_blocks(batch, rows, row_pixels, units, depth, copies_rows), alone)
+
+
+def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int,
+                copies_rows: bool = False) -> list[tuple[int, int, int, int, int]]:
+    """(image, first row, end row, first unit, end unit) blocks of an (N, rows, row_pixels, units)
+    product output, to share among the kernel threads.
+
+    Row bands normally; slices of the output units for short, wide products (the
+    last layers of a network), where bands would be too thin for BLAS.  With
+    ``copies_rows`` every band copies its im2col rows first, so bands stay small
+    enough to bound that scratch copy.
+    """
+    work = rows * row_pixels * units * depth
+    if rows * row_pixels < 256 and units >= 256 and not copies_rows:
+        return [(b, 0, rows, 16 * u0, min(units, 16 * u1)) for b in range(batch)
+                for u0, u1 in chunks_for(-(-units // 16), work, GEMM_CHUNK_WORK)]
+    bands = len(chunks_for(rows, work, GEMM_CHUNK_WORK))
+    if copies_rows:
+        bands = max(bands, -(-rows * row_pixels * depth * 4 // IM2COL_BYTES))
+    return [(b, y0, y1, 0, units) for b in range(batch) for y0, y1 in even_chunks(rows, bands)]
+
+
+def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...]):
+    """``finish(block, u0, u1)``: bias and fused activation, in place, on a block of output rows
+    holding units u0..u1, while the block is still in cache."""
+    act = fused(op)
+    units = out_shape[-1]
+    row = None if bias is None else along_rows(bias, out_shape)
+
+    def finish(block: np.ndarray, u0: int, u1: int) -> None:
+        if bias is not None:
+            np.add(block, row if u1 - u0 == units else bias[u0:u1], out=block)
+        act(block)
+    return finish
 
 
 @kernel("CONV_2D")
 def conv_2d(op: Op):
+    """One GEMM per block of output rows: a view of the input for 1x1 convolutions, else the
+    block's sliding windows copied into scratch (im2col).  Bias and activation follow per block."""
+    n, h, w, c = op.inputs[0].shape
+    o, kh, kw, ci = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    if c != ci:
+        return _grouped_conv_2d(op)
+    opts = op.options
+    stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
+    dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
+    depth = kh * kw * c
+    weights = float_constant(op.inputs[1])
+    gemm = None if weights is None else _gemm_layout(weights)
+    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    pointwise = kh == kw == 1 and stride == (1, 1) and not any(pads)
+    padded = Phases((1, h, w, c), pads)
+    reach = (kh - 1) * dilation[0] + 1
+    finish = bias_activation(op, _bias(op, 2, o), (oh, ow, o))
+    split = spread_gemm(n, oh, ow, o, depth, copies_rows=not pointwise)
+
+    def run(ins, outs):
+        x = ins[0]
+        operand = gemm if gemm is not None else _gemm_layout(np.asarray(ins[1], np.float32))
+        flat = outs[0].reshape(n, oh * ow, o)
+
+        def block(b, y0, y1, u0, u1):
+            if pointwise:
+                lhs = x.reshape(n, h * w, c)[b, y0 * ow:y1 * ow]
+            else:
+                band = padded.band(x[b:b + 1], y0 * stride[0], (y1 - 1) * stride[0] + reach)[0, 0]
+                lhs = scratch(0, ((y1 - y0) * ow, depth))
+                np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c),
+                          window_view(band, (y1 - y0, ow), (kh, kw), stride, dilation))
+            np.matmul(lhs, operand[:, u0:u1], out=flat[b, y0 * ow:y1 * ow, u0:u1])
+            finish(outs[0][b, y0:y1, :, u0:u1], u0, u1)
+        split(block)
+    return run
+
+
+def _grouped_conv_2d(op: Op):
+    """Grouped convolution (input channels a multiple of the filter's): one GEMM per group."""
     n, h, w, c = op.inputs[0].shape
     o, kh, kw, ci = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
     opts = op.options
     stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
     dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
-    groups = c // ci
-    weights = float_constant(op.inputs[1])
-    gemm = None if weights is None else _filter_layout(weights, groups)
-    bias = _bias(op, 2, o)
-    bias = None if bias is None else along_rows(bias, op.outputs[0].shape)
-    act = fused(op)
+    groups, per_group, rows = c // ci, o // (c // ci), n * oh * ow
     pad = Padded((n, h, w, c), _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
-    pointwise = kh == kw == 1 and not pad.any
-    rows = n * oh * ow
+    weights = float_constant(op.inputs[1])
+    finish = bias_activation(op, _bias(op, 2, o), (oh, ow, o))
+
+    def layout(w):
+        return [_gemm_layout(w[g * per_group:(g + 1) * per_group]) for g in range(groups)]
+    gemms = None if weights is None else layout(weights)
 
     def run(ins, outs):
-        x, out = ins[0], outs[0]
-        operand = gemm if gemm is not None else _filter_layout(np.asarray(ins[1], np.float32), groups)
-        if pointwise:
-            cols = (x[:, ::stride[0], ::stride[1], :] if stride != (1, 1) else x).reshape(rows, c)
-        else:
-            columns = scratch(0, (n, oh, ow, kh, kw, c))
-            np.copyto(columns, window_view(pad(x), (oh, ow), (kh, kw), stride, dilation))
-            cols = columns.reshape(rows, kh * kw * c)
-        out2d = out.reshape(rows, o)
-        if groups == 1:
-            np.matmul(cols, operand[0], out=out2d)
-        else:
-            per_group = o // groups
-            grouped = cols.reshape(rows, kh * kw, groups, ci)
-            for g in range(groups):
-                np.matmul(grouped[:, :, g, :].reshape(rows, kh * kw * ci), operand[g],
-                          out=out2d[:, g * per_group:(g + 1) * per_group])
-        if bias is not None:
-            out += bias
-        act(out)
+        operands = gemms if gemms is not None else layout(np.asarray(ins[1], np.float32))
+        columns = scratch(0, (n, oh, ow, kh, kw, c))
+        np.copyto(columns, window_view(pad(ins[0]), (oh, ow), (kh, kw), stride, dilation))
+        grouped = columns.reshape(rows, kh * kw, groups, ci)
+        out2d = outs[0].reshape(rows, o)
+        for g in range(groups):
+            np.matmul(grouped[:, :, g, :].reshape(rows, kh * kw * ci), operands[g],
+                      out=out2d[:, g * per_group:(g + 1) * per_group])
+        finish(outs[0], 0, o)
     return run
 
 
@@ -95,81 +171,92 @@ def _prefer_einsum(pixels: int, channels: int, taps: int) -> bool:
     return einsum < per_tap
 
 
+# Smallest depthwise work (tap multiply-adds) worth a chunk of its own on another thread.
+DEPTHWISE_CHUNK_WORK = 1 << 18
+
+
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
-    """One multiply-accumulate per filter tap over the whole output, or one einsum over all taps.
+    """One multiply-accumulate per filter tap over whole bands of output rows, or one einsum over all taps.
 
     numpy is fast only on long contiguous inner loops.  With many channels (or
     few pixels) einsum over the sliding-window view wins.  Otherwise every tap
-    is arranged to read rows contiguous over (width, channels):
-    the filter taps are tiled along the output width, and with strides the
-    padded input is first split into stride_h * stride_w phase images (every
-    stride-th row and column), in which each tap's window is a contiguous-row slice.
+    is arranged to read rows contiguous over (width, channels): the filter taps
+    are tiled along the output width, and the zero-padded input is built as its
+    stride_h * stride_w phase images (every stride-th row and column), in which
+    each tap's window is a contiguous-row slice.
     """
     n, h, w, c = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
     opts = op.options
-    sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
-    dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
-    multiplier = oc // c
+    stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
+    dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
     weights = float_constant(op.inputs[1])
-    bias = _bias(op, 2, oc)
-    act = fused(op)
-    top, bottom, left, right = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
-    hp, wp = h + top + bottom, w + left + right
-    # Padding and the channel multiplier go into one buffer: input channel i fills outputs i*m .. i*m+m-1.
-    buffered = multiplier > 1 or top or bottom or left or right
-    buffer = np.zeros((n, hp, wp, oc), np.float32) if buffered else None
-    inside = None if buffer is None else buffer[:, top:top + h, left:left + w, :].reshape(n, h, w, c, multiplier)
+    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    spread_channels = _ChannelSpread((n, h, w, c), oc // c)
     wide = _prefer_einsum(n * oh * ow, oc, kh * kw)
-    taps = [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw, ky, kx)
-            for ky in range(kh) for kx in range(kw)]
-    phases = {} if (sh, sw) == (1, 1) or wide else {
-        key: (n, -(-(hp - key[0]) // sh), -(-(wp - key[1]) // sw), oc) for key in sorted({t[0] for t in taps})}
+    taps = tap_offsets((kh, kw), (1, 1) if wide else stride, dilation)
+    # The einsum reads windows of the padded input; per-tap passes read phase images.
+    phases = Phases((n, h, w, oc), pads, (1, 1) if wide else stride, {key for key, _, _ in taps})
+    reach = max(y0 for _, y0, _ in taps) + 1
     tiled = None if weights is None or wide else _tile_taps(weights, ow)
-    bias_row = None if bias is None else along_rows(bias, op.outputs[0].shape)
-    split = spread(chunks_for(oh, n * oh * ow * oc * len(taps)))
+    finish = bias_activation(op, _bias(op, 2, oc), op.outputs[0].shape)
+    split = spread(chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK), [(0, oh)])
 
     def run(ins, outs):
-        x, out = ins[0], outs[0]
-        if buffer is not None:
-            np.copyto(inside, x[..., None])
-            x = buffer
+        x, out = spread_channels(ins[0]), outs[0]
         if wide:
             filt = (weights if weights is not None else np.asarray(ins[1], np.float32))[0]
-            windows = window_view(x, (oh, ow), (kh, kw), (sh, sw), (dh, dw))
         else:
             filt = tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow)
-            source = {(0, 0): x}
-            for slot, ((py, px), shape) in enumerate(phases.items(), start=1):
-                image = source[py, px] = scratch(slot, shape)
-                np.copyto(image, x[:, py::sh, px::sw, :])
-            partial = scratch(0, out.shape)
 
         def rows(start, stop):
             part = out[:, start:stop]
             if wide:
-                np.einsum("nhwijc,ijc->nhwc", windows[:, start:stop], filt, out=part)
+                band = phases.band(x, start * stride[0], (stop - 1) * stride[0] + reach)[0, 0]
+                windows = window_view(band, (stop - start, ow), (kh, kw), stride, dilation)
+                np.einsum("nhwijc,ijc->nhwc", windows, filt, out=part)
             else:
-                _accumulate_taps(source, filt, taps, start, stop, part, partial[:, start:stop])
-            if bias_row is not None:
-                part += bias_row
-            act(part)
+                _accumulate_taps(phases.band(x, start, stop + reach - 1), filt, taps, part, scratch(0, part.shape))
+            finish(part, 0, oc)
         split(rows)
     return run
 
 
-def _accumulate_taps(source, filt, taps, start, stop, out, scratch):
-    """Output rows start..stop: the sum over taps of each window times its tiled filter tap."""
-    ow = out.shape[2]
-    for i, (key, y0, x0, ky, kx) in enumerate(taps):
-        window = source[key][:, y0 + start:y0 + stop, x0:x0 + ow, :]
+def tap_offsets(kernel_hw, stride, dilation) -> list[tuple[tuple[int, int], int, int]]:
+    """Per filter tap in row-major order: (phase image, row offset, column offset) of its window."""
+    (sh, sw), (dh, dw) = stride, dilation
+    return [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw)
+            for ky in range(kernel_hw[0]) for kx in range(kernel_hw[1])]
+
+
+class _ChannelSpread:
+    """The depthwise input with each channel repeated ``multiplier`` times, so that input channel i
+    feeds outputs i*m .. i*m+m-1 (the input itself for a multiplier of 1)."""
+
+    def __init__(self, shape: tuple[int, ...], multiplier: int):
+        self.shape, self.multiplier = shape, multiplier
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.multiplier == 1:
+            return x
+        n, h, w, c = self.shape
+        spread_x = scratch("spread", (n, h, w, c, self.multiplier))
+        np.copyto(spread_x, x[..., None])
+        return spread_x.reshape(n, h, w, c * self.multiplier)
+
+
+def _accumulate_taps(images, filt, taps, out, partial):
+    """A band of output rows: the sum over taps of each window of its phase images times its tiled filter tap."""
+    _, rows, ow, _ = out.shape
+    for i, ((key, y0, x0), tap) in enumerate(zip(taps, filt.reshape(-1, *filt.shape[2:]))):
+        window = images[key][:, y0:y0 + rows, x0:x0 + ow, :]
         if i == 0:
-            np.multiply(window, filt[ky, kx], out=out)
+            np.multiply(window, tap, out=out)
         else:
-            np.multiply(window, filt[ky, kx], out=scratch)
-            out += scratch
+            np.multiply(window, tap, out=partial)
+            out += partial
 
 
 def _tile_taps(weights: np.ndarray, width: int) -> np.ndarray:
@@ -250,18 +337,20 @@ def convolution_2d_transpose_bias(op: Op):
 @kernel("FULLY_CONNECTED")
 def fully_connected(op: Op):
     units, depth = op.inputs[1].shape
+    rows = int(np.prod(op.outputs[0].shape)) // units
     weights = float_constant(op.inputs[1])
-    gemm = None if weights is None else np.ascontiguousarray(weights.T)
-    bias = _bias(op, 2, units)
-    act = fused(op)
+    gemm = None if weights is None else _gemm_layout(weights)
+    finish = bias_activation(op, _bias(op, 2, units), (units,))
+    split = spread_gemm(1, rows, 1, units, depth)
 
     def run(ins, outs):
         operand = gemm if gemm is not None else np.asarray(ins[1], np.float32).T
-        out2d = outs[0].reshape(-1, units)
-        np.matmul(ins[0].reshape(-1, depth), operand, out=out2d)
-        if bias is not None:
-            out2d += bias
-        act(out2d)
+        lhs, out2d = ins[0].reshape(rows, depth), outs[0].reshape(rows, units)
+
+        def block(_, r0, r1, u0, u1):
+            np.matmul(lhs[r0:r1], operand[:, u0:u1], out=out2d[r0:r1, u0:u1])
+            finish(out2d[r0:r1, u0:u1], u0, u1)
+        split(block)
     return run
 
 

@@ -15,7 +15,10 @@ import contextlib
 import contextvars
 import ctypes
 import os
+import statistics
 import threading
+import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
@@ -45,33 +48,38 @@ def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     return [(count * i // parts, count * (i + 1) // parts) for i in range(parts)]
 
 
-def chunks_for(count: int, work: float, min_work: float = 1 << 18, per_thread: int = 2) -> list[tuple[int, int]]:
-    """At compile time: ranges over ``count`` rows to share among the threads (one when ``work`` is small).
+def chunks_for(count: int, work: float, min_work: float = 1 << 18) -> list[tuple[int, int]]:
+    """At compile time: ``count`` rows as one range per thread, or a single range when ``work`` is small.
 
-    ``per_thread`` chunks per thread let a thread that started first take over the share of one
-    that started late.
+    Each range costs its own round of numpy calls, so there are no more than threads;
+    a thread that finishes first still takes over a range nobody has started.
     """
     n = threads()
     if n <= 1 or work < min_work:
         return [(0, count)]
-    return even_chunks(count, min(n * per_thread, int(work // (min_work / 2)) or 1))
+    return even_chunks(count, min(n, int(work // (min_work / 2))))
 
 
-def spread(chunks: Sequence[tuple]) -> Callable[[Callable[..., None]], None]:
+def spread(chunks: Sequence[tuple], alone: Sequence[tuple] | None = None) -> Callable[[Callable[..., None]], None]:
     """At compile time: a runner calling ``fn(*chunk)`` for every chunk, over the kernel's threads.
 
     numpy and BLAS release the GIL inside their loops, so disjoint parts of one output run in
-    parallel; the calling thread works too.
+    parallel; the calling thread works too.  ``alone`` are the chunks to run instead when the
+    run keeps to one thread (see ThreadChoice); by default the same chunks.
     """
     chunks = list(chunks)
+    alone = chunks if alone is None else list(alone)
     helpers = min(threads(), len(chunks)) - 1
+
+    def inline(fn: Callable[..., None]) -> None:
+        for chunk in alone:
+            fn(*chunk)
     if helpers <= 0:
-        def inline(fn: Callable[..., None]) -> None:
-            for chunk in chunks:
-                fn(*chunk)
         return inline
 
     def shared(fn: Callable[..., None]) -> None:
+        if not _SHARING.get():
+            return inline(fn)
         queue = iter(chunks)  # next() on a list iterator is atomic under the GIL
 
         def drain() -> None:
@@ -83,6 +91,46 @@ def spread(chunks: Sequence[tuple]) -> Callable[[Callable[..., None]], None]:
             if not future.cancel():
                 future.result()
     return shared
+
+
+_SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
+
+
+class ThreadChoice:
+    """Whether the kernels of one compiled partition share their work among threads, by measurement.
+
+    On a busy machine the helper threads get no core of their own and only add
+    handoffs and GIL ping-pong; on an idle one they nearly halve the time.  So
+    runs are timed both ways, now and then again, and the faster way is kept.
+    """
+
+    PROBE_EVERY = 10
+
+    def __init__(self) -> None:
+        self.samples: dict[bool, deque] = {True: deque(maxlen=5), False: deque(maxlen=5)}
+        self.runs = 0
+
+    def _next(self) -> bool:
+        self.runs += 1
+        if self.runs == 1:
+            return True  # a first run pays for first-touch memory: not a fair sample
+        for sharing in (True, False):
+            if len(self.samples[sharing]) < 2:
+                return sharing
+        best = statistics.median(self.samples[True]) <= statistics.median(self.samples[False])
+        return best != (self.runs % self.PROBE_EVERY == 0)
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        sharing = self._next()
+        token = _SHARING.set(sharing)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            _SHARING.reset(token)
+        if self.runs > 1:
+            self.samples[sharing].append(time.perf_counter() - start)
 
 
 def _pool() -> ThreadPoolExecutor:
