@@ -514,6 +514,17 @@ def test_sustained_speed_times_the_tilings_and_caches_the_choice(backend, tmp_pa
                            ).describe()["plan_source"] == "planned"  # the other preference has its own entry
 
 
+def test_tuning_without_gpu_timestamps_uses_the_host_clock(backend, monkeypatch):
+    rng = np.random.default_rng(22)
+    model = small_network(rng)
+    g = read_model(model).main
+    monkeypatch.setattr(backend.context, "timestamps", False)
+    tuned = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions(inference_preference="sustained_speed"))
+    assert tuned.describe()["plan_source"] == "tuned"
+    inputs = [normal(rng, (1, 9, 10, 3))]
+    assert_close(run_compiled(backend, g, tuned, inputs), litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+
+
 def test_tuning_keeps_the_fastest_variant(backend, monkeypatch):
     """With a stopwatch that finds each tiling tried faster than the one before, the last one wins."""
     from delegate_wgpu import tuning

@@ -229,9 +229,9 @@ class WgpuCompiled(CompiledPartition):
             dispatch(x, y, z)
         if stamp:
             stamp(compute, len(self.launches))
-        read = [t for t in self.outputs if t.wanted]
-        for tensor in read:
-            tensor.record_conversion(compute)
+        for tensor in self.outputs:
+            if tensor.wanted:
+                tensor.record_conversion(compute)
         compute.end()
         for tensor in self.outputs:
             tensor.fresh = tensor.wanted

@@ -251,7 +251,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
             spec.quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
         if (host_in and spec.quant) or (storage == "f32" and host_order(t.shape)):
             return spec
-        staging = ("host", index)
+        staging = ("host order", index, host_in)
         buffer_of[staging] = spec.staging = len(buffers)
         buffers.append(BufferSpec(4 * max(int(np.prod(t.shape)), 1), "staging"))
         spec.convert = dispatch((host_to_phwc4 if host_in else phwc4_to_host)(staging, index, t.shape))

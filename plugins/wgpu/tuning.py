@@ -23,11 +23,11 @@ class _Stopwatch:
     else the host's clock around a submission and its completion."""
 
     def __init__(self, compiled: WgpuCompiled):
-        wgpu = import_wgpu()
+        usage = import_wgpu().BufferUsage
         self.device = compiled.context.device
         self.timestamps = Timestamps(compiled.context, 2) if compiled.context.timestamps else None
-        self.done = self.device.create_buffer(size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self.source = compiled.uniforms
+        self.source = self.device.create_buffer(size=4, usage=usage.COPY_SRC)
+        self.done = self.device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST)
 
     def __call__(self, launch: Launch) -> float:
         best = float("inf")
