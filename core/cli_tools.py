@@ -175,7 +175,7 @@ def cmd_suite(args) -> int:
         def step(label: str) -> None:
             progress.update(task, description=label)
             progress.advance(task)
-        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out), step)
+        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out), step, args.preference)
     if args.json:
         emit_json({"rows": [r.__dict__ for r in rows], "files": [str(f) for f in files]})
         return 0
@@ -534,6 +534,8 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--configs", help="suite: comma-separated subset of configurations")
     p.add_argument("--threads", type=int, default=2, help="suite: threads for delegate's CPU and LiteRT")
     p.add_argument("--out", default="bench-results", help="suite: output directory")
+    p.add_argument("--preference", default="sustained_speed", choices=["sustained_speed", "fast_single_answer"],
+                   help="suite: inference preference the GPU backends compile with")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")

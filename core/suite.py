@@ -36,11 +36,11 @@ class SuiteConfig:
     precision: str = "fp32"
     partitioner: str = "cost"
 
-    def settings(self, threads: int, cache_dir: str | None) -> RunSettings:
+    def settings(self, threads: int, cache_dir: str | None, preference: str) -> RunSettings:
         return RunSettings(backends=self.backends,
                            compile=CompileOptions(precision=self.precision, allow_quantized=True,
                                                   num_threads=threads, cache_dir=cache_dir,
-                                                  inference_preference="sustained_speed"),
+                                                  inference_preference=preference),
                            placement=PlacementSettings(partitioner=self.partitioner), fallback=True)
 
 
@@ -134,7 +134,7 @@ def _time_alternating(ours: Callable[[], Any], theirs: Callable[[], Any] | None,
 
 
 def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, threads: int,
-                cache_root: Path, progress: Callable[[str], None]) -> list[Row]:
+                cache_root: Path, progress: Callable[[str], None], preference: str) -> list[Row]:
     from .inputs import random_input
     from .tflite.reader import read_model
 
@@ -151,13 +151,13 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
         cache_dir = cache_root / f"{label.replace(':', '_')}-{config.name}"
         try:
             t = time.perf_counter()
-            session = Session(model, config.settings(threads, str(cache_dir)))
+            session = Session(model, config.settings(threads, str(cache_dir), preference))
             row.init_ms = (time.perf_counter() - t) * 1e3
             if not any(p.backend == config.backends[0][0] for p in session.plan.partitions) \
                     and config.backends[0][0] != "cpu":
                 row.status = f"nothing placed on {config.backends[0][0]}"
             t = time.perf_counter()
-            Session(model, config.settings(threads, str(cache_dir))).close()
+            Session(model, config.settings(threads, str(cache_dir), preference)).close()
             row.init_cached_ms = (time.perf_counter() - t) * 1e3
             inputs = session.normalize_inputs(host_inputs)
             t = time.perf_counter()
@@ -272,13 +272,14 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
 
 
 def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, runs: int, threads: int,
-              out: Path, progress: Callable[[str], None]) -> tuple[list[Row], list[Path]]:
+              out: Path, progress: Callable[[str], None],
+              preference: str = "sustained_speed") -> tuple[list[Row], list[Path]]:
     configs = [c for c in CONFIGS if not config_names or c.name in config_names]
     rows = []
     cache_root = out / "cache"
     cache_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for label, data in models:
-        rows.extend(bench_model(label, data, configs, runs, threads, cache_root, progress))
+        rows.extend(bench_model(label, data, configs, runs, threads, cache_root, progress, preference))
     devices = _device_lines()
     return rows, write_reports(rows, out, "delegate " + " ".join(sys.argv[1:]), devices)
 
