@@ -276,6 +276,24 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=tolerance, atol=1e-5)
 
 
+def test_chained_folds_are_done_once_each(backend):
+    """Three 1x1 convolutions of one pixel behind a PAD: the PAD folds into the first, which then runs on
+    its own; the second and third run as one pair."""
+    rng = np.random.default_rng(23)
+    b = GraphBuilder()
+    x = b.input("x", (1, 1, 1, 6))
+    v = b.op("PAD", [x, b.const("pads", np.array([[0, 0], [0, 0], [0, 0], [0, 0]], np.int32))])
+    for i, (cin, cout) in enumerate([(6, 5), (5, 7), (7, 3)]):
+        v = b.op("CONV_2D", [v, b.const(f"w{i}", normal(rng, (cout, 1, 1, cin))), b.const(f"b{i}", normal(rng, cout))],
+                 options={"padding": "VALID", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    b.output(v)
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    assert compiled.describe()["kernels"] == ["CONV_2D#1+PAD#0", "CONV_2D#3+CONV_2D#2"]
+    inputs = [normal(rng, (1, 1, 1, 6))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
 # -- layout and boundaries --------------------------------------------------------------------
 
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=st.integers(0, 2**16))

@@ -135,8 +135,10 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelPlan(device, tuning)
-        plan.folded = {g.output.index: g for g in groups if fuse and folds_into_reader(g)
-                       and id(g.output.uses[0]) in members and g.output.index not in keep}
+        for group in groups if fuse else ():
+            if (folds_into_reader(group) and id(group.output.uses[0]) in members and group.output.index not in keep
+                    and group.root.inputs[0].index not in plan.folded):  # a reader does one fold at most
+                plan.folded[group.output.index] = group
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)
