@@ -58,7 +58,6 @@ class DeviceTensor:
 
     def __init__(self, context: DeviceContext, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None):
-        wgpu = import_wgpu()
         self.context, self.buffer, self.storage = context, buffers[spec.buffer], storage
         self.shape = tuple(spec.shape)
         self.dtype = DType[spec.dtype]
@@ -67,8 +66,7 @@ class DeviceTensor:
         self.nbytes = storage_nbytes(self.shape, storage)
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
         self.convert = convert
-        self.readback = context.device.create_buffer(size=self.source.size, label="readback",
-                                                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.readback = None  # made on the first read: most outputs only ever feed other partitions
         self.wanted = self.fresh = False
 
     def record_conversion(self, compute) -> None:
@@ -81,6 +79,9 @@ class DeviceTensor:
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
+            usage = import_wgpu().BufferUsage
+            self.readback = self.readback or self.context.device.create_buffer(
+                size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
             encoder = self.context.device.create_command_encoder()
             compute = encoder.begin_compute_pass()
             self.record_conversion(compute)
