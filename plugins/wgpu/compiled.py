@@ -79,9 +79,10 @@ class DeviceTensor:
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
-            usage = import_wgpu().BufferUsage
-            self.readback = self.readback or self.context.device.create_buffer(
-                size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
+            if self.readback is None:
+                usage = import_wgpu().BufferUsage
+                self.readback = self.context.device.create_buffer(
+                    size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
             encoder = self.context.device.create_command_encoder()
             compute = encoder.begin_compute_pass()
             self.record_conversion(compute)
