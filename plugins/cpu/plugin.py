@@ -15,6 +15,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
+from .kernels.common import constant, known_at_compile_time
 from .kernels.parallel import ThreadChoice, kernel_threads, single_threaded_blas
 
 
@@ -24,29 +25,38 @@ class CpuCompiled(CompiledPartition):
     def __init__(self, partition: Partition, custom: dict[str, registry.Factory], num_threads: int = 1):
         self.partition = partition
         self.timings: dict[int, list[float]] | None = None
-        ops = partition.ops
         external = {t.index for t in partition.inputs}
         outputs = {t.index for t in partition.outputs}
+        # Ops computing compile-time constants (DEQUANTIZE of float16 weights) do not run: their
+        # consumers lay the values out themselves, or read them from one array computed here.
+        ops = [op for op in partition.ops if not _computes_constants(op)]
+        kernels = [self._kernel(op, custom, num_threads) for op in ops]
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
         self.arena, views = plan_arena(ops, intermediates)
         self.buffers: dict[int, np.ndarray] = dict(views)
         for t in partition.outputs:
-            self.buffers[t.index] = np.empty(t.shape, t.dtype.numpy)
-        self.steps = []
+            computed = t.producer is not None and _computes_constants(t.producer)
+            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
         self.sharing = ThreadChoice() if num_threads > 1 else contextlib.nullcontext
-        for op in ops:
-            factory = registry.find_kernel(op, custom)
-            if factory is None:
-                raise CompileError(f"{op.describe()}: the cpu backend has no kernel for it")
-            try:
-                with kernel_threads(num_threads):
-                    run = factory(op)
-            except Exception as exc:
-                raise CompileError(f"{op.describe()}: cpu kernel setup failed: {exc}") from exc
-            self.steps.append((op, run, [self._source(t, external) for t in op.inputs],
-                               [self.buffers[t.index] for t in op.outputs]))
+        self.steps = []
+        for op, run in zip(ops, kernels):
+            skip = getattr(run, "laid_out", frozenset())
+            sources = [None if slot in skip and known_at_compile_time(t) else self._source(t, external)
+                       for slot, t in enumerate(op.inputs)]
+            self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
+
+    @staticmethod
+    def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int) -> registry.Run:
+        factory = registry.find_kernel(op, custom)
+        if factory is None:
+            raise CompileError(f"{op.describe()}: the cpu backend has no kernel for it")
+        try:
+            with kernel_threads(num_threads):
+                return factory(op)
+        except Exception as exc:
+            raise CompileError(f"{op.describe()}: cpu kernel setup failed: {exc}") from exc
 
     def _source(self, t: Tensor | None, external: set[int]):
         if t is None:
@@ -61,6 +71,8 @@ class CpuCompiled(CompiledPartition):
             return t.index  # filled from the run's inputs
         if t.data is not None:
             return np.asarray(t.data)
+        if t.index not in self.buffers:  # a compile-time constant some kernel reads at run time
+            self.buffers[t.index] = constant(t)
         return self.buffers[t.index]
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
@@ -86,6 +98,11 @@ class CpuCompiled(CompiledPartition):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes)}
+
+
+def _computes_constants(op: Op) -> bool:
+    """Whether every output of ``op`` is known at compile time (see ``common.constant``)."""
+    return bool(op.outputs) and all(known_at_compile_time(t) for t in op.outputs)
 
 
 class LitertCompiled(CompiledPartition):

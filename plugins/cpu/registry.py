@@ -6,6 +6,10 @@ maps) and returns ``run(inputs, outputs)``, which reads the input arrays and
 writes into the preallocated output arrays.  Float and quantized variants of
 one op are registered separately; the quantized one is chosen when the op's
 first input carries quantization and an integer dtype.
+
+A kernel that lays out inputs known at compile time itself (weights behind
+DEQUANTIZE) marks them with ``laid_out``: the partition then passes None in
+their place and neither computes nor keeps them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ def kernel(*opcodes: str, quantized: bool = False):
             table[code] = factory
         return factory
     return register
+
+
+def laid_out(run: Run, *slots: int) -> Run:
+    """Declare that ``run`` took inputs ``slots`` from ``common.constant`` at compile time wherever
+    they are compile-time constants, and reads them at run time only where they are not."""
+    run.laid_out = frozenset(slots)
+    return run
 
 
 def is_quantized_op(op: Op) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 
 from delegate import Op
 
-from ..registry import kernel
+from ..registry import kernel, laid_out
 from .common import along_rows, float_constant, scratch
 
 _CLIPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -49,8 +49,7 @@ def _scaled_negative_part(op: Op, slope):
 
 @kernel("PRELU")
 def prelu(op: Op):
-    alpha = float_constant(op.inputs[1])
-    return _scaled_negative_part(op, alpha)
+    return laid_out(_scaled_negative_part(op, float_constant(op.inputs[1])), 1)
 
 
 @kernel("LEAKY_RELU")

@@ -86,22 +86,30 @@ def densify(values: np.ndarray, shape: tuple[int, ...], sparsity: Sparsity) -> n
     return dense
 
 
+def known_at_compile_time(t: Tensor | None) -> bool:
+    """Whether ``constant(t)`` has a value: cheap, computes nothing."""
+    if t is None:
+        return False
+    if t.is_constant:
+        return True
+    op = t.producer
+    return (op is not None and op.opcode in ("DEQUANTIZE", "DENSIFY") and bool(op.inputs)
+            and len(op.outputs) == 1 and known_at_compile_time(op.inputs[0]))
+
+
 def constant(t: Tensor | None) -> np.ndarray | None:
     """The value of ``t`` when known at compile time: a constant, or DEQUANTIZE/DENSIFY of one.
 
     Lets conv/FC kernels lay out float16 or sparse MediaPipe weights once instead of every run.
     """
-    if t is None:
+    if not known_at_compile_time(t):
         return None
     if t.is_constant:
         data = np.asarray(t.data)
         return densify(data, t.shape, t.sparsity) if t.sparsity is not None else data
-    op = t.producer
-    if op is not None and op.opcode in ("DEQUANTIZE", "DENSIFY") and op.inputs and len(op.outputs) == 1:
-        src = constant(op.inputs[0])
-        if src is not None:
-            return dequantize_array(src, op.inputs[0]) if op.opcode == "DEQUANTIZE" else src
-    return None
+    source = t.producer.inputs[0]
+    value = constant(source)
+    return dequantize_array(value, source) if t.producer.opcode == "DEQUANTIZE" else value
 
 
 def float_constant(t: Tensor | None) -> np.ndarray | None:

@@ -15,7 +15,7 @@ import numpy as np
 from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
-from ..registry import kernel
+from ..registry import kernel, laid_out
 from .common import Padded, Phases, along_rows, float_constant, fused, same_padding, scratch, window_view
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
@@ -126,7 +126,7 @@ def conv_2d(op: Op):
             np.matmul(lhs, operand[:, u0:u1], out=flat[b, y0 * ow:y1 * ow, u0:u1])
             finish(outs[0][b, y0:y1, :, u0:u1], u0, u1)
         split(block)
-    return run
+    return laid_out(run, 1, 2)
 
 
 def _grouped_conv_2d(op: Op):
@@ -156,7 +156,7 @@ def _grouped_conv_2d(op: Op):
             np.matmul(grouped[:, :, g, :].reshape(rows, kh * kw * ci), operands[g],
                       out=out2d[:, g * per_group:(g + 1) * per_group])
         finish(outs[0], 0, o)
-    return run
+    return laid_out(run, 1, 2)
 
 
 def _prefer_einsum(pixels: int, channels: int, taps: int) -> bool:
@@ -221,7 +221,7 @@ def depthwise_conv_2d(op: Op):
                 _accumulate_taps(phases.band(x, start, stop + reach - 1), filt, taps, part, scratch(0, part.shape))
             finish(part, 0, oc)
         split(rows)
-    return run
+    return laid_out(run, 1, 2)
 
 
 def tap_offsets(kernel_hw, stride, dilation) -> list[tuple[tuple[int, int], int, int]]:
@@ -321,7 +321,7 @@ def transpose_conv_2d(op: Op):
 
     def run(ins, outs):
         run_tc(ins[2], ins[1], outs[0])
-    return run
+    return laid_out(run, 1, 3)
 
 
 @kernel("Convolution2DTransposeBias")
@@ -331,7 +331,7 @@ def convolution_2d_transpose_bias(op: Op):
 
     def run(ins, outs):
         run_tc(ins[0], ins[1], outs[0])
-    return run
+    return laid_out(run, 1, 2)
 
 
 @kernel("FULLY_CONNECTED")
@@ -351,7 +351,7 @@ def fully_connected(op: Op):
             np.matmul(lhs[r0:r1], operand[:, u0:u1], out=out2d[r0:r1, u0:u1])
             finish(out2d[r0:r1, u0:u1], u0, u1)
         split(block)
-    return run
+    return laid_out(run, 1, 2)
 
 
 @kernel("BATCH_MATMUL")
@@ -365,4 +365,4 @@ def batch_matmul(op: Op):
         a = np.swapaxes(ins[0], -1, -2) if adj_x else ins[0]
         b = rhs if rhs is not None else (np.swapaxes(ins[1], -1, -2) if adj_y else ins[1])
         np.matmul(a, b, out=outs[0])
-    return run
+    return laid_out(run, 1)

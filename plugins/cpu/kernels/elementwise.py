@@ -6,7 +6,7 @@ import numpy as np
 
 from delegate import Op
 
-from ..registry import kernel
+from ..registry import kernel, laid_out
 from .common import along_rows, constant, fused
 
 
@@ -49,7 +49,7 @@ def arithmetic(op: Op):
     def run(ins, outs):
         fn(ins[0] if fixed[0] is None else fixed[0], ins[1] if fixed[1] is None else fixed[1], out=outs[0])
         act(outs[0])
-    return run
+    return laid_out(run, 0, 1)
 
 
 @kernel(*_COMPARE)

@@ -16,7 +16,7 @@ import numpy as np
 
 from delegate import Op
 
-from ..registry import kernel
+from ..registry import kernel, laid_out
 from .common import float_constant, fused
 
 GATES = ("input", "forget", "cell", "output")
@@ -139,4 +139,4 @@ def lstm(op: Op):
         for t in range(steps):
             h[...] = step(w, gates[t], h, c)
             out[t] = h
-    return run
+    return laid_out(run, *weight_slots) if fixed is not None else run
