@@ -20,9 +20,11 @@ typedef float4 FLT4;
 typedef float4 ACC4;
 #define TO_ACC4(v) convert_float4(v)
 
-// Buffers start aligned and every vector index is in whole vectors, so LOAD4/STORE4 go
-// through vector pointers: one 16-byte (or 8-byte) access where vload4 on a scalar
-// pointer may become four.
+// Buffers start aligned and every vector index is in whole vectors, so float and (with
+// cl_khr_fp16) half vectors go through vector pointers: one 16- or 8-byte access where
+// vload4 on a scalar pointer may become four.  Without cl_khr_fp16, half can only be
+// converted by vload_half/vstore_half from memory; converting in private memory after a
+// wide load is miscompiled by some drivers in kernels with barriers, so those stay.
 #if defined(HALF_STORAGE)
 #define STORAGE half
 #if defined(HALF_MATH)
@@ -31,18 +33,8 @@ typedef float4 ACC4;
 #define LOAD1(p, i) ((p)[i])
 #define STORE1(v, p, i) ((p)[i] = (v))
 #else
-// Without cl_khr_fp16 a half4 is moved as a uint2 and converted in private memory.
-inline float4 load_half4(__global const half* p, int i) {
-  uint2 raw = ((__global const uint2*)p)[i];
-  return vload_half4(0, (const half*)&raw);
-}
-inline void store_half4(float4 v, __global half* p, int i) {
-  uint2 raw;
-  vstore_half4_rte(v, 0, (half*)&raw);
-  ((__global uint2*)p)[i] = raw;
-}
-#define LOAD4(p, i) load_half4((p), (i))
-#define STORE4(v, p, i) store_half4((v), (p), (i))
+#define LOAD4(p, i) vload_half4((i), (p))
+#define STORE4(v, p, i) vstore_half4_rte((v), (i), (p))
 #define LOAD1(p, i) vload_half((i), (p))
 #define STORE1(v, p, i) vstore_half_rte((v), (i), (p))
 #endif
