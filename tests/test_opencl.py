@@ -169,8 +169,8 @@ def test_fully_connected(rows, depth, units, act, layout, seed):
 @pytest.mark.parametrize("group", MATMUL_GROUPS)
 @settings(max_examples=8)
 @given(rows=st.integers(5, 70), depth=st.integers(1, 45), units=st.integers(1, 40), conv=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_matmul_tiles(group, rows, depth, units, conv, seed):
+       fp16=st.booleans(), seed=st.integers(0, 2**16))
+def test_matmul_tiles(group, rows, depth, units, conv, fp16, seed):
     """Each work-group shape of the tiled product, on sizes that are not multiples of its tile or of
     the staged chunk: 1x1 convolutions over rows pixels and fully connected layers over rows rows."""
     rng = np.random.default_rng(seed)
@@ -186,7 +186,7 @@ def test_matmul_tiles(group, rows, depth, units, conv, seed):
         b.output(b.op("FULLY_CONNECTED", [x, b.const("w", w), bias], options={"fused_activation_function": "RELU"}))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lowering, "matmul_group", lambda *args: group)
-        check(b, [normal(rng, shape)])
+        check(b, [normal(rng, shape)], *((FP16_RTOL, FP16) if fp16 else ()))
 
 
 @settings(max_examples=8)
@@ -279,7 +279,8 @@ def test_softmax(rank, shape, beta, seed):
 @pytest.mark.parametrize("op,shape,axes", [("MEAN", (1, 40, 33, 70), (1, 2)), ("MEAN", (1, 3, 5, 300), (3,)),
                                             ("SOFTMAX", (2, 1000), None), ("SOFTMAX", (1, 9, 7, 130), None),
                                             ("AVERAGE_POOL_2D", (2, 17, 23, 9), None)])
-def test_reductions_over_many_values(op, shape, axes):
+@pytest.mark.parametrize("fp16", [False, True])
+def test_reductions_over_many_values(op, shape, axes, fp16):
     """Reductions longer than a work group: every item sums several values before the group combines
     them (a global average pool runs as a mean)."""
     rng = np.random.default_rng(11)
@@ -293,7 +294,7 @@ def test_reductions_over_many_values(op, shape, axes):
         y = b.op(op, [x], options={"padding": "VALID", "filter_height": shape[1], "filter_width": shape[2],
                                    "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU6"})
     b.output(y)
-    check(b, [normal(rng, shape, 3)])
+    check(b, [normal(rng, shape, 3)], *((FP16_RTOL, FP16) if fp16 else ()))
 
 
 # -- data movement ------------------------------------------------------------------
@@ -476,6 +477,35 @@ def test_elementwise_chain_is_one_kernel(backend):
     _, compiled = compile_whole(backend, b)
     assert compiled.describe()["kernels"] == 1
     check(b, [normal(rng, (1, 3, 4, 5)), normal(rng, (1, 1, 1, 5))])
+
+
+@settings(max_examples=10)
+@given(case=conv_case().filter(_fits), multiplier=st.sampled_from([1, 2]), units=st.integers(1, 9),
+       relu=st.booleans(), fp16=st.booleans(), seed=st.integers(0, 2**16))
+def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu, fp16, seed):
+    """A depthwise convolution read only by a 1x1 convolution is computed inside the product's kernel,
+    its activations (fused or as ops) included; not when its result is needed elsewhere."""
+    rng = np.random.default_rng(seed)
+    n, h, w, c = case["shape"]
+    shape = (n, h + 2, w + 2, c)  # a few more pixels than the rows spread over a work group
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    dw = b.op("DEPTHWISE_CONV_2D", [x, b.const("dw", normal(rng, (1, case["kh"], case["kw"], c * multiplier))),
+                                    b.const("db", normal(rng, c * multiplier))],
+              options=_conv_options(case) | {"depth_multiplier": multiplier},
+              version=2 if case["dilation"] != (1, 1) else 1)
+    if relu:
+        dw = b.op("RELU", [dw])
+    pw = b.const("pw", normal(rng, (units, 1, 1, c * multiplier)))
+    b.output(b.op("CONV_2D", [dw, pw, b.const("pb", normal(rng, units))],
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU6"}))
+    g, compiled = compile_whole(backend, b)
+    pixels = int(np.prod(g.ops[-1].inputs[0].shape[:3]))
+    assert compiled.describe()["kernels"] == (1 if pixels > lowering.MATVEC_ROWS else 2)
+    check(b, [normal(rng, shape)], *((FP16_RTOL, FP16) if fp16 else ()))
+    b.output(dw)  # the depthwise result leaves the partition: stored, so computed on its own
+    _, compiled = compile_whole(backend, b)
+    assert compiled.describe()["kernels"] == 2
 
 
 def fp16_weight_conv(rng):

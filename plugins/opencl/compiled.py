@@ -62,9 +62,9 @@ class ClCompiled(CompiledPartition):
         ops = sorted(partition.ops, key=lambda op: op.index)
         lowering = Lowering(device.cl, device.context, device.queue, self.precision.storage,
                             device.facts["compute_units"])
-        self.groups = plan_groups(ops, {t.index for t in partition.outputs}, float_view=options.allow_quantized)
-        for group in self.groups:
-            lowering.lower(group)
+        keep = {t.index for t in partition.outputs}
+        self.groups = plan_groups(ops, keep, float_view=options.allow_quantized)
+        lowering.lower_all(self.groups, keep)
         # Every run refills the input buffers the kernels read, except those known at compile time
         # (weights from a DEQUANTIZE folded elsewhere), which were uploaded once as constants; inputs
         # that are only parameters (a RESHAPE's shape) are not read at all.

@@ -10,7 +10,7 @@ only enqueueing kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
 from delegate.ir import Op, Tensor
 
-from .program import Variant
+from .program import Variant, unary_chain
 
 
 @dataclass
@@ -206,6 +206,36 @@ class Lowering:
         return tmp, lambda: self.relayout(tmp, natural, self.tensor(out), out.shape, g.ops)
 
     # -- groups -------------------------------------------------------------
+    def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
+        """Lower ``groups`` in order.  A depthwise convolution whose result only the 1x1 convolution
+        after it reads is computed inside that convolution's kernel: one launch, no stored tensor."""
+        members = {id(op) for g in groups for op in g.ops}
+        waiting: dict[int, Group] = {}  # depthwise groups by the index of the tensor they would store
+        for g in groups:
+            if self._feeds_a_product(g, keep, members):
+                waiting[g.output.index] = g
+                continue
+            depthwise = waiting.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
+            if depthwise is None:
+                self.lower(g)
+                continue
+            op, x = g.root, depthwise.output
+            self.matmul(None, x.shape, constant_value(op.inputs[1]), constant_value(op.input(2)),
+                        self.tensor(g.output), g.output.shape, g.steps, depthwise.ops + g.ops, depthwise)
+
+    def _feeds_a_product(self, g: Group, keep: Collection[int], members: Collection[int]) -> bool:
+        """A depthwise convolution (with only activations after it) read by nothing but the input of a
+        tiled 1x1 convolution of this partition."""
+        value = g.output
+        if g.root.opcode != "DEPTHWISE_CONV_2D" or value.index in keep or len(value.uses) != 1 or \
+                any(step.kind != "unary" for step in g.steps):
+            return False
+        user, weights = value.uses[0], value.uses[0].inputs[1]
+        n, h, w, _ = as_nhwc(value.shape)
+        return id(user) in members and user.opcode == "CONV_2D" and user.inputs[0] is value and \
+            tuple(weights.shape[1:3]) == (1, 1) and self._is_matmul(user, value.shape, weights.shape) and \
+            n * h * w > MATVEC_ROWS
+
     def lower(self, g: Group) -> None:
         op = g.root
         if is_elementwise(op):
@@ -229,17 +259,25 @@ class Lowering:
         if op.opcode == "CONV_2D" and self._is_matmul(op, x.shape, weights.shape):
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
             return
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
-        if op.opcode == "DEPTHWISE_CONV_2D":
-            args += [np.int32(out.shape[3] // x.shape[3]), self.upload(pack_depthwise_weights(weights))]
-            template = "depthwise_conv2d"
-        else:
-            args.append(self.upload(pack_conv_weights(weights)))
-            template = "conv2d"
-        args += [self.upload(pack_vector(bias, out.shape[3])),
-                 *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
+        args = self.out_args(self.tensor(out), out.shape)
         w, h, z = grid(out.shape)
-        self.add(template, g.steps, args, out.shape, (-(-w // 4), h, z), g.ops)  # 4 columns per work item
+        columns = (-(-w // 4), h, z)  # both kernels compute 4 adjacent output vectors per work item
+        if op.opcode == "DEPTHWISE_CONV_2D":
+            self.add("depthwise_conv2d", g.steps, args + self.depthwise_args(op), out.shape, columns, g.ops,
+                     defines=(("KH", weights.shape[1]), ("KW", weights.shape[2])))
+            return
+        args += [self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
+                 self.upload(pack_vector(bias, out.shape[3])),
+                 *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
+        self.add("conv2d", g.steps, args, out.shape, columns, g.ops)
+
+    def depthwise_args(self, op: Op) -> list[Any]:
+        """Input, weights and window of a depthwise convolution, as its kernel and fused users take them."""
+        x, out, weights = op.inputs[0], op.outputs[0], constant_value(op.inputs[1])
+        return [self.tensor(x), self.dims(x.shape), np.int32(out.shape[3] // x.shape[3]),
+                self.upload(pack_depthwise_weights(weights)),
+                self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
+                *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
 
     @staticmethod
     def _is_matmul(op: Op, in_shape, weights_shape) -> bool:
@@ -249,7 +287,8 @@ class Lowering:
         o = op.options
         if kh == kw == 1:
             return o.get("stride_h", 1) == o.get("stride_w", 1) == 1
-        return covers_input(op, in_shape, kh, kw) and o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
+        undilated = o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
+        return undilated and covers_input(op, in_shape, kh, kw)
 
     def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
         o = op.options
@@ -283,26 +322,36 @@ class Lowering:
         self.matmul(src, src_shape, window, bias, dst, dst_shape, steps, ops)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
-               steps: Sequence[Step], ops: Sequence[Op]) -> None:
+               steps: Sequence[Step], ops: Sequence[Op], depthwise: Group | None = None) -> None:
         """Rows of ``src`` times OHWI weights ``window``: 1x1 (a row per pixel, its vectors a plane apart)
-        or covering the whole image (a row per image, its vectors consecutive in PHWC4 order)."""
+        or covering the whole image (a row per image, its vectors consecutive in PHWC4 order).  With
+        ``depthwise`` (a 1x1 window), the rows are that convolution's output, computed in the kernel."""
         units, kh, kw, _ = window.shape
         n, h, w, c = as_nhwc(src_shape)
         packed = pack_conv_weights(window).transpose(0, 3, 1, 2, 4, 5)  # [S_out][S_in][KH][KW]: PHWC4 order
         depth = slices(c) * kh * kw
         rows, in_plane = (n * h * w, h * w) if kh * kw == 1 else (n, 1)
         _, oh, ow, _ = as_nhwc(dst_shape)
-        args = self.out_args(dst, dst_shape) + [src, self.upload(packed), self.upload(pack_vector(bias, units)),
+        args = self.out_args(dst, dst_shape) + [self.upload(packed), self.upload(pack_vector(bias, units)),
                                                 np.int32(rows), np.int32(depth), np.int32(in_plane),
                                                 np.int32(oh * ow)]
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
-            self.add("matvec", steps, args, dst_shape, (out_slices * MATVEC_GROUP, 1, 1), ops,
+            self.add("matvec", steps, args + [src], dst_shape, (out_slices * MATVEC_GROUP, 1, 1), ops,
                      defines=(("ROWS", rows), ("GROUP", MATVEC_GROUP)), local_size=(MATVEC_GROUP, 1, 1))
             return
+        defines: tuple = ()
+        if depthwise is not None:
+            args += self.depthwise_args(depthwise.root) + [self.cl.cltypes.make_int2(w, c)]
+            _, dkh, dkw, _ = depthwise.root.inputs[1].shape
+            defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
+                       ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in depthwise.steps], "(v)")))
+        else:
+            args.append(src)
         wg_p, wg_s = matmul_group(rows, out_slices, self.compute_units)
-        self.add("matmul", steps, args, dst_shape, (-(-rows // (2 * wg_p)) * wg_p, -(-out_slices // (2 * wg_s)) * wg_s, 1),
-                 ops, defines=(("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", MATMUL_CHUNK)), local_size=(wg_p, wg_s, 1))
+        items = (_round_to(rows, 2 * wg_p) // 2, _round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
+        self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", MATMUL_CHUNK)))
 
     def transpose_conv(self, g: Group) -> None:
         op, out = g.root, g.output

@@ -68,6 +68,15 @@ def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:
     return "".join(", " + p for p in params), "do { " + " ".join(body) + " } while (0)"
 
 
+def unary_chain(epilogue: Sequence[tuple], value: str) -> str:
+    """The expression applying unary epilogue steps (by signature) to ``value``, for a fused producer."""
+    for kind, name, _, _ in epilogue:
+        if kind != "unary":
+            raise ValueError(f"only unary steps chain into an expression, not {kind!r}")
+        value = f"ACT_{name}({value})"
+    return value
+
+
 def kernel_name(variant: Variant, index: int) -> str:
     return f"{variant.template}_{index}"
 
@@ -81,7 +90,7 @@ def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
                   f"#define EPILOGUE(v, n, y, x, s) {body}"]
         parts += [f"#define {name} {value}" for name, value in variant.defines]
         parts += [template(variant.template), "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
-        parts += [f"#undef {name}" for name, _ in variant.defines]
+        parts += [f"#undef {name.split('(')[0]}" for name, _ in variant.defines]
     return "\n".join(parts) + "\n"
 
 

@@ -1,21 +1,12 @@
 // DEPTHWISE_CONV_2D: output channel c filters input channel c / multiplier.  One work item
-// computes 4 horizontally adjacent output vectors, sharing each weight vector it loads.
+// computes 4 horizontally adjacent output vectors, sharing each tap vector it loads.  The
+// filter size is fixed at compile time (KH x KW), so the taps unroll.
 // weights: [S_out][KH][KW] vectors of 4 output channels.
 // geometry = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, dilation_x, dilation_y).
-
-#ifndef DEPTHWISE_INPUT  // once per program, however many variants of this template it holds
-#define DEPTHWISE_INPUT
-// The input vector feeding output slice s at (n, iy, ix), or zero outside the row.
-inline FLT4 depthwise_input(__global const STORAGE* in, int4 id, int n, int iy, int ix, int s, int multiplier,
-                            int out_channels) {
-  if (ix < 0 || ix >= id.x) return (FLT4)(0);
-  if (multiplier == 1) return LOAD4(in, vec_index(id, n, iy, ix, s));
-  int last = out_channels - 1, c = s * 4;  // gather the input channel of each output lane
-  return (FLT4)(LOAD1(in, lane_index(id, n, iy, ix, min(c, last) / multiplier)),
-                LOAD1(in, lane_index(id, n, iy, ix, min(c + 1, last) / multiplier)),
-                LOAD1(in, lane_index(id, n, iy, ix, min(c + 2, last) / multiplier)),
-                LOAD1(in, lane_index(id, n, iy, ix, min(c + 3, last) / multiplier)));
-}
+#ifndef DEPTHWISE_TAP  // once per program, however many variants of this template it holds
+// A tap at column ix of row iy, or zero left or right of the row (reading the edge, times zero).
+#define DEPTHWISE_TAP(ix) (depthwise_input(in, id, n, iy, clamp((ix), 0, id.x - 1), s, multiplier, out_channels) * \
+                           (FLT)((ix) >= 0 && (ix) < id.x))
 #endif
 
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
@@ -27,16 +18,16 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   int s = z % od.z, n = z / od.z;
   FLT4 a0 = LOAD4(bias, s), a1 = a0, a2 = a0, a3 = a0;
   int sx = geometry.z, ix0 = x0 * sx - spacing.x, y0 = y * geometry.w - spacing.y;
-  for (int ky = 0; ky < geometry.y; ++ky) {
+  for (int ky = 0; ky < KH; ++ky) {
     int iy = y0 + ky * spacing.w;
     if (iy < 0 || iy >= id.y) continue;
-    for (int kx = 0; kx < geometry.x; ++kx) {
+    for (int kx = 0; kx < KW; ++kx) {
       int ix = ix0 + kx * spacing.z;
-      FLT4 w = LOAD4(weights, (s * geometry.y + ky) * geometry.x + kx);
-      a0 += w * depthwise_input(in, id, n, iy, ix, s, multiplier, out_channels);
-      a1 += w * depthwise_input(in, id, n, iy, ix + sx, s, multiplier, out_channels);
-      a2 += w * depthwise_input(in, id, n, iy, ix + 2 * sx, s, multiplier, out_channels);
-      a3 += w * depthwise_input(in, id, n, iy, ix + 3 * sx, s, multiplier, out_channels);
+      FLT4 w = LOAD4(weights, (s * KH + ky) * KW + kx);
+      a0 += w * DEPTHWISE_TAP(ix);
+      a1 += w * DEPTHWISE_TAP(ix + sx);
+      a2 += w * DEPTHWISE_TAP(ix + 2 * sx);
+      a3 += w * DEPTHWISE_TAP(ix + 3 * sx);
     }
   }
   FLT4 results[4] = {a0, a1, a2, a3};

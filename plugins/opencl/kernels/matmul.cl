@@ -11,6 +11,17 @@
 // tile.  Item (i, j) computes rows i and i + WG_P of slices j and j + WG_S: neighbouring
 // items read and write neighbouring rows, and items of one row share the weights they read.
 // The 2 x 2 block is held in named registers (some compilers keep private arrays in memory).
+//
+// With DEPTHWISE_INPUT the rows are not read but computed: `in` is the input (dimensions id)
+// of a depthwise convolution that only this product reads, and each staged vector is that
+// convolution's output (with its activation DEPTHWISE_ACT) at the row's pixel, so its
+// result is never stored.  mid = (width, channels) of that output.
+#if defined(DEPTHWISE_INPUT)
+#define INPUT_PARAMS , int4 id, int multiplier, __global const STORAGE* dw_weights, __global const STORAGE* dw_bias, \
+    int4 geometry, int4 spacing, int2 mid
+#else
+#define INPUT_PARAMS
+#endif
 #define TILE_P (2 * WG_P)
 #define TILE_S (2 * WG_S)
 #define GROUP (WG_P * WG_S)
@@ -19,9 +30,9 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_P, WG_S, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in,
-                 __global const STORAGE* weights, __global const STORAGE* bias, int rows, int depth,
-                 int in_plane, int out_plane EPILOGUE_PARAMS) {
+void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
+                 __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
+                 __global const STORAGE* in INPUT_PARAMS EPILOGUE_PARAMS) {
   __local FLT4 a_tile[CHUNK][TILE_P];
   __local FLT4 w_tile[TILE_S][CHUNK * 4];
   int li = get_local_id(0), lj = get_local_id(1), item = lj * WG_P + li;
@@ -29,7 +40,14 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   // What this item stages each step: one row at every GROUP / TILE_P-th vector of the chunk,
   // and one vector of the chunk at every GROUP / (CHUNK * 4)-th slice of the tile.
   int a_row = item % TILE_P, a_k = item / TILE_P, r = row0 + a_row;
-  int a_base = r < rows ? (r / in_plane) * depth * in_plane + r % in_plane : -1;
+#if defined(DEPTHWISE_INPUT)
+  int a_n = r / in_plane, a_y = r % in_plane / mid.x, a_x = r % in_plane % mid.x;
+#define STAGED(k) DEPTHWISE_ACT(depthwise_vector(in, id, multiplier, mid.y, dw_weights, dw_bias, geometry, spacing, \
+                                                 KH, KW, a_n, a_y, a_x, (k)))
+#else
+  int a_base = (r / in_plane) * depth * in_plane + r % in_plane;
+#define STAGED(k) LOAD4(in, a_base + (k) * in_plane)
+#endif
   int w_part = item % (CHUNK * 4), w_slice = item / (CHUNK * 4);
   int s_lo = s0 + lj, s_hi = s_lo + WG_S;
   FLT4 lo0 = s_lo < od.z ? LOAD4(bias, s_lo) : (FLT4)(0), lo1 = lo0;  // slice s_lo, rows i and i + WG_P
@@ -37,7 +55,7 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   for (int k0 = 0; k0 < depth; k0 += CHUNK) {
     for (int kk = a_k; kk < CHUNK; kk += GROUP / TILE_P) {
       int k = k0 + kk;
-      a_tile[kk][a_row] = a_base >= 0 && k < depth ? LOAD4(in, a_base + k * in_plane) : (FLT4)(0);
+      a_tile[kk][a_row] = r < rows && k < depth ? STAGED(k) : (FLT4)(0);
     }
     int k = k0 + w_part / 4;
     for (int sl = w_slice; sl < TILE_S; sl += GROUP / (CHUNK * 4)) {
@@ -67,6 +85,8 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   }
 }
 
+#undef INPUT_PARAMS
+#undef STAGED
 #undef TILE_P
 #undef TILE_S
 #undef GROUP

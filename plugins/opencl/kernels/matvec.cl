@@ -5,9 +5,9 @@
 // items' partial sums in local memory.  Same arguments and weight layout as matmul.cl.
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in,
-                 __global const STORAGE* weights, __global const STORAGE* bias, int rows, int depth,
-                 int in_plane, int out_plane EPILOGUE_PARAMS) {
+void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
+                 __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
+                 __global const STORAGE* in EPILOGUE_PARAMS) {
   __local ACC4 partial[ROWS][GROUP];
   int t = get_local_id(0), s = get_group_id(0);
   int base[ROWS];

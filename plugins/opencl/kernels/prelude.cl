@@ -96,6 +96,40 @@ inline FLT4 logical_and(FLT4 a, FLT4 b) {
                 (FLT)(a.w != 0 && b.w != 0));
 }
 
+// The input vector feeding depthwise output slice s at (n, iy, ix): the input slice itself, or
+// with a channel multiplier the input channel c / multiplier of each output lane c.
+inline FLT4 depthwise_input(__global const STORAGE* in, int4 id, int n, int iy, int ix, int s, int multiplier,
+                            int out_channels) {
+  if (multiplier == 1) return LOAD4(in, vec_index(id, n, iy, ix, s));
+  int last = out_channels - 1, c = s * 4;
+  return (FLT4)(LOAD1(in, lane_index(id, n, iy, ix, min(c, last) / multiplier)),
+                LOAD1(in, lane_index(id, n, iy, ix, min(c + 1, last) / multiplier)),
+                LOAD1(in, lane_index(id, n, iy, ix, min(c + 2, last) / multiplier)),
+                LOAD1(in, lane_index(id, n, iy, ix, min(c + 3, last) / multiplier)));
+}
+
+// One depthwise convolution output vector at (n, y, x), slice s: the bias plus the kh x kw taps
+// of its window (weights [S][KH][KW] vectors); taps outside the input count as zero.
+// geometry = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, dilation_x,
+// dilation_y).  Callers pass kh and kw as compile-time constants, so the taps unroll.
+inline FLT4 depthwise_vector(__global const STORAGE* in, int4 id, int multiplier, int out_channels,
+                             __global const STORAGE* weights, __global const STORAGE* bias, int4 geometry,
+                             int4 spacing, int kh, int kw, int n, int y, int x, int s) {
+  FLT4 acc = LOAD4(bias, s);
+  int x0 = x * geometry.z - spacing.x, y0 = y * geometry.w - spacing.y;
+  for (int ky = 0; ky < kh; ++ky) {
+    int iy = y0 + ky * spacing.w;
+    if (iy < 0 || iy >= id.y) continue;
+    for (int kx = 0; kx < kw; ++kx) {  // a tap left or right of the row reads its edge, times zero
+      int ix = x0 + kx * spacing.z;
+      FLT inside = ix >= 0 && ix < id.x;
+      acc += LOAD4(weights, (s * kh + ky) * kw + kx) * inside *
+             depthwise_input(in, id, n, iy, clamp(ix, 0, id.x - 1), s, multiplier, out_channels);
+    }
+  }
+  return acc;
+}
+
 // Work-group reductions.  The `size` items (a power of two) of one reduction have put their
 // values in scratch[0 .. size); afterwards scratch[0] holds the result.  Every item of the
 // work group must call these, with the same size, since they synchronise it.
