@@ -186,46 +186,42 @@ class Padded:
         return buffer
 
 
-class Phases:
-    """Bands of rows of the padded NHWC input split into stride phase images, built in scratch.
+class PaddedRows:
+    """Bands of rows of the padded NHWC input, built in scratch, optionally split into column phases.
 
-    Phase (py, px) holds padded pixels (py + i * stride_h, px + j * stride_w): with
-    strides, each filter tap's window is a contiguous-row slice of one phase.  With
-    unit strides the one phase is the padded input itself, and without padding too,
-    the input unchanged.  Bands are built by the thread that consumes them, while
-    they are in its cache.
+    Phase p holds the padded columns p, p + s, p + 2s, ... (s = ``column_stride``): in it,
+    a filter tap's window under that column stride has contiguous rows again.  A band
+    is built by the thread that consumes it, while it is in that thread's cache.
+    Without padding or phases a band is a view of the input.
     """
 
-    def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], stride: tuple[int, int] = (1, 1),
-                 keys=((0, 0),), dtype=np.float32, fill: float = 0):
+    def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], column_stride: int = 1,
+                 dtype=np.float32, fill: float = 0):
         n, h, w, c = shape
-        top, bottom, left, right = pads
-        self.dtype, self.fill, self.stride = dtype, fill, stride
-        self.identity = tuple(stride) == (1, 1) and not any(pads)
-        self.plans = {}
-        for py, px in sorted(keys):
-            rows = _phase_span(h, top, bottom, py, stride[0])
-            cols = _phase_span(w, left, right, px, stride[1])
-            self.plans[py, px] = ((n, cols[0], c), rows, cols[1:])
+        top, _, left, right = pads
+        self.top, self.height, self.stride = top, h, column_stride
+        self.columns = [_phase_span(w, left, right, p, column_stride) for p in range(column_stride)]
+        self.shape = (column_stride, n, max(length for length, *_ in self.columns), c)
+        self.dtype, self.fill = dtype, fill
+        self.identity = column_stride == 1 and not any(pads)
 
-    def band(self, x: np.ndarray, first: int, end: int) -> dict[tuple[int, int], np.ndarray]:
-        """Rows first..end of every phase image (fewer where a phase is shorter)."""
+    def band(self, x: np.ndarray, first: int, end: int) -> np.ndarray:
+        """Padded rows first..end as (phases, N, rows, phase width, C)."""
         if self.identity:
-            return {(0, 0): x[:, first:end]}
-        sh, sw = self.stride
-        images = {}
-        for key, ((n, width, c), (length, i0, i1, y0), (j0, j1, x0)) in self.plans.items():
-            stop = min(end, length)
-            image = images[key] = scratch(("phase", key), (n, stop - first, width, c), self.dtype)
-            r0, r1 = min(max(i0, first), stop) - first, max(min(i1, stop), first) - first
-            image[:, :r0] = self.fill
-            image[:, r1:] = self.fill
+            return x[None, :, first:end]
+        phases, n, width, c = self.shape
+        band = scratch("padded", (phases, n, end - first, width, c), self.dtype)
+        r0 = min(max(self.top, first), end) - first
+        r1 = min(max(self.top + self.height, first), end) - first
+        band[:, :, :r0] = self.fill
+        band[:, :, r1:] = self.fill
+        s = self.stride
+        for image, (_, j0, j1, x0) in zip(band, self.columns):
             image[:, r0:r1, :j0] = self.fill
             image[:, r0:r1, j1:] = self.fill
-            src_row = y0 + (r0 + first - i0) * sh
-            np.copyto(image[:, r0:r1, j0:j1],
-                      x[:, src_row:src_row + (r1 - r0 - 1) * sh + 1:sh, x0:x0 + (j1 - j0 - 1) * sw + 1:sw])
-        return images
+            rows = slice(first + r0 - self.top, first + r1 - self.top)
+            np.copyto(image[:, r0:r1, j0:j1], x[:, rows, x0:x0 + (j1 - j0 - 1) * s + 1:s])
+        return band
 
 
 def _phase_span(size: int, before: int, after: int, phase: int, stride: int) -> tuple[int, int, int, int]:

@@ -16,7 +16,7 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
-from .common import Padded, Phases, along_rows, float_constant, fused, same_padding, scratch, window_view
+from .common import Padded, PaddedRows, along_rows, float_constant, fused, same_padding, scratch, window_view
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -105,7 +105,7 @@ def conv_2d(op: Op):
     gemm = None if weights is None else _gemm_layout(weights)
     pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
     pointwise = kh == kw == 1 and stride == (1, 1) and not any(pads)
-    padded = Phases((1, h, w, c), pads)
+    padded = PaddedRows((1, h, w, c), pads)
     reach = (kh - 1) * dilation[0] + 1
     finish = bias_activation(op, _bias(op, 2, o), (oh, ow, o))
     split = spread_gemm(n, oh, ow, o, depth, copies_rows=not pointwise)
@@ -119,7 +119,7 @@ def conv_2d(op: Op):
             if pointwise:
                 lhs = x.reshape(n, h * w, c)[b, y0 * ow:y1 * ow]
             else:
-                band = padded.band(x[b:b + 1], y0 * stride[0], (y1 - 1) * stride[0] + reach)[0, 0]
+                band = padded.band(x[b:b + 1], y0 * stride[0], (y1 - 1) * stride[0] + reach)[0]
                 lhs = scratch(0, ((y1 - y0) * ow, depth))
                 np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c),
                           window_view(band, (y1 - y0, ow), (kh, kw), stride, dilation))
@@ -159,76 +159,60 @@ def _grouped_conv_2d(op: Op):
     return laid_out(run, 1, 2)
 
 
-def _prefer_einsum(pixels: int, channels: int, taps: int) -> bool:
-    """Whether one einsum beats per-tap passes for a depthwise convolution (microseconds, measured).
-
-    Per-tap passes cost a fixed ~6 us per numpy call plus two passes over the
-    output at ~8 elements/ns; einsum loops over channels innermost, so its rate
-    grows with the channel count, to about 5 multiply-adds/ns from ~150 channels on.
-    """
-    per_tap = taps * (6.0 + 2 * pixels * channels / 8e3)
-    einsum = pixels * channels * taps / (min(5.0, channels / 30) * 1e3)
-    return einsum < per_tap
-
-
 # Smallest depthwise work (tap multiply-adds) worth a chunk of its own on another thread.
 DEPTHWISE_CHUNK_WORK = 1 << 18
 
 
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
-    """One multiply-accumulate per filter tap over whole bands of output rows, or one einsum over all taps.
+    """One einsum per band of output rows, multiply-accumulating every filter tap along whole rows.
 
-    numpy is fast only on long contiguous inner loops.  With many channels (or
-    few pixels) einsum over the sliding-window view wins.  Otherwise every tap
-    is arranged to read rows contiguous over (width, channels): the filter taps
-    are tiled along the output width, and the zero-padded input is built as its
-    stride_h * stride_w phase images (every stride-th row and column), in which
-    each tap's window is a contiguous-row slice.
+    The einsum's inner loop runs over an output row's (width, channels) at once, one
+    long contiguous multiply-add per tap, where separate numpy passes would cost a
+    multiply and an add pass each.  The filter taps are tiled along the output width
+    to match.  Row strides are views; under a column stride the padded input is split
+    into column phases, with the taps laid out per phase on one grid (zero where a
+    phase has fewer taps).
     """
     n, h, w, c = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
     opts = op.options
-    stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
-    dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
-    weights = float_constant(op.inputs[1])
-    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
+    dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
     spread_channels = _ChannelSpread((n, h, w, c), oc // c)
-    wide = _prefer_einsum(n * oh * ow, oc, kh * kw)
-    taps = tap_offsets((kh, kw), (1, 1) if wide else stride, dilation)
-    # The einsum reads windows of the padded input; per-tap passes read phase images.
-    phases = Phases((n, h, w, oc), pads, (1, 1) if wide else stride, {key for key, _, _ in taps})
-    reach = max(y0 for _, y0, _ in taps) + 1
-    tiled = None if weights is None or wide else _tile_taps(weights, ow)
+    bands = PaddedRows((n, h, w, oc), _conv_pads(op, (h, w), (kh, kw), (oh, ow)), sw)
+    # Filter tap kx reads phase (kx * dw) % sw at phase column offset (kx * dw) // sw.
+    grid = [(kx * dw % sw, kx * dw // sw) for kx in range(kw)] if sw > 1 else [(0, kx) for kx in range(kw)]
+    column_step = 1 if sw > 1 else dw
+    span = max(j for _, j in grid) + 1
+
+    def tile(weights: np.ndarray) -> np.ndarray:
+        """(1, KH, KW, C) filter -> (phases, KH, grid columns, OW * C), each tap repeated along the width."""
+        tiled = np.zeros((sw, kh, span, ow, oc), np.float32)
+        for kx, (phase, j) in enumerate(grid):
+            tiled[phase, :, j] = weights[0, :, kx, None, :]
+        return tiled.reshape(sw, kh, span, ow * oc)
+
+    weights = float_constant(op.inputs[1])
+    tiled = None if weights is None else tile(weights)
     finish = bias_activation(op, _bias(op, 2, oc), op.outputs[0].shape)
     split = spread(chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK), [(0, oh)])
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
-        if wide:
-            filt = (weights if weights is not None else np.asarray(ins[1], np.float32))[0]
-        else:
-            filt = tiled if tiled is not None else _tile_taps(np.asarray(ins[1], np.float32), ow)
+        filt = tiled if tiled is not None else tile(np.asarray(ins[1], np.float32))
 
         def rows(start, stop):
-            part = out[:, start:stop]
-            if wide:
-                band = phases.band(x, start * stride[0], (stop - 1) * stride[0] + reach)[0, 0]
-                windows = window_view(band, (stop - start, ow), (kh, kw), stride, dilation)
-                np.einsum("nhwijc,ijc->nhwc", windows, filt, out=part)
-            else:
-                _accumulate_taps(phases.band(x, start, stop + reach - 1), filt, taps, part, scratch(0, part.shape))
-            finish(part, 0, oc)
+            band = bands.band(x, start * sh, (stop - 1) * sh + (kh - 1) * dh + 1)
+            s_phase, s_image, s_row, s_col, s_item = band.strides
+            windows = np.lib.stride_tricks.as_strided(
+                band, (n, stop - start, sw, kh, span, ow * oc),
+                (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item), writeable=False)
+            np.einsum("nhpijm,pijm->nhm", windows, filt, out=out.reshape(n, oh, ow * oc)[:, start:stop])
+            finish(out[:, start:stop], 0, oc)
         split(rows)
     return laid_out(run, 1, 2)
-
-
-def tap_offsets(kernel_hw, stride, dilation) -> list[tuple[tuple[int, int], int, int]]:
-    """Per filter tap in row-major order: (phase image, row offset, column offset) of its window."""
-    (sh, sw), (dh, dw) = stride, dilation
-    return [((ky * dh % sh, kx * dw % sw), ky * dh // sh, kx * dw // sw)
-            for ky in range(kernel_hw[0]) for kx in range(kernel_hw[1])]
 
 
 class _ChannelSpread:
@@ -245,24 +229,6 @@ class _ChannelSpread:
         spread_x = scratch("spread", (n, h, w, c, self.multiplier))
         np.copyto(spread_x, x[..., None])
         return spread_x.reshape(n, h, w, c * self.multiplier)
-
-
-def _accumulate_taps(images, filt, taps, out, partial):
-    """A band of output rows: the sum over taps of each window of its phase images times its tiled filter tap."""
-    _, rows, ow, _ = out.shape
-    for i, ((key, y0, x0), tap) in enumerate(zip(taps, filt.reshape(-1, *filt.shape[2:]))):
-        window = images[key][:, y0:y0 + rows, x0:x0 + ow, :]
-        if i == 0:
-            np.multiply(window, tap, out=out)
-        else:
-            np.multiply(window, tap, out=partial)
-            out += partial
-
-
-def _tile_taps(weights: np.ndarray, width: int) -> np.ndarray:
-    """(1, KH, KW, C) depthwise filter -> (KH, KW, width, C), each tap repeated along the output width."""
-    _, kh, kw, oc = weights.shape
-    return np.ascontiguousarray(np.broadcast_to(weights[0, :, :, None, :], (kh, kw, width, oc)))
 
 
 def transpose_conv(op: Op, slots: tuple[int, int, int], stride: tuple[int, int], pad_before: tuple[int, int],
