@@ -81,11 +81,11 @@ def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     return w, h, n * slices(c)
 
 
-def nhwc_is_phwc4(shape: Sequence[int]) -> bool:
-    """Whether NHWC and float32 PHWC4 hold ``shape`` in the same bytes: a single slice of exactly four
-    channels, or whole slices of one pixel."""
-    _, h, w, c = as_nhwc(shape)
-    return c == 4 or (h * w == 1 and c % 4 == 0)
+def nhwc_prefix_of_phwc4(shape: Sequence[int]) -> bool:
+    """Whether the NHWC bytes of ``shape`` start its float32 PHWC4 buffer: a single slice of exactly four
+    channels, whole slices of one pixel, or one pixel of one image (the padding lanes follow)."""
+    n, h, w, c = as_nhwc(shape)
+    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
 
 
 def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
@@ -148,8 +148,9 @@ class Lowering:
 
     def boundary(self, t: Tensor, into_device: bool) -> tuple[Launch | None, Any]:
         """The conversion between ``t``'s buffer and an NHWC float32 staging buffer, and that buffer;
-        (None, None) when the bytes coincide."""
-        if self.storage == np.float32 and nhwc_is_phwc4(t.shape):
+        (None, None) when the host can copy the NHWC bytes to or from the start of the buffer itself
+        (the padding lanes past them stay zero from the allocation)."""
+        if self.storage == np.float32 and nhwc_prefix_of_phwc4(t.shape):
             return None, None
         n, h, w, c = as_nhwc(t.shape)
         staging = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(n * h * w * c, 1) * 4)
