@@ -508,6 +508,30 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
     assert compiled.describe()["kernels"] == 2
 
 
+@settings(max_examples=10)
+@given(case=conv_case(), depthwise=st.booleans(), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       seed=st.integers(0, 2**16))
+def test_pad_then_convolution_is_one_kernel(backend, case, depthwise, pads, seed):
+    """A zero PAD of H and W read only by a convolution becomes part of the convolution's padding."""
+    n, h, w, c = case["shape"]
+    padded = (n, h + pads[0] + pads[1], w + pads[2] + pads[3], c)
+    assume(_fits(case | {"shape": padded}))
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", case["shape"])
+    y = b.op("PAD", [x, b.const("pads", np.array([[0, 0], pads[:2], pads[2:], [0, 0]], np.int32))])
+    out = c if depthwise else case["out"]
+    weights = normal(rng, (1, case["kh"], case["kw"], c) if depthwise else (out, case["kh"], case["kw"], c))
+    options = _conv_options(case) | ({"depth_multiplier": 1} if depthwise else {})
+    b.output(b.op("DEPTHWISE_CONV_2D" if depthwise else "CONV_2D", [y, b.const("w", weights),
+                                                                    b.const("b", normal(rng, out))],
+                  options=options, version=2 if depthwise and case["dilation"] != (1, 1) else 1))
+    g, compiled = compile_whole(backend, b)
+    product = not depthwise and lowering.Lowering._is_matmul(g.ops[-1], padded, weights.shape)  # reads no padding
+    assert compiled.describe()["kernels"] == 1 + product
+    check(b, [normal(rng, case["shape"])])
+
+
 def fp16_weight_conv(rng):
     b = GraphBuilder()
     x = b.input("x", (1, 5, 5, 3))

@@ -114,6 +114,7 @@ class Lowering:
     def __init__(self, cl, context, queue, storage: np.dtype, compute_units: int):
         self.cl, self.context, self.queue, self.storage = cl, context, queue, np.dtype(storage)
         self.compute_units = compute_units
+        self.padded: dict[int, tuple[Tensor, int, int, Op]] = {}  # conv op id -> (input, pad x, pad y, PAD op)
         self.buffers: dict[int, Any] = {}
         self.launches: list[Launch] = []
         self.device_bytes = 0
@@ -208,12 +209,22 @@ class Lowering:
 
     # -- groups -------------------------------------------------------------
     def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
-        """Lower ``groups`` in order.  A depthwise convolution whose result only the 1x1 convolution
-        after it reads is computed inside that convolution's kernel: one launch, no stored tensor."""
+        """Lower ``groups`` in order, fusing what only the next kernel reads into that kernel:
+
+        - a zero PAD of H and W read only by a convolution becomes part of the convolution's padding;
+        - a depthwise convolution read only by a 1x1 convolution is computed in the product's kernel.
+        """
         members = {id(op) for g in groups for op in g.ops}
         waiting: dict[int, Group] = {}  # depthwise groups by the index of the tensor they would store
         for g in groups:
-            if self._feeds_a_product(g, keep, members):
+            user = g.output.uses[0] if len(g.output.uses) == 1 and g.output.index not in keep else None
+            if user is None or id(user) not in members or user.inputs[0] is not g.output:
+                user = None
+            if user is not None and self._pads_a_convolution(g, user):
+                pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
+                self.padded[id(user)] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
+                continue
+            if user is not None and self._feeds_a_product(g, user):
                 waiting[g.output.index] = g
                 continue
             depthwise = waiting.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
@@ -222,20 +233,35 @@ class Lowering:
                 continue
             op, x = g.root, depthwise.output
             self.matmul(None, x.shape, constant_value(op.inputs[1]), constant_value(op.input(2)),
-                        self.tensor(g.output), g.output.shape, g.steps, depthwise.ops + g.ops, depthwise)
+                        self.tensor(g.output), g.output.shape, g.steps, self.absorbed(depthwise.ops) + g.ops,
+                        depthwise)
 
-    def _feeds_a_product(self, g: Group, keep: Collection[int], members: Collection[int]) -> bool:
-        """A depthwise convolution (with only activations after it) read by nothing but the input of a
-        tiled 1x1 convolution of this partition."""
-        value = g.output
-        if g.root.opcode != "DEPTHWISE_CONV_2D" or value.index in keep or len(value.uses) != 1 or \
-                any(step.kind != "unary" for step in g.steps):
+    def _pads_a_convolution(self, g: Group, user: Op) -> bool:
+        """A zero PAD of only H and W, nothing fused after it, read by a windowed convolution kernel."""
+        if g.root.opcode != "PAD" or g.steps or len(g.output.shape) != 4:
             return False
-        user, weights = value.uses[0], value.uses[0].inputs[1]
+        pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
+        if pads[0].any() or pads[3].any():
+            return False
+        return user.opcode == "DEPTHWISE_CONV_2D" or (
+            user.opcode == "CONV_2D" and not self._is_matmul(user, g.output.shape, user.inputs[1].shape))
+
+    def _feeds_a_product(self, g: Group, user: Op) -> bool:
+        """A depthwise convolution (with only activations after it) read by a tiled 1x1 convolution."""
+        if g.root.opcode != "DEPTHWISE_CONV_2D" or any(step.kind != "unary" for step in g.steps):
+            return False
+        value, weights = g.output, user.inputs[1]
         n, h, w, _ = as_nhwc(value.shape)
-        return id(user) in members and user.opcode == "CONV_2D" and user.inputs[0] is value and \
-            tuple(weights.shape[1:3]) == (1, 1) and self._is_matmul(user, value.shape, weights.shape) and \
-            n * h * w > MATVEC_ROWS
+        return user.opcode == "CONV_2D" and tuple(weights.shape[1:3]) == (1, 1) and \
+            self._is_matmul(user, value.shape, weights.shape) and n * h * w > MATVEC_ROWS
+
+    def conv_input(self, op: Op) -> Tensor:
+        """What a convolution's kernel reads: its input, or the input of the PAD fused into it."""
+        return self.padded[id(op)][0] if id(op) in self.padded else op.inputs[0]
+
+    def absorbed(self, ops: Sequence[Op]) -> list[Op]:
+        """``ops`` with the PAD fused into the first one before them (for labels and profiles)."""
+        return ([self.padded[id(ops[0])][3]] if id(ops[0]) in self.padded else []) + list(ops)
 
     def lower(self, g: Group) -> None:
         op = g.root
@@ -255,30 +281,30 @@ class Lowering:
 
     def conv_2d(self, g: Group) -> None:
         op, out = g.root, g.output
-        x, weights = op.inputs[0], constant_value(op.inputs[1])
-        bias = constant_value(op.input(2))
-        if op.opcode == "CONV_2D" and self._is_matmul(op, x.shape, weights.shape):
+        weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
+        if op.opcode == "CONV_2D" and self._is_matmul(op, op.inputs[0].shape, weights.shape):
+            x = op.inputs[0]
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
             return
         args = self.out_args(self.tensor(out), out.shape)
         w, h, z = grid(out.shape)
         columns = (-(-w // 4), h, z)  # both kernels compute 4 adjacent output vectors per work item
         if op.opcode == "DEPTHWISE_CONV_2D":
-            self.add("depthwise_conv2d", g.steps, args + self.depthwise_args(op), out.shape, columns, g.ops,
-                     defines=(("KH", weights.shape[1]), ("KW", weights.shape[2])))
+            self.add("depthwise_conv2d", g.steps, args + self.depthwise_args(op), out.shape, columns,
+                     self.absorbed(g.ops), defines=(("KH", weights.shape[1]), ("KW", weights.shape[2])))
             return
+        x = self.conv_input(op)
         args += [self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-                 self.upload(pack_vector(bias, out.shape[3])),
-                 *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
-        self.add("conv2d", g.steps, args, out.shape, columns, g.ops)
+                 self.upload(pack_vector(bias, out.shape[3])), *self._window(op, weights.shape[1], weights.shape[2])]
+        self.add("conv2d", g.steps, args, out.shape, columns, self.absorbed(g.ops))
 
     def depthwise_args(self, op: Op) -> list[Any]:
         """Input, weights and window of a depthwise convolution, as its kernel and fused users take them."""
-        x, out, weights = op.inputs[0], op.outputs[0], constant_value(op.inputs[1])
+        x, out, weights = self.conv_input(op), op.outputs[0], constant_value(op.inputs[1])
         return [self.tensor(x), self.dims(x.shape), np.int32(out.shape[3] // x.shape[3]),
                 self.upload(pack_depthwise_weights(weights)),
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
-                *self._window(op, x.shape, weights.shape[1], weights.shape[2], dilated=True)]
+                *self._window(op, weights.shape[1], weights.shape[2])]
 
     @staticmethod
     def _is_matmul(op: Op, in_shape, weights_shape) -> bool:
@@ -291,11 +317,14 @@ class Lowering:
         undilated = o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
         return undilated and covers_input(op, in_shape, kh, kw)
 
-    def _window(self, op: Op, in_shape, kh: int, kw: int, dilated: bool) -> list[Any]:
+    def _window(self, op: Op, kh: int, kw: int, dilated: bool = True) -> list[Any]:
+        """Geometry and padding arguments of a windowed kernel, a fused PAD's included."""
         o = op.options
         sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
         dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-        pad_x, pad_y = window_padding(op, in_shape, kh, kw, dilated)
+        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw, dilated)
+        _, extra_x, extra_y, _ = self.padded.get(id(op), (None, 0, 0, None))
+        pad_x, pad_y = pad_x + extra_x, pad_y + extra_y
         if dilated:
             return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
         return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
@@ -378,7 +407,7 @@ class Lowering:
             self.reduce_mean(g, x, out.shape, (True, True, False))
             return
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
-        args += self._window(op, x.shape, o["filter_height"], o["filter_width"], dilated=False)
+        args += self._window(op, o["filter_height"], o["filter_width"], dilated=False)
         args.append(np.int32(op.opcode == "MAX_POOL_2D"))
         self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
