@@ -30,7 +30,6 @@ pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 from delegate_opencl import lowering  # noqa: E402
 from delegate_opencl.compiled import ClCompiled  # noqa: E402
 from delegate_opencl.device import probe  # noqa: E402
-from delegate_opencl.lowering import MATMUL_GROUPS  # noqa: E402
 from delegate_opencl.program import ProgramBuilder, Variant, program_source  # noqa: E402
 
 _AVAILABLE, _WHY = probe()
@@ -166,13 +165,13 @@ def test_fully_connected(rows, depth, units, act, layout, seed):
     check(b, [normal(rng, shape)])
 
 
-@pytest.mark.parametrize("group", MATMUL_GROUPS)
+@pytest.mark.parametrize("tile", [(16, 8, 8), (4, 8, 8), (64, 2, 8), (16, 2, 1), (8, 4, 4)])
 @settings(max_examples=8)
 @given(rows=st.integers(5, 70), depth=st.integers(1, 45), units=st.integers(1, 40), conv=st.booleans(),
        fp16=st.booleans(), seed=st.integers(0, 2**16))
-def test_matmul_tiles(group, rows, depth, units, conv, fp16, seed):
-    """Each work-group shape of the tiled product, on sizes that are not multiples of its tile or of
-    the staged chunk: 1x1 convolutions over rows pixels and fully connected layers over rows rows."""
+def test_matmul_tiles(tile, rows, depth, units, conv, fp16, seed):
+    """Work-group shapes and chunks of the tiled product, on sizes that are not multiples of its tile or
+    of the staged chunk: 1x1 convolutions over rows pixels and fully connected layers over rows rows."""
     rng = np.random.default_rng(seed)
     shape = (1, 1, rows, depth) if conv else (rows, depth)
     b = GraphBuilder()
@@ -185,7 +184,7 @@ def test_matmul_tiles(group, rows, depth, units, conv, fp16, seed):
     else:
         b.output(b.op("FULLY_CONNECTED", [x, b.const("w", w), bias], options={"fused_activation_function": "RELU"}))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lowering, "matmul_group", lambda *args: group)
+        patch.setattr(lowering, "matmul_shape", lambda *args: tile)
         check(b, [normal(rng, shape)], *((FP16_RTOL, FP16) if fp16 else ()))
 
 

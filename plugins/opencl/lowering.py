@@ -45,20 +45,26 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
-# Work-group shapes (WG_P, WG_S) of matmul.cl, largest tile first; each item computes 2 rows x 2 slices.
-MATMUL_GROUPS = ((16, 8), (8, 8), (8, 4))
-MATMUL_CHUNK = 8  # input vectors staged per step
+MATMUL_GROUP = 128  # most work items of a matmul.cl group; each computes 2 rows x 2 output slices
+MATMUL_CHUNK = 8  # most input vectors staged per step
 MATVEC_ROWS = 4  # products with at most this many rows spread their sums over a work group instead
 MATVEC_GROUP = 64
 
 
-def matmul_group(rows: int, out_slices: int, compute_units: int) -> tuple[int, int]:
-    """The largest tile that still gives every compute unit two work groups (else the smallest):
-    big tiles reuse more of what they load, small ones keep a large GPU busy at batch 1."""
-    for wg_p, wg_s in MATMUL_GROUPS:
-        if -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) >= 2 * compute_units:
-            return wg_p, wg_s
-    return MATMUL_GROUPS[-1]
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int) -> tuple[int, int, int]:
+    """(WG_P, WG_S, CHUNK) of matmul.cl: a tile no wider than the output slices and a chunk no longer
+    than the input, so little of either is padding; then as many rows as keep two work groups per
+    compute unit (big tiles reuse more of what they load, small ones keep a large GPU busy at batch 1).
+    The kernel needs WG_S >= 2 and groups of at least 32 items."""
+    wg_s = min(max(_pow2_at_least(out_slices) // 2, 2), 8)
+    wg_p = MATMUL_GROUP // wg_s
+    while wg_p * wg_s > 32 and -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) < 2 * compute_units:
+        wg_p //= 2
+    return wg_p, wg_s, min(_pow2_at_least(depth), MATMUL_CHUNK)
 
 
 REDUCTION_GROUP = 128  # work-group size of the reduction kernels (mean, softmax)
@@ -67,7 +73,7 @@ REDUCTION_GROUP = 128  # work-group size of the reduction kernels (mean, softmax
 def reduction_shape(count: int) -> tuple[int, int]:
     """(items per reduction, reductions per work group) for reductions over ``count`` vectors each:
     up to the whole group shares one reduction, and small ones share a group instead."""
-    items = min(REDUCTION_GROUP, 1 << max(count - 1, 0).bit_length())
+    items = min(REDUCTION_GROUP, _pow2_at_least(count))
     return items, REDUCTION_GROUP // items
 
 
@@ -367,8 +373,9 @@ class Lowering:
                                                 np.int32(oh * ow)]
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
-            self.add("matvec", steps, args + [src], dst_shape, (out_slices * MATVEC_GROUP, 1, 1), ops,
-                     defines=(("ROWS", rows), ("GROUP", MATVEC_GROUP)), local_size=(MATVEC_GROUP, 1, 1))
+            items = min(_pow2_at_least(depth), MATVEC_GROUP)
+            self.add("matvec", steps, args + [src], dst_shape, (out_slices * items, 1, 1), ops,
+                     defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1))
             return
         defines: tuple = ()
         if depthwise is not None:
@@ -378,10 +385,10 @@ class Lowering:
                        ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in depthwise.steps], "(v)")))
         else:
             args.append(src)
-        wg_p, wg_s = matmul_group(rows, out_slices, self.compute_units)
+        wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units)
         items = (_round_to(rows, 2 * wg_p) // 2, _round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
-                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", MATMUL_CHUNK)))
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
 
     def transpose_conv(self, g: Group) -> None:
         op, out = g.root, g.output
