@@ -33,9 +33,9 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (t < ROWS) {
-    int n = t / out_plane, p = t % out_plane, y = p / od.x, x = p % od.x;
-    FLT4 v = TO_FLT4(partial[t][0]) + LOAD4(bias, s);
+  for (int r = t; r < ROWS; r += GROUP) {
+    int n = r / out_plane, p = r % out_plane, y = p / od.x, x = p % od.x;
+    FLT4 v = TO_FLT4(partial[r][0]) + LOAD4(bias, s);
     EPILOGUE(v, n, y, x, s);
     STORE4(mask_tail(v, s, out_channels), out, (n * od.z + s) * out_plane + p);
   }
