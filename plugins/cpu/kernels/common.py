@@ -190,38 +190,56 @@ class PaddedRows:
     """Bands of rows of the padded NHWC input, built in scratch, optionally split into column phases.
 
     Phase p holds the padded columns p, p + s, p + 2s, ... (s = ``column_stride``): in it,
-    a filter tap's window under that column stride has contiguous rows again.  A band
-    is built by the thread that consumes it, while it is in that thread's cache.
-    Without padding or phases a band is a view of the input.
+    a filter tap's window under that column stride has contiguous rows again.  Values
+    are converted to ``dtype`` less ``offset`` (quantized inputs less their zero point,
+    so that padding adds nothing).  A band is built by the thread that consumes it,
+    while it is in that thread's cache.  With nothing to pad, split or convert, a band
+    is a view of the input.
     """
 
     def __init__(self, shape: tuple[int, ...], pads: tuple[int, int, int, int], column_stride: int = 1,
-                 dtype=np.float32, fill: float = 0):
+                 dtype=np.float32, source_dtype=np.float32, offset: float = 0):
         n, h, w, c = shape
         top, _, left, right = pads
-        self.top, self.height, self.stride = top, h, column_stride
+        self.top, self.height, self.stride, self.offset = top, h, column_stride, offset
         self.columns = [_phase_span(w, left, right, p, column_stride) for p in range(column_stride)]
         self.shape = (column_stride, n, max(length for length, *_ in self.columns), c)
-        self.dtype, self.fill = dtype, fill
-        self.identity = column_stride == 1 and not any(pads)
+        self.dtype = np.dtype(dtype)
+        self.gathers = column_stride > 1 or any(pads)
+        self.converts = self.dtype != source_dtype or bool(offset)
 
     def band(self, x: np.ndarray, first: int, end: int) -> np.ndarray:
         """Padded rows first..end as (phases, N, rows, phase width, C)."""
-        if self.identity:
-            return x[None, :, first:end]
+        if not self.converts:
+            return self._gather(x, first, end, 0) if self.gathers else x[None, :, first:end]
+        # Gathered in the input's own type (padding with the offset), then converted contiguously.
+        raw = self._gather(x, first, end, self.offset) if self.gathers else x[None, :, first:end]
+        band = scratch("padded", raw.shape, self.dtype)
+        convert(raw, self.offset, band)
+        return band
+
+    def _gather(self, x: np.ndarray, first: int, end: int, fill) -> np.ndarray:
         phases, n, width, c = self.shape
-        band = scratch("padded", (phases, n, end - first, width, c), self.dtype)
+        band = scratch("gathered", (phases, n, end - first, width, c), x.dtype)
         r0 = min(max(self.top, first), end) - first
         r1 = min(max(self.top + self.height, first), end) - first
-        band[:, :, :r0] = self.fill
-        band[:, :, r1:] = self.fill
+        band[:, :, :r0] = fill
+        band[:, :, r1:] = fill
         s = self.stride
         for image, (_, j0, j1, x0) in zip(band, self.columns):
-            image[:, r0:r1, :j0] = self.fill
-            image[:, r0:r1, j1:] = self.fill
+            image[:, r0:r1, :j0] = fill
+            image[:, r0:r1, j1:] = fill
             rows = slice(first + r0 - self.top, first + r1 - self.top)
             np.copyto(image[:, r0:r1, j0:j1], x[:, rows, x0:x0 + (j1 - j0 - 1) * s + 1:s])
         return band
+
+
+def convert(x: np.ndarray, offset: float, out: np.ndarray) -> None:
+    """``out`` = x - offset in ``out``'s type (a plain copy without an offset)."""
+    if offset:
+        np.subtract(x, offset, out=out, dtype=out.dtype, casting="unsafe")
+    else:
+        np.copyto(out, x, casting="unsafe")
 
 
 def _phase_span(size: int, before: int, after: int, phase: int, stride: int) -> tuple[int, int, int, int]:

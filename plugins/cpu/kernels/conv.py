@@ -16,7 +16,8 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
-from .common import Padded, PaddedRows, along_rows, float_constant, fused, same_padding, scratch, window_view
+from .common import (Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
+                     window_view)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -43,90 +44,116 @@ def _gemm_layout(w: np.ndarray) -> np.ndarray:
 
 # Smallest product (multiply-adds) worth a chunk of its own on another thread.
 GEMM_CHUNK_WORK = 1 << 21
-# Largest im2col block (bytes) one thread copies before its product: bounds the scratch memory.
-IM2COL_BYTES = 1 << 21
+# Most scratch memory (im2col rows, accumulators) one block of a product may use: bounds the
+# memory, and keeps a block's accumulators in cache while they are rescaled.
+BLOCK_SCRATCH = 1 << 22
 
 
-def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, copies_rows: bool = False):
+def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0):
     """spread() over gemm_blocks: shared among the kernel threads, or as few blocks as possible alone."""
     with kernel_threads(1):
-        alone = gemm_blocks(batch, rows, row_pixels, units, depth, copies_rows)
-    return spread(gemm_blocks(batch, rows, row_pixels, units, depth, copies_rows), alone)
+        alone = gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch)
+    return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch), alone)
 
 
 def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int,
-                copies_rows: bool = False) -> list[tuple[int, int, int, int, int]]:
+                row_scratch: int = 0) -> list[tuple[int, int, int, int, int]]:
     """(image, first row, end row, first unit, end unit) blocks of an (N, rows, row_pixels, units)
     product output, to share among the kernel threads.
 
-    Row bands normally; slices of the output units for short, wide products (the
-    last layers of a network), where bands would be too thin for BLAS.  With
-    ``copies_rows`` every band copies its im2col rows first, so bands stay small
-    enough to bound that scratch copy.
+    Row bands normally, few enough that each row band takes less than BLOCK_SCRATCH of
+    scratch (``row_scratch`` bytes per row); slices of the output units for short, wide
+    products (the last layers of a network), where bands would be too thin for BLAS.
     """
     work = rows * row_pixels * units * depth
-    if rows * row_pixels < 256 and units >= 256 and not copies_rows:
+    if rows * row_pixels < 256 and units >= 256 and rows * row_scratch <= BLOCK_SCRATCH:
         return [(b, 0, rows, 16 * u0, min(units, 16 * u1)) for b in range(batch)
                 for u0, u1 in chunks_for(-(-units // 16), work, GEMM_CHUNK_WORK)]
-    bands = len(chunks_for(rows, work, GEMM_CHUNK_WORK))
-    if copies_rows:
-        bands = max(bands, -(-rows * row_pixels * depth * 4 // IM2COL_BYTES))
+    bands = max(len(chunks_for(rows, work, GEMM_CHUNK_WORK)), -(-rows * row_scratch // BLOCK_SCRATCH))
     return [(b, y0, y1, 0, units) for b in range(batch) for y0, y1 in even_chunks(rows, bands)]
 
 
+def _block_scratch(copied: int, accumulated: int, dtype) -> int:
+    """Scratch bytes per output pixel: ``copied`` input values converted to ``dtype`` (im2col), and
+    ``accumulated`` products kept apart from the output, with the 12 bytes each the rescale adds."""
+    return copied * np.dtype(dtype).itemsize + accumulated * (np.dtype(dtype).itemsize + 12)
+
+
 def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...]):
-    """``finish(block, u0, u1)``: bias and fused activation, in place, on a block of output rows
-    holding units u0..u1, while the block is still in cache."""
+    """``finish(acc, out, u0, u1)`` of float kernels: bias and fused activation on a block of output
+    rows holding units u0..u1, in place (``acc`` is ``out``), while the block is still in cache."""
     act = fused(op)
     units = out_shape[-1]
     row = None if bias is None else along_rows(bias, out_shape)
 
-    def finish(block: np.ndarray, u0: int, u1: int) -> None:
+    def finish(acc: np.ndarray, out: np.ndarray, u0: int, u1: int) -> None:
         if bias is not None:
-            np.add(block, row if u1 - u0 == units else bias[u0:u1], out=block)
-        act(block)
+            np.add(out, row if u1 - u0 == units else bias[u0:u1], out=out)
+        act(out)
     return finish
 
 
 @kernel("CONV_2D")
 def conv_2d(op: Op):
-    """One GEMM per block of output rows: a view of the input for 1x1 convolutions, else the
-    block's sliding windows copied into scratch (im2col).  Bias and activation follow per block."""
     n, h, w, c = op.inputs[0].shape
     o, kh, kw, ci = op.inputs[1].shape
-    _, oh, ow, _ = op.outputs[0].shape
     if c != ci:
         return _grouped_conv_2d(op)
+    weights = float_constant(op.inputs[1])
+    gemm = None if weights is None else _gemm_layout(weights)
+    finish = bias_activation(op, _bias(op, 2, o), op.outputs[0].shape[1:])
+    run = conv_gemm(op, lambda ins: gemm if gemm is not None else _gemm_layout(np.asarray(ins[1], np.float32)),
+                    finish)
+    return laid_out(run, 1, 2)
+
+
+def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
+    """run() of a CONV_2D as one GEMM per block of output rows, on a view of the input for 1x1
+    convolutions, else on the block's sliding windows copied into scratch (im2col).
+
+    ``operand(ins)`` is the (KH*KW*C, units) GEMM operand in ``dtype``; the input enters the
+    GEMM converted to ``dtype`` less ``offset`` (a quantized input's zero point).
+    ``finish(acc, out, u0, u1)`` turns a block of products for units u0..u1 into the output
+    block: in place when the output has the GEMM's type, else from a scratch block.
+    """
+    n, h, w, c = op.inputs[0].shape
+    o, kh, kw, _ = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
     opts = op.options
     stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
     dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
     depth = kh * kw * c
-    weights = float_constant(op.inputs[1])
-    gemm = None if weights is None else _gemm_layout(weights)
     pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    source = op.inputs[0].dtype.numpy
     pointwise = kh == kw == 1 and stride == (1, 1) and not any(pads)
-    padded = PaddedRows((1, h, w, c), pads)
+    view = pointwise and source == dtype and not offset
+    padded = PaddedRows((1, h, w, c), pads, dtype=dtype, source_dtype=source, offset=offset)
     reach = (kh - 1) * dilation[0] + 1
-    finish = bias_activation(op, _bias(op, 2, o), (oh, ow, o))
-    split = spread_gemm(n, oh, ow, o, depth, copies_rows=not pointwise)
+    in_place = op.outputs[0].dtype.numpy == dtype
+    split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype))
 
     def run(ins, outs):
-        x = ins[0]
-        operand = gemm if gemm is not None else _gemm_layout(np.asarray(ins[1], np.float32))
-        flat = outs[0].reshape(n, oh * ow, o)
+        x, out = ins[0], outs[0]
+        rhs = operand(ins)
+        pixels, flat = x.reshape(n, h * w, c), out.reshape(n, oh * ow, o)
 
         def block(b, y0, y1, u0, u1):
-            if pointwise:
-                lhs = x.reshape(n, h * w, c)[b, y0 * ow:y1 * ow]
+            rows = (y1 - y0) * ow
+            if view:
+                lhs = pixels[b, y0 * ow:y1 * ow]
+            elif pointwise:
+                lhs = scratch(0, (rows, c), dtype)
+                convert(pixels[b, y0 * ow:y1 * ow], offset, lhs)
             else:
                 band = padded.band(x[b:b + 1], y0 * stride[0], (y1 - 1) * stride[0] + reach)[0]
-                lhs = scratch(0, ((y1 - y0) * ow, depth))
+                lhs = scratch(0, (rows, depth), dtype)
                 np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c),
                           window_view(band, (y1 - y0, ow), (kh, kw), stride, dilation))
-            np.matmul(lhs, operand[:, u0:u1], out=flat[b, y0 * ow:y1 * ow, u0:u1])
-            finish(outs[0][b, y0:y1, :, u0:u1], u0, u1)
+            acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), dtype)
+            np.matmul(lhs, rhs[:, u0:u1], out=acc)
+            finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
         split(block)
-    return laid_out(run, 1, 2)
+    return run
 
 
 def _grouped_conv_2d(op: Op):
@@ -155,7 +182,7 @@ def _grouped_conv_2d(op: Op):
         for g in range(groups):
             np.matmul(grouped[:, :, g, :].reshape(rows, kh * kw * ci), operands[g],
                       out=out2d[:, g * per_group:(g + 1) * per_group])
-        finish(outs[0], 0, o)
+        finish(outs[0], outs[0], 0, o)
     return laid_out(run, 1, 2)
 
 
@@ -165,14 +192,48 @@ DEPTHWISE_CHUNK_WORK = 1 << 18
 
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
-    """One einsum per band of output rows, multiply-accumulating every filter tap along whole rows.
+    weights = float_constant(op.inputs[1])
+    tile = depthwise_tiling(op)
+    tiled = None if weights is None else tile(weights)
+    finish = bias_activation(op, _bias(op, 2, op.outputs[0].shape[-1]), op.outputs[0].shape)
+    run = depthwise_einsum(op, lambda ins: tiled if tiled is not None else tile(np.asarray(ins[1], np.float32)),
+                           finish)
+    return laid_out(run, 1, 2)
+
+
+def depthwise_tiling(op: Op):
+    """``tile(filter)``: the (1, KH, KW, C) depthwise filter as depthwise_einsum's operand
+    (phases, KH, grid columns, OW * C), each tap repeated along the output width."""
+    _, kh, kw, oc = op.inputs[1].shape
+    ow = op.outputs[0].shape[2]
+    sw, dw = op.options.get("stride_w", 1), op.options.get("dilation_w_factor", 1)
+    grid = _depthwise_grid(kw, sw, dw)
+    span = max(j for _, j in grid) + 1
+
+    def tile(weights: np.ndarray, dtype=np.float32) -> np.ndarray:
+        tiled = np.zeros((sw, kh, span, ow, oc), dtype)
+        for kx, (phase, j) in enumerate(grid):
+            tiled[phase, :, j] = weights[0, :, kx, None, :]
+        return tiled.reshape(sw, kh, span, ow * oc)
+    return tile
+
+
+def _depthwise_grid(kw: int, sw: int, dw: int) -> list[tuple[int, int]]:
+    """Per filter column: (column phase, column offset in the phase) it reads."""
+    return [(kx * dw % sw, kx * dw // sw) for kx in range(kw)] if sw > 1 else [(0, kx) for kx in range(kw)]
+
+
+def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
+    """run() of a DEPTHWISE_CONV_2D as one einsum per band of rows, multiply-accumulating every
+    filter tap along whole output rows.
 
     The einsum's inner loop runs over an output row's (width, channels) at once, one
     long contiguous multiply-add per tap, where separate numpy passes would cost a
-    multiply and an add pass each.  The filter taps are tiled along the output width
-    to match.  Row strides are views; under a column stride the padded input is split
-    into column phases, with the taps laid out per phase on one grid (zero where a
-    phase has fewer taps).
+    multiply and an add pass each; ``operand(ins)`` is the filter tiled to match (see
+    depthwise_tiling).  Row strides are views; under a column stride the padded input
+    is split into column phases, with the taps laid out per phase on one grid (zero
+    where a phase has fewer taps).  Inputs are converted as in conv_gemm, and
+    ``finish(acc, out, 0, C)`` completes each band.
     """
     n, h, w, c = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
@@ -180,28 +241,17 @@ def depthwise_conv_2d(op: Op):
     opts = op.options
     sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
     dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
-    spread_channels = _ChannelSpread((n, h, w, c), oc // c)
-    bands = PaddedRows((n, h, w, oc), _conv_pads(op, (h, w), (kh, kw), (oh, ow)), sw)
-    # Filter tap kx reads phase (kx * dw) % sw at phase column offset (kx * dw) // sw.
-    grid = [(kx * dw % sw, kx * dw // sw) for kx in range(kw)] if sw > 1 else [(0, kx) for kx in range(kw)]
+    spread_channels = _ChannelSpread((n, h, w, c), oc // c, op.inputs[0].dtype.numpy)
+    bands = PaddedRows((n, h, w, oc), _conv_pads(op, (h, w), (kh, kw), (oh, ow)), sw, dtype,
+                       op.inputs[0].dtype.numpy, offset)
     column_step = 1 if sw > 1 else dw
-    span = max(j for _, j in grid) + 1
-
-    def tile(weights: np.ndarray) -> np.ndarray:
-        """(1, KH, KW, C) filter -> (phases, KH, grid columns, OW * C), each tap repeated along the width."""
-        tiled = np.zeros((sw, kh, span, ow, oc), np.float32)
-        for kx, (phase, j) in enumerate(grid):
-            tiled[phase, :, j] = weights[0, :, kx, None, :]
-        return tiled.reshape(sw, kh, span, ow * oc)
-
-    weights = float_constant(op.inputs[1])
-    tiled = None if weights is None else tile(weights)
-    finish = bias_activation(op, _bias(op, 2, oc), op.outputs[0].shape)
+    span = max(j for _, j in _depthwise_grid(kw, sw, dw)) + 1
+    in_place = op.outputs[0].dtype.numpy == dtype
     split = spread(chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK), [(0, oh)])
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
-        filt = tiled if tiled is not None else tile(np.asarray(ins[1], np.float32))
+        filt = operand(ins)
 
         def rows(start, stop):
             band = bands.band(x, start * sh, (stop - 1) * sh + (kh - 1) * dh + 1)
@@ -209,24 +259,26 @@ def depthwise_conv_2d(op: Op):
             windows = np.lib.stride_tricks.as_strided(
                 band, (n, stop - start, sw, kh, span, ow * oc),
                 (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item), writeable=False)
-            np.einsum("nhpijm,pijm->nhm", windows, filt, out=out.reshape(n, oh, ow * oc)[:, start:stop])
-            finish(out[:, start:stop], 0, oc)
+            part = out[:, start:stop]
+            acc = part if in_place else scratch(1, part.shape, dtype)
+            np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
+            finish(acc, part, 0, oc)
         split(rows)
-    return laid_out(run, 1, 2)
+    return run
 
 
 class _ChannelSpread:
     """The depthwise input with each channel repeated ``multiplier`` times, so that input channel i
     feeds outputs i*m .. i*m+m-1 (the input itself for a multiplier of 1)."""
 
-    def __init__(self, shape: tuple[int, ...], multiplier: int):
-        self.shape, self.multiplier = shape, multiplier
+    def __init__(self, shape: tuple[int, ...], multiplier: int, dtype):
+        self.shape, self.multiplier, self.dtype = shape, multiplier, dtype
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.multiplier == 1:
             return x
         n, h, w, c = self.shape
-        spread_x = scratch("spread", (n, h, w, c, self.multiplier))
+        spread_x = scratch("spread", (n, h, w, c, self.multiplier), self.dtype)
         np.copyto(spread_x, x[..., None])
         return spread_x.reshape(n, h, w, c * self.multiplier)
 
@@ -302,22 +354,37 @@ def convolution_2d_transpose_bias(op: Op):
 
 @kernel("FULLY_CONNECTED")
 def fully_connected(op: Op):
-    units, depth = op.inputs[1].shape
-    rows = int(np.prod(op.outputs[0].shape)) // units
+    units, _ = op.inputs[1].shape
     weights = float_constant(op.inputs[1])
     gemm = None if weights is None else _gemm_layout(weights)
     finish = bias_activation(op, _bias(op, 2, units), (units,))
-    split = spread_gemm(1, rows, 1, units, depth)
+    run = matrix_gemm(op, lambda ins: gemm if gemm is not None else np.asarray(ins[1], np.float32).T, finish)
+    return laid_out(run, 1, 2)
+
+
+def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
+    """run() of a FULLY_CONNECTED as GEMMs over blocks of rows or units; arguments as for conv_gemm."""
+    units, depth = op.inputs[1].shape
+    rows = int(np.prod(op.outputs[0].shape)) // units
+    view = op.inputs[0].dtype.numpy == dtype and not offset
+    in_place = op.outputs[0].dtype.numpy == dtype
+    split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype))
 
     def run(ins, outs):
-        operand = gemm if gemm is not None else np.asarray(ins[1], np.float32).T
+        rhs = operand(ins)
         lhs, out2d = ins[0].reshape(rows, depth), outs[0].reshape(rows, units)
 
         def block(_, r0, r1, u0, u1):
-            np.matmul(lhs[r0:r1], operand[:, u0:u1], out=out2d[r0:r1, u0:u1])
-            finish(out2d[r0:r1, u0:u1], u0, u1)
+            if view:
+                a = lhs[r0:r1]
+            else:
+                a = scratch(0, (r1 - r0, depth), dtype)
+                convert(lhs[r0:r1], offset, a)
+            acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), dtype)
+            np.matmul(a, rhs[:, u0:u1], out=acc)
+            finish(acc, out2d[r0:r1, u0:u1], u0, u1)
         split(block)
-    return laid_out(run, 1, 2)
+    return run
 
 
 @kernel("BATCH_MATMUL")

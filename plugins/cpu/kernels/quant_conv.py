@@ -18,10 +18,10 @@ from delegate import Op, Tensor
 from delegate.ir import DType
 
 from ..registry import kernel
-from .common import Padded, same_padding, window_view
-from .conv import _conv_pads
+from .common import same_padding
+from .conv import conv_gemm, depthwise_einsum, depthwise_tiling, matrix_gemm
 from .quant_util import (
-    RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
+    Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
 
 
@@ -49,10 +49,48 @@ def _real_multiplier(op: Op, x: Tensor, w: Tensor, channels: int, float_product:
 def _output_stage(op: Op, x: Tensor, w: Tensor, channels: int, rounding) -> Requantize:
     """The fixed-point output stage, its multiplier derived as the LiteRT kernel derives it:
     per-tensor uint8 weights (and per-tensor FULLY_CONNECTED) multiply the float32 scales first."""
+    return Requantize.of(_stage_multiplier(op, x, w, channels), zero_point(op.outputs[0]), activation_bounds(op),
+                         rounding)
+
+
+def _stage_multiplier(op: Op, x: Tensor, w: Tensor, channels: int) -> np.ndarray:
     float_product = w.quantization.scale.size == 1 and (
         x.dtype.numpy == np.uint8 or op.opcode == "FULLY_CONNECTED")
-    real = _real_multiplier(op, x, w, channels, float_product)
-    return Requantize.of(real, zero_point(op.outputs[0]), activation_bounds(op), rounding)
+    return _real_multiplier(op, x, w, channels, float_product)
+
+
+def _exact_gemm(op: Op, weights: np.ndarray):
+    """(float type, accumulator bound) for products of the zero-point-centred input with ``weights``
+    (units x depth): float32 where every partial sum stays below 2**24 and so is exact, else float64."""
+    x = op.inputs[0]
+    lo, hi = qrange(x)
+    spread = max(hi - zero_point(x), zero_point(x) - lo)
+    bound = spread * int(np.abs(weights).sum(axis=1).max(initial=0))
+    return (np.float32 if bound < 1 << 24 else np.float64), bound
+
+
+def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
+    """finish(acc, out, u0, u1) for the GEMM engines: the exact fixed-point output stage.
+
+    ``away`` marks the output channels whose ties round away from zero; ``reference``, an
+    output stage (Requantize / RescaleInDouble) for the rounding variants Rescale does not
+    cover, applied to the int64 accumulators instead.
+    """
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    channels = bias.size
+    if reference is None and bound < 1 << 31:
+        try:
+            return Rescale(_stage_multiplier(op, x, w, channels), zero_point(out), activation_bounds(op), away,
+                           bias, bound, out.shape[-2] if len(out.shape) == 4 else 1)
+        except ValueError:
+            pass
+    stage = reference or _output_stage(op, x, w, channels, multiply_half_up if not np.any(away)
+                                       else multiply_by_quantized_multiplier if np.all(away)
+                                       else lane_rounding(~np.asarray(away)))
+
+    def finish(acc, dst, u0, u1):
+        stage.channels(u0, u1)(acc.astype(np.int64) + bias[u0:u1], dst)
+    return finish
 
 
 def _reference_16x8(op: Op, x: Tensor) -> bool:
@@ -86,79 +124,56 @@ def _vector_loop_rounding(op: Op, x: Tensor):
     return lane_rounding(vector_lanes(out.size, 16, out.shape))
 
 
-def _sliding_windows(op: Op, kernel_hw, dtype):
-    """A function giving the (N, OH, OW, KH, KW, C) windows of the input, padded with its zero point
-    (so padding contributes nothing once the zero point is taken out)."""
-    x = op.inputs[0]
-    o = op.options
-    stride = (o.get("stride_h", 1), o.get("stride_w", 1))
-    dilation = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1))
-    out_hw = op.outputs[0].shape[1:3]
-    pad = Padded(x.shape, _conv_pads(op, x.shape[1:3], kernel_hw, out_hw), zero_point(x), dtype)
-    return lambda values: window_view(pad(values), out_hw, kernel_hw, stride, dilation)
-
-
 @kernel("CONV_2D", quantized=True)
 def conv2d(op: Op):
-    """im2col + one exact float64 GEMM; the input zero point is folded into the bias."""
+    """One exact float GEMM per block of output rows on the zero-point-centred input (see conv_gemm)."""
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     out_c, kh, kw, in_c = weights.shape
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
-    matrix = np.ascontiguousarray(weights.reshape(out_c, -1).T, np.float64)  # BLAS wants C order here
-    bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(1, 2, 3))
-    windows = _sliding_windows(op, (kh, kw), np.float64)
-    output = _output_stage(op, x, w, out_c, multiply_wide if _reference_16x8(op, x) else multiply_half_up)
-
-    def run(ins, outs):
-        cols = windows(ins[0])
-        acc = cols.reshape(-1, matrix.shape[0]) @ matrix
-        output(acc.astype(np.int64).reshape(outs[0].shape) + bias, outs[0])
-    return run
+    matrix = weights.reshape(out_c, -1)
+    dtype, bound = _exact_gemm(op, matrix)
+    gemm = np.ascontiguousarray(matrix.T, dtype)
+    reference = _output_stage(op, x, w, out_c, multiply_wide) if _reference_16x8(op, x) else None
+    finish = _finish(op, False, _bias(op, 2, out_c), bound, reference)
+    return conv_gemm(op, lambda ins: gemm, finish, dtype, zero_point(x))
 
 
 @kernel("DEPTHWISE_CONV_2D", quantized=True)
 def depthwise_conv2d(op: Op):
-    """One integer multiply-accumulate per filter tap over all pixels and channels at once."""
+    """One exact float einsum per band of output rows on the zero-point-centred input (see depthwise_einsum).
+
+    LiteRT's int8 kernel rounds ties up in its vector loop over whole groups of 8 channels and
+    away from zero on the rest; uint8 rounds away from zero throughout; 16-bit runs the 64-bit
+    reference.
+    """
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     _, kh, kw, out_c = weights.shape
-    in_c = x.shape[3]
-    per_input = weights.reshape(kh, kw, in_c, out_c // in_c)
-    bias = _bias(op, 2, out_c) - zero_point(x) * weights.sum(axis=(0, 1, 2))
-    windows = _sliding_windows(op, (kh, kw), np.int64)
-    output = _output_stage(op, x, w, out_c, _vector_loop_rounding(op, x))
-
-    def run(ins, outs):
-        win = windows(ins[0])
-        acc = np.zeros(win.shape[:3] + per_input.shape[2:], np.int64)
-        for i in range(kh):
-            for j in range(kw):
-                acc += win[:, :, :, i, j, :, None] * per_input[i, j]
-        output(acc.reshape(*acc.shape[:3], out_c) + bias, outs[0])
-    return run
+    dtype, bound = _exact_gemm(op, weights.reshape(-1, out_c).T)
+    tiled = depthwise_tiling(op)(weights, dtype)
+    away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
+    reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
+    finish = _finish(op, away, _bias(op, 2, out_c), bound, reference)
+    return depthwise_einsum(op, lambda ins: tiled, finish, dtype, zero_point(x))
 
 
 @kernel("FULLY_CONNECTED", quantized=True)
 def fully_connected(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
-    units, depth = weights.shape
-    matrix = np.ascontiguousarray(weights.T, np.float64)
+    units, _ = weights.shape
+    dtype, bound = _exact_gemm(op, weights)
+    gemm = np.ascontiguousarray(weights.T, dtype)
     bias = _bias(op, 2, units)
+    reference = None
     if _reference_16x8(op, x):
         # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
         real = _real_multiplier(op, x, w, units, float_product=False)
-        output = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
-    else:
-        output = _output_stage(op, x, w, units, multiply_half_up)
-    offset = zero_point(x)
-
-    def run(ins, outs):
-        acc = (ins[0].reshape(-1, depth).astype(np.float64) - offset) @ matrix
-        output((acc.astype(np.int64) + bias).reshape(outs[0].shape), outs[0])
-    return run
+        reference = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
+    return matrix_gemm(op, lambda ins: gemm, _finish(op, False, bias, bound, reference), dtype,
+                       zero_point(x))
 
 
 @kernel("TRANSPOSE_CONV", quantized=True)

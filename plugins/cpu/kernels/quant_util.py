@@ -17,12 +17,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from delegate import Op, Tensor
+
+from .common import scratch
 
 INT32_MAX = (1 << 31) - 1
 
@@ -52,24 +54,31 @@ def trunc_div(a, b):
 
 
 def saturating_rounding_doubling_high_mul(a, b, bits: int = 32):
-    """High half of 2*a*b rounded to nearest (ties away from zero), for ``bits``-wide a and b."""
+    """High half of 2*a*b rounded to nearest (ties up), for ``bits``-wide a and b.
+
+    gemmlowp nudges the product by half or by 1 - half, by its sign, then truncates
+    toward zero: in both cases that is floor((a*b + half) / 2**(bits-1)), one shift.
+    Only lowest * lowest saturates.
+    """
     a = np.asarray(a, np.int64)
     b = np.asarray(b, np.int64)
-    product = a * b
-    half = 1 << (bits - 2)
-    nudged = product + np.where(product >= 0, half, 1 - half)
-    result = trunc_div(nudged, np.int64(1 << (bits - 1)))
+    result = (a * b + (1 << (bits - 2))) >> (bits - 1)
     lowest = -(1 << (bits - 1))
-    return np.where((a == lowest) & (b == lowest), -lowest - 1, result)
+    small, large = sorted((a, b), key=np.size)
+    if np.any(small == lowest) and np.any(large == lowest):
+        result = np.where((a == lowest) & (b == lowest), -lowest - 1, result)
+    return result
 
 
 def rounding_divide_by_pot(x, exponent):
-    """x / 2**exponent rounded to nearest, ties away from zero."""
+    """x / 2**exponent rounded to nearest, ties away from zero: floor((x + half - [x < 0]) / 2**exponent)
+    for positive exponents (half = 2**(exponent-1)), x itself for zero."""
     x = np.asarray(x, np.int64)
     exponent = np.asarray(exponent, np.int64)
-    mask = (np.int64(1) << exponent) - 1
-    threshold = (mask >> 1) + (x < 0)
-    return (x >> exponent) + ((x & mask) > threshold)
+    negative = x < 0
+    if exponent.ndim or exponent == 0:
+        negative &= exponent > 0
+    return (x + ((np.int64(1) << exponent) >> 1) - negative) >> exponent
 
 
 def multiply_by_quantized_multiplier(x, multiplier, shift):
@@ -195,6 +204,94 @@ class Requantize:
     def __call__(self, acc: np.ndarray, out: np.ndarray) -> None:
         store(out, self.rounding(acc, self.multiplier, self.shift) + self.zero_point, self.lo, self.hi)
 
+    def channels(self, start: int, stop: int) -> Requantize:
+        """The stage of output channels start..stop (for per-channel multipliers)."""
+        if np.ndim(self.multiplier) == 0:
+            return self
+        return replace(self, multiplier=self.multiplier[start:stop], shift=self.shift[start:stop])
+
+
+class Rescale:
+    """The output stage of the convolutions and fully connected layers in one multiply, add and shift.
+
+    Both fixed-point rescalings LiteRT applies are a single rounded division: the
+    doubling high multiply with its sign-dependent nudge and truncation is
+    floor((acc * M + 2**30) / 2**31), a following rounding shift by r adds 2**(r-1)
+    before its floor (less one for negative values where ties go away from zero),
+    and nested floors of power-of-two divisions are one floor.  With the bias and the
+    output zero point folded in, per output channel:
+
+        out = clamp((acc * M + K - tie) >> S)
+
+    where ``tie`` is nonzero only on the channels ``away`` marks (ties away from zero),
+    for negative products.  Channels are brought to one shift (scaling M and K) when
+    int64 has room for ``acc_bound`` (the largest accumulator magnitude) times M.  The
+    constants are also laid out along rows of ``row_pixels`` pixels, so that whole
+    output rows run as one long inner loop.
+    """
+
+    def __init__(self, real, zero_point: int, bounds: tuple[int, int], away, bias, acc_bound: int,
+                 row_pixels: int = 1):
+        fixed, exponent = quantize_multiplier(np.atleast_1d(real))
+        channels = max(fixed.size, np.size(bias))
+        bias = [int(b) for b in np.broadcast_to(np.asarray(bias, np.int64), channels)]
+        rights = [max(-int(e), 0) for e in np.broadcast_to(exponent, channels)]
+        multipliers = [int(f) << max(int(e), 0) for f, e in zip(np.broadcast_to(fixed, channels),
+                                                                np.broadcast_to(exponent, channels))]
+        away = np.broadcast_to(np.asarray(away, bool), channels)
+        self.lo, self.hi, self.channels = bounds[0], bounds[1], channels
+
+        def constants(scale_of):
+            offsets = [((1 << 30) + (1 << (30 + r) if r else 0) + b * m + (zero_point << (31 + r))) * scale_of(r)
+                       for r, m, b in zip(rights, multipliers, bias)]
+            largest = max((acc_bound + abs(b)) * m * scale_of(r) + abs(k) + (1 << 31) * scale_of(r)
+                          for r, m, b, k in zip(rights, multipliers, bias, offsets))
+            return offsets, largest < 1 << 63
+
+        common = max(rights)
+        offsets, fits = constants(lambda r: 1 << (common - r))
+        if fits:
+            def scale_of(r):
+                return 1 << (common - r)
+            shift = np.int64(31 + common)
+        else:
+            offsets, fits = constants(lambda r: 1)
+            if not fits:
+                raise ValueError("accumulators too wide for an int64 rescale")
+
+            def scale_of(r):
+                return 1
+            shift = np.array([31 + r for r in rights], np.int64)
+        multiplier = np.array([m * scale_of(r) for r, m in zip(rights, multipliers)], np.int64)
+        # A tie goes away from zero when acc * M < -2**30, i.e. acc below ceil(-2**30 / M).
+        ties = [bool(a and m and r) for a, m, r in zip(away, multipliers, rights)]
+        tie_below = np.array([-((1 << 30) // m) - b if t else -(1 << 62) for t, m, b in zip(ties, multipliers, bias)],
+                             np.int64)
+        tie = np.array([(1 << 31) * scale_of(r) if t else 0 for t, r in zip(ties, rights)], np.int64)
+        self.rounds_away = any(ties)
+        self.per_channel = (multiplier, np.array(offsets, np.int64), shift, tie_below, tie)
+        self.row_pixels = row_pixels
+        self.per_row = tuple(np.tile(v, row_pixels) if v.ndim else v for v in self.per_channel)
+
+    def __call__(self, acc: np.ndarray, out: np.ndarray, u0: int = 0, u1: int | None = None) -> None:
+        """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``."""
+        u1 = self.channels if u1 is None else u1
+        if u1 - u0 == self.channels and acc.ndim > 1 and acc.shape[-2] == self.row_pixels:
+            acc = acc.reshape(*acc.shape[:-2], -1)
+            out = out.reshape(acc.shape)
+            multiplier, offset, shift, tie_below, tie = self.per_row
+        else:
+            multiplier, offset, shift, tie_below, tie = (v[u0:u1] if v.ndim else v for v in self.per_channel)
+        exact = scratch("rescale_acc", acc.shape, np.int32)
+        np.copyto(exact, acc, casting="unsafe")
+        product = scratch("rescale", acc.shape, np.int64)
+        np.multiply(exact, multiplier, out=product)
+        product += offset
+        if self.rounds_away:
+            product -= np.less(exact, tie_below) * tie
+        np.right_shift(product, shift, out=product)
+        np.clip(product, self.lo, self.hi, out=out, casting="unsafe")
+
 
 @dataclass(frozen=True)
 class RescaleInDouble:
@@ -208,6 +305,10 @@ class RescaleInDouble:
     def __call__(self, acc: np.ndarray, out: np.ndarray) -> None:
         rescaled = round_half_away(acc.astype(np.float64) * self.real).astype(np.int64)
         store(out, rescaled + self.zero_point, self.lo, self.hi)
+
+    def channels(self, start: int, stop: int) -> RescaleInDouble:
+        """The stage of output channels start..stop."""
+        return self if np.ndim(self.real) == 0 else replace(self, real=self.real[start:stop])
 
 
 @lru_cache(maxsize=None)
