@@ -56,11 +56,13 @@ def _pow2_at_least(n: int) -> int:
 
 
 def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int) -> tuple[int, int, int]:
-    """(WG_P, WG_S, CHUNK) of matmul.cl: a tile no wider than the output slices and a chunk no longer
-    than the input, so little of either is padding; then as many rows as keep two work groups per
-    compute unit (big tiles reuse more of what they load, small ones keep a large GPU busy at batch 1).
-    The kernel needs WG_S >= 2 and groups of at least 32 items."""
-    wg_s = min(max(_pow2_at_least(out_slices) // 2, 2), 8)
+    """(WG_P, WG_S, CHUNK) of matmul.cl: the widest tile that pads the output slices by at most an
+    eighth (else the least padding), a chunk no longer than the input, then as many rows as keep two
+    work groups per compute unit (big tiles reuse more of what they load, small ones keep a large GPU
+    busy at batch 1).  The kernel needs WG_S >= 2 and groups of at least 32 items."""
+    padded = {wg_s: _round_to(out_slices, 2 * wg_s) for wg_s in (8, 4, 2)}
+    wg_s = next((w for w, total in padded.items() if (total - out_slices) * 8 <= total),
+                min(padded, key=lambda w: (padded[w], -w)))
     wg_p = MATMUL_GROUP // wg_s
     while wg_p * wg_s > 32 and -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) < 2 * compute_units:
         wg_p //= 2
