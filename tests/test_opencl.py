@@ -507,6 +507,16 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
     assert compiled.describe()["kernels"] == 2
 
 
+def test_depthwise_read_by_a_single_input_op(backend):
+    rng = np.random.default_rng(12)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 8))
+    dw = b.op("DEPTHWISE_CONV_2D", [x, b.const("w", normal(rng, (1, 3, 3, 8))), b.const("b", normal(rng, 8))],
+              options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1})
+    b.output(b.op("SOFTMAX", [dw], options={"beta": 1.0}))
+    check(b, [normal(rng, (1, 6, 5, 8))])
+
+
 @settings(max_examples=10)
 @given(case=conv_case(), depthwise=st.booleans(), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
        seed=st.integers(0, 2**16))

@@ -256,12 +256,13 @@ class Lowering:
 
     def _feeds_a_product(self, g: Group, user: Op) -> bool:
         """A depthwise convolution (with only activations after it) read by a tiled 1x1 convolution."""
-        if g.root.opcode != "DEPTHWISE_CONV_2D" or any(step.kind != "unary" for step in g.steps):
+        if g.root.opcode != "DEPTHWISE_CONV_2D" or user.opcode != "CONV_2D" or \
+                any(step.kind != "unary" for step in g.steps):
             return False
         value, weights = g.output, user.inputs[1]
         n, h, w, _ = as_nhwc(value.shape)
-        return user.opcode == "CONV_2D" and tuple(weights.shape[1:3]) == (1, 1) and \
-            self._is_matmul(user, value.shape, weights.shape) and n * h * w > MATVEC_ROWS
+        return tuple(weights.shape[1:3]) == (1, 1) and self._is_matmul(user, value.shape, weights.shape) and \
+            n * h * w > MATVEC_ROWS
 
     def conv_input(self, op: Op) -> Tensor:
         """What a convolution's kernel reads: its input, or the input of the PAD fused into it."""
