@@ -2,7 +2,7 @@
 //
 // Tensors are PHWC4 buffers ([N][S][H][W][4], see delegate.gpu.layout) described by
 // an int4 of dimensions (W, H, S, N).  STORAGE is the buffer element type: float, or
-// half read and written through vload_half/vstore_half, which every OpenCL device has,
+// half read and written through vloada_half/vstorea_half, which every OpenCL device has,
 // so fp16 storage halves memory traffic even where cl_khr_fp16 is missing.  FLT4 is
 // the arithmetic type: half4 only where the device has cl_khr_fp16 and fp16 was
 // allowed.  Reductions use float4 (ACC4) whatever the precision.
@@ -20,11 +20,9 @@ typedef float4 FLT4;
 typedef float4 ACC4;
 #define TO_ACC4(v) convert_float4(v)
 
-// Buffers start aligned and every vector index is in whole vectors, so float and (with
-// cl_khr_fp16) half vectors go through vector pointers: one 16- or 8-byte access where
-// vload4 on a scalar pointer may become four.  Without cl_khr_fp16, half can only be
-// converted by vload_half/vstore_half from memory; converting in private memory after a
-// wide load is miscompiled by some drivers in kernels with barriers, so those stay.
+// Buffers start aligned and every vector index is in whole vectors, so vectors move as
+// one aligned 16- or 8-byte access: through vector pointers, or without cl_khr_fp16 through
+// vloada_half4/vstorea_half4, whose alignment promise vload_half4 (2 bytes) does not give.
 #if defined(HALF_STORAGE)
 #define STORAGE half
 #if defined(HALF_MATH)
@@ -33,8 +31,8 @@ typedef float4 ACC4;
 #define LOAD1(p, i) ((p)[i])
 #define STORE1(v, p, i) ((p)[i] = (v))
 #else
-#define LOAD4(p, i) vload_half4((i), (p))
-#define STORE4(v, p, i) vstore_half4_rte((v), (i), (p))
+#define LOAD4(p, i) vloada_half4((i), (p))
+#define STORE4(v, p, i) vstorea_half4_rte((v), (i), (p))
 #define LOAD1(p, i) vload_half((i), (p))
 #define STORE1(v, p, i) vstore_half_rte((v), (i), (p))
 #endif
