@@ -27,6 +27,7 @@ from .planner import PlacementSettings
 from .session import RunSettings, Session
 
 CPU_NUMPY = ("cpu", {"engine": "numpy"})
+CPU_AUTO = ("cpu", {"engine": "auto"})  # the ops GPU configurations leave to the CPU
 
 
 @dataclass
@@ -47,12 +48,12 @@ class SuiteConfig:
 CONFIGS = [
     SuiteConfig("cpu-numpy", [CPU_NUMPY]),
     SuiteConfig("cpu-litert", [("cpu", {"engine": "litert"})]),
-    SuiteConfig("opencl-fp32", [("opencl", {}), CPU_NUMPY]),
-    SuiteConfig("opencl-fp16", [("opencl", {}), CPU_NUMPY], precision="fp16"),
-    SuiteConfig("opencl-fp32-greedy", [("opencl", {}), CPU_NUMPY], partitioner="greedy"),
-    SuiteConfig("wgpu-fp32", [("wgpu", {}), CPU_NUMPY]),
-    SuiteConfig("wgpu-fp16", [("wgpu", {}), CPU_NUMPY], precision="fp16"),
-    SuiteConfig("wgpu-fp32-greedy", [("wgpu", {}), CPU_NUMPY], partitioner="greedy"),
+    SuiteConfig("opencl-fp32", [("opencl", {}), CPU_AUTO]),
+    SuiteConfig("opencl-fp16", [("opencl", {}), CPU_AUTO], precision="fp16"),
+    SuiteConfig("opencl-fp32-greedy", [("opencl", {}), CPU_AUTO], partitioner="greedy"),
+    SuiteConfig("wgpu-fp32", [("wgpu", {}), CPU_AUTO]),
+    SuiteConfig("wgpu-fp16", [("wgpu", {}), CPU_AUTO], precision="fp16"),
+    SuiteConfig("wgpu-fp32-greedy", [("wgpu", {}), CPU_AUTO], partitioner="greedy"),
 ]
 
 
