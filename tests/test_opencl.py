@@ -29,6 +29,7 @@ from tests.oputil import assert_close, check_against_litert, litert_run
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 from delegate_opencl import lowering  # noqa: E402
 from delegate_opencl.compiled import ClCompiled  # noqa: E402
+from delegate_opencl.geometry import MATVEC_ROWS  # noqa: E402
 from delegate_opencl.device import probe  # noqa: E402
 from delegate_opencl.program import ProgramBuilder, Variant, program_source  # noqa: E402
 
@@ -500,7 +501,7 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
                   options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU6"}))
     g, compiled = compile_whole(backend, b)
     pixels = int(np.prod(g.ops[-1].inputs[0].shape[:3]))
-    assert compiled.describe()["kernels"] == (1 if pixels > lowering.MATVEC_ROWS else 2)
+    assert compiled.describe()["kernels"] == (1 if pixels > MATVEC_ROWS else 2)
     check(b, [normal(rng, shape)], *((FP16_RTOL, FP16) if fp16 else ()))
     b.output(dw)  # the depthwise result leaves the partition: stored, so computed on its own
     _, compiled = compile_whole(backend, b)

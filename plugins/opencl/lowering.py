@@ -3,8 +3,9 @@
 Everything here happens once, at compile time: each activation tensor gets a
 zero-filled PHWC4 buffer, constants are converted to the float view, packed
 and uploaded, and each group becomes one launch (two when a layout change
-must follow) whose argument list is complete, so running the partition is
-only enqueueing kernels.
+must follow; none when the next kernel computes it, see ``lower_all``) whose
+argument list is complete, so running the partition is only enqueueing
+kernels.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.fusion import Group, Step, is_elementwise
 from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_conv_weights,
-                                 pack_depthwise_weights, pack_vector, padding_before, phwc4_vectors, same_storage,
-                                 slice_ranges, slices, to_phwc4, transpose_conv_padding)
+                                 pack_depthwise_weights, pack_vector, phwc4_vectors, same_storage, slice_ranges,
+                                 slices, to_phwc4, transpose_conv_padding)
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
 from delegate.ir import Op, Tensor
 
+from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
+                       pow2_at_least, reduction_shape, round_to, window_padding)
 from .program import Variant, unary_chain
 
 
@@ -43,72 +46,6 @@ class Launch:
     @property
     def label(self) -> str:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
-
-
-MATMUL_GROUP = 128  # most work items of a matmul.cl group; each computes 2 rows x 2 output slices
-MATMUL_CHUNK = 8  # most input vectors staged per step
-MATVEC_ROWS = 4  # products with at most this many rows spread their sums over a work group instead
-MATVEC_GROUP = 64
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int) -> tuple[int, int, int]:
-    """(WG_P, WG_S, CHUNK) of matmul.cl: the widest tile that pads the output slices by at most an
-    eighth (else the least padding), a chunk no longer than the input, then as many rows as keep two
-    work groups per compute unit (big tiles reuse more of what they load, small ones keep a large GPU
-    busy at batch 1).  The kernel needs WG_S >= 2 and groups of at least 32 items."""
-    padded = {wg_s: _round_to(out_slices, 2 * wg_s) for wg_s in (8, 4, 2)}
-    wg_s = next((w for w, total in padded.items() if (total - out_slices) * 8 <= total),
-                min(padded, key=lambda w: (padded[w], -w)))
-    wg_p = MATMUL_GROUP // wg_s
-    while wg_p * wg_s > 32 and -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) < 2 * compute_units:
-        wg_p //= 2
-    return wg_p, wg_s, min(_pow2_at_least(depth), MATMUL_CHUNK)
-
-
-REDUCTION_GROUP = 128  # work-group size of the reduction kernels (mean, softmax)
-
-
-def reduction_shape(count: int) -> tuple[int, int]:
-    """(items per reduction, reductions per work group) for reductions over ``count`` vectors each:
-    up to the whole group shares one reduction, and small ones share a group instead."""
-    items = min(REDUCTION_GROUP, _pow2_at_least(count))
-    return items, REDUCTION_GROUP // items
-
-
-def _round_to(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
-
-
-def grid(shape: Sequence[int]) -> tuple[int, int, int]:
-    """One work item per output vector: (W, H, N * S)."""
-    n, h, w, c = as_nhwc(shape)
-    return w, h, n * slices(c)
-
-
-def nhwc_prefix_of_phwc4(shape: Sequence[int]) -> bool:
-    """Whether the NHWC bytes of ``shape`` start its float32 PHWC4 buffer: a single slice of exactly four
-    channels, whole slices of one pixel, or one pixel of one image (the padding lanes follow)."""
-    n, h, w, c = as_nhwc(shape)
-    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
-
-
-def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
-    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
-    o = op.options
-    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-    padding = o.get("padding", "VALID")
-    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
-            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
-
-
-def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
-    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
-    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
-        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -376,7 +313,7 @@ class Lowering:
                                                 np.int32(oh * ow)]
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
-            items = min(_pow2_at_least(depth), MATVEC_GROUP)
+            items = min(pow2_at_least(depth), MATVEC_GROUP)
             self.add("matvec", steps, args + [src], dst_shape, (out_slices * items, 1, 1), ops,
                      defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1))
             return
@@ -389,7 +326,7 @@ class Lowering:
         else:
             args.append(src)
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units)
-        items = (_round_to(rows, 2 * wg_p) // 2, _round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
+        items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
 
@@ -471,7 +408,7 @@ class Lowering:
                                            (slices(c) if flags[2] else 1))
         args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(c),
                                               self.cl_int4(*flags, 0)]
-        self.add("mean", g.steps, args, natural, (items, _round_to(phwc4_vectors(natural), per_group), 1), g.ops,
+        self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
@@ -499,7 +436,7 @@ class Lowering:
         n, h, w, c = as_nhwc(out.shape)
         items, per_group = reduction_shape(slices(c))
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), np.float32(op.options.get("beta", 1.0))]
-        self.add("softmax", g.steps, args, out.shape, (items, _round_to(n * h * w, per_group), 1), g.ops,
+        self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
     def depth_to_space(self, g: Group) -> None:

@@ -1,0 +1,73 @@
+"""Work sizes and window geometry of the opencl kernels: pure functions of shapes, chosen at compile time."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from delegate.gpu.layout import as_nhwc, padding_before, slices
+from delegate.ir import Op
+
+MATMUL_GROUP = 128  # most work items of a matmul.cl group; each computes 2 rows x 2 output slices
+MATMUL_CHUNK = 8  # most input vectors staged per step
+MATVEC_ROWS = 4  # products with at most this many rows spread their sums over a work group instead
+MATVEC_GROUP = 64
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int) -> tuple[int, int, int]:
+    """(WG_P, WG_S, CHUNK) of matmul.cl: the widest tile that pads the output slices by at most an
+    eighth (else the least padding), a chunk no longer than the input, then as many rows as keep two
+    work groups per compute unit (big tiles reuse more of what they load, small ones keep a large GPU
+    busy at batch 1).  The kernel needs WG_S >= 2 and groups of at least 32 items."""
+    padded = {wg_s: round_to(out_slices, 2 * wg_s) for wg_s in (8, 4, 2)}
+    wg_s = next((w for w, total in padded.items() if (total - out_slices) * 8 <= total),
+                min(padded, key=lambda w: (padded[w], -w)))
+    wg_p = MATMUL_GROUP // wg_s
+    while wg_p * wg_s > 32 and -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) < 2 * compute_units:
+        wg_p //= 2
+    return wg_p, wg_s, min(pow2_at_least(depth), MATMUL_CHUNK)
+
+
+REDUCTION_GROUP = 128  # work-group size of the reduction kernels (mean, softmax)
+
+
+def reduction_shape(count: int) -> tuple[int, int]:
+    """(items per reduction, reductions per work group) for reductions over ``count`` vectors each:
+    up to the whole group shares one reduction, and small ones share a group instead."""
+    items = min(REDUCTION_GROUP, pow2_at_least(count))
+    return items, REDUCTION_GROUP // items
+
+
+def round_to(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def grid(shape: Sequence[int]) -> tuple[int, int, int]:
+    """One work item per output vector: (W, H, N * S)."""
+    n, h, w, c = as_nhwc(shape)
+    return w, h, n * slices(c)
+
+
+def nhwc_prefix_of_phwc4(shape: Sequence[int]) -> bool:
+    """Whether the NHWC bytes of ``shape`` start its float32 PHWC4 buffer: a single slice of exactly four
+    channels, whole slices of one pixel, or one pixel of one image (the padding lanes follow)."""
+    n, h, w, c = as_nhwc(shape)
+    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
+
+
+def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
+    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
+    o = op.options
+    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
+    padding = o.get("padding", "VALID")
+    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
+            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
+
+
+def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
+    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
+    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
+        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)
