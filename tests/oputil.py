@@ -68,3 +68,17 @@ def check_against_litert(model: bytes, inputs: Sequence[np.ndarray], backend: st
     expected = litert_run(model, inputs, builtin=builtin)
     actual = delegate_run(model, inputs, backend, options)
     assert_close(actual, expected, rtol=rtol, atol=atol, lsb=lsb)
+
+
+def assert_round_trip(data: bytes, external: bool) -> bytes:
+    """Read -> write -> read gives the same text IR and constants; returns the rewritten bytes."""
+    from delegate.tflite.writer import write_model
+
+    model = read_model(data)
+    rewritten = write_model(model, external_buffers=external)
+    again = read_model(rewritten)
+    assert str(again) == str(model)
+    for a, b in zip(model.main.tensors, again.main.tensors):
+        if a.data is not None:
+            np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+    return rewritten
