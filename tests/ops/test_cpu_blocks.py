@@ -48,8 +48,8 @@ def test_float_depthwise_bands(x_shape, k, stride):
 
 
 def test_float_fully_connected_unit_slices():
-    w = np.random.default_rng(3).standard_normal((1000, 1280)).astype(np.float32)
-    model, inputs = _float_layer("FULLY_CONNECTED", (1, 1280), w, {})
+    w = np.random.default_rng(3).standard_normal((1000, 2048)).astype(np.float32)
+    model, inputs = _float_layer("FULLY_CONNECTED", (4, 2048), w, {})
     check_against_litert(model, inputs, options=TWO_THREADS)
 
 
@@ -94,7 +94,7 @@ def test_quantized_depthwise_bands(dtype, channels, stride):
 
 
 def test_quantized_fully_connected_unit_slices():
-    model, inputs = _quantized_layer("FULLY_CONNECTED", (1, 1280), (1000, 1280), 0, {})
+    model, inputs = _quantized_layer("FULLY_CONNECTED", (4, 2048), (1000, 2048), 0, {})
     check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Callable
 
@@ -264,7 +265,7 @@ def scratch(slot, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     buffers = getattr(_SCRATCH, "buffers", None)
     if buffers is None:
         buffers = _SCRATCH.buffers = {}
-    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    size = math.prod(shape) * np.dtype(dtype).itemsize
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < size:
         buffer = buffers[slot] = np.empty(max(size, 64), np.uint8)

@@ -15,16 +15,14 @@ import contextlib
 import contextvars
 import ctypes
 import os
+import queue as queue_module
 import statistics
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -80,17 +78,71 @@ def spread(chunks: Sequence[tuple], alone: Sequence[tuple] | None = None) -> Cal
     def shared(fn: Callable[..., None]) -> None:
         if not _SHARING.get():
             return inline(fn)
-        queue = iter(chunks)  # next() on a list iterator is atomic under the GIL
-
-        def drain() -> None:
-            for chunk in queue:
-                fn(*chunk)
-        pending = [_pool().submit(drain) for _ in range(helpers)]
-        drain()
-        for future in pending:
-            if not future.cancel():
-                future.result()
+        job = _Job(fn, chunks)
+        for helper in _helpers(helpers):
+            helper.put(job)
+        try:
+            job.drain()
+        finally:
+            job.join(helpers)
     return shared
+
+
+class _Job:
+    """Chunks shared by the caller and helper threads; a helper that has not started when the
+    caller is done is skipped, not waited for."""
+
+    def __init__(self, fn: Callable[..., None], chunks: list[tuple]):
+        self.fn, self.queue = fn, iter(chunks)  # next() on a list iterator is atomic under the GIL
+        self.done = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        self.started = self.cancelled = 0
+        self.error: BaseException | None = None
+
+    def drain(self) -> None:
+        for chunk in self.queue:
+            self.fn(*chunk)
+
+    def help(self) -> None:
+        """Run by a helper thread: take chunks unless the caller has stopped waiting."""
+        with self.lock:
+            if self.cancelled:
+                self.cancelled -= 1
+                return
+            self.started += 1
+        try:
+            self.drain()
+        except BaseException as exc:  # handed to the caller, which re-raises it
+            self.error = exc
+        self.done.release()
+
+    def join(self, helpers: int) -> None:
+        with self.lock:
+            waiting = self.started
+            self.cancelled = helpers - self.started
+        for _ in range(waiting):
+            self.done.acquire()
+        if self.error is not None:
+            raise self.error
+
+
+def _helpers(count: int) -> list[queue_module.SimpleQueue]:
+    """The job queues of ``count`` process-wide helper threads, started on first use."""
+    with _HELPERS_LOCK:
+        while len(_HELPERS) < count:
+            jobs: queue_module.SimpleQueue = queue_module.SimpleQueue()
+            threading.Thread(target=_serve, args=(jobs,), name=f"delegate-cpu-{len(_HELPERS)}", daemon=True).start()
+            _HELPERS.append(jobs)
+        return _HELPERS[:count]
+
+
+def _serve(jobs: queue_module.SimpleQueue) -> None:
+    while True:
+        jobs.get().help()
+
+
+_HELPERS: list[queue_module.SimpleQueue] = []
+_HELPERS_LOCK = threading.Lock()
 
 
 _SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
@@ -131,15 +183,6 @@ class ThreadChoice:
             _SHARING.reset(token)
         if self.runs > 1:
             self.samples[sharing].append(time.perf_counter() - start)
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One process-wide pool of helper threads (idle threads cost nothing)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="delegate-cpu")
-        return _POOL
 
 
 def _openblas_thread_controls() -> list[tuple[Callable[[], int], Callable[[int], None]]]:
