@@ -17,17 +17,20 @@ found through the ``delegate.backends`` entry-point group::
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pluggy
 
 PROJECT = "delegate"
+if TYPE_CHECKING:
+    from .backend import BackendInfo
+
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def delegate_backends() -> Iterable["BackendInfo"]:  # noqa: F821
+def delegate_backends() -> Iterable[BackendInfo]:
     """Return the backends this plugin offers (registration hook; results of all plugins are merged).
 
     Each is a :class:`delegate.BackendInfo` naming the backend, its factory and an

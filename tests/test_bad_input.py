@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from delegate import ModelFormatError, UnsupportedOpError, read_model
-from delegate.ir import Subgraph
 from delegate.tflite.builder import GraphBuilder
 from delegate.tflite.writer import write_model
 from tests.mediapipe import mediapipe_models

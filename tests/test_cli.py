@@ -56,8 +56,8 @@ def test_inputs_from_npz_npy_and_image(tiny_model, tmp_path):
     x = np.random.default_rng(3).uniform(-1, 1, (1, 8, 8, 3)).astype(np.float32)
     np.savez(tmp_path / "in.npz", image=x)
     np.save(tmp_path / "x.npy", x)
-    a = delegate(*CPU, tiny_model, "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "a.npz"))
-    b = delegate(*CPU, tiny_model, "--input", f"image={tmp_path / 'x.npy'}", "--output", str(tmp_path / "b.npz"))
+    delegate(*CPU, tiny_model, "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "a.npz"))
+    delegate(*CPU, tiny_model, "--input", f"image={tmp_path / 'x.npy'}", "--output", str(tmp_path / "b.npz"))
     np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["scores"], np.load(tmp_path / "b.npz")["scores"])
     from PIL import Image
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(tmp_path / "p.png")

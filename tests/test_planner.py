@@ -5,7 +5,7 @@ import itertools
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from delegate import Backend, CompileOptions, Support, read_model
 from delegate.cost import DEFAULT_PROFILES
