@@ -508,6 +508,27 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
     assert compiled.describe()["kernels"] == 2
 
 
+@settings(max_examples=10)
+@given(shape=image(), units=st.integers(1, 9), per_image=st.booleans(), swapped=st.booleans(),
+       const=st.booleans(), seed=st.integers(0, 2**16))
+def test_gate_then_1x1_is_one_kernel(backend, shape, units, per_image, swapped, const, seed):
+    """A product by one value per channel (a squeeze-and-excitation gate) read only by a 1x1 convolution
+    is applied where the product's kernel stages its input."""
+    n, h, w, c = shape
+    assume(n * h * w > MATVEC_ROWS)
+    rng = np.random.default_rng(seed)
+    gate_shape = (n if per_image else 1, 1, 1, c)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    gate = b.const("g", normal(rng, gate_shape)) if const else b.input("g", gate_shape)
+    y = b.op("MUL", [gate, x] if swapped else [x, gate], options={"fused_activation_function": "NONE"})
+    b.output(b.op("CONV_2D", [y, b.const("w", normal(rng, (units, 1, 1, c))), b.const("b", normal(rng, units))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    _, compiled = compile_whole(backend, b)
+    assert compiled.describe()["kernels"] == 1
+    check(b, [normal(rng, shape)] + ([] if const else [normal(rng, gate_shape)]))
+
+
 def test_depthwise_read_by_a_single_input_op(backend):
     rng = np.random.default_rng(12)
     b = GraphBuilder()

@@ -48,6 +48,19 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
+def gate_operands(g: Group) -> tuple[Tensor, Tensor] | None:
+    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image),
+    as a squeeze-and-excitation block gates its input; else None."""
+    op, out = g.root, g.output.shape
+    if op.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1 or len(out) != 4:
+        return None
+    for values, gate in (op.inputs, op.inputs[::-1]):
+        if tuple(values.shape) == tuple(out) and len(gate.shape) == 4 and tuple(gate.shape[1:]) == (1, 1, out[3]) \
+                and gate.shape[0] in (1, out[0]):
+            return values, gate
+    return None
+
+
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
     """A single-channel operand broadcast over all channels of the result."""
     return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
@@ -157,10 +170,11 @@ class Lowering:
         """Lower ``groups`` in order, fusing what only the next kernel reads into that kernel:
 
         - a zero PAD of H and W read only by a convolution becomes part of the convolution's padding;
-        - a depthwise convolution read only by a 1x1 convolution is computed in the product's kernel.
+        - a depthwise convolution, or a product by a per-channel gate, read only by a 1x1 convolution
+          is computed where the product's kernel stages its input.
         """
         members = {id(op) for g in groups for op in g.ops}
-        waiting: dict[int, Group] = {}  # depthwise groups by the index of the tensor they would store
+        staged: dict[int, Group] = {}  # groups computed in a product's staging, by the tensor they would store
         for g in groups:
             user = g.output.uses[0] if len(g.output.uses) == 1 and g.output.index not in keep else None
             if user is None or id(user) not in members or user.inputs[0] is not g.output:
@@ -169,17 +183,16 @@ class Lowering:
                 pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
                 self.padded[id(user)] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
                 continue
-            if user is not None and self._feeds_a_product(g, user):
-                waiting[g.output.index] = g
+            if user is not None and self._stages_into_product(g, user):
+                staged[g.output.index] = g
                 continue
-            depthwise = waiting.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
-            if depthwise is None:
+            source = staged.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
+            if source is None:
                 self.lower(g)
                 continue
-            op, x = g.root, depthwise.output
+            op, x = g.root, source.output
             self.matmul(None, x.shape, constant_value(op.inputs[1]), constant_value(op.input(2)),
-                        self.tensor(g.output), g.output.shape, g.steps, self.absorbed(depthwise.ops) + g.ops,
-                        depthwise)
+                        self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
 
     def _pads_a_convolution(self, g: Group, user: Op) -> bool:
         """A zero PAD of only H and W, nothing fused after it, read by a windowed convolution kernel."""
@@ -191,10 +204,11 @@ class Lowering:
         return user.opcode == "DEPTHWISE_CONV_2D" or (
             user.opcode == "CONV_2D" and not self._is_matmul(user, g.output.shape, user.inputs[1].shape))
 
-    def _feeds_a_product(self, g: Group, user: Op) -> bool:
-        """A depthwise convolution (with only activations after it) read by a tiled 1x1 convolution."""
-        if g.root.opcode != "DEPTHWISE_CONV_2D" or user.opcode != "CONV_2D" or \
-                any(step.kind != "unary" for step in g.steps):
+    def _stages_into_product(self, g: Group, user: Op) -> bool:
+        """A depthwise convolution (with only activations after it) or a gate product, read by a tiled
+        1x1 convolution."""
+        depthwise = g.root.opcode == "DEPTHWISE_CONV_2D" and all(step.kind == "unary" for step in g.steps)
+        if not (depthwise or gate_operands(g)) or user.opcode != "CONV_2D":
             return False
         value, weights = g.output, user.inputs[1]
         n, h, w, _ = as_nhwc(value.shape)
@@ -298,10 +312,11 @@ class Lowering:
         self.matmul(src, src_shape, window, bias, dst, dst_shape, steps, ops)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
-               steps: Sequence[Step], ops: Sequence[Op], depthwise: Group | None = None) -> None:
+               steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None) -> None:
         """Rows of ``src`` times OHWI weights ``window``: 1x1 (a row per pixel, its vectors a plane apart)
         or covering the whole image (a row per image, its vectors consecutive in PHWC4 order).  With
-        ``depthwise`` (a 1x1 window), the rows are that convolution's output, computed in the kernel."""
+        ``source`` (a 1x1 window), the rows are that group's output (a depthwise convolution or a gate
+        product), computed where the kernel stages them."""
         units, kh, kw, _ = window.shape
         n, h, w, c = as_nhwc(src_shape)
         packed = pack_conv_weights(window).transpose(0, 3, 1, 2, 4, 5)  # [S_out][S_in][KH][KW]: PHWC4 order
@@ -318,13 +333,17 @@ class Lowering:
                      defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1))
             return
         defines: tuple = ()
-        if depthwise is not None:
-            args += self.depthwise_args(depthwise.root) + [self.cl.cltypes.make_int2(w, c)]
-            _, dkh, dkw, _ = depthwise.root.inputs[1].shape
-            defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
-                       ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in depthwise.steps], "(v)")))
-        else:
+        if source is None:
             args.append(src)
+        elif source.root.opcode == "DEPTHWISE_CONV_2D":
+            args += self.depthwise_args(source.root) + [self.cl.cltypes.make_int2(w, c)]
+            _, dkh, dkw, _ = source.root.inputs[1].shape
+            defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
+                       ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in source.steps], "(v)")))
+        else:
+            values, gate = gate_operands(source)
+            args += [self.tensor(values), self.tensor(gate), np.int32(depth if gate.shape[0] > 1 else 0)]
+            defines = (("GATED_INPUT", 1),)
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),

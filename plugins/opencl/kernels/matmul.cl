@@ -12,13 +12,18 @@
 // items read and write neighbouring rows, and items of one row share the weights they read.
 // The 2 x 2 block is held in named registers (some compilers keep private arrays in memory).
 //
-// With DEPTHWISE_INPUT the rows are not read but computed: `in` is the input (dimensions id)
-// of a depthwise convolution that only this product reads, and each staged vector is that
-// convolution's output (with its activation DEPTHWISE_ACT) at the row's pixel, so its
-// result is never stored.  mid = (width, channels) of that output.
+// Two producers read only by the product are computed where it stages its input, so their
+// results are never stored:
+// - DEPTHWISE_INPUT: `in` is the input (dimensions id) of a depthwise convolution and each
+//   staged vector is its output (with its activation DEPTHWISE_ACT) at the row's pixel;
+//   mid = (width, channels) of that output;
+// - GATED_INPUT: the rows of `in` times one gate vector per input vector (and per image
+//   when gate_stride is the depth), as a squeeze-and-excitation block scales its input.
 #if defined(DEPTHWISE_INPUT)
 #define INPUT_PARAMS , int4 id, int multiplier, __global const STORAGE* dw_weights, __global const STORAGE* dw_bias, \
     int4 geometry, int4 spacing, int2 mid
+#elif defined(GATED_INPUT)
+#define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride
 #else
 #define INPUT_PARAMS
 #endif
@@ -44,6 +49,9 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   int a_n = r / in_plane, a_y = r % in_plane / mid.x, a_x = r % in_plane % mid.x;
 #define STAGED(k) DEPTHWISE_ACT(depthwise_vector(in, id, multiplier, mid.y, dw_weights, dw_bias, geometry, spacing, \
                                                  KH, KW, a_n, a_y, a_x, (k)))
+#elif defined(GATED_INPUT)
+  int a_base = (r / in_plane) * depth * in_plane + r % in_plane, a_gate = r / in_plane * gate_stride;
+#define STAGED(k) (LOAD4(in, a_base + (k) * in_plane) * LOAD4(gate, a_gate + (k)))
 #else
   int a_base = (r / in_plane) * depth * in_plane + r % in_plane;
 #define STAGED(k) LOAD4(in, a_base + (k) * in_plane)
