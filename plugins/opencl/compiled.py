@@ -1,8 +1,9 @@
 """A compiled OpenCL partition: buffers resident, kernels built and bound, work-group sizes chosen.
 
-``run`` enqueues the uploads of the partition's inputs and every kernel on
-the device's in-order queue and returns at once; the only wait is the read
-of the outputs in ``to_host``.
+``run`` enqueues the uploads of the partition's inputs (the caller's NHWC
+arrays, converted to PHWC4 by a kernel) and every kernel on the device's
+in-order queue and returns at once; the only wait is the read of the
+outputs in ``to_host``.
 """
 
 from __future__ import annotations
