@@ -20,6 +20,7 @@ from delegate.gpu.cache import EntryStore, cache_key
 from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
 
+from .geometry import pow2_at_least
 from .lowering import Launch, Lowering
 from .program import kernel_name, program_source
 from .values import Boundary, ClValue, ReadbackBatch, fill_input
@@ -27,6 +28,7 @@ from .values import Boundary, ClValue, ReadbackBatch, fill_input
 # Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
+DEFAULT_GROUP = 64
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,11 @@ class ClCompiled(CompiledPartition):
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:
-    """Up to 16 x 4 work items over x and y: a common GPU shape, and few distinct shapes to compile
-    (drivers such as PoCL build one work-group function per local size)."""
-    return tuple(min((16, 4)[i], 1 << max(g - 1, 0).bit_length()) if i < 2 else 1 for i, g in enumerate(global_size))
+    """Up to 16 x 4 work items over x and y, and z filling the group up to 64 where x and y are narrow
+    (a 7x7 image would otherwise leave most of a GPU's SIMD lanes idle); few distinct shapes to
+    compile (drivers such as PoCL build one work-group function per local size)."""
+    x, y = (min(limit, pow2_at_least(g)) for limit, g in zip((16, 4), global_size))
+    return x, y, min(DEFAULT_GROUP // (x * y), pow2_at_least(global_size[2]))
 
 
 def _round_up(size: tuple[int, ...], local: tuple[int, ...] | None) -> tuple[int, ...]:
