@@ -17,14 +17,18 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int) -> tuple[int, int, int]:
-    """(WG_P, WG_S, CHUNK) of matmul.cl: the widest tile that pads the output slices by at most an
-    eighth (else the least padding), a chunk no longer than the input, then as many rows as keep two
-    work groups per compute unit (big tiles reuse more of what they load, small ones keep a large GPU
-    busy at batch 1).  The kernel needs WG_S >= 2 and groups of at least 32 items."""
-    padded = {wg_s: round_to(out_slices, 2 * wg_s) for wg_s in (8, 4, 2)}
-    wg_s = next((w for w, total in padded.items() if (total - out_slices) * 8 <= total),
-                min(padded, key=lambda w: (padded[w], -w)))
+def matmul_shape(rows: int, out_slices: int, depth: int, compute_units: int,
+                 staging: float = 1.0) -> tuple[int, int, int]:
+    """(WG_P, WG_S, CHUNK) of matmul.cl.  The tile width weighs the padding it adds to the output slices
+    (4 multiply-adds per slice for each staged vector) against restaging the input once per tile
+    (``staging``: the cost of producing one staged vector, ~1 load, more when a fused depthwise
+    convolution computes it); the chunk is no longer than the input; then the tile keeps as many rows
+    as give every compute unit two work groups (big tiles reuse more of what they load, small ones keep
+    a large GPU busy at batch 1).  The kernel needs WG_S >= 2 and groups of at least 32 items."""
+    def cost(wg_s: int) -> float:
+        tiles = -(-out_slices // (2 * wg_s))
+        return 4 * tiles * 2 * wg_s + tiles * staging
+    wg_s = min((8, 4, 2), key=cost)
     wg_p = MATMUL_GROUP // wg_s
     while wg_p * wg_s > 32 and -(-rows // (2 * wg_p)) * -(-out_slices // (2 * wg_s)) < 2 * compute_units:
         wg_p //= 2

@@ -333,6 +333,7 @@ class Lowering:
                      defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1))
             return
         defines: tuple = ()
+        staging = 1.0  # loads to stage one input vector
         if source is None:
             args.append(src)
         elif source.root.opcode == "DEPTHWISE_CONV_2D":
@@ -340,11 +341,13 @@ class Lowering:
             _, dkh, dkw, _ = source.root.inputs[1].shape
             defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
                        ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in source.steps], "(v)")))
+            staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
             values, gate = gate_operands(source)
             args += [self.tensor(values), self.tensor(gate), np.int32(depth if gate.shape[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
-        wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units)
+            staging = 2.0
+        wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
