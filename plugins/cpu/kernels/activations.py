@@ -20,7 +20,7 @@ def clip(op: Op):
     low, high = _CLIPS[op.opcode]
 
     def run(ins, outs):
-        np.clip(ins[0], low, high, out=outs[0])
+        ins[0].clip(low, high, out=outs[0])
     return run
 
 

@@ -17,7 +17,7 @@ from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
 from .common import (Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
-                     window_view)
+                     strided, window_view)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -256,9 +256,8 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
         def rows(start, stop):
             band = bands.band(x, start * sh, (stop - 1) * sh + (kh - 1) * dh + 1)
             s_phase, s_image, s_row, s_col, s_item = band.strides
-            windows = np.lib.stride_tricks.as_strided(
-                band, (n, stop - start, sw, kh, span, ow * oc),
-                (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item), writeable=False)
+            windows = strided(band, (n, stop - start, sw, kh, span, ow * oc),
+                              (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item))
             part = out[:, start:stop]
             acc = part if in_place else scratch(1, part.shape, dtype)
             np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
