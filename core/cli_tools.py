@@ -405,7 +405,7 @@ def _calibration_models():
             "tiny": (tiny.build(), 0.0)}
 
 
-def _time(fn, repeats: int) -> float:
+def _median_seconds(fn, repeats: int) -> float:
     fn()
     samples = []
     for _ in range(repeats):
@@ -415,18 +415,35 @@ def _time(fn, repeats: int) -> float:
     return float(np.median(samples))
 
 
+def _resident_seconds(backend, compiled, graph, repeats: int) -> float:
+    """Time of one run with inputs and outputs left on the device.
+
+    ``n`` runs are queued and one output is read back once; the difference between
+    ``1 + repeats`` runs and one run, over ``repeats``, is the steady-state cost of a run.
+    """
+    inputs = {t.index: backend.to_device(np.ones(t.shape, np.float32)) for t in graph.inputs}
+
+    def batch(n: int) -> None:
+        for _ in range(n):
+            out = compiled.run(inputs)
+        backend.to_host(next(iter(out.values())))
+
+    one = _median_seconds(lambda: batch(1), 5)
+    many = _median_seconds(lambda: batch(1 + repeats), 3)
+    return max((many - one) / repeats, 1e-7)
+
+
 def calibrate_backend(backend, compile_options, repeats: int = 10):
-    """Measure throughput, bandwidth, launch overhead and transfers of one backend."""
+    """Measure throughput, bandwidth, launch overhead and host<->device transfers of one backend."""
     from .cost import DeviceProfile
     from .partition import make_partition
-    from .runtime import Executor
 
     figures = {}
     for key, (model, flops) in _calibration_models().items():
         g = model.main
-        ex = Executor(g, [make_partition(g, g.ops, backend.name, 0)], {backend.name: backend}, compile_options)
-        inputs = {t.index: np.ones(t.shape, np.float32) for t in g.inputs}
-        figures[key] = (_time(lambda: ex.run(inputs), repeats), flops, g)
+        part = make_partition(g, g.ops, backend.name, 0)
+        compiled = backend.compile(part, compile_options)
+        figures[key] = (_resident_seconds(backend, compiled, g, repeats), flops, g, compiled)
     launch = figures["tiny"][0]
     gemm_s = max(figures["gemm"][0] - launch, 1e-7)
     stream_g = figures["stream"][2]
@@ -435,11 +452,20 @@ def calibrate_backend(backend, compile_options, repeats: int = 10):
     profile = DeviceProfile(gflops=figures["gemm"][1] / gemm_s / 1e9, gbytes_per_s=stream_bytes / stream_s / 1e9,
                             launch_us=launch * 1e6, source="calibrated")
     if backend.name != "cpu":
-        small, big = np.ones(1024, np.float32), np.ones(4 << 20, np.float32)
-        t_small = _time(lambda: backend.to_host(backend.to_device(small)), repeats)
-        t_big = _time(lambda: backend.to_host(backend.to_device(big)), max(repeats // 3, 2))
-        profile.transfer_latency_us = t_small / 2 * 1e6
-        profile.transfer_gbytes_per_s = 2 * big.nbytes / max(t_big - t_small, 1e-7) / 1e9
+        # a full round trip (upload, run, download) of the tiny and the streaming model, less their
+        # device-resident run time, is two transfers of each model's input size
+        def round_trip(key: str) -> float:
+            seconds, _, g, compiled = figures[key]
+            host = {t.index: np.ones(t.shape, np.float32) for t in g.inputs}
+
+            def once() -> None:
+                out = compiled.run({i: backend.to_device(v) for i, v in host.items()})
+                for value in out.values():
+                    backend.to_host(value)
+            return max(_median_seconds(once, repeats) - seconds, 1e-7) / 2
+        small, big = round_trip("tiny"), round_trip("stream")
+        profile.transfer_latency_us = small * 1e6
+        profile.transfer_gbytes_per_s = stream_g.inputs[0].nbytes / max(big - small, 1e-7) / 1e9
     return profile
 
 

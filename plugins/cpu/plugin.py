@@ -117,6 +117,7 @@ class LitertCompiled(CompiledPartition):
         self.interpreter = Interpreter(model_content=write_model(partition_model(partition)),
                                        num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
+        self.interpreter.invoke()  # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run
         self.input_slots = [d["index"] for d in self.interpreter.get_input_details()]
         self.output_slots = [d["index"] for d in self.interpreter.get_output_details()]
 
