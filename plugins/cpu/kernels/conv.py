@@ -129,6 +129,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
     view = pointwise and source == dtype and not offset
     padded = PaddedRows((1, h, w, c), pads, dtype=dtype, source_dtype=source, offset=offset)
     reach = (kh - 1) * dilation[0] + 1
+    few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype))
 
@@ -146,9 +147,16 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
                 convert(pixels[b, y0 * ow:y1 * ow], offset, lhs)
             else:
                 band = padded.band(x[b:b + 1], y0 * stride[0], (y1 - 1) * stride[0] + reach)[0]
-                lhs = scratch(0, (rows, depth), dtype)
-                np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c),
-                          window_view(band, (y1 - y0, ow), (kh, kw), stride, dilation))
+                windows = window_view(band, (y1 - y0, ow), (kh, kw), stride, dilation)
+                if few_channels:
+                    # Window rows of a few channels are short runs: copy each (tap, channel) along
+                    # the pixels instead, into the transposed im2col matrix.
+                    columns = scratch(0, (depth, rows), dtype)
+                    np.copyto(columns.reshape(kh, kw, c, 1, y1 - y0, ow).transpose(3, 4, 5, 0, 1, 2), windows)
+                    lhs = columns.T
+                else:
+                    lhs = scratch(0, (rows, depth), dtype)
+                    np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c), windows)
             acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), dtype)
             np.matmul(lhs, rhs[:, u0:u1], out=acc)
             finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
