@@ -43,7 +43,7 @@ def _gemm_layout(w: np.ndarray) -> np.ndarray:
 
 
 # Smallest product (multiply-adds) worth a chunk of its own on another thread.
-GEMM_CHUNK_WORK = 1 << 22
+GEMM_CHUNK_WORK = 1 << 23
 # Most scratch memory (im2col rows, accumulators) one block of a product may use: bounds the
 # memory, and keeps a block's accumulators in cache while they are rescaled.
 BLOCK_SCRATCH = 1 << 22
@@ -195,7 +195,7 @@ def _grouped_conv_2d(op: Op):
 
 
 # Smallest depthwise work (tap multiply-adds) worth a chunk of its own on another thread.
-DEPTHWISE_CHUNK_WORK = 1 << 19
+DEPTHWISE_CHUNK_WORK = 1 << 20
 
 
 @kernel("DEPTHWISE_CONV_2D")
