@@ -46,7 +46,7 @@ def _gemm_layout(w: np.ndarray) -> np.ndarray:
 GEMM_CHUNK_WORK = 1 << 23
 # Most scratch memory (im2col rows, accumulators) one block of a product may use: bounds the
 # memory, and keeps a block's accumulators in cache while they are rescaled.
-BLOCK_SCRATCH = 1 << 22
+BLOCK_SCRATCH = 1 << 21
 
 
 def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0):
@@ -107,14 +107,15 @@ def conv_2d(op: Op):
     return laid_out(run, 1, 2)
 
 
-def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
+def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, depth_parts=None):
     """run() of a CONV_2D as one GEMM per block of output rows, on a view of the input for 1x1
     convolutions, else on the block's sliding windows copied into scratch (im2col).
 
     ``operand(ins)`` is the (KH*KW*C, units) GEMM operand in ``dtype``; the input enters the
     GEMM converted to ``dtype`` less ``offset`` (a quantized input's zero point).
     ``finish(acc, out, u0, u1)`` turns a block of products for units u0..u1 into the output
-    block: in place when the output has the GEMM's type, else from a scratch block.
+    block: in place when the output has the GEMM's type, else from a scratch block.  With
+    ``depth_parts`` the products are summed per range of the depth, then in float64 (see product).
     """
     n, h, w, c = op.inputs[0].shape
     o, kh, kw, _ = op.inputs[1].shape
@@ -131,6 +132,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
     reach = (kh - 1) * dilation[0] + 1
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
+    accumulator = dtype if depth_parts is None else np.float64
     split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype))
 
     def run(ins, outs):
@@ -157,11 +159,24 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
                 else:
                     lhs = scratch(0, (rows, depth), dtype)
                     np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c), windows)
-            acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), dtype)
-            np.matmul(lhs, rhs[:, u0:u1], out=acc)
+            acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), accumulator)
+            product(lhs, rhs[:, u0:u1], acc, depth_parts)
             finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
         split(block)
     return run
+
+
+def product(lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, depth_parts=None) -> None:
+    """``out`` = lhs @ rhs; with ``depth_parts`` (ranges of the depth) as the float64 sum of the
+    ranges' products, each exact in the operands' float32 where the whole sum would not be."""
+    if depth_parts is None:
+        np.matmul(lhs, rhs, out=out)
+        return
+    piece = scratch("piece", out.shape, lhs.dtype)
+    for i, (k0, k1) in enumerate(depth_parts):
+        np.matmul(lhs[:, k0:k1], rhs[k0:k1], out=piece if i else out)
+        if i:
+            out += piece
 
 
 def _grouped_conv_2d(op: Op):
@@ -255,7 +270,12 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
     column_step = 1 if sw > 1 else dw
     span = max(j for _, j in _depthwise_grid(kw, sw, dw)) + 1
     in_place = op.outputs[0].dtype.numpy == dtype
-    split = spread(chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK), [(0, oh)])
+    # Per output row: its share of the band (with its conversion), and the accumulators kept apart.
+    row_scratch = n * sh * bands.shape[2] * oc * (np.dtype(dtype).itemsize + 1) + _block_scratch(
+        0, 0 if in_place else n * ow * oc, dtype)
+    least = -(-oh * row_scratch // BLOCK_SCRATCH)
+    shared = chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK)
+    split = spread(even_chunks(oh, max(len(shared), least)), even_chunks(oh, least))
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
@@ -369,12 +389,13 @@ def fully_connected(op: Op):
     return laid_out(run, 1, 2)
 
 
-def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
+def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, depth_parts=None):
     """run() of a FULLY_CONNECTED as GEMMs over blocks of rows or units; arguments as for conv_gemm."""
     units, depth = op.inputs[1].shape
     rows = int(np.prod(op.outputs[0].shape)) // units
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
+    accumulator = dtype if depth_parts is None else np.float64
     split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype))
 
     def run(ins, outs):
@@ -387,8 +408,8 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
             else:
                 a = scratch(0, (r1 - r0, depth), dtype)
                 convert(lhs[r0:r1], offset, a)
-            acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), dtype)
-            np.matmul(a, rhs[:, u0:u1], out=acc)
+            acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), accumulator)
+            product(a, rhs[:, u0:u1], acc, depth_parts)
             finish(acc, out2d[r0:r1, u0:u1], u0, u1)
         split(block)
     return run

@@ -28,7 +28,9 @@ from .quant_util import (
 def _weights(t: Tensor) -> np.ndarray:
     if t is None or t.data is None:
         raise ValueError("quantized kernels need constant weights")
-    return np.asarray(t.data).astype(np.int64) - zero_point(t)
+    # int16 holds any 8-bit weight less its zero point: large layers are copied at compile time.
+    data = np.asarray(t.data)
+    return np.subtract(data, zero_point(t), dtype=np.int16 if data.dtype.itemsize == 1 else np.int32)
 
 
 def _bias(op: Op, index: int, channels: int) -> np.ndarray:
@@ -60,13 +62,31 @@ def _stage_multiplier(op: Op, x: Tensor, w: Tensor, channels: int) -> np.ndarray
 
 
 def _exact_gemm(op: Op, weights: np.ndarray):
-    """(float type, accumulator bound) for products of the zero-point-centred input with ``weights``
-    (units x depth): float32 where every partial sum stays below 2**24 and so is exact, else float64."""
+    """(float type, depth ranges, accumulator bound) for exact products of the zero-point-centred
+    input with ``weights`` (units x depth).
+
+    float32 sums are exact while every partial sum stays below 2**24; a depth whose sums may
+    not is cut into ranges that each stay below (their sums then added in float64), and into
+    float64 throughout when that would take more than a few ranges.
+    """
     x = op.inputs[0]
     lo, hi = qrange(x)
     spread = max(hi - zero_point(x), zero_point(x) - lo)
-    bound = spread * int(np.abs(weights).sum(axis=1).max(initial=0))
-    return (np.float32 if bound < 1 << 24 else np.float64), bound
+    magnitude = np.abs(weights)
+    bound = spread * int(magnitude.sum(axis=1, dtype=np.int64).max(initial=0))
+    if bound < 1 << 24:
+        return np.float32, None, bound
+    limit = ((1 << 24) - 1) // spread  # the largest weight sum one range may have, per unit
+    parts, start, running = [], 0, np.zeros(len(weights), np.int64)
+    for k, column in enumerate(magnitude.T):
+        running += column
+        if running.max() > limit and k > start:
+            parts.append((start, k))
+            start, running[:] = k, column
+            if len(parts) > 4:
+                return np.float64, None, bound
+    parts.append((start, magnitude.shape[1]))
+    return (np.float32, parts, bound) if len(parts) <= 4 else (np.float64, None, bound)
 
 
 def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
@@ -133,11 +153,11 @@ def conv2d(op: Op):
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
     matrix = weights.reshape(out_c, -1)
-    dtype, bound = _exact_gemm(op, matrix)
+    dtype, parts, bound = _exact_gemm(op, matrix)
     gemm = np.ascontiguousarray(matrix.T, dtype)
     reference = _output_stage(op, x, w, out_c, multiply_wide) if _reference_16x8(op, x) else None
     finish = _finish(op, False, _bias(op, 2, out_c), bound, reference)
-    return conv_gemm(op, lambda ins: gemm, finish, dtype, zero_point(x))
+    return conv_gemm(op, lambda ins: gemm, finish, dtype, zero_point(x), parts)
 
 
 @kernel("DEPTHWISE_CONV_2D", quantized=True)
@@ -151,7 +171,8 @@ def depthwise_conv2d(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     _, kh, kw, out_c = weights.shape
-    dtype, bound = _exact_gemm(op, weights.reshape(-1, out_c).T)
+    dtype, _, bound = _exact_gemm(op, weights.reshape(-1, out_c).T)
+    dtype = np.float32 if bound < 1 << 24 else np.float64
     tiled = depthwise_tiling(op)(weights, dtype)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
     reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
@@ -164,7 +185,7 @@ def fully_connected(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     units, _ = weights.shape
-    dtype, bound = _exact_gemm(op, weights)
+    dtype, parts, bound = _exact_gemm(op, weights)
     gemm = np.ascontiguousarray(weights.T, dtype)
     bias = _bias(op, 2, units)
     reference = None
@@ -173,7 +194,7 @@ def fully_connected(op: Op):
         real = _real_multiplier(op, x, w, units, float_product=False)
         reference = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
     return matrix_gemm(op, lambda ins: gemm, _finish(op, False, bias, bound, reference), dtype,
-                       zero_point(x))
+                       zero_point(x), parts)
 
 
 @kernel("TRANSPOSE_CONV", quantized=True)

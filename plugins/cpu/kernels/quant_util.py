@@ -226,8 +226,8 @@ class Rescale:
     where ``tie`` is nonzero only on the channels ``away`` marks (ties away from zero),
     for negative products.  Channels are brought to one shift (scaling M and K) when
     int64 has room for ``acc_bound`` (the largest accumulator magnitude) times M.  The
-    constants are also laid out along rows of ``row_pixels`` pixels, so that whole
-    output rows run as one long inner loop.
+    constants of few channels are also laid out along rows of ``row_pixels`` pixels, so
+    that whole output rows run as one long inner loop.
     """
 
     def __init__(self, real, zero_point: int, bounds: tuple[int, int], away, bias, acc_bound: int,
@@ -269,9 +269,9 @@ class Rescale:
                              np.int64)
         tie = np.array([(1 << 31) * scale_of(r) if t else 0 for t, r in zip(ties, rights)], np.int64)
         self.rounds_away = any(ties)
-        self.per_channel = (multiplier, np.array(offsets, np.int64), shift, tie_below, tie)
-        self.row_pixels = row_pixels
-        self.per_row = tuple(np.tile(v, row_pixels) if v.ndim else v for v in self.per_channel)
+        self.per_channel = (multiplier, np.array(offsets, np.int64), shift) + ((tie_below, tie) if any(ties) else ())
+        self.row_pixels = row_pixels if channels < 128 else 1  # many channels: inner loops long enough
+        self.per_row = tuple(np.tile(v, self.row_pixels) if v.ndim else v for v in self.per_channel)
 
     def __call__(self, acc: np.ndarray, out: np.ndarray, u0: int = 0, u1: int | None = None) -> None:
         """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``."""
@@ -279,15 +279,17 @@ class Rescale:
         if u1 - u0 == self.channels and acc.ndim > 1 and acc.shape[-2] == self.row_pixels:
             acc = acc.reshape(*acc.shape[:-2], -1)
             out = out.reshape(acc.shape)
-            multiplier, offset, shift, tie_below, tie = self.per_row
+            constants = self.per_row
         else:
-            multiplier, offset, shift, tie_below, tie = (v[u0:u1] if v.ndim else v for v in self.per_channel)
+            constants = tuple(v[u0:u1] if v.ndim else v for v in self.per_channel)
+        multiplier, offset, shift = constants[:3]
         exact = scratch("rescale_acc", acc.shape, np.int32)
         np.copyto(exact, acc, casting="unsafe")
         product = scratch("rescale", acc.shape, np.int64)
         np.multiply(exact, multiplier, out=product)
         product += offset
         if self.rounds_away:
+            tie_below, tie = constants[3:]
             product -= np.less(exact, tie_below) * tie
         np.right_shift(product, shift, out=product)
         np.clip(product, self.lo, self.hi, out=out, casting="unsafe")
