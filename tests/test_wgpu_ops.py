@@ -14,6 +14,7 @@ from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from delegate_wgpu import kernels
 from delegate_wgpu.tiling import MatmulTiling, SpatialTiling
+from tests.models import pool_model, transpose_conv_bias_pair, transpose_conv_model
 from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
 
 _available, _why = default_manager().backend_info("wgpu").available()
@@ -236,26 +237,13 @@ def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, mu
     check(b.to_bytes(), [rng.standard_normal((2, 6, 9, 6))], builtin=True, **PRECISIONS[precision])
 
 
-def _transpose_conv_out(size, k, stride, padding):
-    return size * stride if padding == "SAME" else (size - 1) * stride + k
-
-
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 6), cout=st.integers(1, 6),
        k=st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 3)]), stride=st.integers(1, 3),
        padding=st.sampled_from(["SAME", "VALID"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
     rng = np.random.default_rng(seed)
-    kh, kw = k
-    out_shape = (1, _transpose_conv_out(h, kh, stride, padding), _transpose_conv_out(w, kw, stride, padding), cout)
-    b = GraphBuilder()
-    x = b.input("x", (1, h, w, cin))
-    inputs = [b.const("shape", np.array(out_shape, np.int32)),
-              b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)), x]
-    if with_bias:
-        inputs.append(b.const("b", rng.standard_normal(cout).astype(np.float32)))
-    b.output(b.op("TRANSPOSE_CONV", inputs, dtype="float32",
-                  options={"padding": padding, "stride_h": stride, "stride_w": stride}))
-    check(b.to_bytes(), [rng.standard_normal((1, h, w, cin))], builtin=True)
+    model = transpose_conv_model(h, w, cin, cout, k, stride, padding, with_bias, rng)
+    check(model, [rng.standard_normal((1, h, w, cin))], builtin=True)
 
 
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 6), cout=st.integers(1, 5),
@@ -263,24 +251,10 @@ def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
        padding=st.sampled_from(["SAME", "VALID"]), seed=st.integers(0, 2**16))
 def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
     """MediaPipe's custom op, against LiteRT's TRANSPOSE_CONV with the same geometry plus the bias."""
-    from delegate.shapes import transpose_conv_bias_geometry
     rng = np.random.default_rng(seed)
-    weights = rng.standard_normal((cout, *k, cin)).astype(np.float32)
-    bias = rng.standard_normal(cout).astype(np.float32)
-    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
-    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
-    custom = GraphBuilder()
-    x = custom.input("x", (1, h, w, cin))
-    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
-                            custom=True, custom_options=params))
-    builtin = GraphBuilder()
-    x = builtin.input("x", (1, h, w, cin))
-    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
-                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
-                              version=3, dtype="float32",
-                              options={"padding": padding, "stride_h": stride, "stride_w": stride}))
+    custom, builtin = transpose_conv_bias_pair(h, w, cin, cout, k, stride, padding, rng, builtin_version=3)
     data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
-    assert_close(delegate_run(custom.to_bytes(), [data], "wgpu"), litert_run(builtin.to_bytes(), [data], builtin=True),
+    assert_close(delegate_run(custom, [data], "wgpu"), litert_run(builtin, [data], builtin=True),
                  rtol=FP32, atol=1e-5)
 
 
@@ -291,14 +265,9 @@ def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed
        padding=st.sampled_from(["SAME", "VALID"]), act=st.sampled_from(["NONE", "RELU", "RELU6"]),
        batch=st.integers(1, 2), seed=st.integers(0, 2**16))
 def test_pool_2d(op, h, w, c, kh, kw, stride, padding, act, batch, seed):
-    if padding == "VALID":
-        kh, kw = min(kh, h), min(kw, w)
     rng = np.random.default_rng(seed)
-    b = GraphBuilder()
-    x = b.input("x", (batch, h, w, c))
-    b.output(b.op(op, [x], options={"padding": padding, "filter_height": kh, "filter_width": kw,
-                                    "stride_h": stride, "stride_w": stride, "fused_activation_function": act}))
-    check(b.to_bytes(), [rng.standard_normal((batch, h, w, c)) * 3])
+    model = pool_model(op, batch, h, w, c, kh, kw, stride, stride, padding, act)
+    check(model, [rng.standard_normal((batch, h, w, c)) * 3])
 
 
 MODES = st.sampled_from([(1, False, False), (2, True, False), (3, False, True)])  # version, align, half pixel

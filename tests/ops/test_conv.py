@@ -5,6 +5,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
+from tests.models import transpose_conv_model
 from tests.oputil import check_against_litert
 
 ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
@@ -64,26 +65,13 @@ def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, ac
                 builtin=dilation > 1 or runtime_weights, options=CompileOptions(num_threads=threads))
 
 
-def _transpose_conv_out(size, k, stride, padding):
-    return size * stride if padding == "SAME" else (size - 1) * stride + k
-
-
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 5), cout=st.integers(1, 5),
        k=st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 3)]), stride=st.integers(1, 3),
        padding=st.sampled_from(["SAME", "VALID"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
     rng = np.random.default_rng(seed)
-    kh, kw = k
-    out_shape = (1, _transpose_conv_out(h, kh, stride, padding), _transpose_conv_out(w, kw, stride, padding), cout)
-    b = GraphBuilder()
-    x = b.input("x", (1, h, w, cin))
-    inputs = [b.const("shape", np.array(out_shape, np.int32)),
-              b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)), x]
-    if with_bias:
-        inputs.append(b.const("b", rng.standard_normal(cout).astype(np.float32)))
-    b.output(b.op("TRANSPOSE_CONV", inputs, options={"padding": padding, "stride_h": stride, "stride_w": stride},
-                  dtype="float32"))
-    check_against_litert(b.to_bytes(), [rng.standard_normal((1, h, w, cin))], builtin=True)
+    model = transpose_conv_model(h, w, cin, cout, k, stride, padding, with_bias, rng)
+    check_against_litert(model, [rng.standard_normal((1, h, w, cin))], builtin=True)
 
 
 @given(batch=st.sampled_from([(1,), (3,), (2, 3)]), depth=st.integers(1, 20), units=st.integers(1, 12),

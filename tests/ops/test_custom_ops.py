@@ -5,8 +5,8 @@ import numpy as np
 from flatbuffers import flexbuffers
 from hypothesis import given, strategies as st
 
-from delegate.shapes import transpose_conv_bias_geometry
 from delegate.tflite.builder import GraphBuilder
+from tests.models import transpose_conv_bias_pair
 from tests.oputil import assert_close, delegate_run, litert_run
 
 
@@ -58,24 +58,9 @@ def test_detection_postprocess(num_boxes, num_classes, background, regular, max_
 def test_convolution_2d_transpose_bias(h, w, cin, cout, k, stride, padding, seed):
     """MediaPipe's op, which LiteRT cannot run, against LiteRT's TRANSPOSE_CONV with the same geometry."""
     rng = np.random.default_rng(seed)
-    kh, kw = k
-    weights = rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)
-    bias = rng.standard_normal(cout).astype(np.float32)
-    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
-    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
-
-    custom = GraphBuilder()
-    x = custom.input("x", (1, h, w, cin))
-    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
-                            custom=True, custom_options=params))
-    builtin = GraphBuilder()
-    x = builtin.input("x", (1, h, w, cin))
-    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
-                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
-                              options={"padding": padding, "stride_h": stride, "stride_w": stride},
-                              dtype="float32"))
+    custom, builtin = transpose_conv_bias_pair(h, w, cin, cout, k, stride, padding, rng)
     data = rng.standard_normal((1, h, w, cin)).astype(np.float32)
-    assert_close(delegate_run(custom.to_bytes(), [data]), litert_run(builtin.to_bytes(), [data], builtin=True))
+    assert_close(delegate_run(custom, [data]), litert_run(builtin, [data], builtin=True))
 
 
 def test_detection_postprocess_with_uint8_inputs():

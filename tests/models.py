@@ -1,0 +1,58 @@
+"""Single-op test models shared by the per-backend golden tests (CPU, OpenCL, WebGPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from delegate.shapes import transpose_conv_bias_geometry
+from delegate.tflite.builder import GraphBuilder
+
+
+def transpose_conv_out(size: int, k: int, stride: int, padding: str) -> int:
+    return size * stride if padding == "SAME" else (size - 1) * stride + k
+
+
+def transpose_conv_model(h, w, cin, cout, k, stride, padding, with_bias, rng, version: int = 1) -> bytes:
+    """TRANSPOSE_CONV of a (1, h, w, cin) input with random weights (and bias)."""
+    kh, kw = k
+    out_shape = (1, transpose_conv_out(h, kh, stride, padding), transpose_conv_out(w, kw, stride, padding), cout)
+    b = GraphBuilder()
+    x = b.input("x", (1, h, w, cin))
+    inputs = [b.const("shape", np.array(out_shape, np.int32)),
+              b.const("w", rng.standard_normal((cout, kh, kw, cin)).astype(np.float32)), x]
+    if with_bias:
+        inputs.append(b.const("b", rng.standard_normal(cout).astype(np.float32)))
+    b.output(b.op("TRANSPOSE_CONV", inputs, version=version, dtype="float32",
+                  options={"padding": padding, "stride_h": stride, "stride_w": stride}))
+    return b.to_bytes()
+
+
+def transpose_conv_bias_pair(h, w, cin, cout, k, stride, padding, rng, builtin_version: int = 1):
+    """MediaPipe's Convolution2DTransposeBias and the TRANSPOSE_CONV (with bias) of the same geometry,
+    which LiteRT can run as its reference: (custom model, builtin model)."""
+    weights = rng.standard_normal((cout, *k, cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = np.array([1 if padding == "SAME" else 2, stride, stride], "<i4").tobytes()
+    out_shape, _, _ = transpose_conv_bias_geometry((1, h, w, cin), weights.shape, params)
+    custom = GraphBuilder()
+    x = custom.input("x", (1, h, w, cin))
+    custom.output(custom.op("Convolution2DTransposeBias", [x, custom.const("w", weights), custom.const("b", bias)],
+                            custom=True, custom_options=params))
+    builtin = GraphBuilder()
+    x = builtin.input("x", (1, h, w, cin))
+    builtin.output(builtin.op("TRANSPOSE_CONV", [builtin.const("shape", np.array(out_shape, np.int32)),
+                                                 builtin.const("w", weights), x, builtin.const("b", bias)],
+                              version=builtin_version, dtype="float32",
+                              options={"padding": padding, "stride_h": stride, "stride_w": stride}))
+    return custom.to_bytes(), builtin.to_bytes()
+
+
+def pool_model(op, batch, h, w, c, kh, kw, sh, sw, padding, act) -> bytes:
+    """A 2-D pool; VALID windows are clipped to the input so the output is never empty."""
+    if padding == "VALID":
+        kh, kw = min(kh, h), min(kw, w)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, c))
+    b.output(b.op(op, [x], options={"padding": padding, "filter_height": kh, "filter_width": kw,
+                                    "stride_h": sh, "stride_w": sw, "fused_activation_function": act}))
+    return b.to_bytes()
