@@ -39,7 +39,8 @@ def test_float_conv_blocks(x_shape, w_shape, stride, threads):
     check_against_litert(model, inputs, options=CompileOptions(num_threads=threads))
 
 
-@pytest.mark.parametrize("x_shape, k, stride", [((1, 64, 64, 24), 3, 1), ((1, 96, 96, 32), 5, 2), ((2, 33, 31, 20), 3, 2)])
+@pytest.mark.parametrize("x_shape, k, stride", [((1, 64, 64, 24), 3, 1), ((1, 96, 96, 32), 5, 2),
+                                                ((2, 33, 31, 20), 3, 2)])
 def test_float_depthwise_bands(x_shape, k, stride):
     w = np.random.default_rng(2).standard_normal((1, k, k, x_shape[-1])).astype(np.float32)
     model, inputs = _float_layer("DEPTHWISE_CONV_2D", x_shape, w, {"padding": "SAME", "stride_h": stride,

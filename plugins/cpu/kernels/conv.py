@@ -44,8 +44,8 @@ def _gemm_layout(w: np.ndarray) -> np.ndarray:
 
 # Smallest product (multiply-adds) worth a chunk of its own on another thread.
 GEMM_CHUNK_WORK = 1 << 23
-# Most scratch memory (im2col rows, accumulators) one block of a product may use: bounds the
-# memory, and keeps a block's accumulators in cache while they are rescaled.
+# Most scratch memory (im2col rows, accumulators) one block of a product may use: bounds the memory
+# (every thread keeps its own), while much smaller blocks cost more numpy calls than they save.
 BLOCK_SCRATCH = 1 << 21
 
 
