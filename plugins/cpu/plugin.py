@@ -39,7 +39,7 @@ class CpuCompiled(CompiledPartition):
         for t in partition.outputs:
             computed = t.producer is not None and _computes_constants(t.producer)
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
-        self.sharing = ThreadChoice(num_threads - 1) if num_threads > 1 else contextlib.nullcontext
+        self.sharing = ThreadChoice() if num_threads > 1 else contextlib.nullcontext
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())

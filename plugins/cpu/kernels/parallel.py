@@ -5,11 +5,8 @@ kernels' own helper threads (and other busy processes) they oversubscribe the
 cores, and a GEMM that waits for a descheduled worker stalls for a whole
 scheduler slice.  So while a partition runs, BLAS is held to one thread and
 large products are split into chunks like every other kernel's work.  Chunks
-are shared, not assigned: every thread takes the next chunk left.  Helper
-threads are lent to a run for its duration and wait for its jobs spinning,
-since waking a sleeping thread costs tens of microseconds per op; whether a
-run shares at all is measured (ThreadChoice), as a busy machine has no core
-to spare.
+are shared, not assigned: every thread takes the next chunk left, so a helper
+that starts late (on a loaded machine) costs nothing but its missing help.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
-import itertools
 import os
 import queue as queue_module
 import statistics
@@ -66,8 +62,8 @@ def spread(chunks: Sequence[tuple], alone: Sequence[tuple] | None = None) -> Cal
     """At compile time: a runner calling ``fn(*chunk)`` for every chunk, over the kernel's threads.
 
     numpy and BLAS release the GIL inside their loops, so disjoint parts of one output run in
-    parallel; the calling thread works too, with the helpers lent to its run (lent_helpers).
-    ``alone`` are the chunks to run instead without helpers; by default the same chunks.
+    parallel; the calling thread works too.  ``alone`` are the chunks to run instead when the
+    run keeps to one thread (see ThreadChoice); by default the same chunks.
     """
     chunks = list(chunks)
     alone = chunks if alone is None else list(alone)
@@ -80,160 +76,76 @@ def spread(chunks: Sequence[tuple], alone: Sequence[tuple] | None = None) -> Cal
         return inline
 
     def shared(fn: Callable[..., None]) -> None:
-        crew = _CREW.get()[:helpers]
-        if not crew:
+        if not _SHARING.get():
             return inline(fn)
         job = _Job(fn, chunks)
-        for helper in crew:
-            helper.post(job)
+        for helper in _helpers(helpers):
+            helper.put(job)
         try:
             job.drain()
         finally:
-            for helper in crew:
-                helper.join()
-        if job.error is not None:
-            raise job.error
+            job.join(helpers)
     return shared
 
 
-def _spin_gate_type():
-    """A lock whose waiters spin in C without the GIL (a POSIX spinlock through ctypes), so that a
-    waiting thread goes on at once rather than after being woken (tens of microseconds on a
-    virtual CPU); a plain lock where there is none."""
-    try:
-        libc = ctypes.CDLL(None)
-        init, lock, unlock = libc.pthread_spin_init, libc.pthread_spin_lock, libc.pthread_spin_unlock
-    except (OSError, AttributeError):
-        return threading.Lock
-
-    class SpinGate:
-        __slots__ = ("word", "ref")
-
-        def __init__(self) -> None:
-            self.word = ctypes.c_int(0)
-            self.ref = ctypes.byref(self.word)
-            init(self.ref, 0)
-
-        def acquire(self) -> None:
-            lock(self.ref)
-
-        def release(self) -> None:
-            unlock(self.ref)
-    return SpinGate
-
-
-_Gate = _spin_gate_type()
-
-
 class _Job:
-    """Chunks shared by a run's thread and its helpers: each takes the next chunk left."""
+    """Chunks shared by the caller and helper threads; a helper that has not started when the
+    caller is done is skipped, not waited for."""
 
     def __init__(self, fn: Callable[..., None], chunks: list[tuple]):
         self.fn, self.queue = fn, iter(chunks)  # next() on a list iterator is atomic under the GIL
+        self.done = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        self.started = self.cancelled = 0
         self.error: BaseException | None = None
 
     def drain(self) -> None:
         for chunk in self.queue:
             self.fn(*chunk)
 
-
-class _Helper:
-    """A helper thread, lent to one run at a time (see lent_helpers).
-
-    While lent it waits for the run's jobs on two gates that the run holds in turn, and
-    reports each job done by opening a third; the gates spin (see _spin_gate_type).
-    Otherwise it sleeps on a queue.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.gates = (_Gate(), _Gate())
-        self.done = _Gate()
-        self.turn = 0
-        self.job: _Job | None = None
-        self.lent: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            self.lent.get()
-            turn = 0
-            while True:
-                gate = self.gates[turn]
-                gate.acquire()
-                job = self.job
-                gate.release()
-                turn ^= 1
-                if job is None:
-                    break
-                try:
-                    job.drain()
-                except BaseException as exc:  # handed to the run's thread, which re-raises it
-                    job.error = exc
-                self.done.release()
-
-    def lend(self) -> None:
-        self.turn = 0
-        self.gates[0].acquire()
-        self.lent.put(True)
-
-    def post(self, job: _Job | None) -> None:
-        """Hand over the next job (None: the run is over): take the other gate, open this one."""
-        if job is not None:
-            self.done.acquire()
-        self.gates[self.turn ^ 1].acquire()
-        self.job = job
-        self.gates[self.turn].release()
-        self.turn ^= 1
-
-    def join(self) -> None:
-        self.done.acquire()
+    def help(self) -> None:
+        """Run by a helper thread: take chunks unless the caller has stopped waiting."""
+        with self.lock:
+            if self.cancelled:
+                self.cancelled -= 1
+                return
+            self.started += 1
+        try:
+            self.drain()
+        except BaseException as exc:  # handed to the caller, which re-raises it
+            self.error = exc
         self.done.release()
 
-    def give_back(self) -> None:
-        self.post(None)
-        self.gates[self.turn].release()
+    def join(self, helpers: int) -> None:
+        with self.lock:
+            waiting = self.started
+            self.cancelled = helpers - self.started
+        for _ in range(waiting):
+            self.done.acquire()
+        if self.error is not None:
+            raise self.error
 
 
-@contextlib.contextmanager
-def lent_helpers(count: int) -> Iterator[None]:
-    """Kernels run inside this block share their chunks with up to ``count`` helper threads: as
-    many as are free, keeping one core per thread, since lent helpers spin."""
-    global _LENT
-    with _POOL_LOCK:
-        take = max(min(count, (os.cpu_count() or 1) - 1 - _LENT), 0)
-        _LENT += take
-        crew = [_IDLE.pop() if _IDLE else _Helper(f"delegate-cpu-{next(_NAMES)}") for _ in range(take)]
-    for helper in crew:
-        helper.lend()
-    token = _CREW.set(tuple(crew))
-    try:
-        yield
-    finally:
-        _CREW.reset(token)
-        for helper in crew:
-            helper.give_back()
-        with _POOL_LOCK:
-            _IDLE.extend(crew)
-            _LENT -= take
+def _helpers(count: int) -> list[queue_module.SimpleQueue]:
+    """The job queues of ``count`` process-wide helper threads, started on first use."""
+    with _HELPERS_LOCK:
+        while len(_HELPERS) < count:
+            jobs: queue_module.SimpleQueue = queue_module.SimpleQueue()
+            threading.Thread(target=_serve, args=(jobs,), name=f"delegate-cpu-{len(_HELPERS)}", daemon=True).start()
+            _HELPERS.append(jobs)
+        return _HELPERS[:count]
 
 
-_CREW: contextvars.ContextVar[tuple[_Helper, ...]] = contextvars.ContextVar("delegate_cpu_crew", default=())
-_IDLE: list[_Helper] = []
-_LENT = 0
-_POOL_LOCK = threading.Lock()
-_NAMES = itertools.count()
+def _serve(jobs: queue_module.SimpleQueue) -> None:
+    while True:
+        jobs.get().help()
 
 
-def _forget_helpers() -> None:
-    """In a forked child: the helpers' threads did not come along."""
-    global _LENT, _POOL_LOCK
-    _IDLE.clear()
-    _LENT = 0
-    _POOL_LOCK = threading.Lock()
+_HELPERS: list[queue_module.SimpleQueue] = []
+_HELPERS_LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_helpers)
+_SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
 
 
 class ThreadChoice:
@@ -246,8 +158,7 @@ class ThreadChoice:
 
     PROBE_EVERY = 10
 
-    def __init__(self, helpers: int) -> None:
-        self.helpers = helpers
+    def __init__(self) -> None:
         self.samples: dict[bool, deque] = {True: deque(maxlen=5), False: deque(maxlen=5)}
         self.runs = 0
 
@@ -264,9 +175,12 @@ class ThreadChoice:
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         sharing = self._next()
+        token = _SHARING.set(sharing)
         start = time.perf_counter()
-        with lent_helpers(self.helpers if sharing else 0):
+        try:
             yield
+        finally:
+            _SHARING.reset(token)
         if self.runs > 1:
             self.samples[sharing].append(time.perf_counter() - start)
 
