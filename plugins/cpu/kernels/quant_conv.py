@@ -1,9 +1,10 @@
 """Quantized accumulating kernels: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, BATCH_MATMUL.
 
-Products of zero-point-centred integers are summed exactly (float64 BLAS is
-exact here: every partial sum stays far below 2**53), the int32/int64 bias is
-added, and the accumulator is rescaled per output channel.  Which rescaling
-rounding applies follows the LiteRT kernel that runs the op: CONV_2D and
+Products of zero-point-centred integers are summed exactly by the float kernels'
+engines (float32 while every partial sum stays below 2**24, else over ranges of
+the depth, or in float64), then rescaled per output channel with the bias and the
+output zero point folded in (quant_util.Rescale).  Which rescaling rounding
+applies follows the LiteRT kernel that runs the op: CONV_2D and
 FULLY_CONNECTED go through ruy, depthwise and transpose conv through TFLite's
 vectorised output loop (ties rounded up on whole groups of 8 channels, gemmlowp's
 rounding on the rest), BATCH_MATMUL through the scalar reference, and 16-bit
@@ -69,13 +70,10 @@ def _exact_gemm(op: Op, weights: np.ndarray):
     not is cut into ranges that each stay below (their sums then added in float64), and into
     float64 throughout when that would take more than a few ranges.
     """
-    x = op.inputs[0]
-    lo, hi = qrange(x)
-    spread = max(hi - zero_point(x), zero_point(x) - lo)
-    magnitude = np.abs(weights)
-    bound = spread * int(magnitude.sum(axis=1, dtype=np.int64).max(initial=0))
+    spread, bound = _product_bound(op, weights)
     if bound < 1 << 24:
         return np.float32, None, bound
+    magnitude = np.abs(weights)
     limit = ((1 << 24) - 1) // spread  # the largest weight sum one range may have, per unit
     parts, start, running = [], 0, np.zeros(len(weights), np.int64)
     for k, column in enumerate(magnitude.T):
@@ -87,6 +85,14 @@ def _exact_gemm(op: Op, weights: np.ndarray):
                 return np.float64, None, bound
     parts.append((start, magnitude.shape[1]))
     return (np.float32, parts, bound) if len(parts) <= 4 else (np.float64, None, bound)
+
+
+def _product_bound(op: Op, weights: np.ndarray) -> tuple[int, int]:
+    """(largest input magnitude less its zero point, largest sum of products over a unit's depth)."""
+    x = op.inputs[0]
+    lo, hi = qrange(x)
+    spread = max(hi - zero_point(x), zero_point(x) - lo)
+    return spread, spread * int(np.abs(weights).sum(axis=1, dtype=np.int64).max(initial=0))
 
 
 def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
@@ -171,7 +177,7 @@ def depthwise_conv2d(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     _, kh, kw, out_c = weights.shape
-    dtype, _, bound = _exact_gemm(op, weights.reshape(-1, out_c).T)
+    _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
     dtype = np.float32 if bound < 1 << 24 else np.float64
     tiled = depthwise_tiling(op)(weights, dtype)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
