@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any, Mapping
 
@@ -16,7 +15,7 @@ from delegate.memory import plan_arena
 
 from . import registry
 from .kernels.common import constant, known_at_compile_time
-from .kernels.parallel import ThreadChoice, kernel_threads, single_threaded_blas
+from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 
 class CpuCompiled(CompiledPartition):
@@ -39,7 +38,7 @@ class CpuCompiled(CompiledPartition):
         for t in partition.outputs:
             computed = t.producer is not None and _computes_constants(t.producer)
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
-        self.sharing = ThreadChoice() if num_threads > 1 else contextlib.nullcontext
+        self.threading = ThreadChoice(num_threads) if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())
@@ -77,8 +76,7 @@ class CpuCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
-        # The kernels split large products over their threads themselves.
-        with single_threaded_blas, self.sharing():
+        with self.threading():
             for op, run, sources, outs in self.steps:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
                 if timings is None:

@@ -3,10 +3,12 @@
 OpenBLAS's worker threads spin for a while after every call.  Next to the
 kernels' own helper threads (and other busy processes) they oversubscribe the
 cores, and a GEMM that waits for a descheduled worker stalls for a whole
-scheduler slice.  So while a partition runs, BLAS is held to one thread and
-large products are split into chunks like every other kernel's work.  Chunks
-are shared, not assigned: every thread takes the next chunk left, so a helper
-that starts late (on a loaded machine) costs nothing but its missing help.
+scheduler slice.  So while kernels split their work over threads, BLAS is held
+to one thread and large products are split into chunks like every other
+kernel's work (ThreadChoice picks between that, BLAS alone on all threads, and
+one thread).  Chunks are shared, not assigned: every thread takes the next chunk
+left, so a helper that starts late (on a loaded machine) costs nothing but its
+missing help.
 """
 
 from __future__ import annotations
@@ -149,40 +151,48 @@ _SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
 
 
 class ThreadChoice:
-    """Whether the kernels of one compiled partition share their work among threads, by measurement.
+    """How the kernels of one compiled partition use their threads, chosen by measurement.
 
-    On a busy machine the helper threads get no core of their own and only add
-    handoffs and GIL ping-pong; on an idle one they nearly halve the time.  So
-    runs are timed both ways, now and then again, and the faster way is kept.
+    "alone": one thread, BLAS held to one too.  "shared": the kernels' chunks shared
+    with helper threads, BLAS held to one (its spinning workers would take the helpers'
+    cores).  "blas": one thread with BLAS on all of them, whose workers hand over a
+    product faster than Python threads can, though nothing else runs in parallel.  On a
+    busy machine no thread gets a core of its own and "alone" wins; on an idle one the
+    others gain.  So runs are timed each way, now and then again, and the fastest is kept.
     """
 
+    MODES = ("shared", "blas", "alone")
     PROBE_EVERY = 10
 
-    def __init__(self) -> None:
-        self.samples: dict[bool, deque] = {True: deque(maxlen=5), False: deque(maxlen=5)}
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
         self.runs = 0
 
-    def _next(self) -> bool:
+    def _next(self) -> str:
         self.runs += 1
         if self.runs == 1:
-            return True  # a first run pays for first-touch memory: not a fair sample
-        for sharing in (True, False):
-            if len(self.samples[sharing]) < 2:
-                return sharing
-        best = statistics.median(self.samples[True]) <= statistics.median(self.samples[False])
-        return best != (self.runs % self.PROBE_EVERY == 0)
+            return self.MODES[0]  # a first run pays for first-touch memory: not a fair sample
+        for mode in self.MODES:
+            if len(self.samples[mode]) < 2:
+                return mode
+        ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode]))
+        if self.runs % self.PROBE_EVERY:
+            return ranked[0]
+        return ranked[1 + self.runs // self.PROBE_EVERY % (len(ranked) - 1)]
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
-        sharing = self._next()
-        token = _SHARING.set(sharing)
+        mode = self._next()
+        token = _SHARING.set(mode == "shared")
         start = time.perf_counter()
         try:
-            yield
+            with blas_threads(self.threads if mode == "blas" else 1):
+                yield
         finally:
             _SHARING.reset(token)
         if self.runs > 1:
-            self.samples[sharing].append(time.perf_counter() - start)
+            self.samples[mode].append(time.perf_counter() - start)
 
 
 def _openblas_thread_controls() -> list[tuple[Callable[[], int], Callable[[int], None]]]:
@@ -210,11 +220,10 @@ def _openblas_thread_controls() -> list[tuple[Callable[[], int], Callable[[int],
     return controls
 
 
-class _SingleThreadedBlas:
-    """Holds every loaded OpenBLAS at one thread while any partition runs, then restores its count.
-
-    Nested and concurrent runs share one hold; the last to leave restores.
-    """
+class _BlasThreads:
+    """``with blas_threads(n)``: every loaded OpenBLAS runs on ``n`` threads inside, then gets its
+    own count back.  Nested and concurrent holds share the first one's count; the last to
+    leave restores."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -222,22 +231,24 @@ class _SingleThreadedBlas:
         self.holders = 0
         self.saved: list[int] = []
 
-    def __enter__(self) -> None:
+    @contextlib.contextmanager
+    def __call__(self, count: int) -> Iterator[None]:
         with self.lock:
             if self.controls is None:
                 self.controls = _openblas_thread_controls()
             if self.holders == 0:
                 self.saved = [get() for get, _ in self.controls]
                 for _, put in self.controls:
-                    put(1)
-            self.holders += 1
-
-    def __exit__(self, *exc) -> None:
-        with self.lock:
-            self.holders -= 1
-            if self.holders == 0:
-                for (_, put), count in zip(self.controls, self.saved):
                     put(count)
+            self.holders += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holders -= 1
+                if self.holders == 0:
+                    for (_, put), saved in zip(self.controls, self.saved):
+                        put(saved)
 
 
-single_threaded_blas = _SingleThreadedBlas()
+blas_threads = _BlasThreads()
