@@ -85,6 +85,17 @@ def test_quantized_conv_blocks(x_shape, w_shape, stride, extreme):
     check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
 
 
+@pytest.mark.parametrize("dtype, x_shape, w_shape", [
+    ("int8", (1, 7, 7, 576), (160, 3, 3, 576)),   # narrow, but its operand converted whole would pass BLOCK_SCRATCH
+    ("uint8", (1, 5, 5, 64), (96, 1, 1, 64)),     # per-tensor weights with a zero point
+])
+def test_quantized_short_products_convert_stored_weights_by_block(dtype, x_shape, w_shape):
+    """Few-row products keep their weights as stored and convert one block of units at a time."""
+    model, inputs = _quantized_layer("CONV_2D", x_shape, w_shape, 0, {"padding": "SAME", "stride_h": 1,
+                                                                      "stride_w": 1}, dtype)
+    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
+
+
 @pytest.mark.parametrize("dtype, channels, stride", [("int8", 20, 1), ("int8", 96, 2), ("uint8", 20, 2)])
 def test_quantized_depthwise_bands(dtype, channels, stride):
     """int8 rounds ties up on whole groups of 8 channels and away from zero on the rest; uint8 away."""

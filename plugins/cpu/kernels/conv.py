@@ -49,28 +49,60 @@ GEMM_CHUNK_WORK = 1 << 23
 BLOCK_SCRATCH = 1 << 21
 
 
-def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0):
+def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0,
+                unit_scratch: int = 0):
     """spread() over gemm_blocks: shared among the kernel threads, or as few blocks as possible alone."""
     with kernel_threads(1):
-        alone = gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch)
-    return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch), alone)
+        alone = gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch)
+    return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch), alone)
 
 
-def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int,
-                row_scratch: int = 0) -> list[tuple[int, int, int, int, int]]:
+def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0,
+                unit_scratch: int = 0) -> list[tuple[int, int, int, int, int]]:
     """(image, first row, end row, first unit, end unit) blocks of an (N, rows, row_pixels, units)
     product output, to share among the kernel threads.
 
     Row bands normally, few enough that each row band takes less than BLOCK_SCRATCH of
     scratch (``row_scratch`` bytes per row); slices of the output units for short, wide
-    products (the last layers of a network), where bands would be too thin for BLAS.
+    products (the last layers of a network), where bands would be too thin for BLAS, and
+    for short products whose operand is converted per block (``unit_scratch`` bytes per unit).
     """
     work = rows * row_pixels * units * depth
-    if rows * row_pixels < 256 and units >= 256 and rows * row_scratch <= BLOCK_SCRATCH:
+    short = rows * row_pixels < 256 and rows * row_scratch <= BLOCK_SCRATCH
+    if short and (units >= 256 or units * unit_scratch > BLOCK_SCRATCH):
+        groups = -(-units // 16)
+        slices = max(len(chunks_for(groups, work, GEMM_CHUNK_WORK)), -(-units * unit_scratch // BLOCK_SCRATCH))
         return [(b, 0, rows, 16 * u0, min(units, 16 * u1)) for b in range(batch)
-                for u0, u1 in chunks_for(-(-units // 16), work, GEMM_CHUNK_WORK)]
+                for u0, u1 in even_chunks(groups, slices)]
     bands = max(len(chunks_for(rows, work, GEMM_CHUNK_WORK)), -(-rows * row_scratch // BLOCK_SCRATCH))
     return [(b, y0, y1, 0, units) for b in range(batch) for y0, y1 in even_chunks(rows, bands)]
+
+
+# Products with fewer output rows than this read each weight only a few times per run: converting a
+# block of the stored integer weights as it is needed costs little next to the product, and saves
+# keeping a float copy of every weight (4 bytes each).
+STORED_OPERAND_ROWS = 256
+
+
+class StoredOperand:
+    """A constant GEMM operand kept as stored (integers less ``offset``), handed to the product one
+    block of units at a time, converted into scratch (see STORED_OPERAND_ROWS)."""
+
+    def __init__(self, stored: np.ndarray, offset: int, dtype):
+        self.stored, self.offset, self.dtype = stored, offset, np.dtype(dtype)
+        self.unit_bytes = stored.shape[0] * self.dtype.itemsize
+
+    def __call__(self, ins) -> "StoredOperand":
+        return self
+
+    def block(self, u0: int, u1: int) -> np.ndarray:
+        out = scratch("operand", (self.stored.shape[0], u1 - u0), self.dtype)
+        convert(self.stored[:, u0:u1], self.offset, out)
+        return out
+
+
+def _operand_block(rhs, u0: int, u1: int) -> np.ndarray:
+    return rhs.block(u0, u1) if isinstance(rhs, StoredOperand) else rhs[:, u0:u1]
 
 
 def _block_scratch(copied: int, accumulated: int, dtype) -> int:
@@ -111,7 +143,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     """run() of a CONV_2D as one GEMM per block of output rows, on a view of the input for 1x1
     convolutions, else on the block's sliding windows copied into scratch (im2col).
 
-    ``operand(ins)`` is the (KH*KW*C, units) GEMM operand in ``dtype``; the input enters the
+    ``operand(ins)`` is the (KH*KW*C, units) GEMM operand in ``dtype`` (or a StoredOperand); the input enters the
     GEMM converted to ``dtype`` less ``offset`` (a quantized input's zero point).
     ``finish(acc, out, u0, u1)`` turns a block of products for units u0..u1 into the output
     block: in place when the output has the GEMM's type, else from a scratch block.  With
@@ -133,7 +165,8 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype))
+    split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype),
+                        getattr(operand, "unit_bytes", 0))
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
@@ -160,7 +193,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
                     lhs = scratch(0, (rows, depth), dtype)
                     np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c), windows)
             acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), accumulator)
-            product(lhs, rhs[:, u0:u1], acc, depth_parts)
+            product(lhs, _operand_block(rhs, u0, u1), acc, depth_parts)
             finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
         split(block)
     return run
@@ -396,7 +429,8 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype))
+    split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype),
+                        getattr(operand, "unit_bytes", 0))
 
     def run(ins, outs):
         rhs = operand(ins)
@@ -409,7 +443,7 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
                 a = scratch(0, (r1 - r0, depth), dtype)
                 convert(lhs[r0:r1], offset, a)
             acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), accumulator)
-            product(a, rhs[:, u0:u1], acc, depth_parts)
+            product(a, _operand_block(rhs, u0, u1), acc, depth_parts)
             finish(acc, out2d[r0:r1, u0:u1], u0, u1)
         split(block)
     return run

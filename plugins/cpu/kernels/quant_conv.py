@@ -20,7 +20,7 @@ from delegate.ir import DType
 
 from ..registry import kernel
 from .common import same_padding
-from .conv import conv_gemm, depthwise_einsum, depthwise_tiling, matrix_gemm
+from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, depthwise_einsum, depthwise_tiling, matrix_gemm
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
@@ -150,6 +150,16 @@ def _vector_loop_rounding(op: Op, x: Tensor):
     return lane_rounding(vector_lanes(out.size, 16, out.shape))
 
 
+def _operand(op: Op, w: Tensor, matrix: np.ndarray, dtype):
+    """The GEMM operand of ``matrix`` (units x depth, zero point taken out): a float copy, or for
+    products of few rows the stored weights themselves, converted block by block as they are used."""
+    rows = int(np.prod(op.outputs[0].shape[:-1]))
+    if rows < STORED_OPERAND_ROWS and dtype == np.float32:
+        return StoredOperand(np.asarray(w.data).reshape(matrix.shape).T, zero_point(w), dtype)
+    gemm = np.ascontiguousarray(matrix.T, dtype)
+    return lambda ins: gemm
+
+
 @kernel("CONV_2D", quantized=True)
 def conv2d(op: Op):
     """One exact float GEMM per block of output rows on the zero-point-centred input (see conv_gemm)."""
@@ -160,10 +170,9 @@ def conv2d(op: Op):
         raise ValueError("grouped quantized CONV_2D is not supported")
     matrix = weights.reshape(out_c, -1)
     dtype, parts, bound = _exact_gemm(op, matrix)
-    gemm = np.ascontiguousarray(matrix.T, dtype)
     reference = _output_stage(op, x, w, out_c, multiply_wide) if _reference_16x8(op, x) else None
     finish = _finish(op, False, _bias(op, 2, out_c), bound, reference)
-    return conv_gemm(op, lambda ins: gemm, finish, dtype, zero_point(x), parts)
+    return conv_gemm(op, _operand(op, w, matrix, dtype), finish, dtype, zero_point(x), parts)
 
 
 @kernel("DEPTHWISE_CONV_2D", quantized=True)
@@ -192,14 +201,13 @@ def fully_connected(op: Op):
     weights = _weights(w)
     units, _ = weights.shape
     dtype, parts, bound = _exact_gemm(op, weights)
-    gemm = np.ascontiguousarray(weights.T, dtype)
     bias = _bias(op, 2, units)
     reference = None
     if _reference_16x8(op, x):
         # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
         real = _real_multiplier(op, x, w, units, float_product=False)
         reference = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
-    return matrix_gemm(op, lambda ins: gemm, _finish(op, False, bias, bound, reference), dtype,
+    return matrix_gemm(op, _operand(op, w, weights, dtype), _finish(op, False, bias, bound, reference), dtype,
                        zero_point(x), parts)
 
 
