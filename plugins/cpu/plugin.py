@@ -14,7 +14,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
-from .kernels.common import constant, known_at_compile_time
+from .kernels.common import constant, known_at_compile_time, start_scratch_op
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 
@@ -79,6 +79,7 @@ class CpuCompiled(CompiledPartition):
         with self.threading():
             for op, run, sources, outs in self.steps:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
+                start_scratch_op()
                 if timings is None:
                     run(ins, outs)
                 else:

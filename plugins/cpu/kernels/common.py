@@ -264,31 +264,66 @@ def _phase_span(size: int, before: int, after: int, phase: int, stride: int) -> 
     return length, first, end, first * stride + phase - before
 
 
+class _Scratch:
+    """One thread's scratch memory: the requests of each op packed into one buffer from its start.
+
+    Every slot an op asks for gets its own region, so the memory is the largest total any single
+    op needs rather than the sum over slots of their largest sizes.  ``start_op`` frees the
+    regions for the next op; without it, regions are only ever added (always safe).  Views are
+    cached, since ops make the same requests on every run.
+    """
+
+    ALIGN = 64
+
+    def __init__(self) -> None:
+        self.buffer = np.empty(0, np.uint8)
+        self.regions: dict = {}  # slot -> (offset, bytes) for the current op
+        self.top = 0
+        self.views: dict = {}  # (offset, shape, dtype) -> view into the current buffer
+
+    def start_op(self) -> None:
+        self.regions.clear()
+        self.top = 0
+
+    def take(self, slot, shape: tuple[int, ...], dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        size = math.prod(shape) * dtype.itemsize
+        region = self.regions.get(slot)
+        if region is None or region[1] < size:
+            region = self.regions[slot] = (self.top, size)
+            self.top += -(-max(size, 1) // self.ALIGN) * self.ALIGN
+            if self.top > self.buffer.nbytes:
+                # Views already handed out keep the old buffer alive for as long as they are used.
+                self.buffer = np.empty(self.top, np.uint8)
+                self.views.clear()
+        key = (region[0], shape, dtype)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = self.buffer[region[0]:region[0] + size].view(dtype).reshape(shape)
+        return view
+
+
 _SCRATCH = threading.local()
 
 
-def scratch(slot, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
-    """A temporary array for the duration of one kernel run, shared by every kernel of the calling thread.
+def _thread_scratch() -> _Scratch:
+    state = getattr(_SCRATCH, "state", None)
+    if state is None:
+        state = _SCRATCH.state = _Scratch()
+    return state
 
-    Kernels take it at run time (the memory grows to the largest request); the
-    same ``slot`` (any hashable) in another kernel reuses the same memory, so distinct arrays
-    of one kernel need distinct slots and nothing in them outlives the run.
-    Sharing keeps a model's temporaries to the size of its largest op, warm in cache.
+
+def scratch(slot, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """A temporary array for the duration of one kernel run, from the calling thread's scratch memory.
+
+    Kernels take it at run time; distinct arrays of one kernel need distinct slots (any
+    hashable), asking for a slot again in the same op returns the same memory, and nothing
+    in them outlives the op (see start_scratch_op).  Sharing keeps a model's temporaries to
+    the size of its largest op, warm in cache.
     """
-    views = getattr(_SCRATCH, "views", None)
-    if views is None:
-        views = _SCRATCH.views = {}
-        _SCRATCH.buffers = {}
-    key = (slot, shape, dtype)
-    view = views.get(key)
-    if view is not None:
-        return view
-    buffers = _SCRATCH.buffers
-    size = math.prod(shape) * np.dtype(dtype).itemsize
-    buffer = buffers.get(slot)
-    if buffer is None or buffer.nbytes < size:
-        buffer = buffers[slot] = np.empty(max(size, 64), np.uint8)
-        for stale in [k for k in views if k[0] == slot]:
-            del views[stale]
-    view = views[key] = buffer[:size].view(dtype).reshape(shape)
-    return view
+    return _thread_scratch().take(slot, tuple(shape), dtype)
+
+
+def start_scratch_op() -> None:
+    """The calling thread begins another op (or another op's share of work): earlier scratch is free."""
+    _thread_scratch().start_op()

@@ -24,6 +24,8 @@ import time
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
+from .common import start_scratch_op
+
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
 
 
@@ -113,6 +115,7 @@ class _Job:
                 return
             self.started += 1
         try:
+            start_scratch_op()
             self.drain()
         except BaseException as exc:  # handed to the caller, which re-raises it
             self.error = exc
