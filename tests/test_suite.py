@@ -1,0 +1,49 @@
+"""``delegate bench --suite``: rows against LiteRT, reports written, and models LiteRT cannot run timed alone."""
+
+import numpy as np
+import pytest
+
+from delegate import suite
+from delegate.tflite.builder import GraphBuilder
+
+
+@pytest.fixture
+def model_bytes():
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 4))
+    w = b.const("w", rng.standard_normal((6, 3, 3, 4)).astype(np.float32))
+    b.output(b.op("CONV_2D", [x, w, b.const("b", np.zeros(6, np.float32))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    return b.to_bytes()
+
+
+def _run(tmp_path, data):
+    return suite.run_suite([("tiny", data)], ["cpu-numpy", "cpu-litert"], runs=3, threads=1, out=tmp_path,
+                           progress=lambda _: None)
+
+
+def test_rows_compare_with_litert_and_reports_are_written(tmp_path, model_bytes):
+    rows, written = _run(tmp_path, model_bytes)
+    ours = {r.config: r for r in rows}
+    for name in ("cpu-numpy", "cpu-litert"):
+        row = ours[name]
+        assert row.status == "ok", row.status
+        assert row.p50_ms > 0 and row.litert_ms > 0 and row.ratio == pytest.approx(row.p50_ms / row.litert_ms)
+        assert row.max_error < 1e-5
+    assert "litert-gpu" in ours
+    table = (tmp_path / "suite.md").read_text()
+    assert "| tiny | cpu-numpy |" in table and "Command: `delegate" in table
+    assert {p.name for p in written} >= {"suite.md", "suite.csv"}
+
+
+def test_a_model_litert_cannot_run_is_timed_without_a_reference(tmp_path, model_bytes, monkeypatch):
+    def refuse(data, threads):
+        raise RuntimeError("Encountered unresolved custom op: SomeCustomOp.\nmore detail")
+    monkeypatch.setattr(suite, "_litert_interpreter", refuse)
+    rows, _ = _run(tmp_path, model_bytes)
+    numpy_row = next(r for r in rows if r.config == "cpu-numpy")
+    assert numpy_row.p50_ms > 0 and numpy_row.ratio is None and numpy_row.max_error is None
+    assert numpy_row.status == "LiteRT cannot run it: Encountered unresolved custom op: SomeCustomOp."
+    gpu_row = next(r for r in rows if r.config == "litert-gpu")
+    assert gpu_row.status.startswith("unavailable: LiteRT cannot run it") and gpu_row.p50_ms is None
