@@ -38,7 +38,7 @@ class CpuCompiled(CompiledPartition):
         for t in partition.outputs:
             computed = t.producer is not None and _computes_constants(t.producer)
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
-        self.threading = ThreadChoice(num_threads) if num_threads > 1 else (lambda: blas_threads(1))
+        self.threading = ThreadChoice() if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())

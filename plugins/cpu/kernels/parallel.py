@@ -1,14 +1,14 @@
 """Threads for the CPU kernels: kernels split their own work into chunks; BLAS runs single-threaded.
 
-OpenBLAS's worker threads spin for a while after every call.  Next to the
-kernels' own helper threads (and other busy processes) they oversubscribe the
-cores, and a GEMM that waits for a descheduled worker stalls for a whole
-scheduler slice.  So while kernels split their work over threads, BLAS is held
-to one thread and large products are split into chunks like every other
-kernel's work (ThreadChoice picks between that, BLAS alone on all threads, and
-one thread).  Chunks are shared, not assigned: every thread takes the next chunk
-left, so a helper that starts late (on a loaded machine) costs nothing but its
-missing help.
+OpenBLAS's worker threads spin for a while (up to a tenth of a second) after
+every call.  Next to the kernels' own helper threads they oversubscribe the
+cores, and after a run they keep taking cores from whatever the process does
+next: on two cores, LiteRT alternating with us ran at half speed.  So BLAS is
+held to one thread during runs and large products are split into chunks like
+every other kernel's work (ThreadChoice picks between sharing them with helper
+threads and one thread).  Chunks are shared, not assigned: every thread takes
+the next chunk left, so a helper that starts late (on a loaded machine) costs
+nothing but its missing help.
 """
 
 from __future__ import annotations
@@ -156,19 +156,17 @@ _SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
 class ThreadChoice:
     """How the kernels of one compiled partition use their threads, chosen by measurement.
 
-    "alone": one thread, BLAS held to one too.  "shared": the kernels' chunks shared
-    with helper threads, BLAS held to one (its spinning workers would take the helpers'
-    cores).  "blas": one thread with BLAS on all of them, whose workers hand over a
-    product faster than Python threads can, though nothing else runs in parallel.  On a
-    busy machine no thread gets a core of its own and "alone" wins; on an idle one the
-    others gain.  So runs are timed each way, now and then again, and the fastest is kept.
+    "alone": one thread.  "shared": the kernels' chunks shared with helper threads.
+    Either way BLAS is held to one thread (see the module docstring).  Handing a chunk to
+    a Python thread costs tens of microseconds and the GIL between numpy calls, so on a
+    busy machine, or for models of small ops, "alone" wins; on an idle one with large
+    ops sharing gains.  So runs are timed each way, now and then again, and the fastest is kept.
     """
 
-    MODES = ("shared", "blas", "alone")
+    MODES = ("shared", "alone")
     PROBE_EVERY = 10
 
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self) -> None:
         self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
         self.runs = 0
 
@@ -180,9 +178,7 @@ class ThreadChoice:
             if len(self.samples[mode]) < 2:
                 return mode
         ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode]))
-        if self.runs % self.PROBE_EVERY:
-            return ranked[0]
-        return ranked[1 + self.runs // self.PROBE_EVERY % (len(ranked) - 1)]
+        return ranked[0] if self.runs % self.PROBE_EVERY else ranked[1]
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
@@ -190,7 +186,7 @@ class ThreadChoice:
         token = _SHARING.set(mode == "shared")
         start = time.perf_counter()
         try:
-            with blas_threads(self.threads if mode == "blas" else 1):
+            with blas_threads(1):
                 yield
         finally:
             _SHARING.reset(token)
