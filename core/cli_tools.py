@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,6 +54,28 @@ for _ in range(5):
     it.invoke()
 print(peak_rss_mb())
 """
+
+
+# LiteRT slower than this while alternating with delegate than alone (by a factor, and by more than
+# timer jitter) means delegate left work on the cores (spinning threads) that the reference paid for.
+REFERENCE_SLOWDOWN = 1.25
+REFERENCE_JITTER_MS = 0.1
+
+
+def alone_median(run: Callable[[], Any], runs: int, warmup: int = 0) -> float:
+    """Median ms of ``run`` on its own: the baseline the alternating measurement is checked against."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def reference_slowed(alternating_ms: float, alone_ms: float) -> bool:
+    return alternating_ms > REFERENCE_SLOWDOWN * alone_ms and alternating_ms - alone_ms > REFERENCE_JITTER_MS
 
 
 def separate_peak_rss(data: bytes, threads: int, argv: list[str]) -> tuple[float, float]:
@@ -211,6 +233,8 @@ def cmd_bench(args) -> int:
     if args.compare == "litert":
         reference = _litert_runner(data, [named[t.name] for t in session.graph.inputs],
                                    settings.compile.num_threads or 1)
+    # LiteRT alone, before delegate has run at all: the baseline that shows whether delegate slows it.
+    reference_alone = alone_median(reference, max(5, args.runs // 4), warmup=2) if reference else None
     for _ in range(args.warmup):
         session.run_indexed(indexed)
         if reference:
@@ -245,6 +269,8 @@ def cmd_bench(args) -> int:
         doc["reference"] = "litert"
         doc["reference_median_ms"] = round(float(np.median(theirs)), 4)
         doc["ratio"] = round(doc["median_ms"] / max(doc["reference_median_ms"], 1e-9), 3)
+        doc["reference_alone_median_ms"] = round(reference_alone, 4)
+        doc["reference_slowed"] = reference_slowed(doc["reference_median_ms"], reference_alone)
         passthrough = [a for flag, value in (("--config", args.config), ("--backends", args.backends))
                        if value for a in (flag, value)] + [a for v in args.set or [] for a in ("--set", v)]
         ours_mb, theirs_mb = separate_peak_rss(data, settings.compile.num_threads or 1, passthrough)
@@ -267,6 +293,10 @@ def cmd_bench(args) -> int:
         c.print(f"litert:   median {doc['reference_median_ms']:.3f} ms; ratio delegate/litert {doc['ratio']:.2f}x; "
                 f"peak RSS alone: delegate {doc['peak_rss_mb']:.0f} MB, litert {doc['reference_peak_rss_mb']:.0f} MB "
                 f"({doc['rss_ratio']:.2f}x)")
+        if doc["reference_slowed"]:
+            c.print(f"[yellow]warning:[/yellow] LiteRT took {doc['reference_median_ms']:.3f} ms alternating with "
+                    f"delegate but {reference_alone:.3f} ms alone: something delegate leaves running slows it, "
+                    f"so the ratio flatters delegate")
     c.print(table("top-5 ops by time", ["op", "code", "backend", "ms"],
                   [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}"] for r in doc["top_ops"]]))
     return 0

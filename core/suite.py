@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .backend import CompileOptions
-from .cli_tools import peak_rss_mb
+from .cli_tools import alone_median, peak_rss_mb, reference_slowed
 from .errors import DelegateError
 from .planner import PlacementSettings
 from .session import RunSettings, Session
@@ -166,10 +166,12 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
             Session(model, config.settings(threads, str(cache_dir), preference)).close()
             row.init_cached_ms = (time.perf_counter() - t) * 1e3
             inputs = session.normalize_inputs(host_inputs)
+            theirs = None if reference is None else (lambda: reference(host_inputs))
+            # LiteRT alone, before this configuration has run: the baseline that shows whether it slows LiteRT.
+            alone = alone_median(theirs, max(5, runs // 4), warmup=2) if theirs is not None else None
             t = time.perf_counter()
             out = session.run_indexed(inputs)
             row.first_ms = (time.perf_counter() - t) * 1e3
-            theirs = None if reference is None else (lambda: reference(host_inputs))
             if expected is not None:
                 row.max_error = _relative_error([out[t.index] for t in session.graph.outputs], expected)
             for _ in range(3):
@@ -181,6 +183,8 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
             if ref:
                 row.litert_ms = float(np.median(ref))
                 row.ratio = row.p50_ms / row.litert_ms
+                if reference_slowed(row.litert_ms, alone):
+                    row.status = f"LiteRT slowed alternating ({row.litert_ms:.3f} vs {alone:.3f} ms alone)"
             else:
                 row.status = missing_reference
             row.partitions, row.copies = len(session.plan.partitions), len(session.plan.copies)

@@ -96,6 +96,7 @@ def test_bench_compare_litert(tiny_model, tmp_path):
                   "--csv", str(tmp_path / "runs.csv"))
     assert {"median_ms", "reference_median_ms", "ratio", "peak_rss_mb", "p90_ms", "p99_ms"} <= set(doc)
     assert doc["top_ops"] and doc["ratio"] > 0
+    assert doc["reference_alone_median_ms"] > 0 and doc["reference_slowed"] is False
     assert len((tmp_path / "runs.csv").read_text().splitlines()) == 6
 
 

@@ -47,3 +47,16 @@ def test_a_model_litert_cannot_run_is_timed_without_a_reference(tmp_path, model_
     assert numpy_row.status == "LiteRT cannot run it: Encountered unresolved custom op: SomeCustomOp."
     gpu_row = next(r for r in rows if r.config == "litert-gpu")
     assert gpu_row.status.startswith("unavailable: LiteRT cannot run it") and gpu_row.p50_ms is None
+
+
+def test_a_reference_slowed_by_alternation_is_flagged(tmp_path, model_bytes, monkeypatch):
+    """LiteRT much slower alternating with us than alone means we left work on the cores: the row says so."""
+    alternate = suite._time_alternating
+
+    def slowed(ours, theirs, runs):
+        mine, ref = alternate(ours, theirs, runs)
+        return mine, [t * 3 + 1.0 for t in ref]
+    monkeypatch.setattr(suite, "_time_alternating", slowed)
+    rows, _ = _run(tmp_path, model_bytes)
+    row = next(r for r in rows if r.config == "cpu-numpy")
+    assert row.status.startswith("LiteRT slowed alternating"), row.status
