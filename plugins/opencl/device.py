@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from delegate.errors import PluginError
+from delegate.gpu.options import check_keys, choice
 
 from . import __version__
 
@@ -29,13 +30,8 @@ class DeviceRequest:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "DeviceRequest":
-        unknown = sorted(set(options) - set(OPTION_KEYS))
-        if unknown:
-            raise PluginError(f"opencl backend: unknown option(s) {', '.join(unknown)}; "
-                              f"valid options: {', '.join(OPTION_KEYS)}")
-        kind = str(options.get("device_type", "any")).lower()
-        if kind not in DEVICE_TYPES:
-            raise PluginError(f"opencl backend: device_type {kind!r} is not one of {', '.join(DEVICE_TYPES)}")
+        check_keys("opencl", options, OPTION_KEYS)
+        kind = choice("opencl", options, "device_type", "any", DEVICE_TYPES)
         return cls(str(options.get("platform", "") or ""), str(options.get("device", "") or ""), kind)
 
     def describe(self) -> str:

@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from delegate.errors import PluginError
+from delegate.gpu.options import check_keys, choice
 
 from . import __version__
 
@@ -47,17 +48,9 @@ class AdapterRequest:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "AdapterRequest":
-        unknown = sorted(set(options) - set(OPTION_KEYS))
-        if unknown:
-            raise PluginError(f"wgpu backend: unknown option(s) {', '.join(unknown)}; "
-                              f"valid options: {', '.join(OPTION_KEYS)}")
-        power = str(options.get("power_preference", "high-performance")).lower()
-        if power not in POWER_PREFERENCES:
-            raise PluginError(f"wgpu backend: power_preference {power!r} is not one of "
-                              f"{', '.join(POWER_PREFERENCES)}")
-        api = str(options.get("backend_type", "any")).lower()
-        if api not in BACKEND_TYPES:
-            raise PluginError(f"wgpu backend: backend_type {api!r} is not one of {', '.join(BACKEND_TYPES)}")
+        check_keys("wgpu", options, OPTION_KEYS)
+        power = choice("wgpu", options, "power_preference", "high-performance", POWER_PREFERENCES)
+        api = choice("wgpu", options, "backend_type", "any", tuple(BACKEND_TYPES))
         limits = []
         for name, value in dict(options.get("limits") or {}).items():
             key = str(name).replace("_", "-")
