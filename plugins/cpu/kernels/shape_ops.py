@@ -32,12 +32,16 @@ def reshape(op: Op):
     return run
 
 
-@kernel("TRANSPOSE")
-def transpose(op: Op):
-    fixed = constant(op.inputs[1])
+_BY_INT_LIST = {"TRANSPOSE": np.transpose, "TILE": np.tile}
+
+
+@kernel(*_BY_INT_LIST)
+def by_int_list(op: Op):
+    """TRANSPOSE (permutation) and TILE (multiples): numpy's function of the input and an int list."""
+    fn, fixed = _BY_INT_LIST[op.opcode], constant(op.inputs[1])
 
     def run(ins, outs):
-        np.copyto(outs[0], np.transpose(ins[0], _int_list(_operand(fixed, ins, 1))))
+        np.copyto(outs[0], fn(ins[0], _int_list(_operand(fixed, ins, 1))))
     return run
 
 
@@ -154,15 +158,6 @@ def gather_nd(op: Op):
     def run(ins, outs):
         idx = np.asarray(ins[1]).astype(np.intp)
         np.copyto(outs[0], ins[0][tuple(np.moveaxis(idx, -1, 0))])
-    return run
-
-
-@kernel("TILE")
-def tile(op: Op):
-    fixed = constant(op.inputs[1])
-
-    def run(ins, outs):
-        np.copyto(outs[0], np.tile(ins[0], _int_list(_operand(fixed, ins, 1))))
     return run
 
 
