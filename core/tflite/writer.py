@@ -197,17 +197,22 @@ class _Writer:
             self.b.PrependUOffsetTRelative(item)
         return self.b.EndVector()
 
+    def named_indices(self, table, add_index, entries: dict[str, int]) -> list[int]:
+        """One ``table`` (TensorMap, Metadata: a name and an index) per entry."""
+        b, written = self.b, []
+        for name, index in entries.items():
+            s = b.CreateString(name)
+            table.Start(b)
+            table.AddName(b, s)
+            add_index(b, index)
+            written.append(table.End(b))
+        return written
+
     def signature(self, sig) -> int:
         b = self.b
 
         def tensor_maps(mapping: dict[str, int]) -> int:
-            maps = []
-            for name, idx in mapping.items():
-                s = b.CreateString(name)
-                TensorMap.Start(b)
-                TensorMap.AddName(b, s)
-                TensorMap.AddTensorIndex(b, idx)
-                maps.append(TensorMap.End(b))
+            maps = self.named_indices(TensorMap, TensorMap.AddTensorIndex, mapping)
             return self.offsets(SignatureDef.StartInputsVector, maps)
 
         inputs, outputs = tensor_maps(sig.inputs), tensor_maps(sig.outputs)
@@ -227,13 +232,7 @@ class _Writer:
             metadata_buffers[name] = len(self.payloads)
             self.payloads.append(bytes(payload))
         signatures = [self.signature(s) for s in model.signatures]
-        metadata = []
-        for name, idx in metadata_buffers.items():
-            s = b.CreateString(name)
-            Metadata.Start(b)
-            Metadata.AddName(b, s)
-            Metadata.AddBuffer(b, idx)
-            metadata.append(Metadata.End(b))
+        metadata = self.named_indices(Metadata, Metadata.AddBuffer, metadata_buffers)
         codes = []
         for (opcode, custom, version) in self.opcodes:
             code = schema.BUILTIN_CODES["CUSTOM"] if custom else schema.BUILTIN_CODES[opcode]
