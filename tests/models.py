@@ -1,4 +1,4 @@
-"""Single-op test models shared by the per-backend golden tests (CPU, OpenCL, WebGPU)."""
+"""Test models shared by the per-backend tests (CPU, OpenCL, WebGPU)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,29 @@ import numpy as np
 
 from delegate.shapes import transpose_conv_bias_geometry
 from delegate.tflite.builder import GraphBuilder
+
+
+def normal(rng, shape, scale=1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def residual_block(rng, extra_output: bool = False, gate: bool = False) -> GraphBuilder:
+    """A chain the GPU backends fuse: CONV_2D+RELU (1, 6, 5, 7) -> 6 channels, ADD of a residual input,
+    MUL by a constant (then by a (1, 1, 1, 6) gate input with ``gate``), HARD_SWISH; with
+    ``extra_output`` the ADD result is also a model output."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 7))
+    r = b.input("r", (1, 6, 5, 6))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 7))), b.const("b", normal(rng, 6))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    z = b.op("ADD", [r, y])
+    m = b.op("MUL", [z, b.const("k", np.array([0.5], np.float32))])
+    if gate:
+        m = b.op("MUL", [m, b.input("gate", (1, 1, 1, 6))])
+    b.output(b.op("HARD_SWISH", [m]))
+    if extra_output:
+        b.output(z)
+    return b
 
 
 def transpose_conv_out(size: int, k: int, stride: int, padding: str) -> int:

@@ -24,6 +24,7 @@ from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.tflite.builder import GraphBuilder
+from tests.models import normal, residual_block
 from tests.oputil import assert_close, check_against_litert, litert_run
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
@@ -39,10 +40,6 @@ if not _AVAILABLE:
 
 RTOL = 1e-4
 ACTIVATIONS = st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
-
-
-def normal(rng, shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def check(builder: GraphBuilder, inputs, rtol=RTOL, options=None):
@@ -436,20 +433,6 @@ def compile_whole(backend, b: GraphBuilder, options=None):
 def run_compiled(backend, g, compiled, inputs):
     values = compiled.run({t.index: backend.to_device(x) for t, x in zip(g.inputs, inputs)})
     return [backend.to_host(values[t.index]) for t in g.outputs]
-
-
-def residual_block(rng, extra_output=False):
-    b = GraphBuilder()
-    x = b.input("x", (1, 6, 5, 7))
-    r = b.input("r", (1, 6, 5, 6))
-    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 7))), b.const("b", normal(rng, 6))],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
-    z = b.op("ADD", [r, y], options={"fused_activation_function": "NONE"})
-    m = b.op("MUL", [z, b.const("k", np.array([0.5], np.float32))], options={"fused_activation_function": "NONE"})
-    b.output(b.op("HARD_SWISH", [m]))
-    if extra_output:
-        b.output(z)
-    return b
 
 
 def test_fusion_runs_conv_and_followers_as_one_kernel(backend):

@@ -18,6 +18,7 @@ from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
+from tests.models import normal, residual_block
 from tests.oputil import assert_close, litert_run
 
 INFO = default_manager().backend_info("wgpu")
@@ -29,10 +30,6 @@ RTOL = 1e-4
 @pytest.fixture(scope="module")
 def backend():
     return INFO.factory({})
-
-
-def normal(rng, shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def compile_whole(backend, model: bytes, options=None):
@@ -160,24 +157,13 @@ def test_the_plan_explains_a_refusal_and_runs_the_op_on_the_cpu():
 
 # -- fusion ---------------------------------------------------------------------------------------
 
-def residual_block(rng, extra_output=False):
-    b = GraphBuilder()
-    x = b.input("x", (1, 6, 5, 7))
-    r = b.input("r", (1, 6, 5, 6))
-    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 7))), b.const("b", normal(rng, 6))],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
-    z = b.op("ADD", [r, y])
-    m = b.op("MUL", [z, b.const("k", np.array([0.5], np.float32))])
-    g = b.op("MUL", [m, b.input("gate", (1, 1, 1, 6))])
-    b.output(b.op("HARD_SWISH", [g]))
-    if extra_output:
-        b.output(z)
-    return b.to_bytes()
+def gated_residual_block(rng, extra_output=False) -> bytes:
+    return residual_block(rng, extra_output, gate=True).to_bytes()
 
 
 def test_fusion_reduces_dispatches_and_keeps_results(backend):
     rng = np.random.default_rng(3)
-    model = residual_block(rng)
+    model = gated_residual_block(rng)
     inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6)), normal(rng, (1, 1, 1, 6))]
     expected = litert_run(model, inputs)
     g, fused = compile_whole(backend, model)
@@ -186,13 +172,13 @@ def test_fusion_reduces_dispatches_and_keeps_results(backend):
     assert unfused.describe()["dispatches"] == 5
     for compiled in (fused, unfused):
         assert_close(run_compiled(backend, g, compiled, inputs), expected, rtol=RTOL, atol=1e-5)
-    _, split = compile_whole(backend, residual_block(rng, extra_output=True))  # the ADD result leaves the partition
+    _, split = compile_whole(backend, gated_residual_block(rng, extra_output=True))  # the ADD result leaves the partition
     assert split.describe()["dispatches"] == 2
 
 
 def test_fusion_stops_at_the_storage_buffer_limit():
     rng = np.random.default_rng(4)
-    model = residual_block(rng)
+    model = gated_residual_block(rng)
     narrow = INFO.factory({"limits": {"max_storage_buffers_per_shader_stage": 5}})
     g, compiled = compile_whole(narrow, model)
     assert compiled.describe()["dispatches"] == 2  # conv (4 buffers) + residual (5); the gate starts a kernel
@@ -560,7 +546,7 @@ def test_tuning_keeps_the_fastest_variant(backend, monkeypatch):
 
 def test_per_op_profile_from_gpu_timestamps(backend):
     rng = np.random.default_rng(9)
-    model = residual_block(rng, extra_output=True)
+    model = gated_residual_block(rng, extra_output=True)
     g, compiled = compile_whole(backend, model)
     inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6)), normal(rng, (1, 1, 1, 6))]
     compiled.set_profiling(True)
