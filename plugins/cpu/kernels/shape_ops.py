@@ -83,23 +83,15 @@ def _split_into(x: np.ndarray, axis: int, outs) -> None:
         start += size
 
 
-@kernel("SPLIT")
+@kernel("SPLIT", "SPLIT_V")
 def split(op: Op):
-    fixed = constant(op.inputs[0])
-    rank = len(op.inputs[1].shape)
+    """SPLIT reads (axis, data), SPLIT_V (data, sizes, axis); the outputs' shapes give the sizes."""
+    data_slot, axis_slot = (1, 0) if op.opcode == "SPLIT" else (0, 2)
+    fixed = constant(op.inputs[axis_slot])
+    rank = len(op.inputs[data_slot].shape)
 
     def run(ins, outs):
-        _split_into(ins[1], int(_operand(fixed, ins, 0).ravel()[0]) % rank, outs)
-    return run
-
-
-@kernel("SPLIT_V")
-def split_v(op: Op):
-    fixed = constant(op.inputs[2])
-    rank = len(op.inputs[0].shape)
-
-    def run(ins, outs):
-        _split_into(ins[0], int(_operand(fixed, ins, 2).ravel()[0]) % rank, outs)
+        _split_into(ins[data_slot], int(_operand(fixed, ins, axis_slot).ravel()[0]) % rank, outs)
     return run
 
 
