@@ -461,6 +461,7 @@ class AccuracyGuard(Section):
 @dataclass(frozen=True)
 class CpuOptions(Section):
     engine: str
+    native: bool
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ MODEL_SETTINGS: dict[str, Any] = {
     "deny": {"type": "array", "items": rule(backend_required=False)},
     "serialization": section(dir=OPTIONAL_TEXT, model_token=OPTIONAL_TEXT),
     "accuracy_guard": section(enabled={"type": "boolean"}, max_abs_error=THRESHOLD, max_rel_error=THRESHOLD),
-    "cpu": section(engine=enum(*CPU_ENGINES)),
+    "cpu": section(engine=enum(*CPU_ENGINES), native={"type": "boolean"}),
     "input": section(
         mean=per_channel(), std=per_channel(exclusiveMinimum=0),
         range={"type": "array", "minItems": 2, "maxItems": 2, "items": NUMBER},

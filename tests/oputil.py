@@ -64,9 +64,9 @@ def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], r
 
 def check_against_litert(model: bytes, inputs: Sequence[np.ndarray], backend: str = "cpu", *,
                          rtol: float = 1e-5, atol: float = 1e-6, lsb: int = 1, builtin: bool = False,
-                         options: CompileOptions | None = None) -> None:
+                         options: CompileOptions | None = None, backend_options: dict | None = None) -> None:
     expected = litert_run(model, inputs, builtin=builtin)
-    actual = delegate_run(model, inputs, backend, options)
+    actual = delegate_run(model, inputs, backend, options, backend_options)
     assert_close(actual, expected, rtol=rtol, atol=atol, lsb=lsb)
 
 

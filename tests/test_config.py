@@ -109,7 +109,7 @@ def test_compile_options_and_run_settings():
     assert options.inference_preference == "fast_single_answer"
     assert load_config().compile_options().num_threads >= 1
     settings = run_settings(load_config(None, ["pin=[{op: SOFTMAX, backend: cpu}]"]))
-    assert settings.backends == [("opencl", {}), ("wgpu", {}), ("cpu", {"engine": "auto"})]
+    assert settings.backends == [("opencl", {}), ("wgpu", {}), ("cpu", {"engine": "auto", "native": True})]
     assert settings.placement.pins[0].op == "SOFTMAX" and settings.fallback
 
 
@@ -322,7 +322,7 @@ def test_model_sections_inherit_and_override(tmp_path):
     assert pose.serialization.model_token == "pose"
     assert pose.serialization.dir == det.serialization.dir == str(tmp_path / "cache")
     assert pose.fallback == config.fallback and pose.validate == config.validate
-    assert pose.compile_options().precision == "fp32" and run_settings(pose).backends == [("cpu", {"engine": "auto"})]
+    assert pose.compile_options().precision == "fp32" and run_settings(pose).backends == [("cpu", {"engine": "auto", "native": True})]
 
 
 def test_for_model_by_index_name_path_or_other(tmp_path, monkeypatch):

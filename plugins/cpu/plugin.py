@@ -21,7 +21,8 @@ from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 class CpuCompiled(CompiledPartition):
     """Kernels bound to preallocated buffers; ``run`` only calls them in order."""
 
-    def __init__(self, partition: Partition, custom: dict[str, registry.Factory], num_threads: int = 1):
+    def __init__(self, partition: Partition, custom: dict[str, registry.Factory], num_threads: int = 1,
+                 native: bool = True):
         self.partition = partition
         self.timings: dict[int, list[float]] | None = None
         external = {t.index for t in partition.inputs}
@@ -29,7 +30,7 @@ class CpuCompiled(CompiledPartition):
         # Ops computing compile-time constants (DEQUANTIZE of float16 weights) do not run: their
         # consumers lay the values out themselves, or read them from one array computed here.
         ops = [op for op in partition.ops if not _computes_constants(op)]
-        kernels = [self._kernel(op, custom, num_threads) for op in ops]
+        kernels = [self._kernel(op, custom, num_threads, native) for op in ops]
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
@@ -47,12 +48,12 @@ class CpuCompiled(CompiledPartition):
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
 
     @staticmethod
-    def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int) -> registry.Run:
+    def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool) -> registry.Run:
         factory = registry.find_kernel(op, custom)
         if factory is None:
             raise CompileError(f"{op.describe()}: the cpu backend has no kernel for it")
         try:
-            with kernel_threads(num_threads):
+            with kernel_threads(num_threads, native):
                 return factory(op)
         except Exception as exc:
             raise CompileError(f"{op.describe()}: cpu kernel setup failed: {exc}") from exc
@@ -173,7 +174,7 @@ class CpuBackend(Backend):
                 if engine == "litert":
                     raise CompileError(f"LiteRT could not take partition {partition.index}: "
                                        f"{str(exc).splitlines()[0]}") from None
-        return CpuCompiled(partition, self.custom, options.num_threads)
+        return CpuCompiled(partition, self.custom, options.num_threads, self.options.get("native", True))
 
     def device_info(self) -> dict[str, Any]:
         return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__}

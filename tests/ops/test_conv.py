@@ -50,9 +50,12 @@ def test_grouped_conv_2d(groups, per_group, cout_per_group, seed):
 @given(h=st.integers(3, 12), w=st.integers(3, 12), c=st.sampled_from([1, 3, 6, 100]), multiplier=st.integers(1, 3),
        k=st.sampled_from([(1, 1), (3, 3), (5, 5), (2, 3)]), stride=st.integers(1, 2),
        dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
-       threads=st.sampled_from([1, 2]), runtime_weights=st.booleans(), seed=st.integers(0, 2**16))
-def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, threads, runtime_weights, seed):
-    """Also with two kernel threads, which split large outputs into row bands."""
+       threads=st.sampled_from([1, 2]), runtime_weights=st.booleans(), native=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, act, threads, runtime_weights, native,
+                           seed):
+    """Also with two kernel threads, which split large outputs into row bands, and with the numpy
+    formulation instead of the native tap sums."""
     kh, kw = k
     if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
         padding = "SAME"
@@ -62,7 +65,8 @@ def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, ac
     opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
             "dilation_h_factor": dilation, "dilation_w_factor": dilation, "fused_activation_function": act}
     _check_conv("DEPTHWISE_CONV_2D", rng.standard_normal((1, h, w, c)), weights, bias, opts, runtime_weights,
-                builtin=dilation > 1 or runtime_weights, options=CompileOptions(num_threads=threads))
+                builtin=dilation > 1 or runtime_weights, options=CompileOptions(num_threads=threads),
+                backend_options={"native": native})
 
 
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 5), cout=st.integers(1, 5),

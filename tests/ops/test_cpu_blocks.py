@@ -1,5 +1,6 @@
 """The CPU backend's blocked kernels: layers large enough to be split into row bands, unit slices
 and im2col bands over two threads, float and quantized, against LiteRT (quantized bit for bit),
+with the native loops and with the numpy formulations alone (``cpu: {native: false}``),
 and the one-division fixed-point rescale against gemmlowp's step-by-step arithmetic."""
 
 import numpy as np
@@ -14,6 +15,7 @@ from tests.oputil import check_against_litert
 from tests.ops.test_quantized_ops import activation_quant, bias, matmul_out_scale, random_q, weights
 
 TWO_THREADS = CompileOptions(num_threads=2)
+NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 
 
 def _float_layer(opcode, x_shape, w, options):
@@ -32,26 +34,30 @@ def _float_layer(opcode, x_shape, w, options):
     ((2, 40, 40, 16), (32, 3, 3, 16), 2, 2),     # im2col bands, two images
     ((1, 300, 300, 8), (16, 3, 3, 8), 1, 1),     # im2col bands bounded by scratch on one thread
 ])
-def test_float_conv_blocks(x_shape, w_shape, stride, threads):
+@NATIVE
+def test_float_conv_blocks(x_shape, w_shape, stride, threads, native):
     w = np.random.default_rng(1).standard_normal(w_shape).astype(np.float32)
     model, inputs = _float_layer("CONV_2D", x_shape, w, {"padding": "SAME", "stride_h": stride, "stride_w": stride,
                                                          "fused_activation_function": "RELU6"})
-    check_against_litert(model, inputs, options=CompileOptions(num_threads=threads))
+    check_against_litert(model, inputs, options=CompileOptions(num_threads=threads),
+                         backend_options={"native": native})
 
 
 @pytest.mark.parametrize("x_shape, k, stride", [((1, 64, 64, 24), 3, 1), ((1, 96, 96, 32), 5, 2),
                                                 ((2, 33, 31, 20), 3, 2)])
-def test_float_depthwise_bands(x_shape, k, stride):
+@NATIVE
+def test_float_depthwise_bands(x_shape, k, stride, native):
     w = np.random.default_rng(2).standard_normal((1, k, k, x_shape[-1])).astype(np.float32)
     model, inputs = _float_layer("DEPTHWISE_CONV_2D", x_shape, w, {"padding": "SAME", "stride_h": stride,
                                                                    "stride_w": stride, "depth_multiplier": 1})
-    check_against_litert(model, inputs, options=TWO_THREADS)
+    check_against_litert(model, inputs, options=TWO_THREADS, backend_options={"native": native})
 
 
-def test_float_fully_connected_unit_slices():
+@NATIVE
+def test_float_fully_connected_unit_slices(native):
     w = np.random.default_rng(3).standard_normal((1000, 2048)).astype(np.float32)
     model, inputs = _float_layer("FULLY_CONNECTED", (4, 2048), w, {})
-    check_against_litert(model, inputs, options=TWO_THREADS)
+    check_against_litert(model, inputs, options=TWO_THREADS, backend_options={"native": native})
 
 
 def _quantized_layer(opcode, x_shape, w_shape, axis, options, dtype="int8", extreme=False):
@@ -77,12 +83,14 @@ def _quantized_layer(opcode, x_shape, w_shape, axis, options, dtype="int8", extr
     ((1, 30, 30, 16), (32, 3, 3, 16), 2, False),
     ((1, 7, 7, 1000), (64, 1, 1, 1000), 1, True),  # float64 products
 ])
-def test_quantized_conv_blocks(x_shape, w_shape, stride, extreme):
+@NATIVE
+def test_quantized_conv_blocks(x_shape, w_shape, stride, extreme, native):
     model, inputs = _quantized_layer("CONV_2D", x_shape, w_shape, 0, {"padding": "SAME", "stride_h": stride,
                                                                       "stride_w": stride,
                                                                       "fused_activation_function": "RELU6"},
                                      extreme=extreme)
-    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
+    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS,
+                         backend_options={"native": native})
 
 
 @pytest.mark.parametrize("dtype, x_shape, w_shape", [
@@ -97,17 +105,21 @@ def test_quantized_short_products_convert_stored_weights_by_block(dtype, x_shape
 
 
 @pytest.mark.parametrize("dtype, channels, stride", [("int8", 20, 1), ("int8", 96, 2), ("uint8", 20, 2)])
-def test_quantized_depthwise_bands(dtype, channels, stride):
+@NATIVE
+def test_quantized_depthwise_bands(dtype, channels, stride, native):
     """int8 rounds ties up on whole groups of 8 channels and away from zero on the rest; uint8 away."""
     model, inputs = _quantized_layer("DEPTHWISE_CONV_2D", (1, 64, 64, channels), (1, 3, 3, channels), 3,
                                      {"padding": "SAME", "stride_h": stride, "stride_w": stride,
                                       "depth_multiplier": 1}, dtype)
-    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
+    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS,
+                         backend_options={"native": native})
 
 
-def test_quantized_fully_connected_unit_slices():
+@NATIVE
+def test_quantized_fully_connected_unit_slices(native):
     model, inputs = _quantized_layer("FULLY_CONNECTED", (4, 2048), (1000, 2048), 0, {})
-    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS)
+    check_against_litert(model, inputs, builtin=True, lsb=0, options=TWO_THREADS,
+                         backend_options={"native": native})
 
 
 # --- fixed point --------------------------------------------------------------------------------

@@ -9,15 +9,12 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel, laid_out
-from .common import along_rows, float_constant, scratch
+from .common import CLAMPS, along_rows, float_constant, scratch
 
-_CLIPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
-
-
-@kernel(*_CLIPS)
+@kernel(*CLAMPS)
 def clip(op: Op):
     """Clamps through np.clip, which runs a vector loop where maximum against a scalar does not."""
-    low, high = _CLIPS[op.opcode]
+    low, high = CLAMPS[op.opcode]
 
     def run(ins, outs):
         ins[0].clip(low, high, out=outs[0])

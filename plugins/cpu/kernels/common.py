@@ -12,18 +12,19 @@ from delegate import Op, Tensor
 from delegate.ir import Sparsity
 
 
+# Activations that clamp: (low, high).
+CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+
+
 def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
     """In-place fused activation (TFLite ``fused_activation_function``), or None for NONE."""
     if name in (None, "NONE"):
         return None
     # clip runs a vector loop where maximum against a scalar does not; the method skips np.clip's
     # dispatch, microseconds a call.
-    if name == "RELU":
-        return lambda x: x.clip(0, np.inf, out=x)
-    if name == "RELU6":
-        return lambda x: x.clip(0, 6, out=x)
-    if name == "RELU_N1_TO_1":
-        return lambda x: x.clip(-1, 1, out=x)
+    if name in CLAMPS:
+        low, high = CLAMPS[name]
+        return lambda x: x.clip(low, high, out=x)
     if name == "TANH":
         return lambda x: np.tanh(x, out=x)
     if name == "SIGN_BIT":

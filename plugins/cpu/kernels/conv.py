@@ -16,9 +16,10 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
-from .common import (Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
+from .common import (CLAMPS, Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
                      strided, window_view)
-from .parallel import chunks_for, even_chunks, kernel_threads, spread
+from .native import NO_EPILOGUE, Epilogue, kernel_loops
+from .parallel import chunks_for, even_chunks, kernel_threads, spread, threads
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -50,11 +51,38 @@ BLOCK_SCRATCH = 1 << 21
 
 
 def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0,
-                unit_scratch: int = 0):
-    """spread() over gemm_blocks: shared among the kernel threads, or as few blocks as possible alone."""
+                unit_scratch: int = 0, shared: bool = True):
+    """spread() over gemm_blocks: shared among the kernel threads, or as few blocks as possible alone
+    (always alone when not ``shared``: the products themselves run on every thread)."""
     with kernel_threads(1):
         alone = gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch)
+        if not shared:
+            return spread(alone)
     return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch), alone)
+
+
+class NativeProduct:
+    """A kernel's products through the native loops, each on all the kernel's threads (no hand-over
+    per block), with a float kernel's bias and clamp applied there: its finish's ``epilogue``
+    (see bias_activation); ``finishes`` says whether that leaves nothing for the finish to do."""
+
+    def __init__(self, loops, epilogue: Epilogue | None):
+        self.loops, self.threads, self.epilogue = loops, threads(), epilogue
+        self.finishes = epilogue is not None
+
+    @classmethod
+    def of(cls, finish, depth_parts) -> "NativeProduct | None":
+        """At compile time: the products of a kernel with this finish; None where numpy's run."""
+        loops = kernel_loops()
+        if loops is None or loops.sgemm is None or depth_parts is not None:
+            return None
+        return cls(loops, getattr(finish, "epilogue", None))
+
+    def __call__(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, u0: int, u1: int) -> bool:
+        """out = lhs @ rhs for units u0..u1 (and their epilogue); False (nothing done) where the
+        operands' layout does not allow it."""
+        epilogue = NO_EPILOGUE if self.epilogue is None else self.epilogue.columns(u0, u1)
+        return self.loops.product(lhs, rhs, out, self.threads, epilogue)
 
 
 def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0,
@@ -113,7 +141,10 @@ def _block_scratch(copied: int, accumulated: int, dtype) -> int:
 
 def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...]):
     """``finish(acc, out, u0, u1)`` of float kernels: bias and fused activation on a block of output
-    rows holding units u0..u1, in place (``acc`` is ``out``), while the block is still in cache."""
+    rows holding units u0..u1, in place (``acc`` is ``out``), while the block is still in cache.
+
+    Its ``epilogue`` is the same for the native loops, where the activation is none or a clamp.
+    """
     act = fused(op)
     units = out_shape[-1]
     row = None if bias is None else along_rows(bias, out_shape)
@@ -122,6 +153,8 @@ def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...])
         if bias is not None:
             np.add(out, row if u1 - u0 == units else bias[u0:u1], out=out)
         act(out)
+    name = op.options.get("fused_activation_function") or "NONE"
+    finish.epilogue = Epilogue(bias, CLAMPS.get(name)) if name == "NONE" or name in CLAMPS else None
     return finish
 
 
@@ -165,8 +198,9 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
+    native = NativeProduct.of(finish, depth_parts)
     split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype),
-                        getattr(operand, "unit_bytes", 0))
+                        getattr(operand, "unit_bytes", 0), native is None)
 
     def run(ins, outs):
         x, out = ins[0], outs[0]
@@ -193,7 +227,11 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
                     lhs = scratch(0, (rows, depth), dtype)
                     np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c), windows)
             acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), accumulator)
-            product(lhs, _operand_block(rhs, u0, u1), acc, depth_parts)
+            operand_block = _operand_block(rhs, u0, u1)
+            if native is None or not native(lhs, operand_block, acc, u0, u1):
+                product(lhs, operand_block, acc, depth_parts)
+            elif native.finishes:
+                return
             finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
         split(block)
     return run
@@ -307,8 +345,16 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
     row_scratch = n * sh * bands.shape[2] * oc * (np.dtype(dtype).itemsize + 1) + _block_scratch(
         0, 0 if in_place else n * ow * oc, dtype)
     least = -(-oh * row_scratch // BLOCK_SCRATCH)
-    shared = chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK)
-    split = spread(even_chunks(oh, max(len(shared), least)), even_chunks(oh, least))
+    loops = kernel_loops() if np.dtype(dtype) == np.float32 else None
+    if loops is not None:
+        epilogue = getattr(finish, "epilogue", None)
+        tap_sum = _NativeTaps(loops, kh, _depthwise_grid(kw, sw, dw), (sh, dh, column_step), span,
+                              None if epilogue is None else epilogue.tiled(ow))
+        with kernel_threads(1):  # the tap sums themselves run on every thread
+            split = spread(even_chunks(oh, least))
+    else:
+        shared = chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK)
+        split = spread(even_chunks(oh, max(len(shared), least)), even_chunks(oh, least))
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
@@ -316,15 +362,57 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
 
         def rows(start, stop):
             band = bands.band(x, start * sh, (stop - 1) * sh + (kh - 1) * dh + 1)
-            s_phase, s_image, s_row, s_col, s_item = band.strides
-            windows = strided(band, (n, stop - start, sw, kh, span, ow * oc),
-                              (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item))
             part = out[:, start:stop]
             acc = part if in_place else scratch(1, part.shape, dtype)
-            np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
+            if loops is not None:
+                tap_sum(band, filt, acc.reshape(n, stop - start, ow * oc))
+                if tap_sum.epilogue is not None:
+                    return
+            else:
+                s_phase, s_image, s_row, s_col, s_item = band.strides
+                windows = strided(band, (n, stop - start, sw, kh, span, ow * oc),
+                                  (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item))
+                np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
             finish(acc, part, 0, oc)
         split(rows)
     return run
+
+
+class _NativeTaps:
+    """A depthwise band's tap sums through the native loops, on all the kernel's threads.
+
+    Same band and tiled filter as the einsum (see depthwise_einsum), taken as a list of
+    real taps: (phase, filter row, grid column) each, offsets into the band in elements.
+    """
+
+    def __init__(self, loops, kh: int, columns: list[tuple[int, int]], steps: tuple[int, int, int], span: int,
+                 epilogue: Epilogue | None):
+        row_step, self.dilation, self.column_step = steps
+        self.loops, self.threads, self.row_step, self.epilogue = loops, threads(), row_step, epilogue
+        taps = [(phase, i, j) for i in range(kh) for phase, j in columns]
+        self.phase, self.row, self.column = (np.array(axis, np.int64) for axis in zip(*taps))
+        # Rows of the tiled filter (phases, KH, span, width) that hold real taps.
+        self.filter_rows = (self.phase * kh + self.row) * span + self.column
+        self.last: tuple = (None, None)  # (tiled filter, its real taps) of the previous run
+
+    def _taps(self, tiled: np.ndarray) -> np.ndarray:
+        if self.last[0] is not tiled:
+            flat = tiled.reshape(-1, tiled.shape[-1])
+            if len(self.filter_rows) == len(flat):  # every row a tap, in order (no column stride)
+                self.last = (tiled, flat)
+            else:
+                self.last = (tiled, np.ascontiguousarray(flat[self.filter_rows]))
+        return self.last[1]
+
+    def __call__(self, band: np.ndarray, tiled: np.ndarray, acc: np.ndarray) -> None:
+        """acc (N, rows, OW*C) = the tap sums over ``band`` (phases, N, padded rows, width, C)."""
+        s_phase, s_image, s_row, s_col, _ = (s // band.itemsize for s in band.strides)
+        offsets = self.phase * s_phase + self.row * (self.dilation * s_row) + self.column * (self.column_step * s_col)
+        starts = np.arange(acc.shape[1], dtype=np.int64) * (self.row_step * s_row)
+        filt = self._taps(tiled)
+        for image in range(acc.shape[0]):
+            self.loops.tap_sum(band[:, image:], starts, offsets, filt, acc[image], self.threads,
+                               self.epilogue or NO_EPILOGUE)
 
 
 class _ChannelSpread:
@@ -429,8 +517,9 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
+    native = NativeProduct.of(finish, depth_parts)
     split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype),
-                        getattr(operand, "unit_bytes", 0))
+                        getattr(operand, "unit_bytes", 0), native is None)
 
     def run(ins, outs):
         rhs = operand(ins)
@@ -443,7 +532,11 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
                 a = scratch(0, (r1 - r0, depth), dtype)
                 convert(lhs[r0:r1], offset, a)
             acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), accumulator)
-            product(a, _operand_block(rhs, u0, u1), acc, depth_parts)
+            operand_block = _operand_block(rhs, u0, u1)
+            if native is None or not native(a, operand_block, acc, u0, u1):
+                product(a, operand_block, acc, depth_parts)
+            elif native.finishes:
+                return
             finish(acc, out2d[r0:r1, u0:u1], u0, u1)
         split(block)
     return run

@@ -27,21 +27,30 @@ from typing import Callable, Iterator, Sequence
 from .common import start_scratch_op
 
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
+_NATIVE = contextvars.ContextVar("delegate_cpu_native_loops", default=True)
 
 
 @contextlib.contextmanager
-def kernel_threads(count: int) -> Iterator[None]:
-    """Kernels built inside this block may split their work over ``count`` threads (CompileOptions.num_threads)."""
+def kernel_threads(count: int, native: bool | None = None) -> Iterator[None]:
+    """Kernels built inside this block may split their work over ``count`` threads (CompileOptions.num_threads),
+    and use the native loops unless ``native`` is False (``cpu: {native: false}``; None keeps the setting)."""
     token = _THREADS.set(max(int(count or 1), 1))
+    native_token = _NATIVE.set(_NATIVE.get() if native is None else bool(native))
     try:
         yield
     finally:
+        _NATIVE.reset(native_token)
         _THREADS.reset(token)
 
 
 def threads() -> int:
     """At compile time: how many threads the kernel being built may use."""
     return _THREADS.get()
+
+
+def native_allowed() -> bool:
+    """At compile time: whether the kernel being built may use the native loops."""
+    return _NATIVE.get()
 
 
 def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
@@ -194,19 +203,26 @@ class ThreadChoice:
             self.samples[mode].append(time.perf_counter() - start)
 
 
-def _openblas_thread_controls() -> list[tuple[Callable[[], int], Callable[[int], None]]]:
-    """(get, set) thread-count functions of every OpenBLAS already loaded (numpy's, scipy's), Linux only."""
+def loaded_openblas() -> list[ctypes.CDLL]:
+    """Every OpenBLAS already loaded in the process (numpy's, scipy's), Linux only."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(None, 5)[-1].strip() for line in maps if "openblas" in line.lower()}
     except OSError:
         return []
-    controls = []
+    libraries = []
     for path in sorted(p for p in paths if ".so" in os.path.basename(p)):
         try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            libraries.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
         except OSError:
             continue
+    return libraries
+
+
+def _openblas_thread_controls() -> list[tuple[Callable[[], int], Callable[[int], None]]]:
+    """(get, set) thread-count functions of every loaded OpenBLAS."""
+    controls = []
+    for lib in loaded_openblas():
         for prefix, suffix in (("openblas", ""), ("scipy_openblas", ""), ("scipy_openblas", "64_"),
                                ("openblas", "64_")):
             get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)

@@ -1,0 +1,206 @@
+"""Native loops (native.c) for the CPU kernels, built on first use with the machine's C compiler.
+
+numpy runs a depthwise convolution's tap sums with short vectors and cannot share
+one product between cores without handing chunks to Python threads, which costs
+tens of microseconds a chunk.  native.c does both on an OpenMP team.  It is built
+once per machine (``-march=native``) into the user cache; without a C compiler
+with OpenMP, or with ``cpu: {native: false}``, the kernels keep their numpy
+formulations, which agree up to float rounding (sums run in another order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import platformdirs
+
+from .parallel import loaded_openblas, native_allowed
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+# Flag sets tried in order: x86 compilers take -march=native, some ARM ones only -mcpu=native.
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-mcpu=native", "-fopenmp"])
+# How long (spin iterations) OpenMP threads spin for the next kernel before they sleep: long enough
+# to bridge the gaps between a run's kernels, short enough not to take a core from whatever runs
+# after it (libgomp's default spins for milliseconds).
+SPIN_COUNT = "10000"
+
+_INT64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+
+
+class Epilogue(ctypes.Structure):
+    """What a float kernel's output rows get once computed: a bias (per column; None for none) and a
+    clamp (its fused RELU, RELU6 or RELU_N1_TO_1)."""
+
+    _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float)]
+
+    def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None):
+        self.kept = None if bias is None else np.ascontiguousarray(bias, np.float32)
+        low, high = bounds or (0.0, 0.0)
+        super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high)
+
+    def columns(self, first: int, end: int) -> "Epilogue":
+        """The epilogue of columns first..end."""
+        bounds = (self.low, self.high) if self.clamp else None
+        return self if self.kept is None or (first, end) == (0, len(self.kept)) else \
+            Epilogue(self.kept[first:end], bounds)
+
+
+    def tiled(self, times: int) -> "Epilogue":
+        """The epilogue of rows holding ``times`` pixels of these columns each (a depthwise output row)."""
+        bounds = (self.low, self.high) if self.clamp else None
+        return Epilogue(None if self.kept is None else np.tile(self.kept, times), bounds)
+
+
+NO_EPILOGUE = Epilogue()
+
+
+class NativeLoops:
+    """The loaded library, with the BLAS sgemm it shares out (None where no known BLAS is loaded)."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self.library = library
+        finish = ctypes.POINTER(Epilogue)
+        library.tap_sum.argtypes = [_PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _INT64, _INT64, _INT64, finish,
+                                    ctypes.c_int]
+        library.tap_sum.restype = None
+        library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
+                                           _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
+        library.shared_product.restype = None
+        self.sgemm = _find_sgemm()
+
+    def tap_sum(self, src: np.ndarray, starts: np.ndarray, offsets: np.ndarray, filt: np.ndarray,
+                out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
+        """out[r, j] = sum_t src.flat[starts[r] + offsets[t] + j] * filt[t, j], then ``finish`` (float32;
+        offsets in elements from src's first one; out's rows contiguous, filt contiguous)."""
+        rows, width = out.shape
+        self.library.tap_sum(src.ctypes.data, starts.ctypes.data, offsets.ctypes.data, filt.ctypes.data,
+                             len(offsets), out.ctypes.data, out.strides[0] // 4, rows, width, ctypes.byref(finish),
+                             threads)
+
+    def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
+                finish: Epilogue = NO_EPILOGUE) -> bool:
+        """out = lhs @ rhs in float32, then ``finish``, shared among ``threads``; False (nothing done)
+        when the operands' layout or the BLAS does not allow it."""
+        if self.sgemm is None or not (lhs.dtype == rhs.dtype == out.dtype == np.float32):
+            return False
+        trans = _row_major(lhs)
+        if trans is None or _row_major(rhs) is not False or _row_major(out) is not False:
+            return False
+        (m, k), n = lhs.shape, rhs.shape[1]
+        lda = (lhs.strides[1] if trans else lhs.strides[0]) // 4
+        address, int64 = self.sgemm
+        self.library.shared_product(address, int64, trans, m, n, k, lhs.ctypes.data, lda, rhs.ctypes.data,
+                                    rhs.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, ctypes.byref(finish),
+                                    threads)
+        return True
+
+
+def _row_major(a: np.ndarray) -> bool | None:
+    """False: rows of contiguous items; True: a transposed such matrix; None: neither."""
+    if a.strides[1] == a.itemsize and a.strides[0] >= a.shape[1] * a.itemsize:
+        return False
+    if a.strides[0] == a.itemsize and a.strides[1] >= a.shape[0] * a.itemsize:
+        return True
+    return None
+
+
+# CBLAS sgemm entry points, with whether their integers are 64-bit, as numpy's bundled OpenBLAS
+# (scipy-openblas, 64-bit) and system OpenBLAS builds name them.
+_SGEMM_SYMBOLS = (("scipy_cblas_sgemm64_", 1), ("cblas_sgemm64_", 1), ("scipy_cblas_sgemm", 0), ("cblas_sgemm", 0))
+
+
+def _find_sgemm() -> tuple[int, int] | None:
+    for library in loaded_openblas():
+        for symbol, int64 in _SGEMM_SYMBOLS:
+            function = getattr(library, symbol, None)
+            if function is not None:
+                return ctypes.cast(function, ctypes.c_void_p).value, int64
+    return None
+
+
+_LOCK = threading.Lock()
+_LOADED: list = []  # [NativeLoops | None] once tried
+
+
+def native_loops() -> NativeLoops | None:
+    """The native loops, built and loaded on the first call; None where they cannot be."""
+    with _LOCK:
+        if not _LOADED:
+            _LOADED.append(_load())
+        return _LOADED[0]
+
+
+def _load() -> NativeLoops | None:
+    compiler = _compiler()
+    if compiler is None:
+        log.info("cpu: no C compiler found; the numpy kernels run instead of native loops")
+        return None
+    source = SOURCE.read_bytes()
+    cache = Path(platformdirs.user_cache_dir("delegate")) / "native"
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()]))
+        path = cache / f"native-{key.hexdigest()[:16]}.so"
+        if not path.exists() and not _build(compiler, flags, path):
+            continue
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # read when libgomp loads, just below
+        try:
+            return NativeLoops(ctypes.CDLL(str(path)))
+        except OSError as exc:
+            log.info("cpu: native loops did not load (%s); the numpy kernels run instead", exc)
+            return None
+    log.info("cpu: %s could not build the native loops; the numpy kernels run instead", " ".join(compiler))
+    return None
+
+
+def _compiler() -> list[str] | None:
+    configured = os.environ.get("CC") or sysconfig.get_config_var("CC") or ""
+    for command in (shlex.split(configured), ["cc"], ["gcc"], ["clang"]):
+        if command and shutil.which(command[0]):
+            return command
+    return None
+
+
+def _build(compiler: list[str], flags: list[str], path: Path) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        built = Path(tmp) / path.name
+        command = [*compiler, *flags, "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if done.returncode != 0:
+            log.debug("cpu: %s failed: %s", " ".join(command), done.stderr.strip())
+            return False
+        os.replace(built, path)  # atomic: concurrent builders each install a whole library
+    return True
+
+
+def _machine() -> str:
+    """What -march=native depends on: the architecture and the CPU's model and features."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    except OSError:
+        lines = []
+    return platform.machine() + "".join(sorted(set(lines)))
+
+
+def kernel_loops() -> NativeLoops | None:
+    """At compile time: the native loops, if the kernel being built may use them."""
+    return native_loops() if native_allowed() else None
