@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
 
@@ -37,17 +38,23 @@ def test_gelu(approximate, shape, seed):
                          [rng.standard_normal(shape) * 3], builtin=True)
 
 
-@given(alpha_shape=st.sampled_from([(3,), (1, 1, 3), (5, 1), (4, 5, 3)]), const_alpha=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_prelu(alpha_shape, const_alpha, seed):
+@given(alpha_shape=st.sampled_from([(3,), (1, 1, 3), (5, 1), (4, 5, 3), (1,)]), const_alpha=st.booleans(),
+       wide=st.booleans(), native=st.booleans(), seed=st.integers(0, 2**16))
+def test_prelu(alpha_shape, const_alpha, wide, native, seed):
+    """``wide``: 40 channels and a large tensor, which the native loop shares among threads."""
     rng = np.random.default_rng(seed)
+    shape = (2, 4, 5, 3)
+    if wide:
+        shape, alpha_shape = (1, 30, 20, 40), tuple(40 if d == 3 else 30 if d == 4 else 20 if d == 5 else d
+                                                   for d in alpha_shape)
     alpha = rng.standard_normal(alpha_shape).astype(np.float32)
     b = GraphBuilder()
-    x = b.input("x", (2, 4, 5, 3))
+    x = b.input("x", shape)
     a = b.const("alpha", alpha) if const_alpha else b.input("alpha", alpha_shape)
     b.output(b.op("PRELU", [x, a]))
-    inputs = [rng.standard_normal((2, 4, 5, 3)) * 3] + ([] if const_alpha else [alpha])
-    check_against_litert(b.to_bytes(), inputs, builtin=not const_alpha)
+    inputs = [rng.standard_normal(shape) * 3] + ([] if const_alpha else [alpha])
+    check_against_litert(b.to_bytes(), inputs, builtin=not const_alpha, options=CompileOptions(num_threads=2),
+                         backend_options={"native": native})
 
 
 @given(beta=st.sampled_from([1.0, 0.5, 2.0]), shape=SHAPES, scale=st.sampled_from([1.0, 30.0]),

@@ -20,21 +20,32 @@ def loops():
 
 
 @needs_compiler
-@pytest.mark.parametrize("taps, rows, width", [(9, 5, 96 * 7), (25, 3, 64 * 3 + 16 + 5), (1, 4, 3), (4, 2, 17)])
-def test_tap_sum_matches_numpy(loops, taps, rows, width):
+@pytest.mark.parametrize("shape, kernel, steps, before, out_hw", [
+    ((9, 11, 96), (3, 3), (1, 1, 1, 1), (1, 1), (9, 11)),   # SAME: 64 + 32 channels in registers
+    ((9, 11, 24), (5, 5), (2, 2, 1, 1), (2, 2), (5, 6)),    # strides, 16 channels in registers and 8 more
+    ((6, 7, 5), (3, 2), (1, 3, 2, 2), (2, 1), (6, 3)),     # dilation, odd channels, asymmetric padding
+    ((2, 2, 17), (5, 5), (1, 1, 1, 1), (2, 2), (2, 2)),     # every pixel a border pixel
+    ((4, 4, 3), (3, 3), (1, 1, 1, 1), (-1, 0), (2, 2)),     # rows starting inside the input (a band)
+])
+def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
     rng = np.random.default_rng(0)
-    src = rng.standard_normal(rows * width * 4 + 1000).astype(np.float32)
-    starts = np.arange(rows, dtype=np.int64) * (width + 7)
-    offsets = rng.integers(0, 300, taps).astype(np.int64)
-    filt = rng.standard_normal((taps, width)).astype(np.float32)
-    out = np.full((rows, width + 3), np.nan, np.float32)[:, :width]  # rows further apart than their width
-    loops.tap_sum(src, starts, offsets, filt, out, threads=2)
-    expected = np.zeros((rows, width))
-    for r in range(rows):
-        for t in range(taps):
-            start = starts[r] + offsets[t]
-            expected[r] += src[start:start + width].astype(np.float64) * filt[t]
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    (h, w, c), (kh, kw), (sh, sw, dh, dw), (top, left), (oh, ow) = shape, kernel, steps, before, out_hw
+    x = rng.standard_normal(shape).astype(np.float32)
+    weights = rng.standard_normal((kh, kw, c)).astype(np.float32)
+    bias = rng.standard_normal(c).astype(np.float32)
+    out = np.full((oh, ow * c + 5), np.nan, np.float32)[:, :ow * c]  # rows further apart than their width
+    finish = native.Epilogue(bias, (-1.0, 1.0)).tiled(ow)
+    loops.depthwise(x, weights.reshape(kh * kw, c), kernel, steps, before, out, 2, finish)
+    expected = np.zeros((oh, ow, c))
+    for oy in range(oh):
+        for ox in range(ow):
+            for ky in range(kh):
+                for kx in range(kw):
+                    iy, ix = oy * sh + ky * dh - top, ox * sw + kx * dw - left
+                    if 0 <= iy < h and 0 <= ix < w:
+                        expected[oy, ox] += x[iy, ix].astype(np.float64) * weights[ky, kx]
+    expected = np.clip(expected + bias, -1, 1)
+    np.testing.assert_allclose(out.reshape(oh, ow, c), expected, rtol=1e-5, atol=1e-5)
 
 
 @needs_compiler

@@ -10,6 +10,8 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
+from .native import kernel_loops
+from .parallel import threads
 
 @kernel(*CLAMPS)
 def clip(op: Op):
@@ -46,7 +48,25 @@ def _scaled_negative_part(op: Op, slope):
 
 @kernel("PRELU")
 def prelu(op: Op):
-    return laid_out(_scaled_negative_part(op, float_constant(op.inputs[1])), 1)
+    slope = float_constant(op.inputs[1])
+    return laid_out(_native_prelu(op, slope) or _scaled_negative_part(op, slope), 1)
+
+
+def _native_prelu(op: Op, slope: np.ndarray | None):
+    """PReLU in one pass through the native loops, for a constant slope per channel (or one for all);
+    None where those do not serve."""
+    loops, shape = kernel_loops(), op.outputs[0].shape
+    if loops is None or slope is None or op.inputs[0].shape != shape or not shape:
+        return None
+    slope = np.asarray(slope, np.float32)
+    if any(d != 1 for d in slope.shape[:-1]) or (slope.ndim and slope.shape[-1] not in (1, shape[-1])):
+        return None
+    per_channel = np.ascontiguousarray(np.broadcast_to(slope.reshape(-1), (shape[-1],)))
+    team = threads()
+
+    def run(ins, outs):
+        loops.prelu(np.ascontiguousarray(ins[0]), per_channel, outs[0], team)
+    return run
 
 
 @kernel("LEAKY_RELU")

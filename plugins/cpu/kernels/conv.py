@@ -286,18 +286,13 @@ DEPTHWISE_CHUNK_WORK = 1 << 20
 
 @kernel("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(op: Op):
-    weights = float_constant(op.inputs[1])
-    tile = depthwise_tiling(op)
-    tiled = None if weights is None else tile(weights)
     finish = bias_activation(op, _bias(op, 2, op.outputs[0].shape[-1]), op.outputs[0].shape)
-    run = depthwise_einsum(op, lambda ins: tiled if tiled is not None else tile(np.asarray(ins[1], np.float32)),
-                           finish)
-    return laid_out(run, 1, 2)
+    return laid_out(depthwise_taps(op, float_constant(op.inputs[1]), finish), 1, 2)
 
 
-def depthwise_tiling(op: Op):
-    """``tile(filter)``: the (1, KH, KW, C) depthwise filter as depthwise_einsum's operand
-    (phases, KH, grid columns, OW * C), each tap repeated along the output width."""
+def _depthwise_tiling(op: Op):
+    """``tile(filter)``: the (1, KH, KW, C) depthwise filter as the einsum's operand (phases, KH,
+    grid columns, OW * C), each tap repeated along the output width."""
     _, kh, kw, oc = op.inputs[1].shape
     ow = op.outputs[0].shape[2]
     sw, dw = op.options.get("stride_w", 1), op.options.get("dilation_w_factor", 1)
@@ -317,17 +312,19 @@ def _depthwise_grid(kw: int, sw: int, dw: int) -> list[tuple[int, int]]:
     return [(kx * dw % sw, kx * dw // sw) for kx in range(kw)] if sw > 1 else [(0, kx) for kx in range(kw)]
 
 
-def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 0):
-    """run() of a DEPTHWISE_CONV_2D as one einsum per band of rows, multiply-accumulating every
-    filter tap along whole output rows.
+def depthwise_taps(op: Op, weights: np.ndarray | None, finish, dtype=np.float32, offset: float = 0):
+    """run() of a DEPTHWISE_CONV_2D: in the native loops (see _native_depthwise), else as one einsum
+    per band of output rows.
 
-    The einsum's inner loop runs over an output row's (width, channels) at once, one
-    long contiguous multiply-add per tap, where separate numpy passes would cost a
-    multiply and an add pass each; ``operand(ins)`` is the filter tiled to match (see
-    depthwise_tiling).  Row strides are views; under a column stride the padded input
-    is split into column phases, with the taps laid out per phase on one grid (zero
-    where a phase has fewer taps).  Inputs are converted as in conv_gemm, and
-    ``finish(acc, out, 0, C)`` completes each band.
+    ``weights`` is the constant (1, KH, KW, C) filter (less its zero point), or None for a
+    filter read from the run's inputs.  The einsum multiply-accumulates each tap along
+    whole output rows, one long contiguous multiply-add over a row's (width, channels) at
+    once, where separate numpy passes would cost a multiply and an add pass each, with
+    the filter tiled to match (see _depthwise_tiling).  Row strides are views; under a
+    column stride the padded input is split into column phases, with the taps laid out
+    per phase on one grid (zero where a phase has fewer taps).  Inputs are converted as
+    in conv_gemm, and ``finish(acc, out, 0, C)`` completes each band (or the native loops
+    do, for a bias and clamp).
     """
     n, h, w, c = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
@@ -336,8 +333,8 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
     sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
     dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
     spread_channels = _ChannelSpread((n, h, w, c), oc // c, op.inputs[0].dtype.numpy)
-    bands = PaddedRows((n, h, w, oc), _conv_pads(op, (h, w), (kh, kw), (oh, ow)), sw, dtype,
-                       op.inputs[0].dtype.numpy, offset)
+    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    bands = PaddedRows((n, h, w, oc), pads, sw, dtype, op.inputs[0].dtype.numpy, offset)
     column_step = 1 if sw > 1 else dw
     span = max(j for _, j in _depthwise_grid(kw, sw, dw)) + 1
     in_place = op.outputs[0].dtype.numpy == dtype
@@ -347,72 +344,69 @@ def depthwise_einsum(op: Op, operand, finish, dtype=np.float32, offset: float = 
     least = -(-oh * row_scratch // BLOCK_SCRATCH)
     loops = kernel_loops() if np.dtype(dtype) == np.float32 else None
     if loops is not None:
+        taps = None if weights is None else np.ascontiguousarray(weights.reshape(kh * kw, oc), dtype)
         epilogue = getattr(finish, "epilogue", None)
-        tap_sum = _NativeTaps(loops, kh, _depthwise_grid(kw, sw, dw), (sh, dh, column_step), span,
-                              None if epilogue is None else epilogue.tiled(ow))
-        with kernel_threads(1):  # the tap sums themselves run on every thread
-            split = spread(even_chunks(oh, least))
-    else:
-        shared = chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK)
-        split = spread(even_chunks(oh, max(len(shared), least)), even_chunks(oh, least))
+        return _native_depthwise(
+            loops, op, pads, [(0, oh)] if not bands.converts else even_chunks(oh, least), spread_channels,
+            lambda ins: taps if taps is not None else np.ascontiguousarray(ins[1], np.float32).reshape(kh * kw, oc),
+            finish, None if epilogue is None else epilogue.tiled(ow), dtype, offset)
+    tile = _depthwise_tiling(op)
+    tiled = None if weights is None else tile(weights, dtype)
+    shared = chunks_for(oh, n * oh * ow * oc * kh * kw, DEPTHWISE_CHUNK_WORK)
+    split = spread(even_chunks(oh, max(len(shared), least)), even_chunks(oh, least))
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
-        filt = operand(ins)
+        filt = tiled if tiled is not None else tile(np.asarray(ins[1], np.float32))
 
         def rows(start, stop):
             band = bands.band(x, start * sh, (stop - 1) * sh + (kh - 1) * dh + 1)
+            s_phase, s_image, s_row, s_col, s_item = band.strides
+            windows = strided(band, (n, stop - start, sw, kh, span, ow * oc),
+                              (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item))
             part = out[:, start:stop]
             acc = part if in_place else scratch(1, part.shape, dtype)
-            if loops is not None:
-                tap_sum(band, filt, acc.reshape(n, stop - start, ow * oc))
-                if tap_sum.epilogue is not None:
-                    return
-            else:
-                s_phase, s_image, s_row, s_col, s_item = band.strides
-                windows = strided(band, (n, stop - start, sw, kh, span, ow * oc),
-                                  (s_image, sh * s_row, s_phase, dh * s_row, column_step * s_col, s_item))
-                np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
+            np.einsum("nhpijm,pijm->nhm", windows, filt, out=acc.reshape(n, stop - start, ow * oc))
             finish(acc, part, 0, oc)
         split(rows)
     return run
 
 
-class _NativeTaps:
-    """A depthwise band's tap sums through the native loops, on all the kernel's threads.
+def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: list[tuple[int, int]],
+                      spread_channels, operand, finish, epilogue: Epilogue | None, dtype, offset: float):
+    """run() of a DEPTHWISE_CONV_2D in the native loops, on all the kernel's threads: they read a float
+    input in place, padding included; an input to convert (less its zero point) is converted one
+    band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand(ins)``
+    is the (KH*KW, C) filter."""
+    n, h, w, _ = op.inputs[0].shape
+    _, kh, kw, oc = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    opts = op.options
+    sh = opts.get("stride_h", 1)
+    steps = (sh, opts.get("stride_w", 1), opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
+    top, left, reach = pads[0], pads[2], (kh - 1) * steps[2] + 1
+    converts = op.inputs[0].dtype.numpy != dtype or bool(offset)
+    in_place = op.outputs[0].dtype.numpy == dtype
+    team, finishes = threads(), epilogue or NO_EPILOGUE
 
-    Same band and tiled filter as the einsum (see depthwise_einsum), taken as a list of
-    real taps: (phase, filter row, grid column) each, offsets into the band in elements.
-    """
-
-    def __init__(self, loops, kh: int, columns: list[tuple[int, int]], steps: tuple[int, int, int], span: int,
-                 epilogue: Epilogue | None):
-        row_step, self.dilation, self.column_step = steps
-        self.loops, self.threads, self.row_step, self.epilogue = loops, threads(), row_step, epilogue
-        taps = [(phase, i, j) for i in range(kh) for phase, j in columns]
-        self.phase, self.row, self.column = (np.array(axis, np.int64) for axis in zip(*taps))
-        # Rows of the tiled filter (phases, KH, span, width) that hold real taps.
-        self.filter_rows = (self.phase * kh + self.row) * span + self.column
-        self.last: tuple = (None, None)  # (tiled filter, its real taps) of the previous run
-
-    def _taps(self, tiled: np.ndarray) -> np.ndarray:
-        if self.last[0] is not tiled:
-            flat = tiled.reshape(-1, tiled.shape[-1])
-            if len(self.filter_rows) == len(flat):  # every row a tap, in order (no column stride)
-                self.last = (tiled, flat)
+    def run(ins, outs):
+        x, out = spread_channels(ins[0]), outs[0]
+        filt = operand(ins)
+        for start, stop in chunks:
+            first, end = min(max(start * sh - top, 0), h), min(max((stop - 1) * sh - top + reach, 0), h)
+            if converts:
+                rows = scratch("converted", (n, end - first, w, oc), dtype)
+                convert(x[:, first:end], offset, rows)
             else:
-                self.last = (tiled, np.ascontiguousarray(flat[self.filter_rows]))
-        return self.last[1]
-
-    def __call__(self, band: np.ndarray, tiled: np.ndarray, acc: np.ndarray) -> None:
-        """acc (N, rows, OW*C) = the tap sums over ``band`` (phases, N, padded rows, width, C)."""
-        s_phase, s_image, s_row, s_col, _ = (s // band.itemsize for s in band.strides)
-        offsets = self.phase * s_phase + self.row * (self.dilation * s_row) + self.column * (self.column_step * s_col)
-        starts = np.arange(acc.shape[1], dtype=np.int64) * (self.row_step * s_row)
-        filt = self._taps(tiled)
-        for image in range(acc.shape[0]):
-            self.loops.tap_sum(band[:, image:], starts, offsets, filt, acc[image], self.threads,
-                               self.epilogue or NO_EPILOGUE)
+                rows = np.ascontiguousarray(x[:, first:end])
+            part = out[:, start:stop]
+            acc = part if in_place else scratch(1, part.shape, dtype)
+            for image in range(n):
+                loops.depthwise(rows[image], filt, (kh, kw), steps, (top + first - start * sh, left),
+                                acc[image].reshape(stop - start, ow * oc), team, finishes)
+            if epilogue is None:
+                finish(acc, part, 0, oc)
+    return run
 
 
 class _ChannelSpread:

@@ -36,45 +36,105 @@ static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const ep
     }
 }
 
-/* out[r, j] = sum over taps t of src[starts[r] + offsets[t] + j] * filt[t, j], then the epilogue
- * (its bias per j), for rows r and j < width; out's rows are out_stride apart.  Each group of 64
- * outputs keeps its sums in registers over all taps. */
-void tap_sum(const float *restrict src, const int64_t *restrict starts, const int64_t *restrict offsets,
-             const float *restrict filt, int64_t taps, float *restrict out, int64_t out_stride,
-             int64_t rows, int64_t width, const epilogue *finish, int threads)
+/* out[k] = sum over taps t of x[offsets[t] + k] * weights[t][k], for k < n: one output pixel's
+ * channels.  Groups of 64, then 16 channels keep their sums in registers over all taps. */
+static inline void sum_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
+                            float *restrict out, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 4 * LANES <= n; k += 4 * LANES) {
+        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t t = 0; t < taps; t++) {
+            const float *in = x + offsets[t] + k, *w = weights[t] + k;
+            a0 += load(in) * load(w);
+            a1 += load(in + LANES) * load(w + LANES);
+            a2 += load(in + 2 * LANES) * load(w + 2 * LANES);
+            a3 += load(in + 3 * LANES) * load(w + 3 * LANES);
+        }
+        store(out + k, a0);
+        store(out + k + LANES, a1);
+        store(out + k + 2 * LANES, a2);
+        store(out + k + 3 * LANES, a3);
+    }
+    for (; k + LANES <= n; k += LANES) {
+        vec a = {0};
+        for (int64_t t = 0; t < taps; t++)
+            a += load(x + offsets[t] + k) * load(weights[t] + k);
+        store(out + k, a);
+    }
+    for (; k < n; k++) {
+        float a = 0;
+        for (int64_t t = 0; t < taps; t++)
+            a += x[offsets[t] + k] * weights[t][k];
+        out[k] = a;
+    }
+}
+
+/* A depthwise convolution of one (H, W, C) image, read in place: output pixel (oy, ox) sums the
+ * taps (ky, kx) that fall inside the image, at input row oy*stride_h + ky*dh - top and column
+ * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
+ * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
+ * taps that fall outside. */
+void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const float *restrict weights,
+                    int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
+                    int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow,
+                    const epilogue *finish, int threads)
+{
+    int64_t reach = (kw - 1) * dw;
+    /* Columns ox with every tap inside: ox*stride_w >= left and ox*stride_w + reach - left < w. */
+    int64_t inner0 = (left + stride_w - 1) / stride_w;
+    int64_t inner1 = w - 1 - reach + left >= 0 ? (w - 1 - reach + left) / stride_w + 1 : 0;
+    inner0 = inner0 < ow ? inner0 : ow;
+    inner1 = inner1 < ow ? inner1 : ow;
+    if (inner1 < inner0)
+        inner1 = inner0;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t oy = 0; oy < oh; oy++) {
+        int64_t offsets[kh * kw], columns[kh * kw], taps = 0;
+        const float *filters[kh * kw];
+        for (int64_t ky = 0; ky < kh; ky++) {
+            int64_t iy = oy * stride_h + ky * dh - top;
+            if (iy < 0 || iy >= h)
+                continue;
+            for (int64_t kx = 0; kx < kw; kx++) {
+                columns[taps] = kx * dw - left;
+                offsets[taps] = (iy * w + kx * dw - left) * c;
+                filters[taps++] = weights + (ky * kw + kx) * c;
+            }
+        }
+        float *row = out + oy * out_stride;
+        for (int64_t ox = inner0; ox < inner1; ox++)
+            sum_taps(x + ox * stride_w * c, offsets, filters, taps, row + ox * c, c);
+        for (int64_t ox = 0; ox < ow; ox++) {
+            if (ox == inner0 && inner1 > inner0)
+                ox = inner1;
+            if (ox >= ow)
+                break;
+            int64_t inside[kh * kw], kept = 0;
+            const float *kept_filters[kh * kw];
+            for (int64_t t = 0; t < taps; t++) {
+                int64_t ix = ox * stride_w + columns[t];
+                if (ix >= 0 && ix < w) {
+                    inside[kept] = offsets[t];
+                    kept_filters[kept++] = filters[t];
+                }
+            }
+            sum_taps(x + ox * stride_w * c, inside, kept_filters, kept, row + ox * c, c);
+        }
+        finish_rows(row, 1, ow * c, ow * c, finish);
+    }
+}
+
+/* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
+void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
+                int64_t channels, int threads)
 {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < rows; r++) {
-        float *restrict row = out + r * out_stride;
-        const float *base = src + starts[r];
-        int64_t j = 0;
-        for (; j + 4 * LANES <= width; j += 4 * LANES) {
-            vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int64_t t = 0; t < taps; t++) {
-                const float *x = base + offsets[t] + j, *w = filt + t * width + j;
-                a0 += load(x) * load(w);
-                a1 += load(x + LANES) * load(w + LANES);
-                a2 += load(x + 2 * LANES) * load(w + 2 * LANES);
-                a3 += load(x + 3 * LANES) * load(w + 3 * LANES);
-            }
-            store(row + j, a0);
-            store(row + j + LANES, a1);
-            store(row + j + 2 * LANES, a2);
-            store(row + j + 3 * LANES, a3);
-        }
-        for (; j + LANES <= width; j += LANES) {
-            vec a = {0};
-            for (int64_t t = 0; t < taps; t++)
-                a += load(base + offsets[t] + j) * load(filt + t * width + j);
-            store(row + j, a);
-        }
-        for (; j < width; j++) {
-            float a = 0;
-            for (int64_t t = 0; t < taps; t++)
-                a += base[offsets[t] + j] * filt[t * width + j];
-            row[j] = a;
-        }
-        finish_rows(row, 1, width, width, finish);
+        const float *in = x + r * channels;
+        float *o = out + r * channels;
+        for (int64_t k = 0; k < channels; k++)
+            o[k] = in[k] < 0 ? in[k] * slope[k] : in[k];
     }
 }
 

@@ -38,6 +38,9 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-mcpu=native", "-fop
 # after it (libgomp's default spins for milliseconds).
 SPIN_COUNT = "10000"
 
+# Fewest items an elementwise loop shares among threads: below, waking them costs more than it saves.
+SHARED_ITEMS = 1 << 14
+
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 
@@ -75,22 +78,33 @@ class NativeLoops:
     def __init__(self, library: ctypes.CDLL):
         self.library = library
         finish = ctypes.POINTER(Epilogue)
-        library.tap_sum.argtypes = [_PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _INT64, _INT64, _INT64, finish,
-                                    ctypes.c_int]
-        library.tap_sum.restype = None
+        library.depthwise_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, *[_INT64] * 8, _PTR, *[_INT64] * 3, finish,
+                                           ctypes.c_int]
+        library.depthwise_rows.restype = None
+        library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
+        library.prelu_rows.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
         self.sgemm = _find_sgemm()
 
-    def tap_sum(self, src: np.ndarray, starts: np.ndarray, offsets: np.ndarray, filt: np.ndarray,
-                out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
-        """out[r, j] = sum_t src.flat[starts[r] + offsets[t] + j] * filt[t, j], then ``finish`` (float32;
-        offsets in elements from src's first one; out's rows contiguous, filt contiguous)."""
-        rows, width = out.shape
-        self.library.tap_sum(src.ctypes.data, starts.ctypes.data, offsets.ctypes.data, filt.ctypes.data,
-                             len(offsets), out.ctypes.data, out.strides[0] // 4, rows, width, ctypes.byref(finish),
-                             threads)
+    def depthwise(self, x: np.ndarray, filt: np.ndarray, kernel: tuple[int, int], steps: tuple[int, ...],
+                  before: tuple[int, int], out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
+        """One (H, W, C) image's depthwise convolution, read in place: ``filt`` (KH*KW, C) the taps,
+        ``steps`` (stride_h, stride_w, dilation_h, dilation_w), ``before`` the top and left padding;
+        out (OH, OW*C) with contiguous rows, ``finish`` with its bias tiled along them (see native.c)."""
+        h, w, c = x.shape
+        oh, width = out.shape
+        self.library.depthwise_rows(x.ctypes.data, h, w, c, filt.ctypes.data, *kernel, *steps, *before,
+                                    out.ctypes.data, out.strides[0] // 4, oh, width // c, ctypes.byref(finish),
+                                    threads)
+
+    def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
+        """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
+        (the last axis)."""
+        channels = slope.shape[0]
+        self.library.prelu_rows(x.ctypes.data, slope.ctypes.data, out.ctypes.data, x.size // max(channels, 1),
+                                channels, threads if x.size >= SHARED_ITEMS else 1)
 
     def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
                 finish: Epilogue = NO_EPILOGUE) -> bool:

@@ -20,7 +20,7 @@ from delegate.ir import DType
 
 from ..registry import kernel
 from .common import same_padding
-from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, depthwise_einsum, depthwise_tiling, matrix_gemm
+from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, depthwise_taps, matrix_gemm
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
@@ -177,7 +177,7 @@ def conv2d(op: Op):
 
 @kernel("DEPTHWISE_CONV_2D", quantized=True)
 def depthwise_conv2d(op: Op):
-    """One exact float einsum per band of output rows on the zero-point-centred input (see depthwise_einsum).
+    """Exact float sums on the zero-point-centred input (see depthwise_taps).
 
     LiteRT's int8 kernel rounds ties up in its vector loop over whole groups of 8 channels and
     away from zero on the rest; uint8 rounds away from zero throughout; 16-bit runs the 64-bit
@@ -188,11 +188,10 @@ def depthwise_conv2d(op: Op):
     _, kh, kw, out_c = weights.shape
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
     dtype = np.float32 if bound < 1 << 24 else np.float64
-    tiled = depthwise_tiling(op)(weights, dtype)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
     reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
     finish = _finish(op, away, _bias(op, 2, out_c), bound, reference)
-    return depthwise_einsum(op, lambda ins: tiled, finish, dtype, zero_point(x))
+    return depthwise_taps(op, weights, finish, dtype, zero_point(x))
 
 
 @kernel("FULLY_CONNECTED", quantized=True)
