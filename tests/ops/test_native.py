@@ -35,7 +35,7 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
     bias = rng.standard_normal(c).astype(np.float32)
     out = np.full((oh, ow * c + 5), np.nan, np.float32)[:, :ow * c]  # rows further apart than their width
     finish = native.Epilogue(bias, (-1.0, 1.0)).tiled(ow)
-    loops.depthwise(x, weights.reshape(kh * kw, c), kernel, steps, before, out, 2, finish)
+    loops.depthwise(x, native.DepthwiseTaps(weights.reshape(kh * kw, c)), kernel, steps, before, out, 2, finish)
     expected = np.zeros((oh, ow, c))
     for oy in range(oh):
         for ox in range(ow):

@@ -18,7 +18,7 @@ from delegate.shapes import transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
                      strided, window_view)
-from .native import NO_EPILOGUE, Epilogue, kernel_loops
+from .native import NO_EPILOGUE, DepthwiseTaps, Epilogue, kernel_loops
 from .parallel import chunks_for, even_chunks, kernel_threads, spread, threads
 
 
@@ -344,11 +344,11 @@ def depthwise_taps(op: Op, weights: np.ndarray | None, finish, dtype=np.float32,
     least = -(-oh * row_scratch // BLOCK_SCRATCH)
     loops = kernel_loops() if np.dtype(dtype) == np.float32 else None
     if loops is not None:
-        taps = None if weights is None else np.ascontiguousarray(weights.reshape(kh * kw, oc), dtype)
+        taps = None if weights is None else DepthwiseTaps(weights.reshape(kh * kw, oc))
         epilogue = getattr(finish, "epilogue", None)
         return _native_depthwise(
             loops, op, pads, [(0, oh)] if not bands.converts else even_chunks(oh, least), spread_channels,
-            lambda ins: taps if taps is not None else np.ascontiguousarray(ins[1], np.float32).reshape(kh * kw, oc),
+            lambda ins: taps if taps is not None else DepthwiseTaps(np.reshape(ins[1], (kh * kw, oc))),
             finish, None if epilogue is None else epilogue.tiled(ow), dtype, offset)
     tile = _depthwise_tiling(op)
     tiled = None if weights is None else tile(weights, dtype)
@@ -377,7 +377,7 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
     """run() of a DEPTHWISE_CONV_2D in the native loops, on all the kernel's threads: they read a float
     input in place, padding included; an input to convert (less its zero point) is converted one
     band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand(ins)``
-    is the (KH*KW, C) filter."""
+    is the filter as DepthwiseTaps."""
     n, h, w, _ = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape

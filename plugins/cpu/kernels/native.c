@@ -70,13 +70,53 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
     }
 }
 
+/* out[j] = sum over taps t of x[offsets[t] + j] * weights[t][j % period], for j < n: a run of
+ * whole pixels along an output row, their channels' weights repeated with the period (a multiple
+ * of 16 and of C, each row holding 64 more), so that every group of 64 outputs loads its weights
+ * from one place. */
+static void sum_row_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t period,
+                         int64_t taps, float *restrict out, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 4 * LANES <= n; j += 4 * LANES) {
+        int64_t o = j % period;
+        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t t = 0; t < taps; t++) {
+            const float *in = x + offsets[t] + j, *w = weights[t] + o;
+            a0 += load(in) * load(w);
+            a1 += load(in + LANES) * load(w + LANES);
+            a2 += load(in + 2 * LANES) * load(w + 2 * LANES);
+            a3 += load(in + 3 * LANES) * load(w + 3 * LANES);
+        }
+        store(out + j, a0);
+        store(out + j + LANES, a1);
+        store(out + j + 2 * LANES, a2);
+        store(out + j + 3 * LANES, a3);
+    }
+    for (; j + LANES <= n; j += LANES) {
+        int64_t o = j % period;
+        vec a = {0};
+        for (int64_t t = 0; t < taps; t++)
+            a += load(x + offsets[t] + j) * load(weights[t] + o);
+        store(out + j, a);
+    }
+    for (; j < n; j++) {
+        float a = 0;
+        for (int64_t t = 0; t < taps; t++)
+            a += x[offsets[t] + j] * weights[t][j % period];
+        out[j] = a;
+    }
+}
+
 /* A depthwise convolution of one (H, W, C) image, read in place: output pixel (oy, ox) sums the
  * taps (ky, kx) that fall inside the image, at input row oy*stride_h + ky*dh - top and column
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
- * taps that fall outside. */
+ * taps that fall outside.  Without a column stride the pixels with every tap inside are one run
+ * along the row (sum_row_taps, with ``repeated`` the weights as it takes them); with one, pixel by
+ * pixel. */
 void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const float *restrict weights,
-                    int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
+                    const float *restrict repeated, int64_t period, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
                     int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow,
                     const epilogue *finish, int threads)
 {
@@ -91,7 +131,7 @@ void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, co
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t oy = 0; oy < oh; oy++) {
         int64_t offsets[kh * kw], columns[kh * kw], taps = 0;
-        const float *filters[kh * kw];
+        const float *filters[kh * kw], *repeats[kh * kw];
         for (int64_t ky = 0; ky < kh; ky++) {
             int64_t iy = oy * stride_h + ky * dh - top;
             if (iy < 0 || iy >= h)
@@ -99,12 +139,16 @@ void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, co
             for (int64_t kx = 0; kx < kw; kx++) {
                 columns[taps] = kx * dw - left;
                 offsets[taps] = (iy * w + kx * dw - left) * c;
+                repeats[taps] = repeated + (ky * kw + kx) * (period + 4 * LANES);
                 filters[taps++] = weights + (ky * kw + kx) * c;
             }
         }
         float *row = out + oy * out_stride;
-        for (int64_t ox = inner0; ox < inner1; ox++)
-            sum_taps(x + ox * stride_w * c, offsets, filters, taps, row + ox * c, c);
+        if (stride_w == 1)
+            sum_row_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
+        else
+            for (int64_t ox = inner0; ox < inner1; ox++)
+                sum_taps(x + ox * stride_w * c, offsets, filters, taps, row + ox * c, c);
         for (int64_t ox = 0; ox < ow; ox++) {
             if (ox == inner0 && inner1 > inner0)
                 ox = inner1;

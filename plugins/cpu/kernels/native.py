@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import logging
 import os
 import platform
@@ -78,8 +79,8 @@ class NativeLoops:
     def __init__(self, library: ctypes.CDLL):
         self.library = library
         finish = ctypes.POINTER(Epilogue)
-        library.depthwise_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, *[_INT64] * 8, _PTR, *[_INT64] * 3, finish,
-                                           ctypes.c_int]
+        library.depthwise_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3,
+                                           finish, ctypes.c_int]
         library.depthwise_rows.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
         library.prelu_rows.restype = None
@@ -88,16 +89,16 @@ class NativeLoops:
         library.shared_product.restype = None
         self.sgemm = _find_sgemm()
 
-    def depthwise(self, x: np.ndarray, filt: np.ndarray, kernel: tuple[int, int], steps: tuple[int, ...],
+    def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", kernel: tuple[int, int], steps: tuple[int, ...],
                   before: tuple[int, int], out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
-        """One (H, W, C) image's depthwise convolution, read in place: ``filt`` (KH*KW, C) the taps,
-        ``steps`` (stride_h, stride_w, dilation_h, dilation_w), ``before`` the top and left padding;
-        out (OH, OW*C) with contiguous rows, ``finish`` with its bias tiled along them (see native.c)."""
+        """One (H, W, C) image's depthwise convolution, read in place: ``steps`` (stride_h, stride_w,
+        dilation_h, dilation_w), ``before`` the top and left padding; out (OH, OW*C) with contiguous
+        rows, ``finish`` with its bias tiled along them (see native.c)."""
         h, w, c = x.shape
         oh, width = out.shape
-        self.library.depthwise_rows(x.ctypes.data, h, w, c, filt.ctypes.data, *kernel, *steps, *before,
-                                    out.ctypes.data, out.strides[0] // 4, oh, width // c, ctypes.byref(finish),
-                                    threads)
+        self.library.depthwise_rows(x.ctypes.data, h, w, c, taps.weights.ctypes.data, taps.repeated.ctypes.data,
+                                    taps.period, *kernel, *steps, *before, out.ctypes.data, out.strides[0] // 4, oh,
+                                    width // c, ctypes.byref(finish), threads)
 
     def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
@@ -122,6 +123,19 @@ class NativeLoops:
                                     rhs.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, ctypes.byref(finish),
                                     threads)
         return True
+
+
+class DepthwiseTaps:
+    """A depthwise filter as the native loops take it: ``weights`` (KH*KW, C), and each tap's weights
+    ``repeated`` along a run of pixels with a period of whole pixels and whole vectors of 16, plus
+    the 64 values a group of outputs starting anywhere in it reads on."""
+
+    def __init__(self, weights: np.ndarray):
+        self.weights = np.ascontiguousarray(weights, np.float32)
+        channels = self.weights.shape[1]
+        self.period = math.lcm(channels, 16)
+        repeats = -(-(self.period + 64) // channels)
+        self.repeated = np.ascontiguousarray(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
 
 
 def _row_major(a: np.ndarray) -> bool | None:
