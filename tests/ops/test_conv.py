@@ -20,11 +20,13 @@ def _check_conv(opcode, x, w, bias, op_options, runtime_weights=False, **check):
     check_against_litert(b.to_bytes(), [x, w] if runtime_weights else [x], **check)
 
 
-@given(h=st.integers(3, 12), w=st.integers(3, 12), cin=st.integers(1, 6), cout=st.integers(1, 8),
+@given(h=st.integers(3, 12), w=st.integers(3, 12), cin=st.integers(1, 6), cout=st.sampled_from([1, 3, 8, 20, 40, 70]),
        k=st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 5)]), stride=st.integers(1, 3),
        dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]), act=ACTIVATIONS,
-       batch=st.integers(1, 2), runtime_weights=st.booleans(), seed=st.integers(0, 2**16))
-def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, runtime_weights, seed):
+       batch=st.integers(1, 2), runtime_weights=st.booleans(), threads=st.sampled_from([1, 2]),
+       native=st.booleans(), seed=st.integers(0, 2**16))
+def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, runtime_weights, threads, native, seed):
+    """Few units and a short depth run in the native loops directly (without im2col), unless off."""
     kh, kw = k
     if padding == "VALID" and ((kh - 1) * dilation + 1 > h or (kw - 1) * dilation + 1 > w):
         padding = "SAME"
@@ -34,7 +36,8 @@ def test_conv_2d(h, w, cin, cout, k, stride, dilation, padding, act, batch, runt
     opts = {"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dilation,
             "dilation_w_factor": dilation, "fused_activation_function": act}
     _check_conv("CONV_2D", rng.standard_normal((batch, h, w, cin)), weights, bias, opts, runtime_weights,
-                builtin=dilation > 1 or runtime_weights)
+                builtin=dilation > 1 or runtime_weights, options=CompileOptions(num_threads=threads),
+                backend_options={"native": native})
 
 
 @given(groups=st.integers(2, 3), per_group=st.integers(1, 3), cout_per_group=st.integers(1, 3),

@@ -165,11 +165,49 @@ def conv_2d(op: Op):
     if c != ci:
         return _grouped_conv_2d(op)
     weights = float_constant(op.inputs[1])
-    gemm = None if weights is None else _gemm_layout(weights)
     finish = bias_activation(op, _bias(op, 2, o), op.outputs[0].shape[1:])
+    direct = _direct_conv(op, weights, finish)
+    if direct is not None:
+        return laid_out(direct, 1, 2)
+    gemm = None if weights is None else _gemm_layout(weights)
     run = conv_gemm(op, lambda ins: gemm if gemm is not None else _gemm_layout(np.asarray(ins[1], np.float32)),
                     finish)
     return laid_out(run, 1, 2)
+
+
+# Convolutions the native loops run directly (no im2col, no GEMM): a filter wider than one pixel, at
+# most this many units (each pixel's are kept in registers) and this long a depth (KH*KW*C).
+DIRECT_UNITS = (8, 64)
+DIRECT_DEPTH = 128
+
+
+def _direct_conv(op: Op, weights: np.ndarray | None, finish):
+    """run() of a float CONV_2D of few units and a short depth (a network's first layers) in the native
+    loops, read in place on all the kernel's threads; None where those do not serve."""
+    n, h, w, c = op.inputs[0].shape
+    o, kh, kw, _ = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    loops = kernel_loops()
+    if loops is None or weights is None or kh * kw == 1 or not DIRECT_UNITS[0] <= o <= DIRECT_UNITS[1] \
+            or kh * kw * c > DIRECT_DEPTH:
+        return None
+    padded = np.zeros((kh * kw * c, -(-o // 16) * 16), np.float32)
+    padded[:, :o] = _gemm_layout(weights)
+    opts = op.options
+    steps = (opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
+             opts.get("dilation_w_factor", 1))
+    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    epilogue, team = finish.epilogue, threads()
+    row_epilogue = NO_EPILOGUE if epilogue is None else epilogue.tiled(ow)
+
+    def run(ins, outs):
+        x, out = np.ascontiguousarray(ins[0]), outs[0]
+        for image in range(n):
+            loops.conv(x[image], padded, o, (kh, kw), steps, (pads[0], pads[2]), out[image].reshape(oh, ow * o), team,
+                       row_epilogue)
+        if epilogue is None:
+            finish(out, out, 0, o)
+    return run
 
 
 def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, depth_parts=None):

@@ -70,6 +70,19 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
     }
 }
 
+/* The output columns [*first, *end) whose filter taps all fall inside a row of w input columns:
+ * ox*stride + left-most tap >= 0 and ox*stride + right-most tap < w. */
+static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilation, int64_t left, int64_t ow,
+                          int64_t *first, int64_t *end)
+{
+    int64_t reach = (kw - 1) * dilation;
+    int64_t a = (left + stride - 1) / stride, b = w - 1 - reach + left >= 0 ? (w - 1 - reach + left) / stride + 1 : 0;
+    a = a < ow ? a : ow;
+    b = b < ow ? b : ow;
+    *first = a;
+    *end = b > a ? b : a;
+}
+
 /* out[j] = sum over taps t of x[offsets[t] + j] * weights[t][j % period], for j < n: a run of
  * whole pixels along an output row, their channels' weights repeated with the period (a multiple
  * of 16 and of C, each row holding 64 more), so that every group of 64 outputs loads its weights
@@ -120,14 +133,8 @@ void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, co
                     int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow,
                     const epilogue *finish, int threads)
 {
-    int64_t reach = (kw - 1) * dw;
-    /* Columns ox with every tap inside: ox*stride_w >= left and ox*stride_w + reach - left < w. */
-    int64_t inner0 = (left + stride_w - 1) / stride_w;
-    int64_t inner1 = w - 1 - reach + left >= 0 ? (w - 1 - reach + left) / stride_w + 1 : 0;
-    inner0 = inner0 < ow ? inner0 : ow;
-    inner1 = inner1 < ow ? inner1 : ow;
-    if (inner1 < inner0)
-        inner1 = inner0;
+    int64_t inner0, inner1;
+    inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t oy = 0; oy < oh; oy++) {
         int64_t offsets[kh * kw], columns[kh * kw], taps = 0;
@@ -166,6 +173,85 @@ void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, co
             sum_taps(x + ox * stride_w * c, inside, kept_filters, kept, row + ox * c, c);
         }
         finish_rows(row, 1, ow * c, ow * c, finish);
+    }
+}
+
+/* acc[b] += sum over taps t and channels k of x[offsets[t] + k] * weights[rows[t] + k][16b..16b+15]:
+ * one output pixel's units, ``blocks`` vectors of them, kept in registers. */
+static inline void conv_pixel(const float *x, const int64_t *offsets, const int64_t *rows, int64_t taps, int64_t c,
+                              const float *weights, int64_t blocks, vec *acc)
+{
+    int64_t stride = blocks * LANES;
+    for (int64_t t = 0; t < taps; t++) {
+        const float *in = x + offsets[t], *w = weights + rows[t] * stride;
+        for (int64_t k = 0; k < c; k++, w += stride) {
+            vec v = {0};
+            v += in[k];
+            acc[0] += v * load(w);
+            if (blocks > 1)
+                acc[1] += v * load(w + LANES);
+            if (blocks > 2)
+                acc[2] += v * load(w + 2 * LANES);
+            if (blocks > 3)
+                acc[3] += v * load(w + 3 * LANES);
+        }
+    }
+}
+
+/* A convolution of one (H, W, C) image with few units (at most 64) and a short depth, read in
+ * place: output pixel (oy, ox) unit u sums, over the taps (ky, kx) inside the image and the
+ * channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k] * weights[(ky*kw + kx)*C + k, u],
+ * ``weights`` padded with zero units to whole vectors; then the epilogue (bias tiled along the
+ * row).  No im2col copy: each pixel's units stay in registers over the whole depth. */
+void conv_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const float *restrict weights, int64_t units,
+               int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
+               int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow, const epilogue *finish,
+               int threads)
+{
+    int64_t blocks = (units + LANES - 1) / LANES, inner0, inner1;
+    inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t oy = 0; oy < oh; oy++) {
+        int64_t offsets[kh * kw], columns[kh * kw], rows[kh * kw], taps = 0;
+        for (int64_t ky = 0; ky < kh; ky++) {
+            int64_t iy = oy * stride_h + ky * dh - top;
+            if (iy < 0 || iy >= h)
+                continue;
+            for (int64_t kx = 0; kx < kw; kx++) {
+                columns[taps] = kx * dw - left;
+                offsets[taps] = (iy * w + kx * dw - left) * c;
+                rows[taps++] = (ky * kw + kx) * c;
+            }
+        }
+        float *row = out + oy * out_stride;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            const int64_t *pixel_offsets = offsets, *pixel_rows = rows;
+            int64_t pixel_taps = taps, inside[kh * kw], inside_rows[kh * kw];
+            if (ox < inner0 || ox >= inner1) {  /* a border pixel: only the taps inside */
+                pixel_taps = 0;
+                for (int64_t t = 0; t < taps; t++) {
+                    int64_t ix = ox * stride_w + columns[t];
+                    if (ix >= 0 && ix < w) {
+                        inside[pixel_taps] = offsets[t];
+                        inside_rows[pixel_taps++] = rows[t];
+                    }
+                }
+                pixel_offsets = inside;
+                pixel_rows = inside_rows;
+            }
+            const float *base = x + ox * stride_w * c;
+            vec acc[4] = {{0}};
+            if (blocks == 1)
+                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 1, acc);
+            else if (blocks == 2)
+                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 2, acc);
+            else if (blocks == 3)
+                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 3, acc);
+            else
+                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 4, acc);
+            memcpy(row + ox * units, acc, units * sizeof(float));
+        }
+        finish_rows(row, 1, ow * units, ow * units, finish);
     }
 }
 

@@ -82,6 +82,9 @@ class NativeLoops:
         library.depthwise_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3,
                                            finish, ctypes.c_int]
         library.depthwise_rows.restype = None
+        library.conv_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3, finish,
+                                      ctypes.c_int]
+        library.conv_rows.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
         library.prelu_rows.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
@@ -99,6 +102,15 @@ class NativeLoops:
         self.library.depthwise_rows(x.ctypes.data, h, w, c, taps.weights.ctypes.data, taps.repeated.ctypes.data,
                                     taps.period, *kernel, *steps, *before, out.ctypes.data, out.strides[0] // 4, oh,
                                     width // c, ctypes.byref(finish), threads)
+
+    def conv(self, x: np.ndarray, weights: np.ndarray, units: int, kernel: tuple[int, int], steps: tuple[int, ...],
+             before: tuple[int, int], out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
+        """One (H, W, C) image's convolution with few units, read in place: ``weights`` (KH*KW*C, units
+        padded to whole vectors of 16), the rest as for depthwise; out (OH, OW*units)."""
+        h, w, c = x.shape
+        self.library.conv_rows(x.ctypes.data, h, w, c, weights.ctypes.data, units, *kernel, *steps, *before,
+                               out.ctypes.data, out.strides[0] // 4, out.shape[0], out.shape[1] // units,
+                               ctypes.byref(finish), threads)
 
     def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
