@@ -25,6 +25,16 @@ def test_pointwise_activation(op, shape, scale, seed):
     check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * scale])
 
 
+@given(op=st.sampled_from(["RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "HARD_SWISH"]), native=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_large_pointwise_activation(op, native, seed):
+    """Tensors large enough for the native loops (on two threads), or numpy's with them off."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 40, 33, 16)
+    check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * 5],
+                         options=CompileOptions(num_threads=2), backend_options={"native": native})
+
+
 @given(alpha=st.sampled_from([0.01, 0.2, 1.5, -0.3]), shape=SHAPES, seed=st.integers(0, 2**16))
 def test_leaky_relu(alpha, shape, seed):
     rng = np.random.default_rng(seed)

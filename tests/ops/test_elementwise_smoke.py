@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.ir import DimensionMetadata, Sparsity
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
@@ -30,6 +31,19 @@ def test_binary_broadcast(op, act, seed):
     b.output(b.op(op, [x, y], options=opts))
     check_against_litert(b.to_bytes(), [rng.standard_normal((1, 5, 4, 3)) * 4,
                                         rng.standard_normal((1, 1, 4, 1)) * 4])
+
+
+@given(op=st.sampled_from(["ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"]),
+       act=st.sampled_from(["NONE", "RELU", "RELU6", "RELU_N1_TO_1"]), native=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_large_same_shape_binary(op, act, native, seed):
+    """Operands large enough for the native loops (on two threads), or numpy's with them off."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 40, 33, 16)
+    opts = {} if op in ("MAXIMUM", "MINIMUM") else {"fused_activation_function": act}
+    check_against_litert(_binary_model(op, (shape, shape), options=opts),
+                         [rng.standard_normal(shape) * 4, rng.standard_normal(shape) * 4],
+                         options=CompileOptions(num_threads=2), backend_options={"native": native})
 
 
 def _nonzero(rng, shape, low=0.5):

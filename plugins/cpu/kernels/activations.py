@@ -10,13 +10,17 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import kernel_loops
+from .native import NO_EPILOGUE, Epilogue, elementwise_loops, kernel_loops
 from .parallel import threads
 
 @kernel(*CLAMPS)
 def clip(op: Op):
-    """Clamps through np.clip, which runs a vector loop where maximum against a scalar does not."""
+    """Clamps in the native loops where they serve, else through np.clip, which runs a vector loop
+    where maximum against a scalar does not."""
     low, high = CLAMPS[op.opcode]
+    native = _native_unary(op, "COPY", Epilogue(None, (low, high)))
+    if native is not None:
+        return native
 
     def run(ins, outs):
         ins[0].clip(low, high, out=outs[0])
@@ -74,8 +78,23 @@ def leaky_relu(op: Op):
     return _scaled_negative_part(op, np.float32(op.options.get("alpha", 0.2)))
 
 
+def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
+    """The op in one pass through the native loops on all the kernel's threads; None where those
+    do not serve."""
+    loops, team = elementwise_loops(op), threads()
+    if loops is None:
+        return None
+
+    def run(ins, outs):
+        loops.unary(kind, np.ascontiguousarray(ins[0]), outs[0], team, finish)
+    return run
+
+
 @kernel("HARD_SWISH")
 def hard_swish(op: Op):
+    native = _native_unary(op, "HARD_SWISH")
+    if native is not None:
+        return native
     shape = op.outputs[0].shape
 
     def run(ins, outs):

@@ -61,6 +61,11 @@ def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, 
     return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch), alone)
 
 
+# Fewest multiply-adds a product needs to go through the native loops: a call there costs ~7 us
+# (argument checks and conversions), numpy's product with its bias and clamp passes ~3.
+NATIVE_PRODUCT_WORK = 1 << 18
+
+
 class NativeProduct:
     """A kernel's products through the native loops, each on all the kernel's threads (no hand-over
     per block), with a float kernel's bias and clamp applied there: its finish's ``epilogue``
@@ -71,10 +76,11 @@ class NativeProduct:
         self.finishes = epilogue is not None
 
     @classmethod
-    def of(cls, finish, depth_parts) -> "NativeProduct | None":
-        """At compile time: the products of a kernel with this finish; None where numpy's run."""
+    def of(cls, finish, depth_parts, work: int) -> "NativeProduct | None":
+        """At compile time: the products (``work`` multiply-adds in all) of a kernel with this finish;
+        None where numpy's run, among them products too small to repay a native call's overhead."""
         loops = kernel_loops()
-        if loops is None or loops.sgemm is None or depth_parts is not None:
+        if loops is None or loops.sgemm is None or depth_parts is not None or work < NATIVE_PRODUCT_WORK:
             return None
         return cls(loops, getattr(finish, "epilogue", None))
 
@@ -236,7 +242,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts)
+    native = NativeProduct.of(finish, depth_parts, n * oh * ow * o * depth)
     split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype),
                         getattr(operand, "unit_bytes", 0), native is None)
 
@@ -549,7 +555,7 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts)
+    native = NativeProduct.of(finish, depth_parts, rows * units * depth)
     split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype),
                         getattr(operand, "unit_bytes", 0), native is None)
 

@@ -7,7 +7,9 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel, laid_out
-from .common import along_rows, constant, fused
+from .common import CLAMPS, along_rows, constant, fused
+from .native import BINARY_KINDS, Epilogue, elementwise_loops
+from .parallel import threads
 
 
 def _divide(a, b, out):
@@ -41,6 +43,9 @@ _COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
 
 @kernel(*_ARITHMETIC)
 def arithmetic(op: Op):
+    native = _native_arithmetic(op)
+    if native is not None:
+        return native
     fn = _ARITHMETIC[op.opcode]
     act = fused(op)
     # Constant operands (per-channel scales and offsets) are laid out once for long inner loops.
@@ -50,6 +55,21 @@ def arithmetic(op: Op):
         fn(ins[0] if fixed[0] is None else fixed[0], ins[1] if fixed[1] is None else fixed[1], out=outs[0])
         act(outs[0])
     return laid_out(run, 0, 1)
+
+
+def _native_arithmetic(op: Op):
+    """The op on two runtime operands of the output's shape, in one pass through the native loops on
+    all the kernel's threads, with a fused clamp; None where those do not serve."""
+    activation = op.options.get("fused_activation_function") or "NONE"
+    loops = elementwise_loops(op) if op.opcode in BINARY_KINDS else None
+    if loops is None or any(constant(t) is not None for t in op.inputs) or not (
+            activation == "NONE" or activation in CLAMPS):
+        return None
+    finish, team = Epilogue(None, CLAMPS.get(activation)), threads()
+
+    def run(ins, outs):
+        loops.binary(op.opcode, np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], team, finish)
+    return run
 
 
 @kernel(*_COMPARE)

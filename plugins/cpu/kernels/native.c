@@ -255,6 +255,59 @@ void conv_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const f
     }
 }
 
+/* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue's
+ * clamp: binary_flat for same-shape operands, unary_flat for a copy (a bare clamp) or hard swish. */
+enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
+enum { COPY = 0, HARD_SWISH };
+
+static void share(int64_t n, int part, int parts, int64_t *lo, int64_t *hi)
+{
+    int64_t vectors = (n + LANES - 1) / LANES;
+    *lo = vectors * part / parts * LANES;
+    *hi = vectors * (part + 1) / parts * LANES;
+    *hi = *hi < n ? *hi : n;
+}
+
+void binary_flat(int kind, const float *restrict a, const float *restrict b, float *restrict out, int64_t n,
+                 const epilogue *finish, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo, hi;
+        share(n, part, threads, &lo, &hi);
+        switch (kind) {
+        case ADD: for (int64_t i = lo; i < hi; i++) out[i] = a[i] + b[i]; break;
+        case SUB: for (int64_t i = lo; i < hi; i++) out[i] = a[i] - b[i]; break;
+        case MUL: for (int64_t i = lo; i < hi; i++) out[i] = a[i] * b[i]; break;
+        case MAXIMUM: for (int64_t i = lo; i < hi; i++) out[i] = a[i] < b[i] ? b[i] : a[i]; break;
+        default: for (int64_t i = lo; i < hi; i++) out[i] = b[i] < a[i] ? b[i] : a[i]; break;
+        }
+        if (hi > lo)
+            finish_rows(out + lo, 1, hi - lo, 0, finish);
+    }
+}
+
+void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
+                int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo, hi;
+        share(n, part, threads, &lo, &hi);
+        if (kind == HARD_SWISH)
+            for (int64_t i = lo; i < hi; i++) {
+                float gate = x[i] + 3.0f;
+                gate = gate < 0.0f ? 0.0f : gate;
+                gate = gate > 6.0f ? 6.0f : gate;
+                out[i] = x[i] * gate / 6.0f;
+            }
+        else if (out != x)
+            memcpy(out + lo, x + lo, (hi - lo) * sizeof *out);
+        if (hi > lo)
+            finish_rows(out + lo, 1, hi - lo, 0, finish);
+    }
+}
+
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)

@@ -39,8 +39,12 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-mcpu=native", "-fop
 # after it (libgomp's default spins for milliseconds).
 SPIN_COUNT = "10000"
 
-# Fewest items an elementwise loop shares among threads: below, waking them costs more than it saves.
+# Fewest items an elementwise loop shares among threads (below, waking them costs more than it saves),
+# and the fewest an elementwise kernel hands the native loops at all (below, numpy's call costs less).
 SHARED_ITEMS = 1 << 14
+# The elementwise kernels of native.c, in the order of its enums.
+BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
+UNARY_KINDS = ("COPY", "HARD_SWISH")
 
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
@@ -85,6 +89,10 @@ class NativeLoops:
         library.conv_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3, finish,
                                       ctypes.c_int]
         library.conv_rows.restype = None
+        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, finish, ctypes.c_int]
+        library.binary_flat.restype = None
+        library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
+        library.unary_flat.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
         library.prelu_rows.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
@@ -111,6 +119,18 @@ class NativeLoops:
         self.library.conv_rows(x.ctypes.data, h, w, c, weights.ctypes.data, units, *kernel, *steps, *before,
                                out.ctypes.data, out.strides[0] // 4, out.shape[0], out.shape[1] // units,
                                ctypes.byref(finish), threads)
+
+    def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
+               finish: Epilogue = NO_EPILOGUE) -> None:
+        """out = a (kind) b, then the epilogue's clamp: contiguous float32 arrays of one shape;
+        ``kind`` one of BINARY_KINDS."""
+        self.library.binary_flat(BINARY_KINDS.index(kind), a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size,
+                                 ctypes.byref(finish), threads)
+
+    def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
+        """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
+        self.library.unary_flat(UNARY_KINDS.index(kind), x.ctypes.data, out.ctypes.data, out.size,
+                                ctypes.byref(finish), threads)
 
     def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
@@ -244,3 +264,13 @@ def _machine() -> str:
 def kernel_loops() -> NativeLoops | None:
     """At compile time: the native loops, if the kernel being built may use them."""
     return native_loops() if native_allowed() else None
+
+
+def elementwise_loops(op) -> NativeLoops | None:
+    """At compile time: the native loops for a float elementwise kernel whose operands are all the
+    output's shape and large enough to share among threads (see SHARED_ITEMS)."""
+    shape = op.outputs[0].shape
+    if math.prod(shape) < SHARED_ITEMS or any(t is None or t.shape != shape or t.dtype.numpy != np.float32
+                                              for t in [*op.inputs, *op.outputs]):
+        return None
+    return kernel_loops()
