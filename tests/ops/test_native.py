@@ -33,9 +33,12 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
     x = rng.standard_normal(shape).astype(np.float32)
     weights = rng.standard_normal((kh, kw, c)).astype(np.float32)
     bias = rng.standard_normal(c).astype(np.float32)
-    out = np.full((oh, ow * c + 5), np.nan, np.float32)[:, :ow * c]  # rows further apart than their width
+    out = np.full((oh, ow * c + 5), np.nan, np.float32)  # rows further apart than their width
+    where = native.Geometry(1, h, w, c, h * w * c, oh, ow, ow * c + 5, oh * (ow * c + 5), kh, kw, sh, sw, dh, dw, top,
+                            left)
     finish = native.Epilogue(bias, (-1.0, 1.0)).tiled(ow)
-    loops.depthwise(x, native.DepthwiseTaps(weights.reshape(kh * kw, c)), kernel, steps, before, out, 2, finish)
+    loops.depthwise(x, native.DepthwiseTaps(weights.reshape(kh * kw, c)), out, where, 2, finish)
+    out = out[:, :ow * c]
     expected = np.zeros((oh, ow, c))
     for oy in range(oh):
         for ox in range(ow):

@@ -18,7 +18,7 @@ from delegate.shapes import transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
                      strided, window_view)
-from .native import NO_EPILOGUE, DepthwiseTaps, Epilogue, kernel_loops
+from .native import NO_EPILOGUE, DepthwiseTaps, Epilogue, Geometry, kernel_loops
 from .parallel import chunks_for, even_chunks, kernel_threads, spread, threads
 
 
@@ -199,20 +199,15 @@ def _direct_conv(op: Op, weights: np.ndarray | None, finish):
         return None
     padded = np.zeros((kh * kw * c, -(-o // 16) * 16), np.float32)
     padded[:, :o] = _gemm_layout(weights)
-    opts = op.options
-    steps = (opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
-             opts.get("dilation_w_factor", 1))
-    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    where = Geometry.of(op, _contiguous((n, h, w, c)), _contiguous((n, oh, ow, o)),
+                        _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     epilogue, team = finish.epilogue, threads()
     row_epilogue = NO_EPILOGUE if epilogue is None else epilogue.tiled(ow)
 
     def run(ins, outs):
-        x, out = np.ascontiguousarray(ins[0]), outs[0]
-        for image in range(n):
-            loops.conv(x[image], padded, o, (kh, kw), steps, (pads[0], pads[2]), out[image].reshape(oh, ow * o), team,
-                       row_epilogue)
+        loops.conv(np.ascontiguousarray(ins[0]), padded, o, outs[0], where, team, row_epilogue)
         if epilogue is None:
-            finish(out, out, 0, o)
+            finish(outs[0], outs[0], 0, o)
     return run
 
 
@@ -423,34 +418,50 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
     band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand(ins)``
     is the filter as DepthwiseTaps."""
     n, h, w, _ = op.inputs[0].shape
-    _, kh, kw, oc = op.inputs[1].shape
+    _, kh, _, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
-    opts = op.options
-    sh = opts.get("stride_h", 1)
-    steps = (sh, opts.get("stride_w", 1), opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
-    top, left, reach = pads[0], pads[2], (kh - 1) * steps[2] + 1
-    converts = op.inputs[0].dtype.numpy != dtype or bool(offset)
-    in_place = op.outputs[0].dtype.numpy == dtype
+    sh, reach = op.options.get("stride_h", 1), (kh - 1) * op.options.get("dilation_h_factor", 1) + 1
     team, finishes = threads(), epilogue or NO_EPILOGUE
+    if op.inputs[0].dtype.numpy == dtype and not offset:
+        where = Geometry.of(op, ((n, h, w, oc), (h * w * oc, w * oc, oc, 1)), _contiguous(op.outputs[0].shape), pads)
+
+        def run_float(ins, outs):
+            loops.depthwise(np.ascontiguousarray(spread_channels(ins[0])), operand(ins), outs[0], where, team,
+                            finishes)
+            if epilogue is None:
+                finish(outs[0], outs[0], 0, oc)
+        return run_float
+
+    in_place = op.outputs[0].dtype.numpy == dtype
+    bands = []  # per chunk of output rows: the input rows it reads, and where it reads and writes
+    for start, stop in chunks:
+        first, end = min(max(start * sh - pads[0], 0), h), min(max((stop - 1) * sh - pads[0] + reach, 0), h)
+        rows = (n, end - first, w, oc)
+        out = ((n, stop - start, ow, oc), (oh * ow * oc, ow * oc, oc, 1)) if in_place else \
+            _contiguous((n, stop - start, ow, oc))
+        bands.append((start, stop, first, end,
+                      Geometry.of(op, _contiguous(rows), out, pads, top=pads[0] + first - start * sh)))
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
         filt = operand(ins)
-        for start, stop in chunks:
-            first, end = min(max(start * sh - top, 0), h), min(max((stop - 1) * sh - top + reach, 0), h)
-            if converts:
-                rows = scratch("converted", (n, end - first, w, oc), dtype)
-                convert(x[:, first:end], offset, rows)
-            else:
-                rows = np.ascontiguousarray(x[:, first:end])
+        for start, stop, first, end, where in bands:
+            rows = scratch("converted", (n, end - first, w, oc), dtype)
+            convert(x[:, first:end], offset, rows)
             part = out[:, start:stop]
             acc = part if in_place else scratch(1, part.shape, dtype)
-            for image in range(n):
-                loops.depthwise(rows[image], filt, (kh, kw), steps, (top + first - start * sh, left),
-                                acc[image].reshape(stop - start, ow * oc), team, finishes)
-            if epilogue is None:
-                finish(acc, part, 0, oc)
+            loops.depthwise(rows, filt, acc, where, team, finishes)
+            finish(acc, part, 0, oc)
     return run
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides in items) of a contiguous array."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(shape), tuple(reversed(strides))
 
 
 class _ChannelSpread:

@@ -21,6 +21,15 @@ typedef struct {
     float low, high;
 } epilogue;
 
+/* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
+ * (oh, ow) outputs, rows out_stride and images image_out floats apart; the filter's window, strides,
+ * dilations and top and left padding. */
+typedef struct {
+    int64_t images, h, w, c, image_in;
+    int64_t oh, ow, out_stride, image_out;
+    int64_t kh, kw, stride_h, stride_w, dh, dw, top, left;
+} geometry;
+
 static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const epilogue *e)
 {
     for (int64_t r = 0; r < rows; r++) {
@@ -121,22 +130,24 @@ static void sum_row_taps(const float *x, const int64_t *offsets, const float *co
     }
 }
 
-/* A depthwise convolution of one (H, W, C) image, read in place: output pixel (oy, ox) sums the
+/* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
  * taps (ky, kx) that fall inside the image, at input row oy*stride_h + ky*dh - top and column
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
  * taps that fall outside.  Without a column stride the pixels with every tap inside are one run
  * along the row (sum_row_taps, with ``repeated`` the weights as it takes them); with one, pixel by
  * pixel. */
-void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const float *restrict weights,
-                    const float *restrict repeated, int64_t period, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
-                    int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow,
-                    const epilogue *finish, int threads)
+void depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
+                    int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
 {
+    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw;
+    int64_t stride_h = g->stride_h, stride_w = g->stride_w, dh = g->dh, dw = g->dw, top = g->top, left = g->left;
     int64_t inner0, inner1;
     inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t oy = 0; oy < oh; oy++) {
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const float *x = images + r / oh * g->image_in;
         int64_t offsets[kh * kw], columns[kh * kw], taps = 0;
         const float *filters[kh * kw], *repeats[kh * kw];
         for (int64_t ky = 0; ky < kh; ky++) {
@@ -150,7 +161,7 @@ void depthwise_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, co
                 filters[taps++] = weights + (ky * kw + kx) * c;
             }
         }
-        float *row = out + oy * out_stride;
+        float *row = out + r / oh * g->image_out + oy * g->out_stride;
         if (stride_w == 1)
             sum_row_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
         else
@@ -198,20 +209,22 @@ static inline void conv_pixel(const float *x, const int64_t *offsets, const int6
     }
 }
 
-/* A convolution of one (H, W, C) image with few units (at most 64) and a short depth, read in
+/* A convolution of (H, W, C) images with few units (at most 64) and a short depth, read in
  * place: output pixel (oy, ox) unit u sums, over the taps (ky, kx) inside the image and the
  * channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k] * weights[(ky*kw + kx)*C + k, u],
  * ``weights`` padded with zero units to whole vectors; then the epilogue (bias tiled along the
  * row).  No im2col copy: each pixel's units stay in registers over the whole depth. */
-void conv_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const float *restrict weights, int64_t units,
-               int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dh, int64_t dw, int64_t top,
-               int64_t left, float *restrict out, int64_t out_stride, int64_t oh, int64_t ow, const epilogue *finish,
-               int threads)
+void conv_rows(const float *restrict images, const float *restrict weights, int64_t units, float *restrict out,
+               const geometry *g, const epilogue *finish, int threads)
 {
+    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw;
+    int64_t stride_h = g->stride_h, stride_w = g->stride_w, dh = g->dh, dw = g->dw, top = g->top, left = g->left;
     int64_t blocks = (units + LANES - 1) / LANES, inner0, inner1;
     inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t oy = 0; oy < oh; oy++) {
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const float *x = images + r / oh * g->image_in;
         int64_t offsets[kh * kw], columns[kh * kw], rows[kh * kw], taps = 0;
         for (int64_t ky = 0; ky < kh; ky++) {
             int64_t iy = oy * stride_h + ky * dh - top;
@@ -223,7 +236,7 @@ void conv_rows(const float *restrict x, int64_t h, int64_t w, int64_t c, const f
                 rows[taps++] = (ky * kw + kx) * c;
             }
         }
-        float *row = out + oy * out_stride;
+        float *row = out + r / oh * g->image_out + oy * g->out_stride;
         for (int64_t ox = 0; ox < ow; ox++) {
             const int64_t *pixel_offsets = offsets, *pixel_rows = rows;
             int64_t pixel_taps = taps, inside[kh * kw], inside_rows[kh * kw];

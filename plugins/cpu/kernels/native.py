@@ -22,6 +22,7 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -77,17 +78,60 @@ class Epilogue(ctypes.Structure):
 NO_EPILOGUE = Epilogue()
 
 
+class Geometry(ctypes.Structure):
+    """Where a native convolution reads and writes (native.c's geometry): ``images`` inputs of
+    (h, w, c), image_in floats apart; their (oh, ow) outputs, rows out_stride and images image_out
+    floats apart; the filter's window, strides, dilations and top and left padding."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "images", "h", "w", "c", "image_in", "oh", "ow", "out_stride", "image_out",
+        "kh", "kw", "stride_h", "stride_w", "dh", "dw", "top", "left")]
+
+    @classmethod
+    def of(cls, op, x: np.ndarray | tuple, out: np.ndarray | tuple, pads: tuple[int, ...], top: int | None = None):
+        """The geometry of ``op`` (a CONV_2D or DEPTHWISE_CONV_2D) from input images x (N, H, W, C) to
+        output rows out (N, OH, OW, units), arrays or their (shape, float strides); ``top``
+        overrides the top padding (a band of the input rows)."""
+        (n, h, w, c), x_strides = _shape_and_strides(x)
+        (_, oh, ow, _), out_strides = _shape_and_strides(out)
+        opts, (kh, kw) = op.options, op.inputs[1].shape[1:3]
+        return cls(n, h, w, c, x_strides[0], oh, ow, out_strides[1], out_strides[0], kh, kw,
+                   opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
+                   opts.get("dilation_w_factor", 1), pads[0] if top is None else top, pads[2])
+
+
+def _shape_and_strides(a) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if isinstance(a, np.ndarray):
+        return a.shape, tuple(s // a.itemsize for s in a.strides)
+    return a
+
+
+_ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weak reference to it, its data address)
+
+
+def address(array: np.ndarray) -> int:
+    """The data address of ``array``.  Kernels hand the native loops the same arena buffers and
+    constants run after run, so each is looked up once (``array.ctypes`` costs ~1 us a call)."""
+    known = _ADDRESSES.get(id(array))
+    if known is not None and known[0]() is array:
+        return known[1]
+    if len(_ADDRESSES) > 4096:  # arrays come and go (views): start over now and then
+        _ADDRESSES.clear()
+    value = array.ctypes.data
+    _ADDRESSES[id(array)] = (weakref.ref(array), value)
+    return value
+
+
 class NativeLoops:
     """The loaded library, with the BLAS sgemm it shares out (None where no known BLAS is loaded)."""
 
     def __init__(self, library: ctypes.CDLL):
         self.library = library
         finish = ctypes.POINTER(Epilogue)
-        library.depthwise_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3,
-                                           finish, ctypes.c_int]
+        where = ctypes.POINTER(Geometry)
+        library.depthwise_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
         library.depthwise_rows.restype = None
-        library.conv_rows.argtypes = [_PTR, *[_INT64] * 3, _PTR, *[_INT64] * 9, _PTR, *[_INT64] * 3, finish,
-                                      ctypes.c_int]
+        library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
         library.conv_rows.restype = None
         library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.binary_flat.restype = None
@@ -100,43 +144,38 @@ class NativeLoops:
         library.shared_product.restype = None
         self.sgemm = _find_sgemm()
 
-    def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", kernel: tuple[int, int], steps: tuple[int, ...],
-                  before: tuple[int, int], out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
-        """One (H, W, C) image's depthwise convolution, read in place: ``steps`` (stride_h, stride_w,
-        dilation_h, dilation_w), ``before`` the top and left padding; out (OH, OW*C) with contiguous
-        rows, ``finish`` with its bias tiled along them (see native.c)."""
-        h, w, c = x.shape
-        oh, width = out.shape
-        self.library.depthwise_rows(x.ctypes.data, h, w, c, taps.weights.ctypes.data, taps.repeated.ctypes.data,
-                                    taps.period, *kernel, *steps, *before, out.ctypes.data, out.strides[0] // 4, oh,
-                                    width // c, ctypes.byref(finish), threads)
+    def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
+                  finish: Epilogue = NO_EPILOGUE) -> None:
+        """A depthwise convolution of the images at ``x``, read in place, into ``out`` (both arrays or
+        views starting at the first image, laid out as ``where`` says); ``finish`` with its bias
+        tiled along the output rows (see native.c)."""
+        self.library.depthwise_rows(address(x), address(taps.weights), address(taps.repeated), taps.period,
+                                    address(out), ctypes.byref(where), ctypes.byref(finish), threads)
 
-    def conv(self, x: np.ndarray, weights: np.ndarray, units: int, kernel: tuple[int, int], steps: tuple[int, ...],
-             before: tuple[int, int], out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
-        """One (H, W, C) image's convolution with few units, read in place: ``weights`` (KH*KW*C, units
-        padded to whole vectors of 16), the rest as for depthwise; out (OH, OW*units)."""
-        h, w, c = x.shape
-        self.library.conv_rows(x.ctypes.data, h, w, c, weights.ctypes.data, units, *kernel, *steps, *before,
-                               out.ctypes.data, out.strides[0] // 4, out.shape[0], out.shape[1] // units,
+    def conv(self, x: np.ndarray, weights: np.ndarray, units: int, out: np.ndarray, where: "Geometry", threads: int,
+             finish: Epilogue = NO_EPILOGUE) -> None:
+        """A convolution with few units, read in place: ``weights`` (KH*KW*C, units padded to whole
+        vectors of 16), the rest as for depthwise."""
+        self.library.conv_rows(address(x), address(weights), units, address(out), ctypes.byref(where),
                                ctypes.byref(finish), threads)
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
         """out = a (kind) b, then the epilogue's clamp: contiguous float32 arrays of one shape;
         ``kind`` one of BINARY_KINDS."""
-        self.library.binary_flat(BINARY_KINDS.index(kind), a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size,
+        self.library.binary_flat(BINARY_KINDS.index(kind), address(a), address(b), address(out), out.size,
                                  ctypes.byref(finish), threads)
 
     def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
-        self.library.unary_flat(UNARY_KINDS.index(kind), x.ctypes.data, out.ctypes.data, out.size,
+        self.library.unary_flat(UNARY_KINDS.index(kind), address(x), address(out), out.size,
                                 ctypes.byref(finish), threads)
 
     def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
         (the last axis)."""
         channels = slope.shape[0]
-        self.library.prelu_rows(x.ctypes.data, slope.ctypes.data, out.ctypes.data, x.size // max(channels, 1),
+        self.library.prelu_rows(address(x), address(slope), address(out), x.size // max(channels, 1),
                                 channels, threads if x.size >= SHARED_ITEMS else 1)
 
     def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
@@ -150,9 +189,9 @@ class NativeLoops:
             return False
         (m, k), n = lhs.shape, rhs.shape[1]
         lda = (lhs.strides[1] if trans else lhs.strides[0]) // 4
-        address, int64 = self.sgemm
-        self.library.shared_product(address, int64, trans, m, n, k, lhs.ctypes.data, lda, rhs.ctypes.data,
-                                    rhs.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, ctypes.byref(finish),
+        sgemm, int64 = self.sgemm
+        self.library.shared_product(sgemm, int64, trans, m, n, k, address(lhs), lda, address(rhs),
+                                    rhs.strides[0] // 4, address(out), out.strides[0] // 4, ctypes.byref(finish),
                                     threads)
         return True
 
