@@ -190,8 +190,9 @@ class NativeLoops:
         (m, k), n = lhs.shape, rhs.shape[1]
         lda = (lhs.strides[1] if trans else lhs.strides[0]) // 4
         sgemm, int64 = self.sgemm
-        self.library.shared_product(sgemm, int64, trans, m, n, k, address(lhs), lda, address(rhs),
-                                    rhs.strides[0] // 4, address(out), out.strides[0] // 4, ctypes.byref(finish),
+        # lhs and out are views of a block, new each run: only the operand (a constant) is looked up.
+        self.library.shared_product(sgemm, int64, trans, m, n, k, lhs.ctypes.data, lda, address(rhs),
+                                    rhs.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, ctypes.byref(finish),
                                     threads)
         return True
 
