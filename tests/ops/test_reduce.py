@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
 
@@ -26,6 +27,18 @@ def test_float_reduce(op, case, keep_dims, seed):
     x = b.input("x", shape)
     b.output(b.op(op, [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims}))
     check_against_litert(b.to_bytes(), [rng.standard_normal(shape) + (1.0 if op == "REDUCE_PROD" else 0.0)])
+
+
+@given(shape=st.sampled_from([(1, 40, 30, 24), (2, 20, 20, 100), (1, 9, 9, 300)]), keep_dims=st.booleans(),
+       native=st.booleans(), seed=st.integers(0, 2**16))
+def test_global_average_pool(shape, keep_dims, native, seed):
+    """MEAN over the pixels of images large enough for the native loops (on two threads), or numpy's."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": keep_dims}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal(shape) + 0.5], options=CompileOptions(num_threads=2),
+                         backend_options={"native": native})
 
 
 @given(op=st.sampled_from(["SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "MEAN"]), case=shape_and_axes(),

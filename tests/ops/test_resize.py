@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
 
@@ -30,3 +31,17 @@ def test_integer_upsampling(factor, mode, seed):
     size = b.const("size", np.array([6 * factor, 5 * factor], np.int32))
     b.output(b.op("RESIZE_BILINEAR", [x, size], options={"align_corners": mode[0], "half_pixel_centers": mode[1]}))
     check_against_litert(b.to_bytes(), [rng.standard_normal((1, 6, 5, 8))])
+
+
+@given(size=st.sampled_from([((12, 10), (24, 20)), ((17, 9), (40, 33)), ((30, 30), (16, 16))]), mode=MODES,
+       batch=st.integers(1, 2), native=st.booleans(), seed=st.integers(0, 2**16))
+def test_large_resize_bilinear(size, mode, batch, native, seed):
+    """Outputs large enough for the native loops (on two threads), or numpy's with them off."""
+    (h, w), (oh, ow) = size
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (batch, h, w, 40))
+    b.output(b.op("RESIZE_BILINEAR", [x, b.const("size", np.array([oh, ow], np.int32))],
+                  options={"align_corners": mode[0], "half_pixel_centers": mode[1]}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((batch, h, w, 40))], builtin=True,
+                         options=CompileOptions(num_threads=2), backend_options={"native": native})

@@ -321,6 +321,56 @@ void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t 
     }
 }
 
+/* MEAN over the pixels of (pixels, c) images: each thread sums its share of the channels (whole
+ * vectors of 16) over every pixel, in pixel order, then divides by the count. */
+void mean_pixels(const float *restrict x, float *restrict out, int64_t images, int64_t pixels, int64_t c,
+                 int threads)
+{
+    for (int64_t image = 0; image < images; image++) {
+        const float *in = x + image * pixels * c;
+        float *o = out + image * c;
+        #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int part = 0; part < threads; part++) {
+            int64_t lo, hi;
+            share(c, part, threads, &lo, &hi);
+            if (hi <= lo)
+                continue;
+            float sums[hi - lo];
+            memset(sums, 0, sizeof sums);
+            for (int64_t p = 0; p < pixels; p++)
+                for (int64_t k = lo; k < hi; k++)
+                    sums[k - lo] += in[p * c + k];
+            for (int64_t k = lo; k < hi; k++)
+                o[k] = sums[k - lo] / (float)pixels;
+        }
+    }
+}
+
+/* RESIZE_BILINEAR of (h, w, c) images to (oh, ow): output row oy blends input rows y0[oy] and y1[oy]
+ * by wy[oy], column ox input columns x0[ox] and x1[ox] by wx[ox]; columns first, like the numpy
+ * kernel: a + (b - a) * weight. */
+void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t w, int64_t c,
+                     const int64_t *restrict y0, const int64_t *restrict y1, const float *restrict wy,
+                     const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
+                     float *restrict out, int64_t oh, int64_t ow, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < images * oh; r++) {
+        int64_t image = r / oh, oy = r % oh;
+        const float *top = x + (image * h + y0[oy]) * w * c, *bottom = x + (image * h + y1[oy]) * w * c;
+        float *row = out + r * ow * c, weight = wy[oy];
+        for (int64_t ox = 0; ox < ow; ox++) {
+            const float *tl = top + x0[ox] * c, *tr = top + x1[ox] * c;
+            const float *bl = bottom + x0[ox] * c, *br = bottom + x1[ox] * c;
+            float across = wx[ox], *pixel = row + ox * c;
+            for (int64_t k = 0; k < c; k++) {
+                float upper = tl[k] + (tr[k] - tl[k]) * across, lower = bl[k] + (br[k] - bl[k]) * across;
+                pixel[k] = upper + (lower - upper) * weight;
+            }
+        }
+    }
+}
+
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)

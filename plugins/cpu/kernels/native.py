@@ -137,6 +137,10 @@ class NativeLoops:
         library.binary_flat.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
+        library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
+        library.mean_pixels.restype = None
+        library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
+        library.resize_bilinear.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
         library.prelu_rows.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
@@ -170,6 +174,19 @@ class NativeLoops:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
         self.library.unary_flat(UNARY_KINDS.index(kind), address(x), address(out), out.size,
                                 ctypes.byref(finish), threads)
+
+    def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+        """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
+        n, h, w, c = x.shape
+        self.library.mean_pixels(address(x), address(out), n, h * w, c, threads)
+
+    def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
+        """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
+        (lower index, upper index, weight of the upper) per output row and column (int64, int64,
+        float32 arrays)."""
+        n, h, w, c = x.shape
+        self.library.resize_bilinear(address(x), n, h, w, c, *map(address, rows), *map(address, columns),
+                                     address(out), out.shape[1], out.shape[2], threads)
 
     def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from delegate import Op
 
 from ..registry import kernel
 from .common import constant, normalize_axes
+from .native import SHARED_ITEMS, kernel_loops
+from .parallel import threads
 
 
 def _mean(x, axis, out):
@@ -30,6 +34,10 @@ def reduce(op: Op):
     fn = _REDUCERS[op.opcode]
     shape = op.inputs[0].shape
     fixed = constant(op.inputs[1])
+    if op.opcode == "MEAN" and fixed is not None:
+        native = _native_mean(op, normalize_axes(fixed, len(shape)))
+        if native is not None:
+            return native
 
     def run(ins, outs):
         axes = normalize_axes(fixed if fixed is not None else ins[1], len(shape))
@@ -39,6 +47,22 @@ def reduce(op: Op):
             fn(ins[0], axes, out)
         else:
             fn(ins[0], axis=axes, keepdims=True, out=out)
+    return run
+
+
+def _native_mean(op: Op, axes: tuple[int, ...]):
+    """MEAN of float NHWC images over their pixels (a global average pool) in the native loops, on all
+    the kernel's threads; None where those do not serve."""
+    shape = op.inputs[0].shape
+    if len(shape) != 4 or axes != (1, 2) or op.inputs[0].dtype.numpy != np.float32 \
+            or math.prod(shape) < SHARED_ITEMS:
+        return None
+    loops, team = kernel_loops(), threads()
+    if loops is None:
+        return None
+
+    def run(ins, outs):
+        loops.mean_pixels(np.ascontiguousarray(ins[0]), outs[0], team)
     return run
 
 

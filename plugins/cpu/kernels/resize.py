@@ -12,6 +12,8 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import along_rows, scratch
+from .native import SHARED_ITEMS, kernel_loops
+from .parallel import threads
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -64,6 +66,13 @@ def resize_bilinear(op: Op):
     wy = wy.reshape(1, oh, 1, 1)
     wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
     doubles = flags == (False, True) and (oh, ow) == (2 * h, 2 * w) and h > 1 and w > 1
+    loops, team = kernel_loops(), threads()
+    if loops is not None and op.inputs[0].dtype.numpy == np.float32 and n * oh * ow * c >= SHARED_ITEMS:
+        rows, columns = (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags)
+
+        def run_native(ins, outs):
+            loops.resize_bilinear(np.ascontiguousarray(ins[0]), rows, columns, outs[0], team)
+        return run_native
 
     def run(ins, outs):
         # Columns first: the channel-strided gathers then run over the input's rows, not the output's.
