@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.models import pool_model
 from tests.oputil import check_against_litert
@@ -16,6 +17,18 @@ def test_pool_2d(op, h, w, c, kh, kw, sh, sw, padding, act, batch, seed):
     rng = np.random.default_rng(seed)
     model = pool_model(op, batch, h, w, c, kh, kw, sh, sw, padding, act)
     check_against_litert(model, [rng.standard_normal((batch, h, w, c)) * 3])
+
+
+@given(op=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), h=st.integers(40, 56), w=st.integers(40, 56),
+       kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 2), sw=st.integers(1, 2),
+       padding=st.sampled_from(["SAME", "VALID"]), act=st.sampled_from(["NONE", "RELU6"]), batch=st.integers(1, 2),
+       native=st.booleans(), seed=st.integers(0, 2**16))
+def test_large_pool_2d(op, h, w, kh, kw, sh, sw, padding, act, batch, native, seed):
+    """Outputs large enough for the native loops (on two threads), or numpy's with them off."""
+    rng = np.random.default_rng(seed)
+    model = pool_model(op, batch, h, w, 32, kh, kw, sh, sw, padding, act)
+    check_against_litert(model, [rng.standard_normal((batch, h, w, 32)) * 3], options=CompileOptions(num_threads=2),
+                         backend_options={"native": native})
 
 
 @given(op=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), size=st.sampled_from([(2, 8), (4, 8), (16, 16), (3, 9)]),

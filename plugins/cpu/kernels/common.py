@@ -138,6 +138,15 @@ def along_rows(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(trailing, shape[-2:]))
 
 
+def contiguous_layout(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides in items) of a contiguous array of ``shape``."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(shape), tuple(reversed(strides))
+
+
 def normalize_axes(axes, rank: int) -> tuple[int, ...]:
     """Sorted, de-duplicated non-negative axes."""
     return tuple(sorted({int(a) % rank for a in np.asarray(axes).ravel()})) if rank else ()

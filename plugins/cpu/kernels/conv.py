@@ -16,8 +16,8 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
-from .common import (CLAMPS, Padded, PaddedRows, along_rows, convert, float_constant, fused, same_padding, scratch,
-                     strided, window_view)
+from .common import (CLAMPS, Padded, PaddedRows, along_rows, contiguous_layout, convert, float_constant, fused,
+                     same_padding, scratch, strided, window_view)
 from .native import NO_EPILOGUE, DepthwiseTaps, Epilogue, Geometry, kernel_loops
 from .parallel import chunks_for, even_chunks, kernel_threads, spread, threads
 
@@ -199,7 +199,7 @@ def _direct_conv(op: Op, weights: np.ndarray | None, finish):
         return None
     padded = np.zeros((kh * kw * c, -(-o // 16) * 16), np.float32)
     padded[:, :o] = _gemm_layout(weights)
-    where = Geometry.of(op, _contiguous((n, h, w, c)), _contiguous((n, oh, ow, o)),
+    where = Geometry.of(op, contiguous_layout((n, h, w, c)), contiguous_layout((n, oh, ow, o)),
                         _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     epilogue, team = finish.epilogue, threads()
     row_epilogue = NO_EPILOGUE if epilogue is None else epilogue.tiled(ow)
@@ -423,7 +423,7 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
     sh, reach = op.options.get("stride_h", 1), (kh - 1) * op.options.get("dilation_h_factor", 1) + 1
     team, finishes = threads(), epilogue or NO_EPILOGUE
     if op.inputs[0].dtype.numpy == dtype and not offset:
-        where = Geometry.of(op, ((n, h, w, oc), (h * w * oc, w * oc, oc, 1)), _contiguous(op.outputs[0].shape), pads)
+        where = Geometry.of(op, contiguous_layout((n, h, w, oc)), contiguous_layout(op.outputs[0].shape), pads)
 
         def run_float(ins, outs):
             loops.depthwise(np.ascontiguousarray(spread_channels(ins[0])), operand(ins), outs[0], where, team,
@@ -438,9 +438,9 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
         first, end = min(max(start * sh - pads[0], 0), h), min(max((stop - 1) * sh - pads[0] + reach, 0), h)
         rows = (n, end - first, w, oc)
         out = ((n, stop - start, ow, oc), (oh * ow * oc, ow * oc, oc, 1)) if in_place else \
-            _contiguous((n, stop - start, ow, oc))
+            contiguous_layout((n, stop - start, ow, oc))
         bands.append((start, stop, first, end,
-                      Geometry.of(op, _contiguous(rows), out, pads, top=pads[0] + first - start * sh)))
+                      Geometry.of(op, contiguous_layout(rows), out, pads, top=pads[0] + first - start * sh)))
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
@@ -453,15 +453,6 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
             loops.depthwise(rows, filt, acc, where, team, finishes)
             finish(acc, part, 0, oc)
     return run
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(shape, strides in items) of a contiguous array."""
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(shape), tuple(reversed(strides))
 
 
 class _ChannelSpread:

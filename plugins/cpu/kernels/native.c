@@ -371,6 +371,51 @@ void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t
     }
 }
 
+/* MAX_POOL_2D (average 0) or AVERAGE_POOL_2D (average 1, dividing by the taps inside the image) of
+ * (h, w, c) images as the geometry says (dilations 1), then the epilogue's clamp; padding is left
+ * out, as TFLite does. */
+void pool_rows(const float *restrict images, float *restrict out, const geometry *g, int average,
+               const epilogue *finish, int threads)
+{
+    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const float *x = images + r / oh * g->image_in;
+        float *row = out + r / oh * g->image_out + oy * g->out_stride;
+        int64_t y_lo = oy * g->stride_h - g->top, y_hi = y_lo + g->kh;
+        y_lo = y_lo < 0 ? 0 : y_lo;
+        y_hi = y_hi > h ? h : y_hi;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            int64_t x_lo = ox * g->stride_w - g->left, x_hi = x_lo + g->kw;
+            x_lo = x_lo < 0 ? 0 : x_lo;
+            x_hi = x_hi > w ? w : x_hi;
+            float *pixel = row + ox * c;
+            int first = 1;
+            for (int64_t iy = y_lo; iy < y_hi; iy++)
+                for (int64_t ix = x_lo; ix < x_hi; ix++, first = 0) {
+                    const float *in = x + (iy * w + ix) * c;
+                    if (first)
+                        memcpy(pixel, in, c * sizeof *pixel);
+                    else if (average)
+                        for (int64_t k = 0; k < c; k++)
+                            pixel[k] += in[k];
+                    else
+                        for (int64_t k = 0; k < c; k++)
+                            pixel[k] = pixel[k] < in[k] ? in[k] : pixel[k];
+                }
+            if (first)
+                memset(pixel, 0, c * sizeof *pixel);
+            else if (average) {
+                float count = (float)((y_hi - y_lo) * (x_hi - x_lo));
+                for (int64_t k = 0; k < c; k++)
+                    pixel[k] /= count;
+            }
+        }
+        finish_rows(row, 1, ow * c, 0, finish);
+    }
+}
+
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)

@@ -89,12 +89,13 @@ class Geometry(ctypes.Structure):
 
     @classmethod
     def of(cls, op, x: np.ndarray | tuple, out: np.ndarray | tuple, pads: tuple[int, ...], top: int | None = None):
-        """The geometry of ``op`` (a CONV_2D or DEPTHWISE_CONV_2D) from input images x (N, H, W, C) to
-        output rows out (N, OH, OW, units), arrays or their (shape, float strides); ``top``
-        overrides the top padding (a band of the input rows)."""
+        """The geometry of ``op`` (a convolution, or a pool with its filter size in the options) from
+        input images x (N, H, W, C) to output rows out (N, OH, OW, units), arrays or their (shape,
+        float strides); ``top`` overrides the top padding (a band of the input rows)."""
         (n, h, w, c), x_strides = _shape_and_strides(x)
         (_, oh, ow, _), out_strides = _shape_and_strides(out)
-        opts, (kh, kw) = op.options, op.inputs[1].shape[1:3]
+        opts = op.options
+        kh, kw = (opts["filter_height"], opts["filter_width"]) if "filter_height" in opts else op.inputs[1].shape[1:3]
         return cls(n, h, w, c, x_strides[0], oh, ow, out_strides[1], out_strides[0], kh, kw,
                    opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
                    opts.get("dilation_w_factor", 1), pads[0] if top is None else top, pads[2])
@@ -137,6 +138,8 @@ class NativeLoops:
         library.binary_flat.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
+        library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
+        library.pool_rows.restype = None
         library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
         library.mean_pixels.restype = None
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
@@ -174,6 +177,13 @@ class NativeLoops:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
         self.library.unary_flat(UNARY_KINDS.index(kind), address(x), address(out), out.size,
                                 ctypes.byref(finish), threads)
+
+    def pool(self, x: np.ndarray, out: np.ndarray, where: "Geometry", average: bool, threads: int,
+             finish: Epilogue = NO_EPILOGUE) -> None:
+        """MAX_POOL_2D, or AVERAGE_POOL_2D when ``average``, of the images at x into out, as ``where``
+        says, padding left out; then ``finish``'s clamp."""
+        self.library.pool_rows(address(x), address(out), ctypes.byref(where), average, ctypes.byref(finish),
+                               threads)
 
     def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""

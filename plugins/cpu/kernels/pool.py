@@ -7,12 +7,16 @@ padding, the common 2x2/2 and global pools) reduce a reshaped view at once.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from delegate import Op
 
 from ..registry import kernel
-from .common import Padded, fused, same_padding, scratch
+from .common import CLAMPS, Padded, contiguous_layout, fused, same_padding, scratch
+from .native import SHARED_ITEMS, Epilogue, Geometry, kernel_loops
+from .parallel import threads
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
 _POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
@@ -36,6 +40,9 @@ def pool_2d(op: Op):
     pads = (0, 0, 0, 0)
     if o.get("padding", "SAME") == "SAME":
         pads = same_padding(h, kh, sh, 1, oh) + same_padding(w, kw, sw, 1, ow)
+    native = _native_pool(op, pads)
+    if native is not None:
+        return native
     pad = Padded((n, h, w, c), pads, fill)
     act = fused(op)
     tiled = (kh, kw) == (sh, sw) and not pad.any
@@ -67,6 +74,25 @@ def pool_2d(op: Op):
         if l2:
             np.sqrt(out, out=out)
         act(out)
+    return run
+
+
+def _native_pool(op: Op, pads: tuple[int, int, int, int]):
+    """A float MAX_POOL_2D or AVERAGE_POOL_2D (with a clamp or no fused activation) in the native loops,
+    on all the kernel's threads; None where those do not serve."""
+    activation = op.options.get("fused_activation_function") or "NONE"
+    shape = op.outputs[0].shape
+    if op.opcode == "L2_POOL_2D" or op.inputs[0].dtype.numpy != np.float32 or math.prod(shape) < SHARED_ITEMS \
+            or not (activation == "NONE" or activation in CLAMPS):
+        return None
+    loops, team = kernel_loops(), threads()
+    if loops is None:
+        return None
+    where = Geometry.of(op, contiguous_layout(op.inputs[0].shape), contiguous_layout(shape), pads)
+    average, finish = op.opcode == "AVERAGE_POOL_2D", Epilogue(None, CLAMPS.get(activation))
+
+    def run(ins, outs):
+        loops.pool(np.ascontiguousarray(ins[0]), outs[0], where, average, team, finish)
     return run
 
 
