@@ -416,6 +416,63 @@ void pool_rows(const float *restrict images, float *restrict out, const geometry
     }
 }
 
+/* One row of a quantized output stage: v = (acc * multiplier + offset - tie where acc < tie_below) >> shift,
+ * clamped; one copy per accumulator and output type. */
+#define RESCALE_ROW(ACC_T, OUT_T)                                                                          \
+    static void rescale_##ACC_T##_##OUT_T(const ACC_T *restrict acc, const int64_t *restrict multiplier,   \
+                                          const int64_t *restrict offset, const int64_t *restrict shift,   \
+                                          int64_t shifts, const int64_t *restrict tie_below,               \
+                                          const int64_t *restrict tie, int64_t low, int64_t high,          \
+                                          OUT_T *restrict out, int64_t channels)                           \
+    {                                                                                                      \
+        for (int64_t j = 0; j < channels; j++) {                                                           \
+            int64_t a = (int32_t)acc[j], v = a * multiplier[j] + offset[j];                                \
+            if (tie && a < tie_below[j])                                                                   \
+                v -= tie[j];                                                                               \
+            v >>= shift[shifts ? j : 0];                                                                   \
+            out[j] = (OUT_T)(v < low ? low : v > high ? high : v);                                         \
+        }                                                                                                  \
+    }
+RESCALE_ROW(float, int8_t)
+RESCALE_ROW(float, uint8_t)
+RESCALE_ROW(float, int16_t)
+RESCALE_ROW(double, int8_t)
+RESCALE_ROW(double, uint8_t)
+RESCALE_ROW(double, int16_t)
+
+/* A quantized kernel's output stage on exact integer sums held in floats (see quant_util.Rescale):
+ * out[r, j] = clamp((acc * multiplier[j] + offset[j] - (acc < tie_below[j] ? tie[j] : 0)) >> shift[j or 0]),
+ * in int64; acc float32 (wide 0) or float64 (wide 1), out int8, uint8 or int16 (out_kind 0, 1, 2). */
+void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *multiplier, const int64_t *offset,
+                  const int64_t *shift, int shift_per_channel, const int64_t *tie_below, const int64_t *tie,
+                  int64_t low, int64_t high, void *out, int out_kind, int64_t out_stride, int64_t rows,
+                  int64_t channels, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a32 = (const float *)acc + r * acc_stride;
+        const double *a64 = (const double *)acc + r * acc_stride;
+        if (wide && out_kind == 0)
+            rescale_double_int8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                  (int8_t *)out + r * out_stride, channels);
+        else if (wide && out_kind == 1)
+            rescale_double_uint8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                   (uint8_t *)out + r * out_stride, channels);
+        else if (wide)
+            rescale_double_int16_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                   (int16_t *)out + r * out_stride, channels);
+        else if (out_kind == 0)
+            rescale_float_int8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                 (int8_t *)out + r * out_stride, channels);
+        else if (out_kind == 1)
+            rescale_float_uint8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                  (uint8_t *)out + r * out_stride, channels);
+        else
+            rescale_float_int16_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
+                                  (int16_t *)out + r * out_stride, channels);
+    }
+}
+
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)

@@ -140,6 +140,9 @@ class NativeLoops:
         library.unary_flat.restype = None
         library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
         library.pool_rows.restype = None
+        library.rescale_rows.argtypes = [_PTR, ctypes.c_int, _INT64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR,
+                                         _INT64, _INT64, _PTR, ctypes.c_int, *[_INT64] * 3, ctypes.c_int]
+        library.rescale_rows.restype = None
         library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
         library.mean_pixels.restype = None
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
@@ -184,6 +187,27 @@ class NativeLoops:
         says, padding left out; then ``finish``'s clamp."""
         self.library.pool_rows(address(x), address(out), ctypes.byref(where), average, ctypes.byref(finish),
                                threads)
+
+    def rescale(self, acc: np.ndarray, constants: tuple, bounds: tuple[int, int], out: np.ndarray,
+                threads: int) -> bool:
+        """A quantized output stage (see native.c's rescale_rows; ``constants``: multiplier, offset,
+        shift and, where ties round away from zero, tie_below and tie, int64 per channel or a
+        scalar shift); False (nothing done) where the arrays' types or layouts do not allow it."""
+        kinds = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+        if acc.dtype not in (np.float32, np.float64) or out.dtype not in kinds or acc.shape != out.shape:
+            return False
+        acc_stride, out_stride = row_stride(acc), row_stride(out)
+        if acc_stride is None or out_stride is None:
+            return False
+        # np.asarray keeps a scalar shift 0-d (ascontiguousarray would make it 1-d): shared by all channels.
+        multiplier, offset, shift, *ties = (np.asarray(v, np.int64) for v in constants)
+        channels = acc.shape[-1] if acc.ndim else 1
+        self.library.rescale_rows(acc.ctypes.data, acc.dtype == np.float64, acc_stride, multiplier.ctypes.data,
+                                  offset.ctypes.data, shift.ctypes.data, shift.ndim > 0,
+                                  ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None,
+                                  bounds[0], bounds[1], out.ctypes.data, kinds.index(out.dtype), out_stride,
+                                  acc.size // max(channels, 1), channels, threads if acc.size >= SHARED_ITEMS else 1)
+        return True
 
     def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
@@ -235,6 +259,19 @@ class DepthwiseTaps:
         self.period = math.lcm(channels, 16)
         repeats = -(-(self.period + 64) // channels)
         self.repeated = np.ascontiguousarray(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
+
+
+def row_stride(a: np.ndarray) -> int | None:
+    """The distance in items between consecutive rows (runs along the last axis) of ``a`` when it is a
+    uniform stack of contiguous rows; None otherwise."""
+    if a.ndim == 0:
+        return 1
+    if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        return None
+    leading = [(d, st // a.itemsize) for d, st in zip(a.shape[:-1], a.strides[:-1]) if d > 1]
+    if any(outer != inner * size for (_, outer), (size, inner) in zip(leading, leading[1:])):
+        return None
+    return leading[-1][1] if leading else a.shape[-1]
 
 
 def _row_major(a: np.ndarray) -> bool | None:

@@ -25,6 +25,8 @@ import numpy as np
 from delegate import Op, Tensor
 
 from .common import scratch
+from .native import kernel_loops
+from .parallel import threads
 
 INT32_MAX = (1 << 31) - 1
 
@@ -272,10 +274,16 @@ class Rescale:
         self.per_channel = (multiplier, np.array(offsets, np.int64), shift) + ((tie_below, tie) if any(ties) else ())
         self.row_pixels = row_pixels if channels < 128 else 1  # many channels: inner loops long enough
         self.per_row = tuple(np.tile(v, self.row_pixels) if v.ndim else v for v in self.per_channel)
+        self.loops, self.threads = kernel_loops(), threads()
 
     def __call__(self, acc: np.ndarray, out: np.ndarray, u0: int = 0, u1: int | None = None) -> None:
-        """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``."""
+        """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``: in the
+        native loops where they serve, else in numpy."""
         u1 = self.channels if u1 is None else u1
+        if self.loops is not None and self.loops.rescale(
+                acc, tuple(v[u0:u1] if v.ndim else v for v in self.per_channel), (self.lo, self.hi), out,
+                self.threads):
+            return
         if u1 - u0 == self.channels and acc.ndim > 1 and acc.shape[-2] == self.row_pixels:
             acc = acc.reshape(*acc.shape[:-2], -1)
             out = out.reshape(acc.shape)
