@@ -59,8 +59,9 @@ def bias(b, rng, in_scale, scales, per_channel=True, dtype=np.int32):
     return b.const("bias", rng.integers(-3000, 3000, scales.size).astype(dtype), quant=quant)
 
 
-def check(b, inputs):
-    check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=1)
+def check(b, inputs, native=True):
+    """Against LiteRT's builtin kernels; ``native=False``: the numpy formulations alone (cpu.native off)."""
+    check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=1, backend_options={"native": native})
 
 
 def unary_model(opcode, shape, dtype, in_quant, out_quant, options=None, out_dtype=None):
@@ -74,8 +75,8 @@ def unary_model(opcode, shape, dtype, in_quant, out_quant, options=None, out_dty
 
 @given(seed=seeds, dtype=eight_bit, per_channel=st.booleans(), kernel=st.sampled_from([1, 2, 3]),
        stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]), padding=st.sampled_from(["SAME", "VALID"]),
-       act=activations, channels=st.integers(1, 8), out_channels=st.integers(1, 12))
-def test_conv2d(seed, dtype, per_channel, kernel, stride, dilation, padding, act, channels, out_channels):
+       act=activations, channels=st.integers(1, 8), out_channels=st.integers(1, 12), native=st.booleans())
+def test_conv2d(seed, dtype, per_channel, kernel, stride, dilation, padding, act, channels, out_channels, native):
     rng = np.random.default_rng(seed)
     per_channel = per_channel and dtype == "int8"
     b = GraphBuilder()
@@ -87,13 +88,13 @@ def test_conv2d(seed, dtype, per_channel, kernel, stride, dilation, padding, act
     b.output(b.op("CONV_2D", [x, w, bias(b, rng, in_quant[0], scales, per_channel)], dtype=dtype, quant=out_quant,
                   options={"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dilation,
                            "dilation_w_factor": dilation, "fused_activation_function": act}))
-    check(b, [random_q(rng, shape, dtype)])
+    check(b, [random_q(rng, shape, dtype)], native)
 
 
 @given(seed=seeds, dtype=eight_bit, multiplier=st.sampled_from([1, 2]), stride=st.sampled_from([1, 2]),
        dilation=st.sampled_from([1, 2]), padding=st.sampled_from(["SAME", "VALID"]), act=activations,
-       channels=st.integers(1, 20))
-def test_depthwise_conv2d(seed, dtype, multiplier, stride, dilation, padding, act, channels):
+       channels=st.integers(1, 20), native=st.booleans())
+def test_depthwise_conv2d(seed, dtype, multiplier, stride, dilation, padding, act, channels, native):
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
     in_quant = activation_quant(rng, dtype)
@@ -106,12 +107,12 @@ def test_depthwise_conv2d(seed, dtype, multiplier, stride, dilation, padding, ac
                   quant=out_quant, options={"padding": padding, "stride_h": stride, "stride_w": stride,
                                             "depth_multiplier": multiplier, "dilation_h_factor": dilation,
                                             "dilation_w_factor": dilation, "fused_activation_function": act}))
-    check(b, [random_q(rng, shape, dtype)])
+    check(b, [random_q(rng, shape, dtype)], native)
 
 
 @given(seed=seeds, dtype=eight_bit, per_channel=st.booleans(), keep_num_dims=st.booleans(), act=activations,
-       depth=st.integers(1, 64), units=st.integers(1, 24))
-def test_fully_connected(seed, dtype, per_channel, keep_num_dims, act, depth, units):
+       depth=st.integers(1, 64), units=st.integers(1, 24), native=st.booleans())
+def test_fully_connected(seed, dtype, per_channel, keep_num_dims, act, depth, units, native):
     rng = np.random.default_rng(seed)
     per_channel = per_channel and dtype == "int8"
     b = GraphBuilder()
@@ -122,7 +123,7 @@ def test_fully_connected(seed, dtype, per_channel, keep_num_dims, act, depth, un
     out_quant = (matmul_out_scale(in_quant[0], scales, depth), activation_quant(rng, dtype)[1])
     b.output(b.op("FULLY_CONNECTED", [x, w, bias(b, rng, in_quant[0], scales, per_channel)], dtype=dtype,
                   quant=out_quant, options={"keep_num_dims": keep_num_dims, "fused_activation_function": act}))
-    check(b, [random_q(rng, shape, dtype)])
+    check(b, [random_q(rng, shape, dtype)], native)
 
 
 @given(seed=seeds, dtype=eight_bit, stride=st.sampled_from([1, 2, 3]), kernel=st.sampled_from([2, 3, 4]),
