@@ -85,3 +85,8 @@ def test_failing_compiler_leaves_the_numpy_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert native._load() is None
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_missing_source_leaves_the_numpy_kernels(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "SOURCE", tmp_path / "absent.c")
+    assert native._load() is None

@@ -314,7 +314,11 @@ def _load() -> NativeLoops | None:
     if compiler is None:
         log.info("cpu: no C compiler found; the numpy kernels run instead of native loops")
         return None
-    source = SOURCE.read_bytes()
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:
+        log.info("cpu: the native loops' source is missing (%s); the numpy kernels run instead", exc)
+        return None
     cache = Path(platformdirs.user_cache_dir("delegate")) / "native"
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()]))
