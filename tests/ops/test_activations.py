@@ -30,7 +30,7 @@ def test_pointwise_activation(op, shape, scale, seed):
 def test_large_pointwise_activation(op, native, seed):
     """Tensors large enough for the native loops (on two threads), or numpy's with them off."""
     rng = np.random.default_rng(seed)
-    shape = (1, 40, 33, 16)
+    shape = (1, 48, 44, 32)  # shared between two threads
     check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * 5],
                          options=CompileOptions(num_threads=2), backend_options={"native": native})
 
@@ -51,11 +51,11 @@ def test_gelu(approximate, shape, seed):
 @given(alpha_shape=st.sampled_from([(3,), (1, 1, 3), (5, 1), (4, 5, 3), (1,)]), const_alpha=st.booleans(),
        wide=st.booleans(), native=st.booleans(), seed=st.integers(0, 2**16))
 def test_prelu(alpha_shape, const_alpha, wide, native, seed):
-    """``wide``: 40 channels and a large tensor, which the native loop shares among threads."""
+    """``wide``: 40 channels and a tensor large enough for the native loop to share between threads."""
     rng = np.random.default_rng(seed)
     shape = (2, 4, 5, 3)
     if wide:
-        shape, alpha_shape = (1, 30, 20, 40), tuple(40 if d == 3 else 30 if d == 4 else 20 if d == 5 else d
+        shape, alpha_shape = (1, 60, 30, 40), tuple(40 if d == 3 else 60 if d == 4 else 30 if d == 5 else d
                                                    for d in alpha_shape)
     alpha = rng.standard_normal(alpha_shape).astype(np.float32)
     b = GraphBuilder()

@@ -33,7 +33,8 @@ def test_integer_upsampling(factor, mode, seed):
     check_against_litert(b.to_bytes(), [rng.standard_normal((1, 6, 5, 8))])
 
 
-@given(size=st.sampled_from([((12, 10), (24, 20)), ((17, 9), (40, 33)), ((30, 30), (16, 16))]), mode=MODES,
+@given(size=st.sampled_from([((12, 10), (24, 20)), ((17, 9), (40, 33)), ((30, 30), (16, 16)), ((30, 31), (64, 64))]),
+       mode=MODES,
        batch=st.integers(1, 2), native=st.booleans(), seed=st.integers(0, 2**16))
 def test_large_resize_bilinear(size, mode, batch, native, seed):
     """Outputs large enough for the native loops (on two threads), or numpy's with them off."""

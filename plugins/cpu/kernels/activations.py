@@ -10,8 +10,7 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import NO_EPILOGUE, Epilogue, elementwise_loops, kernel_loops
-from .parallel import threads
+from .native import NO_EPILOGUE, PER_THREAD_ITEMS, Epilogue, elementwise_loops, kernel_loops, team_for
 
 @kernel(*CLAMPS)
 def clip(op: Op):
@@ -66,7 +65,7 @@ def _native_prelu(op: Op, slope: np.ndarray | None):
     if any(d != 1 for d in slope.shape[:-1]) or (slope.ndim and slope.shape[-1] not in (1, shape[-1])):
         return None
     per_channel = np.ascontiguousarray(np.broadcast_to(slope.reshape(-1), (shape[-1],)))
-    team = threads()
+    team = team_for(math.prod(shape), PER_THREAD_ITEMS)
 
     def run(ins, outs):
         loops.prelu(np.ascontiguousarray(ins[0]), per_channel, outs[0], team)
@@ -81,7 +80,7 @@ def leaky_relu(op: Op):
 def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
     """The op in one pass through the native loops on all the kernel's threads; None where those
     do not serve."""
-    loops, team = elementwise_loops(op), threads()
+    loops, team = elementwise_loops(op), team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
     if loops is None:
         return None
 

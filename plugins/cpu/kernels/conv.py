@@ -18,8 +18,8 @@ from delegate.shapes import transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, along_rows, contiguous_layout, convert, float_constant, fused,
                      same_padding, scratch, strided, window_view)
-from .native import NO_EPILOGUE, DepthwiseTaps, Epilogue, Geometry, kernel_loops
-from .parallel import chunks_for, even_chunks, kernel_threads, spread, threads
+from .native import NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, kernel_loops, team_for
+from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
@@ -71,8 +71,8 @@ class NativeProduct:
     per block), with a float kernel's bias and clamp applied there: its finish's ``epilogue``
     (see bias_activation); ``finishes`` says whether that leaves nothing for the finish to do."""
 
-    def __init__(self, loops, epilogue: Epilogue | None):
-        self.loops, self.threads, self.epilogue = loops, threads(), epilogue
+    def __init__(self, loops, epilogue: Epilogue | None, work: int):
+        self.loops, self.threads, self.epilogue = loops, team_for(work, PER_THREAD_MACS), epilogue
         self.finishes = epilogue is not None
 
     @classmethod
@@ -82,7 +82,7 @@ class NativeProduct:
         loops = kernel_loops()
         if loops is None or loops.sgemm is None or depth_parts is not None or work < NATIVE_PRODUCT_WORK:
             return None
-        return cls(loops, getattr(finish, "epilogue", None))
+        return cls(loops, getattr(finish, "epilogue", None), work)
 
     def __call__(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, u0: int, u1: int) -> bool:
         """out = lhs @ rhs for units u0..u1 (and their epilogue); False (nothing done) where the
@@ -201,7 +201,7 @@ def _direct_conv(op: Op, weights: np.ndarray | None, finish):
     padded[:, :o] = _gemm_layout(weights)
     where = Geometry.of(op, contiguous_layout((n, h, w, c)), contiguous_layout((n, oh, ow, o)),
                         _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
-    epilogue, team = finish.epilogue, threads()
+    epilogue, team = finish.epilogue, team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
     row_epilogue = NO_EPILOGUE if epilogue is None else epilogue.tiled(ow)
 
     def run(ins, outs):
@@ -418,10 +418,10 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
     band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand(ins)``
     is the filter as DepthwiseTaps."""
     n, h, w, _ = op.inputs[0].shape
-    _, kh, _, oc = op.inputs[1].shape
+    _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
     sh, reach = op.options.get("stride_h", 1), (kh - 1) * op.options.get("dilation_h_factor", 1) + 1
-    team, finishes = threads(), epilogue or NO_EPILOGUE
+    team, finishes = team_for(n * oh * ow * oc * kh * kw, PER_THREAD_MACS), epilogue or NO_EPILOGUE
     if op.inputs[0].dtype.numpy == dtype and not offset:
         where = Geometry.of(op, contiguous_layout((n, h, w, oc)), contiguous_layout(op.outputs[0].shape), pads)
 

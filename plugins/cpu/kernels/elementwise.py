@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, fused
-from .native import BINARY_KINDS, Epilogue, elementwise_loops
-from .parallel import threads
+from .native import BINARY_KINDS, PER_THREAD_ITEMS, Epilogue, elementwise_loops, team_for
 
 
 def _divide(a, b, out):
@@ -65,7 +66,8 @@ def _native_arithmetic(op: Op):
     if loops is None or any(constant(t) is not None for t in op.inputs) or not (
             activation == "NONE" or activation in CLAMPS):
         return None
-    finish, team = Epilogue(None, CLAMPS.get(activation)), threads()
+    finish = Epilogue(None, CLAMPS.get(activation))
+    team = team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
 
     def run(ins, outs):
         loops.binary(op.opcode, np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], team, finish)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from .parallel import loaded_openblas, native_allowed
+from .parallel import loaded_openblas, native_allowed, threads
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,13 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-mcpu=native", "-fop
 # after it (libgomp's default spins for milliseconds).
 SPIN_COUNT = "10000"
 
-# Fewest items an elementwise loop shares among threads (below, waking them costs more than it saves),
-# and the fewest an elementwise kernel hands the native loops at all (below, numpy's call costs less).
+# Fewest items an elementwise kernel hands the native loops at all (below, numpy's call costs less).
 SHARED_ITEMS = 1 << 14
+# Least work a native loop gives each thread it shares among: multiply-adds of products and
+# convolutions, items of elementwise loops.  Below, handing a share over costs about what it saves
+# (on 16 cores, small ops split 16 ways ran at half the speed of 2 ways).
+PER_THREAD_MACS = 1 << 18
+PER_THREAD_ITEMS = 1 << 15
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
@@ -206,7 +210,7 @@ class NativeLoops:
                                   offset.ctypes.data, shift.ctypes.data, shift.ndim > 0,
                                   ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None,
                                   bounds[0], bounds[1], out.ctypes.data, kinds.index(out.dtype), out_stride,
-                                  acc.size // max(channels, 1), channels, threads if acc.size >= SHARED_ITEMS else 1)
+                                  acc.size // max(channels, 1), channels, share_among(threads, acc.size, PER_THREAD_ITEMS))
         return True
 
     def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
@@ -227,7 +231,7 @@ class NativeLoops:
         (the last axis)."""
         channels = slope.shape[0]
         self.library.prelu_rows(address(x), address(slope), address(out), x.size // max(channels, 1),
-                                channels, threads if x.size >= SHARED_ITEMS else 1)
+                                channels, threads)
 
     def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
                 finish: Epilogue = NO_EPILOGUE) -> bool:
@@ -367,6 +371,16 @@ def _machine() -> str:
     except OSError:
         lines = []
     return platform.machine() + "".join(sorted(set(lines)))
+
+
+def share_among(threads: int, work: int, per_thread: int) -> int:
+    """How many of ``threads`` a native loop of ``work`` is shared among (see PER_THREAD_MACS)."""
+    return int(max(1, min(threads, work // per_thread)))
+
+
+def team_for(work: int, per_thread: int) -> int:
+    """At compile time: share_among the kernel's threads."""
+    return share_among(threads(), work, per_thread)
 
 
 def kernel_loops() -> NativeLoops | None:

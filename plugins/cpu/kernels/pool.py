@@ -15,8 +15,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, same_padding, scratch
-from .native import SHARED_ITEMS, Epilogue, Geometry, kernel_loops
-from .parallel import threads
+from .native import PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, Geometry, kernel_loops, team_for
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
 _POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
@@ -85,7 +84,8 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     if op.opcode == "L2_POOL_2D" or op.inputs[0].dtype.numpy != np.float32 or math.prod(shape) < SHARED_ITEMS \
             or not (activation == "NONE" or activation in CLAMPS):
         return None
-    loops, team = kernel_loops(), threads()
+    loops = kernel_loops()
+    team = team_for(math.prod(shape) * op.options["filter_height"] * op.options["filter_width"], PER_THREAD_ITEMS)
     if loops is None:
         return None
     where = Geometry.of(op, contiguous_layout(op.inputs[0].shape), contiguous_layout(shape), pads)

@@ -10,8 +10,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import constant, normalize_axes
-from .native import SHARED_ITEMS, kernel_loops
-from .parallel import threads
+from .native import PER_THREAD_ITEMS, SHARED_ITEMS, kernel_loops, team_for
 
 
 def _mean(x, axis, out):
@@ -57,7 +56,7 @@ def _native_mean(op: Op, axes: tuple[int, ...]):
     if len(shape) != 4 or axes != (1, 2) or op.inputs[0].dtype.numpy != np.float32 \
             or math.prod(shape) < SHARED_ITEMS:
         return None
-    loops, team = kernel_loops(), threads()
+    loops, team = kernel_loops(), team_for(math.prod(shape), PER_THREAD_ITEMS)
     if loops is None:
         return None
 
