@@ -42,11 +42,11 @@ SPIN_COUNT = "10000"
 
 # Fewest items an elementwise kernel hands the native loops at all (below, numpy's call costs less).
 SHARED_ITEMS = 1 << 14
-# Least work a native loop gives each thread it shares among: multiply-adds of products and
-# convolutions, items of elementwise loops.  Below, handing a share over costs about what it saves
-# (on 16 cores, small ops split 16 ways ran at half the speed of 2 ways).
-PER_THREAD_MACS = 1 << 18
-PER_THREAD_ITEMS = 1 << 15
+# Least work a native loop gives each thread when it shares among them: multiply-adds of products and
+# convolutions, items of elementwise loops.  Less runs on the calling thread alone: on 16 cores small
+# ops split 16 ways ran at half the speed of 2 ways.
+PER_THREAD_MACS = 1 << 15
+PER_THREAD_ITEMS = 1 << 12
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
@@ -374,8 +374,10 @@ def _machine() -> str:
 
 
 def share_among(threads: int, work: int, per_thread: int) -> int:
-    """How many of ``threads`` a native loop of ``work`` is shared among (see PER_THREAD_MACS)."""
-    return int(max(1, min(threads, work // per_thread)))
+    """How many of ``threads`` a native loop of ``work`` is shared among (see PER_THREAD_MACS): all or
+    none, since OpenMP teams of changing sizes put the threads left out to sleep, and waking them
+    costs more than the loop (measured: palm_detection_full 5.8 -> 19.9 ms on 16 cores)."""
+    return threads if work >= threads * per_thread else 1
 
 
 def team_for(work: int, per_thread: int) -> int:
