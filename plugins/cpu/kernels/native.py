@@ -47,6 +47,10 @@ SHARED_ITEMS = 1 << 14
 # ops split 16 ways ran at half the speed of 2 ways.
 PER_THREAD_MACS = 1 << 15
 PER_THREAD_ITEMS = 1 << 12
+# Most threads a native loop runs on.  Measured on 16 cores (hand_landmark_lite): 3.1 ms on 8
+# threads, 8.4 ms on 16, where splitting these models' products 16 ways costs more than it saves
+# and 15 spinning threads crowd out everything else.
+MAX_TEAM = 8
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
@@ -377,6 +381,7 @@ def share_among(threads: int, work: int, per_thread: int) -> int:
     """How many of ``threads`` a native loop of ``work`` is shared among (see PER_THREAD_MACS): all or
     none, since OpenMP teams of changing sizes put the threads left out to sleep, and waking them
     costs more than the loop (measured: palm_detection_full 5.8 -> 19.9 ms on 16 cores)."""
+    threads = min(threads, MAX_TEAM)
     return threads if work >= threads * per_thread else 1
 
 
