@@ -45,40 +45,6 @@ static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const ep
     }
 }
 
-/* out[k] = sum over taps t of x[offsets[t] + k] * weights[t][k], for k < n: one output pixel's
- * channels.  Groups of 64, then 16 channels keep their sums in registers over all taps. */
-static inline void sum_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
-                            float *restrict out, int64_t n)
-{
-    int64_t k = 0;
-    for (; k + 4 * LANES <= n; k += 4 * LANES) {
-        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        for (int64_t t = 0; t < taps; t++) {
-            const float *in = x + offsets[t] + k, *w = weights[t] + k;
-            a0 += load(in) * load(w);
-            a1 += load(in + LANES) * load(w + LANES);
-            a2 += load(in + 2 * LANES) * load(w + 2 * LANES);
-            a3 += load(in + 3 * LANES) * load(w + 3 * LANES);
-        }
-        store(out + k, a0);
-        store(out + k + LANES, a1);
-        store(out + k + 2 * LANES, a2);
-        store(out + k + 3 * LANES, a3);
-    }
-    for (; k + LANES <= n; k += LANES) {
-        vec a = {0};
-        for (int64_t t = 0; t < taps; t++)
-            a += load(x + offsets[t] + k) * load(weights[t] + k);
-        store(out + k, a);
-    }
-    for (; k < n; k++) {
-        float a = 0;
-        for (int64_t t = 0; t < taps; t++)
-            a += x[offsets[t] + k] * weights[t][k];
-        out[k] = a;
-    }
-}
-
 /* The output columns [*first, *end) whose filter taps all fall inside a row of w input columns:
  * ox*stride + left-most tap >= 0 and ox*stride + right-most tap < w. */
 static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilation, int64_t left, int64_t ow,
@@ -92,16 +58,16 @@ static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilatio
     *end = b > a ? b : a;
 }
 
-/* out[j] = sum over taps t of x[offsets[t] + j] * weights[t][j % period], for j < n: a run of
- * whole pixels along an output row, their channels' weights repeated with the period (a multiple
- * of 16 and of C, each row holding 64 more), so that every group of 64 outputs loads its weights
- * from one place. */
-static void sum_row_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t period,
-                         int64_t taps, float *restrict out, int64_t n)
+/* out[j] = sum over taps t of x[offsets[t] + j] * weights[t][j % period], for j < n: one output
+ * pixel's channels (weights per channel, a period of at least n), or a run of whole pixels along an
+ * output row with their channels' weights repeated (a period that is a multiple of 16 and of C,
+ * each weight row holding 64 more), so that every group of 64 outputs loads its weights from one
+ * place.  Groups of 64, then 16 outputs keep their sums in registers over all taps. */
+static inline void sum_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t period,
+                            int64_t taps, float *restrict out, int64_t n)
 {
-    int64_t j = 0;
+    int64_t j = 0, o = 0;  /* o = j % period, kept as j advances */
     for (; j + 4 * LANES <= n; j += 4 * LANES) {
-        int64_t o = j % period;
         vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (int64_t t = 0; t < taps; t++) {
             const float *in = x + offsets[t] + j, *w = weights[t] + o;
@@ -114,19 +80,22 @@ static void sum_row_taps(const float *x, const int64_t *offsets, const float *co
         store(out + j + LANES, a1);
         store(out + j + 2 * LANES, a2);
         store(out + j + 3 * LANES, a3);
+        for (o += 4 * LANES; o >= period; o -= period) {}
     }
     for (; j + LANES <= n; j += LANES) {
-        int64_t o = j % period;
         vec a = {0};
         for (int64_t t = 0; t < taps; t++)
             a += load(x + offsets[t] + j) * load(weights[t] + o);
         store(out + j, a);
+        for (o += LANES; o >= period; o -= period) {}
     }
     for (; j < n; j++) {
         float a = 0;
         for (int64_t t = 0; t < taps; t++)
-            a += x[offsets[t] + j] * weights[t][j % period];
+            a += x[offsets[t] + j] * weights[t][o];
         out[j] = a;
+        if (++o == period)
+            o = 0;
     }
 }
 
@@ -135,7 +104,7 @@ static void sum_row_taps(const float *x, const int64_t *offsets, const float *co
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
  * taps that fall outside.  Without a column stride the pixels with every tap inside are one run
- * along the row (sum_row_taps, with ``repeated`` the weights as it takes them); with one, pixel by
+ * along the row (sum_taps, with ``repeated`` the weights as it takes them); with one, pixel by
  * pixel. */
 void depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
                     int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
@@ -163,10 +132,10 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
         }
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
         if (stride_w == 1)
-            sum_row_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
+            sum_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
         else
             for (int64_t ox = inner0; ox < inner1; ox++)
-                sum_taps(x + ox * stride_w * c, offsets, filters, taps, row + ox * c, c);
+                sum_taps(x + ox * stride_w * c, offsets, filters, c, taps, row + ox * c, c);
         for (int64_t ox = 0; ox < ow; ox++) {
             if (ox == inner0 && inner1 > inner0)
                 ox = inner1;
@@ -181,7 +150,7 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
                     kept_filters[kept++] = filters[t];
                 }
             }
-            sum_taps(x + ox * stride_w * c, inside, kept_filters, kept, row + ox * c, c);
+            sum_taps(x + ox * stride_w * c, inside, kept_filters, c, kept, row + ox * c, c);
         }
         finish_rows(row, 1, ow * c, ow * c, finish);
     }
