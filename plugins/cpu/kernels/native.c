@@ -45,6 +45,25 @@ static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const ep
     }
 }
 
+/* The taps (ky, kx) of output row oy whose input row falls inside the image, in filter order: for
+ * each its column offset kx*dw - left, its offset into the image from the row's first output pixel,
+ * and its index ky*kw + kx.  Returns how many. */
+static int64_t row_taps(const geometry *g, int64_t oy, int64_t *columns, int64_t *offsets, int64_t *index)
+{
+    int64_t taps = 0;
+    for (int64_t ky = 0; ky < g->kh; ky++) {
+        int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+        if (iy < 0 || iy >= g->h)
+            continue;
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            columns[taps] = kx * g->dw - g->left;
+            offsets[taps] = (iy * g->w + columns[taps]) * g->c;
+            index[taps++] = ky * g->kw + kx;
+        }
+    }
+    return taps;
+}
+
 /* The output columns [*first, *end) whose filter taps all fall inside a row of w input columns:
  * ox*stride + left-most tap >= 0 and ox*stride + right-most tap < w. */
 static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilation, int64_t left, int64_t ow,
@@ -109,26 +128,18 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
 void depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
                     int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
 {
-    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw;
-    int64_t stride_h = g->stride_h, stride_w = g->stride_w, dh = g->dh, dw = g->dw, top = g->top, left = g->left;
+    int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t inner0, inner1;
-    inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
+    inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
-        int64_t offsets[kh * kw], columns[kh * kw], taps = 0;
+        int64_t offsets[kh * kw], columns[kh * kw], index[kh * kw], taps = row_taps(g, oy, columns, offsets, index);
         const float *filters[kh * kw], *repeats[kh * kw];
-        for (int64_t ky = 0; ky < kh; ky++) {
-            int64_t iy = oy * stride_h + ky * dh - top;
-            if (iy < 0 || iy >= h)
-                continue;
-            for (int64_t kx = 0; kx < kw; kx++) {
-                columns[taps] = kx * dw - left;
-                offsets[taps] = (iy * w + kx * dw - left) * c;
-                repeats[taps] = repeated + (ky * kw + kx) * (period + 4 * LANES);
-                filters[taps++] = weights + (ky * kw + kx) * c;
-            }
+        for (int64_t t = 0; t < taps; t++) {
+            repeats[t] = repeated + index[t] * (period + 4 * LANES);
+            filters[t] = weights + index[t] * c;
         }
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
         if (stride_w == 1)
@@ -186,25 +197,16 @@ static inline void conv_pixel(const float *x, const int64_t *offsets, const int6
 void conv_rows(const float *restrict images, const float *restrict weights, int64_t units, float *restrict out,
                const geometry *g, const epilogue *finish, int threads)
 {
-    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw;
-    int64_t stride_h = g->stride_h, stride_w = g->stride_w, dh = g->dh, dw = g->dw, top = g->top, left = g->left;
+    int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t blocks = (units + LANES - 1) / LANES, inner0, inner1;
-    inner_columns(w, kw, stride_w, dw, left, ow, &inner0, &inner1);
+    inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
-        int64_t offsets[kh * kw], columns[kh * kw], rows[kh * kw], taps = 0;
-        for (int64_t ky = 0; ky < kh; ky++) {
-            int64_t iy = oy * stride_h + ky * dh - top;
-            if (iy < 0 || iy >= h)
-                continue;
-            for (int64_t kx = 0; kx < kw; kx++) {
-                columns[taps] = kx * dw - left;
-                offsets[taps] = (iy * w + kx * dw - left) * c;
-                rows[taps++] = (ky * kw + kx) * c;
-            }
-        }
+        int64_t offsets[kh * kw], columns[kh * kw], rows[kh * kw], taps = row_taps(g, oy, columns, offsets, rows);
+        for (int64_t t = 0; t < taps; t++)
+            rows[t] *= c;
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
         for (int64_t ox = 0; ox < ow; ox++) {
             const int64_t *pixel_offsets = offsets, *pixel_rows = rows;
