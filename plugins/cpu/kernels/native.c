@@ -167,38 +167,58 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
     }
 }
 
-/* acc[b] += sum over taps t and channels k of x[offsets[t] + k] * weights[rows[t] + k][16b..16b+15]:
- * one output pixel's units, ``blocks`` vectors of them, kept in registers. */
-static inline void conv_pixel(const float *x, const int64_t *offsets, const int64_t *rows, int64_t taps, int64_t c,
-                              const float *weights, int64_t blocks, vec *acc)
+/* acc[p][b] += sum over taps t and channels k of bases[p][offsets[t] + k] * weights[rows[t] + k][16b ..]
+ * (weight rows ``stride`` apart): ``pixels`` output pixels (1 or 4) by ``blocks`` vectors of units
+ * (1 to 4), kept in registers, each weight vector loaded once for all the pixels. */
+static inline void conv_pixels(const float *const *bases, int pixels, const int64_t *offsets, const int64_t *rows,
+                               int64_t taps, int64_t c, const float *weights, int64_t stride, int blocks,
+                               vec acc[4][4])
 {
-    int64_t stride = blocks * LANES;
     for (int64_t t = 0; t < taps; t++) {
-        const float *in = x + offsets[t], *w = weights + rows[t] * stride;
+        const float *w = weights + rows[t] * stride;
         for (int64_t k = 0; k < c; k++, w += stride) {
-            vec v = {0};
-            v += in[k];
-            acc[0] += v * load(w);
-            if (blocks > 1)
-                acc[1] += v * load(w + LANES);
-            if (blocks > 2)
-                acc[2] += v * load(w + 2 * LANES);
-            if (blocks > 3)
-                acc[3] += v * load(w + 3 * LANES);
+            vec w0 = load(w), w1 = blocks > 1 ? load(w + LANES) : w0;
+            vec w2 = blocks > 2 ? load(w + 2 * LANES) : w0, w3 = blocks > 3 ? load(w + 3 * LANES) : w0;
+            for (int p = 0; p < pixels; p++) {
+                vec v = {0};
+                v += bases[p][offsets[t] + k];
+                acc[p][0] += v * w0;
+                if (blocks > 1)
+                    acc[p][1] += v * w1;
+                if (blocks > 2)
+                    acc[p][2] += v * w2;
+                if (blocks > 3)
+                    acc[p][3] += v * w3;
+            }
         }
     }
 }
 
-/* A convolution of (H, W, C) images with few units (at most 64) and a short depth, read in
- * place: output pixel (oy, ox) unit u sums, over the taps (ky, kx) inside the image and the
- * channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k] * weights[(ky*kw + kx)*C + k, u],
- * ``weights`` padded with zero units to whole vectors; then the epilogue (bias tiled along the
- * row).  No im2col copy: each pixel's units stay in registers over the whole depth. */
+/* conv_pixels with its counts as constants, so that the accumulators live in registers. */
+static void conv_block(const float *const *bases, int pixels, const int64_t *offsets, const int64_t *rows,
+                       int64_t taps, int64_t c, const float *weights, int64_t stride, int blocks, vec acc[4][4])
+{
+#define CONV_CASE(P, B)                                                                    \
+    if (pixels == P && blocks == B) {                                                      \
+        conv_pixels(bases, P, offsets, rows, taps, c, weights, stride, B, acc);            \
+        return;                                                                            \
+    }
+    CONV_CASE(4, 4) CONV_CASE(4, 3) CONV_CASE(4, 2) CONV_CASE(4, 1)
+    CONV_CASE(1, 4) CONV_CASE(1, 3) CONV_CASE(1, 2) CONV_CASE(1, 1)
+#undef CONV_CASE
+}
+
+/* A convolution of (H, W, C) images with a short depth, read in place: output pixel (oy, ox) unit u
+ * sums, over the taps (ky, kx) inside the image and the channels,
+ * x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k] * weights[(ky*kw + kx)*C + k, u],
+ * ``weights`` padded with zero units to whole vectors of 16; then the epilogue (bias tiled along
+ * the row).  No im2col copy: groups of 4 pixels with every tap inside, by up to 64 units, keep
+ * their sums in registers over the whole depth; the pixels at the borders go one by one. */
 void conv_rows(const float *restrict images, const float *restrict weights, int64_t units, float *restrict out,
                const geometry *g, const epilogue *finish, int threads)
 {
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
-    int64_t blocks = (units + LANES - 1) / LANES, inner0, inner1;
+    int64_t padded = (units + LANES - 1) / LANES * LANES, inner0, inner1;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
@@ -208,9 +228,10 @@ void conv_rows(const float *restrict images, const float *restrict weights, int6
         for (int64_t t = 0; t < taps; t++)
             rows[t] *= c;
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
-        for (int64_t ox = 0; ox < ow; ox++) {
+        for (int64_t ox = 0; ox < ow;) {
             const int64_t *pixel_offsets = offsets, *pixel_rows = rows;
             int64_t pixel_taps = taps, inside[kh * kw], inside_rows[kh * kw];
+            int pixels = ox >= inner0 && ox + 4 <= inner1 ? 4 : 1;
             if (ox < inner0 || ox >= inner1) {  /* a border pixel: only the taps inside */
                 pixel_taps = 0;
                 for (int64_t t = 0; t < taps; t++) {
@@ -223,17 +244,19 @@ void conv_rows(const float *restrict images, const float *restrict weights, int6
                 pixel_offsets = inside;
                 pixel_rows = inside_rows;
             }
-            const float *base = x + ox * stride_w * c;
-            vec acc[4] = {{0}};
-            if (blocks == 1)
-                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 1, acc);
-            else if (blocks == 2)
-                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 2, acc);
-            else if (blocks == 3)
-                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 3, acc);
-            else
-                conv_pixel(base, pixel_offsets, pixel_rows, pixel_taps, c, weights, 4, acc);
-            memcpy(row + ox * units, acc, units * sizeof(float));
+            const float *bases[4];
+            for (int p = 0; p < pixels; p++)
+                bases[p] = x + (ox + p) * stride_w * c;
+            for (int64_t u0 = 0; u0 < units; u0 += 4 * LANES) {
+                int blocks = (int)((padded - u0) / LANES < 4 ? (padded - u0) / LANES : 4);
+                int64_t kept = units - u0 < 4 * LANES ? units - u0 : 4 * LANES;
+                vec acc[4][4] = {{{0}}};
+                conv_block(bases, pixels, pixel_offsets, pixel_rows, pixel_taps, c, weights + u0, padded, blocks,
+                           acc);
+                for (int p = 0; p < pixels; p++)
+                    memcpy(row + (ox + p) * units + u0, acc[p], kept * sizeof(float));
+            }
+            ox += pixels;
         }
         finish_rows(row, 1, ow * units, ow * units, finish);
     }
