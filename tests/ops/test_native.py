@@ -19,6 +19,21 @@ def loops():
     return built
 
 
+def _reference(x, out_hw, kernel, steps, before, tap, width):
+    """(OH, OW, width) outputs in float64: each sums ``tap(input pixel, ky, kx)`` over its filter taps inside
+    the (H, W, C) image."""
+    (h, w, _), (oh, ow), (kh, kw), (sh, sw, dh, dw), (top, left) = x.shape, out_hw, kernel, steps, before
+    expected = np.zeros((oh, ow, width))
+    for oy in range(oh):
+        for ox in range(ow):
+            for ky in range(kh):
+                for kx in range(kw):
+                    iy, ix = oy * sh + ky * dh - top, ox * sw + kx * dw - left
+                    if 0 <= iy < h and 0 <= ix < w:
+                        expected[oy, ox] += tap(x[iy, ix].astype(np.float64), ky, kx)
+    return expected
+
+
 @needs_compiler
 @pytest.mark.parametrize("shape, kernel, steps, before, out_hw", [
     ((9, 11, 96), (3, 3), (1, 1, 1, 1), (1, 1), (9, 11)),   # SAME: 64 + 32 channels in registers
@@ -39,14 +54,7 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
     finish = native.Epilogue(bias, (-1.0, 1.0)).tiled(ow)
     loops.depthwise(x, native.DepthwiseTaps(weights.reshape(kh * kw, c)), out, where, 2, finish)
     out = out[:, :ow * c]
-    expected = np.zeros((oh, ow, c))
-    for oy in range(oh):
-        for ox in range(ow):
-            for ky in range(kh):
-                for kx in range(kw):
-                    iy, ix = oy * sh + ky * dh - top, ox * sw + kx * dw - left
-                    if 0 <= iy < h and 0 <= ix < w:
-                        expected[oy, ox] += x[iy, ix].astype(np.float64) * weights[ky, kx]
+    expected = _reference(x, out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel * weights[ky, kx], c)
     expected = np.clip(expected + bias, -1, 1)
     np.testing.assert_allclose(out.reshape(oh, ow, c), expected, rtol=1e-5, atol=1e-5)
 
@@ -109,12 +117,6 @@ def test_direct_conv_matches_numpy(loops, shape, units, kernel, steps, before, o
     where = native.Geometry(1, h, w, c, h * w * c, oh, ow, ow * units, oh * ow * units, kh, kw, sh, sw, dh, dw, top,
                             left)
     loops.conv(x, padded, units, out, where, 2)
-    expected = np.zeros((oh, ow, units))
-    for oy in range(oh):
-        for ox in range(ow):
-            for ky in range(kh):
-                for kx in range(kw):
-                    iy, ix = oy * sh + ky * dh - top, ox * sw + kx * dw - left
-                    if 0 <= iy < h and 0 <= ix < w:
-                        expected[oy, ox] += x[0, iy, ix].astype(np.float64) @ weights[ky, kx]
+    expected = _reference(x[0], out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel @ weights[ky, kx],
+                          units)
     np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
