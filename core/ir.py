@@ -233,6 +233,9 @@ class Subgraph:
         self.ops = ops
         self.inputs = inputs
         self.outputs = outputs
+        # The .tflite bytes this is the main subgraph of, with its op count then (set by the reader):
+        # a backend running the whole subgraph unchanged may hand those on instead of writing it out.
+        self.serialized: tuple[bytes, int] | None = None
         self.link()
 
     def link(self) -> None:

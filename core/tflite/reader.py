@@ -80,6 +80,7 @@ class _Reader:
                         raise ModelFormatError(f"subgraph {sg.name!r} {op.describe()}: {key} {value} "
                                                f"is outside 0..{n_sub - 1}")
             sg.topological_order()  # raises on cycles
+        subgraphs[0].serialized = (self.data, len(subgraphs[0].ops))
         return Model(subgraphs, self.read_signatures(subgraphs), self.read_metadata(), description, version)
 
     def read_buffers(self) -> None:
