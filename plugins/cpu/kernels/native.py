@@ -1,19 +1,22 @@
 """Native loops (native.c) for the CPU kernels, built on first use with the machine's C compiler.
 
-numpy runs a depthwise convolution's tap sums with short vectors and cannot share
-one product between cores without handing chunks to Python threads, which costs
-tens of microseconds a chunk.  native.c does both on an OpenMP team.  It is built
-once per machine (``-march=native``) into the user cache; without a C compiler
-with OpenMP, or with ``cpu: {native: false}``, the kernels keep their numpy
-formulations, which agree up to float rounding (sums run in another order).
+numpy runs a depthwise convolution's tap sums with short vectors, copies padded
+and im2col inputs, makes a pass per bias, clamp or elementwise step, and cannot
+share one op between cores without handing chunks to Python threads, which costs
+tens of microseconds a chunk.  native.c runs those ops (depthwise and short-depth
+convolutions, shared products, elementwise ops, pooling, resizing, the quantized
+output stage) in one pass each on an OpenMP team.  It is built once per machine
+(``-march=native``) into the user cache; without a C compiler with OpenMP, or
+with ``cpu: {native: false}``, the kernels keep their numpy formulations, which
+agree up to float rounding (sums run in another order).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import logging
+import math
 import os
 import platform
 import shlex
@@ -75,7 +78,6 @@ class Epilogue(ctypes.Structure):
         bounds = (self.low, self.high) if self.clamp else None
         return self if self.kept is None or (first, end) == (0, len(self.kept)) else \
             Epilogue(self.kept[first:end], bounds)
-
 
     def tiled(self, times: int) -> "Epilogue":
         """The epilogue of rows holding ``times`` pixels of these columns each (a depthwise output row)."""
