@@ -58,6 +58,9 @@ MAX_TEAM = 8
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
 
+# Output types of rescale_rows, in the order of its out_kind.
+_RESCALED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 
@@ -203,8 +206,7 @@ class NativeLoops:
         """A quantized output stage (see native.c's rescale_rows; ``constants``: multiplier, offset,
         shift and, where ties round away from zero, tie_below and tie, int64 per channel or a
         scalar shift); False (nothing done) where the arrays' types or layouts do not allow it."""
-        kinds = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
-        if acc.dtype not in (np.float32, np.float64) or out.dtype not in kinds or acc.shape != out.shape:
+        if acc.dtype not in (np.float32, np.float64) or out.dtype not in _RESCALED or acc.shape != out.shape:
             return False
         acc_stride, out_stride = row_stride(acc), row_stride(out)
         if acc_stride is None or out_stride is None:
@@ -215,7 +217,7 @@ class NativeLoops:
         self.library.rescale_rows(acc.ctypes.data, acc.dtype == np.float64, acc_stride, multiplier.ctypes.data,
                                   offset.ctypes.data, shift.ctypes.data, shift.ndim > 0,
                                   ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None,
-                                  bounds[0], bounds[1], out.ctypes.data, kinds.index(out.dtype), out_stride,
+                                  bounds[0], bounds[1], out.ctypes.data, _RESCALED.index(out.dtype), out_stride,
                                   acc.size // max(channels, 1), channels, share_among(threads, acc.size, PER_THREAD_ITEMS))
         return True
 
@@ -397,11 +399,18 @@ def kernel_loops() -> NativeLoops | None:
     return native_loops() if native_allowed() else None
 
 
-def elementwise_loops(op) -> NativeLoops | None:
-    """At compile time: the native loops for a float elementwise kernel whose operands are all the
-    output's shape and large enough to share among threads (see SHARED_ITEMS)."""
-    shape = op.outputs[0].shape
-    if math.prod(shape) < SHARED_ITEMS or any(t is None or t.shape != shape or t.dtype.numpy != np.float32
-                                              for t in [*op.inputs, *op.outputs]):
+def float_loops(op, items: int) -> NativeLoops | None:
+    """At compile time: the native loops for a kernel of a float input and ``items`` items of work,
+    when that is enough to repay a native call (SHARED_ITEMS)."""
+    if items < SHARED_ITEMS or op.inputs[0].dtype.numpy != np.float32:
         return None
     return kernel_loops()
+
+
+def elementwise_loops(op) -> NativeLoops | None:
+    """At compile time: float_loops for an elementwise kernel whose operands are all float and of the
+    output's shape."""
+    shape = op.outputs[0].shape
+    if any(t is None or t.shape != shape or t.dtype.numpy != np.float32 for t in [*op.inputs, *op.outputs]):
+        return None
+    return float_loops(op, math.prod(shape))

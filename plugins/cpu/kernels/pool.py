@@ -15,7 +15,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, same_padding, scratch
-from .native import PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, Geometry, kernel_loops, team_for
+from .native import PER_THREAD_ITEMS, Epilogue, Geometry, float_loops, team_for
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
 _POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
@@ -81,13 +81,10 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     on all the kernel's threads; None where those do not serve."""
     activation = op.options.get("fused_activation_function") or "NONE"
     shape = op.outputs[0].shape
-    if op.opcode == "L2_POOL_2D" or op.inputs[0].dtype.numpy != np.float32 or math.prod(shape) < SHARED_ITEMS \
-            or not (activation == "NONE" or activation in CLAMPS):
+    loops = float_loops(op, math.prod(shape))
+    if loops is None or op.opcode == "L2_POOL_2D" or not (activation == "NONE" or activation in CLAMPS):
         return None
-    loops = kernel_loops()
     team = team_for(math.prod(shape) * op.options["filter_height"] * op.options["filter_width"], PER_THREAD_ITEMS)
-    if loops is None:
-        return None
     where = Geometry.of(op, contiguous_layout(op.inputs[0].shape), contiguous_layout(shape), pads)
     average, finish = op.opcode == "AVERAGE_POOL_2D", Epilogue(None, CLAMPS.get(activation))
 

@@ -280,9 +280,10 @@ class Rescale:
         """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``: in the
         native loops where they serve, else in numpy."""
         u1 = self.channels if u1 is None else u1
+        whole = (u0, u1) == (0, self.channels)
         if self.loops is not None and self.loops.rescale(
-                acc, tuple(v[u0:u1] if v.ndim else v for v in self.per_channel), (self.lo, self.hi), out,
-                self.threads):
+                acc, self.per_channel if whole else tuple(v[u0:u1] if v.ndim else v for v in self.per_channel),
+                (self.lo, self.hi), out, self.threads):
             return
         if u1 - u0 == self.channels and acc.ndim > 1 and acc.shape[-2] == self.row_pixels:
             acc = acc.reshape(*acc.shape[:-2], -1)

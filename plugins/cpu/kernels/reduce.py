@@ -10,7 +10,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import constant, normalize_axes
-from .native import PER_THREAD_ITEMS, SHARED_ITEMS, kernel_loops, team_for
+from .native import PER_THREAD_ITEMS, float_loops, team_for
 
 
 def _mean(x, axis, out):
@@ -53,11 +53,8 @@ def _native_mean(op: Op, axes: tuple[int, ...]):
     """MEAN of float NHWC images over their pixels (a global average pool) in the native loops, on all
     the kernel's threads; None where those do not serve."""
     shape = op.inputs[0].shape
-    if len(shape) != 4 or axes != (1, 2) or op.inputs[0].dtype.numpy != np.float32 \
-            or math.prod(shape) < SHARED_ITEMS:
-        return None
-    loops, team = kernel_loops(), team_for(math.prod(shape), PER_THREAD_ITEMS)
-    if loops is None:
+    loops, team = float_loops(op, math.prod(shape)), team_for(math.prod(shape), PER_THREAD_ITEMS)
+    if loops is None or len(shape) != 4 or axes != (1, 2):
         return None
 
     def run(ins, outs):

@@ -12,7 +12,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import along_rows, scratch
-from .native import PER_THREAD_ITEMS, SHARED_ITEMS, kernel_loops, team_for
+from .native import PER_THREAD_ITEMS, float_loops, team_for
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -65,8 +65,8 @@ def resize_bilinear(op: Op):
     wy = wy.reshape(1, oh, 1, 1)
     wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
     doubles = flags == (False, True) and (oh, ow) == (2 * h, 2 * w) and h > 1 and w > 1
-    loops, team = kernel_loops(), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
-    if loops is not None and op.inputs[0].dtype.numpy == np.float32 and n * oh * ow * c >= SHARED_ITEMS:
+    loops, team = float_loops(op, n * oh * ow * c), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
+    if loops is not None:
         rows, columns = (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags)
 
         def run_native(ins, outs):
