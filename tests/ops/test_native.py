@@ -83,6 +83,33 @@ def test_shared_product_declines_what_it_cannot_run(loops):
     assert not loops.product(a[::2, ::2], a[:4, :4], np.empty((4, 4), np.float32), 2)  # no unit stride
 
 
+# Widths around the panels (two vectors of lanes, the last one vector where the units left fit) and
+# row counts around the register tiles (6 rows), on one thread and shared.
+@needs_compiler
+@pytest.mark.parametrize("m, k, n, threads", [
+    (13, 40, 16, 1), (13, 40, 17, 2), (7, 3, 32, 2), (301, 70, 48, 2), (1, 512, 213, 2), (4, 64, 200, 4),
+    (64, 1, 9, 2), (6, 128, 8, 1)])
+def test_packed_product_matches_numpy(loops, m, k, n, threads):
+    rng = np.random.default_rng(2)
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    rhs = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    packed = native.PackedOperand(rhs, loops.panel_lanes)
+    np.testing.assert_array_equal(packed.block(0, n), rhs)
+    finish = native.Epilogue(bias, (-1.0, 2.0)).padded(packed.padded_columns)
+    expected = np.clip(lhs.astype(np.float64) @ rhs + bias, -1, 2)
+    for operand in (lhs, np.asfortranarray(lhs), np.zeros((m, k + 3), np.float32)[:, 1:1 + k]):
+        operand[:] = lhs
+        out = np.full((m, n + 5), np.nan, np.float32)
+        assert loops.packed_product(operand, packed, out[:, :n], threads, finish)
+        np.testing.assert_allclose(out[:, :n], expected, rtol=1e-4, atol=1e-4)
+        assert np.isnan(out[:, n:]).all()  # nothing written past the units
+    call = native.ProductCall((m, k), lhs.strides, packed, n, native.NO_EPILOGUE, threads)
+    out = np.empty((m, n), np.float32)
+    loops.prepared_product(call, lhs, out)
+    np.testing.assert_allclose(out, lhs.astype(np.float64) @ rhs, rtol=1e-4, atol=1e-4)
+
+
 def test_no_compiler_leaves_the_numpy_kernels(monkeypatch):
     monkeypatch.setattr(native, "_compiler", lambda: None)
     assert native._load() is None

@@ -18,7 +18,8 @@ from delegate.shapes import transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, along_rows, contiguous_layout, convert, float_constant, fused,
                      same_padding, scratch, strided, window_view)
-from .native import NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, kernel_loops, team_for
+from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, PackedOperand, ProductCall,
+                     kernel_loops, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -61,34 +62,78 @@ def spread_gemm(batch: int, rows: int, row_pixels: int, units: int, depth: int, 
     return spread(gemm_blocks(batch, rows, row_pixels, units, depth, row_scratch, unit_scratch), alone)
 
 
-# Fewest multiply-adds a product needs to go through the native loops: a call there costs ~7 us
-# (argument checks and conversions), numpy's product with its bias and clamp passes ~3.
+# Fewest multiply-adds a product on views made per run needs to go through the native loops: a call
+# there costs ~7 us (argument checks and conversions), numpy's product with its bias and clamp passes
+# ~3.  A product on a whole input prepares its call at compile time (~1.5 us) and always goes.
 NATIVE_PRODUCT_WORK = 1 << 18
 
 
 class NativeProduct:
     """A kernel's products through the native loops, each on all the kernel's threads (no hand-over
     per block), with a float kernel's bias and clamp applied there: its finish's ``epilogue``
-    (see bias_activation); ``finishes`` says whether that leaves nothing for the finish to do."""
+    (see bias_activation); ``finishes`` says whether that leaves nothing for the finish to do.
+    A constant float32 operand is packed once (see pack) for native.c's own product; others go to
+    numpy's BLAS."""
 
     def __init__(self, loops, epilogue: Epilogue | None, work: int):
         self.loops, self.threads, self.epilogue = loops, team_for(work, PER_THREAD_MACS), epilogue
         self.finishes = epilogue is not None
+        self.packed: PackedOperand | None = None
+        self.panel_epilogue = NO_EPILOGUE
 
     @classmethod
-    def of(cls, finish, depth_parts, work: int) -> "NativeProduct | None":
-        """At compile time: the products (``work`` multiply-adds in all) of a kernel with this finish;
-        None where numpy's run, among them products too small to repay a native call's overhead."""
+    def of(cls, finish, depth_parts, work: int, whole: bool = False) -> "NativeProduct | None":
+        """At compile time: the products (``work`` multiply-adds in all) of a kernel with this finish,
+        ``whole`` when it may be one product on the whole input (see whole_input); None where numpy's
+        run, among them products on views too small to repay a native call's overhead."""
         loops = kernel_loops()
-        if loops is None or loops.sgemm is None or depth_parts is not None or work < NATIVE_PRODUCT_WORK:
+        if loops is None or depth_parts is not None or (work < NATIVE_PRODUCT_WORK and not whole):
             return None
         return cls(loops, getattr(finish, "epilogue", None), work)
 
-    def __call__(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, u0: int, u1: int) -> bool:
+    def pack(self, matrix: np.ndarray):
+        """At compile time: the constant operand as the products take it."""
+        if matrix.dtype != np.float32 or matrix.shape[1] < self.loops.panel_lanes:
+            return matrix  # narrower than a vector: BLAS wastes less
+        self.packed = PackedOperand(matrix, self.loops.panel_lanes)
+        if self.epilogue is not None:
+            self.panel_epilogue = self.epilogue.padded(self.packed.padded_columns)
+        return self.packed
+
+    def whole_input(self, rows: int):
+        """At compile time: run() of the kernel as one prepared native call on its whole input, (rows,
+        depth) in place, into its contiguous output, epilogue included; None where the operand is not
+        packed or the finish does more than the epilogue."""
+        if self.packed is None or not self.finishes:
+            return None
+        depth = self.packed.depth
+        call = ProductCall((rows, depth), (depth * 4, 4), self.packed, self.packed.columns, self.panel_epilogue,
+                           self.threads)
+        loops = self.loops
+
+        def run(ins, outs):
+            loops.prepared_product(call, np.ascontiguousarray(ins[0]), outs[0])
+        return run
+
+    def __call__(self, lhs: np.ndarray, rhs, out: np.ndarray, u0: int, u1: int) -> bool:
         """out = lhs @ rhs for units u0..u1 (and their epilogue); False (nothing done) where the
-        operands' layout does not allow it."""
+        operands' layout or the BLAS does not allow it."""
+        if isinstance(rhs, PackedOperand):
+            return (u0, u1) == (0, rhs.columns) and self.loops.packed_product(lhs, rhs, out, self.threads,
+                                                                               self.panel_epilogue)
+        if self.loops.sgemm is None:
+            return False
         epilogue = NO_EPILOGUE if self.epilogue is None else self.epilogue.columns(u0, u1)
-        return self.loops.product(lhs, rhs, out, self.threads, epilogue)
+        return self.loops.product(lhs, _operand_block(rhs, u0, u1), out, self.threads, epilogue)
+
+
+def operand_source(operand, native: NativeProduct | None):
+    """``operand(ins)`` of a GEMM operand given as a constant matrix (packed for native products) or
+    as that function already."""
+    if not isinstance(operand, np.ndarray):
+        return operand
+    constant = operand if native is None else native.pack(operand)
+    return lambda ins: constant
 
 
 def gemm_blocks(batch: int, rows: int, row_pixels: int, units: int, depth: int, row_scratch: int = 0,
@@ -136,7 +181,7 @@ class StoredOperand:
 
 
 def _operand_block(rhs, u0: int, u1: int) -> np.ndarray:
-    return rhs.block(u0, u1) if isinstance(rhs, StoredOperand) else rhs[:, u0:u1]
+    return rhs.block(u0, u1) if isinstance(rhs, (StoredOperand, PackedOperand)) else rhs[:, u0:u1]
 
 
 def _block_scratch(copied: int, accumulated: int, dtype) -> int:
@@ -175,10 +220,9 @@ def conv_2d(op: Op):
     direct = _direct_conv(op, weights, finish)
     if direct is not None:
         return laid_out(direct, 1, 2)
-    gemm = None if weights is None else _gemm_layout(weights)
-    run = conv_gemm(op, lambda ins: gemm if gemm is not None else _gemm_layout(np.asarray(ins[1], np.float32)),
-                    finish)
-    return laid_out(run, 1, 2)
+    operand = _gemm_layout(weights) if weights is not None else \
+        (lambda ins: _gemm_layout(np.asarray(ins[1], np.float32)))
+    return laid_out(conv_gemm(op, operand, finish), 1, 2)
 
 
 # Convolutions the native loops run directly (no im2col, no GEMM): a filter wider than one pixel, this
@@ -216,7 +260,8 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     """run() of a CONV_2D as one GEMM per block of output rows, on a view of the input for 1x1
     convolutions, else on the block's sliding windows copied into scratch (im2col).
 
-    ``operand(ins)`` is the (KH*KW*C, units) GEMM operand in ``dtype`` (or a StoredOperand); the input enters the
+    ``operand`` is the constant (KH*KW*C, units) GEMM operand in ``dtype``, or ``operand(ins)`` gives it
+    (or a StoredOperand); the input enters the
     GEMM converted to ``dtype`` less ``offset`` (a quantized input's zero point).
     ``finish(acc, out, u0, u1)`` turns a block of products for units u0..u1 into the output
     block: in place when the output has the GEMM's type, else from a scratch block.  With
@@ -238,7 +283,11 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts, n * oh * ow * o * depth)
+    native = NativeProduct.of(finish, depth_parts, n * oh * ow * o * depth, view and in_place)
+    operand = operand_source(operand, native)
+    whole = native.whole_input(n * h * w) if native is not None and view and in_place else None
+    if whole is not None:
+        return whole
     split = spread_gemm(n, oh, ow, o, depth, ow * _block_scratch(0 if view else depth, 0 if in_place else o, dtype),
                         getattr(operand, "unit_bytes", 0), native is None)
 
@@ -267,9 +316,8 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
                     lhs = scratch(0, (rows, depth), dtype)
                     np.copyto(lhs.reshape(1, y1 - y0, ow, kh, kw, c), windows)
             acc = flat[b, y0 * ow:y1 * ow, u0:u1] if in_place else scratch(1, (rows, u1 - u0), accumulator)
-            operand_block = _operand_block(rhs, u0, u1)
-            if native is None or not native(lhs, operand_block, acc, u0, u1):
-                product(lhs, operand_block, acc, depth_parts)
+            if native is None or not native(lhs, rhs, acc, u0, u1):
+                product(lhs, _operand_block(rhs, u0, u1), acc, depth_parts)
             elif native.finishes:
                 return
             finish(acc.reshape(y1 - y0, ow, u1 - u0), out[b, y0:y1, :, u0:u1], u0, u1)
@@ -545,9 +593,9 @@ def convolution_2d_transpose_bias(op: Op):
 def fully_connected(op: Op):
     units, _ = op.inputs[1].shape
     weights = float_constant(op.inputs[1])
-    gemm = None if weights is None else _gemm_layout(weights)
+    operand = _gemm_layout(weights) if weights is not None else (lambda ins: np.asarray(ins[1], np.float32).T)
     finish = bias_activation(op, _bias(op, 2, units), (units,))
-    run = matrix_gemm(op, lambda ins: gemm if gemm is not None else np.asarray(ins[1], np.float32).T, finish)
+    run = matrix_gemm(op, operand, finish)
     return laid_out(run, 1, 2)
 
 
@@ -558,7 +606,11 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts, rows * units * depth)
+    native = NativeProduct.of(finish, depth_parts, rows * units * depth, view and in_place)
+    operand = operand_source(operand, native)
+    whole = native.whole_input(rows) if native is not None and view and in_place else None
+    if whole is not None:
+        return whole
     split = spread_gemm(1, rows, 1, units, depth, _block_scratch(0 if view else depth, 0 if in_place else units, dtype),
                         getattr(operand, "unit_bytes", 0), native is None)
 
@@ -573,9 +625,8 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
                 a = scratch(0, (r1 - r0, depth), dtype)
                 convert(lhs[r0:r1], offset, a)
             acc = out2d[r0:r1, u0:u1] if in_place else scratch(1, (r1 - r0, u1 - u0), accumulator)
-            operand_block = _operand_block(rhs, u0, u1)
-            if native is None or not native(a, operand_block, acc, u0, u1):
-                product(a, operand_block, acc, depth_parts)
+            if native is None or not native(a, rhs, acc, u0, u1):
+                product(a, _operand_block(rhs, u0, u1), acc, depth_parts)
             elif native.finishes:
                 return
             finish(acc, out2d[r0:r1, u0:u1], u0, u1)

@@ -535,3 +535,138 @@ void shared_product(void *fn, int int64, int trans_a, int64_t m, int64_t n, int6
         }
     }
 }
+
+/* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
+ * floats each, zero past the last column), the last one half as wide where the columns left fit
+ * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
+ * each panel row loaded once for the MR rows.  The vectors are the widest the machine's registers
+ * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
+#if defined(__AVX512F__)
+#define PANEL_LANES 16
+#else
+#define PANEL_LANES 8
+#endif
+#define PANEL (2 * PANEL_LANES)
+#define MR 6
+typedef float pvec __attribute__((vector_size(PANEL_LANES * sizeof(float))));
+
+int panel_lanes(void) { return PANEL_LANES; }
+
+typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
+
+static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
+
+static inline __attribute__((always_inline)) void panel_tile(const int rows, const int halves, int64_t k,
+                                                            const float *a, int64_t row_step,
+                                                            const int64_t column_step, const float *panel, float *c,
+                                                            int64_t ldc, int64_t width, const epilogue *e)
+{
+    pvec acc[MR][2];
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = (pvec){0};
+    for (int64_t p = 0; p < k; p++) {
+        pvec b0, b1;
+        memcpy(&b0, panel + p * halves * PANEL_LANES, sizeof b0);
+        if (halves == 2)
+            memcpy(&b1, panel + p * PANEL + PANEL_LANES, sizeof b1);
+        for (int r = 0; r < rows; r++) {
+            float s = a[r * row_step + p * column_step];
+            acc[r][0] += s * b0;
+            if (halves == 2)
+                acc[r][1] += s * b1;
+        }
+    }
+    for (int h = 0; h < halves; h++) {
+        pvec bias = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high;
+        if (e->bias)
+            memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
+        for (int r = 0; r < rows; r++) {
+            pvec v = acc[r][h] + bias;
+            if (e->clamp) {
+                v = pick(v < low, low, v);
+                v = pick(v > high, high, v);
+            }
+            acc[r][h] = v;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        if (width == PANEL) {
+            memcpy(c + r * ldc, acc[r], sizeof acc[r]);
+        } else {
+            float tile[PANEL];
+            memcpy(tile, acc[r], halves * sizeof(pvec));
+            memcpy(c + r * ldc, tile, width * sizeof(float));
+        }
+    }
+}
+
+/* panel_tile with its row count, panel width and (a step of 1 along a's rows) as constants, so that
+ * the sums live in registers. */
+static void panel_rows(int rows, int64_t k, const float *a, int64_t row_step, int64_t column_step,
+                       const float *panel, float *c, int64_t ldc, int64_t width, const epilogue *e)
+{
+#define PANEL_CASE(R)                                                                        \
+    case R:                                                                                  \
+        if (width > PANEL_LANES && column_step == 1)                                         \
+            panel_tile(R, 2, k, a, row_step, 1, panel, c, ldc, width, e);                    \
+        else if (width > PANEL_LANES)                                                        \
+            panel_tile(R, 2, k, a, row_step, column_step, panel, c, ldc, width, e);          \
+        else if (column_step == 1)                                                           \
+            panel_tile(R, 1, k, a, row_step, 1, panel, c, ldc, width, e);                    \
+        else                                                                                 \
+            panel_tile(R, 1, k, a, row_step, column_step, panel, c, ldc, width, e);          \
+        break;
+    switch (rows) {
+    PANEL_CASE(6) PANEL_CASE(5) PANEL_CASE(4) PANEL_CASE(3) PANEL_CASE(2) PANEL_CASE(1)
+    }
+#undef PANEL_CASE
+}
+
+/* Rows of a that one pass over the panels covers: they stay in cache (128 KB) while every panel
+ * reads them. */
+#define PASS_FLOATS (1 << 15)
+
+/* One product against a packed operand: c = a @ packed (a: m x k, a[r][p] at a[r * row_step +
+ * p * column_step]; c: m x n, rows ldc apart), then the epilogue (its bias padded to whole panels).
+ * Kernels build it once and set a and c per run (one argument is a cheaper call). */
+typedef struct {
+    int64_t m, n, k;
+    const float *a;
+    int64_t row_step, column_step;
+    const float *packed;
+    float *c;
+    int64_t ldc;
+    const epilogue *finish;
+    int64_t threads;
+} product;
+
+/* The product, with the epilogue on each tile in registers: each thread takes a share of the row
+ * tiles, or of the panels when there are too few row tiles to go round. */
+void packed_product(const product *p)
+{
+    int64_t m = p->m, n = p->n, k = p->k, tiles = (m + MR - 1) / MR, panels = (n + PANEL - 1) / PANEL;
+    int by_rows = tiles >= 2 * p->threads || tiles >= panels;
+    int64_t extent = by_rows ? tiles : panels;
+    int threads = extent > 1 ? (int)p->threads : 1;
+    int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
+    pass = pass < 1 ? 1 : pass;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
+        int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
+        for (int64_t first = t0; first < t1; first += pass) {
+            int64_t last = first + pass < t1 ? first + pass : t1;
+            for (int64_t j = p0; j < p1; j++) {
+                int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
+                epilogue part_finish = *p->finish;
+                if (part_finish.bias)
+                    part_finish.bias += col;
+                for (int64_t t = first; t < last; t++) {
+                    int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
+                    panel_rows((int)rows, k, p->a + row * p->row_step, p->row_step, p->column_step,
+                               p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part_finish);
+                }
+            }
+        }
+    }
+}

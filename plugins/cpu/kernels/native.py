@@ -4,8 +4,8 @@ numpy runs a depthwise convolution's tap sums with short vectors, copies padded
 and im2col inputs, makes a pass per bias, clamp or elementwise step, and cannot
 share one op between cores without handing chunks to Python threads, which costs
 tens of microseconds a chunk.  native.c runs those ops (depthwise and short-depth
-convolutions, shared products, elementwise ops, pooling, resizing, the quantized
-output stage) in one pass each on an OpenMP team.  It is built once per machine
+convolutions, products against weights packed once, shared BLAS products, elementwise
+ops, pooling, resizing, the quantized output stage) in one pass each on an OpenMP team.  It is built once per machine
 (``-march=native``) into the user cache; without a C compiler with OpenMP, or
 with ``cpu: {native: false}``, the kernels keep their numpy formulations, which
 agree up to float rounding (sums run in another order).
@@ -87,6 +87,15 @@ class Epilogue(ctypes.Structure):
         bounds = (self.low, self.high) if self.clamp else None
         return Epilogue(None if self.kept is None else np.tile(self.kept, times), bounds)
 
+    def padded(self, columns: int) -> "Epilogue":
+        """The epilogue of ``columns`` columns, zero bias past these (a packed operand's whole panels)."""
+        bounds = (self.low, self.high) if self.clamp else None
+        if self.kept is None:
+            return self
+        bias = np.zeros(columns, np.float32)
+        bias[:len(self.kept)] = self.kept
+        return Epilogue(bias, bounds)
+
 
 NO_EPILOGUE = Epilogue()
 
@@ -165,6 +174,9 @@ class NativeLoops:
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
+        library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
+        library.packed_product.restype = None
+        self.panel_lanes = library.panel_lanes()
         self.sgemm = _find_sgemm()
 
     def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
@@ -258,6 +270,70 @@ class NativeLoops:
                                     rhs.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, ctypes.byref(finish),
                                     threads)
         return True
+
+    def packed_product(self, lhs: np.ndarray, rhs: "PackedOperand", out: np.ndarray, threads: int,
+                       finish: Epilogue = NO_EPILOGUE) -> bool:
+        """out = lhs @ rhs (lhs any float32 matrix view, out with contiguous rows), then ``finish`` (its
+        bias padded to rhs's panels), shared among ``threads``; False (nothing done) when ``out``'s
+        layout does not allow it."""
+        if lhs.dtype != np.float32 or _row_major(out) is not False:
+            return False
+        call = ProductCall(lhs.shape, lhs.strides, rhs, out.strides[0] // 4, finish, threads)
+        call.a, call.c = lhs.ctypes.data, out.ctypes.data
+        self.library.packed_product(ctypes.byref(call))
+        return True
+
+    def prepared_product(self, call: "ProductCall", lhs: np.ndarray, out: np.ndarray) -> None:
+        """A product built at compile time, on the contiguous lhs and out it was built for (their
+        shapes; the arrays may differ from run to run)."""
+        call.a, call.c = address(lhs), address(out)
+        self.library.packed_product(call.reference)
+
+
+class ProductCall(ctypes.Structure):
+    """The arguments of native.c's packed_product, kept together so that a run sets only where the
+    matrices are (``a``, ``c``) and makes a one-argument call."""
+
+    _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("row_step", _INT64),
+                ("column_step", _INT64), ("packed", _PTR), ("c", _PTR), ("ldc", _INT64),
+                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+
+    def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
+                 finish: Epilogue, threads: int):
+        (m, k), (row_step, column_step) = shape, strides
+        self.kept = (rhs, finish)
+        super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
+                         ldc, ctypes.pointer(finish), threads)
+        self.reference = ctypes.byref(self)
+
+
+class PackedOperand:
+    """A constant (depth, units) float32 GEMM operand laid out once for native.c's packed_product:
+    panels of two vectors of ``lanes`` units, each its depth's rows (zero past the last unit); the
+    last panel one vector wide where the units left fit in one."""
+
+    def __init__(self, matrix: np.ndarray, lanes: int):
+        self.depth, self.columns = matrix.shape
+        widths = [2 * lanes] * (self.columns // (2 * lanes))
+        left = self.columns % (2 * lanes)
+        if left:
+            widths.append(lanes if left <= lanes else 2 * lanes)
+        self.padded_columns = sum(widths)
+        self.panels = np.zeros(self.depth * self.padded_columns, np.float32)
+        start = 0
+        for first, width in zip(np.cumsum([0, *widths[:-1]]), widths):
+            block = matrix[:, first:first + width]
+            self.panels[start:start + self.depth * width].reshape(self.depth, width)[:, :block.shape[1]] = block
+            start += self.depth * width
+        self.widths = widths
+
+    def block(self, first: int, end: int) -> np.ndarray:
+        """Units first..end as a plain (depth, units) matrix, for a product numpy runs."""
+        parts, start = [], 0
+        for width in self.widths:
+            parts.append(self.panels[start:start + self.depth * width].reshape(self.depth, width))
+            start += self.depth * width
+        return np.concatenate(parts, axis=1)[:, first:end]
 
 
 class DepthwiseTaps:

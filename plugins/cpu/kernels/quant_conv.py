@@ -156,8 +156,7 @@ def _operand(op: Op, w: Tensor, matrix: np.ndarray, dtype):
     rows = int(np.prod(op.outputs[0].shape[:-1]))
     if rows < STORED_OPERAND_ROWS and dtype == np.float32:
         return StoredOperand(np.asarray(w.data).reshape(matrix.shape).T, zero_point(w), dtype)
-    gemm = np.ascontiguousarray(matrix.T, dtype)
-    return lambda ins: gemm
+    return np.ascontiguousarray(matrix.T, dtype)
 
 
 @kernel("CONV_2D", quantized=True)
