@@ -112,7 +112,7 @@ def _summary(details: dict[str, Any]) -> str:
     parts = [str(details[k]) for k in ("engine", "precision") if k in details]
     if "precision_reason" in details:
         parts.append(f"({details['precision_reason']})")
-    for key in ("kernels", "dispatches"):
+    for key in ("kernels", "dispatches", "fused"):
         if key in details:
             count = details[key] if isinstance(details[key], int) else len(details[key])
             parts.append(f"{count} {key}")

@@ -14,6 +14,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
+from .fusion import fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
@@ -30,6 +31,8 @@ class CpuCompiled(CompiledPartition):
         # Ops computing compile-time constants (DEQUANTIZE of float16 weights) do not run: their
         # consumers lay the values out themselves, or read them from one array computed here.
         ops = [op for op in partition.ops if not _computes_constants(op)]
+        # Pads and activations around float kernels run inside them (see fusion.py).
+        ops, self.fused = fuse_ops(ops, outputs)
         kernels = [self._kernel(op, custom, num_threads, native) for op in ops]
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
@@ -97,7 +100,8 @@ class CpuCompiled(CompiledPartition):
         return {i: float(np.median(v)) for i, v in (self.timings or {}).items()}
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes)}
+        return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes),
+                "fused": {str(follower): host for follower, host in self.fused.items()}}
 
 
 def _computes_constants(op: Op) -> bool:

@@ -16,10 +16,19 @@ from delegate.ir import Sparsity
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
 
-def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
-    """In-place fused activation (TFLite ``fused_activation_function``), or None for NONE."""
+def activation(name: str | None, slope: np.ndarray | None = None) -> Callable[[np.ndarray], None] | None:
+    """In-place fused activation (TFLite ``fused_activation_function``), or None for NONE.  PRELU (an
+    activation op fused into its producer, see fusion.py) takes its ``slope`` per channel."""
     if name in (None, "NONE"):
         return None
+    if name == "PRELU":
+        excess = np.asarray(slope, np.float32) - np.float32(1)
+
+        def prelu(x):  # x + (slope - 1) * min(x, 0)
+            negative = np.minimum(x, 0, out=scratch("activation", x.shape, x.dtype))
+            np.multiply(negative, excess, out=negative)
+            np.add(x, negative, out=x)
+        return prelu
     # clip runs a vector loop where maximum against a scalar does not; the method skips np.clip's
     # dispatch, microseconds a call.
     if name in CLAMPS:
@@ -34,7 +43,7 @@ def activation(name: str | None) -> Callable[[np.ndarray], None] | None:
 
 def fused(op: Op) -> Callable[[np.ndarray], None]:
     """The op's fused activation as an in-place callable (a no-op when there is none)."""
-    act = activation(op.options.get("fused_activation_function"))
+    act = activation(op.options.get("fused_activation_function"), op.options.get("prelu_slope"))
     return act if act is not None else (lambda x: None)
 
 

@@ -16,15 +16,19 @@ from delegate import Op
 from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
-from .common import (CLAMPS, Padded, PaddedRows, along_rows, contiguous_layout, convert, float_constant, fused,
-                     same_padding, scratch, strided, window_view)
+from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,
+                     fused, same_padding, scratch, strided, window_view)
 from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, PackedOperand, ProductCall,
                      kernel_loops, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
 def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) zero padding: SAME's, none for VALID, or a pad op's absorbed (see
+    fusion.py)."""
     o = op.options
+    if "explicit_padding" in o:
+        return o["explicit_padding"]
     if o.get("padding", "SAME") != "SAME":
         return 0, 0, 0, 0
     top, bottom = same_padding(in_hw[0], kernel_hw[0], o.get("stride_h", 1), o.get("dilation_h_factor", 1),
@@ -194,18 +198,23 @@ def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...])
     """``finish(acc, out, u0, u1)`` of float kernels: bias and fused activation on a block of output
     rows holding units u0..u1, in place (``acc`` is ``out``), while the block is still in cache.
 
-    Its ``epilogue`` is the same for the native loops, where the activation is none or a clamp.
+    Its ``epilogue`` is the same for the native loops, where the activation is none, a clamp or PReLU.
     """
     act = fused(op)
     units = out_shape[-1]
     row = None if bias is None else along_rows(bias, out_shape)
+    name = op.options.get("fused_activation_function") or "NONE"
+    slope = op.options.get("prelu_slope")
 
     def finish(acc: np.ndarray, out: np.ndarray, u0: int, u1: int) -> None:
+        whole = u1 - u0 == units
         if bias is not None:
-            np.add(out, row if u1 - u0 == units else bias[u0:u1], out=out)
-        act(out)
-    name = op.options.get("fused_activation_function") or "NONE"
-    finish.epilogue = Epilogue(bias, CLAMPS.get(name)) if name == "NONE" or name in CLAMPS else None
+            np.add(out, row if whole else bias[u0:u1], out=out)
+        if whole or slope is None:
+            act(out)
+        else:
+            activation(name, slope[u0:u1])(out)
+    finish.epilogue = Epilogue(bias, CLAMPS.get(name), slope) if name in ("NONE", "PRELU", *CLAMPS) else None
     return finish
 
 

@@ -10,7 +10,7 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, fused
-from .native import BINARY_KINDS, PER_THREAD_ITEMS, Epilogue, elementwise_loops, team_for
+from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, elementwise_loops, team_for
 
 
 def _divide(a, b, out):
@@ -60,13 +60,15 @@ def arithmetic(op: Op):
 
 def _native_arithmetic(op: Op):
     """The op on two runtime operands of the output's shape, in one pass through the native loops on
-    all the kernel's threads, with a fused clamp; None where those do not serve."""
+    all the kernel's threads, with a fused clamp or PReLU; None where those do not serve."""
     activation = op.options.get("fused_activation_function") or "NONE"
-    loops = elementwise_loops(op) if op.opcode in BINARY_KINDS else None
-    if loops is None or any(constant(t) is not None for t in op.inputs) or not (
-            activation == "NONE" or activation in CLAMPS):
+    # numpy's PReLU takes three passes: one native call costs less at any size.
+    least = 0 if activation == "PRELU" else SHARED_ITEMS
+    loops = elementwise_loops(op, least) if op.opcode in BINARY_KINDS else None
+    if loops is None or any(constant(t) is not None for t in op.inputs) or activation not in ("NONE", "PRELU",
+                                                                                             *CLAMPS):
         return None
-    finish = Epilogue(None, CLAMPS.get(activation))
+    finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
     team = team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
 
     def run(ins, outs):

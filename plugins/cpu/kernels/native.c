@@ -14,11 +14,13 @@ typedef float vec __attribute__((vector_size(64)));
 static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
-/* A float kernel's bias (per column, or NULL) and fused clamp, applied to rows just computed. */
+/* A float kernel's bias (per column, or NULL) and fused activation, applied to rows just computed:
+ * a clamp, or a PReLU with a slope per column (or NULL). */
 typedef struct {
     const float *bias;
     int clamp;
     float low, high;
+    const float *slope;
 } epilogue;
 
 /* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
@@ -42,6 +44,9 @@ static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const ep
                 float v = row[j] < e->low ? e->low : row[j];
                 row[j] = v > e->high ? e->high : v;
             }
+        if (e->slope)
+            for (int64_t j = 0; j < n; j++)
+                row[j] = row[j] < 0 ? row[j] * e->slope[j] : row[j];
     }
 }
 
@@ -263,25 +268,27 @@ void conv_rows(const float *restrict images, const float *restrict weights, int6
 }
 
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue's
- * clamp: binary_flat for same-shape operands, unary_flat for a copy (a bare clamp) or hard swish. */
+ * clamp: binary_flat for same-shape operands (whole rows of ``columns`` for an epilogue with a slope per
+ * column), unary_flat for a copy (a bare clamp) or hard swish. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
 enum { COPY = 0, HARD_SWISH };
 
-static void share(int64_t n, int part, int parts, int64_t *lo, int64_t *hi)
+static void share(int64_t n, int64_t unit, int part, int parts, int64_t *lo, int64_t *hi)
 {
-    int64_t vectors = (n + LANES - 1) / LANES;
-    *lo = vectors * part / parts * LANES;
-    *hi = vectors * (part + 1) / parts * LANES;
+    int64_t units = (n + unit - 1) / unit;
+    *lo = units * part / parts * unit;
+    *hi = units * (part + 1) / parts * unit;
     *hi = *hi < n ? *hi : n;
 }
 
 void binary_flat(int kind, const float *restrict a, const float *restrict b, float *restrict out, int64_t n,
-                 const epilogue *finish, int threads)
+                 int64_t columns, const epilogue *finish, int threads)
 {
+    int64_t unit = finish->slope ? columns : LANES;
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
-        share(n, part, threads, &lo, &hi);
+        share(n, unit, part, threads, &lo, &hi);
         switch (kind) {
         case ADD: for (int64_t i = lo; i < hi; i++) out[i] = a[i] + b[i]; break;
         case SUB: for (int64_t i = lo; i < hi; i++) out[i] = a[i] - b[i]; break;
@@ -289,7 +296,9 @@ void binary_flat(int kind, const float *restrict a, const float *restrict b, flo
         case MAXIMUM: for (int64_t i = lo; i < hi; i++) out[i] = a[i] < b[i] ? b[i] : a[i]; break;
         default: for (int64_t i = lo; i < hi; i++) out[i] = b[i] < a[i] ? b[i] : a[i]; break;
         }
-        if (hi > lo)
+        if (hi > lo && finish->slope)
+            finish_rows(out + lo, (hi - lo) / columns, columns, columns, finish);
+        else if (hi > lo)
             finish_rows(out + lo, 1, hi - lo, 0, finish);
     }
 }
@@ -300,7 +309,7 @@ void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t 
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
-        share(n, part, threads, &lo, &hi);
+        share(n, LANES, part, threads, &lo, &hi);
         if (kind == HARD_SWISH)
             for (int64_t i = lo; i < hi; i++) {
                 float gate = x[i] + 3.0f;
@@ -326,7 +335,7 @@ void mean_pixels(const float *restrict x, float *restrict out, int64_t images, i
         #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (int part = 0; part < threads; part++) {
             int64_t lo, hi;
-            share(c, part, threads, &lo, &hi);
+            share(c, LANES, part, threads, &lo, &hi);
             if (hi <= lo)
                 continue;
             float sums[hi - lo];
@@ -530,6 +539,8 @@ void shared_product(void *fn, int int64, int trans_a, int64_t m, int64_t n, int6
             epilogue part = *finish;
             if (part.bias)
                 part.bias += c0;
+            if (part.slope)
+                part.slope += c0;
             sgemm(fn, int64, trans_a, m, c1 - c0, k, a, lda, b + c0, ldb, c + c0, ldc);
             finish_rows(c + c0, m, c1 - c0, ldc, &part);
         }
@@ -577,15 +588,19 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
         }
     }
     for (int h = 0; h < halves; h++) {
-        pvec bias = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high;
+        pvec bias = {0}, slope = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high, zero = {0};
         if (e->bias)
             memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
+        if (e->slope)
+            memcpy(&slope, e->slope + h * PANEL_LANES, sizeof slope);
         for (int r = 0; r < rows; r++) {
             pvec v = acc[r][h] + bias;
             if (e->clamp) {
                 v = pick(v < low, low, v);
                 v = pick(v > high, high, v);
             }
+            if (e->slope)
+                v = pick(v < zero, v * slope, v);
             acc[r][h] = v;
         }
     }
@@ -661,6 +676,8 @@ void packed_product(const product *p)
                 epilogue part_finish = *p->finish;
                 if (part_finish.bias)
                     part_finish.bias += col;
+                if (part_finish.slope)
+                    part_finish.slope += col;
                 for (int64_t t = first; t < last; t++) {
                     int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
                     panel_rows((int)rows, k, p->a + row * p->row_step, p->row_step, p->column_step,

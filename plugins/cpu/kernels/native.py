@@ -66,35 +66,45 @@ _PTR = ctypes.c_void_p
 
 
 class Epilogue(ctypes.Structure):
-    """What a float kernel's output rows get once computed: a bias (per column; None for none) and a
-    clamp (its fused RELU, RELU6 or RELU_N1_TO_1)."""
+    """What a float kernel's output rows get once computed: a bias (per column; None for none) and its
+    fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column)."""
 
-    _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float)]
+    _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
+                ("slope", _PTR)]
 
-    def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None):
+    def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None,
+                 slope: np.ndarray | None = None):
         self.kept = None if bias is None else np.ascontiguousarray(bias, np.float32)
+        self.kept_slope = None if slope is None else np.ascontiguousarray(slope, np.float32)
+        self.bounds = bounds
         low, high = bounds or (0.0, 0.0)
-        super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high)
+        super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high,
+                         None if self.kept_slope is None else self.kept_slope.ctypes.data)
+
+    def _with(self, change) -> "Epilogue":
+        """This epilogue with ``change`` applied to its per-column arrays."""
+        def changed(values):
+            return None if values is None else change(values)
+        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope))
 
     def columns(self, first: int, end: int) -> "Epilogue":
-        """The epilogue of columns first..end."""
-        bounds = (self.low, self.high) if self.clamp else None
-        return self if self.kept is None or (first, end) == (0, len(self.kept)) else \
-            Epilogue(self.kept[first:end], bounds)
+        """The epilogue of columns first..end (itself when that is all of them, or it has none)."""
+        per_column = self.kept if self.kept is not None else self.kept_slope
+        if per_column is None or (first, end) == (0, len(per_column)):
+            return self
+        return self._with(lambda values: values[first:end])
 
     def tiled(self, times: int) -> "Epilogue":
         """The epilogue of rows holding ``times`` pixels of these columns each (a depthwise output row)."""
-        bounds = (self.low, self.high) if self.clamp else None
-        return Epilogue(None if self.kept is None else np.tile(self.kept, times), bounds)
+        return self._with(lambda v: np.tile(v, times))
 
     def padded(self, columns: int) -> "Epilogue":
-        """The epilogue of ``columns`` columns, zero bias past these (a packed operand's whole panels)."""
-        bounds = (self.low, self.high) if self.clamp else None
-        if self.kept is None:
-            return self
-        bias = np.zeros(columns, np.float32)
-        bias[:len(self.kept)] = self.kept
-        return Epilogue(bias, bounds)
+        """The epilogue of ``columns`` columns, zero past these (a packed operand's whole panels)."""
+        def pad(v):
+            padded = np.zeros(columns, np.float32)
+            padded[:len(v)] = v
+            return padded
+        return self._with(pad)
 
 
 NO_EPILOGUE = Epilogue()
@@ -156,7 +166,7 @@ class NativeLoops:
         library.depthwise_rows.restype = None
         library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
         library.conv_rows.restype = None
-        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, finish, ctypes.c_int]
+        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, _INT64, finish, ctypes.c_int]
         library.binary_flat.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
@@ -196,10 +206,10 @@ class NativeLoops:
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
-        """out = a (kind) b, then the epilogue's clamp: contiguous float32 arrays of one shape;
-        ``kind`` one of BINARY_KINDS."""
+        """out = a (kind) b, then the epilogue (its slope along the last axis): contiguous float32 arrays
+        of one shape; ``kind`` one of BINARY_KINDS."""
         self.library.binary_flat(BINARY_KINDS.index(kind), address(a), address(b), address(out), out.size,
-                                 ctypes.byref(finish), threads)
+                                 out.shape[-1] if out.ndim else 1, ctypes.byref(finish), threads)
 
     def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
@@ -475,18 +485,18 @@ def kernel_loops() -> NativeLoops | None:
     return native_loops() if native_allowed() else None
 
 
-def float_loops(op, items: int) -> NativeLoops | None:
+def float_loops(op, items: int, least: int = SHARED_ITEMS) -> NativeLoops | None:
     """At compile time: the native loops for a kernel of a float input and ``items`` items of work,
-    when that is enough to repay a native call (SHARED_ITEMS)."""
-    if items < SHARED_ITEMS or op.inputs[0].dtype.numpy != np.float32:
+    when that is enough to repay a native call (``least``)."""
+    if items < least or op.inputs[0].dtype.numpy != np.float32:
         return None
     return kernel_loops()
 
 
-def elementwise_loops(op) -> NativeLoops | None:
+def elementwise_loops(op, least: int = SHARED_ITEMS) -> NativeLoops | None:
     """At compile time: float_loops for an elementwise kernel whose operands are all float and of the
     output's shape."""
     shape = op.outputs[0].shape
     if any(t is None or t.shape != shape or t.dtype.numpy != np.float32 for t in [*op.inputs, *op.outputs]):
         return None
-    return float_loops(op, math.prod(shape))
+    return float_loops(op, math.prod(shape), least)

@@ -81,7 +81,7 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     on all the kernel's threads; None where those do not serve."""
     activation = op.options.get("fused_activation_function") or "NONE"
     shape = op.outputs[0].shape
-    loops = float_loops(op, math.prod(shape))
+    loops = float_loops(op, math.prod(shape), least=0)  # one native call beats numpy's passes at any size
     if loops is None or op.opcode == "L2_POOL_2D" or not (activation == "NONE" or activation in CLAMPS):
         return None
     team = team_for(math.prod(shape) * op.options["filter_height"] * op.options["filter_width"], PER_THREAD_ITEMS)

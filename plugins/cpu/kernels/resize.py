@@ -65,7 +65,8 @@ def resize_bilinear(op: Op):
     wy = wy.reshape(1, oh, 1, 1)
     wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
     doubles = flags == (False, True) and (oh, ow) == (2 * h, 2 * w) and h > 1 and w > 1
-    loops, team = float_loops(op, n * oh * ow * c), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
+    # One native call (its tables built here) beats numpy's passes at any size.
+    loops, team = float_loops(op, n * oh * ow * c, least=0), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
     if loops is not None:
         rows, columns = (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags)
 

@@ -1,0 +1,104 @@
+"""The CPU backend's op fusion: pads and activations run inside the kernels they surround, with the
+values LiteRT computes running them as separate ops; and nothing fuses where a value is needed
+elsewhere or the pad fills with something other than zero."""
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+from delegate.runtime import Executor
+from delegate.tflite.builder import GraphBuilder
+from tests.oputil import assert_close, litert_run
+
+NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+CONV = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "NONE"}
+NO_ACTIVATION = {"fused_activation_function": "NONE"}
+
+
+def _normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _run(model: bytes, inputs, native: bool, threads: int = 2):
+    """delegate's outputs (one CPU partition) and which ops ran inside which."""
+    g = read_model(model).main
+    backend = default_manager().backend_info("cpu").factory({"native": native})
+    ex = Executor(g, [make_partition(g, g.ops, "cpu", 0)], {"cpu": backend}, CompileOptions(num_threads=threads))
+    out = ex.run({t.index: x for t, x in zip(g.inputs, inputs)})
+    return [out[t.index] for t in g.outputs], ex.compiled[0].describe()["fused"]
+
+
+def _check(model: bytes, inputs, native: bool, fused: dict[str, int]):
+    outputs, ran_inside = _run(model, inputs, native)
+    assert ran_inside == fused
+    assert_close(outputs, litert_run(model, inputs))
+
+
+def _slope(rng, channels, shape=None):
+    slope = rng.uniform(-0.5, 1.5, channels).astype(np.float32)  # slopes above 1 and below 0 too
+    return slope.reshape(shape) if shape else slope
+
+
+@NATIVE
+@pytest.mark.parametrize("activation", ["RELU", "RELU6", "RELU_N1_TO_1", "PRELU"])
+@pytest.mark.parametrize("units, size", [(40, 9), (7, 5), (96, 33)])  # tail panels, few units, shared rows
+def test_convolution_activation(native, activation, units, size):
+    rng = np.random.default_rng(units)
+    b = GraphBuilder()
+    x = b.input("x", (1, size, size, 24))
+    conv = b.op("CONV_2D", [x, b.const("w", _normal(rng, (units, 1, 1, 24))), b.const("b", _normal(rng, units))],
+                options=CONV)
+    slope = [b.const("slope", _slope(rng, units, (1, 1, units)))] if activation == "PRELU" else []
+    b.output(b.op(activation, [conv, *slope]))
+    _check(b.to_bytes(), [_normal(rng, (1, size, size, 24))], native, {"1": 0})
+
+
+@NATIVE
+@pytest.mark.parametrize("opcode, activation", [("ADD", "PRELU"), ("SUB", "RELU"), ("MUL", "PRELU")])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 16), (1, 40, 40, 24)])  # below and above the native threshold
+def test_elementwise_activation(native, opcode, activation, shape):
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x, y = b.input("x", shape), b.input("y", shape)
+    added = b.op(opcode, [x, y], options=NO_ACTIVATION)
+    slope = [b.const("slope", _slope(rng, 1 if shape[1] == 2 else shape[-1]))] if activation == "PRELU" else []
+    b.output(b.op(activation, [added, *slope]))
+    _check(b.to_bytes(), [_normal(rng, shape), _normal(rng, shape)], native, {"1": 0})
+
+
+@NATIVE
+@pytest.mark.parametrize("opcode", ["DEPTHWISE_CONV_2D", "CONV_2D"])
+@pytest.mark.parametrize("pads, stride", [([[0, 0], [1, 1], [1, 1], [0, 0]], 1), ([[0, 0], [0, 2], [1, 0], [0, 0]], 2)])
+def test_pad_convolution_activation(native, opcode, pads, stride):
+    """PAD -> VALID convolution -> PRELU: the pad as the convolution's padding, the PReLU in its epilogue."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("x", (1, 13, 11, 32))
+    padded = b.op("PAD", [x, b.const("pads", np.array(pads, np.int32))])
+    weights = _normal(rng, (1, 3, 3, 32) if opcode == "DEPTHWISE_CONV_2D" else (48, 3, 3, 32))
+    options = dict(CONV, stride_h=stride, stride_w=stride, **({"depth_multiplier": 1} if weights.shape[0] == 1 else {}))
+    conv = b.op(opcode, [padded, b.const("w", weights), b.const("b", _normal(rng, weights.shape[-1] if
+                                                                           opcode == "DEPTHWISE_CONV_2D" else 48))],
+                options=options)
+    b.output(b.op("PRELU", [conv, b.const("slope", _slope(rng, conv.shape[-1]))]))
+    _check(b.to_bytes(), [_normal(rng, (1, 13, 11, 32))], native, {"0": 1, "2": 1})
+
+
+def test_nothing_fuses_where_values_are_needed_or_differ():
+    """A pad filling with 1, a pad and a convolution result read twice, a result that is a model output,
+    a slope varying along the rows: each op runs on its own."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 6, 8))
+    weights, bias = b.const("w", _normal(rng, (8, 1, 1, 8))), b.const("b", _normal(rng, 8))
+    ones = b.op("PADV2", [x, b.const("pads", np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)),
+                          b.const("one", np.array(1.0, np.float32))])
+    first = b.op("CONV_2D", [ones, weights, bias], options=CONV)
+    twice = b.op("CONV_2D", [first, weights, bias], options=CONV)
+    relu = b.op("RELU", [twice])
+    kept = b.op("CONV_2D", [relu, weights, bias], options=CONV)
+    rows = b.op("PRELU", [kept, b.const("slope", _slope(rng, 64, (8, 1, 8)))])
+    b.output(b.op("ADD", [relu, twice], options=NO_ACTIVATION), kept, rows)
+    _check(b.to_bytes(), [_normal(rng, (1, 6, 6, 8))], True, {})
