@@ -129,21 +129,22 @@ def test_missing_source_leaves_the_numpy_kernels(monkeypatch, tmp_path):
 
 @needs_compiler
 @pytest.mark.parametrize("shape, units, kernel, steps, before, out_hw", [
-    ((9, 13, 3), 70, (3, 3), (1, 1, 1, 1), (1, 1), (9, 13)),  # 64 units, then 6; groups of 4 pixels and borders
+    ((9, 13, 3), 70, (3, 3), (1, 1, 1, 1), (1, 1), (9, 13)),  # two panels, then 6 units; groups of pixels, borders
     ((8, 9, 5), 20, (2, 3), (2, 2, 1, 1), (0, 1), (4, 5)),     # strides
     ((7, 7, 2), 8, (3, 3), (1, 1, 2, 2), (2, 2), (7, 7)),      # dilation
+    ((8, 8, 40), 1, (2, 2), (2, 2, 1, 1), (0, 0), (4, 4)),     # one unit, a deep patch
+    ((3, 20, 4), 33, (5, 5), (1, 1, 1, 1), (2, 2), (3, 20)),   # a filter taller than the image
 ])
 def test_direct_conv_matches_numpy(loops, shape, units, kernel, steps, before, out_hw):
     rng = np.random.default_rng(1)
     (h, w, c), (kh, kw), (sh, sw, dh, dw), (top, left), (oh, ow) = shape, kernel, steps, before, out_hw
     x = rng.standard_normal((1, h, w, c)).astype(np.float32)
     weights = rng.standard_normal((kh, kw, c, units)).astype(np.float32)
-    padded = np.zeros((kh * kw * c, -(-units // 16) * 16), np.float32)
-    padded[:, :units] = weights.reshape(kh * kw * c, units)
+    packed = native.PackedOperand(weights.reshape(kh * kw * c, units), loops.panel_lanes)
     out = np.full((1, oh, ow, units), np.nan, np.float32)
     where = native.Geometry(1, h, w, c, h * w * c, oh, ow, ow * units, oh * ow * units, kh, kw, sh, sw, dh, dw, top,
                             left)
-    loops.conv(x, padded, units, out, where, 2)
+    loops.conv(x, packed, out, where, 2)
     expected = _reference(x[0], out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel @ weights[ky, kx],
                           units)
     np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)

@@ -1,11 +1,15 @@
 """Convolution and matrix-product kernels: CONV_2D, DEPTHWISE_CONV_2D, TRANSPOSE_CONV, FULLY_CONNECTED,
 BATCH_MATMUL, and MediaPipe's Convolution2DTransposeBias.
 
-Weights are laid out once at compile time as GEMM operands.  A convolution
-runs one BLAS product per block of output rows (on a view of the input for
-1x1 filters, else on the block's sliding windows copied into scratch) and adds
-bias and activation while the block is in cache; a depthwise convolution
-accumulates one multiply per filter tap.  Blocks are shared among the threads.
+Weights are laid out once at compile time as GEMM operands, packed for the
+native loops where those run.  There a float convolution reads its input in
+place (no im2col copy) and a 1x1 convolution or fully connected layer is one
+product on the whole input, bias and activation applied in registers.  Else a
+convolution runs one BLAS product per block of output rows (on a view of the
+input for 1x1 filters, else on the block's sliding windows copied into scratch)
+and adds bias and activation while the block is in cache.  A depthwise
+convolution accumulates one multiply per filter tap.  Work is shared among the
+threads.
 """
 
 from __future__ import annotations
@@ -234,32 +238,23 @@ def conv_2d(op: Op):
     return laid_out(conv_gemm(op, operand, finish), 1, 2)
 
 
-# Convolutions the native loops run directly (no im2col, no GEMM): a filter wider than one pixel, this
-# many units and at most this long a depth (KH*KW*C), where they beat im2col and BLAS as measured (the
-# first layers of these networks); on 1x1 convolutions and deep ones BLAS is faster.
-DIRECT_UNITS = (8, 64)
-DIRECT_DEPTH = 128
-
-
 def _direct_conv(op: Op, weights: np.ndarray | None, finish):
-    """run() of a float CONV_2D of few units and a short depth (a network's first layers) in the native
-    loops, read in place on all the kernel's threads; None where those do not serve."""
+    """run() of a float CONV_2D with a filter wider than one pixel in the native loops, read in place
+    (no im2col copy) on all the kernel's threads; None where those do not serve."""
     n, h, w, c = op.inputs[0].shape
     o, kh, kw, _ = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
     loops = kernel_loops()
-    if loops is None or weights is None or kh * kw == 1 or not DIRECT_UNITS[0] <= o <= DIRECT_UNITS[1] \
-            or kh * kw * c > DIRECT_DEPTH:
+    if loops is None or weights is None or kh * kw == 1:
         return None
-    padded = np.zeros((kh * kw * c, -(-o // 16) * 16), np.float32)
-    padded[:, :o] = _gemm_layout(weights)
+    packed = PackedOperand(_gemm_layout(weights), loops.panel_lanes)
     where = Geometry.of(op, contiguous_layout((n, h, w, c)), contiguous_layout((n, oh, ow, o)),
                         _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     epilogue, team = finish.epilogue, team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
-    row_epilogue = NO_EPILOGUE if epilogue is None else epilogue.tiled(ow)
+    panel_epilogue = NO_EPILOGUE if epilogue is None else epilogue.padded(packed.padded_columns)
 
     def run(ins, outs):
-        loops.conv(np.ascontiguousarray(ins[0]), padded, o, outs[0], where, team, row_epilogue)
+        loops.conv(np.ascontiguousarray(ins[0]), packed, outs[0], where, team, panel_epilogue)
         if epilogue is None:
             finish(outs[0], outs[0], 0, o)
     return run

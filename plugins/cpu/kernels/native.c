@@ -172,98 +172,163 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
     }
 }
 
-/* acc[p][b] += sum over taps t and channels k of bases[p][offsets[t] + k] * weights[rows[t] + k][16b ..]
- * (weight rows ``stride`` apart): ``pixels`` output pixels (1 or 4) by ``blocks`` vectors of units
- * (1 to 4), kept in registers, each weight vector loaded once for all the pixels. */
-static inline void conv_pixels(const float *const *bases, int pixels, const int64_t *offsets, const int64_t *rows,
-                               int64_t taps, int64_t c, const float *weights, int64_t stride, int blocks,
-                               vec acc[4][4])
+/* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
+ * floats each, zero past the last column), the last one half as wide where the columns left fit
+ * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
+ * each panel row loaded once for the MR rows.  The vectors are the widest the machine's registers
+ * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
+#if defined(__AVX512F__)
+#define PANEL_LANES 16
+#else
+#define PANEL_LANES 8
+#endif
+#define PANEL (2 * PANEL_LANES)
+#define MR 6
+typedef float pvec __attribute__((vector_size(PANEL_LANES * sizeof(float))));
+
+int panel_lanes(void) { return PANEL_LANES; }
+
+typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
+
+static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
+
+/* Sums of ``rows`` pixels by one panel (``halves`` vectors wide) over taps and channels: pixel r,
+ * tap t, channel p reads a[r * row_step + offsets[t] + p * column_step], weighted by the panel's
+ * row index[t] * c + p; then the epilogue, and the first ``width`` sums of each pixel go to out
+ * (pixels ldc apart).  A plain product is one tap of c = its depth. */
+static inline __attribute__((always_inline)) void panel_tile(const int rows, const int halves, const float *a,
+                                                            int64_t row_step, const int64_t column_step,
+                                                            const int64_t *offsets, const int64_t *index,
+                                                            int64_t taps, int64_t c, const float *panel, float *out,
+                                                            int64_t ldc, int64_t width, const epilogue *e)
 {
+    pvec acc[MR][2];
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = (pvec){0};
     for (int64_t t = 0; t < taps; t++) {
-        const float *w = weights + rows[t] * stride;
-        for (int64_t k = 0; k < c; k++, w += stride) {
-            vec w0 = load(w), w1 = blocks > 1 ? load(w + LANES) : w0;
-            vec w2 = blocks > 2 ? load(w + 2 * LANES) : w0, w3 = blocks > 3 ? load(w + 3 * LANES) : w0;
-            for (int p = 0; p < pixels; p++) {
-                vec v = {0};
-                v += bases[p][offsets[t] + k];
-                acc[p][0] += v * w0;
-                if (blocks > 1)
-                    acc[p][1] += v * w1;
-                if (blocks > 2)
-                    acc[p][2] += v * w2;
-                if (blocks > 3)
-                    acc[p][3] += v * w3;
+        const float *at = a + offsets[t], *pt = panel + index[t] * c * halves * PANEL_LANES;
+        for (int64_t p = 0; p < c; p++) {
+            pvec b0, b1;
+            memcpy(&b0, pt + p * halves * PANEL_LANES, sizeof b0);
+            if (halves == 2)
+                memcpy(&b1, pt + p * PANEL + PANEL_LANES, sizeof b1);
+            for (int r = 0; r < rows; r++) {
+                float s = at[r * row_step + p * column_step];
+                acc[r][0] += s * b0;
+                if (halves == 2)
+                    acc[r][1] += s * b1;
             }
+        }
+    }
+    for (int h = 0; h < halves; h++) {
+        pvec bias = {0}, slope = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high, zero = {0};
+        if (e->bias)
+            memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
+        if (e->slope)
+            memcpy(&slope, e->slope + h * PANEL_LANES, sizeof slope);
+        for (int r = 0; r < rows; r++) {
+            pvec v = acc[r][h] + bias;
+            if (e->clamp) {
+                v = pick(v < low, low, v);
+                v = pick(v > high, high, v);
+            }
+            if (e->slope)
+                v = pick(v < zero, v * slope, v);
+            acc[r][h] = v;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        if (width == PANEL) {
+            memcpy(out + r * ldc, acc[r], sizeof acc[r]);
+        } else {
+            float tile[PANEL];
+            memcpy(tile, acc[r], halves * sizeof(pvec));
+            memcpy(out + r * ldc, tile, width * sizeof(float));
         }
     }
 }
 
-/* conv_pixels with its counts as constants, so that the accumulators live in registers. */
-static void conv_block(const float *const *bases, int pixels, const int64_t *offsets, const int64_t *rows,
-                       int64_t taps, int64_t c, const float *weights, int64_t stride, int blocks, vec acc[4][4])
+/* panel_tile with its row count, panel width and (a step of 1 along a's rows) as constants, so that
+ * the sums live in registers. */
+static void panel_rows(int rows, const float *a, int64_t row_step, int64_t column_step, const int64_t *offsets,
+                       const int64_t *index, int64_t taps, int64_t c, const float *panel, float *out, int64_t ldc,
+                       int64_t width, const epilogue *e)
 {
-#define CONV_CASE(P, B)                                                                    \
-    if (pixels == P && blocks == B) {                                                      \
-        conv_pixels(bases, P, offsets, rows, taps, c, weights, stride, B, acc);            \
-        return;                                                                            \
+#define PANEL_TILE(R, H, STEP) \
+    panel_tile(R, H, a, row_step, STEP, offsets, index, taps, c, panel, out, ldc, width, e)
+#define PANEL_CASE(R)                                                                        \
+    case R:                                                                                  \
+        if (width > PANEL_LANES && column_step == 1)                                         \
+            PANEL_TILE(R, 2, 1);                                                             \
+        else if (width > PANEL_LANES)                                                        \
+            PANEL_TILE(R, 2, column_step);                                                   \
+        else if (column_step == 1)                                                           \
+            PANEL_TILE(R, 1, 1);                                                             \
+        else                                                                                 \
+            PANEL_TILE(R, 1, column_step);                                                   \
+        break;
+    switch (rows) {
+    PANEL_CASE(6) PANEL_CASE(5) PANEL_CASE(4) PANEL_CASE(3) PANEL_CASE(2) PANEL_CASE(1)
     }
-    CONV_CASE(4, 4) CONV_CASE(4, 3) CONV_CASE(4, 2) CONV_CASE(4, 1)
-    CONV_CASE(1, 4) CONV_CASE(1, 3) CONV_CASE(1, 2) CONV_CASE(1, 1)
-#undef CONV_CASE
+#undef PANEL_CASE
+#undef PANEL_TILE
 }
 
-/* A convolution of (H, W, C) images with a short depth, read in place: output pixel (oy, ox) unit u
- * sums, over the taps (ky, kx) inside the image and the channels,
- * x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k] * weights[(ky*kw + kx)*C + k, u],
- * ``weights`` padded with zero units to whole vectors of 16; then the epilogue (bias tiled along
- * the row).  No im2col copy: groups of 4 pixels with every tap inside, by up to 64 units, keep
- * their sums in registers over the whole depth; the pixels at the borders go one by one. */
-void conv_rows(const float *restrict images, const float *restrict weights, int64_t units, float *restrict out,
+/* The epilogue of the panel starting at column col. */
+static epilogue panel_finish(const epilogue *e, int64_t col)
+{
+    epilogue part = *e;
+    if (part.bias)
+        part.bias += col;
+    if (part.slope)
+        part.slope += col;
+    return part;
+}
+
+/* A convolution of (H, W, C) images, read in place: output pixel (oy, ox) unit u sums, over the taps
+ * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
+ * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
+ * epilogue (its bias padded to whole panels).  No im2col copy: groups of up to MR pixels with every
+ * tap inside keep their sums in registers over all taps and channels; pixels at the borders go one
+ * by one with the taps inside. */
+void conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
                const geometry *g, const epilogue *finish, int threads)
 {
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
-    int64_t padded = (units + LANES - 1) / LANES * LANES, inner0, inner1;
+    int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
-        int64_t offsets[kh * kw], columns[kh * kw], rows[kh * kw], taps = row_taps(g, oy, columns, offsets, rows);
-        for (int64_t t = 0; t < taps; t++)
-            rows[t] *= c;
+        int64_t offsets[kh * kw], columns[kh * kw], index[kh * kw], taps = row_taps(g, oy, columns, offsets, index);
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
         for (int64_t ox = 0; ox < ow;) {
-            const int64_t *pixel_offsets = offsets, *pixel_rows = rows;
-            int64_t pixel_taps = taps, inside[kh * kw], inside_rows[kh * kw];
-            int pixels = ox >= inner0 && ox + 4 <= inner1 ? 4 : 1;
-            if (ox < inner0 || ox >= inner1) {  /* a border pixel: only the taps inside */
+            const int64_t *pixel_offsets = offsets, *pixel_index = index;
+            int64_t pixel_taps = taps, inside[kh * kw], inside_index[kh * kw];
+            int pixels = 1;
+            if (ox >= inner0 && ox < inner1) {
+                pixels = inner1 - ox < MR ? (int)(inner1 - ox) : MR;
+            } else {  /* a border pixel: only the taps inside */
                 pixel_taps = 0;
                 for (int64_t t = 0; t < taps; t++) {
                     int64_t ix = ox * stride_w + columns[t];
                     if (ix >= 0 && ix < w) {
                         inside[pixel_taps] = offsets[t];
-                        inside_rows[pixel_taps++] = rows[t];
+                        inside_index[pixel_taps++] = index[t];
                     }
                 }
                 pixel_offsets = inside;
-                pixel_rows = inside_rows;
+                pixel_index = inside_index;
             }
-            const float *bases[4];
-            for (int p = 0; p < pixels; p++)
-                bases[p] = x + (ox + p) * stride_w * c;
-            for (int64_t u0 = 0; u0 < units; u0 += 4 * LANES) {
-                int blocks = (int)((padded - u0) / LANES < 4 ? (padded - u0) / LANES : 4);
-                int64_t kept = units - u0 < 4 * LANES ? units - u0 : 4 * LANES;
-                vec acc[4][4] = {{{0}}};
-                conv_block(bases, pixels, pixel_offsets, pixel_rows, pixel_taps, c, weights + u0, padded, blocks,
-                           acc);
-                for (int p = 0; p < pixels; p++)
-                    memcpy(row + (ox + p) * units + u0, acc[p], kept * sizeof(float));
+            for (int64_t j = 0; j < panels; j++) {
+                int64_t col = j * PANEL, width = units - col < PANEL ? units - col : PANEL;
+                epilogue part = panel_finish(finish, col);
+                panel_rows(pixels, x + ox * stride_w * c, stride_w * c, 1, pixel_offsets, pixel_index, pixel_taps, c,
+                           packed + j * PANEL * depth, row + ox * units + col, units, width, &part);
             }
             ox += pixels;
         }
-        finish_rows(row, 1, ow * units, ow * units, finish);
     }
 }
 
@@ -547,95 +612,7 @@ void shared_product(void *fn, int int64, int trans_a, int64_t m, int64_t n, int6
     }
 }
 
-/* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
- * floats each, zero past the last column), the last one half as wide where the columns left fit
- * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
- * each panel row loaded once for the MR rows.  The vectors are the widest the machine's registers
- * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
-#if defined(__AVX512F__)
-#define PANEL_LANES 16
-#else
-#define PANEL_LANES 8
-#endif
-#define PANEL (2 * PANEL_LANES)
-#define MR 6
-typedef float pvec __attribute__((vector_size(PANEL_LANES * sizeof(float))));
-
-int panel_lanes(void) { return PANEL_LANES; }
-
-typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
-
-static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
-
-static inline __attribute__((always_inline)) void panel_tile(const int rows, const int halves, int64_t k,
-                                                            const float *a, int64_t row_step,
-                                                            const int64_t column_step, const float *panel, float *c,
-                                                            int64_t ldc, int64_t width, const epilogue *e)
-{
-    pvec acc[MR][2];
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = (pvec){0};
-    for (int64_t p = 0; p < k; p++) {
-        pvec b0, b1;
-        memcpy(&b0, panel + p * halves * PANEL_LANES, sizeof b0);
-        if (halves == 2)
-            memcpy(&b1, panel + p * PANEL + PANEL_LANES, sizeof b1);
-        for (int r = 0; r < rows; r++) {
-            float s = a[r * row_step + p * column_step];
-            acc[r][0] += s * b0;
-            if (halves == 2)
-                acc[r][1] += s * b1;
-        }
-    }
-    for (int h = 0; h < halves; h++) {
-        pvec bias = {0}, slope = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high, zero = {0};
-        if (e->bias)
-            memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
-        if (e->slope)
-            memcpy(&slope, e->slope + h * PANEL_LANES, sizeof slope);
-        for (int r = 0; r < rows; r++) {
-            pvec v = acc[r][h] + bias;
-            if (e->clamp) {
-                v = pick(v < low, low, v);
-                v = pick(v > high, high, v);
-            }
-            if (e->slope)
-                v = pick(v < zero, v * slope, v);
-            acc[r][h] = v;
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        if (width == PANEL) {
-            memcpy(c + r * ldc, acc[r], sizeof acc[r]);
-        } else {
-            float tile[PANEL];
-            memcpy(tile, acc[r], halves * sizeof(pvec));
-            memcpy(c + r * ldc, tile, width * sizeof(float));
-        }
-    }
-}
-
-/* panel_tile with its row count, panel width and (a step of 1 along a's rows) as constants, so that
- * the sums live in registers. */
-static void panel_rows(int rows, int64_t k, const float *a, int64_t row_step, int64_t column_step,
-                       const float *panel, float *c, int64_t ldc, int64_t width, const epilogue *e)
-{
-#define PANEL_CASE(R)                                                                        \
-    case R:                                                                                  \
-        if (width > PANEL_LANES && column_step == 1)                                         \
-            panel_tile(R, 2, k, a, row_step, 1, panel, c, ldc, width, e);                    \
-        else if (width > PANEL_LANES)                                                        \
-            panel_tile(R, 2, k, a, row_step, column_step, panel, c, ldc, width, e);          \
-        else if (column_step == 1)                                                           \
-            panel_tile(R, 1, k, a, row_step, 1, panel, c, ldc, width, e);                    \
-        else                                                                                 \
-            panel_tile(R, 1, k, a, row_step, column_step, panel, c, ldc, width, e);          \
-        break;
-    switch (rows) {
-    PANEL_CASE(6) PANEL_CASE(5) PANEL_CASE(4) PANEL_CASE(3) PANEL_CASE(2) PANEL_CASE(1)
-    }
-#undef PANEL_CASE
-}
+static const int64_t ZERO[1] = {0};  /* a plain product's one tap: no offset, the panels' first row */
 
 /* Rows of a that one pass over the panels covers: they stay in cache (128 KB) while every panel
  * reads them. */
@@ -673,15 +650,11 @@ void packed_product(const product *p)
             int64_t last = first + pass < t1 ? first + pass : t1;
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
-                epilogue part_finish = *p->finish;
-                if (part_finish.bias)
-                    part_finish.bias += col;
-                if (part_finish.slope)
-                    part_finish.slope += col;
+                epilogue part = panel_finish(p->finish, col);
                 for (int64_t t = first; t < last; t++) {
                     int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
-                    panel_rows((int)rows, k, p->a + row * p->row_step, p->row_step, p->column_step,
-                               p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part_finish);
+                    panel_rows((int)rows, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
+                               p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part);
                 }
             }
         }

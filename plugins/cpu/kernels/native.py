@@ -197,12 +197,12 @@ class NativeLoops:
         self.library.depthwise_rows(address(x), address(taps.weights), address(taps.repeated), taps.period,
                                     address(out), ctypes.byref(where), ctypes.byref(finish), threads)
 
-    def conv(self, x: np.ndarray, weights: np.ndarray, units: int, out: np.ndarray, where: "Geometry", threads: int,
+    def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
-        """A convolution with few units, read in place: ``weights`` (KH*KW*C, units padded to whole
-        vectors of 16), the rest as for depthwise."""
-        self.library.conv_rows(address(x), address(weights), units, address(out), ctypes.byref(where),
-                               ctypes.byref(finish), threads)
+        """A convolution read in place: ``weights`` its (KH*KW*C, units) matrix packed, ``finish`` padded
+        to its panels, the rest as for depthwise."""
+        self.library.conv_rows(address(x), address(weights.panels), weights.columns, address(out),
+                               ctypes.byref(where), ctypes.byref(finish), threads)
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
