@@ -1,6 +1,7 @@
 """Golden tests of the activation kernels against LiteRT."""
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
@@ -85,3 +86,27 @@ def test_l2_normalization(shape, tiny, seed):
     rng = np.random.default_rng(seed)
     scale = 1e-8 if tiny else 3.0  # tiny inputs exercise the epsilon floor of the norm
     check_against_litert(_unary_model("L2_NORMALIZATION", shape), [rng.standard_normal(shape) * scale])
+
+
+@pytest.mark.parametrize("activation", ["TANH", "SIGN_BIT"])
+@pytest.mark.parametrize("opcode", ["ADD", "MUL", "CONV_2D", "MAX_POOL_2D"])
+@pytest.mark.parametrize("builtin", [False, True], ids=["xnnpack", "builtin"])
+def test_fused_activations_litert_leaves_alone(opcode, activation, builtin):
+    """LiteRT's kernels for these ops apply only their activation range: a fused TANH or SIGN_BIT
+    leaves the results as they are, in both of its kernel sets, and so here."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x, y = b.input("x", (1, 6, 6, 8)), b.input("y", (1, 6, 6, 8))
+    options = {"fused_activation_function": activation}
+    if opcode == "CONV_2D":
+        weights = b.const("w", rng.standard_normal((8, 3, 3, 8)).astype(np.float32))
+        out = b.op(opcode, [x, weights, b.const("b", np.ones(8, np.float32))],
+                   options=dict(options, padding="SAME", stride_h=1, stride_w=1))
+    elif opcode == "MAX_POOL_2D":
+        out = b.op(opcode, [x], options=dict(options, padding="VALID", stride_h=1, stride_w=1, filter_height=2,
+                                             filter_width=2))
+    else:
+        out = b.op(opcode, [x, y], options=options)
+    b.output(out)
+    inputs = [rng.standard_normal((1, 6, 6, 8)) * 4 for _ in range(2 if opcode in ("ADD", "MUL") else 1)]
+    check_against_litert(b.to_bytes(), inputs, builtin=builtin)

@@ -41,9 +41,17 @@ def activation(name: str | None, slope: np.ndarray | None = None) -> Callable[[n
     raise ValueError(f"unsupported fused activation {name!r}")
 
 
+def fused_name(op: Op) -> str:
+    """The fused activation LiteRT's kernel for ``op`` applies: its activation range (a clamp), and no
+    TANH or SIGN_BIT, which only recurrent kernels apply (measured: LiteRT's ADD, MUL, CONV_2D and
+    MAX_POOL_2D leave results as they are under either); or a PRELU fused here (see fusion.py)."""
+    name = op.options.get("fused_activation_function") or "NONE"
+    return "NONE" if name in ("TANH", "SIGN_BIT") else name
+
+
 def fused(op: Op) -> Callable[[np.ndarray], None]:
-    """The op's fused activation as an in-place callable (a no-op when there is none)."""
-    act = activation(op.options.get("fused_activation_function"), op.options.get("prelu_slope"))
+    """The op's fused activation (see fused_name) as an in-place callable (a no-op when there is none)."""
+    act = activation(fused_name(op), op.options.get("prelu_slope"))
     return act if act is not None else (lambda x: None)
 
 

@@ -21,7 +21,7 @@ from delegate.shapes import transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,
-                     fused, same_padding, scratch, strided, window_view)
+                     fused, fused_name, same_padding, scratch, strided, window_view)
 from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, PackedOperand, ProductCall,
                      kernel_loops, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
@@ -207,8 +207,7 @@ def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...])
     act = fused(op)
     units = out_shape[-1]
     row = None if bias is None else along_rows(bias, out_shape)
-    name = op.options.get("fused_activation_function") or "NONE"
-    slope = op.options.get("prelu_slope")
+    name, slope = fused_name(op), op.options.get("prelu_slope")
 
     def finish(acc: np.ndarray, out: np.ndarray, u0: int, u1: int) -> None:
         whole = u1 - u0 == units

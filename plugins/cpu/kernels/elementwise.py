@@ -9,7 +9,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel, laid_out
-from .common import CLAMPS, along_rows, constant, fused
+from .common import CLAMPS, along_rows, constant, fused, fused_name
 from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, elementwise_loops, team_for
 
 
@@ -61,7 +61,7 @@ def arithmetic(op: Op):
 def _native_arithmetic(op: Op):
     """The op on two runtime operands of the output's shape, in one pass through the native loops on
     all the kernel's threads, with a fused clamp or PReLU; None where those do not serve."""
-    activation = op.options.get("fused_activation_function") or "NONE"
+    activation = fused_name(op)
     # numpy's PReLU takes three passes: one native call costs less at any size.
     least = 0 if activation == "PRELU" else SHARED_ITEMS
     loops = elementwise_loops(op, least) if op.opcode in BINARY_KINDS else None

@@ -17,7 +17,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel, laid_out
-from .common import float_constant, fused
+from .common import activation, float_constant
 
 GATES = ("input", "forget", "cell", "output")
 # Input slots of the 24-input TFLite LSTM, per gate.
@@ -77,7 +77,8 @@ def lstm(op: Op):
         raise ValueError("only the FULL LSTM kernel is supported")
     sequence = op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM"
     time_major = not sequence or bool(op.options.get("time_major", False))  # the schema default
-    activation = fused(op)
+    # The cell's activation, TANH as a rule (recurrent kernels apply it, unlike the others: fused_name).
+    cell_activation = activation(op.options.get("fused_activation_function")) or (lambda x: None)
     cell_clip = float(op.options.get("cell_clip") or 0.0)
     proj_clip = float(op.options.get("proj_clip") or 0.0)
     weight_slots = [i for i, t in enumerate(op.inputs) if t is not None and i > 0 and i not in STATES]
@@ -85,7 +86,7 @@ def lstm(op: Op):
     fixed = _Weights(op, constants.get) if all(v is not None for v in constants.values()) else None
 
     def squash(x):
-        activation(x)
+        cell_activation(x)
         return x
 
     def step(w: _Weights, gates: np.ndarray, h: np.ndarray, c: np.ndarray) -> np.ndarray:

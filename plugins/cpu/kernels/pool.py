@@ -14,7 +14,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel
-from .common import CLAMPS, Padded, contiguous_layout, fused, same_padding, scratch
+from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch
 from .native import PER_THREAD_ITEMS, Epilogue, Geometry, float_loops, team_for
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
@@ -79,7 +79,7 @@ def pool_2d(op: Op):
 def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     """A float MAX_POOL_2D or AVERAGE_POOL_2D (with a clamp or no fused activation) in the native loops,
     on all the kernel's threads; None where those do not serve."""
-    activation = op.options.get("fused_activation_function") or "NONE"
+    activation = fused_name(op)
     shape = op.outputs[0].shape
     loops = float_loops(op, math.prod(shape), least=0)  # one native call beats numpy's passes at any size
     if loops is None or op.opcode == "L2_POOL_2D" or not (activation == "NONE" or activation in CLAMPS):
