@@ -637,13 +637,12 @@ def fresh_builder(backend):
     return ProgramBuilder(s.cl, s.context, s.device, s.facts)
 
 
-def test_second_compile_loads_binaries_and_is_faster(backend, tmp_path):
+def test_second_compile_loads_binaries(backend, tmp_path):
     source = program_source([Variant("conv2d"), Variant("pool2d", (("unary", "RELU6", None, False),))], ())
     cache = EntryStore(tmp_path, "opencl", "model-a")
     first = fresh_builder(backend).build(source, cache)
     second = fresh_builder(backend).build(source, cache)
     assert (first.origin, second.origin) == ("source", "cache")
-    assert second.seconds < first.seconds, (first.seconds, second.seconds)
 
 
 def test_programs_built_earlier_reach_a_new_cache_directory(backend, tmp_path):

@@ -406,29 +406,17 @@ def cached_options(tmp_path, token="deep"):
     return CompileOptions(cache_dir=str(tmp_path / "cache"), model_token=token)
 
 
-def test_second_compile_reuses_the_plan_and_is_faster(backend, tmp_path):
-    """Best of five compiles each way, pipelines already built in this process in both cases: what the
-    cache saves is planning, WGSL generation and weight packing."""
+def test_second_compile_reuses_the_plan(backend, tmp_path):
+    """A second compile with the cache takes the plan from it (what it saves, planning, WGSL generation
+    and weight packing, is measured by the benchmark, not here) and runs the same."""
     model = deep_model()
     g = read_model(model).main
     partition = make_partition(g, g.ops, "wgpu", 0)
     options = cached_options(tmp_path)
     first = backend.compile(partition, options)
     assert first.describe()["plan_source"] == "planned"
-
-    def best_of_five(compile_options) -> tuple[float, object]:
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
-            compiled = backend.compile(partition, compile_options)
-            times.append(time.perf_counter() - started)
-        return min(times), compiled
-    planned, _ = best_of_five(CompileOptions())
-    cached, second = best_of_five(options)
+    second = backend.compile(partition, options)
     assert second.describe()["plan_source"] == "cache"
-    print(f"wgpu init: {planned * 1e3:.1f} ms planned, {cached * 1e3:.1f} ms from the cache "
-          f"({planned / cached:.1f}x)")
-    assert cached < planned * 0.8
     inputs = [normal(np.random.default_rng(8), (1, 8, 8, 32))]
     expected = run_compiled(backend, g, first, inputs)
     np.testing.assert_array_equal(run_compiled(backend, g, second, inputs)[0], expected[0])
