@@ -90,19 +90,24 @@ class NativeProduct:
         self.panel_epilogue = NO_EPILOGUE
 
     @classmethod
-    def of(cls, finish, depth_parts, work: int, whole: bool = False) -> "NativeProduct | None":
-        """At compile time: the products (``work`` multiply-adds in all) of a kernel with this finish,
-        ``whole`` when it may be one product on the whole input (see whole_input); None where numpy's
-        run, among them products on views too small to repay a native call's overhead."""
+    def of(cls, finish, depth_parts, work: int, whole_operand=None) -> "NativeProduct | None":
+        """At compile time: the products (``work`` multiply-adds in all) of a kernel with this finish;
+        None where numpy's run, among them products on views too small to repay a native call's
+        overhead.  ``whole_operand``: the kernel's operand where it may be one product on the whole
+        input, which goes native at any size when packed with the finish's epilogue (see whole_input)."""
         loops = kernel_loops()
-        if loops is None or depth_parts is not None or (work < NATIVE_PRODUCT_WORK and not whole):
+        if loops is None or depth_parts is not None:
             return None
-        return cls(loops, getattr(finish, "epilogue", None), work)
+        epilogue = getattr(finish, "epilogue", None)
+        prepared = epilogue is not None and _packable(whole_operand, loops)
+        if work < NATIVE_PRODUCT_WORK and not prepared:
+            return None
+        return cls(loops, epilogue, work)
 
     def pack(self, matrix: np.ndarray):
         """At compile time: the constant operand as the products take it."""
-        if matrix.dtype != np.float32 or matrix.shape[1] < self.loops.panel_lanes:
-            return matrix  # narrower than a vector: BLAS wastes less
+        if not _packable(matrix, self.loops):
+            return matrix
         self.packed = PackedOperand(matrix, self.loops.panel_lanes)
         if self.epilogue is not None:
             self.panel_epilogue = self.epilogue.padded(self.packed.padded_columns)
@@ -133,6 +138,12 @@ class NativeProduct:
             return False
         epilogue = NO_EPILOGUE if self.epilogue is None else self.epilogue.columns(u0, u1)
         return self.loops.product(lhs, _operand_block(rhs, u0, u1), out, self.threads, epilogue)
+
+
+def _packable(operand, loops) -> bool:
+    """Whether a GEMM operand is a constant float32 matrix at least a vector wide (narrower, BLAS
+    wastes less)."""
+    return isinstance(operand, np.ndarray) and operand.dtype == np.float32 and operand.shape[1] >= loops.panel_lanes
 
 
 def operand_source(operand, native: NativeProduct | None):
@@ -286,7 +297,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     few_channels = kw * c < 16
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts, n * oh * ow * o * depth, view and in_place)
+    native = NativeProduct.of(finish, depth_parts, n * oh * ow * o * depth, operand if view and in_place else None)
     operand = operand_source(operand, native)
     whole = native.whole_input(n * h * w) if native is not None and view and in_place else None
     if whole is not None:
@@ -609,7 +620,7 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     view = op.inputs[0].dtype.numpy == dtype and not offset
     in_place = op.outputs[0].dtype.numpy == dtype
     accumulator = dtype if depth_parts is None else np.float64
-    native = NativeProduct.of(finish, depth_parts, rows * units * depth, view and in_place)
+    native = NativeProduct.of(finish, depth_parts, rows * units * depth, operand if view and in_place else None)
     operand = operand_source(operand, native)
     whole = native.whole_input(rows) if native is not None and view and in_place else None
     if whole is not None:

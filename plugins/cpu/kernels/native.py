@@ -3,10 +3,10 @@
 numpy runs a depthwise convolution's tap sums with short vectors, copies padded
 and im2col inputs, makes a pass per bias, clamp or elementwise step, and cannot
 share one op between cores without handing chunks to Python threads, which costs
-tens of microseconds a chunk.  native.c runs those ops (depthwise and short-depth
-convolutions, products against weights packed once, shared BLAS products, elementwise
-ops, pooling, resizing, the quantized output stage) in one pass each on an OpenMP team.  It is built once per machine
-(``-march=native``) into the user cache; without a C compiler with OpenMP, or
+tens of microseconds a chunk.  native.c runs those ops (convolutions read in place,
+products against weights packed once, shared BLAS products, elementwise ops, pooling,
+resizing, the quantized output stage) in one pass each on an OpenMP team.  It is built
+once per machine (``-march=native``) into the user cache; without a C compiler with OpenMP, or
 with ``cpu: {native: false}``, the kernels keep their numpy formulations, which
 agree up to float rounding (sums run in another order).
 """
