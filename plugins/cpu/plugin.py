@@ -16,6 +16,7 @@ from delegate.memory import plan_arena
 from . import registry
 from .fusion import fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
+from .kernels.native import partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 
@@ -33,7 +34,8 @@ class CpuCompiled(CompiledPartition):
         ops = [op for op in partition.ops if not _computes_constants(op)]
         # Pads and activations around float kernels run inside them (see fusion.py).
         ops, self.fused = fuse_ops(ops, outputs)
-        kernels = [self._kernel(op, custom, num_threads, native) for op in ops]
+        self.team = partition_team(ops, num_threads)
+        kernels = [self._kernel(op, custom, num_threads, native, self.team) for op in ops]
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
@@ -51,12 +53,13 @@ class CpuCompiled(CompiledPartition):
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
 
     @staticmethod
-    def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool) -> registry.Run:
+    def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool,
+                team: int) -> registry.Run:
         factory = registry.find_kernel(op, custom)
         if factory is None:
             raise CompileError(f"{op.describe()}: the cpu backend has no kernel for it")
         try:
-            with kernel_threads(num_threads, native):
+            with kernel_threads(num_threads, native, team):
                 return factory(op)
         except Exception as exc:
             raise CompileError(f"{op.describe()}: cpu kernel setup failed: {exc}") from exc
@@ -100,7 +103,7 @@ class CpuCompiled(CompiledPartition):
         return {i: float(np.median(v)) for i, v in (self.timings or {}).items()}
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes),
+        return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
                 "fused": {str(follower): host for follower, host in self.fused.items()}}
 
 

@@ -148,3 +148,26 @@ def test_direct_conv_matches_numpy(loops, shape, units, kernel, steps, before, o
     expected = _reference(x[0], out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel @ weights[ky, kx],
                           units)
     np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def _conv_ops(sizes):
+    """CONV_2D ops of 1x1 filters, 64 channels in and out, on square images of these sizes."""
+    from delegate.tflite.builder import GraphBuilder
+    b = GraphBuilder()
+    weights = b.const("w", np.zeros((64, 1, 1, 64), np.float32))
+    for i, size in enumerate(sizes):
+        x = b.input(f"x{i}", (1, size, size, 64))
+        b.op("CONV_2D", [x, weights], options={"padding": "VALID", "stride_h": 1, "stride_w": 1})
+    return b.ops
+
+
+def test_partition_team_follows_the_typical_op():
+    """One team per partition, from the op holding the middle of the work: big ops take every thread
+    (up to MAX_TEAM), small ones fewer, none a partition with no convolutions or products."""
+    big, small = 64, 16  # 64x64x64x64 = 16.8M multiply-adds per op; 16x16x64x64 = 1.05M
+    assert native.partition_team(_conv_ops([big, big]), 16) == 16
+    assert native.partition_team(_conv_ops([big, big]), 32) == native.MAX_TEAM
+    assert native.partition_team(_conv_ops([small] * 3), 16) == 4  # 1.05M / 2^18
+    assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
+    assert native.partition_team(_conv_ops([4]), 2) == 1
+    assert native.partition_team([], 6) == 6

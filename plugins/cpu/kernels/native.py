@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from .parallel import loaded_openblas, native_allowed, threads
+from .parallel import loaded_openblas, native_allowed, native_team
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,12 @@ SHARED_ITEMS = 1 << 14
 # ops split 16 ways ran at half the speed of 2 ways.
 PER_THREAD_MACS = 1 << 15
 PER_THREAD_ITEMS = 1 << 12
-# Most threads a native loop runs on.  Measured on 16 cores (hand_landmark_lite): 3.1 ms on 8
-# threads, 8.4 ms on 16, where splitting these models' products 16 ways costs more than it saves
-# and 15 spinning threads crowd out everything else.
-MAX_TEAM = 8
+# Most threads a native loop runs on.
+MAX_TEAM = 16
+# Least multiply-adds a partition's typical op (see partition_team) gives each thread of its team.
+# Measured on 16 cores, 16 threads: iris_landmark (typical op 2.1M) ran 1.09-1.24 ms on a team of
+# 8 and 1.43 on 16; pose_landmark_full (8.0M) 4.9 ms on 8 and 4.2 on 16.
+TEAM_SHARE = 1 << 18
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
@@ -476,8 +478,34 @@ def share_among(threads: int, work: int, per_thread: int) -> int:
 
 
 def team_for(work: int, per_thread: int) -> int:
-    """At compile time: share_among the kernel's threads."""
-    return share_among(threads(), work, per_thread)
+    """At compile time: share_among the kernel's team."""
+    return share_among(native_team(), work, per_thread)
+
+
+def partition_team(ops, threads: int) -> int:
+    """At compile time: how many of ``threads`` a partition's native loops share (one team for all its
+    kernels, see share_among): enough for its typical op, the work-weighted median of its
+    convolutions and products (half their multiply-adds are in ops at least that big), to give
+    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none."""
+    works = sorted(work for work in map(_multiply_adds, ops) if work)
+    if not works:
+        return min(threads, MAX_TEAM)
+    total, running = sum(works), 0
+    for typical in works:
+        running += typical
+        if 2 * running >= total:
+            break
+    return max(1, min(threads, MAX_TEAM, typical // TEAM_SHARE))
+
+
+def _multiply_adds(op) -> int:
+    """Multiply-adds of a convolution or fully connected op; 0 for others."""
+    if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        _, kh, kw, depth = op.inputs[1].shape
+        return math.prod(op.outputs[0].shape) * kh * kw * (depth if op.opcode == "CONV_2D" else 1)
+    if op.opcode == "FULLY_CONNECTED":
+        return math.prod(op.outputs[0].shape) * op.inputs[1].shape[-1]
+    return 0
 
 
 def kernel_loops() -> NativeLoops | None:

@@ -28,17 +28,21 @@ from .common import start_scratch_op
 
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
 _NATIVE = contextvars.ContextVar("delegate_cpu_native_loops", default=True)
+_TEAM = contextvars.ContextVar("delegate_cpu_native_team", default=None)
 
 
 @contextlib.contextmanager
-def kernel_threads(count: int, native: bool | None = None) -> Iterator[None]:
+def kernel_threads(count: int, native: bool | None = None, team: int | None = None) -> Iterator[None]:
     """Kernels built inside this block may split their work over ``count`` threads (CompileOptions.num_threads),
-    and use the native loops unless ``native`` is False (``cpu: {native: false}``; None keeps the setting)."""
+    and use the native loops unless ``native`` is False (``cpu: {native: false}``; None keeps the setting),
+    sharing those among ``team`` threads (default ``count``; see native.partition_team)."""
     token = _THREADS.set(max(int(count or 1), 1))
     native_token = _NATIVE.set(_NATIVE.get() if native is None else bool(native))
+    team_token = _TEAM.set(team)
     try:
         yield
     finally:
+        _TEAM.reset(team_token)
         _NATIVE.reset(native_token)
         _THREADS.reset(token)
 
@@ -46,6 +50,11 @@ def kernel_threads(count: int, native: bool | None = None) -> Iterator[None]:
 def threads() -> int:
     """At compile time: how many threads the kernel being built may use."""
     return _THREADS.get()
+
+
+def native_team() -> int:
+    """At compile time: how many threads the native loops of the kernel being built share."""
+    return min(_TEAM.get() or _THREADS.get(), _THREADS.get())
 
 
 def native_allowed() -> bool:

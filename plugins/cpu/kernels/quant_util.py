@@ -26,7 +26,7 @@ from delegate import Op, Tensor
 
 from .common import scratch
 from .native import kernel_loops
-from .parallel import threads
+from .parallel import native_team
 
 INT32_MAX = (1 << 31) - 1
 
@@ -274,7 +274,7 @@ class Rescale:
         self.per_channel = (multiplier, np.array(offsets, np.int64), shift) + ((tie_below, tie) if any(ties) else ())
         self.row_pixels = row_pixels if channels < 128 else 1  # many channels: inner loops long enough
         self.per_row = tuple(np.tile(v, self.row_pixels) if v.ndim else v for v in self.per_channel)
-        self.loops, self.threads = kernel_loops(), threads()
+        self.loops, self.threads = kernel_loops(), native_team()
 
     def __call__(self, acc: np.ndarray, out: np.ndarray, u0: int = 0, u1: int | None = None) -> None:
         """``acc`` (exact integers, any numeric dtype) for output channels u0..u1 -> ``out``: in the
