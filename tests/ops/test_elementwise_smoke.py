@@ -46,6 +46,29 @@ def test_large_same_shape_binary(op, act, native, seed):
                          options=CompileOptions(num_threads=2), backend_options={"native": native})
 
 
+@given(op=st.sampled_from(["ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"]),
+       act=st.sampled_from(["NONE", "RELU6"]), row_first=st.booleans(), constant_row=st.booleans(),
+       shape=st.sampled_from([(1, 6, 5, 24), (1, 40, 36, 16), (2, 9, 7)]), native=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_channel_row_binary(op, act, row_first, constant_row, shape, native, seed):
+    """One operand a row along the last axis (a per-channel scale, offset or squeeze-and-excite gate),
+    at run time or constant, first or second; small and shared between two threads."""
+    rng = np.random.default_rng(seed)
+    row_shape = (1,) * (len(shape) - 1) + shape[-1:]
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    inputs = [rng.standard_normal(shape) * 4]
+    if constant_row:
+        row = b.const("row", (rng.standard_normal(row_shape) * 4).astype(np.float32))
+    else:
+        row = b.input("row", row_shape)
+        inputs.append(rng.standard_normal(row_shape) * 4)
+    opts = {} if op in ("MAXIMUM", "MINIMUM") else {"fused_activation_function": act}
+    b.output(b.op(op, [row, x] if row_first else [x, row], options=opts, shape=shape))
+    check_against_litert(b.to_bytes(), inputs, options=CompileOptions(num_threads=2),
+                         backend_options={"native": native})
+
+
 def _nonzero(rng, shape, low=0.5):
     """Values bounded away from zero (denominators, bases)."""
     return (rng.uniform(low, 3, shape) * rng.choice([-1, 1], shape)).astype(np.float32)

@@ -10,7 +10,7 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import NO_EPILOGUE, PER_THREAD_ITEMS, Epilogue, elementwise_loops, kernel_loops, team_for
+from .native import NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, elementwise_loops, kernel_loops, team_for
 
 @kernel(*CLAMPS)
 def clip(op: Op):
@@ -77,10 +77,10 @@ def leaky_relu(op: Op):
     return _scaled_negative_part(op, np.float32(op.options.get("alpha", 0.2)))
 
 
-def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
-    """The op in one pass through the native loops on all the kernel's threads; None where those
-    do not serve."""
-    loops, team = elementwise_loops(op), team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
+def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE, least: int = SHARED_ITEMS):
+    """The op in one pass through the native loops on all the kernel's threads, given at least
+    ``least`` items; None where those do not serve."""
+    loops, team = elementwise_loops(op, least), team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
     if loops is None:
         return None
 
@@ -91,7 +91,7 @@ def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
 
 @kernel("HARD_SWISH")
 def hard_swish(op: Op):
-    native = _native_unary(op, "HARD_SWISH")
+    native = _native_unary(op, "HARD_SWISH", least=0)  # numpy takes four passes: native at any size
     if native is not None:
         return native
     shape = op.outputs[0].shape

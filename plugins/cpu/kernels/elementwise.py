@@ -10,7 +10,7 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, fused, fused_name
-from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, elementwise_loops, team_for
+from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, float_loops, team_for
 
 
 def _divide(a, b, out):
@@ -58,22 +58,47 @@ def arithmetic(op: Op):
     return laid_out(run, 0, 1)
 
 
+# Operand order does not matter to these, so a broadcast row may come first.
+_COMMUTATIVE = frozenset({"ADD", "MUL", "MAXIMUM", "MINIMUM"})
+
+
 def _native_arithmetic(op: Op):
-    """The op on two runtime operands of the output's shape, in one pass through the native loops on
-    all the kernel's threads, with a fused clamp or PReLU; None where those do not serve."""
-    activation = fused_name(op)
-    # numpy's PReLU takes three passes: one native call costs less at any size.
-    least = 0 if activation == "PRELU" else SHARED_ITEMS
-    loops = elementwise_loops(op, least) if op.opcode in BINARY_KINDS else None
-    if loops is None or any(constant(t) is not None for t in op.inputs) or activation not in ("NONE", "PRELU",
-                                                                                             *CLAMPS):
+    """The op in one pass through the native loops on all the kernel's threads, with a fused clamp or
+    PReLU: on operands of the output's shape, or one of them a row along its last axis (a
+    per-channel scale, offset or gate), runtime or constant; None where those do not serve."""
+    activation, shape = fused_name(op), op.outputs[0].shape
+    if op.opcode not in BINARY_KINDS or activation not in ("NONE", "PRELU", *CLAMPS) or not shape:
         return None
+    first, second = op.inputs[:2]
+    if _is_row(first, shape) and second.shape == shape and op.opcode in _COMMUTATIVE:
+        first, second = second, first
+    if first.shape != shape or not (second.shape == shape or _is_row(second, shape)):
+        return None
+    # numpy's PReLU takes three passes, a broadcast row strided loops: one native call costs less at any size.
+    least = 0 if activation == "PRELU" or second.shape != shape else SHARED_ITEMS
+    loops = float_loops(op, math.prod(shape), least)
+    if loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
+        return None
+    fixed = [_native_operand(t) for t in (first, second)]
+    slots = [op.inputs.index(t) for t in (first, second)]
     finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
-    team = team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
+    team = team_for(math.prod(shape), PER_THREAD_ITEMS)
 
     def run(ins, outs):
-        loops.binary(op.opcode, np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], team, finish)
-    return run
+        a, b = (np.ascontiguousarray(ins[slot]) if value is None else value for slot, value in zip(slots, fixed))
+        loops.binary(op.opcode, a, b, outs[0], team, finish)
+    return laid_out(run, 0, 1)
+
+
+def _is_row(t, shape) -> bool:
+    """Whether ``t`` holds one value per element of the last axis of ``shape``, broadcast along the rest."""
+    return len(t.shape) <= len(shape) and t.shape[-1:] == shape[-1:] and math.prod(t.shape) == shape[-1] > 1
+
+
+def _native_operand(t):
+    """A constant operand as the native loops take it, or None for one read at run time."""
+    value = constant(t)
+    return None if value is None else np.ascontiguousarray(value, np.float32)
 
 
 @kernel(*_COMPARE)

@@ -332,9 +332,10 @@ void conv_rows(const float *restrict images, const float *restrict packed, int64
     }
 }
 
-/* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue's
- * clamp: binary_flat for same-shape operands (whole rows of ``columns`` for an epilogue with a slope per
- * column), unary_flat for a copy (a bare clamp) or hard swish. */
+/* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
+ * binary_flat for operands of one shape, or a second operand of one row of ``columns`` broadcast along
+ * the first's rows (shares of whole rows then, as for an epilogue with a slope per column),
+ * unary_flat for a copy (a bare clamp) or hard swish. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
 enum { COPY = 0, HARD_SWISH };
 
@@ -346,22 +347,32 @@ static void share(int64_t n, int64_t unit, int part, int parts, int64_t *lo, int
     *hi = *hi < n ? *hi : n;
 }
 
-void binary_flat(int kind, const float *restrict a, const float *restrict b, float *restrict out, int64_t n,
-                 int64_t columns, const epilogue *finish, int threads)
+static inline void binary_run(int kind, const float *restrict a, const float *restrict b, float *restrict out,
+                              int64_t n)
 {
-    int64_t unit = finish->slope ? columns : LANES;
+    switch (kind) {
+    case ADD: for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i]; break;
+    case SUB: for (int64_t i = 0; i < n; i++) out[i] = a[i] - b[i]; break;
+    case MUL: for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i]; break;
+    case MAXIMUM: for (int64_t i = 0; i < n; i++) out[i] = a[i] < b[i] ? b[i] : a[i]; break;
+    default: for (int64_t i = 0; i < n; i++) out[i] = b[i] < a[i] ? b[i] : a[i]; break;
+    }
+}
+
+void binary_flat(int kind, const float *restrict a, const float *restrict b, float *restrict out, int64_t n,
+                 int64_t columns, int broadcast, const epilogue *finish, int threads)
+{
+    int rows = broadcast || finish->slope;
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
-        share(n, unit, part, threads, &lo, &hi);
-        switch (kind) {
-        case ADD: for (int64_t i = lo; i < hi; i++) out[i] = a[i] + b[i]; break;
-        case SUB: for (int64_t i = lo; i < hi; i++) out[i] = a[i] - b[i]; break;
-        case MUL: for (int64_t i = lo; i < hi; i++) out[i] = a[i] * b[i]; break;
-        case MAXIMUM: for (int64_t i = lo; i < hi; i++) out[i] = a[i] < b[i] ? b[i] : a[i]; break;
-        default: for (int64_t i = lo; i < hi; i++) out[i] = b[i] < a[i] ? b[i] : a[i]; break;
-        }
-        if (hi > lo && finish->slope)
+        share(n, rows ? columns : LANES, part, threads, &lo, &hi);
+        if (broadcast)
+            for (int64_t r = lo; r < hi; r += columns)
+                binary_run(kind, a + r, b, out + r, columns);
+        else if (hi > lo)
+            binary_run(kind, a + lo, b + lo, out + lo, hi - lo);
+        if (hi > lo && rows)
             finish_rows(out + lo, (hi - lo) / columns, columns, columns, finish);
         else if (hi > lo)
             finish_rows(out + lo, 1, hi - lo, 0, finish);

@@ -168,7 +168,8 @@ class NativeLoops:
         library.depthwise_rows.restype = None
         library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
         library.conv_rows.restype = None
-        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, _INT64, finish, ctypes.c_int]
+        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int, finish,
+                                        ctypes.c_int]
         library.binary_flat.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
@@ -208,10 +209,12 @@ class NativeLoops:
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
-        """out = a (kind) b, then the epilogue (its slope along the last axis): contiguous float32 arrays
-        of one shape; ``kind`` one of BINARY_KINDS."""
+        """out = a (kind) b, then the epilogue (its slope along the last axis): contiguous float32 arrays,
+        a of out's shape, b too or one row of its last axis (broadcast along the rows); ``kind`` one
+        of BINARY_KINDS."""
+        columns = out.shape[-1] if out.ndim else 1
         self.library.binary_flat(BINARY_KINDS.index(kind), address(a), address(b), address(out), out.size,
-                                 out.shape[-1] if out.ndim else 1, ctypes.byref(finish), threads)
+                                 columns, b.size != out.size, ctypes.byref(finish), threads)
 
     def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
