@@ -1,6 +1,7 @@
 """Golden tests of the convolution and matrix-product kernels against LiteRT."""
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
@@ -79,6 +80,14 @@ def test_transpose_conv(h, w, cin, cout, k, stride, padding, with_bias, seed):
     rng = np.random.default_rng(seed)
     model = transpose_conv_model(h, w, cin, cout, k, stride, padding, with_bias, rng)
     check_against_litert(model, [rng.standard_normal((1, h, w, cin))], builtin=True)
+
+
+@pytest.mark.parametrize("k, padding, cout", [((2, 2), "VALID", 1), ((2, 2), "SAME", 8), ((3, 3), "VALID", 3)])
+def test_transpose_conv_upsampling_by_the_stride(k, padding, cout):
+    """Taps as far apart as the stride: every output pixel takes one tap of one input pixel."""
+    rng = np.random.default_rng(11)
+    model = transpose_conv_model(6, 5, 4, cout, k, k[0], padding, True, rng)
+    check_against_litert(model, [rng.standard_normal((1, 6, 5, 4))], builtin=True)
 
 
 @given(batch=st.sampled_from([(1,), (3,), (2, 3)]), depth=st.integers(1, 20), units=st.integers(1, 12),
