@@ -86,7 +86,8 @@ static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilatio
  * pixel's channels (weights per channel, a period of at least n), or a run of whole pixels along an
  * output row with their channels' weights repeated (a period that is a multiple of 16 and of C,
  * each weight row holding 64 more), so that every group of 64 outputs loads its weights from one
- * place.  Groups of 64, then 16 outputs keep their sums in registers over all taps. */
+ * place.  Groups of 64, then 16 outputs keep their sums in registers over all taps; the last few
+ * outputs are summed again as the last 16 (16 or more in all; fewer go one by one). */
 static inline void sum_taps(const float *x, const int64_t *offsets, const float *const *weights, int64_t period,
                             int64_t taps, float *restrict out, int64_t n)
 {
@@ -112,6 +113,14 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
             a += load(x + offsets[t] + j) * load(weights[t] + o);
         store(out + j, a);
         for (o += LANES; o >= period; o -= period) {}
+    }
+    if (j < n && n >= LANES) {  /* the last vector, overlapping outputs already summed (same sums) */
+        int64_t tail = n - LANES;
+        vec a = {0};
+        for (int64_t t = 0; t < taps; t++)
+            a += load(x + offsets[t] + tail) * load(weights[t] + tail % period);
+        store(out + tail, a);
+        return;
     }
     for (; j < n; j++) {
         float a = 0;
