@@ -37,7 +37,8 @@ def _reference(x, out_hw, kernel, steps, before, tap, width):
 @needs_compiler
 @pytest.mark.parametrize("shape, kernel, steps, before, out_hw", [
     ((9, 11, 96), (3, 3), (1, 1, 1, 1), (1, 1), (9, 11)),   # SAME: 64 + 32 channels in registers
-    ((9, 11, 24), (5, 5), (2, 2, 1, 1), (2, 2), (5, 6)),    # strides, 16 channels in registers and 8 more
+    ((9, 11, 24), (5, 5), (2, 2, 1, 1), (2, 2), (5, 6)),    # strides: 16 channels, then the last 16 again
+    ((8, 9, 28), (3, 3), (2, 2, 1, 1), (0, 0), (3, 4)),     # strides, a tail of 12 channels
     ((6, 7, 5), (3, 2), (1, 3, 2, 2), (2, 1), (6, 3)),     # dilation, odd channels, asymmetric padding
     ((2, 2, 17), (5, 5), (1, 1, 1, 1), (2, 2), (2, 2)),     # every pixel a border pixel
     ((4, 4, 3), (3, 3), (1, 1, 1, 1), (-1, 0), (2, 2)),     # rows starting inside the input (a band)
