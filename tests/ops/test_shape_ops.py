@@ -3,6 +3,7 @@
 import numpy as np
 from hypothesis import assume, given, strategies as st
 
+from delegate import CompileOptions
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert
 
@@ -223,6 +224,18 @@ def test_pad(shape, op, dtype, seed):
     pads = rng.integers(0, 3, (len(shape), 2)).astype(np.int32)
     consts = [pads] + ([np.array(7, dtype)] if op == "PADV2" else [])
     check_against_litert(_single(op, shape, dtype, consts), [_values(rng, shape, dtype)], lsb=0)
+
+
+@given(shape=st.sampled_from([(1, 9, 7, 24), (3, 5), (7,)]), op=st.sampled_from(["PAD", "PADV2"]),
+       before=st.integers(0, 3), after=st.integers(0, 9), native=st.booleans(), seed=st.integers(0, 2**16))
+def test_pad_of_the_last_axis(shape, op, before, after, native, seed):
+    """Channels appended or prepended (a residual's channel pad): one native pass, or numpy's."""
+    rng = np.random.default_rng(seed)
+    pads = np.zeros((len(shape), 2), np.int32)
+    pads[-1] = before, after
+    consts = [pads] + ([np.array(-2.5, np.float32)] if op == "PADV2" else [])
+    check_against_litert(_single(op, shape, "float32", consts), [_values(rng, shape, "float32")], lsb=0,
+                         options=CompileOptions(num_threads=2), backend_options={"native": native})
 
 
 @given(shape=SHAPES, mode=st.sampled_from(["REFLECT", "SYMMETRIC"]), seed=st.integers(0, 2**16))

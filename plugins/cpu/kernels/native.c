@@ -409,6 +409,23 @@ void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t 
     }
 }
 
+/* A constant pad of the last axis: each of ``rows`` rows of ``columns`` floats gets ``before`` and
+ * ``after`` values of ``value`` around it. */
+void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_t columns, int64_t before,
+              int64_t after, float value, int threads)
+{
+    int64_t width = before + columns + after;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = out + r * width;
+        for (int64_t j = 0; j < before; j++)
+            o[j] = value;
+        memcpy(o + before, x + r * columns, columns * sizeof(float));
+        for (int64_t j = before + columns; j < width; j++)
+            o[j] = value;
+    }
+}
+
 /* MEAN over the pixels of (pixels, c) images: each thread sums its share of the channels (whole
  * vectors of 16) over every pixel, in pixel order, then divides by the count. */
 void mean_pixels(const float *restrict x, float *restrict out, int64_t images, int64_t pixels, int64_t c,

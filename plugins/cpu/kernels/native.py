@@ -178,6 +178,8 @@ class NativeLoops:
         library.rescale_rows.argtypes = [_PTR, ctypes.c_int, _INT64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR,
                                          _INT64, _INT64, _PTR, ctypes.c_int, *[_INT64] * 3, ctypes.c_int]
         library.rescale_rows.restype = None
+        library.pad_rows.argtypes = [_PTR, _PTR, *[_INT64] * 4, ctypes.c_float, ctypes.c_int]
+        library.pad_rows.restype = None
         library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
         library.mean_pixels.restype = None
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
@@ -247,6 +249,13 @@ class NativeLoops:
                                   bounds[0], bounds[1], out.ctypes.data, _RESCALED.index(out.dtype), out_stride,
                                   acc.size // max(channels, 1), channels, share_among(threads, acc.size, PER_THREAD_ITEMS))
         return True
+
+    def pad_rows(self, x: np.ndarray, out: np.ndarray, before: int, after: int, value: float, threads: int) -> None:
+        """out = x with ``before`` and ``after`` values of ``value`` around each run along its last axis
+        (contiguous float32 arrays)."""
+        columns = x.shape[-1]
+        self.library.pad_rows(address(x), address(out), x.size // max(columns, 1), columns, before, after, value,
+                              threads)
 
     def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
