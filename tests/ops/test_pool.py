@@ -1,6 +1,7 @@
 """Golden tests of the 2-D pooling kernels against LiteRT."""
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
@@ -42,3 +43,23 @@ def test_tiling_and_global_pools(op, size, c, seed):
     b.output(b.op(op, [x], options={"padding": "VALID", "filter_height": k, "filter_width": k,
                                     "stride_h": k, "stride_w": k}))
     check_against_litert(b.to_bytes(), [rng.standard_normal((1, h, h, c))])
+
+
+@pytest.mark.parametrize("opcode", ["AVERAGE_POOL_2D", "MEAN"])
+@pytest.mark.parametrize("shape", [(1, 37, 29, 16), (2, 9, 7, 40), (1, 3, 1, 5)])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_global_average(opcode, shape, native):
+    """One window over the whole image (a global average pool), and MEAN over the pixels: the
+    pixels shared between two threads, four sums at a time."""
+    rng = np.random.default_rng(3)
+    n, h, w, c = shape
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    if opcode == "MEAN":
+        out = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True})
+    else:
+        out = b.op(opcode, [x], options={"padding": "VALID", "filter_height": h, "filter_width": w, "stride_h": 1,
+                                         "stride_w": 1, "fused_activation_function": "NONE"})
+    b.output(out)
+    check_against_litert(b.to_bytes(), [rng.standard_normal(shape) * 3 + 1], options=CompileOptions(num_threads=2),
+                         backend_options={"native": native})
