@@ -22,8 +22,8 @@ from delegate.shapes import transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,
                      fused, fused_name, same_padding, scratch, strided, window_view)
-from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseTaps, Epilogue, Geometry, PackedOperand, ProductCall,
-                     kernel_loops, team_for)
+from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseCall, DepthwiseTaps, Epilogue, Geometry, PackedOperand,
+                     ProductCall, kernel_loops, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -450,7 +450,7 @@ def depthwise_taps(op: Op, weights: np.ndarray | None, finish, dtype=np.float32,
         epilogue = getattr(finish, "epilogue", None)
         return _native_depthwise(
             loops, op, pads, [(0, oh)] if not bands.converts else even_chunks(oh, least), spread_channels,
-            lambda ins: taps if taps is not None else DepthwiseTaps(np.reshape(ins[1], (kh * kw, oc))),
+            taps if taps is not None else (lambda ins: DepthwiseTaps(np.reshape(ins[1], (kh * kw, oc)))),
             finish, None if epilogue is None else epilogue.tiled(ow), dtype, offset)
     tile = _depthwise_tiling(op)
     tiled = None if weights is None else tile(weights, dtype)
@@ -478,8 +478,8 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
                       spread_channels, operand, finish, epilogue: Epilogue | None, dtype, offset: float):
     """run() of a DEPTHWISE_CONV_2D in the native loops, on all the kernel's threads: they read a float
     input in place, padding included; an input to convert (less its zero point) is converted one
-    band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand(ins)``
-    is the filter as DepthwiseTaps."""
+    band of the rows that ``chunks`` of output rows read at a time, into scratch.  ``operand`` is the
+    filter as DepthwiseTaps, or ``operand(ins)`` gives it."""
     n, h, w, _ = op.inputs[0].shape
     _, kh, kw, oc = op.inputs[1].shape
     _, oh, ow, _ = op.outputs[0].shape
@@ -487,10 +487,15 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
     team, finishes = team_for(n * oh * ow * oc * kh * kw, PER_THREAD_MACS), epilogue or NO_EPILOGUE
     if op.inputs[0].dtype.numpy == dtype and not offset:
         where = Geometry.of(op, contiguous_layout((n, h, w, oc)), contiguous_layout(op.outputs[0].shape), pads)
+        # A constant filter's call is built here: a run only places the input and output.
+        call = DepthwiseCall(operand, where, finishes, team) if isinstance(operand, DepthwiseTaps) else None
 
         def run_float(ins, outs):
-            loops.depthwise(np.ascontiguousarray(spread_channels(ins[0])), operand(ins), outs[0], where, team,
-                            finishes)
+            x = np.ascontiguousarray(spread_channels(ins[0]))
+            if call is not None:
+                loops.prepared(call, x, outs[0])
+            else:
+                loops.depthwise(x, operand(ins), outs[0], where, team, finishes)
             if epilogue is None:
                 finish(outs[0], outs[0], 0, oc)
         return run_float
@@ -507,7 +512,7 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
 
     def run(ins, outs):
         x, out = spread_channels(ins[0]), outs[0]
-        filt = operand(ins)
+        filt = operand if isinstance(operand, DepthwiseTaps) else operand(ins)
         for start, stop, first, end, where in bands:
             rows = scratch("converted", (n, end - first, w, oc), dtype)
             convert(x[:, first:end], offset, rows)

@@ -10,7 +10,7 @@ from delegate import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, fused, fused_name
-from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, float_loops, team_for
+from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, BinaryCall, Epilogue, float_loops, team_for
 
 
 def _divide(a, b, out):
@@ -79,14 +79,15 @@ def _native_arithmetic(op: Op):
     loops = float_loops(op, math.prod(shape), least)
     if loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
         return None
-    fixed = [_native_operand(t) for t in (first, second)]
-    slots = [op.inputs.index(t) for t in (first, second)]
+    (fixed_a, fixed_b), (slot_a, slot_b) = [_native_operand(t) for t in (first, second)], \
+        [op.inputs.index(t) for t in (first, second)]
     finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
-    team = team_for(math.prod(shape), PER_THREAD_ITEMS)
+    call = BinaryCall(op.opcode, shape, second.shape != shape, finish, team_for(math.prod(shape), PER_THREAD_ITEMS))
 
     def run(ins, outs):
-        a, b = (np.ascontiguousarray(ins[slot]) if value is None else value for slot, value in zip(slots, fixed))
-        loops.binary(op.opcode, a, b, outs[0], team, finish)
+        a = fixed_a if fixed_a is not None else np.ascontiguousarray(ins[slot_a])
+        b = fixed_b if fixed_b is not None else np.ascontiguousarray(ins[slot_b])
+        loops.prepared(call, a, b, outs[0])
     return laid_out(run, 0, 1)
 
 

@@ -181,6 +181,22 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
     }
 }
 
+/* depthwise_rows with its arguments in one struct: kernels build it once and set images and out per
+ * run, a one-argument call (each converted argument of a call costs a fraction of a microsecond). */
+typedef struct {
+    const float *images, *weights, *repeated;
+    int64_t period;
+    float *out;
+    const geometry *where;
+    const epilogue *finish;
+    int64_t threads;
+} depthwise_call;
+
+void depthwise_prepared(const depthwise_call *c)
+{
+    depthwise_rows(c->images, c->weights, c->repeated, c->period, c->out, c->where, c->finish, (int)c->threads);
+}
+
 /* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
  * floats each, zero past the last column), the last one half as wide where the columns left fit
  * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
@@ -386,6 +402,21 @@ void binary_flat(int kind, const float *restrict a, const float *restrict b, flo
         else if (hi > lo)
             finish_rows(out + lo, 1, hi - lo, 0, finish);
     }
+}
+
+/* binary_flat with its arguments in one struct, as depthwise_call. */
+typedef struct {
+    int64_t kind;
+    const float *a, *b;
+    float *out;
+    int64_t n, columns, broadcast;
+    const epilogue *finish;
+    int64_t threads;
+} binary_call;
+
+void binary_prepared(const binary_call *c)
+{
+    binary_flat((int)c->kind, c->a, c->b, c->out, c->n, c->columns, (int)c->broadcast, c->finish, (int)c->threads);
 }
 
 void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,

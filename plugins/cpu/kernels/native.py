@@ -164,13 +164,12 @@ class NativeLoops:
         self.library = library
         finish = ctypes.POINTER(Epilogue)
         where = ctypes.POINTER(Geometry)
-        library.depthwise_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
-        library.depthwise_rows.restype = None
         library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
         library.conv_rows.restype = None
-        library.binary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int, finish,
-                                        ctypes.c_int]
-        library.binary_flat.restype = None
+        library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
+        library.depthwise_prepared.restype = None
+        library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
+        library.binary_prepared.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
         library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
@@ -199,8 +198,15 @@ class NativeLoops:
         """A depthwise convolution of the images at ``x``, read in place, into ``out`` (both arrays or
         views starting at the first image, laid out as ``where`` says); ``finish`` with its bias
         tiled along the output rows (see native.c)."""
-        self.library.depthwise_rows(address(x), address(taps.weights), address(taps.repeated), taps.period,
-                                    address(out), ctypes.byref(where), ctypes.byref(finish), threads)
+        self.prepared(DepthwiseCall(taps, where, finish, threads), x, out)
+
+    def prepared(self, call: "DepthwiseCall | BinaryCall", *arrays: np.ndarray) -> None:
+        """A call built at compile time, on the contiguous arrays it was built for (their shapes; the
+        arrays themselves may differ from run to run): a depthwise convolution's (x, out), a binary
+        op's (a, b, out)."""
+        for name, array in zip(call.places, arrays):
+            setattr(call, name, address(array))
+        getattr(self.library, call.symbol)(call.reference)
 
     def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
@@ -214,9 +220,7 @@ class NativeLoops:
         """out = a (kind) b, then the epilogue (its slope along the last axis): contiguous float32 arrays,
         a of out's shape, b too or one row of its last axis (broadcast along the rows); ``kind`` one
         of BINARY_KINDS."""
-        columns = out.shape[-1] if out.ndim else 1
-        self.library.binary_flat(BINARY_KINDS.index(kind), address(a), address(b), address(out), out.size,
-                                 columns, b.size != out.size, ctypes.byref(finish), threads)
+        self.prepared(BinaryCall(kind, out.shape, b.size != out.size, finish, threads), a, b, out)
 
     def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
@@ -328,6 +332,36 @@ class ProductCall(ctypes.Structure):
         self.kept = (rhs, finish)
         super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
                          ldc, ctypes.pointer(finish), threads)
+        self.reference = ctypes.byref(self)
+
+
+class DepthwiseCall(ctypes.Structure):
+    """The arguments of native.c's depthwise_rows (depthwise_call): built once, a run places the images
+    and the output."""
+
+    _fields_ = [("images", _PTR), ("weights", _PTR), ("repeated", _PTR), ("period", _INT64), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+    symbol, places = "depthwise_prepared", ("images", "out")
+
+    def __init__(self, taps: "DepthwiseTaps", where: "Geometry", finish: Epilogue, threads: int):
+        self.kept = (taps, where, finish)
+        super().__init__(None, taps.weights.ctypes.data, taps.repeated.ctypes.data, taps.period, None,
+                         ctypes.pointer(where), ctypes.pointer(finish), threads)
+        self.reference = ctypes.byref(self)
+
+
+class BinaryCall(ctypes.Structure):
+    """The arguments of native.c's binary_flat (binary_call) for operands of ``shape`` (the second one
+    row of its last axis when ``broadcast``): built once, a run places the operands and the output."""
+
+    _fields_ = [("kind", _INT64), ("a", _PTR), ("b", _PTR), ("out", _PTR), ("n", _INT64), ("columns", _INT64),
+                ("broadcast", _INT64), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+    symbol, places = "binary_prepared", ("a", "b", "out")
+
+    def __init__(self, kind: str, shape: tuple[int, ...], broadcast: bool, finish: Epilogue, threads: int):
+        self.kept = finish
+        super().__init__(BINARY_KINDS.index(kind), None, None, None, math.prod(shape), shape[-1] if shape else 1,
+                         broadcast, ctypes.pointer(finish), threads)
         self.reference = ctypes.byref(self)
 
 
