@@ -9,7 +9,7 @@ import numpy as np
 from delegate import Op
 
 from ..registry import kernel, laid_out
-from .common import CLAMPS, along_rows, constant, fused, fused_name
+from .common import CLAMPS, along_rows, constant, float_constant, fused, fused_name
 from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, BinaryCall, Epilogue, float_loops, team_for
 
 
@@ -79,8 +79,9 @@ def _native_arithmetic(op: Op):
     loops = float_loops(op, math.prod(shape), least)
     if loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
         return None
-    (fixed_a, fixed_b), (slot_a, slot_b) = [_native_operand(t) for t in (first, second)], \
-        [op.inputs.index(t) for t in (first, second)]
+    # Constant operands are taken as they are laid out once; the others are read at run time.
+    fixed_a, fixed_b = (None if (v := float_constant(t)) is None else np.ascontiguousarray(v) for t in (first, second))
+    slot_a, slot_b = op.inputs.index(first), op.inputs.index(second)
     finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
     call = BinaryCall(op.opcode, shape, second.shape != shape, finish, team_for(math.prod(shape), PER_THREAD_ITEMS))
 
@@ -94,12 +95,6 @@ def _native_arithmetic(op: Op):
 def _is_row(t, shape) -> bool:
     """Whether ``t`` holds one value per element of the last axis of ``shape``, broadcast along the rest."""
     return len(t.shape) <= len(shape) and t.shape[-1:] == shape[-1:] and math.prod(t.shape) == shape[-1] > 1
-
-
-def _native_operand(t):
-    """A constant operand as the native loops take it, or None for one read at run time."""
-    value = constant(t)
-    return None if value is None else np.ascontiguousarray(value, np.float32)
 
 
 @kernel(*_COMPARE)

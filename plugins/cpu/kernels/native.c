@@ -69,6 +69,22 @@ static int64_t row_taps(const geometry *g, int64_t oy, int64_t *columns, int64_t
     return taps;
 }
 
+/* Of a row's taps (see row_taps), those inside a row of w input columns for the output pixel whose
+ * left-most column is ix0 (its column times the stride): their offsets and indices.  Returns how many. */
+static int64_t taps_inside(const int64_t *columns, const int64_t *offsets, const int64_t *index, int64_t taps,
+                           int64_t ix0, int64_t w, int64_t *kept_offsets, int64_t *kept_index)
+{
+    int64_t kept = 0;
+    for (int64_t t = 0; t < taps; t++) {
+        int64_t ix = ix0 + columns[t];
+        if (ix >= 0 && ix < w) {
+            kept_offsets[kept] = offsets[t];
+            kept_index[kept++] = index[t];
+        }
+    }
+    return kept;
+}
+
 /* The output columns [*first, *end) whose filter taps all fall inside a row of w input columns:
  * ox*stride + left-most tap >= 0 and ox*stride + right-most tap < w. */
 static void inner_columns(int64_t w, int64_t kw, int64_t stride, int64_t dilation, int64_t left, int64_t ow,
@@ -166,15 +182,11 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
                 ox = inner1;
             if (ox >= ow)
                 break;
-            int64_t inside[kh * kw], kept = 0;
+            int64_t inside[kh * kw], inside_index[kh * kw];
+            int64_t kept = taps_inside(columns, offsets, index, taps, ox * stride_w, w, inside, inside_index);
             const float *kept_filters[kh * kw];
-            for (int64_t t = 0; t < taps; t++) {
-                int64_t ix = ox * stride_w + columns[t];
-                if (ix >= 0 && ix < w) {
-                    inside[kept] = offsets[t];
-                    kept_filters[kept++] = filters[t];
-                }
-            }
+            for (int64_t t = 0; t < kept; t++)
+                kept_filters[t] = weights + inside_index[t] * c;
             sum_taps(x + ox * stride_w * c, inside, kept_filters, c, kept, row + ox * c, c);
         }
         finish_rows(row, 1, ow * c, ow * c, finish);
@@ -335,14 +347,7 @@ void conv_rows(const float *restrict images, const float *restrict packed, int64
             if (ox >= inner0 && ox < inner1) {
                 pixels = inner1 - ox < MR ? (int)(inner1 - ox) : MR;
             } else {  /* a border pixel: only the taps inside */
-                pixel_taps = 0;
-                for (int64_t t = 0; t < taps; t++) {
-                    int64_t ix = ox * stride_w + columns[t];
-                    if (ix >= 0 && ix < w) {
-                        inside[pixel_taps] = offsets[t];
-                        inside_index[pixel_taps++] = index[t];
-                    }
-                }
+                pixel_taps = taps_inside(columns, offsets, index, taps, ox * stride_w, w, inside, inside_index);
                 pixel_offsets = inside;
                 pixel_index = inside_index;
             }
