@@ -103,8 +103,16 @@ class CompiledPartition(abc.ABC):
         """Facts for ``delegate plan`` (precision used, kernels, fusion)."""
         return {}
 
+    def op_timer(self) -> str:
+        """How this partition times single ops (e.g. "OpenCL profiling events"), or "" when it cannot:
+        then only the whole partition is timed, and nothing is reported per op."""
+        return ""
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Time every op of the following runs, where ``op_timer`` says the backend can."""
+
     def profile(self) -> dict[int, float]:
-        """Per-op measured milliseconds of the last run, where the backend can tell."""
+        """Per-op measured milliseconds of the profiled runs (empty when ``op_timer`` is "")."""
         return {}
 
 

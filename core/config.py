@@ -459,6 +459,14 @@ class AccuracyGuard(Section):
 
 
 @dataclass(frozen=True)
+class Placement(Section):
+    """How the plan is chosen: from estimates, or by timing candidate plans (see plan_search)."""
+
+    search: str
+    budget_s: float
+
+
+@dataclass(frozen=True)
 class CpuOptions(Section):
     engine: str
     native: bool
@@ -492,6 +500,7 @@ class Settings:
     quant_simulation: bool
     inference_preference: str
     partitioner: str
+    placement: Placement
     max_delegated_partitions: int
     min_nodes_per_partition: int
     pin: tuple[Rule, ...]
@@ -609,6 +618,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
         serialization=Serialization(**values["serialization"]),
         accuracy_guard=AccuracyGuard(**thresholds(values["accuracy_guard"])),
         cpu=CpuOptions(**values["cpu"]),
+        placement=Placement(search=values["placement"]["search"], budget_s=float(values["placement"]["budget_s"])),
         input=InputSpec(mean=_floats(inp["mean"]), std=_floats(inp["std"]), range=_floats(inp["range"]),
                         color=inp["color"], layout=inp["layout"]),
         validate=Thresholds(**thresholds(values["validate"])),

@@ -13,6 +13,7 @@ from typing import Any
 PRECISIONS = ("fp32", "fp16")
 PREFERENCES = ("fast_single_answer", "sustained_speed")
 PARTITIONERS = ("cost", "greedy")
+SEARCHES = ("auto", "estimate", "measure")
 CPU_ENGINES = ("numpy", "litert", "auto")
 CONCURRENCY = ("sequential", "parallel")
 COLORS = ("RGB", "BGR")
@@ -74,6 +75,8 @@ MODEL_SETTINGS: dict[str, Any] = {
     "allow_quantized": {"type": "boolean"},
     "inference_preference": enum(*PREFERENCES),
     "partitioner": enum(*PARTITIONERS),
+    "placement": section(search=enum(*SEARCHES), budget_s={"type": "number", "exclusiveMinimum": 0,
+                                                           "maximum": 3600}),
     "max_delegated_partitions": {"type": "integer", "minimum": 0},
     "min_nodes_per_partition": {"type": "integer", "minimum": 1},
     "pin": {"type": "array", "items": rule(backend_required=True)},

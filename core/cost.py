@@ -1,56 +1,97 @@
 """Cost model: estimated time of an op on a backend and of moving a tensor between devices.
 
-Compute time is a roofline, ``launch + max(flops / throughput, bytes / bandwidth)``,
-against a :class:`DeviceProfile`.  Profiles come from ``delegate calibrate``
-(stored per device fingerprint in the user cache dir) and fall back to the
-documented defaults below.  Measured per-op times (``delegate bench --profile``)
-replace estimates for the ops they cover.
+Compute time is a roofline, ``launch + max(flops / throughput, bytes / bandwidth) * class scale``,
+against a :class:`DeviceProfile`; each partition adds its backend's fixed cost.  Profiles come from
+``delegate calibrate`` (stored per device fingerprint in the user cache dir), are refitted by every
+measurement (``refit``: bench, tune) and fall back to the documented defaults below.  Measured
+per-op times (``delegate bench --profile``) replace estimates for the ops they cover.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .ir import Op
 
 
+# Op classes the cost model fits a throughput correction for (see ``refit``).
+OP_CLASSES = {"CONV_2D": "conv", "TRANSPOSE_CONV": "conv", "Convolution2DTransposeBias": "conv",
+              "DEPTHWISE_CONV_2D": "depthwise", "FULLY_CONNECTED": "matmul", "BATCH_MATMUL": "matmul",
+              "MAX_POOL_2D": "pool", "AVERAGE_POOL_2D": "pool", "MEAN": "reduce", "SUM": "reduce",
+              "REDUCE_MAX": "reduce", "REDUCE_MIN": "reduce", "REDUCE_PROD": "reduce", "SOFTMAX": "reduce",
+              "RESHAPE": "layout", "TRANSPOSE": "layout", "CONCATENATION": "layout", "SLICE": "layout",
+              "STRIDED_SLICE": "layout", "PAD": "layout", "PADV2": "layout", "GATHER": "layout",
+              "SPLIT": "layout", "SPLIT_V": "layout", "PACK": "layout", "UNPACK": "layout",
+              "RESIZE_BILINEAR": "resize", "RESIZE_NEAREST_NEIGHBOR": "resize",
+              "UNIDIRECTIONAL_SEQUENCE_LSTM": "recurrent", "LSTM": "recurrent"}
+
+
+def op_class(op: Op) -> str:
+    return OP_CLASSES.get(op.opcode, "elementwise")
+
+
 @dataclass
 class DeviceProfile:
-    """Throughput and transfer figures of one backend on one device."""
+    """Throughput and transfer figures of one backend on one device.
+
+    ``class_scale`` multiplies the roofline of an op class: fitted from measured op and partition
+    times (``refit``) so that the estimates of models never measured improve too."""
 
     gflops: float  # sustained arithmetic throughput
     gbytes_per_s: float  # memory bandwidth seen by kernels
     launch_us: float  # fixed cost per op (dispatch, Python overhead)
+    partition_us: float = 0.0  # fixed cost per partition run: submission, queue drain, engine call
     transfer_latency_us: float = 0.0  # fixed cost per host<->device copy
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
+    class_scale: dict[str, float] = field(default_factory=dict)
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
-    source: str = "default"
+    calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
+    fitted_at: str = ""  # when measurements last refitted ``class_scale``/``partition_us``
+    fit_samples: int = 0  # measurements behind the fit
+    source: str = "default"  # "default (KIND)" or the file it was read from
 
-    def compute_ms(self, flops: float, nbytes: float) -> float:
-        roof = max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9))
-        return self.launch_us * 1e-3 + roof * 1e3
+    def compute_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
+        return self.launch_us * 1e-3 + self.roofline_ms(flops, nbytes) * self.scale(klass)
+
+    def roofline_ms(self, flops: float, nbytes: float) -> float:
+        return max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
+
+    def scale(self, klass: str | None) -> float:
+        """The fitted correction of a class's roofline ("*": fitted on whole partitions, for all classes)."""
+        return self.class_scale.get(klass or "", self.class_scale.get("*", 1.0))
 
     def transfer_ms(self, nbytes: int) -> float:
         if self.transfer_gbytes_per_s == float("inf"):
             return 0.0
         return self.transfer_latency_us * 1e-3 + nbytes / (self.transfer_gbytes_per_s * 1e9) * 1e3
 
+    def describe(self) -> str:
+        """Which figures the planner used: defaults, or a calibrated/fitted file and its dates."""
+        if not self.calibrated_at and not self.fitted_at:
+            return self.source
+        parts = [f"calibrated {self.calibrated_at}" if self.calibrated_at else "default figures"]
+        if self.fitted_at:
+            parts.append(f"refitted {self.fitted_at} from {self.fit_samples} measurement(s)")
+        return ", ".join(parts) + f" ({self.source})"
+
 
 # Defaults when no calibration exists.  Deliberately conservative for accelerators: an
-# uncalibrated GPU must win clearly before ops move there.
+# uncalibrated GPU must win clearly before ops move there.  A device that is really the host's
+# cores behind a GPU API (PoCL, lavapipe) is slower than the host backend's own kernels.
 DEFAULT_PROFILES = {
-    "cpu": DeviceProfile(gflops=20.0, gbytes_per_s=8.0, launch_us=15.0),  # numpy kernels
-    "cpu-litert": DeviceProfile(gflops=80.0, gbytes_per_s=15.0, launch_us=2.0),  # LiteRT engine
-    "gpu": DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0,
+    "cpu": DeviceProfile(gflops=20.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0),  # numpy kernels
+    "cpu-litert": DeviceProfile(gflops=80.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0),  # LiteRT engine
+    "gpu": DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0, partition_us=50.0,
                          transfer_latency_us=50.0, transfer_gbytes_per_s=5.0),
-    "cpu-device": DeviceProfile(gflops=15.0, gbytes_per_s=8.0, launch_us=20.0,
+    "cpu-device": DeviceProfile(gflops=15.0, gbytes_per_s=8.0, launch_us=20.0, partition_us=100.0,
                                 transfer_latency_us=10.0, transfer_gbytes_per_s=10.0),
 }
 
@@ -102,6 +143,57 @@ def op_bytes(op: Op) -> float:
     return float(sum(t.nbytes for t in op.inputs if t is not None) + sum(t.nbytes for t in op.outputs))
 
 
+@dataclass
+class Observation:
+    """One partition measured on its backend: its ops, its time, and its ops' times where measured."""
+
+    ops: list[Op]
+    ms: float
+    op_ms: dict[int, float] = field(default_factory=dict)
+    op_times_include_launch: bool = True  # host timers do; device events time the kernel alone
+
+
+SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measurement, not a device
+
+
+def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
+    """Fit ``class_scale`` and ``partition_us`` to measured times; returns how many measurements were used.
+
+    Per op class, the median of measured / roofline over the ops measured one by one; for partitions
+    timed only as a whole (the LiteRT engine), one correction for every class ("*").  ``free``: ops the
+    backend never runs (folded), which carry no time.  Classes not observed keep their correction."""
+    launch = profile.launch_us * 1e-3
+    ratios: dict[str, list[float]] = {}
+    overheads: list[float] = []
+    for obs in observations:
+        counted = [op for op in obs.ops if not free(op)]
+        if obs.op_ms:
+            for op in counted:
+                roof = profile.roofline_ms(op_flops(op), op_bytes(op))
+                measured = obs.op_ms.get(op.index)
+                if measured is None or roof <= 0:
+                    continue
+                work = measured - launch if obs.op_times_include_launch else measured
+                if work > 0.5 * launch:  # enough work for the time to say something about throughput
+                    ratios.setdefault(op_class(op), []).append(work / roof)
+            launches = 0.0 if obs.op_times_include_launch else launch * len(counted)
+            overheads.append(obs.ms - sum(obs.op_ms.values()) - launches)
+        else:
+            roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
+            work = obs.ms - launch * len(counted) - profile.partition_us * 1e-3
+            if roof > 0 and work > 0:
+                ratios.setdefault("*", []).append(work / roof)
+    for klass, values in ratios.items():
+        profile.class_scale[klass] = float(np.clip(np.median(values), *SCALE_RANGE))
+    if overheads:
+        profile.partition_us = max(float(np.median(overheads)) * 1e3, 0.0)
+    used = sum(len(v) for v in ratios.values()) + len(overheads)
+    if used:
+        profile.fit_samples += used
+        profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return used
+
+
 def op_signature(op: Op) -> str:
     """Key of a measured per-op time: op code and shapes (not names), so it transfers between models."""
     shapes = ";".join(",".join(map(str, t.shape)) for t in op.inputs if t is not None)
@@ -114,9 +206,14 @@ def profile_dir() -> Path:
     return Path(os.environ.get("DELEGATE_PROFILE_DIR") or Path(user_cache_dir("delegate")) / "profiles")
 
 
+# The facts that identify a device and driver and do not change while it runs (free memory does).
+STABLE_FACTS = ("backend", "engine", "platform", "device", "adapter", "vendor", "device_type", "backend_type",
+                "adapter_type", "driver", "driver_version", "compute_units", "cpu_model", "cores")
+
+
 def fingerprint(device_info: dict[str, Any]) -> str:
-    """Stable key of a device (backend, device, driver, plugin version)."""
-    text = json.dumps(device_info, sort_keys=True, default=str)
+    """Key of a device's profile, from its stable facts only."""
+    text = json.dumps({k: device_info[k] for k in STABLE_FACTS if k in device_info}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -127,10 +224,26 @@ def load_profile(device_info: dict[str, Any], kind: str) -> DeviceProfile:
         data = json.loads(path.read_text())
         profile = DeviceProfile(**{k: v for k, v in data.items() if k in DeviceProfile.__dataclass_fields__})
         profile.source = str(path)
+        _check_figures(profile)
         return profile
     except (OSError, ValueError, TypeError):
         base = DEFAULT_PROFILES[kind]
-        return DeviceProfile(**{**asdict(base), "measured_op_ms": {}})
+        return DeviceProfile(**{**asdict(base), "class_scale": {}, "measured_op_ms": {},
+                                "source": f"default ({kind})"})
+
+
+def _check_figures(profile: DeviceProfile) -> None:
+    """A stored profile whose figures are not positive numbers is not used (ValueError)."""
+    for name in ("gflops", "gbytes_per_s", "launch_us", "transfer_gbytes_per_s"):
+        value = getattr(profile, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} = {value!r}")
+    for name in ("partition_us", "transfer_latency_us"):
+        value = getattr(profile, name)
+        if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise ValueError(f"{name} = {value!r}")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in profile.class_scale.values()):
+        raise ValueError("class_scale")
 
 
 def save_profile(device_info: dict[str, Any], profile: DeviceProfile) -> Path:

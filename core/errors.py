@@ -75,3 +75,9 @@ class CacheError(DelegateError):
     """The kernel cache directory is unsafe or unusable."""
 
     exit_code = 9
+
+
+class MeasurementError(DelegateError):
+    """A measurement could not be made reliably: unstable over repeats, or outside physical bounds."""
+
+    exit_code = 11

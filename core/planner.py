@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .backend import Backend, CompileOptions, Partition
-from .cost import DeviceProfile, op_bytes, op_flops, op_signature
+from .cost import DeviceProfile, op_bytes, op_class, op_flops, op_signature
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
@@ -62,6 +62,8 @@ class Rule:
 @dataclass
 class PlacementSettings:
     partitioner: str = "cost"  # "cost" | "greedy"
+    search: str = "estimate"  # "auto" | "estimate" | "measure" (see plan_search)
+    budget_s: float = 10.0
     max_delegated_partitions: int = 0  # 0 = unlimited
     min_nodes_per_partition: int = 1
     pins: list[Rule] = field(default_factory=list)
@@ -91,6 +93,23 @@ class OpDecision:
 
 
 @dataclass
+class Candidate:
+    """One assignment the planner considered; ``measured_ms`` is filled only by timing it on the device."""
+
+    name: str
+    assignment: dict[int, str]
+    estimated_ms: float
+    notes: list[str] = field(default_factory=list)
+    measured_ms: float | None = None
+    status: str = ""  # why it was not measured, or was stopped early
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "estimated_ms": round(self.estimated_ms, 4),
+                "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
+                "status": self.status, "backends": sorted(set(self.assignment.values()))}
+
+
+@dataclass
 class Plan:
     graph: Subgraph
     partitions: list[Partition]
@@ -100,6 +119,10 @@ class Plan:
     partitioner: str
     accelerators: list[str]
     notes: list[str] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: str = ""  # the candidate this plan is
+    choice: str = ""  # how it was chosen: "estimated", "measured now", "stored decision of DATE"
+    profiles: dict[str, str] = field(default_factory=dict)  # backend -> which cost profile was used
 
     @property
     def delegated(self) -> list[Partition]:
@@ -137,6 +160,9 @@ class Plan:
             "ops": [d.__dict__ for d in self.decisions],
             "warnings": self.warnings(),
             "notes": self.notes,
+            "chosen": self.chosen, "choice": self.choice,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "profiles": dict(self.profiles),
         }
 
 
@@ -163,7 +189,7 @@ class Planner:
         measured = profile.measured_op_ms.get(op_signature(op))
         if measured is not None:
             return float(measured)
-        return profile.compute_ms(op_flops(op), op_bytes(op))
+        return profile.compute_ms(op_flops(op), op_bytes(op), op_class(op))
 
     def transfer_cost(self, t: Tensor, backend: str) -> float:
         """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""
@@ -231,10 +257,19 @@ class Planner:
                 ms = self.transfer_cost(t, source) + self.transfer_cost(t, dest)
                 copies.append(Copy(t.index, t.name, source, dest, t.nbytes, ms))
                 total += ms
+        total += sum(self.partition_ms(assignment[ops[0].index]) for ops in self.form_partitions(graph, assignment))
         return total, copies
 
-    def min_cut(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
-        """Exact CPU/accelerator assignment by s-t minimum cut (source side = accelerator)."""
+    def partition_ms(self, backend: str) -> float:
+        """Fixed cost of running one partition on ``backend`` (submission, queue drain, engine call)."""
+        return self.profiles[backend].partition_us * 1e-3
+
+    def min_cut(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]],
+                boundary_scale: float = 1.0) -> dict[int, str]:
+        """Exact CPU/accelerator assignment by s-t minimum cut (source side = accelerator).
+
+        ``boundary_scale`` weighs the cut edges (copies and partition boundaries) up or down: the
+        measured search tries such variants, since boundary costs are the least certain estimates."""
         import networkx as nx  # imported here: only plans with an accelerator need it
 
         g = nx.DiGraph()
@@ -260,7 +295,8 @@ class Planner:
         for tensor in graph.tensors:
             if tensor.is_constant or (not tensor.uses and tensor.index not in outputs):
                 continue
-            ms = self.transfer_cost(tensor, accel)
+            # a cut edge is a copy and a partition boundary on each side of it
+            ms = (self.transfer_cost(tensor, accel) + self.partition_ms(accel) + self.partition_ms("cpu")) * boundary_scale
             producer = tensor.producer.index if tensor.producer is not None else None
             down, up = ("down", tensor.index), ("up", tensor.index)
             # download once when produced on the accelerator and needed on the host
@@ -364,31 +400,83 @@ class Planner:
                 return assignment, notes
 
     # -- the whole pipeline --------------------------------------------------
-    def plan(self, graph: Subgraph) -> Plan:
+    BOUNDARY_SCALES = (0.25, 4.0)  # min-cut variants among the candidates
+
+    def candidates(self, graph: Subgraph) -> tuple[list[Candidate], dict, dict]:
+        """Every assignment worth considering, with its estimate; also the per-op costs and refusals.
+
+        The CPU alone, and per accelerator: greedy (LiteRT's rule, the accelerator alone), the cost
+        plan (min cut), min-cut variants with boundary costs scaled, and greedy with every partition
+        that does not pay for itself (estimated) returned to the CPU.  Duplicates are dropped."""
         costs, refusals = self.capabilities(graph)
         cpu_only = {op.index: "cpu" if "cpu" in costs[op.index] else next(iter(costs[op.index]))
                     for op in graph.ops}
-        candidates: list[tuple[float, dict[int, str], list[str], str]] = []
-        mode = self.settings.partitioner
-        for accel in self.accelerators or [None]:
-            if accel is None:
-                assignment = dict(cpu_only)
-                notes: list[str] = []
-            elif mode == "greedy":
-                assignment, notes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
-            else:
-                assignment, notes = self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs, False)
-                greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
-                if self.evaluate(graph, greedy, costs)[0] < self.evaluate(graph, assignment, costs)[0]:
-                    assignment, notes = greedy, gnotes + ["the greedy plan was cheaper under the partition limits"]
-            total, _ = self.evaluate(graph, assignment, costs)
-            candidates.append((total, assignment, notes, accel or "cpu"))
-        total, assignment, notes, _ = min(candidates, key=lambda c: c[0])
+        found: list[tuple[str, dict[int, str], list[str]]] = [("cpu", cpu_only, [])]
+        for accel in self.accelerators:
+            greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
+            found.append((f"greedy:{accel}", greedy, gnotes))
+            if self.settings.partitioner == "greedy":
+                continue
+            found.append((f"cost:{accel}", *self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs,
+                                                                False)))
+            for scale in self.BOUNDARY_SCALES:
+                found.append((f"cost:{accel} boundaries x{scale:g}",
+                              *self.enforce_limits(graph, self.min_cut(graph, accel, costs, scale), costs, False)))
+            found.append((f"trimmed:{accel}", *self.trim(graph, dict(greedy), costs, gnotes)))
+        out: list[Candidate] = []
+        for name, assignment, notes in found:
+            same = next((c for c in out if c.assignment == assignment), None)
+            if same is not None:  # the same plan reached another way: keep why it looks as it does
+                same.notes.extend(n for n in notes if n not in same.notes)
+                continue
+            out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes))
+        return out, costs, refusals
+
+    def trim(self, graph: Subgraph, assignment: dict[int, str], costs, notes: list[str]) -> tuple[dict[int, str], list[str]]:
+        """``assignment`` with accelerator partitions returned to the CPU, weakest first, each only when that
+        lowers the estimate (2 evaluations per partition, so large greedy plans stay cheap to trim)."""
+        notes = list(notes)
+        base, _ = self.evaluate(graph, assignment, costs)
+        movable = [ops for ops in self.form_partitions(graph, assignment)
+                   if assignment[ops[0].index] != "cpu" and all("cpu" in costs[o.index] for o in ops)]
+
+        def without(ops, current):
+            return {**current, **{o.index: "cpu" for o in ops}}
+        gains = sorted(((self.evaluate(graph, without(ops, assignment), costs)[0] - base, i)
+                        for i, ops in enumerate(movable)))
+        for gain, i in gains:
+            if gain >= 0:
+                break
+            trial = without(movable[i], assignment)
+            total, _ = self.evaluate(graph, trial, costs)
+            if total < base:
+                assignment, base = trial, total
+                notes.append(f"partition of {len(movable[i])} op(s) starting at op #{movable[i][0].index} "
+                             f"returned to cpu: it did not pay for its copies and boundaries")
+        return assignment, notes
+
+    def plan(self, graph: Subgraph) -> Plan:
+        """The candidate with the lowest estimate (the greedy one under ``partitioner: greedy``)."""
+        candidates, costs, refusals = self.candidates(graph)
+        pool = [c for c in candidates if c.name.startswith("greedy:")] if self.settings.partitioner == "greedy" \
+            else candidates
+        best = min(pool or candidates, key=lambda c: c.estimated_ms)
+        plan = self.plan_for(graph, best, costs, refusals)
+        plan.candidates, plan.choice = candidates, "lowest estimate"
+        return plan
+
+    def plan_for(self, graph: Subgraph, candidate: Candidate, costs=None, refusals=None) -> Plan:
+        """The plan (partitions, copies, explanation) of one candidate assignment."""
+        if costs is None:
+            costs, refusals = self.capabilities(graph)
+        assignment = candidate.assignment
         total, copies = self.evaluate(graph, assignment, costs)
         partitions = [make_partition(graph, ops, assignment[ops[0].index], i)
                       for i, ops in enumerate(self.form_partitions(graph, assignment))]
         decisions = self.explain(graph, assignment, costs, refusals, copies)
-        return Plan(graph, partitions, decisions, copies, total, mode, self.accelerators, notes)
+        return Plan(graph, partitions, decisions, copies, total, self.settings.partitioner, self.accelerators,
+                    list(candidate.notes), chosen=candidate.name,
+                    profiles={name: p.describe() for name, p in self.profiles.items()})
 
     def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies) -> list[OpDecision]:
         copies_into: dict[int, int] = {}

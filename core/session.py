@@ -80,7 +80,8 @@ def run_settings(config: Any) -> RunSettings:
     placement = PlacementSettings(partitioner=config.partitioner,
                                   max_delegated_partitions=config.max_delegated_partitions,
                                   min_nodes_per_partition=config.min_nodes_per_partition,
-                                  pins=list(config.pin), denies=list(config.deny))
+                                  pins=list(config.pin), denies=list(config.deny),
+                                  search=config.placement.search, budget_s=config.placement.budget_s)
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
     return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound)
@@ -154,7 +155,8 @@ class Session:
     """A model planned and compiled for the configured backends."""
 
     def __init__(self, model: Model, settings: RunSettings | None = None, *,
-                 manager: PluginManager | None = None, subgraph: int = 0):
+                 manager: PluginManager | None = None, subgraph: int = 0, remeasure: bool = False):
+        """``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``)."""
         self.model = model
         self.settings = settings or RunSettings()
         self.manager = manager or default_manager()
@@ -169,16 +171,71 @@ class Session:
                 self.graph.link()
         self.profiles = backend_profiles(self.backends)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
-        self.plan: Plan = self.planner.plan(self.graph)
+        self.plan, compiled = self._choose_plan(remeasure)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=[self._compile(p) for p in self.plan.partitions])
+                                 compiled=compiled or [self._compile(p) for p in self.plan.partitions])
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             self._guard_accuracy(self.settings.accuracy_guard)
         self.init_ms = (time.perf_counter() - started) * 1e3
+
+    # -- choosing the plan ------------------------------------------------
+    def _choose_plan(self, remeasure: bool) -> tuple[Plan, list[CompiledPartition] | None]:
+        """The plan with the lowest estimate, a stored measured decision, or the fastest candidate measured
+        now (see plan_search); with the compiled partitions when measuring left them ready."""
+        from . import plan_search
+
+        plan = self.planner.plan(self.graph)
+        placement, preference = self.settings.placement, self.settings.compile.inference_preference
+        if placement.search == "estimate" or len(plan.candidates) < 2:
+            return plan, None
+        key = plan_search.decision_key(self.graph, {n: b.device_info() for n, b in self.backends.items()},
+                                       self._placement_facts())
+        stored = None if remeasure else plan_search.load_decision(key)
+        chosen = plan_search.stored_candidate(stored, plan.candidates) if stored else None
+        if chosen is not None:
+            return self._plan_of(chosen, plan, f"stored measured decision of {stored.get('measured_at', '?')}"), None
+        if not (remeasure or placement.search == "measure" or preference == "sustained_speed"):
+            return plan, None
+        built: dict[str, list[CompiledPartition]] = {}
+
+        def build(candidate):
+            candidate_plan = self.planner.plan_for(self.graph, candidate)
+            compiled = [self.backends[p.backend].compile(p, self.settings.compile) for p in candidate_plan.partitions]
+            built[candidate.name] = compiled
+            executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled)
+            inputs = self._random_inputs()
+            return lambda: executor.run(inputs)
+
+        winner = plan_search.measure(plan.candidates, build, placement.budget_s)
+        plan_search.save_decision(key, winner, plan.candidates)
+        chosen_plan = self._plan_of(winner, plan, "fastest measured now")
+        # measuring ran the winner: a stateful model gets freshly compiled partitions (its state untouched)
+        stateful = any(t.is_variable for t in self.graph.tensors)
+        return chosen_plan, None if stateful else built[winner.name]
+
+    def _plan_of(self, candidate, estimated: Plan, choice: str) -> Plan:
+        plan = self.planner.plan_for(self.graph, candidate)
+        plan.candidates, plan.choice = estimated.candidates, choice
+        return plan
+
+    def _placement_facts(self) -> dict[str, Any]:
+        """The settings a stored decision is valid for: what changes the plans or their speed."""
+        s, c = self.settings.placement, self.settings.compile
+        return {"backends": self.settings.backends, "partitioner": s.partitioner,
+                "max_delegated_partitions": s.max_delegated_partitions, "min_nodes": s.min_nodes_per_partition,
+                "pins": [r.__dict__ for r in s.pins], "denies": [r.__dict__ for r in s.denies],
+                "precision": c.precision, "allow_quantized": c.allow_quantized, "threads": c.num_threads,
+                "preference": c.inference_preference}
+
+    def _random_inputs(self) -> dict[int, np.ndarray]:
+        from .inputs import random_input
+
+        rng = np.random.default_rng(0)
+        return {t.index: random_input(t, rng) for t in self.graph.inputs}
 
     # -- compile / fallback ----------------------------------------------
     def _compile(self, partition: Partition) -> CompiledPartition:

@@ -51,7 +51,16 @@ def fuse_paddings(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op], d
     return merged, {pad.index: consumers[id(pad)].index for pad in ops if id(pad) in consumers}
 
 
-def _padded_consumer(op: Op, keep: Collection[int], members: set[int]) -> Op | None:
+def absorbed(op: Op) -> bool:
+    """Whether ``op`` runs inside a neighbour when both are in one CPU partition (so costs nothing
+    of its own): a pad a convolution takes over, or an activation its producer applies.  XNNPACK,
+    which the LiteRT engine runs, fuses the same pairs."""
+    producer = op.inputs[0].producer if op.inputs and op.inputs[0] is not None else None
+    return _padded_consumer(op, (), None) is not None or (
+        producer is not None and _follower(producer, (), None) is op)
+
+
+def _padded_consumer(op: Op, keep: Collection[int], members: set[int] | None) -> Op | None:
     """The convolution that can take over ``op``'s padding, if ``op`` is such a pad."""
     if op.custom or op.opcode not in ("PAD", "PADV2") or len(op.outputs) != 1:
         return None
@@ -64,7 +73,7 @@ def _padded_consumer(op: Op, keep: Collection[int], members: set[int]) -> Op | N
     if op.input(2) is not None and (fill is None or fill.size != 1 or float(fill.ravel()[0]) != 0.0):
         return None
     consumer = value.uses[0]
-    if id(consumer) not in members or consumer.custom or consumer.opcode not in PADDED or is_quantized_op(consumer):
+    if (members is not None and id(consumer) not in members) or consumer.custom or consumer.opcode not in PADDED or is_quantized_op(consumer):
         return None
     if consumer.inputs[0] is not value or consumer.options.get("padding") != "VALID":
         return None
@@ -94,7 +103,7 @@ def fuse_activations(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op]
     return merged, {followers[id(op)].index: op.index for op in ops if id(op) in followers}
 
 
-def _follower(op: Op, keep: Collection[int], members: set[int]) -> Op | None:
+def _follower(op: Op, keep: Collection[int], members: set[int] | None) -> Op | None:
     """The activation op fusable into ``op``, if any."""
     if op.custom or op.opcode not in HOSTS or len(op.outputs) != 1 or is_quantized_op(op):
         return None
@@ -104,7 +113,7 @@ def _follower(op: Op, keep: Collection[int], members: set[int]) -> Op | None:
     if value.index in keep or value.dtype.numpy != np.float32 or len(value.uses) != 1:
         return None
     follower = value.uses[0]
-    if id(follower) not in members or follower.custom or follower.inputs[0] is not value:
+    if (members is not None and id(follower) not in members) or follower.custom or follower.inputs[0] is not value:
         return None
     out = follower.outputs[0]
     if out.shape != value.shape or out.dtype != value.dtype:

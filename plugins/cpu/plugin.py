@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from typing import Any, Mapping
 
@@ -14,7 +16,7 @@ from delegate.ir import Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
-from .fusion import fuse_ops
+from .fusion import absorbed, fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
 from .kernels.native import partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
@@ -95,6 +97,9 @@ class CpuCompiled(CompiledPartition):
                     timings.setdefault(op.index, []).append((time.perf_counter() - start) * 1e3)
         return {t.index: self.buffers[t.index] for t in self.partition.outputs}
 
+    def op_timer(self) -> str:
+        return "numpy engine kernel timers"
+
     def set_profiling(self, enabled: bool) -> None:
         """Time every op of the following runs (for ``delegate bench``'s per-op profile)."""
         self.timings = {} if enabled else None
@@ -170,6 +175,18 @@ def _same_tensors(details: list[dict], tensors: list[Tensor]) -> bool:
         for d, t in zip(details, tensors))
 
 
+def _cpu_model() -> str:
+    """The host processor's name (keys the CPU's cost profile)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def litert_installed() -> bool:
     try:
         import ai_edge_litert.interpreter  # noqa: F401
@@ -197,6 +214,13 @@ class CpuBackend(Backend):
             return Support.no(f"no cpu kernel for {kind} {op.opcode}")
         return Support.yes()
 
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """Nothing for ops that never run here: values known at compile time (a DEQUANTIZE of constant
+        weights, which both engines fold) and pads or activations fused into their neighbour."""
+        if _computes_constants(op) or absorbed(op):
+            return 0.0
+        return None
+
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
 
@@ -215,7 +239,9 @@ class CpuBackend(Backend):
         return CpuCompiled(partition, self.custom, options.num_threads, self.options.get("native", True))
 
     def device_info(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__}
+        return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__,
+                "cpu_model": _cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count()}
 
     @property
     def engine(self) -> str:

@@ -160,6 +160,9 @@ class ClCompiled(CompiledPartition):
             value.batch = batch
         return {b.tensor.index: v for b, v in zip(self.outputs, values)}
 
+    def op_timer(self) -> str:
+        return "OpenCL profiling events"
+
     def set_profiling(self, enabled: bool) -> None:
         """Keep the events of the following runs' kernels, for :meth:`profile`."""
         if enabled != (self.profiled is not None):

@@ -246,6 +246,9 @@ class WgpuCompiled(CompiledPartition):
             self.profiler.collect()
         return self.results
 
+    def op_timer(self) -> str:
+        return "WebGPU timestamp queries" if self.context.timestamps else ""
+
     def set_profiling(self, enabled: bool) -> None:
         """Time every dispatch of the following runs with GPU timestamps, where the adapter has them."""
         self.profiler = _Profiler(self.context, self.program) if enabled and self.context.timestamps else None

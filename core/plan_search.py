@@ -1,0 +1,139 @@
+"""Measured plan selection: compile a few candidate plans, time them on the device, keep the fastest.
+
+The cost model ranks plans well only as far as its figures are right; a measurement settles it.
+Candidates come from the planner (``Planner.candidates``).  Each is compiled (the kernel caches make
+repeats cheap) and run on the same random inputs, in rounds, alternately, so that a busy moment
+does not favour one; after a few rounds a candidate slower than the leader by a clear margin is
+stopped.  Everything stays within the time budget.  The decision is stored per model, device and
+placement settings in the user cache, so the next load takes it without measuring.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .cost import fingerprint, profile_dir
+from .ir import Subgraph
+from .planner import Candidate
+
+MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped
+MAX_ROUNDS = 25
+STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
+DECISION_VERSION = 1  # bump when the candidate set or its naming changes
+
+
+def model_fingerprint(graph: Subgraph) -> str:
+    """Key of a model: its ops, options, tensor shapes and types, and every weight byte."""
+    h = hashlib.blake2b(digest_size=16)
+    for op in graph.ops:
+        h.update(json.dumps([op.opcode, op.version, [t.index if t is not None else -1 for t in op.inputs],
+                             [t.index for t in op.outputs], op.options], sort_keys=True, default=str).encode())
+    for t in graph.tensors:
+        h.update(f"{t.index}|{t.shape}|{t.dtype.name}|{t.quantization}".encode())
+        if t.data is not None:
+            h.update(np.ascontiguousarray(t.data).tobytes())
+    return h.hexdigest()
+
+
+def decision_key(graph: Subgraph, devices: Mapping[str, Mapping[str, Any]], settings: Mapping[str, Any]) -> str:
+    """Model fingerprint + device fingerprints + the settings that change which plans exist or how fast."""
+    text = json.dumps({"model": model_fingerprint(graph), "devices": {k: fingerprint(dict(v)) for k, v in devices.items()},
+                       "settings": settings, "version": DECISION_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def decision_dir() -> Path:
+    return profile_dir() / "decisions"
+
+
+def load_decision(key: str) -> dict[str, Any] | None:
+    """A stored decision, or None (missing or unreadable: planning continues without it)."""
+    try:
+        doc = json.loads((decision_dir() / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
+        return None
+    return doc
+
+
+def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) -> Path:
+    directory = decision_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{key}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({
+        "chosen": winner.name, "assignment": {str(k): v for k, v in winner.assignment.items()},
+        "measured_at": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "candidates": [c.to_dict() for c in candidates]}, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate a stored decision names, with the stored measurements copied onto every candidate."""
+    assignment = {int(k): v for k, v in doc["assignment"].items()}
+    measured = {c["name"]: c for c in doc.get("candidates", []) if isinstance(c, dict)}
+    chosen = None
+    for c in candidates:
+        if c.name in measured:
+            c.measured_ms, c.status = measured[c.name].get("measured_ms"), measured[c.name].get("status", "")
+        if c.assignment == assignment:
+            chosen = c
+    return chosen
+
+
+@dataclass
+class Trial:
+    candidate: Candidate
+    run: Callable[[], Any]
+    samples: list[float]
+
+
+def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
+            budget_s: float) -> Candidate:
+    """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
+
+    Candidates are compiled in order of their estimate while the budget lasts; one that fails to
+    compile or run is left out with the reason in its ``status``."""
+    deadline = time.perf_counter() + budget_s
+    trials: list[Trial] = []
+    for c in sorted(candidates, key=lambda c: c.estimated_ms):
+        if time.perf_counter() > deadline and trials:
+            c.status = "not measured: the budget ran out"
+            continue
+        try:
+            run = build(c)
+            run()  # first run: lazy set-up, not timed
+        except Exception as exc:
+            c.status = f"not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            continue
+        trials.append(Trial(c, run, []))
+    live = list(trials)
+    for round_ in range(MAX_ROUNDS):
+        for trial in live:
+            t = time.perf_counter()
+            trial.run()
+            trial.samples.append((time.perf_counter() - t) * 1e3)
+        if round_ + 1 >= MIN_ROUNDS:
+            leader = min(float(np.median(t.samples)) for t in live)
+            for trial in list(live):
+                if min(trial.samples) > STOP_MARGIN * leader:
+                    live.remove(trial)
+                    trial.candidate.status = f"stopped after {len(trial.samples)} runs: over {STOP_MARGIN}x the leader"
+            if time.perf_counter() > deadline or len(live) == 1:
+                break
+    for trial in trials:
+        trial.candidate.measured_ms = float(np.median(trial.samples))
+    if not trials:
+        raise RuntimeError("no candidate plan could be compiled and run")
+    return min((t.candidate for t in trials if t in live), key=lambda c: c.measured_ms)

@@ -1,0 +1,181 @@
+"""Calibration: a backend's per-op launch cost, per-partition overhead, arithmetic throughput, memory
+bandwidth and host transfers, measured so that the figures cannot lie.
+
+Every figure is the difference between two device-resident runs that differ only in the work being
+measured (a longer chain of the same op), each run timed in batches long enough to be far above the
+timer's resolution, repeated until the repeats agree, and checked against physical bounds.  A
+figure that stays unstable or out of bounds is refused with the reason, and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cost import DeviceProfile
+from ..errors import MeasurementError
+
+MIN_BATCH_S = 0.02  # each timed batch of runs lasts at least this long
+REPEATS = 5  # timed batches per figure
+STABLE_SPREAD = 0.30  # (max - min) / median of the repeats at or below which a figure is stable
+ATTEMPTS = 4  # tries before an unstable figure is refused
+SHORT, LONG = 2, 12  # chain lengths whose difference isolates the per-op cost
+FC_ROWS, FC_DEPTH = 256, 512
+STREAM_SHAPE = (1, 256, 256, 32)  # 8 MiB of float32: beyond every cache the devices have
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a device of one kind can physically do; a figure outside is a failed measurement."""
+
+    gflops: float
+    gbytes_per_s: float
+    transfer_gbytes_per_s: float = 1000.0  # beyond any host link (NVLink-C2C is ~450 GB/s per direction)
+    launch_us: float = 1e5
+
+
+def bounds_for(device_info: dict[str, Any]) -> Bounds:
+    if device_info.get("backend") == "cpu" or device_info.get("device_type") == "cpu":
+        cores = os.cpu_count() or 1
+        return Bounds(gflops=200.0 * cores, gbytes_per_s=1000.0)  # 200 GFLOP/s per core: AVX-512 FMA at 6 GHz
+    return Bounds(gflops=5e6, gbytes_per_s=20000.0)  # above any GPU's peak (H200: ~4.8 TB/s)
+
+
+def _chain(length: int, shape: tuple[int, ...]):
+    """``length`` 1x1 pools, alternating max and average: each streams its input once and starts a kernel
+    of its own on every backend (no backend fuses a pool into a pool)."""
+    from ..tflite.builder import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    window = {"padding": "VALID", "stride_w": 1, "stride_h": 1, "filter_width": 1, "filter_height": 1,
+              "fused_activation_function": "NONE"}
+    for i in range(length):
+        x = b.op("MAX_POOL_2D" if i % 2 == 0 else "AVERAGE_POOL_2D", [x], options=window)
+    b.output(x)
+    return b.build()
+
+
+def _fc_chain(length: int):
+    from ..tflite.builder import GraphBuilder
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (FC_ROWS, FC_DEPTH))
+    for i in range(length):
+        w = b.const(f"w{i}", (rng.standard_normal((FC_DEPTH, FC_DEPTH)) * 0.04).astype(np.float32))
+        x = b.op("FULLY_CONNECTED", [x, w], options={"fused_activation_function": "NONE"})
+    b.output(x)
+    return b.build()
+
+
+class Runner:
+    """One calibration model compiled on the backend, runnable resident or with host copies."""
+
+    def __init__(self, backend, options, model):
+        from ..partition import make_partition
+
+        self.backend, self.graph = backend, model.main
+        part = make_partition(self.graph, self.graph.ops, backend.name, 0)
+        self.compiled = backend.compile(part, options)
+        self.host = {t.index: np.full(t.shape, 0.5, np.float32) for t in self.graph.inputs}
+        self.staged = {i: backend.to_device(v) for i, v in self.host.items()}
+
+    def resident(self, n: int) -> None:
+        """``n`` runs on staged inputs, then one output read back: the device queue drains once."""
+        for _ in range(n):
+            out = self.compiled.run(self.staged)
+        self.backend.to_host(next(iter(out.values())))
+
+    def round_trip(self, n: int) -> None:
+        """``n`` runs that each upload the inputs and read every output back."""
+        for _ in range(n):
+            out = self.compiled.run({i: self.backend.to_device(v) for i, v in self.host.items()})
+            for value in out.values():
+                self.backend.to_host(value)
+
+
+def per_run_seconds(batch: Callable[[int], None]) -> float:
+    """Seconds per run of ``batch(n)``, with ``n`` doubled until one batch lasts ``MIN_BATCH_S``."""
+    batch(1)
+    n = 1
+    while True:
+        t = time.perf_counter()
+        batch(n)
+        elapsed = time.perf_counter() - t
+        if elapsed >= MIN_BATCH_S or n >= 1 << 16:
+            return elapsed / n
+        n *= 2
+
+
+def stable_difference(what: str, backend: str, long: Callable[[], float], short: Callable[[], float],
+                      per: float = 1.0) -> float:
+    """Median over repeats of ``(long() - short()) / per``, measured in alternation, once the repeats agree.
+
+    Raises MeasurementError when the difference is not positive or the repeats never agree."""
+    spread = float("inf")
+    for _ in range(ATTEMPTS):
+        values = [(long() - short()) / per for _ in range(REPEATS)]
+        median = float(np.median(values))
+        if median > 0:
+            spread = (max(values) - min(values)) / median
+            if spread <= STABLE_SPREAD:
+                return median
+    raise MeasurementError(f"calibrating {backend}: {what} did not come out stable and positive in {ATTEMPTS} "
+                           f"tries (last spread {spread:.0%}, median {median * 1e6:.3g} us); the machine may "
+                           f"be busy: retry when it is quiet")
+
+
+def check_bounds(backend: str, profile: DeviceProfile, bounds: Bounds) -> None:
+    checks = [("launch_us", profile.launch_us, bounds.launch_us), ("gflops", profile.gflops, bounds.gflops),
+              ("gbytes_per_s", profile.gbytes_per_s, bounds.gbytes_per_s)]
+    if np.isfinite(profile.transfer_gbytes_per_s):
+        checks += [("transfer_gbytes_per_s", profile.transfer_gbytes_per_s, bounds.transfer_gbytes_per_s),
+                   ("transfer_latency_us", profile.transfer_latency_us, 1e6)]
+    for name, value, most in checks:
+        if not 0 < value <= most:
+            raise MeasurementError(f"calibrating {backend}: measured {name} = {value:.4g} is outside what the "
+                                   f"device can do (0, {most:.4g}]; nothing was stored")
+
+
+def calibrate_backend(backend, compile_options) -> DeviceProfile:
+    """The backend's profile, every figure measured on device-resident data (transfers measured apart)."""
+    name = backend.name
+    tiny_shape = (1, 1, 1, 4)
+    short, long = Runner(backend, compile_options, _chain(SHORT, tiny_shape)), \
+        Runner(backend, compile_options, _chain(LONG, tiny_shape))
+    launch_s = stable_difference("the per-op launch cost", name, lambda: per_run_seconds(long.resident),
+                                 lambda: per_run_seconds(short.resident), LONG - SHORT)
+    # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
+    partition_s = max(float(np.median([per_run_seconds(short.resident) for _ in range(REPEATS)])) - SHORT * launch_s,
+                      0.0)
+    s_short, s_long = Runner(backend, compile_options, _chain(1, STREAM_SHAPE)), \
+        Runner(backend, compile_options, _chain(3, STREAM_SHAPE))
+    stream_s = stable_difference("the streaming op time", name, lambda: per_run_seconds(s_long.resident),
+                                 lambda: per_run_seconds(s_short.resident), 2)
+    stream_bytes = 2 * int(np.prod(STREAM_SHAPE)) * 4
+    f_short, f_long = Runner(backend, compile_options, _fc_chain(1)), Runner(backend, compile_options, _fc_chain(3))
+    fc_s = stable_difference("the matrix product time", name, lambda: per_run_seconds(f_long.resident),
+                             lambda: per_run_seconds(f_short.resident), 2)
+    fc_flops = 2.0 * FC_ROWS * FC_DEPTH * FC_DEPTH
+    profile = DeviceProfile(
+        gflops=fc_flops / max(fc_s - launch_s, fc_s * 0.5) / 1e9,
+        gbytes_per_s=stream_bytes / max(stream_s - launch_s, stream_s * 0.5) / 1e9,
+        launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated",
+        calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    if name != "cpu":
+        tiny = Runner(backend, compile_options, _chain(1, tiny_shape))
+        latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(tiny.round_trip),
+                                      lambda: per_run_seconds(tiny.resident), 2)
+        copy_s = stable_difference("the host transfer time of 8 MiB", name,
+                                   lambda: per_run_seconds(s_short.round_trip),
+                                   lambda: per_run_seconds(s_short.resident), 2)
+        profile.transfer_latency_us = latency_s * 1e6
+        profile.transfer_gbytes_per_s = int(np.prod(STREAM_SHAPE)) * 4 / max(copy_s - latency_s, copy_s * 0.5) / 1e9
+    check_bounds(name, profile, bounds_for(backend.device_info()))
+    return profile

@@ -1,0 +1,150 @@
+"""Timing: medians, alternation with a reference, peak memory, and per-op / per-partition profiles.
+
+Everything here is measured; nothing is derived from the cost model.  Where a backend cannot time
+single ops (the LiteRT engine), only its partitions are timed, and the profile says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import DelegateError
+
+# LiteRT slower than this while alternating with delegate than alone (by a factor, and by more than
+# timer jitter) means delegate left work on the cores (spinning threads) that the reference paid for.
+REFERENCE_SLOWDOWN = 1.25
+REFERENCE_JITTER_MS = 0.1
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory.  VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
+    parent across exec, so a child started by a large process would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def samples_ms(run: Callable[[], Any], runs: int, warmup: int = 0) -> list[float]:
+    """Milliseconds of ``runs`` calls of ``run`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def alone_median(run: Callable[[], Any], runs: int, warmup: int = 0) -> float:
+    """Median ms of ``run`` on its own: the baseline the alternating measurement is checked against."""
+    return float(np.median(samples_ms(run, runs, warmup)))
+
+
+def reference_slowed(alternating_ms: float, alone_ms: float) -> bool:
+    return alternating_ms > REFERENCE_SLOWDOWN * alone_ms and alternating_ms - alone_ms > REFERENCE_JITTER_MS
+
+
+def time_alternating(ours: Callable[[], Any], theirs: Callable[[], Any] | None, runs: int,
+                     tick: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+    """``ours`` and ``theirs`` alternately, ``runs`` times each; milliseconds of each."""
+    mine, ref = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        ours()
+        mine.append((time.perf_counter() - t) * 1e3)
+        if theirs is not None:
+            t = time.perf_counter()
+            theirs()
+            ref.append((time.perf_counter() - t) * 1e3)
+        if tick is not None:
+            tick()
+    return mine, ref
+
+
+def separate_peak_rss(data: bytes, threads: int, argv: list[str]) -> tuple[float, float]:
+    """Peak RSS of delegate alone and of LiteRT alone, each measured in a fresh process on the same model.
+
+    In one process the two runtimes' memory would add up, so the comparison is made apart.
+    """
+    from .reference import LITERT_ALONE_SCRIPT
+
+    with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
+        f.write(data)
+    try:
+        ours = subprocess.run([sys.executable, "-m", "delegate.cli", "bench", f.name, "--runs", "5", "--warmup",
+                               "1", "--json", *argv], capture_output=True, text=True, timeout=600)
+        theirs = subprocess.run([sys.executable, "-c", LITERT_ALONE_SCRIPT, f.name, str(threads)],
+                                capture_output=True, text=True, timeout=600)
+    finally:
+        os.unlink(f.name)
+    if ours.returncode or theirs.returncode:
+        raise DelegateError(f"memory measurement failed: {(ours.stderr or theirs.stderr).strip()[-200:]}")
+    return json.loads(ours.stdout)["peak_rss_mb"], float(theirs.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class PartitionTiming:
+    """One partition timed on its own: inputs staged on its device, outputs read back to the host."""
+
+    index: int
+    backend: str
+    ms: float
+    op_ms: dict[int, float] = field(default_factory=dict)  # per op, where the backend times ops
+    op_source: str = ""  # how op_ms was measured, or why there is none
+
+
+def partition_inputs(session, indexed: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
+    """The host values each partition reads, from one run of the plan."""
+    executor = session.executor
+    values = dict(indexed)
+    per_partition = []
+    for part, compiled in zip(executor.partitions, executor.compiled):
+        backend = executor.backends[part.backend]
+        args = {t.index: np.asarray(values[t.index]) for t in part.inputs}
+        per_partition.append(args)
+        outputs = compiled.run({i: backend.to_device(v) for i, v in args.items()})
+        values.update({i: np.asarray(backend.to_host(v)) for i, v in outputs.items()})
+    return per_partition
+
+
+def profile_partitions(session, indexed: dict[int, np.ndarray], runs: int = 5) -> list[PartitionTiming]:
+    """Each partition's own time, and its ops' times where its backend can measure them."""
+    executor = session.executor
+    timings = []
+    for part, compiled, args in zip(executor.partitions, executor.compiled, partition_inputs(session, indexed)):
+        backend = executor.backends[part.backend]
+        staged = {i: backend.to_device(v) for i, v in args.items()}
+
+        def once():
+            for value in compiled.run(staged).values():
+                backend.to_host(value)
+        ms = float(np.median(samples_ms(once, runs, warmup=1)))
+        timing = PartitionTiming(part.index, part.backend, ms)
+        source = compiled.op_timer()
+        if source:
+            compiled.set_profiling(True)
+            try:
+                samples_ms(once, runs)
+                timing.op_ms = {int(k): float(v) for k, v in compiled.profile().items()}
+            finally:
+                compiled.set_profiling(False)
+        timing.op_source = source if timing.op_ms else f"partition timed as a whole: {part.backend} " + (
+            "timed no op" if source else "cannot time single ops here")
+        timings.append(timing)
+    return timings
