@@ -27,7 +27,7 @@ from .quantize import MODES as QUANT_MODES
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
-SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "cache", "zoo")
+SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
 
 
 # -- shared helpers ------------------------------------------------------------
@@ -325,6 +325,10 @@ def cmd_plan(args) -> int:
     c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, compiled_details(session))))
     c.print(f"copies: {len(plan.copies)} ({sum(x.nbytes for x in plan.copies)} bytes); "
             f"estimated total {plan.estimated_ms:.3f} ms ({plan.partitioner} partitioner)")
+    from .cli_tools import candidates_table
+    c.print(candidates_table(plan))
+    c.print(f"chosen: {plan.chosen} ({plan.choice})")
+    c.print("cost profiles: " + "; ".join(f"{name}: {where}" for name, where in plan.profiles.items()))
     for note in plan.notes:
         c.print(f"note: {note}")
     if args.svg:

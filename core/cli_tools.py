@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
-import resource
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .errors import CacheError, DelegateError, ExecutionError
+from .tools.compare import compare_outputs
+from .tools.measure import alone_median, peak_rss_mb, reference_slowed, separate_peak_rss, time_alternating
+from .tools.reference import litert_cpu
 
 ANALYZE_WARN_BELOW = 0.80
 
@@ -26,76 +27,6 @@ def _progress(total: int, description: str, enabled: bool):
                         disable=not (enabled and sys.stderr.isatty()), transient=True,
                         console=__import__("rich.console", fromlist=["Console"]).Console(stderr=True))
     return progress, progress.add_task(description, total=total)
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory.  VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
-    parent across exec, so a child started by a large process would report the parent's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-_LITERT_ALONE = """
-import sys
-import numpy as np
-from delegate.cli_tools import peak_rss_mb
-from ai_edge_litert.interpreter import Interpreter
-it = Interpreter(model_path=sys.argv[1], num_threads=int(sys.argv[2]))
-it.allocate_tensors()
-for d in it.get_input_details():
-    it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
-for _ in range(5):
-    it.invoke()
-print(peak_rss_mb())
-"""
-
-
-# LiteRT slower than this while alternating with delegate than alone (by a factor, and by more than
-# timer jitter) means delegate left work on the cores (spinning threads) that the reference paid for.
-REFERENCE_SLOWDOWN = 1.25
-REFERENCE_JITTER_MS = 0.1
-
-
-def alone_median(run: Callable[[], Any], runs: int, warmup: int = 0) -> float:
-    """Median ms of ``run`` on its own: the baseline the alternating measurement is checked against."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
-
-
-def reference_slowed(alternating_ms: float, alone_ms: float) -> bool:
-    return alternating_ms > REFERENCE_SLOWDOWN * alone_ms and alternating_ms - alone_ms > REFERENCE_JITTER_MS
-
-
-def separate_peak_rss(data: bytes, threads: int, argv: list[str]) -> tuple[float, float]:
-    """Peak RSS of delegate alone and of LiteRT alone, each measured in a fresh process on the same model.
-
-    In one process the two runtimes' memory would add up, so the comparison is made apart.
-    """
-    import subprocess
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
-        f.write(data)
-    ours = subprocess.run([sys.executable, "-m", "delegate.cli", "bench", f.name, "--runs", "5", "--warmup", "1",
-                           "--json", *argv], capture_output=True, text=True, timeout=600)
-    theirs = subprocess.run([sys.executable, "-c", _LITERT_ALONE, f.name, str(threads)], capture_output=True,
-                            text=True, timeout=600)
-    os.unlink(f.name)
-    if ours.returncode or theirs.returncode:
-        raise DelegateError(f"memory measurement failed: {(ours.stderr or theirs.stderr).strip()[-200:]}")
-    return json.loads(ours.stdout)["peak_rss_mb"], float(theirs.stdout.strip().splitlines()[-1])
 
 
 # -- analyze ---------------------------------------------------------------------
@@ -161,23 +92,6 @@ def cmd_analyze(args) -> int:
 
 # -- bench -----------------------------------------------------------------------
 
-def _litert_runner(data: bytes, inputs: list[np.ndarray], threads: int):
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        raise DelegateError("--compare litert needs ai-edge-litert (pip install 'delegate[reference]')") from None
-    it = Interpreter(model_content=data, num_threads=threads)
-    it.allocate_tensors()
-    details = it.get_input_details()
-
-    def run():
-        for d, x in zip(details, inputs):
-            it.set_tensor(d["index"], x)
-        it.invoke()
-        return [it.get_tensor(d["index"]) for d in it.get_output_details()]
-    return run
-
-
 def cmd_suite(args) -> int:
     """The whole corpus on every configuration; see delegate.suite."""
     from . import zoo
@@ -231,29 +145,21 @@ def cmd_bench(args) -> int:
     indexed = session.normalize_inputs(named)
     reference = None
     if args.compare == "litert":
-        reference = _litert_runner(data, [named[t.name] for t in session.graph.inputs],
-                                   settings.compile.num_threads or 1)
+        run_reference = litert_cpu(data, settings.compile.num_threads or 1)
+        reference_inputs = [named[t.name] for t in session.graph.inputs]
+        reference = lambda: run_reference(reference_inputs)  # noqa: E731
     # LiteRT alone, before delegate has run at all: the baseline that shows whether delegate slows it.
     reference_alone = alone_median(reference, max(5, args.runs // 4), warmup=2) if reference else None
     for _ in range(args.warmup):
         session.run_indexed(indexed)
         if reference:
             reference()
-    ours, theirs = [], []
     progress, task = _progress(args.runs, "bench", not args.json)
     with progress:
-        for _ in range(args.runs):
-            t = time.perf_counter()
-            session.run_indexed(indexed)
-            ours.append((time.perf_counter() - t) * 1e3)
-            if reference:
-                t = time.perf_counter()
-                reference()
-                theirs.append((time.perf_counter() - t) * 1e3)
-            progress.advance(task)
-    per_op = _per_op_profile(session, indexed)
-    if args.profile:
-        _save_measured(session, per_op)
+        ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs,
+                                        lambda: progress.advance(task))
+    per_op, timings = _measured_profile(session, indexed)
+    estimates = {p.index: session.planner.partition_estimate(p) for p in session.executor.partitions}
     doc: dict[str, Any] = {
         "model": label, "runs": args.runs, "batch": args.batch or 1, "init_ms": round(init_ms, 3),
         "throughput_per_s": round((args.batch or 1) * 1e3 / float(np.median(ours)), 1),
@@ -263,8 +169,13 @@ def cmd_bench(args) -> int:
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "partitions": len(session.plan.partitions), "copies": len(session.plan.copies),
         "backends": [p.backend for p in session.plan.partitions],
+        "estimated_ms": round(session.plan.estimated_ms, 4),
+        "estimate_ratio": round(session.plan.estimated_ms / max(float(np.median(ours)), 1e-9), 3),
+        "partition_times": [{"partition": t.index, "backend": t.backend, "estimated_ms": round(estimates[t.index], 4),
+                             "measured_ms": round(t.ms, 4), "op_times": t.op_source} for t in timings],
         "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
     }
+    doc["profiles_saved"] = _learn(session, timings, args.profile)
     if reference:
         doc["reference"] = "litert"
         doc["reference_median_ms"] = round(float(np.median(theirs)), 4)
@@ -297,64 +208,102 @@ def cmd_bench(args) -> int:
             c.print(f"[yellow]warning:[/yellow] LiteRT took {doc['reference_median_ms']:.3f} ms alternating with "
                     f"delegate but {reference_alone:.3f} ms alone: something delegate leaves running slows it, "
                     f"so the ratio flatters delegate")
-    c.print(table("top-5 ops by time", ["op", "code", "backend", "ms"],
-                  [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}"] for r in doc["top_ops"]]))
+    c.print(f"plan: estimated {doc['estimated_ms']:.3f} ms, measured p50 {doc['p50_ms']:.3f} ms "
+            f"(estimate / measured {doc['estimate_ratio']:.2f})")
+    c.print(table("partitions (each timed alone: inputs staged on its device, outputs read back)",
+                  ["#", "backend", "estimated ms", "measured ms", "op times"],
+                  [[r["partition"], r["backend"], f"{r['estimated_ms']:.4f}", f"{r['measured_ms']:.4f}", r["op_times"]]
+                   for r in doc["partition_times"]]))
+    if doc["top_ops"]:
+        c.print(table("top-5 ops by measured time", ["op", "code", "backend", "ms", "measured by"],
+                      [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}", r["source"]] for r in doc["top_ops"]]))
+    else:
+        c.print("no per-op times: no partition of this plan runs on a backend that times single ops")
+    for path in doc["profiles_saved"]:
+        c.print(f"cost profile refitted to these measurements: {path}")
     return 0
 
 
-def _per_op_profile(session, indexed, repeats: int = 3) -> list[dict[str, Any]]:
-    """Per-op times: from the backend's own profile where it has one, else the partition's time split by estimate."""
-    rows = []
-    for part, compiled in zip(session.executor.partitions, session.executor.compiled):
-        times = {}
-        enable = getattr(compiled, "set_profiling", None)
-        if enable:
-            enable(True)
-            for _ in range(repeats):
-                session.run_indexed(indexed)
-            times = compiled.profile()
-            enable(False)
-        if not times:
-            t = time.perf_counter()
-            for _ in range(repeats):
-                session.run_indexed(indexed)
-            total = (time.perf_counter() - t) * 1e3 / repeats
-            est = {op.index: session.planner.op_cost(op, part.backend) for op in part.ops}
-            norm = sum(est.values()) or 1.0
-            times = {i: total * v / norm for i, v in est.items()}
-        for op in part.ops:
-            rows.append({"op": op.index, "opcode": op.opcode, "backend": part.backend, "ms": float(times.get(op.index, 0))})
-    return rows
+def _measured_profile(session, indexed) -> tuple[list[dict[str, Any]], list]:
+    """Per-partition times, and per-op rows only where the backend timed the ops (with the source)."""
+    from .tools.measure import profile_partitions
+
+    timings = profile_partitions(session, indexed)
+    ops = {op.index: op for op in session.graph.ops}
+    rows = [{"op": i, "opcode": ops[i].opcode, "backend": t.backend, "ms": ms, "source": t.op_source}
+            for t in timings for i, ms in t.op_ms.items()]
+    return rows, timings
 
 
-def _save_measured(session, per_op) -> None:
-    from .cost import op_signature, save_profile
+def _learn(session, timings, store_ops: bool) -> list[str]:
+    """Refit each backend's profile to the measured partitions (and store exact op times with
+    ``--profile``); returns where profiles were saved."""
+    from .cost import Observation, op_signature, refit, save_profile
+
+    saved = []
     ops = {op.index: op for op in session.graph.ops}
     for name, backend in session.backends.items():
+        mine = [t for t in timings if t.backend == name]
+        if not mine:
+            continue
         profile = session.profiles[name]
-        for r in per_op:
-            if r["backend"] == name:
-                profile.measured_op_ms[op_signature(ops[r["op"]])] = r["ms"]
-        save_profile(backend.device_info(), profile)
+        observations = [Observation(list(p.ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu")
+                        for t in mine for p in session.executor.partitions if p.index == t.index]
+        free = lambda op, b=backend: b.estimate_ms(op, session.settings.compile) == 0.0  # noqa: E731
+        used = refit(profile, observations, free)
+        if store_ops:
+            for t in mine:
+                for i, ms in t.op_ms.items():
+                    profile.measured_op_ms[op_signature(ops[i])] = ms
+        if used or store_ops:
+            saved.append(str(save_profile(backend.device_info(), profile)))
+    return saved
+
+
+# -- tune ------------------------------------------------------------------------------
+
+def cmd_tune(args) -> int:
+    """Time the candidate plans now, store the fastest (see delegate.plan_search)."""
+    from dataclasses import replace
+
+    from .cli import console, emit_json, load_cli_config, read_model_arg
+    from .session import Session, run_settings
+
+    config = load_cli_config(args)
+    settings = run_settings(config.for_model(args.model))
+    if args.budget is not None:
+        if not args.budget > 0:
+            raise DelegateError("--budget must be a positive number of seconds")
+        settings.placement = replace(settings.placement, budget_s=args.budget)
+    model, _, label = read_model_arg(args.model)
+    t0 = time.perf_counter()
+    session = Session(model, settings, remeasure=True)
+    elapsed = time.perf_counter() - t0
+    plan = session.plan
+    doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
+           "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles}
+    if args.json:
+        emit_json(doc)
+        return 0
+    c = console()
+    c.print(f"[bold]{label}[/bold]: {len(plan.candidates)} candidate plan(s) in {elapsed:.1f} s; "
+            f"chosen: {plan.chosen} ({plan.choice}); stored for the next load")
+    c.print(candidates_table(plan))
+    return 0
+
+
+def candidates_table(plan):
+    from .cli import table
+
+    def ms(v):
+        return "-" if v is None else f"{v:.3f}"
+    return table("candidate plans (estimated by the cost model; measured on this device when timed)",
+                 ["plan", "backends", "estimated ms", "measured ms", ""],
+                 [[c.name + (" *" if c.name == plan.chosen else ""), ",".join(sorted(set(c.assignment.values()))),
+                   ms(c.estimated_ms), ms(c.measured_ms), c.status] for c in plan.candidates])
 
 
 # -- validate ----------------------------------------------------------------------
-
-def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    out = {}
-    for name, e in expected.items():
-        a = np.asarray(actual[name], np.float64)
-        e = np.asarray(e, np.float64)
-        if a.shape != e.shape:
-            raise ExecutionError(f"output {name!r}: shape {list(a.shape)} differs from expected {list(e.shape)}")
-        diff = np.abs(a - e)
-        denom = float(np.abs(e).max()) or 1.0
-        na, ne = np.linalg.norm(a), np.linalg.norm(e)
-        cosine = float(np.dot(a.ravel(), e.ravel()) / (na * ne)) if na and ne else float(na == ne)
-        out[name] = {"max_abs_error": float(diff.max()) if diff.size else 0.0,
-                     "max_rel_error": float(diff.max() / denom) if diff.size else 0.0, "cosine": cosine}
-    return out
-
 
 def cmd_validate(args) -> int:
     from .cli import EXIT_VALIDATION_FAILED, console, emit_json, load_cli_config, read_model_arg, table
@@ -382,7 +331,7 @@ def cmd_validate(args) -> int:
                 if missing:
                     raise ExecutionError(f"{args.expected}: outputs {sorted(missing)} are not outputs of the model")
             else:
-                ref = _litert_runner(data, [named[t.name] for t in session.graph.inputs], 1)()
+                ref = litert_cpu(data, 1)([named[t.name] for t in session.graph.inputs])
                 expected = {t.name: r for t, r in zip(session.graph.outputs, ref)}
             for name, r in compare_outputs(actual, expected).items():
                 worst = results.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "cosine": 1.0})
@@ -416,105 +365,11 @@ def cmd_validate(args) -> int:
 
 # -- calibrate -----------------------------------------------------------------------
 
-def _calibration_models():
-    from .tflite.builder import GraphBuilder
-
-    rng = np.random.default_rng(0)
-    gemm = GraphBuilder()
-    x = gemm.input("x", (256, 512))
-    gemm.output(gemm.op("FULLY_CONNECTED", [x, gemm.const("w", rng.standard_normal((512, 512)) * 0.05)],
-                        options={"fused_activation_function": "NONE"}))
-    stream = GraphBuilder()
-    a = stream.input("a", (1, 256, 256, 32))
-    stream.output(stream.op("ADD", [a, stream.const("b", np.ones(32, np.float32))],
-                            options={"fused_activation_function": "NONE"}))
-    tiny = GraphBuilder()
-    t = tiny.input("t", (1, 1, 1, 4))
-    tiny.output(tiny.op("RELU", [t]))
-    chain = GraphBuilder()
-    c = chain.input("c", (1, 1, 1, 4))
-    window = {"padding": "VALID", "stride_w": 1, "stride_h": 1, "filter_width": 1, "filter_height": 1,
-              "fused_activation_function": "NONE"}
-    for _ in range(TINY_CHAIN):  # pools start kernels of their own: nothing fuses them away
-        c = chain.op("AVERAGE_POOL_2D", [chain.op("MAX_POOL_2D", [c], options=window)], options=window)
-    chain.output(c)
-    return {"gemm": (gemm.build(), 2.0 * 256 * 512 * 512), "stream": (stream.build(), 0.0),
-            "tiny": (tiny.build(), 0.0), "chain": (chain.build(), 0.0)}
-
-
-TINY_CHAIN = 8  # pairs of trivial ops whose extra time over one op is the per-op launch cost
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return float(np.median(samples))
-
-
-def _resident_seconds(backend, compiled, graph, repeats: int) -> float:
-    """Time of one run with inputs and outputs left on the device.
-
-    ``n`` runs are queued and one output is read back once; the difference between
-    ``1 + repeats`` runs and one run, over ``repeats``, is the steady-state cost of a run.
-    """
-    inputs = {t.index: backend.to_device(np.ones(t.shape, np.float32)) for t in graph.inputs}
-
-    def batch(n: int) -> None:
-        for _ in range(n):
-            out = compiled.run(inputs)
-        backend.to_host(next(iter(out.values())))
-
-    one = _median_seconds(lambda: batch(1), 5)
-    many = _median_seconds(lambda: batch(1 + repeats), 3)
-    return max((many - one) / repeats, 1e-7)
-
-
-def calibrate_backend(backend, compile_options, repeats: int = 10):
-    """Measure throughput, bandwidth, launch overhead and host<->device transfers of one backend."""
-    from .cost import DeviceProfile
-    from .partition import make_partition
-
-    figures = {}
-    for key, (model, flops) in _calibration_models().items():
-        g = model.main
-        part = make_partition(g, g.ops, backend.name, 0)
-        compiled = backend.compile(part, compile_options)
-        figures[key] = (_resident_seconds(backend, compiled, g, repeats), flops, g, compiled)
-    # per op: the chain's time beyond a single op's, per extra op; the rest of a single op's time is the
-    # fixed cost of running a partition at all, which the cost model charges at partition boundaries
-    launch = max((figures["chain"][0] - figures["tiny"][0]) / (2 * TINY_CHAIN - 1), 1e-7)
-    gemm_s = max(figures["gemm"][0] - launch, 1e-7)
-    stream_g = figures["stream"][2]
-    stream_bytes = 2 * stream_g.inputs[0].nbytes
-    stream_s = max(figures["stream"][0] - launch, 1e-7)
-    profile = DeviceProfile(gflops=figures["gemm"][1] / gemm_s / 1e9, gbytes_per_s=stream_bytes / stream_s / 1e9,
-                            launch_us=launch * 1e6, source="calibrated")
-    if backend.name != "cpu":
-        # a full round trip (upload, run, download) of the tiny and the streaming model, less their
-        # device-resident run time, is two transfers of each model's input size
-        def round_trip(key: str) -> float:
-            seconds, _, g, compiled = figures[key]
-            host = {t.index: np.ones(t.shape, np.float32) for t in g.inputs}
-
-            def once() -> None:
-                out = compiled.run({i: backend.to_device(v) for i, v in host.items()})
-                for value in out.values():
-                    backend.to_host(value)
-            return max(_median_seconds(once, repeats) - seconds, 1e-7) / 2
-        small, big = round_trip("tiny"), round_trip("stream")
-        profile.transfer_latency_us = small * 1e6
-        profile.transfer_gbytes_per_s = stream_g.inputs[0].nbytes / max(big - small, 1e-7) / 1e9
-    return profile
-
-
 def cmd_calibrate(args) -> int:
     from .cli import console, emit_json, load_cli_config, table
     from .cost import save_profile
     from .session import instantiate_backends, run_settings
+    from .tools.calibrate import calibrate_backend
     from .plugins import default_manager
 
     config = load_cli_config(args)
@@ -524,11 +379,12 @@ def cmd_calibrate(args) -> int:
     progress, task = _progress(len(backends), "calibrate", not args.json)
     with progress:
         for name, backend in backends.items():
-            profile = calibrate_backend(backend, settings.compile, args.repeats)
+            profile = calibrate_backend(backend, settings.compile)
             path = save_profile(backend.device_info(), profile)
             rows.append({"backend": name, "gflops": round(profile.gflops, 2),
-                         "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 1),
-                         "transfer_latency_us": round(profile.transfer_latency_us, 1),
+                         "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
+                         "partition_us": round(profile.partition_us, 2),
+                         "transfer_latency_us": round(profile.transfer_latency_us, 2),
                          "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
                                                    if np.isfinite(profile.transfer_gbytes_per_s) else None),
                          "profile": str(path)})
@@ -537,8 +393,9 @@ def cmd_calibrate(args) -> int:
         emit_json({"profiles": rows, "skipped": skipped})
         return 0
     c = console()
-    c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "xfer latency us", "xfer GB/s", "saved to"],
-                  [[r["backend"], r["gflops"], r["gbytes_per_s"], r["launch_us"], r["transfer_latency_us"],
+    c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "partition us", "xfer latency us",
+                                  "xfer GB/s", "saved to"],
+                  [[r["backend"], r["gflops"], r["gbytes_per_s"], r["launch_us"], r["partition_us"], r["transfer_latency_us"],
                     r["transfer_gbytes_per_s"] or "-", r["profile"]] for r in rows]))
     for name, why in skipped.items():
         c.print(f"skipped {name}: {why}")
@@ -592,7 +449,8 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--compare", choices=["litert"], help="alternate with LiteRT's interpreter on the same inputs")
     p.add_argument("--csv", help="write per-run times to this CSV")
-    p.add_argument("--profile", action="store_true", help="store measured per-op times for later plans")
+    p.add_argument("--profile", action="store_true",
+                   help="also store the measured per-op times (where a backend times ops) for later plans")
     p.add_argument("--input", "-i", action="append")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, help="run at this batch size (inputs' leading dimension)")
@@ -619,8 +477,12 @@ def add_parsers(sub, common) -> None:
 
     p = sub.add_parser("calibrate", help="measure each backend and store its profile")
     common(p, model=False)
-    p.add_argument("--repeats", type=int, default=10)
     p.set_defaults(fn=cmd_calibrate)
+
+    p = sub.add_parser("tune", help="time the candidate plans on this device, store the fastest for later loads")
+    common(p)
+    p.add_argument("--budget", type=float, help="seconds the search may take (default: placement.budget_s)")
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("cache", help="list or clear the kernel cache")
     p.add_argument("action", choices=["ls", "clear"])

@@ -260,6 +260,10 @@ class Planner:
         total += sum(self.partition_ms(assignment[ops[0].index]) for ops in self.form_partitions(graph, assignment))
         return total, copies
 
+    def partition_estimate(self, partition: Partition) -> float:
+        """Estimated ms of one partition run on its own backend (its ops and its fixed cost)."""
+        return sum(self.op_cost(op, partition.backend) for op in partition.ops) + self.partition_ms(partition.backend)
+
     def partition_ms(self, backend: str) -> float:
         """Fixed cost of running one partition on ``backend`` (submission, queue drain, engine call)."""
         return self.profiles[backend].partition_us * 1e-3

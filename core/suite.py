@@ -21,10 +21,12 @@ from typing import Any, Callable
 import numpy as np
 
 from .backend import CompileOptions
-from .cli_tools import alone_median, peak_rss_mb, reference_slowed
 from .errors import DelegateError
 from .planner import PlacementSettings
 from .session import RunSettings, Session
+from .tools.compare import worst_relative_error
+from .tools.measure import alone_median, peak_rss_mb, reference_slowed, time_alternating
+from .tools.reference import litert_cpu, litert_gpu
 
 CPU_NUMPY = ("cpu", {"engine": "numpy"})
 CPU_AUTO = ("cpu", {"engine": "auto"})  # the ops GPU configurations leave to the CPU
@@ -76,64 +78,6 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:
-    worst = 0.0
-    for a, e in zip(actual, expected):
-        if e.dtype.kind not in "fiu" or not e.size:
-            continue
-        scale = max(float(np.abs(e.astype(np.float64)).max()), 1e-12)
-        worst = max(worst, float(np.abs(a.astype(np.float64) - e).max()) / scale)
-    return worst
-
-
-def _litert_interpreter(data: bytes, threads: int) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=data, num_threads=threads)
-    it.allocate_tensors()
-    ins, outs = it.get_input_details(), it.get_output_details()
-
-    def run(inputs):
-        for d, x in zip(ins, inputs):
-            it.set_tensor(d["index"], x)
-        it.invoke()
-        return [it.get_tensor(d["index"]) for d in outs]
-    return run
-
-
-def _litert_gpu(data: bytes, like: list[np.ndarray]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    """LiteRT's GPU accelerator (CompiledModel); raises where it cannot run.  ``like``: the outputs' form."""
-    import tempfile
-
-    from ai_edge_litert.compiled_model import CompiledModel
-    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-
-    with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
-        f.write(data)
-    model = CompiledModel.from_file(f.name, hardware_accel=HardwareAccelerator.GPU | HardwareAccelerator.CPU)
-    ins, outs = model.create_input_buffers(0), model.create_output_buffers(0)
-
-    def run(inputs):
-        for buf, x in zip(ins, inputs):
-            buf.write(x)
-        model.run_by_index(0, ins, outs)
-        return [buf.read(e.size, e.dtype).reshape(e.shape) for buf, e in zip(outs, like)]
-    return run
-
-
-def _time_alternating(ours: Callable[[], Any], theirs: Callable[[], Any] | None, runs: int):
-    mine, ref = [], []
-    for _ in range(runs):
-        t = time.perf_counter()
-        ours()
-        mine.append((time.perf_counter() - t) * 1e3)
-        if theirs is not None:
-            t = time.perf_counter()
-            theirs()
-            ref.append((time.perf_counter() - t) * 1e3)
-    return mine, ref
-
-
 def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, threads: int,
                 cache_root: Path, progress: Callable[[str], None], preference: str) -> list[Row]:
     from .inputs import random_input
@@ -143,7 +87,7 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
     rng = np.random.default_rng(0)
     host_inputs = [random_input(t, rng) for t in model.main.inputs]
     try:
-        reference = _litert_interpreter(data, threads)
+        reference = litert_cpu(data, threads)
         expected = reference(host_inputs)
         missing_reference = None
     except (RuntimeError, ValueError) as exc:  # a custom op LiteRT lacks: time ours alone
@@ -173,12 +117,12 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
             out = session.run_indexed(inputs)
             row.first_ms = (time.perf_counter() - t) * 1e3
             if expected is not None:
-                row.max_error = _relative_error([out[t.index] for t in session.graph.outputs], expected)
+                row.max_error = worst_relative_error([out[t.index] for t in session.graph.outputs], expected)
             for _ in range(3):
                 session.run_indexed(inputs)
                 if theirs is not None:
                     theirs()
-            mine, ref = _time_alternating(lambda: session.run_indexed(inputs), theirs, runs)
+            mine, ref = time_alternating(lambda: session.run_indexed(inputs), theirs, runs)
             row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
             if ref:
                 row.litert_ms = float(np.median(ref))
@@ -200,15 +144,15 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
         return rows
     try:
         t = time.perf_counter()
-        gpu = _litert_gpu(data, expected)
+        gpu = litert_gpu(data, expected)
         row.init_ms = (time.perf_counter() - t) * 1e3
         t = time.perf_counter()
         got = gpu(host_inputs)
         row.first_ms = (time.perf_counter() - t) * 1e3
-        row.max_error = _relative_error(got, expected)
+        row.max_error = worst_relative_error(got, expected)
         for _ in range(3):
             gpu(host_inputs)
-        mine, ref = _time_alternating(lambda: gpu(host_inputs), lambda: reference(host_inputs), runs)
+        mine, ref = time_alternating(lambda: gpu(host_inputs), lambda: reference(host_inputs), runs)
         row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
         row.litert_ms = float(np.median(ref))
         row.ratio = row.p50_ms / row.litert_ms

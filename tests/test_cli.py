@@ -95,9 +95,24 @@ def test_bench_compare_litert(tiny_model, tmp_path):
     doc = as_json("bench", *CPU, tiny_model, "--runs", "5", "--warmup", "1", "--compare", "litert",
                   "--csv", str(tmp_path / "runs.csv"))
     assert {"median_ms", "reference_median_ms", "ratio", "peak_rss_mb", "p90_ms", "p99_ms"} <= set(doc)
-    assert doc["top_ops"] and doc["ratio"] > 0
+    assert doc["ratio"] > 0
+    # the LiteRT engine runs a partition as one call: its time is measured whole, and no op row is invented
+    assert doc["top_ops"] == []
+    (part,) = doc["partition_times"]
+    assert part["op_times"].startswith("partition timed as a whole") and part["measured_ms"] > 0
+    assert doc["estimated_ms"] > 0 and doc["estimate_ratio"] == pytest.approx(doc["estimated_ms"] / doc["median_ms"],
+                                                                             rel=1e-2)
     assert doc["reference_alone_median_ms"] > 0 and doc["reference_slowed"] is False
     assert len((tmp_path / "runs.csv").read_text().splitlines()) == 6
+
+
+def test_bench_per_op_rows_are_measured(tiny_model):
+    doc = as_json("bench", *CPU, tiny_model, "--runs", "3", "--warmup", "1", "--set", "cpu.engine=numpy")
+    (part,) = doc["partition_times"]
+    assert part["op_times"] == "numpy engine kernel timers"
+    assert doc["top_ops"] and all(r["source"] == "numpy engine kernel timers" and r["ms"] > 0 for r in doc["top_ops"])
+    # kernel timers sit inside the partition's run: their sum cannot exceed it by more than timer noise
+    assert sum(r["ms"] for r in doc["top_ops"]) <= part["measured_ms"] * 1.5 + 0.05
 
 
 def test_validate_against_litert_and_expected(tiny_model, tmp_path):
@@ -140,13 +155,17 @@ def test_corrupt_model_and_debug_traceback(tmp_path):
 
 def test_calibrate_stores_a_profile_that_plans_use(tmp_path, monkeypatch):
     monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
-    doc = as_json("calibrate", "--backends", "cpu", "--set", "cpu.engine=numpy", "--repeats", "2")
+    doc = as_json("calibrate", "--backends", "cpu", "--set", "cpu.engine=numpy")
     row = doc["profiles"][0]
     assert row["backend"] == "cpu" and row["gflops"] > 0 and row["gbytes_per_s"] > 0 and row["launch_us"] > 0
+    assert row["partition_us"] >= 0
     saved = json.loads(open(row["profile"]).read())
-    assert saved["device_info"]["engine"] == "numpy"
+    assert saved["device_info"]["engine"] == "numpy" and saved["calibrated_at"]
     from delegate.cost import load_profile
     assert load_profile(saved["device_info"], "cpu").source == row["profile"]
+    # the plan says which profile it used
+    plan = as_json("plan", "--backends", "cpu", "--set", "cpu.engine=numpy", "zoo:mobilenet_v1")
+    assert row["profile"] in plan["profiles"]["cpu"] and "calibrated" in plan["profiles"]["cpu"]
 
 
 def test_cache_ls_and_clear(tmp_path):

@@ -21,8 +21,8 @@ from ..cost import DeviceProfile
 from ..errors import MeasurementError
 
 MIN_BATCH_S = 0.02  # each timed batch of runs lasts at least this long
-REPEATS = 5  # timed batches per figure
-STABLE_SPREAD = 0.30  # (max - min) / median of the repeats at or below which a figure is stable
+REPEATS = 6  # timed batches of each side of a difference
+STABLE_SPREAD = 0.30  # how far the two halves of the repeats may disagree, relative to the figure
 ATTEMPTS = 4  # tries before an unstable figure is refused
 SHORT, LONG = 2, 12  # chain lengths whose difference isolates the per-op cost
 FC_ROWS, FC_DEPTH = 256, 512
@@ -115,19 +115,26 @@ def per_run_seconds(batch: Callable[[int], None]) -> float:
 
 def stable_difference(what: str, backend: str, long: Callable[[], float], short: Callable[[], float],
                       per: float = 1.0) -> float:
-    """Median over repeats of ``(long() - short()) / per``, measured in alternation, once the repeats agree.
+    """``(long() - short()) / per`` from the fastest of ``REPEATS`` alternated batches of each (the least
+    disturbed by other work on the machine), once the two halves of the repeats agree on it.
 
-    Raises MeasurementError when the difference is not positive or the repeats never agree."""
-    spread = float("inf")
+    Raises MeasurementError when the difference is not positive or the halves never agree."""
+    spread, value = float("inf"), 0.0
+    half = REPEATS // 2
     for _ in range(ATTEMPTS):
-        values = [(long() - short()) / per for _ in range(REPEATS)]
-        median = float(np.median(values))
-        if median > 0:
-            spread = (max(values) - min(values)) / median
+        longs, shorts = [], []
+        for _ in range(REPEATS):
+            longs.append(long())
+            shorts.append(short())
+        value = (min(longs) - min(shorts)) / per
+        first = (min(longs[:half]) - min(shorts[:half])) / per
+        second = (min(longs[half:]) - min(shorts[half:])) / per
+        if value > 0 and first > 0 and second > 0:
+            spread = abs(first - second) / value
             if spread <= STABLE_SPREAD:
-                return median
+                return value
     raise MeasurementError(f"calibrating {backend}: {what} did not come out stable and positive in {ATTEMPTS} "
-                           f"tries (last spread {spread:.0%}, median {median * 1e6:.3g} us); the machine may "
+                           f"tries (last spread {spread:.0%}, value {value * 1e6:.3g} us); the machine may "
                            f"be busy: retry when it is quiet")
 
 
@@ -152,8 +159,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
     launch_s = stable_difference("the per-op launch cost", name, lambda: per_run_seconds(long.resident),
                                  lambda: per_run_seconds(short.resident), LONG - SHORT)
     # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
-    partition_s = max(float(np.median([per_run_seconds(short.resident) for _ in range(REPEATS)])) - SHORT * launch_s,
-                      0.0)
+    partition_s = max(min(per_run_seconds(short.resident) for _ in range(REPEATS)) - SHORT * launch_s, 0.0)
     s_short, s_long = Runner(backend, compile_options, _chain(1, STREAM_SHAPE)), \
         Runner(backend, compile_options, _chain(3, STREAM_SHAPE))
     stream_s = stable_difference("the streaming op time", name, lambda: per_run_seconds(s_long.resident),
