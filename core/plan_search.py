@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .cost import fingerprint, profile_dir
+from .errors import DelegateError
 from .ir import Subgraph
 from .planner import Candidate
 
@@ -114,8 +115,9 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
         try:
             run = build(c)
             run()  # first run: lazy set-up, not timed
-        except Exception as exc:
-            c.status = f"not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
+            what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
+            c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
             continue
         trials.append(Trial(c, run, []))
     live = list(trials)

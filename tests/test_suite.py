@@ -40,7 +40,7 @@ def test_rows_compare_with_litert_and_reports_are_written(tmp_path, model_bytes)
 def test_a_model_litert_cannot_run_is_timed_without_a_reference(tmp_path, model_bytes, monkeypatch):
     def refuse(data, threads):
         raise RuntimeError("Encountered unresolved custom op: SomeCustomOp.\nmore detail")
-    monkeypatch.setattr(suite, "_litert_interpreter", refuse)
+    monkeypatch.setattr(suite, "litert_cpu", refuse)
     rows, _ = _run(tmp_path, model_bytes)
     numpy_row = next(r for r in rows if r.config == "cpu-numpy")
     assert numpy_row.p50_ms > 0 and numpy_row.ratio is None and numpy_row.max_error is None
@@ -51,12 +51,12 @@ def test_a_model_litert_cannot_run_is_timed_without_a_reference(tmp_path, model_
 
 def test_a_reference_slowed_by_alternation_is_flagged(tmp_path, model_bytes, monkeypatch):
     """LiteRT much slower alternating with us than alone means we left work on the cores: the row says so."""
-    alternate = suite._time_alternating
+    alternate = suite.time_alternating
 
     def slowed(ours, theirs, runs):
         mine, ref = alternate(ours, theirs, runs)
         return mine, [t * 3 + 1.0 for t in ref]
-    monkeypatch.setattr(suite, "_time_alternating", slowed)
+    monkeypatch.setattr(suite, "time_alternating", slowed)
     rows, _ = _run(tmp_path, model_bytes)
     row = next(r for r in rows if r.config == "cpu-numpy")
     assert row.status.startswith("LiteRT slowed alternating"), row.status

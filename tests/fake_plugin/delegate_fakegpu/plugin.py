@@ -5,6 +5,8 @@ It imports only delegate's public API, exactly as a real third-party plugin woul
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from delegate import Backend, BackendInfo, CompiledPartition, Support, hookimpl
@@ -28,8 +30,9 @@ class FakeCompiled(CompiledPartition):
     """``error`` is added to every output (to exercise the accuracy guard); after ``lose_after``
     runs the device is gone (to exercise fallback during execution)."""
 
-    def __init__(self, partition, error=0.0, lose_after=None):
+    def __init__(self, partition, error=0.0, lose_after=None, delay_ms=0.0):
         self.partition = partition
+        self.delay_ms = delay_ms
         self.error = error
         self.lose_after = lose_after
         self.runs = 0
@@ -37,6 +40,8 @@ class FakeCompiled(CompiledPartition):
     def run(self, inputs):
         if self.lose_after is not None and self.runs >= self.lose_after:
             raise DeviceLost("fake device disappeared")
+        if self.delay_ms:  # a device much slower than its estimates claim
+            time.sleep(self.delay_ms / 1e3)
         values = {i: v.array for i, v in inputs.items()}
         for op in self.partition.ops:
             args = [values[t.index] if t.index in values else np.asarray(t.data) for t in op.inputs]
@@ -81,7 +86,7 @@ class FakeGpu(Backend):
         error = float(self.options.get("error", 0.0))
         if options.precision == "fp16":
             error += float(self.options.get("fp16_error", 0.0))
-        return FakeCompiled(partition, error, self.options.get("lose_after"))
+        return FakeCompiled(partition, error, self.options.get("lose_after"), float(self.options.get("delay_ms", 0.0)))
 
     def estimate_ms(self, op, options):
         return 0.001

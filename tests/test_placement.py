@@ -1,0 +1,245 @@
+"""Placement by measurement: candidate plans, costs of what backends really do, the measured search and its
+stored decisions, calibration that refuses what it cannot measure, and profiles refitted to measurements."""
+
+import json
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model
+from delegate import plan_search
+from delegate.cost import DEFAULT_PROFILES, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
+    op_flops, refit, save_profile
+from delegate.errors import MeasurementError
+from delegate.planner import PlacementSettings
+from delegate.session import RunSettings, Session
+from delegate.tflite.builder import GraphBuilder
+from delegate.tools import calibrate
+
+from tests.test_planner import make_planner
+
+
+SHAPE = (1, 64, 64, 32)
+
+
+def elementwise_model(scale=1.0):
+    """Twelve elementwise ops on 512 KiB: enough work that the fake accelerator's estimates win."""
+    b = GraphBuilder()
+    y = b.input("x", SHAPE)
+    c = b.const("c", np.full((SHAPE[-1],), scale, np.float32))
+    for _ in range(3):
+        y = b.op("ADD", [y, c], options={"fused_activation_function": "NONE"})
+        y = b.op("MUL", [y, c], options={"fused_activation_function": "NONE"})
+        y = b.op("RELU", [y])
+        y = b.op("TANH", [y])
+    b.output(y)
+    return read_model(b.to_bytes())
+
+
+@pytest.fixture
+def profile_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def chain_problem(n=6):
+    b = GraphBuilder()
+    x = b.input("x", (1, 8))
+    for _ in range(n):
+        x = b.op("RELU", [x])
+    b.output(x)
+    return read_model(b.to_bytes()).main
+
+
+def test_candidates_cover_the_single_backends_and_are_distinct():
+    graph = chain_problem()
+    # ops 0,1 and 4,5 run well on the accelerator, 2,3 it cannot run: greedy makes two partitions
+    planner = make_planner({0, 1, 4, 5}, [1.0] * 6, [0.1] * 6, 0.01)
+    plan = planner.plan(graph)
+    names = [c.name for c in plan.candidates]
+    assert names[0] == "cpu" and "greedy:gpu" in names
+    assigned = [tuple(sorted(c.assignment.items())) for c in plan.candidates]
+    assert len(set(assigned)) == len(assigned), "no candidate twice"
+    for c in plan.candidates:
+        assert c.estimated_ms == pytest.approx(planner.evaluate(graph, c.assignment, planner.capabilities(graph)[0])[0])
+    assert plan.estimated_ms == min(c.estimated_ms for c in plan.candidates)
+    assert plan.chosen == min(plan.candidates, key=lambda c: c.estimated_ms).name and plan.choice == "lowest estimate"
+
+
+def test_partition_boundaries_cost_their_fixed_overhead():
+    graph = chain_problem()
+    planner = make_planner({0, 1, 4, 5}, [1.0] * 6, [0.1] * 6, 0.0)
+    costs, _ = planner.capabilities(graph)
+    split = {0: "gpu", 1: "gpu", 2: "cpu", 3: "cpu", 4: "gpu", 5: "gpu"}
+    without = {**planner.profiles}
+    total, _ = planner.evaluate(graph, split, costs)
+    ops_only = sum(costs[i][b] for i, b in split.items())
+    expected_fixed = 2 * DEFAULT_PROFILES["gpu"].partition_us * 1e-3 + DEFAULT_PROFILES["cpu"].partition_us * 1e-3
+    assert total == pytest.approx(ops_only + expected_fixed + sum(c.ms for c in planner.evaluate(graph, split, costs)[1]))
+    assert without  # the planner's profiles are the defaults here
+    # a gain smaller than two boundaries is not worth taking: everything stays on the CPU
+    small_gain = make_planner({0, 1, 4, 5}, [0.03] * 6, [0.01] * 6, 0.0)
+    assert all(p.backend == "cpu" for p in small_gain.plan(graph).partitions)
+
+
+def test_trimmed_candidate_returns_partitions_that_do_not_pay():
+    graph = chain_problem()
+    # op 0 saves little, ops 4,5 save a lot: trimming greedy keeps only the second partition
+    cpu = [0.2, 0.2, 1.0, 1.0, 5.0, 5.0]
+    gpu = [0.19, 0.19, 1.0, 1.0, 0.1, 0.1]
+    planner = make_planner({0, 1, 4, 5}, cpu, gpu, 0.001, PlacementSettings(max_delegated_partitions=0))
+    plan = planner.plan(graph)
+    greedy = planner.greedy(graph, "gpu", planner.capabilities(graph)[0])
+    trimmed, notes = planner.trim(graph, dict(greedy), planner.capabilities(graph)[0], [])
+    assert [i for i, b in sorted(trimmed.items()) if b == "gpu"] == [4, 5]
+    assert notes == ["partition of 2 op(s) starting at op #0 returned to cpu: it did not pay for its copies and "
+                     "boundaries"]
+    # the trimmed plan is among the candidates (under whichever name reached it first)
+    assert any(c.assignment == trimmed for c in plan.candidates)
+
+
+def test_cpu_costs_nothing_for_what_it_folds():
+    from delegate_cpu.plugin import CpuBackend
+
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 4))
+    w16 = b.const("w16", np.ones((4, 1, 1, 4), np.float16))
+    w = b.op("DEQUANTIZE", [w16])
+    y = b.op("CONV_2D", [x, w, b.const("bias", np.zeros(4, np.float32))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"})
+    y = b.op("RELU", [y])
+    y = b.op("TANH", [y])
+    b.output(y)
+    graph = read_model(b.to_bytes()).main
+    cpu = CpuBackend({"engine": "numpy"})
+    by_code = {op.opcode: op for op in graph.ops}
+    assert cpu.estimate_ms(by_code["DEQUANTIZE"], CompileOptions()) == 0.0  # constant: folded at compile time
+    assert cpu.estimate_ms(by_code["RELU"], CompileOptions()) == 0.0  # the convolution's epilogue applies it
+    assert cpu.estimate_ms(by_code["CONV_2D"], CompileOptions()) is None  # costed by the roofline
+    assert cpu.estimate_ms(by_code["TANH"], CompileOptions()) is None
+
+
+def run_settings(search, preference="fast_single_answer", delay_ms=20.0):
+    return RunSettings(backends=[("fakegpu", {"delay_ms": delay_ms}), ("cpu", {"engine": "numpy"})],
+                       compile=CompileOptions(inference_preference=preference),
+                       placement=PlacementSettings(search=search, budget_s=5.0))
+
+
+def test_measured_search_overrules_wrong_estimates_and_is_stored(profile_dir, monkeypatch):
+    model = elementwise_model()
+    estimated = Session(model, run_settings("estimate"))
+    assert estimated.plan.chosen == "greedy:fakegpu"  # its estimates claim 1 us per op
+    measured = Session(model, run_settings("measure"))
+    plan = measured.plan
+    assert plan.chosen == "cpu" and plan.choice == "fastest measured now"
+    times = {c.name: c.measured_ms for c in plan.candidates}
+    assert times["greedy:fakegpu"] > 20.0 > times["cpu"]  # the fake device sleeps 20 ms a run
+    assert measured.run({"x": np.ones(SHAPE, np.float32)})
+    # the next load (fast_single_answer, search auto) takes the stored decision without measuring
+    monkeypatch.setattr(plan_search, "measure", lambda *a, **k: pytest.fail("measured again"))
+    again = Session(model, run_settings("auto"))
+    assert again.plan.chosen == "cpu" and again.plan.choice.startswith("stored measured decision of")
+    assert {c.name: c.measured_ms for c in again.plan.candidates} == pytest.approx(times, rel=1e-3)
+    # other weights are another model: nothing stored for it, so it plans from estimates
+    other = Session(elementwise_model(2.0), run_settings("auto"))
+    assert other.plan.chosen == "greedy:fakegpu" and other.plan.choice == "lowest estimate"
+    stored = list((profile_dir / "decisions").glob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["chosen"] == "cpu"
+
+
+def test_sustained_speed_measures_on_first_load(profile_dir):
+    session = Session(elementwise_model(), run_settings("auto", preference="sustained_speed"))
+    assert session.plan.choice == "fastest measured now" and session.plan.chosen == "cpu"
+
+
+def test_search_leaves_a_failing_candidate_out(profile_dir):
+    settings = run_settings("measure")
+    settings.backends = [("fakegpu", {"delay_ms": 0.0, "lose_after": 0}), ("cpu", {"engine": "numpy"})]
+    session = Session(elementwise_model(), settings)
+    assert session.plan.chosen == "cpu"
+    failed = next(c for c in session.plan.candidates if c.name == "greedy:fakegpu")
+    assert failed.measured_ms is None
+    assert failed.status == "not measured: partition 0 on fakegpu failed: DeviceLost: fake device disappeared"
+
+
+def test_fingerprint_uses_stable_facts_only():
+    facts = {"backend": "opencl", "device": "X", "driver_version": "1", "compute_units": 8, "global_mem_bytes": 1}
+    assert fingerprint(facts) == fingerprint({**facts, "global_mem_bytes": 2, "extensions": ["a"]})
+    assert fingerprint(facts) != fingerprint({**facts, "driver_version": "2"})
+
+
+def test_stored_profile_with_broken_figures_is_not_used(profile_dir):
+    facts = {"backend": "opencl", "device": "Y"}
+    path = save_profile(facts, DeviceProfile(gflops=10, gbytes_per_s=5, launch_us=1, calibrated_at="2026-01-01"))
+    assert load_profile(facts, "gpu").source == str(path)
+    data = json.loads(path.read_text())
+    data["gbytes_per_s"] = -3
+    path.write_text(json.dumps(data))
+    assert load_profile(facts, "gpu").source == "default (gpu)"
+
+
+def test_calibration_refuses_unstable_or_impossible_figures():
+    with pytest.raises(MeasurementError, match="stable and positive"):
+        calibrate.stable_difference("x", "b", lambda: 1e-6, lambda: 2e-6)  # the longer run is never longer
+    noisy = iter(np.random.default_rng(0).uniform(0, 1e-3, 10_000))
+    with pytest.raises(MeasurementError):
+        calibrate.stable_difference("x", "b", lambda: next(noisy) + 1e-4, lambda: next(noisy))
+    assert calibrate.stable_difference("x", "b", lambda: 3e-6, lambda: 1e-6, 2) == pytest.approx(1e-6)
+    too_fast = DeviceProfile(gflops=10, gbytes_per_s=83886.0, launch_us=1, transfer_latency_us=1,
+                             transfer_gbytes_per_s=5)
+    with pytest.raises(MeasurementError, match="gbytes_per_s"):
+        calibrate.check_bounds("wgpu", too_fast, calibrate.bounds_for({"device_type": "gpu"}))
+    no_latency = DeviceProfile(gflops=10, gbytes_per_s=5, launch_us=1, transfer_latency_us=0.0,
+                               transfer_gbytes_per_s=5)
+    with pytest.raises(MeasurementError, match="transfer_latency_us"):
+        calibrate.check_bounds("opencl", no_latency, calibrate.bounds_for({"device_type": "gpu"}))
+
+
+def test_calibrated_cpu_profile_is_measured():
+    from delegate_cpu.plugin import CpuBackend
+
+    profile = calibrate.calibrate_backend(CpuBackend({"engine": "numpy"}), CompileOptions())
+    assert profile.launch_us > 0 and profile.gflops > 0 and profile.gbytes_per_s > 0 and profile.calibrated_at
+    assert profile.transfer_gbytes_per_s == float("inf")  # the host has no transfers
+
+
+def test_refit_learns_class_corrections_from_measured_ops():
+    graph = elementwise_model().main
+    profile = DeviceProfile(gflops=1.0, gbytes_per_s=0.1, launch_us=1.0)
+    # every op measured at exactly 3x its roofline plus the launch
+    op_ms = {op.index: 3 * profile.roofline_ms(op_flops(op), op_bytes(op)) + 1e-3 for op in graph.ops}
+    used = refit(profile, [Observation(graph.ops, sum(op_ms.values()) + 0.05, op_ms)], lambda op: False)
+    assert used == len(graph.ops) + 1
+    assert profile.class_scale["elementwise"] == pytest.approx(3.0)
+    assert profile.partition_us == pytest.approx(50.0)
+    # a partition timed only whole (the LiteRT engine) fits one correction for every class
+    whole = DeviceProfile(gflops=1.0, gbytes_per_s=0.1, launch_us=0.0)
+    roof = sum(whole.roofline_ms(op_flops(op), op_bytes(op)) for op in graph.ops)
+    refit(whole, [Observation(graph.ops, 2 * roof)], lambda op: False)
+    assert whole.class_scale["*"] == pytest.approx(2.0) and whole.scale("conv") == pytest.approx(2.0)
+
+
+
+def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
+    import subprocess
+    import sys
+
+    model = tmp_path / "m.tflite"
+    from delegate.tflite.writer import write_model
+    model.write_bytes(write_model(elementwise_model()))
+    config = tmp_path / "c.yaml"
+    config.write_text("backends: [{name: fakegpu, options: {delay_ms: 20}}, cpu]\ncpu: {engine: numpy}\n")
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args, "--config", str(config), str(model),
+                               "--json"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    tuned = cli("tune", "--budget", "5")
+    assert tuned["chosen"] == "cpu" and tuned["choice"] == "fastest measured now"
+    measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"]}
+    assert measured["greedy:fakegpu"] > 20 > measured["cpu"]
+    plan = cli("plan")
+    assert plan["chosen"] == "cpu" and plan["choice"].startswith("stored measured decision of")
+    assert {c["name"] for c in plan["candidates"]} == set(measured)
+    assert set(plan["profiles"]) == {"fakegpu", "cpu"}
