@@ -136,6 +136,11 @@ class Backend(abc.ABC):
         """Estimated time of ``op`` here, or None to let the cost model use its roofline."""
         return None
 
+    def half_precision(self) -> tuple[bool, str]:
+        """Whether half precision is expected to be faster here than fp32, and why.  Where it is not, a
+        config that allows fp16 still gets fp32 (unless a measured plan search finds fp16 faster)."""
+        return False, f"{self.name} has no half-precision kernels"
+
     def transfer_ms(self, nbytes: int) -> float:
         """Time to move ``nbytes`` between host memory and this backend (0 for the host)."""
         return 0.0

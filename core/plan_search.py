@@ -73,7 +73,8 @@ def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) 
     path = directory / f"{key}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({
-        "chosen": winner.name, "assignment": {str(k): v for k, v in winner.assignment.items()},
+        "chosen": winner.name, "precision": winner.precision,
+        "assignment": {str(k): v for k, v in winner.assignment.items()},
         "measured_at": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "candidates": [c.to_dict() for c in candidates]}, indent=1))
     os.replace(tmp, path)
@@ -88,7 +89,7 @@ def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) ->
     for c in candidates:
         if c.name in measured:
             c.measured_ms, c.status = measured[c.name].get("measured_ms"), measured[c.name].get("status", "")
-        if c.assignment == assignment:
+        if c.assignment == assignment and c.precision == doc.get("precision", ""):
             chosen = c
     return chosen
 

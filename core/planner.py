@@ -100,11 +100,12 @@ class Candidate:
     assignment: dict[int, str]
     estimated_ms: float
     notes: list[str] = field(default_factory=list)
+    precision: str = ""  # "" = as configured, each accelerator keeping fp32 where half is not faster
     measured_ms: float | None = None
     status: str = ""  # why it was not measured, or was stopped early
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "estimated_ms": round(self.estimated_ms, 4),
+        return {"name": self.name, "precision": self.precision, "estimated_ms": round(self.estimated_ms, 4),
                 "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
                 "status": self.status, "backends": sorted(set(self.assignment.values()))}
 

@@ -178,6 +178,7 @@ class Session:
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
                                  compiled=compiled or [self._compile(p) for p in self.plan.partitions])
+        self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             self._guard_accuracy(self.settings.accuracy_guard)
         self.init_ms = (time.perf_counter() - started) * 1e3
@@ -194,6 +195,7 @@ class Session:
             return plan, None
         key = plan_search.decision_key(self.graph, {n: b.device_info() for n, b in self.backends.items()},
                                        self._placement_facts())
+        plan.candidates.extend(self._precision_variants(plan.candidates))
         stored = None if remeasure else plan_search.load_decision(key)
         chosen = plan_search.stored_candidate(stored, plan.candidates) if stored else None
         if chosen is not None:
@@ -204,7 +206,8 @@ class Session:
 
         def build(candidate):
             candidate_plan = self.planner.plan_for(self.graph, candidate)
-            compiled = [self.backends[p.backend].compile(p, self.settings.compile) for p in candidate_plan.partitions]
+            compiled = [self.backends[p.backend].compile(p, self.options_for(p.backend, candidate.precision))
+                        for p in candidate_plan.partitions]
             built[candidate.name] = compiled
             executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled)
             inputs = self._random_inputs()
@@ -220,7 +223,52 @@ class Session:
     def _plan_of(self, candidate, estimated: Plan, choice: str) -> Plan:
         plan = self.planner.plan_for(self.graph, candidate)
         plan.candidates, plan.choice = estimated.candidates, choice
+        self.precision_choice = candidate.precision
         return plan
+
+    # -- precision ----------------------------------------------------------
+    precision_choice = ""  # the chosen candidate's precision ("" = the rule below)
+
+    def options_for(self, backend: str, choice: str | None = None) -> CompileOptions:
+        """What ``backend`` compiles with.  ``precision: fp16`` allows half precision, it does not oblige it:
+        a backend where half is not expected to be faster gets fp32, unless the chosen candidate (``choice``,
+        "fp16" or "fp32", from a measured search) says otherwise."""
+        options = self.settings.compile
+        choice = self.precision_choice if choice is None else choice
+        if options.precision != "fp16" or backend == "cpu":
+            return options
+        if choice in ("fp16", "fp32"):
+            return replace(options, precision=choice)
+        faster, _ = self.backends[backend].half_precision()
+        return options if faster else replace(options, precision="fp32")
+
+    def _precision_variants(self, candidates) -> list:
+        """For a config allowing fp16: each accelerator plan also at the precision its backends' rule did not
+        pick, so that the measurement, not the rule, decides."""
+        from .planner import Candidate
+
+        if self.settings.compile.precision != "fp16":
+            return []
+        variants = []
+        for c in candidates:
+            used = {b for b in c.assignment.values() if b != "cpu"}
+            if not used:
+                continue
+            other = "fp32" if all(self.backends[b].half_precision()[0] for b in used) else "fp16"
+            variants.append(Candidate(f"{c.name} {other}", c.assignment, c.estimated_ms, list(c.notes), other))
+        return variants
+
+    def _precision_notes(self) -> list[str]:
+        notes = []
+        if self.settings.compile.precision != "fp16":
+            return notes
+        for name in sorted({p.backend for p in self.plan.partitions} - {"cpu"}):
+            used = self.options_for(name).precision
+            if used == "fp32":
+                why = self.backends[name].half_precision()[1] if not self.precision_choice else \
+                    "the measured search found fp32 faster"
+                notes.append(f"{name}: fp16 is allowed but fp32 is used: {why}")
+        return notes
 
     def _placement_facts(self) -> dict[str, Any]:
         """The settings a stored decision is valid for: what changes the plans or their speed."""
@@ -241,7 +289,7 @@ class Session:
     def _compile(self, partition: Partition) -> CompiledPartition:
         backend = self.backends[partition.backend]
         try:
-            return backend.compile(partition, self.settings.compile)
+            return backend.compile(partition, self.options_for(partition.backend))
         except Exception as exc:
             if partition.backend == "cpu" or not self.settings.fallback:
                 raise
@@ -272,7 +320,7 @@ class Session:
             reference = {k: np.asarray(cpu.to_host(v)) for k, v in reference.items()}
             if part.backend != "cpu":
                 error = self._partition_error(part, self.executor.compiled[i], values, reference, bound)
-                if error is not None and self.settings.compile.precision == "fp16":
+                if error is not None and self.options_for(part.backend).precision == "fp16":
                     fp32 = replace(self.settings.compile, precision="fp32")
                     compiled = self.backends[part.backend].compile(part, fp32)
                     self.plan.notes.append(f"accuracy guard: partition {part.index} on {part.backend} erred "

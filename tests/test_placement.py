@@ -119,7 +119,7 @@ def test_cpu_costs_nothing_for_what_it_folds():
     assert cpu.estimate_ms(by_code["TANH"], CompileOptions()) is None
 
 
-def run_settings(search, preference="fast_single_answer", delay_ms=20.0):
+def run_settings(search, preference="fast_single_answer", delay_ms=100.0):
     return RunSettings(backends=[("fakegpu", {"delay_ms": delay_ms}), ("cpu", {"engine": "numpy"})],
                        compile=CompileOptions(inference_preference=preference),
                        placement=PlacementSettings(search=search, budget_s=5.0))
@@ -133,7 +133,7 @@ def test_measured_search_overrules_wrong_estimates_and_is_stored(profile_dir, mo
     plan = measured.plan
     assert plan.chosen == "cpu" and plan.choice == "fastest measured now"
     times = {c.name: c.measured_ms for c in plan.candidates}
-    assert times["greedy:fakegpu"] > 20.0 > times["cpu"]  # the fake device sleeps 20 ms a run
+    assert times["greedy:fakegpu"] > 100.0 > times["cpu"]  # the fake device sleeps 100 ms a run
     assert measured.run({"x": np.ones(SHAPE, np.float32)})
     # the next load (fast_single_answer, search auto) takes the stored decision without measuring
     monkeypatch.setattr(plan_search, "measure", lambda *a, **k: pytest.fail("measured again"))
@@ -228,7 +228,7 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
     from delegate.tflite.writer import write_model
     model.write_bytes(write_model(elementwise_model()))
     config = tmp_path / "c.yaml"
-    config.write_text("backends: [{name: fakegpu, options: {delay_ms: 20}}, cpu]\ncpu: {engine: numpy}\n")
+    config.write_text("backends: [{name: fakegpu, options: {delay_ms: 100}}, cpu]\ncpu: {engine: numpy}\n")
 
     def cli(*args):
         proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args, "--config", str(config), str(model),
@@ -238,8 +238,28 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
     tuned = cli("tune", "--budget", "5")
     assert tuned["chosen"] == "cpu" and tuned["choice"] == "fastest measured now"
     measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"]}
-    assert measured["greedy:fakegpu"] > 20 > measured["cpu"]
+    assert measured["greedy:fakegpu"] > 100 > measured["cpu"]
     plan = cli("plan")
     assert plan["chosen"] == "cpu" and plan["choice"].startswith("stored measured decision of")
     assert {c["name"] for c in plan["candidates"]} == set(measured)
     assert set(plan["profiles"]) == {"fakegpu", "cpu"}
+
+
+def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
+    """A backend where half precision is not expected to be faster keeps fp32, and the plan says why; the
+    measured search times the other precision too."""
+    def settings(search):
+        s = run_settings(search, delay_ms=0.0)
+        s.backends = [("fakegpu", {"fp16_error": 1.0}), ("cpu", {"engine": "numpy"})]
+        s.compile = CompileOptions(precision="fp16")
+        return s
+    x = np.ones(SHAPE, np.float32)
+    session = Session(elementwise_model(), settings("estimate"))
+    assert session.plan.chosen == "greedy:fakegpu"
+    assert "fakegpu: fp16 is allowed but fp32 is used: fakegpu has no half-precision kernels" in session.plan.notes
+    cpu = Session(elementwise_model(), RunSettings(backends=[("cpu", {"engine": "numpy"})]))
+    (name, expected), = cpu.run(x).items()
+    np.testing.assert_allclose(session.run(x)[name], expected, rtol=1e-5)  # the fake's fp16 error is not added
+    measured = Session(elementwise_model(), settings("measure"))
+    names = {c.name: c.precision for c in measured.plan.candidates}
+    assert names["greedy:fakegpu fp16"] == "fp16" and names["greedy:fakegpu"] == ""

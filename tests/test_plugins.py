@@ -140,7 +140,7 @@ def test_failing_backend_falls_back_to_cpu_once():
 
 
 @pytest.mark.parametrize("options, expected_backends, words", [
-    ({"fp16_error": 0.5}, {"fakegpu", "cpu"}, "rebuilt in fp32"),
+    ({"fp16_error": 0.5, "half_faster": True}, {"fakegpu", "cpu"}, "rebuilt in fp32"),
     ({"error": 0.5}, {"cpu"}, "moved to cpu"),
 ])
 def test_accuracy_guard(options, expected_backends, words):

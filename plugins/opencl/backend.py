@@ -79,6 +79,12 @@ class OpenCLBackend(Backend):
         """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
         return 0.0 if is_folded_dequantize(op) else None
 
+    def half_precision(self) -> tuple[bool, str]:
+        if self.state.facts["fp16"]:
+            return True, "the device has cl_khr_fp16: half storage and arithmetic"
+        return False, ("the device lacks cl_khr_fp16 (no half arithmetic): half storage alone saves bandwidth "
+                       "but adds conversions, and costs precision")
+
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         return ClCompiled(self.state, partition, options)
 

@@ -83,6 +83,11 @@ class WgpuBackend(Backend):
                            "compute in f32")
         return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
 
+    def half_precision(self) -> tuple[bool, str]:
+        if self.context.f16:
+            return True, "the adapter has shader-f16: half storage, and half arithmetic in products"
+        return False, "the adapter lacks the shader-f16 feature"
+
     def supports(self, op: Op, options: CompileOptions) -> Support:
         answer = check_op(op, options)
         if not answer:

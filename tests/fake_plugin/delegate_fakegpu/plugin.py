@@ -91,6 +91,11 @@ class FakeGpu(Backend):
     def estimate_ms(self, op, options):
         return 0.001
 
+    def half_precision(self):
+        if self.options.get("half_faster"):
+            return True, "fake half arithmetic"
+        return super().half_precision()
+
     def transfer_ms(self, nbytes):
         return 0.05 + nbytes / 1e9
 
