@@ -263,32 +263,46 @@ def _learn(session, timings, store_ops: bool) -> list[str]:
 # -- tune ------------------------------------------------------------------------------
 
 def cmd_tune(args) -> int:
-    """Time the candidate plans now, store the fastest (see delegate.plan_search)."""
+    """Time the candidate plans of each model now and store the fastest (see delegate.plan_search); report
+    how far the estimates were from the measurements."""
     from dataclasses import replace
 
-    from .cli import console, emit_json, load_cli_config, read_model_arg
+    from .cli import DEFAULT_MODEL, console, emit_json, load_cli_config, read_model_arg
     from .session import Session, run_settings
+    from .tools.measure import estimate_report
 
     config = load_cli_config(args)
-    settings = run_settings(config.for_model(args.model))
-    if args.budget is not None:
-        if not args.budget > 0:
-            raise DelegateError("--budget must be a positive number of seconds")
-        settings.placement = replace(settings.placement, budget_s=args.budget)
-    model, _, label = read_model_arg(args.model)
-    t0 = time.perf_counter()
-    session = Session(model, settings, remeasure=True)
-    elapsed = time.perf_counter() - t0
-    plan = session.plan
-    doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
-           "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles}
+    if args.budget is not None and not args.budget > 0:
+        raise DelegateError("--budget must be a positive number of seconds")
+    docs = []
+    for spec in args.models or [DEFAULT_MODEL]:
+        settings = run_settings(config.for_model(spec))
+        if args.budget is not None:
+            settings.placement = replace(settings.placement, budget_s=args.budget)
+        model, _, label = read_model_arg(spec)
+        t0 = time.perf_counter()
+        session = Session(model, settings, remeasure=True)
+        elapsed = time.perf_counter() - t0
+        plan = session.plan
+        estimated_pick = min((c for c in plan.candidates if not c.precision), key=lambda c: c.estimated_ms)
+        docs.append({"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
+                     "estimated_pick": estimated_pick.name,
+                     "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles})
+        _learn(session, _measured_profile(session, session.normalize_inputs(session._random_inputs()))[1], False)
+        if not args.json:
+            c = console()
+            c.print(f"[bold]{label}[/bold]: {len(plan.candidates)} candidate plan(s) in {elapsed:.1f} s; "
+                    f"chosen: {plan.chosen} ({plan.choice}); stored for the next load")
+            c.print(candidates_table(plan))
+        session.close()
+    summary = estimate_report(docs)
     if args.json:
-        emit_json(doc)
+        emit_json({"models": docs, "summary": summary})
         return 0
-    c = console()
-    c.print(f"[bold]{label}[/bold]: {len(plan.candidates)} candidate plan(s) in {elapsed:.1f} s; "
-            f"chosen: {plan.chosen} ({plan.choice}); stored for the next load")
-    c.print(candidates_table(plan))
+    if len(docs) > 1 or summary["plans_measured"]:
+        console().print(f"estimates: {summary['within_25_percent']} of {summary['plans_measured']} measured plans "
+                        f"within 25% (median estimate/measured {summary['median_ratio']}); the estimate's pick within "
+                        f"1.10x of the fastest for {summary['pick_within_1_10']} of {summary['models']} model(s)")
     return 0
 
 
@@ -480,7 +494,8 @@ def add_parsers(sub, common) -> None:
     p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("tune", help="time the candidate plans on this device, store the fastest for later loads")
-    common(p)
+    p.add_argument("models", nargs="*", help="models (.tflite paths or zoo:NAME); default zoo:mobilenet_v1")
+    common(p, model=False)
     p.add_argument("--budget", type=float, help="seconds the search may take (default: placement.budget_s)")
     p.set_defaults(fn=cmd_tune)
 

@@ -235,7 +235,7 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
                                "--json"], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
-    tuned = cli("tune", "--budget", "5")
+    tuned = cli("tune", "--budget", "5")["models"][0]
     assert tuned["chosen"] == "cpu" and tuned["choice"] == "fastest measured now"
     measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"]}
     assert measured["greedy:fakegpu"] > 100 > measured["cpu"]

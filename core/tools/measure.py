@@ -148,3 +148,19 @@ def profile_partitions(session, indexed: dict[int, np.ndarray], runs: int = 5) -
             "timed no op" if source else "cannot time single ops here")
         timings.append(timing)
     return timings
+
+
+def estimate_report(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """How good the cost model's estimates were over tuned models: share of measured plans within 25%,
+    the median estimate/measured ratio, and how often the lowest estimate was within 1.10x of the fastest."""
+    ratios, picks = [], 0
+    for doc in docs:
+        measured = {c["name"]: c["measured_ms"] for c in doc["candidates"] if c["measured_ms"]}
+        ratios += [c["estimated_ms"] / measured[c["name"]] for c in doc["candidates"] if c["name"] in measured]
+        best = min(measured.values(), default=None)
+        pick = measured.get(doc["estimated_pick"])
+        picks += bool(best and pick and pick <= 1.10 * best)
+    return {"models": len(docs), "plans_measured": len(ratios),
+            "within_25_percent": sum(0.75 <= r <= 1.25 for r in ratios),
+            "median_ratio": round(float(np.median(ratios)), 3) if ratios else None,
+            "pick_within_1_10": picks}
