@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CacheError, DelegateError, ExecutionError
+from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
 from .tools.compare import compare_outputs
 from .tools.measure import alone_median, peak_rss_mb, reference_slowed, separate_peak_rss, time_alternating
 from .tools.reference import litert_cpu
@@ -389,11 +389,16 @@ def cmd_calibrate(args) -> int:
     config = load_cli_config(args)
     settings = run_settings(config)
     backends, skipped = instantiate_backends(settings.backends, default_manager(), True)
-    rows = []
+    rows, refused = [], {}
     progress, task = _progress(len(backends), "calibrate", not args.json)
     with progress:
         for name, backend in backends.items():
-            profile = calibrate_backend(backend, settings.compile)
+            try:
+                profile = calibrate_backend(backend, settings.compile)
+            except MeasurementError as exc:  # this backend's figures are refused; the others still count
+                refused[name] = str(exc)
+                progress.advance(task)
+                continue
             path = save_profile(backend.device_info(), profile)
             rows.append({"backend": name, "gflops": round(profile.gflops, 2),
                          "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
@@ -404,8 +409,8 @@ def cmd_calibrate(args) -> int:
                          "profile": str(path)})
             progress.advance(task)
     if args.json:
-        emit_json({"profiles": rows, "skipped": skipped})
-        return 0
+        emit_json({"profiles": rows, "skipped": skipped, "refused": refused})
+        return MeasurementError.exit_code if refused else 0
     c = console()
     c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "partition us", "xfer latency us",
                                   "xfer GB/s", "saved to"],
@@ -413,7 +418,9 @@ def cmd_calibrate(args) -> int:
                     r["transfer_gbytes_per_s"] or "-", r["profile"]] for r in rows]))
     for name, why in skipped.items():
         c.print(f"skipped {name}: {why}")
-    return 0
+    for name, why in refused.items():
+        c.print(f"refused {name}: {why}")
+    return MeasurementError.exit_code if refused else 0
 
 
 # -- cache ---------------------------------------------------------------------------

@@ -42,8 +42,11 @@ def op_class(op: Op) -> str:
 class DeviceProfile:
     """Throughput and transfer figures of one backend on one device.
 
-    ``class_scale`` multiplies the roofline of an op class: fitted from measured op and partition
-    times (``refit``) so that the estimates of models never measured improve too."""
+    An op's own work is ``class_floor_us + roofline * class_scale`` for its class: fitted from measured op
+    and partition times (``refit``), so that the estimates of models never measured improve too (the
+    floor is a kernel's least duration on a device; the scale corrects the roofline).  On an
+    ``asynchronous`` device the host enqueues the next kernel while the device runs this one, so an
+    op costs the larger of its launch and its work; on the host they add up."""
 
     gflops: float  # sustained arithmetic throughput
     gbytes_per_s: float  # memory bandwidth seen by kernels
@@ -52,6 +55,8 @@ class DeviceProfile:
     transfer_latency_us: float = 0.0  # fixed cost per host<->device copy
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
+    class_floor_us: dict[str, float] = field(default_factory=dict)
+    asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
     calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
     fitted_at: str = ""  # when measurements last refitted ``class_scale``/``partition_us``
@@ -59,7 +64,12 @@ class DeviceProfile:
     source: str = "default"  # "default (KIND)" or the file it was read from
 
     def compute_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
-        return self.launch_us * 1e-3 + self.roofline_ms(flops, nbytes) * self.scale(klass)
+        work = self.floor_ms(klass) + self.roofline_ms(flops, nbytes) * self.scale(klass)
+        launch = self.launch_us * 1e-3
+        return max(launch, work) if self.asynchronous else launch + work
+
+    def floor_ms(self, klass: str | None) -> float:
+        return self.class_floor_us.get(klass or "", self.class_floor_us.get("*", 0.0)) * 1e-3
 
     def roofline_ms(self, flops: float, nbytes: float) -> float:
         return max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
@@ -87,12 +97,13 @@ class DeviceProfile:
 # uncalibrated GPU must win clearly before ops move there.  A device that is really the host's
 # cores behind a GPU API (PoCL, lavapipe) is slower than the host backend's own kernels.
 DEFAULT_PROFILES = {
-    "cpu": DeviceProfile(gflops=20.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0),  # numpy kernels
-    "cpu-litert": DeviceProfile(gflops=80.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0),  # LiteRT engine
+    # CPU figures are per thread (multiplied by the thread count when no calibration exists)
+    "cpu": DeviceProfile(gflops=12.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0),  # numpy kernels
+    "cpu-litert": DeviceProfile(gflops=45.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0),  # LiteRT engine
     "gpu": DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0, partition_us=50.0,
-                         transfer_latency_us=50.0, transfer_gbytes_per_s=5.0),
+                         transfer_latency_us=50.0, transfer_gbytes_per_s=5.0, asynchronous=True),
     "cpu-device": DeviceProfile(gflops=15.0, gbytes_per_s=8.0, launch_us=20.0, partition_us=100.0,
-                                transfer_latency_us=10.0, transfer_gbytes_per_s=10.0),
+                                transfer_latency_us=10.0, transfer_gbytes_per_s=10.0, asynchronous=True),
 }
 
 
@@ -157,13 +168,16 @@ SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measur
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
-    """Fit ``class_scale`` and ``partition_us`` to measured times; returns how many measurements were used.
+    """Fit ``class_floor_us``, ``class_scale`` and ``partition_us`` to measured times; returns how many
+    measurements were used.
 
-    Per op class, the median of measured / roofline over the ops measured one by one; for partitions
-    timed only as a whole (the LiteRT engine), one correction for every class ("*").  ``free``: ops the
-    backend never runs (folded), which carry no time.  Classes not observed keep their correction."""
+    Per op class, a line through the ops measured one by one (work = floor + scale * roofline, least
+    squares, when their rooflines spread enough to tell floor from slope; else the median ratio with the
+    floor kept).  Partitions timed only as a whole (the LiteRT engine) fit one scale for every class
+    ("*").  ``free``: ops the backend never runs (folded), which carry no time.  Classes not observed
+    keep their fit."""
     launch = profile.launch_us * 1e-3
-    ratios: dict[str, list[float]] = {}
+    points: dict[str, list[tuple[float, float]]] = {}
     overheads: list[float] = []
     for obs in observations:
         counted = [op for op in obs.ops if not free(op)]
@@ -174,20 +188,27 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 if measured is None or roof <= 0:
                     continue
                 work = measured - launch if obs.op_times_include_launch else measured
-                if work > 0.5 * launch:  # enough work for the time to say something about throughput
-                    ratios.setdefault(op_class(op), []).append(work / roof)
+                points.setdefault(op_class(op), []).append((roof, max(work, 0.0)))
             launches = 0.0 if obs.op_times_include_launch else launch * len(counted)
             overheads.append(obs.ms - sum(obs.op_ms.values()) - launches)
         else:
             roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
             work = obs.ms - launch * len(counted) - profile.partition_us * 1e-3
             if roof > 0 and work > 0:
-                ratios.setdefault("*", []).append(work / roof)
-    for klass, values in ratios.items():
-        profile.class_scale[klass] = float(np.clip(np.median(values), *SCALE_RANGE))
+                points.setdefault("*", []).append((roof, work))
+    for klass, pts in points.items():
+        roofs, works = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        if len(pts) >= 3 and roofs.max() > 4 * roofs.min():
+            slope, intercept = np.polyfit(roofs, works, 1)
+            profile.class_floor_us[klass] = max(float(intercept), 0.0) * 1e3
+            profile.class_scale[klass] = float(np.clip(slope, *SCALE_RANGE))
+        else:
+            floor = profile.floor_ms(klass)
+            profile.class_scale[klass] = float(np.clip(np.median(np.maximum(works - floor, 0.0) / roofs),
+                                                       *SCALE_RANGE))
     if overheads:
         profile.partition_us = max(float(np.median(overheads)) * 1e3, 0.0)
-    used = sum(len(v) for v in ratios.values()) + len(overheads)
+    used = sum(len(v) for v in points.values()) + len(overheads)
     if used:
         profile.fit_samples += used
         profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -228,7 +249,7 @@ def load_profile(device_info: dict[str, Any], kind: str) -> DeviceProfile:
         return profile
     except (OSError, ValueError, TypeError):
         base = DEFAULT_PROFILES[kind]
-        return DeviceProfile(**{**asdict(base), "class_scale": {}, "measured_op_ms": {},
+        return DeviceProfile(**{**asdict(base), "class_scale": {}, "class_floor_us": {}, "measured_op_ms": {},
                                 "source": f"default ({kind})"})
 
 
@@ -244,6 +265,8 @@ def _check_figures(profile: DeviceProfile) -> None:
             raise ValueError(f"{name} = {value!r}")
     if not all(isinstance(v, (int, float)) and v > 0 for v in profile.class_scale.values()):
         raise ValueError("class_scale")
+    if not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in profile.class_floor_us.values()):
+        raise ValueError("class_floor_us")
 
 
 def save_profile(device_info: dict[str, Any], profile: DeviceProfile) -> Path:

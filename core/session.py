@@ -143,11 +143,15 @@ def profile_kind(name: str, info: Mapping[str, Any]) -> str:
     return "cpu-device" if info.get("device_type") == "cpu" else "gpu"
 
 
-def backend_profiles(backends: Mapping[str, Backend]) -> dict[str, DeviceProfile]:
+def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
+    """Each backend's stored profile, or its kind's default; the CPU's default throughput is per thread."""
     profiles = {}
     for name, be in backends.items():
         info = be.device_info()
         profiles[name] = load_profile(info, profile_kind(name, info))
+        if name == "cpu" and not profiles[name].calibrated_at and threads > 1:
+            profiles[name].gflops *= threads
+            profiles[name].source += f" x {threads} threads"
     return profiles
 
 
@@ -169,7 +173,7 @@ class Session:
         for graph_pass in self.manager.graph_passes():
             if graph_pass(self.graph):
                 self.graph.link()
-        self.profiles = backend_profiles(self.backends)
+        self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.plan, compiled = self._choose_plan(remeasure)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())

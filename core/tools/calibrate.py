@@ -46,17 +46,18 @@ def bounds_for(device_info: dict[str, Any]) -> Bounds:
     return Bounds(gflops=5e6, gbytes_per_s=20000.0)  # above any GPU's peak (H200: ~4.8 TB/s)
 
 
-def _chain(length: int, shape: tuple[int, ...]):
-    """``length`` 1x1 pools, alternating max and average: each streams its input once and starts a kernel
-    of its own on every backend (no backend fuses a pool into a pool)."""
+def _chain(length: int, shape: tuple[int, ...], window: int = 1):
+    """``length`` pools, alternating max and average: each streams its input once and starts a kernel of its
+    own on every backend (no backend fuses a pool into a pool).  ``window`` 2 keeps engines from taking
+    a 1x1 pool for a copy they can drop (XNNPACK does)."""
     from ..tflite.builder import GraphBuilder
 
     b = GraphBuilder()
     x = b.input("x", shape)
-    window = {"padding": "VALID", "stride_w": 1, "stride_h": 1, "filter_width": 1, "filter_height": 1,
-              "fused_activation_function": "NONE"}
+    options = {"padding": "SAME", "stride_w": 1, "stride_h": 1, "filter_width": window, "filter_height": window,
+               "fused_activation_function": "NONE"}
     for i in range(length):
-        x = b.op("MAX_POOL_2D" if i % 2 == 0 else "AVERAGE_POOL_2D", [x], options=window)
+        x = b.op("MAX_POOL_2D" if i % 2 == 0 else "AVERAGE_POOL_2D", [x], options=options)
     b.output(x)
     return b.build()
 
@@ -153,9 +154,9 @@ def check_bounds(backend: str, profile: DeviceProfile, bounds: Bounds) -> None:
 def calibrate_backend(backend, compile_options) -> DeviceProfile:
     """The backend's profile, every figure measured on device-resident data (transfers measured apart)."""
     name = backend.name
-    tiny_shape = (1, 1, 1, 4)
-    short, long = Runner(backend, compile_options, _chain(SHORT, tiny_shape)), \
-        Runner(backend, compile_options, _chain(LONG, tiny_shape))
+    tiny_shape = (1, 2, 2, 4)
+    short, long = Runner(backend, compile_options, _chain(SHORT, tiny_shape, 2)), \
+        Runner(backend, compile_options, _chain(LONG, tiny_shape, 2))
     launch_s = stable_difference("the per-op launch cost", name, lambda: per_run_seconds(long.resident),
                                  lambda: per_run_seconds(short.resident), LONG - SHORT)
     # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
@@ -173,6 +174,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         gflops=fc_flops / max(fc_s - launch_s, fc_s * 0.5) / 1e9,
         gbytes_per_s=stream_bytes / max(stream_s - launch_s, stream_s * 0.5) / 1e9,
         launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated",
+        asynchronous=name != "cpu",  # devices run queued kernels while the host enqueues the next
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     if name != "cpu":
         tiny = Runner(backend, compile_options, _chain(1, tiny_shape))
