@@ -105,11 +105,12 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
             budget_s: float) -> Candidate:
     """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
 
-    Candidates are compiled in order of their estimate while the budget lasts; one that fails to
-    compile or run is left out with the reason in its ``status``."""
+    The single backends alone come first (what the plan must never be slower than), then the others in
+    order of their estimate, while the budget lasts; one that fails to compile or run is left out with
+    the reason in its ``status``."""
     deadline = time.perf_counter() + budget_s
     trials: list[Trial] = []
-    for c in sorted(candidates, key=lambda c: c.estimated_ms):
+    for c in sorted(candidates, key=lambda c: (not c.baseline, c.estimated_ms)):
         if time.perf_counter() > deadline and trials:
             c.status = "not measured: the budget ran out"
             continue

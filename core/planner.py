@@ -101,6 +101,7 @@ class Candidate:
     estimated_ms: float
     notes: list[str] = field(default_factory=list)
     precision: str = ""  # "" = as configured, each accelerator keeping fp32 where half is not faster
+    baseline: bool = False  # a single backend alone (the CPU, or an accelerator's greedy plan)
     measured_ms: float | None = None
     status: str = ""  # why it was not measured, or was stopped early
 
@@ -434,7 +435,8 @@ class Planner:
             if same is not None:  # the same plan reached another way: keep why it looks as it does
                 same.notes.extend(n for n in notes if n not in same.notes)
                 continue
-            out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes))
+            out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
+                                 baseline=name == "cpu" or name.startswith("greedy:")))
         return out, costs, refusals
 
     def trim(self, graph: Subgraph, assignment: dict[int, str], costs, notes: list[str]) -> tuple[dict[int, str], list[str]]:

@@ -13,7 +13,7 @@ import datetime
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -24,9 +24,11 @@ MIN_BATCH_S = 0.02  # each timed batch of runs lasts at least this long
 REPEATS = 6  # timed batches of each side of a difference
 STABLE_SPREAD = 0.30  # how far the two halves of the repeats may disagree, relative to the figure
 ATTEMPTS = 4  # tries before an unstable figure is refused
-SHORT, LONG = 2, 12  # chain lengths whose difference isolates the per-op cost
-FC_ROWS, FC_DEPTH = 256, 512
-STREAM_SHAPE = (1, 256, 256, 32)  # 8 MiB of float32: beyond every cache the devices have
+SHORT, LONG = 2, 12  # chain lengths whose difference isolates the per-op launch cost
+STEP = 4  # extra ops in the longer chain of a work figure
+WORK_OVER_LAUNCH = 10  # an op measured for its work lasts at least this many launches
+FC_ROWS, FC_DEPTH = (256, 1024, 4096), 512  # products of ROWS x 512 by 512 x 512, growing until measurable
+STREAM_ROWS = (256, 1024, 4096)  # pools over ROWS x 256 x 32 floats: 8, 32, 128 MiB, beyond every cache
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,12 @@ def _chain(length: int, shape: tuple[int, ...], window: int = 1):
     return b.build()
 
 
-def _fc_chain(length: int):
+def _fc_chain(length: int, rows: int):
     from ..tflite.builder import GraphBuilder
 
     rng = np.random.default_rng(0)
     b = GraphBuilder()
-    x = b.input("x", (FC_ROWS, FC_DEPTH))
+    x = b.input("x", (rows, FC_DEPTH))
     for i in range(length):
         w = b.const(f"w{i}", (rng.standard_normal((FC_DEPTH, FC_DEPTH)) * 0.04).astype(np.float32))
         x = b.op("FULLY_CONNECTED", [x, w], options={"fused_activation_function": "NONE"})
@@ -151,6 +153,20 @@ def check_bounds(backend: str, profile: DeviceProfile, bounds: Bounds) -> None:
                                    f"device can do (0, {most:.4g}]; nothing was stored")
 
 
+def work_per_op(what: str, backend, options, make: Callable[[int, int], Any], sizes: Sequence[int],
+                launch_s: float) -> tuple[float, int, Runner]:
+    """Seconds of one op's work, from chains of 1 and 1 + ``STEP`` ops built by ``make(length, size)``, at the
+    first size whose op lasts ``WORK_OVER_LAUNCH`` launches (so that launch jitter cannot drown it), else
+    the largest; also the size used and the one-op runner (for the transfer figures)."""
+    for i, size in enumerate(sizes):
+        one, more = Runner(backend, options, make(1, size)), Runner(backend, options, make(1 + STEP, size))
+        value = stable_difference(what, backend.name, lambda: per_run_seconds(more.resident),
+                                  lambda: per_run_seconds(one.resident), STEP)
+        if value >= WORK_OVER_LAUNCH * launch_s or i == len(sizes) - 1:
+            return value, size, one
+    raise AssertionError("sizes is empty")
+
+
 def calibrate_backend(backend, compile_options) -> DeviceProfile:
     """The backend's profile, every figure measured on device-resident data (transfers measured apart)."""
     name = backend.name
@@ -161,29 +177,24 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
                                  lambda: per_run_seconds(short.resident), LONG - SHORT)
     # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
     partition_s = max(min(per_run_seconds(short.resident) for _ in range(REPEATS)) - SHORT * launch_s, 0.0)
-    s_short, s_long = Runner(backend, compile_options, _chain(1, STREAM_SHAPE)), \
-        Runner(backend, compile_options, _chain(3, STREAM_SHAPE))
-    stream_s = stable_difference("the streaming op time", name, lambda: per_run_seconds(s_long.resident),
-                                 lambda: per_run_seconds(s_short.resident), 2)
-    stream_bytes = 2 * int(np.prod(STREAM_SHAPE)) * 4
-    f_short, f_long = Runner(backend, compile_options, _fc_chain(1)), Runner(backend, compile_options, _fc_chain(3))
-    fc_s = stable_difference("the matrix product time", name, lambda: per_run_seconds(f_long.resident),
-                             lambda: per_run_seconds(f_short.resident), 2)
-    fc_flops = 2.0 * FC_ROWS * FC_DEPTH * FC_DEPTH
+    asynchronous = name != "cpu"  # devices run queued kernels while the host enqueues the next
+    # on the host an op's launch and work add up; on a device the chain's extra time is the work alone
+    own = (lambda s: s) if asynchronous else (lambda s: max(s - launch_s, s * 0.5))
+    stream_s, rows, stream = work_per_op("the streaming op time", backend, compile_options,
+                                         lambda n, r: _chain(n, (1, r, 256, 32), 2), STREAM_ROWS, launch_s)
+    stream_bytes = 2 * rows * 256 * 32 * 4
+    fc_s, fc_rows, _ = work_per_op("the matrix product time", backend, compile_options, _fc_chain, FC_ROWS, launch_s)
     profile = DeviceProfile(
-        gflops=fc_flops / max(fc_s - launch_s, fc_s * 0.5) / 1e9,
-        gbytes_per_s=stream_bytes / max(stream_s - launch_s, stream_s * 0.5) / 1e9,
-        launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated",
-        asynchronous=name != "cpu",  # devices run queued kernels while the host enqueues the next
+        gflops=2.0 * fc_rows * FC_DEPTH * FC_DEPTH / own(fc_s) / 1e9, gbytes_per_s=stream_bytes / own(stream_s) / 1e9,
+        launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated", asynchronous=asynchronous,
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     if name != "cpu":
-        tiny = Runner(backend, compile_options, _chain(1, tiny_shape))
+        tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2))
         latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(tiny.round_trip),
                                       lambda: per_run_seconds(tiny.resident), 2)
-        copy_s = stable_difference("the host transfer time of 8 MiB", name,
-                                   lambda: per_run_seconds(s_short.round_trip),
-                                   lambda: per_run_seconds(s_short.resident), 2)
+        copy_s = stable_difference("the host transfer time", name, lambda: per_run_seconds(stream.round_trip),
+                                   lambda: per_run_seconds(stream.resident), 2)
         profile.transfer_latency_us = latency_s * 1e6
-        profile.transfer_gbytes_per_s = int(np.prod(STREAM_SHAPE)) * 4 / max(copy_s - latency_s, copy_s * 0.5) / 1e9
+        profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - latency_s, copy_s * 0.5) / 1e9
     check_bounds(name, profile, bounds_for(backend.device_info()))
     return profile
