@@ -247,7 +247,8 @@ def _learn(session, timings, store_ops: bool) -> list[str]:
         if not mine:
             continue
         profile = session.profiles[name]
-        observations = [Observation(list(p.ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu")
+        observations = [Observation(list(p.ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu",
+                                    transfer_ms=sum(session.planner.transfer_cost(x, name) for x in p.inputs + p.outputs))
                         for t in mine for p in session.executor.partitions if p.index == t.index]
         free = lambda op, b=backend: b.estimate_ms(op, session.settings.compile) == 0.0  # noqa: E731
         used = refit(profile, observations, free)

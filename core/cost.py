@@ -56,6 +56,7 @@ class DeviceProfile:
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
     class_floor_us: dict[str, float] = field(default_factory=dict)
+    fit_points: dict[str, list[list[float]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
     calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
@@ -156,29 +157,34 @@ def op_bytes(op: Op) -> float:
 
 @dataclass
 class Observation:
-    """One partition measured on its backend: its ops, its time, and its ops' times where measured."""
+    """One partition measured on its backend: its ops, its time, and its ops' times where measured.
+
+    ``transfer_ms``: the part of ``ms`` spent moving its inputs and outputs (estimated), which the fit of
+    the partition's own overhead leaves out."""
 
     ops: list[Op]
     ms: float
     op_ms: dict[int, float] = field(default_factory=dict)
     op_times_include_launch: bool = True  # host timers do; device events time the kernel alone
+    transfer_ms: float = 0.0
 
 
 SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measurement, not a device
+MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first)
+WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
-    """Fit ``class_floor_us``, ``class_scale`` and ``partition_us`` to measured times; returns how many
-    measurements were used.
+    """Add ``observations`` to the profile's measurements and refit ``class_floor_us``, ``class_scale`` and
+    ``partition_us`` to all it keeps; returns how many new measurements there were.
 
-    Per op class, a line through the ops measured one by one (work = floor + scale * roofline, least
-    squares, when their rooflines spread enough to tell floor from slope; else the median ratio with the
-    floor kept).  Partitions timed only as a whole (the LiteRT engine) fit one scale for every class
-    ("*").  ``free``: ops the backend never runs (folded), which carry no time.  Classes not observed
-    keep their fit."""
+    Per op class, a line through the ops measured one by one: work = floor + scale * roofline.  Partitions
+    timed only as a whole (the LiteRT engine) give one line for every class: work = ops * floor + scale *
+    roofline.  Least squares over everything kept, so each measurement improves estimates of models never
+    measured.  ``free``: ops the backend never runs (folded), which carry no time."""
     launch = profile.launch_us * 1e-3
-    points: dict[str, list[tuple[float, float]]] = {}
-    overheads: list[float] = []
+    points = profile.fit_points
+    added = 0
     for obs in observations:
         counted = [op for op in obs.ops if not free(op)]
         if obs.op_ms:
@@ -188,31 +194,42 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 if measured is None or roof <= 0:
                     continue
                 work = measured - launch if obs.op_times_include_launch else measured
-                points.setdefault(op_class(op), []).append((roof, max(work, 0.0)))
+                points.setdefault(op_class(op), []).append([1.0, roof, max(work, 0.0)])
+                added += 1
             launches = 0.0 if obs.op_times_include_launch else launch * len(counted)
-            overheads.append(obs.ms - sum(obs.op_ms.values()) - launches)
-        else:
+            points.setdefault("partition", []).append([obs.ms - obs.transfer_ms - sum(obs.op_ms.values()) - launches])
+            added += 1
+        elif counted:
             roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
-            work = obs.ms - launch * len(counted) - profile.partition_us * 1e-3
-            if roof > 0 and work > 0:
-                points.setdefault("*", []).append((roof, work))
-    for klass, pts in points.items():
-        roofs, works = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-        if len(pts) >= 3 and roofs.max() > 4 * roofs.min():
-            slope, intercept = np.polyfit(roofs, works, 1)
-            profile.class_floor_us[klass] = max(float(intercept), 0.0) * 1e3
-            profile.class_scale[klass] = float(np.clip(slope, *SCALE_RANGE))
-        else:
-            floor = profile.floor_ms(klass)
-            profile.class_scale[klass] = float(np.clip(np.median(np.maximum(works - floor, 0.0) / roofs),
-                                                       *SCALE_RANGE))
-    if overheads:
-        profile.partition_us = max(float(np.median(overheads)) * 1e3, 0.0)
-    used = sum(len(v) for v in points.values()) + len(overheads)
-    if used:
-        profile.fit_samples += used
+            work = obs.ms - obs.transfer_ms - launch * len(counted) - profile.partition_us * 1e-3
+            points.setdefault(WHOLE, []).append([float(len(counted)), roof, max(work, 0.0)])
+            added += 1
+    for klass in list(points):
+        del points[klass][:-MAX_POINTS]
+        rows = np.array(points[klass], dtype=np.float64)
+        if klass == "partition":
+            profile.partition_us = max(float(np.median(rows[:, 0])) * 1e3, 0.0)
+            continue
+        floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
+        profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
+    if added:
+        profile.fit_samples += added
         profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    return used
+    return added
+
+
+def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:
+    """(floor per op, scale) with work ~ counts * floor + scale * roofs, both non-negative; with too few or too
+    alike points, the scale alone (the floor kept)."""
+    if len(works) >= 3 and roofs.max() > 4 * roofs.min():
+        (f, k), *_ = np.linalg.lstsq(np.stack([counts, roofs], 1), works, rcond=None)
+        if f < 0:
+            f, k = 0.0, float(np.dot(roofs, works) / np.dot(roofs, roofs))
+        elif k < SCALE_RANGE[0]:
+            k = SCALE_RANGE[0]
+            f = float(np.median((works - k * roofs) / counts))
+        return max(float(f), 0.0), float(np.clip(k, *SCALE_RANGE))
+    return floor, float(np.clip(np.median(np.maximum(works - counts * floor, 0.0) / roofs), *SCALE_RANGE))
 
 
 def op_signature(op: Op) -> str:
@@ -249,7 +266,8 @@ def load_profile(device_info: dict[str, Any], kind: str) -> DeviceProfile:
         return profile
     except (OSError, ValueError, TypeError):
         base = DEFAULT_PROFILES[kind]
-        return DeviceProfile(**{**asdict(base), "class_scale": {}, "class_floor_us": {}, "measured_op_ms": {},
+        return DeviceProfile(**{**asdict(base), "class_scale": {}, "class_floor_us": {}, "fit_points": {},
+                                "measured_op_ms": {},
                                 "source": f"default ({kind})"})
 
 

@@ -217,6 +217,16 @@ def test_refit_learns_class_corrections_from_measured_ops():
     roof = sum(whole.roofline_ms(op_flops(op), op_bytes(op)) for op in graph.ops)
     refit(whole, [Observation(graph.ops, 2 * roof)], lambda op: False)
     assert whole.class_scale["*"] == pytest.approx(2.0) and whole.scale("conv") == pytest.approx(2.0)
+    # more partitions of other sizes: the fit separates a per-op floor (10 us) from the scale (1.5), over all
+    # the measurements the profile keeps
+    fitted = DeviceProfile(gflops=1.0, gbytes_per_s=0.1, launch_us=0.0)
+    for n in (2, 5, 9, 14):
+        ops = graph.ops[:min(n, len(graph.ops))] * (1 + n // len(graph.ops))
+        roofs = sum(fitted.roofline_ms(op_flops(op), op_bytes(op)) for op in ops[:n])
+        refit(fitted, [Observation(ops[:n], n * 0.010 + 1.5 * roofs)], lambda op: False)
+    assert fitted.class_floor_us["*"] == pytest.approx(10.0, rel=1e-3)
+    assert fitted.class_scale["*"] == pytest.approx(1.5, rel=1e-3)
+    assert len(fitted.fit_points["*"]) == 4
 
 
 

@@ -78,16 +78,29 @@ def _fc_chain(length: int, rows: int):
 
 
 class Runner:
-    """One calibration model compiled on the backend, runnable resident or with host copies."""
+    """One calibration model compiled on the backend, runnable resident or with host copies.
 
-    def __init__(self, backend, options, model):
+    Resident runs read an input that already lives on the device: the output of a separate one-op
+    model of the same shape, run once (a host array given to ``run`` would be uploaded every time)."""
+
+    def __init__(self, backend, options, model, feeder: "Runner | None" = None):
         from ..partition import make_partition
 
         self.backend, self.graph = backend, model.main
         part = make_partition(self.graph, self.graph.ops, backend.name, 0)
         self.compiled = backend.compile(part, options)
         self.host = {t.index: np.full(t.shape, 0.5, np.float32) for t in self.graph.inputs}
-        self.staged = {i: backend.to_device(v) for i, v in self.host.items()}
+        uploaded = {i: backend.to_device(v) for i, v in self.host.items()}
+        if feeder is None:
+            self.staged = uploaded
+        else:
+            (value,) = feeder.compiled.run(feeder.staged).values()
+            self.staged = {self.graph.inputs[0].index: value}
+
+    @classmethod
+    def resident_pair(cls, backend, options, short_model, long_model, feeder_model) -> tuple["Runner", "Runner"]:
+        feeder = cls(backend, options, feeder_model)
+        return cls(backend, options, short_model, feeder), cls(backend, options, long_model, feeder)
 
     def resident(self, n: int) -> None:
         """``n`` runs on staged inputs, then one output read back: the device queue drains once."""
@@ -159,7 +172,7 @@ def work_per_op(what: str, backend, options, make: Callable[[int, int], Any], si
     first size whose op lasts ``WORK_OVER_LAUNCH`` launches (so that launch jitter cannot drown it), else
     the largest; also the size used and the one-op runner (for the transfer figures)."""
     for i, size in enumerate(sizes):
-        one, more = Runner(backend, options, make(1, size)), Runner(backend, options, make(1 + STEP, size))
+        one, more = Runner.resident_pair(backend, options, make(1, size), make(1 + STEP, size), make(1, size))
         value = stable_difference(what, backend.name, lambda: per_run_seconds(more.resident),
                                   lambda: per_run_seconds(one.resident), STEP)
         if value >= WORK_OVER_LAUNCH * launch_s or i == len(sizes) - 1:
@@ -171,8 +184,8 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
     """The backend's profile, every figure measured on device-resident data (transfers measured apart)."""
     name = backend.name
     tiny_shape = (1, 2, 2, 4)
-    short, long = Runner(backend, compile_options, _chain(SHORT, tiny_shape, 2)), \
-        Runner(backend, compile_options, _chain(LONG, tiny_shape, 2))
+    short, long = Runner.resident_pair(backend, compile_options, _chain(SHORT, tiny_shape, 2),
+                                       _chain(LONG, tiny_shape, 2), _chain(1, tiny_shape, 2))
     launch_s = stable_difference("the per-op launch cost", name, lambda: per_run_seconds(long.resident),
                                  lambda: per_run_seconds(short.resident), LONG - SHORT)
     # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
@@ -189,7 +202,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated", asynchronous=asynchronous,
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     if name != "cpu":
-        tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2))
+        tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2), feeder=short)
         latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(tiny.round_trip),
                                       lambda: per_run_seconds(tiny.resident), 2)
         copy_s = stable_difference("the host transfer time", name, lambda: per_run_seconds(stream.round_trip),
