@@ -13,7 +13,8 @@ import numpy as np
 
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
 from .tools.compare import compare_outputs
-from .tools.measure import alone_median, peak_rss_mb, reference_slowed, separate_peak_rss, time_alternating
+from .tools.measure import (alone_median, learn_from, peak_rss_mb, reference_slowed, separate_peak_rss,
+                            time_alternating)
 from .tools.reference import litert_cpu
 
 ANALYZE_WARN_BELOW = 0.80
@@ -158,7 +159,7 @@ def cmd_bench(args) -> int:
     with progress:
         ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs,
                                         lambda: progress.advance(task))
-    per_op, timings = _measured_profile(session, indexed)
+    per_op, timings = _measured_profile(session, session.executor, indexed)
     estimates = {p.index: session.planner.partition_estimate(p) for p in session.executor.partitions}
     doc: dict[str, Any] = {
         "model": label, "runs": args.runs, "batch": args.batch or 1, "init_ms": round(init_ms, 3),
@@ -175,7 +176,7 @@ def cmd_bench(args) -> int:
                              "measured_ms": round(t.ms, 4), "op_times": t.op_source} for t in timings],
         "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
     }
-    doc["profiles_saved"] = _learn(session, timings, args.profile)
+    doc["profiles_saved"] = learn_from(session, session.executor, timings, args.profile)
     if reference:
         doc["reference"] = "litert"
         doc["reference_median_ms"] = round(float(np.median(theirs)), 4)
@@ -224,41 +225,15 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _measured_profile(session, indexed) -> tuple[list[dict[str, Any]], list]:
+def _measured_profile(session, executor, indexed) -> tuple[list[dict[str, Any]], list]:
     """Per-partition times, and per-op rows only where the backend timed the ops (with the source)."""
     from .tools.measure import profile_partitions
 
-    timings = profile_partitions(session, indexed)
+    timings = profile_partitions(executor, indexed)
     ops = {op.index: op for op in session.graph.ops}
     rows = [{"op": i, "opcode": ops[i].opcode, "backend": t.backend, "ms": ms, "source": t.op_source}
             for t in timings for i, ms in t.op_ms.items()]
     return rows, timings
-
-
-def _learn(session, timings, store_ops: bool) -> list[str]:
-    """Refit each backend's profile to the measured partitions (and store exact op times with
-    ``--profile``); returns where profiles were saved."""
-    from .cost import Observation, op_signature, refit, save_profile
-
-    saved = []
-    ops = {op.index: op for op in session.graph.ops}
-    for name, backend in session.backends.items():
-        mine = [t for t in timings if t.backend == name]
-        if not mine:
-            continue
-        profile = session.profiles[name]
-        observations = [Observation(list(p.ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu",
-                                    transfer_ms=sum(session.planner.transfer_cost(x, name) for x in p.inputs + p.outputs))
-                        for t in mine for p in session.executor.partitions if p.index == t.index]
-        free = lambda op, b=backend: b.estimate_ms(op, session.settings.compile) == 0.0  # noqa: E731
-        used = refit(profile, observations, free)
-        if store_ops:
-            for t in mine:
-                for i, ms in t.op_ms.items():
-                    profile.measured_op_ms[op_signature(ops[i])] = ms
-        if used or store_ops:
-            saved.append(str(save_profile(backend.device_info(), profile)))
-    return saved
 
 
 # -- tune ------------------------------------------------------------------------------
@@ -289,7 +264,10 @@ def cmd_tune(args) -> int:
         docs.append({"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
                      "estimated_pick": estimated_pick.name,
                      "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles})
-        _learn(session, _measured_profile(session, session.normalize_inputs(session._random_inputs()))[1], False)
+        # every plan measured whole teaches the cost model: the winner and each single backend alone
+        inputs = session.normalize_inputs(session._random_inputs())
+        for executor in [session.executor, *session.baseline_executors.values()]:
+            learn_from(session, executor, _measured_profile(session, executor, inputs)[1])
         if not args.json:
             c = console()
             c.print(f"[bold]{label}[/bold]: {len(plan.candidates)} candidate plan(s) in {elapsed:.1f} s; "

@@ -171,6 +171,7 @@ class Observation:
 
 SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measurement, not a device
 MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first)
+QUEUED = "queued partition"  # whole partitions of an asynchronous device, with their kernels' device times
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 
 
@@ -196,8 +197,11 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 work = measured - launch if obs.op_times_include_launch else measured
                 points.setdefault(op_class(op), []).append([1.0, roof, max(work, 0.0)])
                 added += 1
-            launches = 0.0 if obs.op_times_include_launch else launch * len(counted)
-            points.setdefault("partition", []).append([obs.ms - obs.transfer_ms - sum(obs.op_ms.values()) - launches])
+            own = obs.ms - obs.transfer_ms
+            if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
+                points.setdefault("partition", []).append([own - sum(obs.op_ms.values())])
+            else:  # device events: the host's launches overlap the kernels, fitted over whole partitions
+                points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) for op in counted)])
             added += 1
         elif counted:
             roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
@@ -206,6 +210,9 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             added += 1
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
+        if klass == QUEUED:
+            profile.launch_us, profile.partition_us = _queued_fit(points[klass])
+            continue
         rows = np.array(points[klass], dtype=np.float64)
         if klass == "partition":
             profile.partition_us = max(float(np.median(rows[:, 0])) * 1e3, 0.0)
@@ -216,6 +223,21 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         profile.fit_samples += added
         profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     return added
+
+
+def _queued_fit(partitions: list[list[float]]) -> tuple[float, float]:
+    """(launch us, partition us) of an asynchronous device from whole partitions: each took
+    ``partition + sum(max(launch, kernel))`` over its kernels' device times; the launch (the host's cost of
+    one kernel) found by a search over a log grid, the partition overhead as the median rest."""
+    best = None
+    for launch in np.geomspace(0.5e-3, 0.5, 160):
+        predicted = np.array([sum(max(launch, k) for k in p[1:]) for p in partitions])
+        totals = np.array([p[0] for p in partitions])
+        overhead = max(float(np.median(totals - predicted)), 0.0)
+        error = float(np.sum(((overhead + predicted - totals) / np.maximum(totals, 1e-6)) ** 2))
+        if best is None or error < best[0]:
+            best = (error, launch, overhead)
+    return best[1] * 1e3, best[2] * 1e3
 
 
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:

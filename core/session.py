@@ -175,6 +175,7 @@ class Session:
                 self.graph.link()
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
+        self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
         self.plan, compiled = self._choose_plan(remeasure)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
         for d in self.plan.decisions:
@@ -214,6 +215,8 @@ class Session:
                         for p in candidate_plan.partitions]
             built[candidate.name] = compiled
             executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled)
+            if remeasure and candidate.baseline and not candidate.precision:
+                self.baseline_executors[candidate.name] = executor  # tune learns from these too
             inputs = self._random_inputs()
             return lambda: executor.run(inputs)
 

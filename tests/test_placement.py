@@ -273,3 +273,20 @@ def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
     measured = Session(elementwise_model(), settings("measure"))
     names = {c.name: c.precision for c in measured.plan.candidates}
     assert names["greedy:fakegpu fp16"] == "fp16" and names["greedy:fakegpu"] == ""
+
+
+def test_refit_of_a_queued_device_finds_its_host_launch_cost():
+    """Kernels timed on the device, partitions timed on the host: the fit recovers the host's cost per kernel
+    (here 20 us, above most kernels' device time) and the partition's own overhead (100 us)."""
+    graph = elementwise_model().main
+    profile = DeviceProfile(gflops=1.0, gbytes_per_s=0.1, launch_us=5.0, asynchronous=True)
+    rng = np.random.default_rng(0)
+    observations = []
+    for _ in range(6):
+        kernels = {op.index: float(rng.uniform(0.002, 0.06)) for op in graph.ops}
+        wall = 0.100 + sum(max(0.020, k) for k in kernels.values())
+        observations.append(Observation(graph.ops, wall + 0.3, kernels, op_times_include_launch=False,
+                                        transfer_ms=0.3))
+    refit(profile, observations, lambda op: False)
+    assert profile.launch_us == pytest.approx(20.0, rel=0.05)
+    assert profile.partition_us == pytest.approx(100.0, rel=0.05)

@@ -109,9 +109,8 @@ class PartitionTiming:
     op_source: str = ""  # how op_ms was measured, or why there is none
 
 
-def partition_inputs(session, indexed: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
-    """The host values each partition reads, from one run of the plan."""
-    executor = session.executor
+def partition_inputs(executor, indexed: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
+    """The host values each partition of ``executor`` reads, from one run of its plan."""
     values = dict(indexed)
     per_partition = []
     for part, compiled in zip(executor.partitions, executor.compiled):
@@ -123,11 +122,10 @@ def partition_inputs(session, indexed: dict[int, np.ndarray]) -> list[dict[int, 
     return per_partition
 
 
-def profile_partitions(session, indexed: dict[int, np.ndarray], runs: int = 5) -> list[PartitionTiming]:
+def profile_partitions(executor, indexed: dict[int, np.ndarray], runs: int = 5) -> list[PartitionTiming]:
     """Each partition's own time, and its ops' times where its backend can measure them."""
-    executor = session.executor
     timings = []
-    for part, compiled, args in zip(executor.partitions, executor.compiled, partition_inputs(session, indexed)):
+    for part, compiled, args in zip(executor.partitions, executor.compiled, partition_inputs(executor, indexed)):
         backend = executor.backends[part.backend]
         staged = {i: backend.to_device(v) for i, v in args.items()}
 
@@ -164,3 +162,30 @@ def estimate_report(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "within_25_percent": sum(0.75 <= r <= 1.25 for r in ratios),
             "median_ratio": round(float(np.median(ratios)), 3) if ratios else None,
             "pick_within_1_10": picks}
+
+
+def learn_from(session, executor, timings: list[PartitionTiming], store_ops: bool = False) -> list[str]:
+    """Refit each backend's profile to measured partitions of ``executor`` (a plan of ``session``), and with
+    ``store_ops`` keep the exact op times for later plans; returns where profiles were saved."""
+    from ..cost import Observation, op_signature, refit, save_profile
+
+    saved = []
+    ops = {op.index: op for op in session.graph.ops}
+    parts = {p.index: p for p in executor.partitions}
+    for name, backend in session.backends.items():
+        mine = [t for t in timings if t.backend == name]
+        if not mine:
+            continue
+        profile = session.profiles[name]
+        observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu",
+                                    transfer_ms=sum(session.planner.transfer_cost(x, name)
+                                                    for x in parts[t.index].inputs + parts[t.index].outputs))
+                        for t in mine]
+        used = refit(profile, observations, lambda op, b=backend: b.estimate_ms(op, session.settings.compile) == 0.0)
+        if store_ops:
+            for t in mine:
+                for i, ms in t.op_ms.items():
+                    profile.measured_op_ms[op_signature(ops[i])] = ms
+        if used or store_ops:
+            saved.append(str(save_profile(backend.device_info(), profile)))
+    return saved
