@@ -80,6 +80,11 @@ class Executor:
         copies["cpu"] = host
         return host
 
+    def reset_state(self) -> None:
+        """Every partition's variable tensors back to their initial values."""
+        for compiled in self.compiled:
+            compiled.reset_state()
+
     def close(self) -> None:
         for b in self.backends.values():
             b.close()

@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .cost import DeviceProfile, load_profile
-from .errors import DelegateError, ExecutionError, PluginError
+from .errors import DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
@@ -178,6 +178,7 @@ class Session:
                                  compiled=[self._compile(p) for p in self.plan.partitions])
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             self._guard_accuracy(self.settings.accuracy_guard)
+            self.executor.reset_state()  # the guard's runs must not leave state for the user's first run
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # -- compile / fallback ----------------------------------------------
@@ -259,7 +260,7 @@ class Session:
             inputs = [inputs]
         if isinstance(inputs, (list, tuple)):
             if len(inputs) != len(tensors):
-                raise ExecutionError(f"the model has {len(tensors)} input(s) but {len(inputs)} were given")
+                raise InputError(f"the model has {len(tensors)} input(s) but {len(inputs)} were given")
             pairs = list(zip(tensors, inputs))
         else:
             by_name = {t.name: t for t in tensors}
@@ -273,11 +274,11 @@ class Session:
                     t = next((x for x in tensors if x.index == key), None)
                 if t is None:
                     names = ", ".join(repr(x.name) for x in tensors)
-                    raise ExecutionError(f"unknown input {key!r}; the model's inputs are {names}")
+                    raise InputError(f"unknown input {key!r}; the model's inputs are {names}")
                 pairs.append((t, value))
             missing = [t.name for t in tensors if t not in [p[0] for p in pairs]]
             if missing:
-                raise ExecutionError(f"missing input(s): {', '.join(missing)}")
+                raise InputError(f"missing input(s): {', '.join(missing)}")
         out = {}
         for t, value in pairs:
             arr = np.asarray(value)
@@ -286,9 +287,9 @@ class Session:
                                                             and np.can_cast(arr.dtype, t.dtype.numpy)):
                     arr = arr.astype(t.dtype.numpy)
                 else:
-                    raise ExecutionError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
+                    raise InputError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
             if tuple(arr.shape) != t.shape:
-                raise ExecutionError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
+                raise InputError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
             out[t.index] = arr
         return out
 
@@ -309,6 +310,10 @@ class Session:
         """Run once; returns outputs by tensor name (copies, safe to keep)."""
         results = self.run_indexed(self.normalize_inputs(inputs))
         return {t.name: np.array(results[t.index]) for t in self.graph.outputs}
+
+    def reset_state(self) -> None:
+        """Variable tensors back to their initial values, as right after compiling."""
+        self.executor.reset_state()
 
     def close(self) -> None:
         self.executor.close()

@@ -41,6 +41,7 @@ class CpuCompiled(CompiledPartition):
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
         self.arena, views = plan_arena(ops, intermediates)
         self.buffers: dict[int, np.ndarray] = dict(views)
+        self.variables: list[Tensor] = []
         for t in partition.outputs:
             computed = t.producer is not None and _computes_constants(t.producer)
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
@@ -70,8 +71,8 @@ class CpuCompiled(CompiledPartition):
         if t.is_variable:
             # State (LSTM cell/output) persists across runs; kernels update it in place.
             if t.index not in self.buffers:
-                initial = np.zeros(t.shape, t.dtype.numpy) if t.data is None else np.asarray(t.data)
-                self.buffers[t.index] = np.array(initial, t.dtype.numpy).reshape(t.shape)
+                self.variables.append(t)
+                self.buffers[t.index] = initial_state(t)
             return self.buffers[t.index]
         if t.index in external:
             return t.index  # filled from the run's inputs
@@ -95,6 +96,10 @@ class CpuCompiled(CompiledPartition):
                     timings.setdefault(op.index, []).append((time.perf_counter() - start) * 1e3)
         return {t.index: self.buffers[t.index] for t in self.partition.outputs}
 
+    def reset_state(self) -> None:
+        for t in self.variables:
+            self.buffers[t.index][...] = initial_state(t)
+
     def set_profiling(self, enabled: bool) -> None:
         """Time every op of the following runs (for ``delegate bench``'s per-op profile)."""
         self.timings = {} if enabled else None
@@ -105,6 +110,15 @@ class CpuCompiled(CompiledPartition):
     def describe(self) -> dict[str, Any]:
         return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
                 "fused": {str(follower): host for follower, host in self.fused.items()}}
+
+
+def initial_state(t: Tensor) -> np.ndarray:
+    """A variable tensor's value before the first run, as LiteRT resets it: zero (the zero point for
+    int8), or the tensor's own buffer where it has one."""
+    if t.data is not None:
+        return np.array(t.data, t.dtype.numpy).reshape(t.shape)
+    zero = int(t.quantization.zero_point[0]) if t.dtype.numpy == np.int8 and t.quantization is not None else 0
+    return np.full(t.shape, zero, t.dtype.numpy)
 
 
 def _computes_constants(op: Op) -> bool:
@@ -135,6 +149,7 @@ class LitertCompiled(CompiledPartition):
         self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
         self.interpreter.invoke()  # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run
+        self.interpreter.reset_all_variables()  # that run must not leave state behind for the user's first
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
         self.output_slots = [d["index"] for d in outputs]
@@ -146,6 +161,9 @@ class LitertCompiled(CompiledPartition):
             it.set_tensor(slot, inputs[t.index])
         it.invoke()
         return {t.index: it.get_tensor(slot) for slot, t in zip(self.output_slots, self.partition.outputs)}
+
+    def reset_state(self) -> None:
+        self.interpreter.reset_all_variables()
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "litert", "model": self.model}
