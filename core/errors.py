@@ -3,7 +3,8 @@
 Every message is one line that names the thing that is wrong and where; the
 CLI prints it as is and maps each class to a documented exit code.  Each class
 also derives from the builtin LiteRT raises in the same situation (ValueError
-for a bad model, config or input; RuntimeError for a failure to build or run),
+for a bad model, config, input or plugin, as for a delegate LiteRT cannot load;
+RuntimeError for a failure to build or run),
 so ``except`` clauses written for ``ai_edge_litert`` keep working.
 """
 
@@ -41,7 +42,7 @@ class ConfigError(DelegateError, ValueError):
         self.file, self.key, self.line = file, key, line
 
 
-class PluginError(DelegateError, RuntimeError):
+class PluginError(DelegateError, ValueError):
     """A backend plugin is missing, unavailable or misbehaved."""
 
     exit_code = 5

@@ -86,8 +86,12 @@ def _checked_value(t: Tensor, value: Any) -> np.ndarray:
     if t.dtype is DType.string:
         if arr.dtype.kind not in "USO":
             raise InputError(f"Cannot set tensor: got {arr.dtype} for string tensor {t.index} ({t.name!r})")
-        arr = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in arr.ravel()],
-                       object).reshape(arr.shape)
+        if arr.dtype.kind == "S":  # whole items: numpy's bytes_ drops trailing NULs, LiteRT keeps them
+            raw, size = arr.tobytes(), arr.itemsize
+            items = [raw[i * size:(i + 1) * size] for i in range(arr.size)]
+        else:
+            items = [v.encode() if isinstance(v, str) else bytes(v) for v in arr.ravel()]
+        arr = np.array(items + [None], object)[:-1].reshape(arr.shape)
     elif arr.dtype != t.dtype.numpy:
         raise InputError(f"Cannot set tensor: got value of type {arr.dtype} but expected {t.dtype.name} "
                          f"for tensor {t.index} ({t.name!r})")
@@ -138,8 +142,13 @@ class Interpreter:
         self._num_threads = num_threads
         self._preserve = bool(experimental_preserve_all_tensors)
         self._experimental_compress_quantization_zero_points = experimental_compress_quantization_zero_points
-        # The subgraphs' own inputs and outputs (a session may see more outputs: preserve_all_tensors).
+        # The subgraphs' own inputs and outputs; with preserve_all_tensors every tensor an op computes
+        # becomes an output of its subgraph too, so the sessions keep it.
         self._io = [(list(g.inputs), list(g.outputs)) for g in self._model.subgraphs]
+        if self._preserve:
+            for g, (_, outputs) in zip(self._model.subgraphs, self._io):
+                kept = {t.index for t in outputs}
+                g.outputs = outputs + [t for op in g.ops for t in op.outputs if t.index not in kept]
         self._sessions: dict[int, Any] = {}
         self._buffers: dict[int, dict[int, np.ndarray]] = {}
         self._lock = threading.Lock()
@@ -166,16 +175,9 @@ class Interpreter:
         if config is None or isinstance(config, (str, os.PathLike)):
             overrides = [f"num_threads={self._num_threads}"] if self._num_threads else []
             config = load_config(config, overrides=overrides)
-        graph = self._graph(subgraph)
-        inputs, outputs = self._io[subgraph]
-        if self._preserve:
-            kept = {t.index for t in outputs}
-            graph.outputs = outputs + [t for op in graph.ops for t in op.outputs if t.index not in kept]
-        try:
-            self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph)
-        finally:
-            graph.outputs = outputs
-        self._buffers[subgraph] = {t.index: _empty(t) for t in inputs}
+        self._graph(subgraph)
+        self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph)
+        self._buffers[subgraph] = {t.index: _empty(t) for t in self._io[subgraph][0]}
 
     def _session(self, subgraph: int):
         session = self._sessions.get(subgraph)

@@ -10,7 +10,7 @@ import numpy as np
 from delegate import hookimpl
 from delegate.backend import Backend, BackendInfo, CompiledPartition, CompileOptions, Partition, Support
 from delegate.errors import CompileError
-from delegate.ir import Op, Tensor
+from delegate.ir import DType, Op, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
@@ -39,12 +39,13 @@ class CpuCompiled(CompiledPartition):
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
-        self.arena, views = plan_arena(ops, intermediates)
+        self.arena, views = plan_arena(ops, [t for t in intermediates if t.dtype.numpy is not None])
         self.buffers: dict[int, np.ndarray] = dict(views)
         self.variables: list[Tensor] = []
-        for t in partition.outputs:
+        for t in partition.outputs + [t for t in intermediates if t.dtype.numpy is None]:
             computed = t.producer is not None and _computes_constants(t.producer)
-            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
+            # strings are held as numpy object arrays of bytes
+            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
         self.threading = ThreadChoice() if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
@@ -148,8 +149,11 @@ class LitertCompiled(CompiledPartition):
 
         self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
-        self.interpreter.invoke()  # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run
-        self.interpreter.reset_all_variables()  # that run must not leave state behind for the user's first
+        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (but not on string
+        # inputs: an unset string tensor holds no valid data), and leave no state behind for the user's run.
+        if all(t.dtype is not DType.string for t in self.partition.inputs):
+            self.interpreter.invoke()
+            self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
         self.output_slots = [d["index"] for d in outputs]
