@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import ExecutionError, InputError, PluginError, UnsupportedOpError
 from .ir import DType, Model, Subgraph, Tensor
+from .runtime import ModelState
 from .shapes import propagate
 from .tflite.reader import read_model
 
@@ -150,6 +151,7 @@ class Interpreter:
                 kept = {t.index for t in outputs}
                 g.outputs = outputs + [t for op in g.ops for t in op.outputs if t.index not in kept]
         self._sessions: dict[int, Any] = {}
+        self._state = ModelState(self._model)  # resource variables, shared by every subgraph's session
         self._buffers: dict[int, dict[int, np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -176,7 +178,7 @@ class Interpreter:
             overrides = [f"num_threads={self._num_threads}"] if self._num_threads else []
             config = load_config(config, overrides=overrides)
         self._graph(subgraph)
-        self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph)
+        self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph, state=self._state)
         self._buffers[subgraph] = {t.index: _empty(t) for t in self._io[subgraph][0]}
 
     def _session(self, subgraph: int):

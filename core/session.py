@@ -26,7 +26,7 @@ from .errors import DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
-from .runtime import Executor
+from .runtime import Executor, ModelState, running
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -154,8 +154,10 @@ class Session:
     """A model planned and compiled for the configured backends."""
 
     def __init__(self, model: Model, settings: RunSettings | None = None, *,
-                 manager: PluginManager | None = None, subgraph: int = 0):
+                 manager: PluginManager | None = None, subgraph: int = 0, state: ModelState | None = None):
+        """``state`` is shared by sessions of several subgraphs of one model instance (an Interpreter's)."""
         self.model = model
+        self.state = state if state is not None else ModelState(model)
         self.settings = settings or RunSettings()
         self.manager = manager or default_manager()
         self.graph: Subgraph = model.subgraphs[subgraph]
@@ -174,11 +176,15 @@ class Session:
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
+        with running(self.state):
+            compiled = [self._compile(p) for p in self.plan.partitions]
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=[self._compile(p) for p in self.plan.partitions])
+                                 compiled=compiled, state=self.state)
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
-            self._guard_accuracy(self.settings.accuracy_guard)
-            self.executor.reset_state()  # the guard's runs must not leave state for the user's first run
+            # on a scratch state, and variable tensors reset after: the user's first run starts afresh
+            with running(ModelState(model)):
+                self._guard_accuracy(self.settings.accuracy_guard)
+            self.executor.reset_state()
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # -- compile / fallback ----------------------------------------------
@@ -303,7 +309,9 @@ class Session:
             if not failed or not self.settings.fallback:
                 raise
             i = failed[0]
-            self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i], f"failed while running: {exc}")
+            with running(self.state):
+                self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i],
+                                                         f"failed while running: {exc}")
             return self.run_indexed(inputs)
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:

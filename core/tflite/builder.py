@@ -81,7 +81,7 @@ class GraphBuilder:
             arr = arr.astype(np.float32)
         elif arr.dtype == np.int64 and not isinstance(data, np.ndarray):
             arr = arr.astype(np.int32)
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C")  # (ascontiguousarray would make a scalar one-dimensional)
         return self.tensor(name, arr.shape, arr.dtype, quant=quant, data=arr)
 
     def op(self, opcode: str, inputs: Sequence[Tensor | None], *, options: dict[str, Any] | None = None,

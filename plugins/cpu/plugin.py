@@ -149,9 +149,9 @@ class LitertCompiled(CompiledPartition):
 
         self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
-        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (but not on string
-        # inputs: an unset string tensor holds no valid data), and leave no state behind for the user's run.
-        if all(t.dtype is not DType.string for t in self.partition.inputs):
+        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run; and leave no state
+        # behind for the user's first run (reset_all_variables restores variable tensors, not resources)
+        if _may_warm_up(self.partition):
             self.interpreter.invoke()
             self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
@@ -171,6 +171,17 @@ class LitertCompiled(CompiledPartition):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "litert", "model": self.model}
+
+
+# Ops whose effects outlive a run (resource variables, and control flow that may call them).
+_RESOURCE_OPS = frozenset({"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "IF", "WHILE"})
+
+
+def _may_warm_up(partition: Partition) -> bool:
+    """Whether a run on unset inputs is harmless: no string inputs (unset ones hold no valid strings)
+    and no resource variables (nothing can undo that run's assignments)."""
+    return all(t.dtype is not DType.string for t in partition.inputs) and \
+        not any(op.opcode in _RESOURCE_OPS for op in partition.ops)
 
 
 def _as_read(partition: Partition) -> bytes | None:
