@@ -10,7 +10,7 @@ import numpy as np
 from delegate import hookimpl
 from delegate.backend import Backend, BackendInfo, CompiledPartition, CompileOptions, Partition, Support
 from delegate.errors import CompileError
-from delegate.ir import DType, Op, Tensor
+from delegate.ir import DType, Op, Subgraph, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
@@ -203,6 +203,49 @@ def _same_tensors(details: list[dict], tensors: list[Tensor]) -> bool:
         for d, t in zip(details, tensors))
 
 
+_LITERT_ANSWERS: dict[tuple, str | None] = {}  # op signature -> None (LiteRT runs it) or LiteRT's refusal
+
+
+def litert_refusal(op: Op) -> str | None:
+    """Why LiteRT's interpreter cannot run ``op`` (None when it can): the op alone, as a one-op model,
+    must allocate.  Asked once per op signature (code, version, options, operand types, shapes, and
+    quantization; small constants by value) and remembered for the process."""
+    key = _op_signature(op)
+    if key not in _LITERT_ANSWERS:
+        _LITERT_ANSWERS[key] = _ask_litert(op)
+    return _LITERT_ANSWERS[key]
+
+
+def _op_signature(op: Op) -> tuple:
+    def operand(t: Tensor | None):
+        if t is None:
+            return None
+        q = t.quantization
+        quant = None if q is None else (q.scale.tobytes(), q.zero_point.tobytes(), q.axis)
+        value = None
+        if t.is_constant:
+            data = np.asarray(t.data)
+            value = data.tobytes() if data.nbytes <= 256 else data.nbytes
+        return t.dtype.value, t.shape, quant, value, t.is_variable
+    return (op.opcode, op.custom, op.version, repr(sorted(op.options.items())), op.custom_options,
+            tuple(operand(t) for t in op.inputs), tuple(operand(t) for t in op.outputs))
+
+
+def _ask_litert(op: Op) -> str | None:
+    from ai_edge_litert.interpreter import Interpreter
+    from delegate.export import partition_model
+    from delegate.tflite.writer import write_model
+
+    inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant
+                   and not t.is_variable}.values())
+    probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
+    try:
+        Interpreter(model_content=write_model(partition_model(probe))).allocate_tensors()
+    except Exception as exc:  # LiteRT reports refusals as RuntimeError/ValueError; the writer may refuse too
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
 def litert_installed() -> bool:
     try:
         import ai_edge_litert.interpreter  # noqa: F401
@@ -225,10 +268,16 @@ class CpuBackend(Backend):
         self.custom.update(kernels)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        if registry.find_kernel(op, self.custom) is None:
-            kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""
+        if registry.find_kernel(op, self.custom) is not None:
+            return Support.yes()
+        kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        if self.engine != "litert":
             return Support.no(f"no cpu kernel for {kind} {op.opcode}")
-        return Support.yes()
+        refusal = litert_refusal(op)
+        if refusal is None:
+            return Support.yes()
+        return Support.no(f"no cpu kernel for {kind} {op.opcode}, and LiteRT refuses it: {refusal}")
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
