@@ -46,6 +46,7 @@ class RunSettings:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
     accuracy_guard: AccuracyBound | None = None
+    disable_plugins: tuple[str, ...] = ()
 
 
 @dataclass
@@ -83,7 +84,8 @@ def run_settings(config: Any) -> RunSettings:
                                   pins=list(config.pin), denies=list(config.deny))
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
-    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound)
+    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound,
+                       tuple(config.disable_plugins))
 
 
 def _warn(message: str) -> None:
@@ -102,7 +104,9 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
     for name, options in requested:
         if name in backends:
             continue
-        if name in manager.load_errors and name not in manager.backends():
+        if name in manager.disabled:
+            info, ok, reason = None, False, "its plugin is disabled (disable_plugins)"
+        elif name in manager.load_errors and name not in manager.backends():
             info, ok, reason = None, False, f"its plugin failed to load ({manager.load_errors[name]})"
         else:
             info = manager.backend_info(name)  # unknown name -> PluginError listing the installed ones
@@ -159,7 +163,7 @@ class Session:
         self.model = model
         self.state = state if state is not None else ModelState(model)
         self.settings = settings or RunSettings()
-        self.manager = manager or default_manager()
+        self.manager = manager or default_manager(self.settings.disable_plugins)
         self.graph: Subgraph = model.subgraphs[subgraph]
         started = time.perf_counter()
         self._warned: set[str] = set()
