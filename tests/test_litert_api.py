@@ -535,3 +535,105 @@ def test_errors_keep_the_projects_classes():
         it.set_tensor(0, np.zeros((1, 4)))
     assert isinstance(info.value, DelegateError) and isinstance(info.value, ValueError)
     assert info.value.exit_code == 8
+
+
+# -- further cases the issue lists -----------------------------------------------------------------
+def test_strict_resize_only_changes_unknown_dimensions(impl):
+    it = impl.Interpreter(model_content=dynamic_fc())
+    it.resize_tensor_input(0, [5, 4], strict=True)
+    it.allocate_tensors()
+    assert list(it.get_input_details()[0]["shape"]) == [5, 4]
+    assert list(it.get_output_details()[0]["shape"]) == [5, 3]
+    with pytest.raises(RuntimeError):
+        it.resize_tensor_input(0, [5, 6], strict=True)
+
+
+def test_invoke_after_resize_needs_allocate(impl):
+    it = impl.Interpreter(model_content=dynamic_fc())
+    it.allocate_tensors()
+    it.resize_tensor_input(0, [2, 4])
+    with pytest.raises(RuntimeError):
+        it.invoke()
+    it.allocate_tensors()
+    it.invoke()
+    assert it.get_tensor(it.get_output_details()[0]["index"]).shape == (2, 3)
+
+
+def test_constants_are_readable(impl):
+    it = impl.Interpreter(model_content=permute_float())
+    it.allocate_tensors()
+    weights = next(d["index"] for d in it.get_tensor_details() if d["name"] == "weights")
+    np.testing.assert_array_equal(it.get_tensor(weights), PERMUTATION)
+
+
+def test_model_without_signatures(impl):
+    b = GraphBuilder()
+    b.output(b.op("RELU", [b.input("x", (2,))], name="y"))
+    it = impl.Interpreter(model_content=build_model(b, signatures=[None]))
+    assert it.get_signature_list() == {}
+    with pytest.raises(ValueError, match="signature_key is None"):
+        it.get_signature_runner()
+    with pytest.raises(ValueError, match="Invalid signature_key"):
+        it.get_signature_runner("serving_default")
+
+
+def test_quantized_input_details(impl):
+    b = GraphBuilder()
+    x = b.input("x", (1, 3), "int8", quant=(0.5, -2))
+    b.output(b.op("DEQUANTIZE", [x], dtype="float32", name="y"))
+    it = impl.Interpreter(model_content=b.to_bytes())
+    it.allocate_tensors()
+    (d,) = it.get_input_details()
+    assert d["dtype"] == np.int8 and d["quantization"] == (0.5, -2)
+    assert quantization_params(d) == ([0.5], [-2], 0) and d["quantization_parameters"]["block_size"] == 0
+    it.set_tensor(d["index"], np.array([[-2, 0, 4]], np.int8))
+    it.invoke()
+    np.testing.assert_array_equal(it.get_tensor(it.get_output_details()[0]["index"]), [[0.0, 1.0, 3.0]])
+
+
+def test_output_view_follows_each_invoke(impl):
+    it = impl.Interpreter(model_content=add_mul())
+    it.allocate_tensors()
+    out = it.tensor(it.get_output_details()[0]["index"])
+    for k in (1.0, 2.0):
+        it.set_tensor(0, np.full((1, 4), k, np.float32))
+        it.set_tensor(1, np.full((1, 4), k, np.float32))
+        it.invoke()
+        np.testing.assert_array_equal(out(), np.full((1, 4), 2 * k * k, np.float32))
+    held = out()
+    with pytest.raises(RuntimeError, match="at least 1 reference"):
+        it.invoke()
+    with pytest.raises(RuntimeError, match="at least 1 reference"):
+        it.resize_tensor_input(0, [1, 4])
+    del held
+    it.invoke()
+
+
+def test_signature_runner_details_and_order_independence(impl):
+    it = impl.Interpreter(model_content=add_mul())
+    runner = it.get_signature_runner("serving_default")
+    assert sorted(runner.get_input_details()) == ["x", "y"] and list(runner.get_output_details()) == ["out"]
+    assert runner.get_input_details()["y"]["index"] == 1
+    x, y = np.array([[1, 2, 3, 4]], np.float32), np.array([[4, 3, 2, 1]], np.float32)
+    np.testing.assert_array_equal(runner(y=y, x=x)["out"], (x + y) * y)
+
+
+def test_experimental_flags_accepted(impl):
+    it = impl.Interpreter(model_content=permute_float(), experimental_disable_delegate_clustering=True,
+                          experimental_default_delegate_latest_features=True,
+                          experimental_disable_delegate_node_fusion=True,
+                          experimental_force_delegate_node_profiling=True)
+    assert it.experimental_compress_quantization_zero_points is False
+    it.allocate_tensors()
+    it.set_tensor(0, np.array([[1, 2, 3, 4]], np.float32))
+    it.invoke()
+    np.testing.assert_array_equal(it.get_tensor(2), [[4, 3, 2, 1]])
+
+
+def test_reset_all_variables_on_a_stateless_model(impl):
+    it = impl.Interpreter(model_content=permute_float())
+    it.allocate_tensors()
+    assert it.reset_all_variables() is None
+    it.set_tensor(0, np.array([[1, 2, 3, 4]], np.float32))
+    it.invoke()
+    np.testing.assert_array_equal(it.get_tensor(2), [[4, 3, 2, 1]])
