@@ -95,3 +95,23 @@ def test_signature_runner_carries_state(engine):
     runner = Interpreter(model_content=model, config=config(engine)).get_signature_runner()
     for x, theirs in zip(xs, expected):
         np.testing.assert_allclose(runner(x=x)["logits"], theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_converter_lstm_classifier(engine):
+    """A Keras LSTM as the converter writes it (embedding GATHER, UNIDIRECTIONAL_SEQUENCE_LSTM with
+    variable state): fresh interpreters agree with LiteRT on the first run, one agrees on a sequence."""
+    path = "tests/fixtures/converter/lstm_classifier_fp32.tflite"
+    data = open(path, "rb").read()
+    rng = np.random.default_rng(0)
+    shape = litert.Interpreter(model_content=data).get_input_details()[0]["shape"]
+    xs = [rng.integers(0, 50, shape).astype(np.int32) for _ in range(3)] + [None]
+    xs[3] = xs[0]
+    expected = reference(data, xs)
+    cfg = config(engine)
+    for _ in range(10):
+        it = Interpreter(model_content=data, config=cfg)
+        it.allocate_tensors()
+        np.testing.assert_allclose(sequence(it, xs[:1])[0], expected[0], rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(sequence(it, xs[1:]), expected[1:]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -149,9 +149,12 @@ class LitertCompiled(CompiledPartition):
 
         self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
-        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run; and leave no state
-        # behind for the user's first run (reset_all_variables restores variable tensors, not resources)
+        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (on zeros: the arena's
+        # leftovers may be out-of-range indices); and leave no state behind for the user's first run
+        # (reset_all_variables restores variable tensors, not resource variables)
         if _may_warm_up(self.partition):
+            for d in self.interpreter.get_input_details():
+                self.interpreter.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
             self.interpreter.invoke()
             self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
