@@ -3,7 +3,7 @@
 A value moves only when a partition on another backend needs it, and then once
 per inference per destination; graph outputs come back to the host at the end.
 A model's state beyond its tensors (resource variables, CALL_ONCE) lives in one
-ModelState, active while the model's partitions compile and run.
+ModelState, active while the model's partitions run.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _ACTIVE: contextvars.ContextVar[ModelState | None] = contextvars.ContextVar("del
 
 @contextlib.contextmanager
 def running(state: ModelState | None) -> Iterator[None]:
-    """Make ``state`` the one kernels see (``active_state``) while compiling or running its model."""
+    """Make ``state`` the one kernels see (``active_state``) while its model's partitions run."""
     token = _ACTIVE.set(state)
     try:
         yield
@@ -51,7 +51,7 @@ def running(state: ModelState | None) -> Iterator[None]:
 
 
 def active_state() -> ModelState:
-    """The state of the model being compiled or run; kernels of stateful and control-flow ops read it."""
+    """The state of the model being run; kernels of resource-variable and control-flow ops read it."""
     state = _ACTIVE.get()
     if state is None:
         raise ExecutionError("resource variables and control flow run only inside a session of their model")
@@ -64,7 +64,8 @@ class Executor:
     def __init__(self, graph: Subgraph, partitions: Sequence[Partition], backends: Mapping[str, Backend],
                  options: CompileOptions, compiled: Sequence[CompiledPartition] | None = None,
                  state: ModelState | None = None):
-        self.state = state
+        """``state`` is the model instance's (a Session's); by default the graph alone, as its own model."""
+        self.state = state if state is not None else ModelState(Model([graph]))
         self.graph = graph
         self.partitions = list(partitions)
         self.backends = dict(backends)

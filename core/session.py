@@ -180,10 +180,8 @@ class Session:
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
-        with running(self.state):
-            compiled = [self._compile(p) for p in self.plan.partitions]
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled, state=self.state)
+                                 compiled=[self._compile(p) for p in self.plan.partitions], state=self.state)
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
             with running(ModelState(model)):
@@ -313,9 +311,7 @@ class Session:
             if not failed or not self.settings.fallback:
                 raise
             i = failed[0]
-            with running(self.state):
-                self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i],
-                                                         f"failed while running: {exc}")
+            self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i], f"failed while running: {exc}")
             return self.run_indexed(inputs)
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:

@@ -27,7 +27,8 @@ class Impl:
         self.name = name
         self.module = litert if name == "litert" else delegate_interpreter
         engine = name.rsplit("-", 1)[-1]
-        self.config = None if name == "litert" else load_config("configs/cpu.yaml", overrides=[f"cpu.engine={engine}"])
+        self.config = None if name == "litert" else load_config("configs/cpu.yaml",
+                                                                   overrides=[f"cpu.engine={engine}"])
 
     def Interpreter(self, **kwargs):
         if self.config is not None:
@@ -509,7 +510,8 @@ def test_preserve_all_tensors_keeps_intermediates(impl):
 def test_details_match_litert():
     """Every detail dictionary of a quantized and a float model, key by key, as LiteRT gives them."""
     for model in (permute_uint8(), per_channel_conv(), add_mul(), gather_string()):
-        ours, theirs = Impl("delegate-numpy").Interpreter(model_content=model), litert.Interpreter(model_content=model)
+        ours = Impl("delegate-numpy").Interpreter(model_content=model)
+        theirs = litert.Interpreter(model_content=model)
         for it in (ours, theirs):
             it.allocate_tensors()
         for method in ("get_input_details", "get_output_details", "get_tensor_details"):

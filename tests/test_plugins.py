@@ -164,7 +164,8 @@ def test_config_disable_plugins_reaches_the_plugin_manager():
     from delegate.config import load_config
     from delegate.session import run_settings
 
-    config = load_config(None, overrides=["backends=[fakegpu, cpu]", "partitioner=greedy", "disable_plugins=[fakegpu]"])
+    config = load_config(None, overrides=["backends=[fakegpu, cpu]", "partitioner=greedy",
+                                          "disable_plugins=[fakegpu]"])
     session = Session(mixed_model(), run_settings(config))
     assert {p.backend for p in session.plan.partitions} == {"cpu"}
     assert "disabled" in session.skipped["fakegpu"]

@@ -30,7 +30,8 @@ def call_subgraph(state: ModelState, index: int, args: list[np.ndarray]) -> list
         produced = {t.index for op in graph.ops for t in op.outputs}
         outputs = [t for t in graph.outputs if t.index in produced]
         inputs = [t for t in graph.inputs if not t.is_constant]
-        compiled = state.callees[index] = CpuCompiled(Partition(-1, "cpu", list(graph.ops), inputs, outputs, graph), {})
+        whole = Partition(-1, "cpu", list(graph.ops), inputs, outputs, graph)
+        compiled = state.callees[index] = CpuCompiled(whole, {})
     given = {t.index: np.asarray(a) for t, a in zip(graph.inputs, args)}
     results = compiled.run(given)
     out = []
@@ -43,7 +44,8 @@ def call_subgraph(state: ModelState, index: int, args: list[np.ndarray]) -> list
 def _write(outs: list[np.ndarray], values: list[np.ndarray], what: str) -> None:
     for i, (dst, src) in enumerate(zip(outs, values)):
         if dst.shape != src.shape:
-            raise ExecutionError(f"{what}: output {i} has shape {list(src.shape)}, the op declares {list(dst.shape)}")
+            raise ExecutionError(f"{what}: output {i} has shape {list(src.shape)}, "
+                                 f"the op declares {list(dst.shape)}")
         dst[...] = src
 
 
