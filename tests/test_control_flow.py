@@ -135,3 +135,34 @@ def test_read_before_assignment_is_a_clear_error():
     it = ours(build_model(main), "numpy")
     with pytest.raises(RuntimeError, match="read before any assignment"):
         invoke(it, np.ones(1, np.float32))
+
+
+def test_accuracy_guard_leaves_resource_variables_alone():
+    """The guard runs every partition on a calibration input before the user's first run; on a scratch
+    state, so the counter still starts from its initialiser's 10."""
+    from delegate import read_model
+    from delegate.planner import PlacementSettings
+    from delegate.session import AccuracyBound, RunSettings, Session
+
+    main = GraphBuilder("main")
+    x = main.input("x", (1,))
+    main.op("CALL_ONCE", [], options={"init_subgraph_index": 1}, outputs=[])
+    handle = main.op("VAR_HANDLE", [], options={"shared_name": "total"}, dtype="resource", shape=(), name="h")
+    total = main.op("ADD", [main.op("READ_VARIABLE", [handle], dtype="float32", shape=(1,), name="value"), x],
+                    options=NONE, name="sum")
+    main.op("ASSIGN_VARIABLE", [handle, total], outputs=[])
+    main.output(main.op("TANH", [main.op("MUL", [total, main.const("k", np.array([0.01], np.float32))],
+                                         options=NONE, name="scaled")], name="squashed"))
+    init = GraphBuilder("init")
+    h = init.op("VAR_HANDLE", [], options={"shared_name": "total"}, dtype="resource", shape=(), name="h")
+    init.op("ASSIGN_VARIABLE", [h, init.const("ten", np.array([10.0], np.float32))], outputs=[])
+    model = build_model(main, init)
+    settings = RunSettings(backends=[("fakegpu", {}), ("cpu", {"engine": "numpy"})],
+                           placement=PlacementSettings(partitioner="greedy"),
+                           accuracy_guard=AccuracyBound(max_abs_error=0.01))
+    session = Session(read_model(model), settings)
+    assert "fakegpu" in {p.backend for p in session.executor.partitions}
+    it = theirs(model)
+    for _ in range(3):
+        want = invoke(it, np.ones(1, np.float32))[0]
+        np.testing.assert_allclose(session.run([np.ones(1, np.float32)])["squashed"], want, rtol=1e-6)
