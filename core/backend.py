@@ -115,6 +115,12 @@ class CompiledPartition(abc.ABC):
         """Per-op measured milliseconds of the profiled runs (empty when ``op_timer`` is "")."""
         return {}
 
+    def reset_state(self) -> None:
+        """Put variable tensors back to their initial values (LiteRT's ``reset_all_variables``).
+
+        A backend whose partitions hold no state (it runs no op with variable tensors) needs nothing here.
+        """
+
 
 class Backend(abc.ABC):
     """One execution backend (CPU, an OpenCL device, a WebGPU adapter...)."""

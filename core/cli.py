@@ -273,12 +273,13 @@ def _tensor_doc(t) -> dict[str, Any]:
 def cmd_backends(args) -> int:
     from .plugins import default_manager
 
+    manager = default_manager(load_cli_config(args).disable_plugins)
     rows = []
-    for s in default_manager().status():
+    for s in manager.status():
         entry = {"name": s.name, "plugin": s.plugin, "available": s.available, "reason": s.reason,
                  "description": s.description}
         if s.available:
-            entry["devices"] = _devices(s.name)
+            entry["devices"] = _devices(manager, s.name)
         rows.append(entry)
     if args.json:
         emit_json({"backends": rows})
@@ -290,9 +291,8 @@ def cmd_backends(args) -> int:
     return 0
 
 
-def _devices(name: str) -> list[str]:
-    from .plugins import default_manager
-    info = default_manager().backend_info(name)
+def _devices(manager, name: str) -> list[str]:
+    info = manager.backend_info(name)
     lister = getattr(info.factory, "list_devices", None)
     if lister is None:
         return []
@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("backends", help="list installed backends, their devices and availability")
-    _common(p, model=False, config=False)
+    _common(p, model=False)  # the config's disable_plugins applies
     p.set_defaults(fn=cmd_backends)
 
     p = sub.add_parser("zoo", help="write a built-in model to a .tflite file")

@@ -44,7 +44,7 @@ def cmd_analyze(args) -> int:
     g = model.main
     total_flops = sum(op_flops(op) for op in g.ops) or 1.0
     report = []
-    manager = default_manager()
+    manager = default_manager(settings.disable_plugins)
     for status in manager.status():
         name = status.name
         if not status.available:
@@ -367,7 +367,7 @@ def cmd_calibrate(args) -> int:
 
     config = load_cli_config(args)
     settings = run_settings(config)
-    backends, skipped = instantiate_backends(settings.backends, default_manager(), True)
+    backends, skipped = instantiate_backends(settings.backends, default_manager(settings.disable_plugins), True)
     rows, refused = [], {}
     progress, task = _progress(len(backends), "calibrate", not args.json)
     with progress:

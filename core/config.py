@@ -497,7 +497,6 @@ class Settings:
     backends: tuple[BackendChoice, ...]
     precision: str
     allow_quantized: bool
-    quant_simulation: bool
     inference_preference: str
     partitioner: str
     placement: Placement
@@ -520,8 +519,7 @@ class Settings:
         return CompileOptions(precision=self.precision, allow_quantized=self.allow_quantized,
                               inference_preference=self.inference_preference,
                               num_threads=self.num_threads or available_cores(),
-                              cache_dir=self.serialization.dir, model_token=self.serialization.model_token,
-                              extra={"quant_simulation": self.quant_simulation})
+                              cache_dir=self.serialization.dir, model_token=self.serialization.model_token)
 
     def settings(self) -> dict[str, Any]:
         """Just the Settings fields: what a ModelConfig starts from."""

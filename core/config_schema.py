@@ -93,7 +93,6 @@ MODEL_SETTINGS: dict[str, Any] = {
 """Keys a ``models:`` entry may set for itself; it inherits the rest from the top level."""
 
 GLOBAL_SETTINGS: dict[str, Any] = {
-    "quant_simulation": {"type": "boolean"},
     "fallback": {"type": "boolean"},
     "validate": section(max_abs_error=THRESHOLD, max_rel_error=THRESHOLD,
                         min_cosine={"type": ["number", "null"], "minimum": -1, "maximum": 1}),

@@ -1,7 +1,11 @@
 """One exception hierarchy, so callers and the CLI can tell failures apart.
 
 Every message is one line that names the thing that is wrong and where; the
-CLI prints it as is and maps each class to a documented exit code.
+CLI prints it as is and maps each class to a documented exit code.  Each class
+also derives from the builtin LiteRT raises in the same situation (ValueError
+for a bad model, config, input or plugin, as for a delegate LiteRT cannot load;
+RuntimeError for a failure to build or run),
+so ``except`` clauses written for ``ai_edge_litert`` keep working.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ class DelegateError(Exception):
     exit_code = 1
 
 
-class ModelFormatError(DelegateError):
+class ModelFormatError(DelegateError, ValueError):
     """The model file is not a valid TFLite flatbuffer (or violates its invariants)."""
 
     exit_code = 3
 
 
-class ConfigError(DelegateError):
+class ConfigError(DelegateError, ValueError):
     """The YAML configuration is invalid; the message names file, key path and line."""
 
     exit_code = 4
@@ -38,13 +42,13 @@ class ConfigError(DelegateError):
         self.file, self.key, self.line = file, key, line
 
 
-class PluginError(DelegateError):
+class PluginError(DelegateError, ValueError):
     """A backend plugin is missing, unavailable or misbehaved."""
 
     exit_code = 5
 
 
-class UnsupportedOpError(DelegateError):
+class UnsupportedOpError(DelegateError, RuntimeError):
     """No usable backend can run an op (op index, code, version and the reasons)."""
 
     exit_code = 6
@@ -55,7 +59,7 @@ class UnsupportedOpError(DelegateError):
         self.op_index, self.opcode, self.backend = op_index, opcode, backend
 
 
-class CompileError(DelegateError):
+class CompileError(DelegateError, RuntimeError):
     """A backend failed to build a partition; carries the build log."""
 
     exit_code = 7
@@ -65,13 +69,17 @@ class CompileError(DelegateError):
         self.log = log
 
 
-class ExecutionError(DelegateError):
+class ExecutionError(DelegateError, RuntimeError):
     """Running a compiled plan failed, or the inputs given to it are invalid."""
 
     exit_code = 8
 
 
-class CacheError(DelegateError):
+class InputError(ExecutionError, ValueError):
+    """An input has the wrong name, index, type or shape (LiteRT's ``set_tensor`` raises ValueError)."""
+
+
+class CacheError(DelegateError, RuntimeError):
     """The kernel cache directory is unsafe or unusable."""
 
     exit_code = 9

@@ -97,6 +97,8 @@ class PluginManager:
 
     def backend_info(self, name: str) -> BackendInfo:
         backends = self.backends()
+        if name in self.disabled:
+            raise PluginError(f"backend {name!r} is disabled (disable_plugins or {DISABLE_ENV})")
         if name not in backends:
             known = ", ".join(sorted(backends)) or "none"
             extra = f" ({self.load_errors[name]})" if name in self.load_errors else ""
@@ -127,12 +129,13 @@ class PluginManager:
         return [p for result in self.pm.hook.delegate_graph_passes() if result for p in result]
 
 
-_DEFAULT: PluginManager | None = None
+_MANAGERS: dict[frozenset[str], PluginManager] = {}
 
 
-def default_manager() -> PluginManager:
-    """The process-wide manager built from installed entry points (created on first use)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = PluginManager()
-    return _DEFAULT
+def default_manager(disable: Iterable[str] = ()) -> PluginManager:
+    """The process-wide manager built from installed entry points, less the plugins in ``disable``
+    (the config's ``disable_plugins``); one per disable list, created on first use."""
+    key = frozenset(disable)
+    if key not in _MANAGERS:
+        _MANAGERS[key] = PluginManager(disable=key)
+    return _MANAGERS[key]

@@ -2,27 +2,70 @@
 
 A value moves only when a partition on another backend needs it, and then once
 per inference per destination; graph outputs come back to the host at the end.
+A model's state beyond its tensors (resource variables, CALL_ONCE) lives in one
+ModelState, active while the model's partitions run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .errors import DelegateError, ExecutionError
-from .ir import Subgraph
+from .ir import Model, Subgraph
 
 log = logging.getLogger(__name__)
+
+
+class ModelState:
+    """What one running instance of a model holds beyond its tensors, shared by all its subgraphs as in
+    LiteRT's interpreter: resource variables by name, the CALL_ONCE initialisers that ran, and the
+    subgraphs that control flow calls, compiled on first use (by the backend that calls them).
+
+    Like LiteRT, ``reset_all_variables`` leaves resource variables alone: only variable tensors reset.
+    """
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.resources: dict[str, np.ndarray] = {}
+        self.initialised: set[int] = set()
+        self.callees: dict[int, Any] = {}
+
+
+_ACTIVE: contextvars.ContextVar[ModelState | None] = contextvars.ContextVar("delegate_model_state", default=None)
+
+
+@contextlib.contextmanager
+def running(state: ModelState | None) -> Iterator[None]:
+    """Make ``state`` the one kernels see (``active_state``) while its model's partitions run."""
+    token = _ACTIVE.set(state)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_state() -> ModelState:
+    """The state of the model being run; kernels of resource-variable and control-flow ops read it."""
+    state = _ACTIVE.get()
+    if state is None:
+        raise ExecutionError("resource variables and control flow run only inside a session of their model")
+    return state
 
 
 class Executor:
     """Compiled partitions of one subgraph, ready to run many times."""
 
     def __init__(self, graph: Subgraph, partitions: Sequence[Partition], backends: Mapping[str, Backend],
-                 options: CompileOptions, compiled: Sequence[CompiledPartition] | None = None):
+                 options: CompileOptions, compiled: Sequence[CompiledPartition] | None = None,
+                 state: ModelState | None = None):
+        """``state`` is the model instance's (a Session's); by default the graph alone, as its own model."""
+        self.state = state if state is not None else ModelState(Model([graph]))
         self.graph = graph
         self.partitions = list(partitions)
         self.backends = dict(backends)
@@ -33,6 +76,10 @@ class Executor:
 
     def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """Run once; ``inputs`` maps graph input tensor index -> host array."""
+        with running(self.state):
+            return self._run(inputs)
+
+    def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         # location: tensor index -> {backend name: value}
         where: dict[int, dict[str, Any]] = {i: {"cpu": np.asarray(v)} for i, v in inputs.items()}
         transfers = 0
@@ -79,6 +126,11 @@ class Executor:
         host = np.asarray(self.backends[name].to_host(value))
         copies["cpu"] = host
         return host
+
+    def reset_state(self) -> None:
+        """Every partition's variable tensors back to their initial values."""
+        for compiled in self.compiled:
+            compiled.reset_state()
 
     def close(self) -> None:
         for b in self.backends.values():

@@ -22,11 +22,11 @@ import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .cost import DeviceProfile, load_profile
-from .errors import DelegateError, ExecutionError, PluginError
+from .errors import DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
-from .runtime import Executor
+from .runtime import Executor, ModelState, running
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -46,6 +46,7 @@ class RunSettings:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
     accuracy_guard: AccuracyBound | None = None
+    disable_plugins: tuple[str, ...] = ()
 
 
 @dataclass
@@ -84,7 +85,8 @@ def run_settings(config: Any) -> RunSettings:
                                   search=config.placement.search, budget_s=config.placement.budget_s)
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
-    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound)
+    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound,
+                       tuple(config.disable_plugins))
 
 
 def _warn(message: str) -> None:
@@ -103,7 +105,9 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
     for name, options in requested:
         if name in backends:
             continue
-        if name in manager.load_errors and name not in manager.backends():
+        if name in manager.disabled:
+            info, ok, reason = None, False, "its plugin is disabled (disable_plugins)"
+        elif name in manager.load_errors and name not in manager.backends():
             info, ok, reason = None, False, f"its plugin failed to load ({manager.load_errors[name]})"
         else:
             info = manager.backend_info(name)  # unknown name -> PluginError listing the installed ones
@@ -159,11 +163,14 @@ class Session:
     """A model planned and compiled for the configured backends."""
 
     def __init__(self, model: Model, settings: RunSettings | None = None, *,
-                 manager: PluginManager | None = None, subgraph: int = 0, remeasure: bool = False):
-        """``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``)."""
+                 manager: PluginManager | None = None, subgraph: int = 0, state: ModelState | None = None,
+                 remeasure: bool = False):
+        """``state`` is shared by sessions of several subgraphs of one model instance (an Interpreter's);
+        ``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``)."""
         self.model = model
+        self.state = state if state is not None else ModelState(model)
         self.settings = settings or RunSettings()
-        self.manager = manager or default_manager()
+        self.manager = manager or default_manager(self.settings.disable_plugins)
         self.graph: Subgraph = model.subgraphs[subgraph]
         started = time.perf_counter()
         self._warned: set[str] = set()
@@ -182,10 +189,14 @@ class Session:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled or [self._compile(p) for p in self.plan.partitions])
+                                 compiled=compiled or [self._compile(p) for p in self.plan.partitions],
+                                 state=self.state)
         self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
-            self._guard_accuracy(self.settings.accuracy_guard)
+            # on a scratch state, and variable tensors reset after: the user's first run starts afresh
+            with running(ModelState(model)):
+                self._guard_accuracy(self.settings.accuracy_guard)
+            self.executor.reset_state()
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # -- choosing the plan ------------------------------------------------
@@ -223,9 +234,10 @@ class Session:
         winner = plan_search.measure(plan.candidates, build, placement.budget_s)
         plan_search.save_decision(key, winner, plan.candidates)
         chosen_plan = self._plan_of(winner, plan, "fastest measured now")
-        # measuring ran the winner: a stateful model gets freshly compiled partitions (its state untouched)
-        stateful = any(t.is_variable for t in self.graph.tensors)
-        return chosen_plan, None if stateful else built[winner.name]
+        # measuring ran the winner on a scratch model state; its variable tensors start afresh for the user
+        for compiled in built[winner.name]:
+            compiled.reset_state()
+        return chosen_plan, built[winner.name]
 
     def _plan_of(self, candidate, estimated: Plan, choice: str) -> Plan:
         plan = self.planner.plan_for(self.graph, candidate)
@@ -371,7 +383,7 @@ class Session:
             inputs = [inputs]
         if isinstance(inputs, (list, tuple)):
             if len(inputs) != len(tensors):
-                raise ExecutionError(f"the model has {len(tensors)} input(s) but {len(inputs)} were given")
+                raise InputError(f"the model has {len(tensors)} input(s) but {len(inputs)} were given")
             pairs = list(zip(tensors, inputs))
         else:
             by_name = {t.name: t for t in tensors}
@@ -385,11 +397,11 @@ class Session:
                     t = next((x for x in tensors if x.index == key), None)
                 if t is None:
                     names = ", ".join(repr(x.name) for x in tensors)
-                    raise ExecutionError(f"unknown input {key!r}; the model's inputs are {names}")
+                    raise InputError(f"unknown input {key!r}; the model's inputs are {names}")
                 pairs.append((t, value))
             missing = [t.name for t in tensors if t not in [p[0] for p in pairs]]
             if missing:
-                raise ExecutionError(f"missing input(s): {', '.join(missing)}")
+                raise InputError(f"missing input(s): {', '.join(missing)}")
         out = {}
         for t, value in pairs:
             arr = np.asarray(value)
@@ -398,9 +410,9 @@ class Session:
                                                             and np.can_cast(arr.dtype, t.dtype.numpy)):
                     arr = arr.astype(t.dtype.numpy)
                 else:
-                    raise ExecutionError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
+                    raise InputError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
             if tuple(arr.shape) != t.shape:
-                raise ExecutionError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
+                raise InputError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
             out[t.index] = arr
         return out
 
@@ -421,6 +433,10 @@ class Session:
         """Run once; returns outputs by tensor name (copies, safe to keep)."""
         results = self.run_indexed(self.normalize_inputs(inputs))
         return {t.name: np.array(results[t.index]) for t in self.graph.outputs}
+
+    def reset_state(self) -> None:
+        """Variable tensors back to their initial values, as right after compiling."""
+        self.executor.reset_state()
 
     def close(self) -> None:
         self.executor.close()

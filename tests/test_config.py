@@ -40,7 +40,7 @@ def test_defaults_are_the_edge_profile():
     config = load_config()
     assert [b.name for b in config.backends] == ["opencl", "wgpu", "cpu"]
     assert (config.precision, config.partitioner, config.fallback) == ("fp16", "cost", True)
-    assert config.allow_quantized and not config.quant_simulation
+    assert config.allow_quantized
     assert (config.max_delegated_partitions, config.min_nodes_per_partition) == (3, 1)
     assert config.serialization.dir is None and config.num_threads is None
     assert config.input.range == (-1.0, 1.0) and config.cpu.engine == "auto"

@@ -8,6 +8,7 @@ from delegate import CompileOptions, read_model, zoo
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
+from delegate.tflite.builder import GraphBuilder
 from tests.oputil import litert_run
 
 pytest.importorskip("ai_edge_litert.interpreter")
@@ -35,3 +36,46 @@ def test_graph_changed_since_it_was_read_is_written():
     graph = read_model(data).main
     graph.serialized = (graph.serialized[0], graph.serialized[1] + 1)  # as if an op had been added or removed
     assert _compile(graph, graph.ops).compiled[0].describe()["model"] == "written"
+
+
+def _atan2_model() -> bytes:
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3)), b.input("y", (2, 3))
+    b.output(b.op("ATAN2", [x, y], shape=(2, 3), name="angle"))
+    return b.to_bytes()
+
+
+@pytest.mark.parametrize("engine", ["litert", "auto"])
+def test_engine_takes_every_op_litert_resolves(engine):
+    """ATAN2 has no numpy kernel; LiteRT's interpreter runs it, so the LiteRT engine must too."""
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+
+    data = _atan2_model()
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+    it = Interpreter(model_content=data, config=load_config("configs/cpu.yaml", overrides=[f"cpu.engine={engine}"]))
+    it.allocate_tensors()
+    it.set_tensor(0, x)
+    it.set_tensor(1, y)
+    it.invoke()
+    np.testing.assert_array_equal(it.get_tensor(it.get_output_details()[0]["index"]), litert_run(data, [x, y])[0])
+
+
+def test_litert_is_asked_once_per_op_signature(monkeypatch):
+    from delegate_cpu import plugin
+
+    asked, ask = [], plugin._ask_litert
+    monkeypatch.setattr(plugin, "_LITERT_ANSWERS", {})
+    monkeypatch.setattr(plugin, "_ask_litert", lambda op: asked.append(op.opcode) or ask(op))
+    backend = default_manager().backend_info("cpu").factory({"engine": "litert"})
+    graph = read_model(_atan2_model()).main
+    for _ in range(3):
+        assert backend.supports(graph.ops[0], CompileOptions())
+    b = GraphBuilder()
+    b.output(b.op("NoSuchOp", [b.input("x", (2, 3))], custom=True, shape=(2, 3), name="y"))
+    answer = backend.supports(read_model(b.to_bytes()).main.ops[0], CompileOptions())
+    assert not answer and "LiteRT refuses it: Encountered unresolved custom op: NoSuchOp" in answer.reason
+    assert asked == ["ATAN2", "NoSuchOp"]
+    numpy_only = default_manager().backend_info("cpu").factory({"engine": "numpy"})
+    assert not numpy_only.supports(graph.ops[0], CompileOptions())

@@ -157,3 +157,32 @@ def test_accuracy_guard(options, expected_backends, words):
     reference = Session(model, RunSettings()).run([x])
     for name, value in session.run([x]).items():
         np.testing.assert_allclose(value, reference[name], rtol=1e-5, atol=1e-6)
+
+
+def test_config_disable_plugins_reaches_the_plugin_manager():
+    """``disable_plugins`` in the config keeps a plugin out of sessions (skipped like an unavailable one)."""
+    from delegate.config import load_config
+    from delegate.session import run_settings
+
+    config = load_config(None, overrides=["backends=[fakegpu, cpu]", "partitioner=greedy",
+                                          "disable_plugins=[fakegpu]"])
+    session = Session(mixed_model(), run_settings(config))
+    assert {p.backend for p in session.plan.partitions} == {"cpu"}
+    assert "disabled" in session.skipped["fakegpu"]
+    strict = load_config(None, overrides=["backends=[fakegpu, cpu]", "disable_plugins=[fakegpu]", "fallback=false"])
+    with pytest.raises(PluginError, match="disabled"):
+        Session(mixed_model(), run_settings(strict))
+    greedy = load_config(None, overrides=["backends=[fakegpu, cpu]", "partitioner=greedy"])
+    enabled = Session(mixed_model(), run_settings(greedy))
+    assert "fakegpu" in {p.backend for p in enabled.plan.partitions}
+
+
+def test_backends_command_honours_disable_plugins(capsys):
+    import json
+
+    from delegate.cli import main
+
+    assert main(["backends", "--json", "--set", "disable_plugins=[fakegpu]"]) == 0
+    assert "fakegpu" not in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}
+    assert main(["backends", "--json"]) == 0
+    assert "fakegpu" in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}

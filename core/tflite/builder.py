@@ -81,7 +81,7 @@ class GraphBuilder:
             arr = arr.astype(np.float32)
         elif arr.dtype == np.int64 and not isinstance(data, np.ndarray):
             arr = arr.astype(np.int32)
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C")  # (ascontiguousarray would make a scalar one-dimensional)
         return self.tensor(name, arr.shape, arr.dtype, quant=quant, data=arr)
 
     def op(self, opcode: str, inputs: Sequence[Tensor | None], *, options: dict[str, Any] | None = None,
@@ -115,13 +115,27 @@ class GraphBuilder:
     def output(self, *tensors: Tensor) -> None:
         self.outputs.extend(tensors)
 
+    def subgraph(self) -> Subgraph:
+        return Subgraph(self.name, self.tensors, self.ops, self.inputs, self.outputs)
+
+    def signature(self, key: str, subgraph_index: int = 0) -> SignatureDef:
+        return SignatureDef(key, subgraph_index, {t.name: t.index for t in self.inputs},
+                            {t.name: t.index for t in self.outputs})
+
     def build(self, signature_key: str | None = "serving_default") -> Model:
-        sg = Subgraph(self.name, self.tensors, self.ops, self.inputs, self.outputs)
-        sigs = []
-        if signature_key:
-            sigs.append(SignatureDef(signature_key, 0, {t.name: t.index for t in self.inputs},
-                                     {t.name: t.index for t in self.outputs}))
-        return Model([sg], sigs, dict(self.metadata), self.description)
+        sigs = [self.signature(signature_key)] if signature_key else []
+        return Model([self.subgraph()], sigs, dict(self.metadata), self.description)
 
     def to_bytes(self, **kwargs) -> bytes:
         return write_model(self.build(), **kwargs)
+
+
+def build_model(*builders: GraphBuilder, signatures: Sequence[str | None] | None = None) -> bytes:
+    """One model of several subgraphs (``builders[i]`` is subgraph i, as control-flow options index them).
+
+    ``signatures[i]`` names subgraph i's signature (None: no signature); by default only subgraph 0 has
+    one, ``serving_default``.
+    """
+    keys = list(signatures) if signatures is not None else ["serving_default"] + [None] * (len(builders) - 1)
+    sigs = [b.signature(key, i) for i, (b, key) in enumerate(zip(builders, keys)) if key]
+    return write_model(Model([b.subgraph() for b in builders], sigs, {}, builders[0].description))

@@ -125,13 +125,15 @@ def encode_options(builder, table_name: str, options: dict[str, Any]) -> int:
             for v in reversed(values):
                 builder.PrependInt32(v)
             vectors[name] = builder.EndVector()
+        elif isinstance(value, str) and key not in _ENUM_CODES:  # a string field (VarHandle's names)
+            vectors[name] = builder.CreateString(value)
     getattr(module, f"{table_name}Start")(builder)
     for key, value in options.items():
         name = camel(key)
         if name not in fields:
             raise KeyError(f"{table_name} has no field {key!r}")
         add = getattr(module, f"{table_name}Add{name}")
-        if fields[name]:
+        if name in vectors:
             add(builder, vectors[name])
             continue
         if key in _ENUM_CODES and isinstance(value, str):

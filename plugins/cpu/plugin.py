@@ -12,7 +12,7 @@ import numpy as np
 from delegate import hookimpl
 from delegate.backend import Backend, BackendInfo, CompiledPartition, CompileOptions, Partition, Support
 from delegate.errors import CompileError
-from delegate.ir import Op, Tensor
+from delegate.ir import DType, Op, Subgraph, Tensor
 from delegate.memory import plan_arena
 
 from . import registry
@@ -41,11 +41,13 @@ class CpuCompiled(CompiledPartition):
         # Intermediates share one arena by lifetime; partition outputs get their own buffers,
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
-        self.arena, views = plan_arena(ops, intermediates)
+        self.arena, views = plan_arena(ops, [t for t in intermediates if t.dtype.numpy is not None])
         self.buffers: dict[int, np.ndarray] = dict(views)
-        for t in partition.outputs:
+        self.variables: list[Tensor] = []
+        for t in partition.outputs + [t for t in intermediates if t.dtype.numpy is None]:
             computed = t.producer is not None and _computes_constants(t.producer)
-            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy)
+            # strings are held as numpy object arrays of bytes
+            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
         self.threading = ThreadChoice() if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
@@ -72,8 +74,8 @@ class CpuCompiled(CompiledPartition):
         if t.is_variable:
             # State (LSTM cell/output) persists across runs; kernels update it in place.
             if t.index not in self.buffers:
-                initial = np.zeros(t.shape, t.dtype.numpy) if t.data is None else np.asarray(t.data)
-                self.buffers[t.index] = np.array(initial, t.dtype.numpy).reshape(t.shape)
+                self.variables.append(t)
+                self.buffers[t.index] = initial_state(t)
             return self.buffers[t.index]
         if t.index in external:
             return t.index  # filled from the run's inputs
@@ -100,6 +102,10 @@ class CpuCompiled(CompiledPartition):
     def op_timer(self) -> str:
         return "numpy engine kernel timers"
 
+    def reset_state(self) -> None:
+        for t in self.variables:
+            self.buffers[t.index][...] = initial_state(t)
+
     def set_profiling(self, enabled: bool) -> None:
         """Time every op of the following runs (for ``delegate bench``'s per-op profile)."""
         self.timings = {} if enabled else None
@@ -110,6 +116,15 @@ class CpuCompiled(CompiledPartition):
     def describe(self) -> dict[str, Any]:
         return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
                 "fused": {str(follower): host for follower, host in self.fused.items()}}
+
+
+def initial_state(t: Tensor) -> np.ndarray:
+    """A variable tensor's value before the first run, as LiteRT resets it: zero (the zero point for
+    int8), or the tensor's own buffer where it has one."""
+    if t.data is not None:
+        return np.array(t.data, t.dtype.numpy).reshape(t.shape)
+    zero = int(t.quantization.zero_point[0]) if t.dtype.numpy == np.int8 and t.quantization is not None else 0
+    return np.full(t.shape, zero, t.dtype.numpy)
 
 
 def _computes_constants(op: Op) -> bool:
@@ -139,7 +154,14 @@ class LitertCompiled(CompiledPartition):
 
         self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
         self.interpreter.allocate_tensors()
-        self.interpreter.invoke()  # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run
+        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (on zeros: the arena's
+        # leftovers may be out-of-range indices); and leave no state behind for the user's first run
+        # (reset_all_variables restores variable tensors, not resource variables)
+        if _may_warm_up(self.partition):
+            for d in self.interpreter.get_input_details():
+                self.interpreter.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+            self.interpreter.invoke()
+            self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
         self.output_slots = [d["index"] for d in outputs]
@@ -152,8 +174,22 @@ class LitertCompiled(CompiledPartition):
         it.invoke()
         return {t.index: it.get_tensor(slot) for slot, t in zip(self.output_slots, self.partition.outputs)}
 
+    def reset_state(self) -> None:
+        self.interpreter.reset_all_variables()
+
     def describe(self) -> dict[str, Any]:
         return {"engine": "litert", "model": self.model}
+
+
+# Ops whose effects outlive a run (resource variables, and control flow that may call them).
+_RESOURCE_OPS = frozenset({"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "IF", "WHILE"})
+
+
+def _may_warm_up(partition: Partition) -> bool:
+    """Whether a run on unset inputs is harmless: no string inputs (unset ones hold no valid strings)
+    and no resource variables (nothing can undo that run's assignments)."""
+    return all(t.dtype is not DType.string for t in partition.inputs) and \
+        not any(op.opcode in _RESOURCE_OPS for op in partition.ops)
 
 
 def _as_read(partition: Partition) -> bytes | None:
@@ -185,6 +221,47 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+_LITERT_ANSWERS: dict[tuple, str | None] = {}  # op signature -> None (LiteRT runs it) or LiteRT's refusal
+
+
+def litert_refusal(op: Op) -> str | None:
+    """Why LiteRT's interpreter cannot run ``op`` (None when it can): the op alone, as a one-op model,
+    must allocate.  Asked once per op signature (code, version, options, operand types, shapes, and
+    quantization; small constants by value) and remembered for the process."""
+    key = _op_signature(op)
+    if key not in _LITERT_ANSWERS:
+        _LITERT_ANSWERS[key] = _ask_litert(op)
+    return _LITERT_ANSWERS[key]
+
+
+def _op_signature(op: Op) -> tuple:
+    def operand(t: Tensor | None):
+        if t is None:
+            return None
+        q = t.quantization
+        quant = None if q is None else (q.scale.tobytes(), q.zero_point.tobytes(), q.axis)
+        value = None
+        if t.is_constant:
+            data = np.asarray(t.data)
+            value = data.tobytes() if data.nbytes <= 256 else data.nbytes
+        return t.dtype.value, t.shape, quant, value, t.is_variable
+    return (op.opcode, op.custom, op.version, repr(sorted(op.options.items())), op.custom_options,
+            tuple(operand(t) for t in op.inputs), tuple(operand(t) for t in op.outputs))
+
+
+def _ask_litert(op: Op) -> str | None:
+    from ai_edge_litert.interpreter import Interpreter
+    from delegate.export import partition_model
+    from delegate.tflite.writer import write_model
+
+    inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant
+                   and not t.is_variable}.values())
+    probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
+    try:
+        Interpreter(model_content=write_model(partition_model(probe))).allocate_tensors()
+    except Exception as exc:  # LiteRT reports refusals as RuntimeError/ValueError; the writer may refuse too
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
 
 
 def litert_installed() -> bool:
@@ -209,10 +286,16 @@ class CpuBackend(Backend):
         self.custom.update(kernels)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        if registry.find_kernel(op, self.custom) is None:
-            kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""
+        if registry.find_kernel(op, self.custom) is not None:
+            return Support.yes()
+        kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        if self.engine != "litert":
             return Support.no(f"no cpu kernel for {kind} {op.opcode}")
-        return Support.yes()
+        refusal = litert_refusal(op)
+        if refusal is None:
+            return Support.yes()
+        return Support.no(f"no cpu kernel for {kind} {op.opcode}, and LiteRT refuses it: {refusal}")
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Nothing for ops that never run here: values known at compile time (a DEQUANTIZE of constant

@@ -62,6 +62,8 @@ VALUE_PRESERVING = frozenset({
     "SPLIT", "SPLIT_V", "PACK", "UNPACK", "TILE", "BROADCAST_TO", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH",
     "SPACE_TO_BATCH_ND", "BATCH_TO_SPACE_ND", "RESIZE_NEAREST_NEIGHBOR", "SHAPE", "ARG_MAX", "ARG_MIN",
     "MIRROR_PAD", "REVERSE_V2", "ZEROS_LIKE", "MAXIMUM", "MINIMUM", "REDUCE_MAX", "REDUCE_MIN",
+    # they hand values to subgraphs or variables, whose own ops compute
+    "IF", "WHILE", "CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE",
 })
 
 
