@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -556,28 +555,23 @@ def cmd_cache(args) -> int:
     if not directory:
         raise CacheError("no serialization.dir is configured; set it in the config or with "
                          "--set serialization.dir=PATH")
+    from .cache import clear, entries
+
     root = Path(os.path.expanduser(str(directory)))
-    entries = []
-    if root.is_dir():
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                entries.append({"path": str(p.relative_to(root)), "bytes": p.stat().st_size,
-                                "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime))})
     if args.action == "clear":
-        if root.is_dir():
-            for p in root.iterdir():
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-        doc = {"dir": str(root), "removed": len(entries)}
+        removed = clear(root)
         if args.json:
-            emit_json(doc)
+            emit_json({"dir": str(root), "removed": removed})
         else:
-            print(f"removed {len(entries)} cache entries from {root}")
+            print(f"removed {removed} cache entries from {root}")
         return 0
+    rows = [{"path": f"{sub}/{name}", "kind": header.get("kind"), "bytes": size}
+            for sub, name, header, size in entries(root)]
     if args.json:
-        emit_json({"dir": str(root), "entries": entries})
+        emit_json({"dir": str(root), "entries": rows})
         return 0
-    console().print(table(f"kernel cache {root}", ["entry", "bytes", "modified"],
-                          [[e["path"], e["bytes"], e["modified"]] for e in entries]))
+    console().print(table(f"kernel cache {root}", ["entry", "kind", "bytes"],
+                          [[e["path"], e["kind"], e["bytes"]] for e in rows]))
     return 0
 
 

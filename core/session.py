@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .cost import DeviceProfile, load_profile
-from .errors import DelegateError, ExecutionError, PluginError
+from .errors import CacheError, DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
@@ -186,7 +186,8 @@ class Session:
         try:
             return backend.compile(partition, self.settings.compile)
         except Exception as exc:
-            if partition.backend == "cpu" or not self.settings.fallback:
+            # an unsafe cache directory is the configuration's fault: another backend would not fix it
+            if partition.backend == "cpu" or not self.settings.fallback or isinstance(exc, CacheError):
                 raise
             return self._to_cpu(partition, f"compile failed: {exc}")
 

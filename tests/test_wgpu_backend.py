@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions, read_model
 from delegate.errors import CacheError, PluginError
-from delegate.gpu.cache import CacheWarning
+from delegate.cache import CacheWarning
 from delegate.partition import make_partition
 from delegate.planner import PlacementSettings
 from delegate.plugins import default_manager
