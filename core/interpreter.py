@@ -40,8 +40,9 @@ def _details(t: Tensor) -> dict[str, Any]:
 class Interpreter:
     """LiteRT-compatible interpreter; ``config`` (path or Config) picks backends and precision.
 
-    One instance must not be invoked from two threads at once: concurrent calls are
-    refused with a clear error rather than silently mixing buffers.
+    One instance may be shared by threads: invocations take turns, and each thread's
+    set_tensor/invoke/get_tensor see the values it set and the outputs of its own last
+    invoke (a value set by another thread is used only where this one set none).
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, model_content: bytes | None = None,
@@ -51,10 +52,9 @@ class Interpreter:
             raise ValueError("give exactly one of model_path or model_content")
         self._model: Model = read_model(model_path if model_path is not None else model_content)
         self._config = config
-        self._num_threads = num_threads
+        self._num_threads = _checked_threads(num_threads)
         self._session = None
-        self._values: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._values = _ThreadValues()
         self._graph = self._model.main
 
     # -- set-up -------------------------------------------------------------
@@ -67,7 +67,7 @@ class Interpreter:
             overrides = [f"num_threads={self._num_threads}"] if self._num_threads else []
             config = load_config(config, overrides=overrides)
         self._session = Session(self._model, run_settings(config))
-        self._values = {}
+        self._values = _ThreadValues()
 
     def _require_session(self):
         if self._session is None:
@@ -87,6 +87,8 @@ class Interpreter:
         """Change an input's shape; shapes downstream are re-inferred at the next allocate_tensors()."""
         t = self._input(input_index)
         new_shape = tuple(int(d) for d in tensor_size)
+        if any(d < 0 for d in new_shape):
+            raise ExecutionError(f"input {t.name!r}: dimensions must be >= 0, got {list(new_shape)}")
         if strict and t.shape_signature is not None:
             for old, new in zip(t.shape_signature, new_shape):
                 if old != -1 and old != new:
@@ -115,22 +117,17 @@ class Interpreter:
 
     def invoke(self) -> None:
         session = self._require_session()
-        if not self._lock.acquire(blocking=False):
-            raise ExecutionError("this Interpreter is already running in another thread; "
-                                 "use one Interpreter per thread")
-        try:
-            missing = [t.name for t in self._graph.inputs if t.index not in self._values]
-            if missing:
-                raise ExecutionError(f"input(s) not set: {', '.join(missing)}")
-            inputs = {t.index: self._values[t.index] for t in self._graph.inputs}
-            self._values.update(session.run_indexed(inputs))
-        finally:
-            self._lock.release()
+        missing = [t.name for t in self._graph.inputs if self._values.get(t.index) is None]
+        if missing:
+            raise ExecutionError(f"input(s) not set: {', '.join(missing)}")
+        inputs = {t.index: self._values.get(t.index) for t in self._graph.inputs}
+        self._values.update(session.run_indexed(inputs))
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
         self._require_session()
-        if tensor_index in self._values:
-            return np.array(self._values[tensor_index])
+        value = self._values.get(tensor_index)
+        if value is not None:
+            return np.array(value)
         t = self._graph.tensors[tensor_index] if 0 <= tensor_index < len(self._graph.tensors) else None
         if t is not None and t.data is not None:
             return np.array(t.data)
@@ -154,6 +151,39 @@ class Interpreter:
         if self._session is None:
             self.allocate_tensors()
         return SignatureRunner(self, sigs[signature_key])
+
+
+def _checked_threads(num_threads: Any) -> int | None:
+    """LiteRT's num_threads (-1 or None: the default), bounded like the config's key."""
+    from .config_schema import MAX_THREADS
+
+    if num_threads is None or num_threads == -1:
+        return None
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or \
+            not 1 <= num_threads <= MAX_THREADS:
+        raise ValueError(f"num_threads must be -1 or 1..{MAX_THREADS} (this machine), got {num_threads!r}")
+    return int(num_threads)
+
+
+class _ThreadValues:
+    """Tensor values per thread over the values last set or produced by any thread."""
+
+    def __init__(self):
+        self._shared: dict[int, np.ndarray] = {}
+        self._local = threading.local()
+
+    def _mine(self) -> dict[int, np.ndarray]:
+        if not hasattr(self._local, "values"):
+            self._local.values = {}
+        return self._local.values
+
+    def update(self, values: dict[int, np.ndarray]) -> None:
+        self._mine().update(values)
+        self._shared.update(values)
+
+    def get(self, index: int) -> np.ndarray | None:
+        mine = self._mine()
+        return mine[index] if index in mine else self._shared.get(index)
 
 
 class SignatureRunner:

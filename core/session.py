@@ -6,13 +6,15 @@
 
 A backend that is unavailable, or fails while compiling or running, is replaced
 by the CPU for the partitions it held (once, with a warning naming the backend
-and the error) unless the config turns ``fallback`` off.
+and the error) unless the config turns ``fallback`` off.  One session may be
+shared by threads: runs take turns, each with its own inputs and outputs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -21,12 +23,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
+from .config import Limits
 from .cost import DeviceProfile, load_profile
-from .errors import CacheError, DelegateError, ExecutionError, PluginError
+from .errors import CacheError, CompileError, DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
-from .runtime import Executor
+from .memory import peak_bytes
+from .runtime import Executor, Watchdog
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -46,6 +50,7 @@ class RunSettings:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
     accuracy_guard: AccuracyBound | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -83,7 +88,7 @@ def run_settings(config: Any) -> RunSettings:
                                   pins=list(config.pin), denies=list(config.deny))
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
-    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound)
+    return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound, config.limits)
 
 
 def _warn(message: str) -> None:
@@ -164,9 +169,14 @@ class Session:
         self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
                                                            self.settings.fallback)
         validate_graph(self.graph)
+        check_budget(self.graph, self.settings.limits)
         for graph_pass in self.manager.graph_passes():
             if graph_pass(self.graph):
                 self.graph.link()
+        self._lock = threading.RLock()
+        limits = self.settings.limits
+        self._compile_watch = {name: Watchdog(name, limits.compile_timeout_s) for name in self.backends
+                               if name != "cpu" and limits.compile_timeout_s}
         self.profiles = backend_profiles(self.backends)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.plan: Plan = self.planner.plan(self.graph)
@@ -175,7 +185,9 @@ class Session:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=[self._compile(p) for p in self.plan.partitions])
+                                 compiled=[self._compile(p) for p in self.plan.partitions],
+                                 watchdogs={name: Watchdog(name, limits.run_timeout_s) for name in self.backends
+                                            if name != "cpu" and limits.run_timeout_s})
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             self._guard_accuracy(self.settings.accuracy_guard)
         self.init_ms = (time.perf_counter() - started) * 1e3
@@ -183,13 +195,22 @@ class Session:
     # -- compile / fallback ----------------------------------------------
     def _compile(self, partition: Partition) -> CompiledPartition:
         backend = self.backends[partition.backend]
+        watchdog = self._compile_watch.get(partition.backend)
         try:
-            return backend.compile(partition, self.settings.compile)
+            if watchdog is None:
+                return backend.compile(partition, self.settings.compile)
+            return watchdog.call(backend.compile, partition, self.settings.compile, what="compile()")
         except Exception as exc:
             # an unsafe cache directory is the configuration's fault: another backend would not fix it
-            if partition.backend == "cpu" or not self.settings.fallback or isinstance(exc, CacheError):
+            if partition.backend == "cpu" or isinstance(exc, (CacheError, MemoryError)):
                 raise
-            return self._to_cpu(partition, f"compile failed: {exc}")
+            why = str(exc) if isinstance(exc, DelegateError) and str(exc) else f"{type(exc).__name__}: {exc}"
+            if not self.settings.fallback:
+                if isinstance(exc, DelegateError):
+                    raise
+                raise CompileError(f"backend {partition.backend!r} failed to compile partition "
+                                   f"{partition.index}: {why}") from exc
+            return self._to_cpu(partition, f"compile failed: {why}")
 
     def _to_cpu(self, partition: Partition, why: str) -> CompiledPartition:
         if partition.backend not in self._warned:
@@ -294,7 +315,13 @@ class Session:
         return out
 
     def run_indexed(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure)."""
+        """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure).
+
+        Runs take turns; the outputs are this run's own copies, whatever runs next."""
+        with self._lock:
+            return {k: np.array(v) for k, v in self._run_locked(inputs).items()}
+
+    def _run_locked(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         try:
             return self.executor.run(inputs)
         except ExecutionError as exc:
@@ -304,15 +331,23 @@ class Session:
                 raise
             i = failed[0]
             self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i], f"failed while running: {exc}")
-            return self.run_indexed(inputs)
+            return self._run_locked(inputs)
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run once; returns outputs by tensor name (copies, safe to keep)."""
         results = self.run_indexed(self.normalize_inputs(inputs))
-        return {t.name: np.array(results[t.index]) for t in self.graph.outputs}
+        return {t.name: results[t.index] for t in self.graph.outputs}
 
     def close(self) -> None:
         self.executor.close()
+
+
+def check_budget(graph: Subgraph, limits: Limits) -> None:
+    """Refuse, before anything is allocated, a graph whose tensors alive at once exceed the memory budget."""
+    need, budget = peak_bytes(graph), limits.memory_bytes()
+    if need > budget:
+        raise ExecutionError(f"the model needs {need / 2**30:.3g} GiB for tensors alive at once, more than the "
+                             f"memory budget of {budget / 2**30:.3g} GiB (limits.memory_mb)")
 
 
 def load(model: str | os.PathLike | bytes | Model, config: Any = None, **overrides: Any) -> Session:
