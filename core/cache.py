@@ -161,10 +161,11 @@ def open_private(path: str | os.PathLike) -> int:
         raise
 
 
-def _read_regular(dir_fd: int, name: str, limit: int = MAX_ENTRY_BYTES, head: int | None = None) -> bytes | None:
+def _read_regular(dir_fd: int, name: str, limit: int | None = None, head: int | None = None) -> bytes | None:
     """The contents (or the first ``head`` bytes) of the regular file ``name`` of this user in ``dir_fd``;
     None when missing.  OSError(why) when it is a link, not a regular file, another user's, or over
-    ``limit`` bytes: a FIFO or device is never read from, a growing file never read past its size."""
+    ``limit`` bytes (MAX_ENTRY_BYTES): a FIFO or device is never read from, nor a file past its size."""
+    limit = MAX_ENTRY_BYTES if limit is None else limit
     try:
         fd = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0),
                      dir_fd=dir_fd)

@@ -111,9 +111,11 @@ class Interpreter:
 
     # -- running ------------------------------------------------------------
     def set_tensor(self, tensor_index: int, value: Any) -> None:
-        session = self._require_session()
+        from .session import checked_input
+
+        self._require_session()
         t = self._input(tensor_index)
-        self._values.update(session.normalize_inputs({t.index: np.array(value)}))
+        self._values.update({t.index: checked_input(t, np.array(value))})
 
     def invoke(self) -> None:
         session = self._require_session()

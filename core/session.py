@@ -300,19 +300,7 @@ class Session:
             missing = [t.name for t in tensors if t not in [p[0] for p in pairs]]
             if missing:
                 raise ExecutionError(f"missing input(s): {', '.join(missing)}")
-        out = {}
-        for t, value in pairs:
-            arr = np.asarray(value)
-            if arr.dtype != t.dtype.numpy:
-                if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
-                                                            and np.can_cast(arr.dtype, t.dtype.numpy)):
-                    arr = arr.astype(t.dtype.numpy)
-                else:
-                    raise ExecutionError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
-            if tuple(arr.shape) != t.shape:
-                raise ExecutionError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
-            out[t.index] = arr
-        return out
+        return {t.index: checked_input(t, value) for t, value in pairs}
 
     def run_indexed(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure).
@@ -340,6 +328,20 @@ class Session:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def checked_input(t: Tensor, value: Any) -> np.ndarray:
+    """``value`` as input ``t``: its dtype (a safe cast allowed) and exactly its shape."""
+    arr = np.asarray(value)
+    if arr.dtype != t.dtype.numpy:
+        if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
+                                                    and np.can_cast(arr.dtype, t.dtype.numpy)):
+            arr = arr.astype(t.dtype.numpy)
+        else:
+            raise ExecutionError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
+    if tuple(arr.shape) != t.shape:
+        raise ExecutionError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
+    return arr
 
 
 def check_budget(graph: Subgraph, limits: Limits) -> None:
