@@ -455,6 +455,18 @@ def test_entries_are_keyed_by_precision(backend, tmp_path):
     assert len(list((tmp_path / "cache" / "wgpu").glob("*.plan"))) == 2
 
 
+def test_new_weights_under_the_same_token_are_planned_again(backend, tmp_path):
+    """Issue 17 #8: the plan cache, keyed by the token alone, ran a new model's inputs through old weights."""
+    options = cached_options(tmp_path, "same-token")
+    inputs = [normal(np.random.default_rng(9), (1, 8, 8, 16))]
+    for seed, expected_source in ((1, "planned"), (2, "planned"), (2, "cache")):
+        model = deep_model(seed, layers=2, width=16)
+        g = read_model(model).main
+        compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), options)
+        assert compiled.describe()["plan_source"] == expected_source
+        assert_close(run_compiled(backend, g, compiled, inputs), litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+
+
 def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_path):
     g = read_model(concat_model(2).to_bytes()).main
     partition = make_partition(g, g.ops, "wgpu", 0)
