@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .backend import Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError
 
 ANALYZE_WARN_BELOW = 0.80
@@ -125,7 +126,10 @@ def cmd_analyze(args) -> int:
             continue
         supported, flops, blockers = 0, 0.0, {}
         for op in g.ops:
-            answer = backend.supports(op, settings.compile)
+            try:
+                answer = asked_support(backend, op, settings.compile)
+            except Exception as exc:  # a plugin bug blocks that op, as it would in a plan
+                answer = Support.no(f"support query failed: {type(exc).__name__}: {exc}")
             if answer:
                 supported += 1
                 flops += op_flops(op)

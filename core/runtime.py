@@ -50,8 +50,10 @@ class Executor:
             for t in part.inputs:
                 copies = where.get(t.index)
                 if copies is None:
+                    why = ("no op makes it and the model gives it no data (an empty buffer)"
+                           if t.producer is None else "it was never produced")
                     raise ExecutionError(f"tensor {t.index} ({t.name!r}) is needed by partition {part.index} "
-                                         f"but was never produced or given")
+                                         f"but has no value: {why}")
                 if part.backend not in copies:
                     host = self._to_host(t, copies, made_by)
                     copies[part.backend] = backend.to_device(host)

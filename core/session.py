@@ -13,6 +13,7 @@ shared by threads: runs take turns, each with its own inputs and outputs.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -333,6 +334,8 @@ class Session:
 def checked_input(t: Tensor, value: Any) -> np.ndarray:
     """``value`` as input ``t``: its dtype (a safe cast allowed) and exactly its shape."""
     arr = np.asarray(value)
+    if t.dtype.numpy is None:
+        raise ExecutionError(f"input {t.name!r} is a {t.dtype.name} tensor; only numeric inputs can be given")
     if arr.dtype != t.dtype.numpy:
         if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
                                                     and np.can_cast(arr.dtype, t.dtype.numpy)):
@@ -346,7 +349,14 @@ def checked_input(t: Tensor, value: Any) -> np.ndarray:
 
 def check_budget(graph: Subgraph, limits: Limits) -> None:
     """Refuse, before anything is allocated, a graph whose tensors alive at once exceed the memory budget."""
-    need, budget = peak_bytes(graph), limits.memory_bytes()
+    budget = limits.memory_bytes()
+    for t in graph.tensors:  # numpy lays out a zero-size array of absurd dimensions no better
+        span = math.prod(d for d in t.shape if d > 0) * max(t.dtype.itemsize, 1)
+        if not t.is_constant and span > budget:
+            raise ExecutionError(f"tensor {t.index} ({t.name!r}) of shape {list(t.shape)} spans "
+                                 f"{span / 2**30:.3g} GiB, more than the memory budget of {budget / 2**30:.3g} GiB "
+                                 f"(limits.memory_mb)")
+    need = peak_bytes(graph)
     if need > budget:
         raise ExecutionError(f"the model needs {need / 2**30:.3g} GiB for tensors alive at once, more than the "
                              f"memory budget of {budget / 2**30:.3g} GiB (limits.memory_mb)")

@@ -398,3 +398,105 @@ def test_the_native_library_is_loaded_only_from_a_verified_entry(tmp_path, monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert native._load() is not None and len(builds) == 2  # the rebuilt entry is used
+
+
+# -- plugins that break the contract, inputs the CLI is given (findings 17, 20) --------------------
+
+class Liar(FakeGpu):
+    """supports() and estimate_ms() answering what the contract does not allow."""
+
+    name = "liar"
+
+    def supports(self, op, options):
+        return self.options["supports"] if "supports" in self.options else super().supports(op, options)
+
+    def estimate_ms(self, op, options):
+        return self.options.get("estimate", 0.001)
+
+
+class LiarPlugin:
+    @hookimpl
+    def delegate_backends(self):
+        return [BackendInfo("liar", factory=Liar, is_accelerator=True)]
+
+
+@pytest.mark.parametrize("answer", [False, "yes", None, 1])
+def test_a_support_answer_that_is_not_a_support_refuses_the_op(answer):
+    reference = cpu_reference()
+    settings = RunSettings(backends=[("liar", {"supports": answer}), ("cpu", {})])
+    session = Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[LiarPlugin()]))
+    assert all(p.backend == "cpu" for p in session.executor.partitions)
+    assert "supports() returned" in session.plan.decisions[0].refusals["liar"]
+    np.testing.assert_allclose(session.run([X])["tanh"], reference["tanh"])
+
+
+@pytest.mark.parametrize("estimate", ["fast", float("nan"), -1.0, True])
+def test_an_estimate_that_is_not_a_time_is_a_plugin_error(estimate):
+    from delegate.errors import PluginError
+    settings = RunSettings(backends=[("liar", {"estimate": estimate}), ("cpu", {})])
+    with pytest.raises(PluginError, match=r"estimate_ms\(\) returned"):
+        Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[LiarPlugin()]))
+
+
+def write(path, builder):
+    path.write_bytes(builder.to_bytes())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hostile_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    b = GraphBuilder()
+    b.output(b.op("RELU", [b.input("x", (1, 4))]))
+    files = {"relu": write(d / "relu.tflite", b)}
+    b = GraphBuilder()
+    b.output(b.op("RELU", [b.input("x", (0, 2**31 - 1, 2**31 - 1, 2**31 - 1))]))
+    files["huge_zero"] = write(d / "huge_zero.tflite", b)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4), "string")
+    b.output(b.op("RESHAPE", [x, b.const("s", np.array([4], np.int32))], shape=(4,)))
+    files["string"] = write(d / "string.tflite", b)
+    b = GraphBuilder()
+    b.output(b.op("RELU", [b.input("x", (1, 8, 8, 1))]))
+    files["image"] = write(d / "image.tflite", b)
+    np.save(d / "text.npy", np.array([["a", "b", "c", "d"]]))
+    np.savez(d / "objects.npz", x=np.array([[1, "a", None, 2]], dtype=object))
+    np.savez(d / "good.npz", x=np.ones((1, 4), np.float32))
+    raw = bytearray((d / "good.npz").read_bytes())
+    raw[80:90] = b"\xff" * 10
+    (d / "corrupt.npz").write_bytes(bytes(raw))
+    (d / "truncated.npz").write_bytes(bytes(raw[:60]))
+    from PIL import Image
+    Image.new("L", (20000, 20000)).save(d / "bomb.png")
+    return d, files
+
+
+@pytest.mark.parametrize("model, extra, words", [
+    ("huge_zero", [], "spans .* more than the memory budget"),
+    ("string", [], "is a string tensor; only numeric inputs"),
+    ("relu", ["-i", "text.npy"], "expects float32 numbers, got an array of <U1"),
+    ("relu", ["-i", "objects.npz"], "not a readable .npz"),
+    ("relu", ["-i", "corrupt.npz"], "not a readable .npz"),
+    ("relu", ["-i", "truncated.npz"], "not a readable .npz"),
+    ("image", ["-i", "bomb.png"], "cannot read image .*decompression bomb"),
+])
+def test_the_cli_maps_hostile_input_to_its_exit_code(hostile_files, model, extra, words):
+    import re
+    import subprocess
+    import sys
+    d, files = hostile_files
+    proc = subprocess.run([sys.executable, "-m", "delegate.cli", "run", "--backends", "cpu", files[model], *extra],
+                          capture_output=True, text=True, timeout=300, cwd=d)
+    assert proc.returncode == ExecutionError.exit_code, proc.stderr
+    assert "internal error" not in proc.stderr and re.search(words, proc.stderr), proc.stderr
+
+
+def test_out_of_memory_in_the_cli_is_an_execution_error(monkeypatch, capsys, hostile_files):
+    from delegate import cli
+
+    def exhausted(self, inputs):
+        raise MemoryError()
+    monkeypatch.setattr(Session, "run", exhausted)
+    assert cli.main(["run", "--backends", "cpu", hostile_files[1]["relu"]]) == ExecutionError.exit_code
+    err = capsys.readouterr().err
+    assert "out of memory" in err and "internal error" not in err
