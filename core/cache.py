@@ -96,16 +96,16 @@ def _check_private(fd: int, path: Path) -> None:
         raise CacheError(f"cache directory {path} belongs to another user (uid {info.st_uid})")
 
 
-def _check_parent(fd: int, path: Path) -> None:
+def _check_parent(fd: int, parent: Path, path: Path) -> None:
     """A directory we did not create but create inside: others must not be able to swap what we make."""
     info = os.fstat(fd)
     mode = stat.S_IMODE(info.st_mode)
     if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        raise CacheError(f"cache directory {path}: its parent {path.parent if path.name else path} is writable "
-                         f"by others (mode {mode:o}); choose a directory under your home")
+        raise CacheError(f"cache directory {path}: its parent {parent} is writable by others (mode {mode:o}); "
+                         f"choose a directory under your home")
     if _uid() is not None and info.st_uid not in (_uid(), 0) and mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheError(f"cache directory {path}: its parent belongs to another user (uid {info.st_uid}) "
-                         f"who could replace it")
+        raise CacheError(f"cache directory {path}: its parent {parent} belongs to another user "
+                         f"(uid {info.st_uid}) who could replace it")
 
 
 def _open_in(fd: int, name: str, path: Path) -> int:
@@ -143,7 +143,7 @@ def open_private(path: str | os.PathLike) -> int:
             raise
         return fd
     try:
-        _check_parent(fd, path)
+        _check_parent(fd, existing, path)
         for name in reversed(missing):
             try:
                 os.mkdir(name, 0o700, dir_fd=fd)

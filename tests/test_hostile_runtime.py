@@ -156,6 +156,8 @@ class Hostile(FakeGpu):
             threading.Event().wait(30)
         if mode == "cache":
             EntryStore(options.cache_dir, "hostile")
+        if mode == "silent_compile":
+            raise RuntimeError()
         return HostileCompiled(super().compile(partition, options), mode)
 
 
@@ -227,6 +229,12 @@ def test_a_plugin_returning_wrong_values_has_failed(mode, words):
         session.run([X])
 
 
+def test_a_compile_error_without_a_message_still_says_what_failed():
+    """#20: the warning read "compile failed: " and nothing more."""
+    with pytest.warns(BackendFallbackWarning, match="compile failed: RuntimeError"):
+        Session(mixed_model(), hostile("silent_compile"), manager=MANAGER)
+
+
 def test_a_hanging_plugin_compile_falls_back_or_fails_in_time():
     started = time.monotonic()
     with pytest.warns(BackendFallbackWarning, match=r"compile\(\) did not finish within 0.3 s"):
@@ -265,8 +273,8 @@ def big_intermediates_model() -> bytes:
 def test_a_model_over_the_memory_budget_is_refused_before_allocating():
     data = big_intermediates_model()
     assert len(data) < 2000
-    with pytest.raises(ExecutionError, match=r"needs 6 GiB .* budget of 1 GiB \(limits.memory_mb\)"):
-        Session(read_model(data), RunSettings(limits=Limits(memory_mb=1024)))
+    with pytest.raises(ExecutionError, match=r"needs 6 GiB .* budget of 4 GiB \(limits.memory_mb\)"):
+        Session(read_model(data), RunSettings(limits=Limits(memory_mb=4096)))
 
 
 def test_resize_is_checked_against_the_budget_and_negative_dimensions_are_refused():
