@@ -129,8 +129,8 @@ class Watchdog:
     A call that does not return in time cannot be stopped from Python: its thread is left behind
     (a daemon, so it never keeps the process alive) and the next call gets a new one."""
 
-    def __init__(self, backend: str, seconds: float):
-        self.backend, self.seconds = backend, seconds
+    def __init__(self, backend: str, seconds: float, key: str):
+        self.backend, self.seconds, self.key = backend, seconds, key
         self._jobs: queue.SimpleQueue | None = None
 
     def call(self, fn: Callable[..., Any], *args: Any, what: str = "run()") -> Any:
@@ -144,7 +144,7 @@ class Watchdog:
         except queue.Empty:
             self._jobs = None  # that thread is stuck; abandon it
             raise TimeoutError(f"backend {self.backend!r}: {what} did not finish within {self.seconds:g} s "
-                               f"(limits.plugin_timeout_s)") from None
+                               f"(limits.{self.key})") from None
         if not ok:
             raise result
         return result

@@ -28,9 +28,9 @@ from .config import Limits
 from .cost import DeviceProfile, load_profile
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, PluginError
 from .ir import Model, Subgraph, Tensor
+from .memory import peak_bytes
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
-from .memory import peak_bytes
 from .runtime import Executor, Watchdog
 from .tflite.reader import read_model
 from .validate import validate_graph
@@ -175,9 +175,7 @@ class Session:
             if graph_pass(self.graph):
                 self.graph.link()
         self._lock = threading.RLock()
-        limits = self.settings.limits
-        self._compile_watch = {name: Watchdog(name, limits.compile_timeout_s) for name in self.backends
-                               if name != "cpu" and limits.compile_timeout_s}
+        self._compile_watch = self._watchdogs("compile_timeout_s")
         self.profiles = backend_profiles(self.backends)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.plan: Plan = self.planner.plan(self.graph)
@@ -187,13 +185,18 @@ class Session:
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
                                  compiled=[self._compile(p) for p in self.plan.partitions],
-                                 watchdogs={name: Watchdog(name, limits.run_timeout_s) for name in self.backends
-                                            if name != "cpu" and limits.run_timeout_s})
+                                 watchdogs=self._watchdogs("run_timeout_s"))
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             self._guard_accuracy(self.settings.accuracy_guard)
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # -- compile / fallback ----------------------------------------------
+    def _watchdogs(self, key: str) -> dict[str, Watchdog]:
+        """A watchdog per accelerator for ``limits.<key>`` (none while that limit is off); the CPU is the
+        fallback and runs on the calling thread."""
+        seconds = getattr(self.settings.limits, key)
+        return {name: Watchdog(name, seconds, key) for name in self.backends if name != "cpu" and seconds}
+
     def _compile(self, partition: Partition) -> CompiledPartition:
         backend = self.backends[partition.backend]
         watchdog = self._compile_watch.get(partition.backend)
