@@ -239,7 +239,8 @@ class CacheRoot:
             except OSError as exc:
                 raise CacheError(f"cache directory {self.path}: cannot write its manifest ({exc.strerror})") from None
         raise CacheError(f"{self.path} is not a delegate cache (it has no {MANIFEST} manifest"
-                         f"{' and is not empty' if create else ''}); give an empty or new directory")
+                         f"{' and is not empty' if create else ''}); give an empty or new directory "
+                         f"(one written by an earlier delegate version can simply be deleted)")
 
     def _read_manifest(self) -> bytes | None:
         try:
