@@ -460,8 +460,8 @@ class Limits(Section):
     compile() or run() may take before it counts as failed (null: no limit)."""
 
     memory_mb: float | None = None
-    compile_timeout_s: float | None = 600.0
-    run_timeout_s: float | None = 60.0
+    compile_timeout_s: float | None = 1200.0
+    run_timeout_s: float | None = 300.0
 
     def memory_bytes(self) -> int:
         return int(self.memory_mb * 2**20) if self.memory_mb is not None else machine_memory()
