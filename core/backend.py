@@ -11,11 +11,13 @@ resident on the backend between partitions.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .errors import PluginError
 from .ir import Op, Subgraph, Tensor
 
 API_VERSION = 1
@@ -168,3 +170,23 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release device resources."""
+
+
+def asked_support(backend: Backend, op: Op, options: CompileOptions) -> Support:
+    """``backend.supports(op)`` held to the contract: an answer that is not a Support is the plugin's bug."""
+    answer = backend.supports(op, options)
+    if not isinstance(answer, Support):
+        raise PluginError(f"backend {backend.name!r}: supports() returned {answer!r}, not a Support")
+    return answer
+
+
+def asked_estimate(backend: Backend, op: Op, options: CompileOptions) -> float | None:
+    """``backend.estimate_ms(op)`` held to the contract: None, or a finite time >= 0 in milliseconds."""
+    value = backend.estimate_ms(op, options)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value < 0:
+        raise PluginError(f"backend {backend.name!r}: estimate_ms() returned {value!r}, "
+                          f"not a time in milliseconds or None")
+    return float(value)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import __version__
-from .errors import DelegateError, ModelFormatError
+from .errors import DelegateError, ExecutionError, ModelFormatError
 from .quantize import MODES as QUANT_MODES
 
 DEFAULT_MODEL = "zoo:mobilenet_v1"
@@ -451,6 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("delegate: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as exc:  # what the model or its inputs asked for, not a bug
+        if args.debug:
+            raise
+        print(f"delegate: error: out of memory{f' ({exc})' if str(exc) else ''}; "
+              f"limits.memory_mb caps what one session may plan for", file=sys.stderr)
+        return ExecutionError.exit_code
     except Exception as exc:  # a bug: still one line unless --debug
         if args.debug:
             raise

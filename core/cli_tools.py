@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .backend import Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
 from .tools.compare import compare_outputs
 from .tools.measure import (alone_median, learn_from, peak_rss_mb, reference_slowed, separate_peak_rss,
@@ -58,7 +58,10 @@ def cmd_analyze(args) -> int:
             continue
         supported, flops, blockers = 0, 0.0, {}
         for op in g.ops:
-            answer = backend.supports(op, settings.compile)
+            try:
+                answer = asked_support(backend, op, settings.compile)
+            except Exception as exc:  # a plugin bug blocks that op, as it would in a plan
+                answer = Support.no(f"support query failed: {type(exc).__name__}: {exc}")
             if answer:
                 supported += 1
                 flops += op_flops(op)
@@ -413,28 +416,23 @@ def cmd_cache(args) -> int:
     if not directory:
         raise CacheError("no serialization.dir is configured; set it in the config or with "
                          "--set serialization.dir=PATH")
+    from .cache import clear, entries
+
     root = Path(os.path.expanduser(str(directory)))
-    entries = []
-    if root.is_dir():
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                entries.append({"path": str(p.relative_to(root)), "bytes": p.stat().st_size,
-                                "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime))})
     if args.action == "clear":
-        if root.is_dir():
-            for p in root.iterdir():
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-        doc = {"dir": str(root), "removed": len(entries)}
+        removed = clear(root)
         if args.json:
-            emit_json(doc)
+            emit_json({"dir": str(root), "removed": removed})
         else:
-            print(f"removed {len(entries)} cache entries from {root}")
+            print(f"removed {removed} cache entries from {root}")
         return 0
+    rows = [{"path": f"{sub}/{name}", "kind": header.get("kind"), "bytes": size}
+            for sub, name, header, size in entries(root)]
     if args.json:
-        emit_json({"dir": str(root), "entries": entries})
+        emit_json({"dir": str(root), "entries": rows})
         return 0
-    console().print(table(f"kernel cache {root}", ["entry", "bytes", "modified"],
-                          [[e["path"], e["bytes"], e["modified"]] for e in entries]))
+    console().print(table(f"kernel cache {root}", ["entry", "kind", "bytes"],
+                          [[e["path"], e["kind"], e["bytes"]] for e in rows]))
     return 0
 
 

@@ -120,6 +120,7 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
 
 _MAP, _SEQ, _MERGE = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:merge"
 MAX_NODES = 100_000  # aliases can make a short text expand exponentially
+MAX_CONFIG_BYTES = 1 << 20  # read before parsing: YAML's composer takes seconds and memory per megabyte
 
 
 def parse_yaml(text: str, source: str, base_dir: str, at: KeyPath = (),
@@ -231,13 +232,15 @@ def read_document(path: str) -> Document:
     """Read and parse a config file; an empty one is an empty mapping."""
     try:
         with open(path, "rb") as file:
-            raw = file.read()
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("no such config file", file=path) from None
     except IsADirectoryError:
         raise ConfigError("is a directory, not a YAML config file", file=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"is over {MAX_CONFIG_BYTES // 1024} KiB; a config is a few keys, not data", file=path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -452,6 +455,35 @@ class Serialization(Section):
 
 
 @dataclass(frozen=True)
+class Limits(Section):
+    """What one session may use: memory for its tensors (null: the machine's), and seconds a plugin's
+    compile() or run() may take before it counts as failed (null: no limit)."""
+
+    memory_mb: float | None = None
+    compile_timeout_s: float | None = 1200.0
+    run_timeout_s: float | None = 300.0
+
+    def memory_bytes(self) -> int:
+        return int(self.memory_mb * 2**20) if self.memory_mb is not None else machine_memory()
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        total = 1 << 40
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+@dataclass(frozen=True)
 class AccuracyGuard(Section):
     enabled: bool
     max_abs_error: float | None
@@ -507,6 +539,7 @@ class Settings:
     serialization: Serialization
     fallback: bool
     num_threads: int | None
+    limits: Limits
     accuracy_guard: AccuracyGuard
     cpu: CpuOptions
     input: InputSpec
@@ -581,6 +614,10 @@ def _resolve_path(doc: Document, path: KeyPath) -> str | None:
     value = _get(doc.data, path)
     if value is None or value.startswith(ZOO_PREFIX):
         return value
+    shell_form = re.search(r"\$\{\w+[^\w}][^}]*\}?", value)
+    if shell_form:
+        raise doc.error(path, f"{shell_form.group(0)}: only $NAME and ${{NAME}} are expanded, "
+                              f"not shell defaults or other forms")
     expanded = os.path.expanduser(os.path.expandvars(value))
     unset = re.search(r"\$\{?(\w+)", expanded)
     if unset:
@@ -614,6 +651,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
         backends=tuple(BackendChoice(b, {}) if isinstance(b, str) else BackendChoice(b["name"], b.get("options", {}))
                        for b in values["backends"]),
         serialization=Serialization(**values["serialization"]),
+        limits=Limits(**{k: None if v is None else float(v) for k, v in values["limits"].items()}),
         accuracy_guard=AccuracyGuard(**thresholds(values["accuracy_guard"])),
         cpu=CpuOptions(**values["cpu"]),
         placement=Placement(search=values["placement"]["search"], budget_s=float(values["placement"]["budget_s"])),

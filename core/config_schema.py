@@ -8,6 +8,7 @@ required keys because a config is always layered over the packaged defaults.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 PRECISIONS = ("fp32", "fp16")
@@ -23,6 +24,9 @@ NAME: dict[str, Any] = {"type": "string", "minLength": 1}
 NUMBER: dict[str, Any] = {"type": "number"}
 THRESHOLD: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
 OPTIONAL_TEXT: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
+POSITIVE: dict[str, Any] = {"type": ["number", "null"], "exclusiveMinimum": 0}
+# Most CPU threads a run may ask for: more than the machine has only queues them (512 made 513 threads).
+MAX_THREADS = max(16, 4 * (os.cpu_count() or 1))
 
 
 def enum(*choices: str) -> dict[str, Any]:
@@ -88,7 +92,8 @@ MODEL_SETTINGS: dict[str, Any] = {
         mean=per_channel(), std=per_channel(exclusiveMinimum=0),
         range={"type": "array", "minItems": 2, "maxItems": 2, "items": NUMBER},
         color=enum(*COLORS), layout=enum(*LAYOUTS)),
-    "num_threads": {"type": ["integer", "null"], "minimum": 1},
+    "num_threads": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_THREADS},
+    "limits": section(memory_mb=POSITIVE, compile_timeout_s=POSITIVE, run_timeout_s=POSITIVE),
 }
 """Keys a ``models:`` entry may set for itself; it inherits the rest from the top level."""
 

@@ -7,6 +7,7 @@ section says.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,7 +21,9 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 
 def quantize_for(t: Tensor, arr: np.ndarray) -> np.ndarray:
     """Float data -> the input's dtype, using its quantization when it has one."""
-    target = t.dtype.numpy
+    target = numeric_dtype(t)
+    if arr.dtype.kind not in "biuf":
+        raise ExecutionError(f"input {t.name!r} expects {t.dtype.name} numbers, got an array of {arr.dtype}")
     if arr.dtype == target:
         return arr
     if t.quantization is not None and arr.dtype.kind == "f" and target.kind in "iu":
@@ -31,9 +34,16 @@ def quantize_for(t: Tensor, arr: np.ndarray) -> np.ndarray:
     return arr.astype(target)
 
 
+def numeric_dtype(t: Tensor) -> np.dtype:
+    """The numpy dtype of input ``t``; string (and other non-numeric) inputs cannot be fed."""
+    if t.dtype.numpy is None:
+        raise ExecutionError(f"input {t.name!r} is a {t.dtype.name} tensor; only numeric inputs can be given")
+    return t.dtype.numpy
+
+
 def random_input(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     """Seeded data in a plausible range: [-1, 1) floats, the full range of quantized integers."""
-    target = t.dtype.numpy
+    target = numeric_dtype(t)
     if target.kind == "f":
         return rng.uniform(-1.0, 1.0, t.shape).astype(target)
     if target.kind == "b":
@@ -55,7 +65,7 @@ def load_image(path: Path, t: Tensor, preprocess: dict[str, Any]) -> np.ndarray:
     _, h, w, c = t.shape
     try:
         img = Image.open(path).convert("RGB" if c == 3 else "L").resize((w, h), Image.BILINEAR)
-    except OSError as exc:
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # a bomb: more pixels than Pillow's cap
         raise ExecutionError(f"{path}: cannot read image ({exc})") from None
     arr = np.asarray(img, np.float32).reshape(1, h, w, c)
     if (preprocess.get("color") or "RGB").upper() == "BGR" and c == 3:
@@ -92,12 +102,13 @@ def make_inputs(graph: Subgraph, specs: Sequence[str] | None, config: Any = None
             raise ExecutionError(f"input file {file} does not exist")
         if path.suffix.lower() == ".npz":
             try:
-                archive = np.load(path)
-            except (OSError, ValueError) as exc:
+                with np.load(path) as archive:  # members are read here, where a corrupt one is reported
+                    members = {key: archive[key] for key in archive.files}
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
                 raise ExecutionError(f"{file}: not a readable .npz ({exc})") from None
-            for key in archive.files:
+            for key, value in members.items():
                 t = target(key)
-                given[t.name] = quantize_for(t, archive[key])
+                given[t.name] = quantize_for(t, value)
             continue
         t = target(name) if name else tensors[len(given)] if len(given) < len(tensors) else None
         if t is None:

@@ -111,8 +111,9 @@ def _empty(t: Tensor) -> np.ndarray:
 class Interpreter:
     """LiteRT-compatible interpreter; ``config`` (path or Config) picks backends and precision.
 
-    One instance must not be invoked from two threads at once: concurrent calls are
-    refused with a clear error rather than silently mixing buffers.
+    One instance may be shared by threads: invocations take turns, and each thread's
+    set_tensor/invoke/get_tensor see the values it set and the outputs of its own last
+    invoke (a value set by another thread is used only where this one set none).
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, model_content: bytes | None = None,
@@ -131,6 +132,9 @@ class Interpreter:
                 raise InputError("type of num_threads should be int")
             if num_threads < 1:
                 raise InputError("num_threads should >= 1")
+            from .config_schema import MAX_THREADS
+            if num_threads > MAX_THREADS:
+                raise InputError(f"num_threads must be at most {MAX_THREADS} on this machine, got {num_threads}")
         if experimental_delegates:
             raise PluginError("experimental_delegates: LiteRT delegates cannot run here; delegate places ops "
                               "on the backends of its config")
@@ -152,7 +156,7 @@ class Interpreter:
                 g.outputs = outputs + [t for op in g.ops for t in op.outputs if t.index not in kept]
         self._sessions: dict[int, Any] = {}
         self._state = ModelState(self._model)  # resource variables, shared by every subgraph's session
-        self._buffers: dict[int, dict[int, np.ndarray]] = {}
+        self._buffers = _ThreadBuffers()
         self._lock = threading.Lock()
 
     # -- set-up -------------------------------------------------------------
@@ -179,7 +183,7 @@ class Interpreter:
             config = load_config(config, overrides=overrides)
         self._graph(subgraph)
         self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph, state=self._state)
-        self._buffers[subgraph] = {t.index: _empty(t) for t in self._io[subgraph][0]}
+        self._buffers.allocate(subgraph, self._io[subgraph][0])
 
     def _session(self, subgraph: int):
         session = self._sessions.get(subgraph)
@@ -190,7 +194,7 @@ class Interpreter:
     def _safe_to_run(self) -> bool:
         """Whether no numpy view of the interpreter's buffers is alive (LiteRT's rule, by refcount)."""
         idle = _refcount_unviewed()
-        return all(sys.getrefcount(buf) <= idle for bufs in self._buffers.values() for buf in bufs.values())
+        return all(sys.getrefcount(buf) <= idle for bufs in self._buffers.mine().values() for buf in bufs.values())
 
     def _ensure_safe(self) -> None:
         if not self._safe_to_run():
@@ -257,7 +261,9 @@ class Interpreter:
             if len(sig) != len(new_shape) or any(old != -1 and old != new for old, new in zip(sig, new_shape)):
                 raise ExecutionError(f"input {t.name!r}: strict resize may change only the dimensions its "
                                      f"shape signature {list(sig)} leaves unknown (-1)")
-        if len(new_shape) != len(t.shape) or any(d < 0 for d in new_shape):
+        if any(d < 0 for d in new_shape):
+            raise InputError(f"input {t.name!r}: dimensions must be >= 0, got {list(new_shape)}")
+        if len(new_shape) != len(t.shape):
             raise InputError(f"input {t.name!r}: cannot resize {list(t.shape)} to {list(new_shape)}")
         old_shape, t.shape = t.shape, new_shape
         try:
@@ -267,7 +273,7 @@ class Interpreter:
             propagate(self._graph(subgraph))
             raise ExecutionError(str(exc)) from None
         self._sessions.pop(subgraph, None)
-        self._buffers.pop(subgraph, None)
+        self._buffers.drop(subgraph)
 
     def _input(self, subgraph: int, index: int) -> Tensor:
         inputs = self._io[subgraph][0]
@@ -283,7 +289,7 @@ class Interpreter:
 
     def _set(self, subgraph: int, tensor_index: int, value: Any) -> None:
         t = self._tensor(tensor_index, subgraph)
-        buffers = self._buffers.get(subgraph)
+        buffers = self._buffers.mine().get(subgraph)
         if buffers is None or t.index not in buffers:
             raise InputError(f"Cannot set tensor {t.index} ({t.name!r}): only allocated inputs can be set; "
                              f"call allocate_tensors() first")
@@ -292,19 +298,17 @@ class Interpreter:
             buffers[t.index][...] = value
         else:
             np.copyto(buffers[t.index], value)
+        self._buffers.wrote(subgraph)
 
     def invoke(self) -> None:
         self._invoke(0, ensure_safe=True)
 
     def _invoke(self, subgraph: int, ensure_safe: bool = False) -> None:
         session = self._session(subgraph)
-        if not self._lock.acquire(blocking=False):
-            raise ExecutionError("this Interpreter is already running in another thread; "
-                                 "use one Interpreter per thread")
-        try:
+        with self._lock:  # one run at a time; each thread reads and writes its own buffers
             if ensure_safe:
                 self._ensure_safe()
-            buffers = self._buffers[subgraph]
+            buffers = self._buffers.mine()[subgraph]
             results = session.run_indexed({t.index: buffers[t.index] for t in self._io[subgraph][0]})
             for index, value in results.items():
                 value, kept = np.asarray(value), buffers.get(index)
@@ -312,8 +316,7 @@ class Interpreter:
                     buffers[index] = np.array(value)  # backends reuse their buffers: keep a copy
                 elif kept is not value:
                     np.copyto(kept, value)
-        finally:
-            self._lock.release()
+            self._buffers.wrote(subgraph)
 
     def reset_all_variables(self) -> None:
         """Variable tensors (and resource variables) back to their initial values, as after allocation."""
@@ -326,7 +329,7 @@ class Interpreter:
 
     def _value(self, tensor_index: int, subgraph_index: int) -> np.ndarray:
         t = self._tensor(tensor_index, subgraph_index)
-        buffers = self._buffers.get(int(subgraph_index), {})
+        buffers = self._buffers.mine().get(int(subgraph_index), {})
         if t.index in buffers:
             return buffers[t.index]
         if t.data is not None and not t.is_variable:
@@ -357,6 +360,46 @@ def _refcount_unviewed() -> int:
     """What ``sys.getrefcount`` reports for a buffer nobody views, measured the way _safe_to_run measures."""
     probe = {0: {0: np.zeros(0)}}
     return max(sys.getrefcount(buf) for bufs in probe.values() for buf in bufs.values())
+
+
+class _ThreadBuffers:
+    """Each thread's own input and output buffers, laid out as allocate_tensors() last laid them out, so an
+    Interpreter shared by threads gives every thread the answer to its own inputs (set_tensor, invoke and
+    get_tensor of one thread see only that thread's values).  A thread's first look copies the values
+    some thread wrote last, so values set before threads start are seen by all of them."""
+
+    def __init__(self):
+        self._layout: dict[int, tuple[int, list[Tensor]]] = {}  # subgraph -> (generation, input tensors)
+        self._generation = 0
+        self._local = threading.local()
+        self._latest: dict[int, tuple[int, dict[int, np.ndarray]]] = {}  # the buffers written last, by subgraph
+
+    def allocate(self, subgraph: int, inputs: list[Tensor]) -> None:
+        self._generation += 1
+        self._layout[subgraph] = (self._generation, list(inputs))
+
+    def drop(self, subgraph: int) -> None:
+        self._layout.pop(subgraph, None)
+
+    def wrote(self, subgraph: int) -> None:
+        """This thread just wrote ``subgraph``'s buffers: threads that look later start from them."""
+        self._latest[subgraph] = self._local.held[subgraph]
+
+    def mine(self) -> dict[int, dict[int, np.ndarray]]:
+        """This thread's buffers by subgraph (fresh ones for a layout it has not seen)."""
+        held = getattr(self._local, "held", None)
+        if held is None:
+            held = self._local.held = {}
+        for subgraph in [sg for sg in held if sg not in self._layout]:
+            del held[subgraph]
+        for subgraph, (generation, inputs) in self._layout.items():
+            if held.get(subgraph, (None,))[0] != generation:
+                latest = self._latest.get(subgraph)
+                held[subgraph] = (generation, {i: np.array(b) for i, b in latest[1].items()}) \
+                    if latest is not None and latest[0] == generation else \
+                    (generation, {t.index: _empty(t) for t in inputs})
+        self._local.view = view = {sg: bufs for sg, (_, bufs) in held.items()}
+        return view
 
 
 class SignatureRunner:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
 import numpy as np
 
-from .ir import Op, Tensor
+from .ir import Op, Subgraph, Tensor
 
 ALIGNMENT = 64
 
@@ -61,3 +63,30 @@ def plan_arena(ops: Sequence[Op], tensors: Sequence[Tensor]) -> tuple[np.ndarray
     for t in tensors:
         views[t.index] = np.ndarray(t.shape, t.dtype.numpy, buffer=arena, offset=offsets[t.index])
     return arena, views
+
+
+def peak_bytes(graph: Subgraph) -> int:
+    """Most bytes of non-constant tensors alive at once when ``graph`` runs in order: what its arenas need at
+    least.  Sizes are exact integers (a tensor's own size may overflow int64 for absurd shapes)."""
+    def nbytes(t: Tensor) -> int:
+        return math.prod(max(d, 0) for d in t.shape) * t.dtype.itemsize
+
+    values = {t.index: t for op in graph.ops for t in [*op.inputs, *op.outputs]
+              if t is not None and not t.is_constant}
+    values.update((t.index, t) for t in graph.inputs)
+    spans = lifetimes(graph.ops, list(values.values()))
+    for t in graph.inputs:
+        spans[t.index] = (0, spans[t.index][1])
+    for t in graph.outputs:
+        if t.index in spans:
+            spans[t.index] = (spans[t.index][0], len(graph.ops))
+    events: dict[int, int] = {}
+    for index, (first, last) in spans.items():
+        size = nbytes(values[index])
+        events[first] = events.get(first, 0) + size
+        events[last + 1] = events.get(last + 1, 0) - size
+    peak = live = 0
+    for position in sorted(events):
+        live += events[position]
+        peak = max(peak, live)
+    return peak

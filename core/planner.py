@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .backend import Backend, CompileOptions, Partition
+from .backend import Backend, CompileOptions, Partition, asked_estimate, asked_support
 from .cost import DeviceProfile, op_bytes, op_class, op_flops, op_signature
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
@@ -184,7 +184,7 @@ class Planner:
     # -- costs -----------------------------------------------------------
     def op_cost(self, op: Op, backend: str) -> float:
         be = self.backends[backend]
-        estimate = be.estimate_ms(op, self.options)
+        estimate = asked_estimate(be, op, self.options)
         if estimate is not None:
             return float(estimate)
         profile = self.profiles[backend]
@@ -214,7 +214,7 @@ class Planner:
             pinned = [r for r in self.settings.pins if r.matches(op)]
             for name, be in self.backends.items():
                 try:
-                    answer = be.supports(op, self.options)
+                    answer = asked_support(be, op, self.options)
                 except Exception as exc:  # a plugin bug must not break planning
                     answer = None
                     refusals[op.index][name] = f"support query failed: {type(exc).__name__}: {exc}"

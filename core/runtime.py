@@ -4,6 +4,9 @@ A value moves only when a partition on another backend needs it, and then once
 per inference per destination; graph outputs come back to the host at the end.
 A model's state beyond its tensors (resource variables, CALL_ONCE) lives in one
 ModelState, active while the model's partitions run.
+Nothing a backend returns is trusted: every value crossing a partition boundary
+must have its tensor's shape and dtype (a kernel downstream would read past a
+short buffer), and a plugin's compile() and run() have a time limit.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from typing import Any, Iterator, Mapping, Sequence
+import queue
+import threading
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
 from .errors import DelegateError, ExecutionError
-from .ir import Model, Subgraph
+from .ir import Model, Subgraph, Tensor
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +68,12 @@ class Executor:
 
     def __init__(self, graph: Subgraph, partitions: Sequence[Partition], backends: Mapping[str, Backend],
                  options: CompileOptions, compiled: Sequence[CompiledPartition] | None = None,
-                 state: ModelState | None = None):
-        """``state`` is the model instance's (a Session's); by default the graph alone, as its own model."""
+                 state: ModelState | None = None, watchdogs: Mapping[str, "Watchdog"] | None = None):
+        """``state`` is the model instance's (a Session's); by default the graph alone, as its own model.
+        ``watchdogs``: per backend, the time limit its partitions run under."""
         self.state = state if state is not None else ModelState(Model([graph]))
         self.graph = graph
+        self.watchdogs = dict(watchdogs or {})
         self.partitions = list(partitions)
         self.backends = dict(backends)
         self.options = options
@@ -82,6 +89,7 @@ class Executor:
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         # location: tensor index -> {backend name: value}
         where: dict[int, dict[str, Any]] = {i: {"cpu": np.asarray(v)} for i, v in inputs.items()}
+        made_by: dict[int, Partition] = {}  # tensor index -> the partition that returned it
         transfers = 0
         for part, compiled in zip(self.partitions, self.compiled):
             backend = self.backends[part.backend]
@@ -89,22 +97,35 @@ class Executor:
             for t in part.inputs:
                 copies = where.get(t.index)
                 if copies is None:
+                    why = ("no op makes it and the model gives it no data (an empty buffer)"
+                           if t.producer is None else "it was never produced")
                     raise ExecutionError(f"tensor {t.index} ({t.name!r}) is needed by partition {part.index} "
-                                         f"but was never produced or given")
+                                         f"but has no value: {why}")
                 if part.backend not in copies:
-                    host = self._to_host(t.index, copies)
+                    host = self._to_host(t, copies, made_by)
                     copies[part.backend] = backend.to_device(host)
                     transfers += 1
                 args[t.index] = copies[part.backend]
             try:
-                results = compiled.run(args)
+                watchdog = self.watchdogs.get(part.backend)
+                results = watchdog.call(compiled.run, args) if watchdog else compiled.run(args)
             except DelegateError:
                 raise
             except Exception as exc:
                 raise ExecutionError(f"partition {part.index} on {part.backend} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
-            for idx, value in results.items():
-                where[idx] = {part.backend: value}
+            if not isinstance(results, Mapping):
+                raise ExecutionError(f"partition {part.index} on {part.backend} failed: run() returned "
+                                     f"{type(results).__name__}, not a mapping of tensor index to value")
+            for t in part.outputs:
+                if t.index not in results:
+                    raise ExecutionError(f"partition {part.index} on {part.backend} failed: it did not return "
+                                         f"tensor {t.index} ({t.name!r})")
+                value = results[t.index]
+                if isinstance(value, np.ndarray):
+                    check_value(part, t, value)
+                where[t.index] = {part.backend: value}
+                made_by[t.index] = part
         out = {}
         for t in self.graph.outputs:
             copies = where.get(t.index)
@@ -115,15 +136,23 @@ class Executor:
                 raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
             if "cpu" not in copies:
                 transfers += 1
-            out[t.index] = self._to_host(t.index, copies)
+            out[t.index] = self._to_host(t, copies, made_by)
         self.transfers_last_run = transfers
         return out
 
-    def _to_host(self, index: int, copies: dict[str, Any]) -> np.ndarray:
+    def _to_host(self, t: Tensor, copies: dict[str, Any], made_by: Mapping[int, Partition]) -> np.ndarray:
         if "cpu" in copies:
             return copies["cpu"]
         name, value = next(iter(copies.items()))
-        host = np.asarray(self.backends[name].to_host(value))
+        part = made_by[t.index]
+        try:
+            host = np.asarray(self.backends[name].to_host(value))
+        except DelegateError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(f"partition {part.index} on {part.backend} failed: its value of tensor "
+                                 f"{t.index} ({t.name!r}) did not come back: {type(exc).__name__}: {exc}") from exc
+        check_value(part, t, host)
         copies["cpu"] = host
         return host
 
@@ -135,3 +164,48 @@ class Executor:
     def close(self) -> None:
         for b in self.backends.values():
             b.close()
+
+
+def check_value(part: Partition, t: Tensor, value: np.ndarray) -> None:
+    """A value ``part`` returned for ``t`` has exactly its shape and dtype; anything else is its failure."""
+    dtype = t.dtype.numpy
+    if tuple(value.shape) != tuple(t.shape) or (dtype is not None and value.dtype != dtype):
+        want = f"{list(t.shape)} {dtype if dtype is not None else t.dtype.name}"
+        raise ExecutionError(f"partition {part.index} on {part.backend} failed: it returned tensor {t.index} "
+                             f"({t.name!r}) as {list(value.shape)} {value.dtype}; the model says {want}")
+
+
+class Watchdog:
+    """Runs a plugin's calls on one helper thread of its own and stops waiting after ``seconds``.
+
+    A call that does not return in time cannot be stopped from Python: its thread is left behind
+    (a daemon, so it never keeps the process alive) and the next call gets a new one."""
+
+    def __init__(self, backend: str, seconds: float, key: str):
+        self.backend, self.seconds, self.key = backend, seconds, key
+        self._jobs: queue.SimpleQueue | None = None
+
+    def call(self, fn: Callable[..., Any], *args: Any, what: str = "run()") -> Any:
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(self._jobs,), name=f"delegate-{self.backend}", daemon=True).start()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((fn, args, done))
+        try:
+            ok, result = done.get(timeout=self.seconds)
+        except queue.Empty:
+            self._jobs = None  # that thread is stuck; abandon it
+            raise TimeoutError(f"backend {self.backend!r}: {what} did not finish within {self.seconds:g} s "
+                               f"(limits.{self.key})") from None
+        if not ok:
+            raise result
+        return result
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        fn, args, done = jobs.get()
+        try:
+            done.put((True, fn(*args)))
+        except BaseException as exc:  # handed to the caller, who raises it
+            done.put((False, exc))

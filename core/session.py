@@ -6,13 +6,16 @@
 
 A backend that is unavailable, or fails while compiling or running, is replaced
 by the CPU for the partitions it held (once, with a warning naming the backend
-and the error) unless the config turns ``fallback`` off.
+and the error) unless the config turns ``fallback`` off.  One session may be
+shared by threads: runs take turns, each with its own inputs and outputs.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -21,12 +24,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .backend import Backend, CompiledPartition, CompileOptions, Partition
+from .config import Limits
 from .cost import DeviceProfile, load_profile
-from .errors import DelegateError, ExecutionError, InputError, PluginError
+from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
+from .memory import peak_bytes
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
-from .runtime import Executor, ModelState, running
+from .runtime import Executor, ModelState, Watchdog, running
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -47,6 +52,7 @@ class RunSettings:
     fallback: bool = True
     accuracy_guard: AccuracyBound | None = None
     disable_plugins: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -86,7 +92,7 @@ def run_settings(config: Any) -> RunSettings:
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
     return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound,
-                       tuple(config.disable_plugins))
+                       disable_plugins=tuple(config.disable_plugins), limits=config.limits)
 
 
 def _warn(message: str) -> None:
@@ -177,9 +183,12 @@ class Session:
         self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
                                                            self.settings.fallback)
         validate_graph(self.graph)
+        check_budget(self.graph, self.settings.limits)
         for graph_pass in self.manager.graph_passes():
             if graph_pass(self.graph):
                 self.graph.link()
+        self._lock = threading.RLock()
+        self._compile_watch = self._watchdogs("compile_timeout_s")
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
@@ -190,7 +199,7 @@ class Session:
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
                                  compiled=compiled or [self._compile(p) for p in self.plan.partitions],
-                                 state=self.state)
+                                 state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
@@ -222,10 +231,11 @@ class Session:
 
         def build(candidate):
             candidate_plan = self.planner.plan_for(self.graph, candidate)
-            compiled = [self.backends[p.backend].compile(p, self.options_for(p.backend, candidate.precision))
+            compiled = [self._compile_now(p, self.options_for(p.backend, candidate.precision))
                         for p in candidate_plan.partitions]
             built[candidate.name] = compiled
-            executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled)
+            executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled,
+                                watchdogs=self._watchdogs("run_timeout_s"))
             if remeasure and candidate.baseline and not candidate.precision:
                 self.baseline_executors[candidate.name] = executor  # tune learns from these too
             inputs = self._random_inputs()
@@ -305,14 +315,34 @@ class Session:
         return {t.index: random_input(t, rng) for t in self.graph.inputs}
 
     # -- compile / fallback ----------------------------------------------
-    def _compile(self, partition: Partition) -> CompiledPartition:
+    def _watchdogs(self, key: str) -> dict[str, Watchdog]:
+        """A watchdog per accelerator for ``limits.<key>`` (none while that limit is off); the CPU is the
+        fallback and runs on the calling thread."""
+        seconds = getattr(self.settings.limits, key)
+        return {name: Watchdog(name, seconds, key) for name in self.backends if name != "cpu" and seconds}
+
+    def _compile_now(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
+        """Compile on the partition's backend, under its compile time limit (accelerators only)."""
         backend = self.backends[partition.backend]
+        watchdog = self._compile_watch.get(partition.backend)
+        if watchdog is None:
+            return backend.compile(partition, options)
+        return watchdog.call(backend.compile, partition, options, what="compile()")
+
+    def _compile(self, partition: Partition) -> CompiledPartition:
         try:
-            return backend.compile(partition, self.options_for(partition.backend))
+            return self._compile_now(partition, self.options_for(partition.backend))
         except Exception as exc:
-            if partition.backend == "cpu" or not self.settings.fallback:
+            # an unsafe cache directory is the configuration's fault: another backend would not fix it
+            if partition.backend == "cpu" or isinstance(exc, (CacheError, MemoryError)):
                 raise
-            return self._to_cpu(partition, f"compile failed: {exc}")
+            why = str(exc) if isinstance(exc, DelegateError) and str(exc) else f"{type(exc).__name__}: {exc}"
+            if not self.settings.fallback:
+                if isinstance(exc, DelegateError):
+                    raise
+                raise CompileError(f"backend {partition.backend!r} failed to compile partition "
+                                   f"{partition.index}: {why}") from exc
+            return self._to_cpu(partition, f"compile failed: {why}")
 
     def _to_cpu(self, partition: Partition, why: str) -> CompiledPartition:
         if partition.backend not in self._warned:
@@ -402,22 +432,16 @@ class Session:
             missing = [t.name for t in tensors if t not in [p[0] for p in pairs]]
             if missing:
                 raise InputError(f"missing input(s): {', '.join(missing)}")
-        out = {}
-        for t, value in pairs:
-            arr = np.asarray(value)
-            if arr.dtype != t.dtype.numpy:
-                if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
-                                                            and np.can_cast(arr.dtype, t.dtype.numpy)):
-                    arr = arr.astype(t.dtype.numpy)
-                else:
-                    raise InputError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
-            if tuple(arr.shape) != t.shape:
-                raise InputError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
-            out[t.index] = arr
-        return out
+        return {t.index: checked_input(t, value) for t, value in pairs}
 
     def run_indexed(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure)."""
+        """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure).
+
+        Runs take turns; the outputs are this run's own copies, whatever runs next."""
+        with self._lock:
+            return {k: np.array(v) for k, v in self._run_locked(inputs).items()}
+
+    def _run_locked(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         try:
             return self.executor.run(inputs)
         except ExecutionError as exc:
@@ -427,12 +451,12 @@ class Session:
                 raise
             i = failed[0]
             self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i], f"failed while running: {exc}")
-            return self.run_indexed(inputs)
+            return self._run_locked(inputs)
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run once; returns outputs by tensor name (copies, safe to keep)."""
         results = self.run_indexed(self.normalize_inputs(inputs))
-        return {t.name: np.array(results[t.index]) for t in self.graph.outputs}
+        return {t.name: results[t.index] for t in self.graph.outputs}
 
     def reset_state(self) -> None:
         """Variable tensors back to their initial values, as right after compiling."""
@@ -440,6 +464,37 @@ class Session:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def checked_input(t: Tensor, value: Any) -> np.ndarray:
+    """``value`` as input ``t``: its dtype (a safe cast allowed) and exactly its shape."""
+    arr = np.asarray(value)
+    if t.dtype.numpy is None:
+        raise InputError(f"input {t.name!r} is a {t.dtype.name} tensor; only numeric inputs can be given")
+    if arr.dtype != t.dtype.numpy:
+        if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
+                                                    and np.can_cast(arr.dtype, t.dtype.numpy)):
+            arr = arr.astype(t.dtype.numpy)
+        else:
+            raise InputError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
+    if tuple(arr.shape) != t.shape:
+        raise InputError(f"input {t.name!r} expects shape {list(t.shape)}, got {list(arr.shape)}")
+    return arr
+
+
+def check_budget(graph: Subgraph, limits: Limits) -> None:
+    """Refuse, before anything is allocated, a graph whose tensors alive at once exceed the memory budget."""
+    budget = limits.memory_bytes()
+    for t in graph.tensors:  # numpy lays out a zero-size array of absurd dimensions no better
+        span = math.prod(d for d in t.shape if d > 0) * max(t.dtype.itemsize, 1)
+        if not t.is_constant and span > budget:
+            raise ExecutionError(f"tensor {t.index} ({t.name!r}) of shape {list(t.shape)} spans "
+                                 f"{span / 2**30:.3g} GiB, more than the memory budget of {budget / 2**30:.3g} GiB "
+                                 f"(limits.memory_mb)")
+    need = peak_bytes(graph)
+    if need > budget:
+        raise ExecutionError(f"the model needs {need / 2**30:.3g} GiB for tensors alive at once, more than the "
+                             f"memory budget of {budget / 2**30:.3g} GiB (limits.memory_mb)")
 
 
 def load(model: str | os.PathLike | bytes | Model, config: Any = None, **overrides: Any) -> Session:

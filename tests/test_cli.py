@@ -169,15 +169,32 @@ def test_calibrate_stores_a_profile_that_plans_use(tmp_path, monkeypatch):
 
 
 def test_cache_ls_and_clear(tmp_path):
+    from delegate.cache import EntryStore
     cache = tmp_path / "kernels"
-    cache.mkdir(mode=0o700)
-    (cache / "entry.bin").write_bytes(b"x" * 10)
+    EntryStore(cache, "opencl", "m").store("k" * 64, "bin", b"x" * 10)
+    (cache / "opencl" / "notes.txt").write_text("not an entry")
     doc = as_json("cache", "ls", "--set", f"serialization.dir={cache}")
-    assert [e["path"] for e in doc["entries"]] == ["entry.bin"]
+    assert [(e["path"], e["kind"]) for e in doc["entries"]] == [(f"opencl/m-{'k' * 32}.bin", "bin")]
     assert as_json("cache", "clear", "--set", f"serialization.dir={cache}")["removed"] == 1
-    assert not any(cache.iterdir())
+    assert [p.name for p in (cache / "opencl").iterdir()] == ["notes.txt"]  # only what the cache wrote
     proc = delegate("cache", "ls", check=False)
     assert proc.returncode == 9 and "serialization.dir" in proc.stderr
+
+
+def test_cache_clear_refuses_a_directory_it_did_not_create(tmp_path):
+    """Issue 17 #13: `dir: .` in a project's config deleted the project."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "model.tflite").write_bytes(b"weights")
+    (project / "src").mkdir()
+    (project / "src" / "main.py").write_text("print()")
+    proc = delegate("cache", "clear", "--set", f"serialization.dir={project}", check=False)
+    assert proc.returncode == 9 and "is not a delegate cache" in proc.stderr, proc.stderr
+    link = tmp_path / "link"
+    link.symlink_to(project)
+    proc = delegate("cache", "clear", "--set", f"serialization.dir={link}", check=False)
+    assert proc.returncode == 9 and "symbolic link" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in project.rglob("*")) == ["main.py", "model.tflite", "src"]
 
 
 def test_verbose_logs_decisions(tiny_model):

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from delegate import CacheError, CompileOptions, PluginError, read_model
-from delegate.gpu.cache import CacheWarning, EntryStore
+from delegate.cache import CacheWarning, EntryStore
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor

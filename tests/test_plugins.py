@@ -8,7 +8,7 @@ import pytest
 import delegate
 from delegate import hookspecs
 from delegate.backend import BackendInfo
-from delegate.errors import PluginError
+from delegate.errors import CompileError, PluginError
 from delegate.planner import PlacementSettings
 from delegate.plugins import PluginManager
 from delegate.session import BackendFallbackWarning, RunSettings, Session
@@ -135,7 +135,7 @@ def test_failing_backend_falls_back_to_cpu_once():
     assert all(p.backend == "cpu" for p in session.executor.partitions)
     np.testing.assert_allclose(session.run([x])["tanh"], Session(model, RunSettings()).run([x])["tanh"])
     settings.fallback = False
-    with pytest.raises(RuntimeError, match="simulated compiler crash"):
+    with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash"):
         Session(model, settings)
 
 

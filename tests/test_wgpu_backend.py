@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions, read_model
 from delegate.errors import CacheError, PluginError
-from delegate.gpu.cache import CacheWarning
+from delegate.cache import CacheWarning
 from delegate.partition import make_partition
 from delegate.planner import PlacementSettings
 from delegate.plugins import default_manager
@@ -453,6 +453,18 @@ def test_entries_are_keyed_by_precision(backend, tmp_path):
     half = CompileOptions(precision="fp16", cache_dir=str(tmp_path / "cache"), model_token="keyed")
     assert backend.compile(partition, half).describe()["plan_source"] == "planned"
     assert len(list((tmp_path / "cache" / "wgpu").glob("*.plan"))) == 2
+
+
+def test_new_weights_under_the_same_token_are_planned_again(backend, tmp_path):
+    """Issue 17 #8: the plan cache, keyed by the token alone, ran a new model's inputs through old weights."""
+    options = cached_options(tmp_path, "same-token")
+    inputs = [normal(np.random.default_rng(9), (1, 8, 8, 16))]
+    for seed, expected_source in ((1, "planned"), (2, "planned"), (2, "cache")):
+        model = deep_model(seed, layers=2, width=16)
+        g = read_model(model).main
+        compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), options)
+        assert compiled.describe()["plan_source"] == expected_source
+        assert_close(run_compiled(backend, g, compiled, inputs), litert_run(model, inputs), rtol=RTOL, atol=1e-5)
 
 
 def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import CompiledPartition, CompileOptions, Partition
-from delegate.gpu.cache import EntryStore, cache_key
+from delegate.cache import EntryStore, cache_key
 from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
 

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from delegate.errors import CompileError
-from delegate.gpu.cache import CacheWarning, EntryStore, cache_key
+from delegate.cache import CacheWarning, EntryStore, cache_key
 
 from . import __version__
 
@@ -127,7 +127,7 @@ class ProgramBuilder:
             origin = "cache" if program is not None else "source"
             self.memo[key] = program = program or self._from_source(source)
         # A build this process made earlier reaches a cache directory it had not seen yet.
-        if cache and (origin == "source" or (origin == "memory" and not cache.path(key, "bin").exists())):
+        if cache and (origin == "source" or (origin == "memory" and not cache.has(key, "bin"))):
             cache.store(key, "bin", self._binary(program))
         return Built(program, key, origin, time.perf_counter() - start)
 

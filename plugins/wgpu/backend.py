@@ -12,7 +12,7 @@ import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu import check_op, is_folded_dequantize, same_storage
-from delegate.gpu.cache import EntryStore, cache_key
+from delegate.cache import EntryStore, cache_key, ops_fingerprint
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.ir import Op
 
@@ -141,7 +141,7 @@ class WgpuBackend(Backend):
             return None, ""
         store = EntryStore(options.cache_dir, "wgpu", options.model_token)
         return store, cache_key({
-            "model": options.model_token, "ops": [(op.index, op.opcode, op.version) for op in partition.ops],
+            "model": options.model_token, "ops": ops_fingerprint(partition.ops),
             "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
             "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
             "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,

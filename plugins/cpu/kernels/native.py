@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
+from delegate.cache import EntryStore
+
 from .parallel import loaded_openblas, native_allowed, native_team
 
 log = logging.getLogger(__name__)
@@ -465,20 +467,28 @@ def _load() -> NativeLoops | None:
     except OSError as exc:
         log.info("cpu: the native loops' source is missing (%s); the numpy kernels run instead", exc)
         return None
-    cache = Path(platformdirs.user_cache_dir("delegate")) / "native"
+    store = EntryStore(native_cache_dir(), "cpu", "native")
     for flags in FLAG_SETS:
-        key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()]))
-        path = cache / f"native-{key.hexdigest()[:16]}.so"
-        if not path.exists() and not _build(compiler, flags, path):
-            continue
+        key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
+        library = store.load(key, "so")
+        if library is None:
+            library = _build(compiler, flags)
+            if library is None:
+                continue
+            store.store(key, "so", library)
         os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # read when libgomp loads, just below
         try:
-            return NativeLoops(ctypes.CDLL(str(path)))
+            return NativeLoops(_open_library(library))
         except OSError as exc:
             log.info("cpu: native loops did not load (%s); the numpy kernels run instead", exc)
             return None
     log.info("cpu: %s could not build the native loops; the numpy kernels run instead", " ".join(compiler))
     return None
+
+
+def native_cache_dir() -> Path:
+    """Where built libraries are kept (a cache of delegate.cache, with its checks)."""
+    return Path(platformdirs.user_cache_dir("delegate")) / "native-loops"
 
 
 def _compiler() -> list[str] | None:
@@ -489,20 +499,37 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def _build(compiler: list[str], flags: list[str], path: Path) -> bool:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        built = Path(tmp) / path.name
+def _build(compiler: list[str], flags: list[str]) -> bytes | None:
+    """The library built in a private temporary directory, or None when the compiler fails."""
+    with tempfile.TemporaryDirectory(prefix="delegate-native-") as tmp:
+        built = Path(tmp) / "native.so"
         command = [*compiler, *flags, "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
-            return False
+            return None
         if done.returncode != 0:
             log.debug("cpu: %s failed: %s", " ".join(command), done.stderr.strip())
-            return False
-        os.replace(built, path)  # atomic: concurrent builders each install a whole library
-    return True
+            return None
+        return built.read_bytes()
+
+
+def _open_library(library: bytes) -> ctypes.CDLL:
+    """Load the verified bytes themselves, never a path someone could swap after the check: from an
+    anonymous memory file where the system has one, else from a private temporary copy."""
+    if not library.startswith(b"\x7fELF") and platform.system() == "Linux":
+        raise OSError("not a shared library")
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("delegate-native", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, library)
+            return ctypes.CDLL(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="delegate-native-") as tmp:
+        copy = Path(tmp) / "native.so"
+        copy.write_bytes(library)
+        return ctypes.CDLL(str(copy))
 
 
 def _machine() -> str:
