@@ -290,3 +290,37 @@ def test_refit_of_a_queued_device_finds_its_host_launch_cost():
     refit(profile, observations, lambda op: False)
     assert profile.launch_us == pytest.approx(20.0, rel=0.05)
     assert profile.partition_us == pytest.approx(100.0, rel=0.05)
+
+
+def _corpus():
+    """The project's corpus: converter fixtures, built-in zoo models and the MediaPipe models LiteRT runs."""
+    from pathlib import Path
+
+    from delegate import zoo
+    from tests.mediapipe import NEEDS_MEDIAPIPE_OPS, mediapipe_models
+
+    fixtures = sorted(Path(__file__).parent.glob("fixtures/converter/*.tflite"))
+    mediapipe = [p for name, p in sorted(mediapipe_models().items()) if name not in NEEDS_MEDIAPIPE_OPS]
+    return [(p.name, p.read_bytes()) for p in fixtures + mediapipe] + \
+        [(f"zoo:{name}", zoo.build(name)) for name in sorted(zoo.ZOO)]
+
+
+@pytest.mark.network
+def test_shipped_defaults_leave_software_devices_idle():
+    """A GPU API served by the host's own cores (PoCL, lavapipe) is slower than the CPU backend's kernels: with
+    the shipped defaults every corpus model plans onto the CPU alone, as `--backends cpu` would."""
+    from delegate.config import load_config
+    from delegate.plugins import default_manager
+    from delegate.session import backend_profiles, instantiate_backends, run_settings
+    from delegate.planner import Planner
+
+    settings = run_settings(load_config(None))
+    backends, _ = instantiate_backends(settings.backends, default_manager(), True)
+    software = [n for n, b in backends.items() if n != "cpu" and b.device_info().get("device_type") == "cpu"]
+    assert software, "this test needs the software OpenCL/WebGPU devices the README's setup installs"
+    planner = Planner({n: backends[n] for n in software + ["cpu"]},
+                      backend_profiles(backends, settings.compile.num_threads), settings.compile, settings.placement)
+    for name, data in _corpus():
+        plan = planner.plan(read_model(data).main)
+        on = {p.backend for p in plan.partitions}
+        assert on == {"cpu"}, f"{name}: placed on {on} ({plan.chosen}, estimated {plan.estimated_ms:.3f} ms)"
