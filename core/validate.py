@@ -161,7 +161,9 @@ def _conv(op: Op) -> None:
     _bias(op, 2, units)
 
 
-@operands("DEPTHWISE_CONV_2D", inputs=(2, 3), optional=(2,))
+# Three inputs, as LiteRT's kernel reads them (with two it reads past the node's inputs and crashes;
+# an absent bias is -1 in the third slot).
+@operands("DEPTHWISE_CONV_2D", inputs=3, optional=(2,))
 def _depthwise(op: Op) -> None:
     x, w = op.inputs[0], op.inputs[1]
     _rank(x, 4)
@@ -527,7 +529,7 @@ def _fill(op: Op) -> None:
 
 # -- the door -------------------------------------------------------------------
 
-def check_quantization(t: Tensor) -> None:
+def _quantization(t: Tensor) -> None:
     """Scales finite and > 0 (>= 0 for int32/int64, which only carry them), zero points the tensor's
     type can hold, per-channel parameters one per channel of their axis."""
     q = t.quantization
@@ -535,25 +537,27 @@ def check_quantization(t: Tensor) -> None:
         return
     scale, zero = np.asarray(q.scale, np.float64), np.asarray(q.zero_point)
     where = f"tensor {t.index} ({t.name!r})"
-    if not np.isfinite(scale).all() or (scale < 0).any() or \
-            (t.dtype not in (DType.int32, DType.int64) and (scale <= 0).any()):
-        raise ModelFormatError(f"{where}: quantization scale {scale.tolist()[:4]} must be finite and > 0")
+    need(np.isfinite(scale).all() and (scale >= 0).all() and
+         (t.dtype in (DType.int32, DType.int64) or (scale > 0).all()),
+         f"{where}: quantization scale {scale.tolist()[:4]} must be finite and > 0")
     lo, hi = _QUANT_RANGE[t.dtype]
-    if zero.size and (int(zero.min()) < lo or int(zero.max()) > hi):
-        raise ModelFormatError(f"{where}: zero point {zero.tolist()[:4]} is outside {t.dtype.name}'s [{lo}, {hi}]")
+    need(not zero.size or lo <= int(zero.min()) and int(zero.max()) <= hi,
+         f"{where}: zero point {zero.tolist()[:4]} is outside {t.dtype.name}'s [{lo}, {hi}]")
     if scale.size > 1:
-        if not 0 <= q.axis < len(t.shape) or t.shape[q.axis] != scale.size:
-            raise ModelFormatError(f"{where}: {scale.size} per-channel scales on axis {q.axis} of shape "
-                                   f"{list(t.shape)}")
+        need(0 <= q.axis < len(t.shape) and t.shape[q.axis] == scale.size,
+             f"{where}: {scale.size} per-channel scales on axis {q.axis} of shape {list(t.shape)}")
 
 
 def check_operands(op: Op) -> None:
     """Raise ModelFormatError when ``op``'s operands break its OPERANDS entry."""
     entry = OPERANDS.get(op.opcode)
-    if entry is None:
-        return  # an op no backend here knows: the planner refuses it with its reason
-    lo, hi = entry.inputs
     try:
+        for t in [*op.inputs, *op.outputs]:
+            if t is not None:
+                _quantization(t)
+        if entry is None:
+            return  # an op no backend here knows: the planner refuses it with its reason
+        lo, hi = entry.inputs
         need(lo <= len(op.inputs) <= hi, f"takes {lo if lo == hi else f'{lo} to {hi}'} inputs, not {len(op.inputs)}")
         lo, hi = entry.outputs
         need(lo <= len(op.outputs) <= hi,
@@ -575,8 +579,6 @@ def validate_graph(graph: Subgraph) -> None:
     placeholders (converters write batch 1 even past a SPACE_TO_BATCH_ND), so
     they are first recomputed from the inputs, as TFLite does when preparing.
     """
-    for t in graph.tensors:
-        check_quantization(t)
     if any(t.is_dynamic for t in graph.inputs):
         try:
             propagate(graph, strict=False)
