@@ -276,15 +276,16 @@ def _detection_postprocess(op: Op) -> None:
 
 # -- shapes and data movement ---------------------------------------------------
 
-@operands("RESHAPE", inputs=(1, 2), optional=(1,))
+# A shape input given as absent (-1) is refused: LiteRT reads it when the node has two inputs, and crashes.
+@operands("RESHAPE", inputs=(1, 2))
 def _reshape(op: Op) -> None:
     target = _const(op, 1)
     if target is None:
         if op.input(1) is not None:
             return  # computed at run time; the kernel checks the product
-        target = np.asarray(op.options.get("new_shape", []))
-        if not op.options.get("new_shape") and op.outputs:
-            return
+        if not op.options.get("new_shape"):
+            return  # the declared output shape stands, as in LiteRT
+        target = np.asarray(op.options["new_shape"])
     dims = [int(v) for v in target.ravel()]
     need(dims.count(-1) <= 1 and all(d >= -1 for d in dims), f"target shape {dims} has more than one -1 "
                                                              f"or a negative dimension")
