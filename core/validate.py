@@ -38,12 +38,14 @@ def need(condition, rule: str) -> None:
 @dataclass(frozen=True)
 class Operands:
     """What an op takes: input and output counts (inclusive ranges), the input slots that may be
-    absent, and a check of its operands and options."""
+    absent, whether its outputs keep the type of its data input (``keeps_type``: the slot), and a
+    check of its operands and options."""
 
     inputs: tuple[int, int]
     outputs: tuple[int, int] = (1, 1)
     optional: frozenset[int] = frozenset()
     check: Callable[[Op], None] | None = None
+    keeps_type: int | None = None
 
 
 OPERANDS: dict[str, Operands] = {}
@@ -55,14 +57,14 @@ _QUANT_RANGE = {DType.int8: (-128, 127), DType.uint8: (0, 255), DType.int16: (-3
 MAX_DETECTIONS = 1 << 16
 
 
-def operands(*opcodes: str, inputs, outputs=(1, 1), optional=()):
+def operands(*opcodes: str, inputs, outputs=(1, 1), optional=(), keeps_type: int | None = None):
     """Register an op's Operands entry; used bare, or as a decorator adding its check."""
     lo_hi = inputs if isinstance(inputs, tuple) else (inputs, inputs)
     out_range = outputs if isinstance(outputs, tuple) else (outputs, outputs)
 
     def register(check=None):
         for code in opcodes:
-            OPERANDS[code] = Operands(lo_hi, out_range, frozenset(optional), check)
+            OPERANDS[code] = Operands(lo_hi, out_range, frozenset(optional), check, keeps_type)
         return check
     register()
     return register
@@ -97,9 +99,10 @@ def _same_dtype(op: Op, slots) -> None:
          f"inputs {[t.index for t in tensors]} must share one type, not {[t.dtype.name for t in tensors]}")
 
 
-def _output_like_input(op: Op) -> None:
-    need(op.outputs[0].dtype == op.inputs[0].dtype,
-         f"output type {op.outputs[0].dtype.name} must be the input's {op.inputs[0].dtype.name}")
+def _output_like_input(op: Op, slot: int = 0) -> None:
+    for t in op.outputs:
+        need(t.dtype == op.inputs[slot].dtype,
+             f"output {t.index} of type {t.dtype.name} must have input {slot}'s type {op.inputs[slot].dtype.name}")
 
 
 def _bias(op: Op, slot: int, units: int) -> None:
@@ -121,12 +124,16 @@ def _binary(op: Op) -> None:
 
 
 _UNARY_WITH_AXIS = ("CUMSUM",)
-operands(*(code for code in ELEMENTWISE_UNARY if code not in _UNARY_WITH_AXIS + ("CAST", "QUANTIZE",
-                                                                                    "DEQUANTIZE")), inputs=1)
-operands("CAST", "QUANTIZE", "DEQUANTIZE", "DENSIFY", "SHAPE", "ZEROS_LIKE", inputs=1)
+# Unary ops keep their input's type, but for casts and SOFTMAX (int8 in, int16 out in LiteRT).
+_CHANGE_TYPE = ("CAST", "QUANTIZE", "DEQUANTIZE", "SOFTMAX")
+operands(*(code for code in ELEMENTWISE_UNARY if code not in _UNARY_WITH_AXIS + _CHANGE_TYPE),
+         inputs=1, keeps_type=0)
+operands("SOFTMAX", inputs=1)
+operands("CAST", "QUANTIZE", "DEQUANTIZE", "SHAPE", inputs=1)
+operands("DENSIFY", "ZEROS_LIKE", inputs=1, keeps_type=0)
 
 
-@operands("CUMSUM", inputs=2)
+@operands("CUMSUM", inputs=2, keeps_type=0)
 def _cumsum(op: Op) -> None:
     axis = _const(op, 1)
     if axis is not None:
@@ -134,7 +141,7 @@ def _cumsum(op: Op) -> None:
         _axis(int(axis.ravel()[0]), len(op.inputs[0].shape))
 
 
-@operands("SELECT", "SELECT_V2", inputs=3)
+@operands("SELECT", "SELECT_V2", inputs=3, keeps_type=1)
 def _select(op: Op) -> None:
     _same_dtype(op, (1, 2))
     need(op.inputs[0].dtype == DType.bool, "the condition must be bool")
@@ -178,13 +185,12 @@ def _depthwise(op: Op) -> None:
     _bias(op, 2, units)
 
 
-@operands("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", inputs=1)
+@operands("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", inputs=1, keeps_type=0)
 def _pool(op: Op) -> None:
     _rank(op.inputs[0], 4)
     _positive(op, "stride_h", "stride_w")
     for key in ("filter_height", "filter_width"):
         need(int(op.options.get(key, 0)) >= 1, f"{key} must be >= 1, not {op.options.get(key)}")
-    _output_like_input(op)
 
 
 @operands("TRANSPOSE_CONV", inputs=(3, 4), optional=(3,))
@@ -277,7 +283,7 @@ def _detection_postprocess(op: Op) -> None:
 # -- shapes and data movement ---------------------------------------------------
 
 # A shape input given as absent (-1) is refused: LiteRT reads it when the node has two inputs, and crashes.
-@operands("RESHAPE", inputs=(1, 2))
+@operands("RESHAPE", inputs=(1, 2), keeps_type=0)
 def _reshape(op: Op) -> None:
     target = _const(op, 1)
     if target is None:
@@ -296,14 +302,14 @@ def _reshape(op: Op) -> None:
         need(known == size, f"target shape {dims} holds {known} values, the input {size}")
 
 
-@operands("SQUEEZE", inputs=1)
+@operands("SQUEEZE", inputs=1, keeps_type=0)
 def _squeeze(op: Op) -> None:
     shape = op.inputs[0].shape
     for d in op.options.get("squeeze_dims", []) or []:
         need(shape[_axis(int(d), len(shape), "squeeze dimension")] == 1, f"dimension {d} is not 1")
 
 
-@operands("EXPAND_DIMS", inputs=2)
+@operands("EXPAND_DIMS", inputs=2, keeps_type=0)
 def _expand_dims(op: Op) -> None:
     axis = _const(op, 1)
     if axis is not None:
@@ -311,7 +317,7 @@ def _expand_dims(op: Op) -> None:
         _axis(int(axis.ravel()[0]), len(op.inputs[0].shape) + 1)
 
 
-@operands("CONCATENATION", inputs=(1, 1 << 16))
+@operands("CONCATENATION", inputs=(1, 1 << 16), keeps_type=0)
 def _concatenation(op: Op) -> None:
     _same_dtype(op, range(len(op.inputs)))
     first = op.inputs[0].shape
@@ -321,7 +327,7 @@ def _concatenation(op: Op) -> None:
              f"input {t.index} of shape {list(t.shape)} does not stack with {list(first)} on axis {axis}")
 
 
-@operands("PACK", inputs=(1, 1 << 16))
+@operands("PACK", inputs=(1, 1 << 16), keeps_type=0)
 def _pack(op: Op) -> None:
     _same_dtype(op, range(len(op.inputs)))
     need(int(op.options.get("values_count", len(op.inputs))) == len(op.inputs),
@@ -330,7 +336,7 @@ def _pack(op: Op) -> None:
     _axis(int(op.options.get("axis", 0)), len(op.inputs[0].shape) + 1)
 
 
-@operands("UNPACK", inputs=1, outputs=(1, 1 << 16))
+@operands("UNPACK", inputs=1, outputs=(1, 1 << 16), keeps_type=0)
 def _unpack(op: Op) -> None:
     shape = op.inputs[0].shape
     need(shape, "cannot unpack a scalar")
@@ -339,7 +345,7 @@ def _unpack(op: Op) -> None:
          f"dimension {axis} ({shape[axis]}) differs from num / the {len(op.outputs)} outputs")
 
 
-@operands("SPLIT", inputs=2, outputs=(1, 1 << 16))
+@operands("SPLIT", inputs=2, outputs=(1, 1 << 16), keeps_type=1)
 def _split(op: Op) -> None:
     shape = op.inputs[1].shape
     n = int(op.options.get("num_splits", 0))
@@ -350,7 +356,7 @@ def _split(op: Op) -> None:
         need(shape[a] % n == 0, f"dimension {a} ({shape[a]}) does not split {n} ways")
 
 
-@operands("SPLIT_V", inputs=3, outputs=(1, 1 << 16))
+@operands("SPLIT_V", inputs=3, outputs=(1, 1 << 16), keeps_type=0)
 def _split_v(op: Op) -> None:
     sizes, axis, shape = _const(op, 1), _const(op, 2), op.inputs[0].shape
     if sizes is None or axis is None:
@@ -364,7 +370,7 @@ def _split_v(op: Op) -> None:
          f"sizes {sizes} do not split dimension {a} ({shape[a]})")
 
 
-@operands("TRANSPOSE", inputs=2)
+@operands("TRANSPOSE", inputs=2, keeps_type=0)
 def _transpose(op: Op) -> None:
     perm = _const(op, 1)
     if perm is not None:
@@ -372,7 +378,7 @@ def _transpose(op: Op) -> None:
              f"{perm.ravel().tolist()} is not a permutation of rank {len(op.inputs[0].shape)}")
 
 
-@operands("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL", inputs=2)
+@operands("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL", inputs=2, keeps_type=0)
 def _reduce(op: Op) -> None:
     axes, rank = _const(op, 1), len(op.inputs[0].shape)
     if axes is not None:
@@ -400,7 +406,7 @@ def _pairs(op: Op, slot: int, what: str) -> np.ndarray | None:
     return values
 
 
-@operands("PAD", "PADV2", "MIRROR_PAD", inputs=(2, 3), optional=(2,))
+@operands("PAD", "PADV2", "MIRROR_PAD", inputs=(2, 3), optional=(2,), keeps_type=0)
 def _pad(op: Op) -> None:
     need(op.opcode == "PADV2" or len(op.inputs) == 2 or op.input(2) is None, f"{op.opcode} takes 2 inputs")
     pads = _pairs(op, 1, "paddings")
@@ -413,7 +419,7 @@ def _pad(op: Op) -> None:
              "the pad value must be one value of the input's type")
 
 
-@operands("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", inputs=2)
+@operands("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", inputs=2, keeps_type=0)
 def _resize(op: Op) -> None:
     x, size = op.inputs
     _rank(x, 4)
@@ -426,7 +432,7 @@ def _resize(op: Op) -> None:
          "align_corners and half_pixel_centers exclude each other")
 
 
-@operands("DEPTH_TO_SPACE", "SPACE_TO_DEPTH", inputs=1)
+@operands("DEPTH_TO_SPACE", "SPACE_TO_DEPTH", inputs=1, keeps_type=0)
 def _depth_space(op: Op) -> None:
     x = op.inputs[0]
     _rank(x, 4)
@@ -438,7 +444,7 @@ def _depth_space(op: Op) -> None:
         need(x.shape[1] % b == 0 and x.shape[2] % b == 0, f"height and width must be multiples of {b}")
 
 
-@operands("SPACE_TO_BATCH_ND", "BATCH_TO_SPACE_ND", inputs=3)
+@operands("SPACE_TO_BATCH_ND", "BATCH_TO_SPACE_ND", inputs=3, keeps_type=0)
 def _space_batch(op: Op) -> None:
     shape, block = op.inputs[0].shape, _const(op, 1)
     if block is None:
@@ -462,7 +468,7 @@ def _space_batch(op: Op) -> None:
         need(shape[0] % math.prod(block) == 0, f"batch {shape[0]} is not a multiple of {math.prod(block)}")
 
 
-@operands("SLICE", inputs=3)
+@operands("SLICE", inputs=3, keeps_type=0)
 def _slice(op: Op) -> None:
     begin, size, shape = _const(op, 1), _const(op, 2), op.inputs[0].shape
     if begin is None or size is None:
@@ -473,14 +479,14 @@ def _slice(op: Op) -> None:
         need(0 <= b <= d and s >= -1 and (s == -1 or b + s <= d), f"slice [{b}, +{s}] leaves dimension {d}")
 
 
-@operands("STRIDED_SLICE", inputs=4)
+@operands("STRIDED_SLICE", inputs=4, keeps_type=0)
 def _strided_slice(op: Op) -> None:
     strides = _const(op, 3)
     if strides is not None:
         need((strides != 0).all(), "strides must be non-zero")
 
 
-@operands("GATHER", inputs=2)
+@operands("GATHER", inputs=2, keeps_type=0)
 def _gather(op: Op) -> None:
     params, indices = op.inputs
     need(params.shape, "cannot gather from a scalar")
@@ -495,7 +501,7 @@ def _gather(op: Op) -> None:
              f"index {values.min() if values.min() < 0 else values.max()} is out of range [0, {params.shape[axis]})")
 
 
-@operands("GATHER_ND", inputs=2)
+@operands("GATHER_ND", inputs=2, keeps_type=0)
 def _gather_nd(op: Op) -> None:
     params, indices = op.inputs
     need(indices.shape and indices.shape[-1] <= len(params.shape), "indices address more dimensions than params has")
@@ -505,7 +511,7 @@ def _gather_nd(op: Op) -> None:
         need(((values >= 0) & (values < limits)).all(), "an index is out of range")
 
 
-@operands("TILE", inputs=2)
+@operands("TILE", inputs=2, keeps_type=0)
 def _tile(op: Op) -> None:
     reps = _const(op, 1)
     if reps is not None:
@@ -513,14 +519,14 @@ def _tile(op: Op) -> None:
              f"multiples {reps.ravel().tolist()} must be {len(op.inputs[0].shape)} values >= 0")
 
 
-@operands("BROADCAST_TO", inputs=2)
+@operands("BROADCAST_TO", inputs=2, keeps_type=0)
 def _broadcast_to(op: Op) -> None:
     shape = _const(op, 1)
     if shape is not None:
         need((shape >= 0).all(), f"shape {shape.ravel().tolist()} has a negative dimension")
 
 
-@operands("FILL", inputs=2)
+@operands("FILL", inputs=2, keeps_type=1)
 def _fill(op: Op) -> None:
     dims = _const(op, 0)
     if dims is not None:
@@ -565,6 +571,8 @@ def check_operands(op: Op) -> None:
              f"takes {lo if lo == hi else f'{lo} to {hi}'} outputs, not {len(op.outputs)}")
         for i, t in enumerate(op.inputs):
             need(t is not None or i in entry.optional, f"input {i} is required")
+        if entry.keeps_type is not None:
+            _output_like_input(op, entry.keeps_type)
         if entry.check is not None:
             entry.check(op)
     except Invalid as exc:
