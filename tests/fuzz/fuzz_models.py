@@ -5,7 +5,10 @@ reader; structure mutations (operand shapes, op options, quantization
 parameters, constant operands, rewired inputs, custom options) are made on the
 IR and written out, so they pass the reader and attack validation, the
 kernels, the LiteRT engine and the native loops behind it.  Each case is read,
-loaded (CPU backend, default engine) and run once on seeded inputs.
+loaded on the CPU backend and run once on seeded inputs with the numpy engine
+(the project's kernels and native loops), then with the default engine (LiteRT
+where it takes the model), and the two compared ("disagrees" counts the cases
+whose outputs differ past float rounding).
 
 Every outcome must be a result or one of the package's errors (a DelegateError
 subclass, by class name).  Any other exception, a crash of the process (cases
@@ -248,29 +251,54 @@ def case(seeds: list[bytes], seed: int, i: int) -> tuple[str, bytes]:
 
 
 def check(data: bytes) -> str:
-    """Outcome of one case: read, load on the CPU backend (default engine) and run once on seeded
-    inputs.  "result", or the class name of the package error it ended in; raises otherwise."""
+    """Outcome of one case: read, load on the CPU backend and run once on seeded inputs, with the
+    numpy engine (the project's kernels and native loops) and then the default one (LiteRT where it
+    takes the model).  "result" (both ran and agree), "disagrees" (both ran, outputs differ past
+    float rounding), or the class name of the package error the numpy engine ended in; raises on
+    anything else."""
     import delegate
     from delegate import DelegateError
 
     try:
-        session = delegate.load(data, backends=["cpu"])
-        rng = np.random.default_rng(0)
-        inputs = []
-        for t in session.graph.inputs:
-            dtype = t.dtype.numpy
-            if dtype is None or dtype.kind not in "biuf":
-                inputs.append(np.zeros(t.shape, dtype or np.float32))
-            elif dtype.kind in "iu":
-                info = np.iinfo(dtype)
-                inputs.append(rng.integers(max(info.min, -100), min(info.max, 100), t.shape, endpoint=True)
-                              .astype(dtype))
-            else:
-                inputs.append(rng.standard_normal(t.shape).astype(dtype))
-        session.run(inputs)
+        session = delegate.load(data, backends=["cpu"], **{"cpu.engine": "numpy"})
+        inputs = _inputs(session.graph.inputs)
+        ours = session.run(inputs)
     except DelegateError as exc:
         return type(exc).__name__
-    return "result"
+    try:
+        reference = delegate.load(data, backends=["cpu"]).run(inputs)
+    except DelegateError:
+        return "result"  # validation and our kernels took it; LiteRT refused it cleanly
+    return "result" if all(_close(ours[k], reference[k]) for k in ours) else "disagrees"
+
+
+def _inputs(tensors) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    inputs = []
+    for t in tensors:
+        dtype = t.dtype.numpy
+        if dtype is None or dtype.kind not in "biuf":
+            inputs.append(np.zeros(t.shape, dtype or np.float32))
+        elif dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            inputs.append(rng.integers(max(info.min, -100), min(info.max, 100), t.shape, endpoint=True).astype(dtype))
+        else:
+            inputs.append(rng.standard_normal(t.shape).astype(dtype))
+    return inputs
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to float rounding (relative to the output's range) or one quantization step.  Where
+    either is inf or NaN the values are not compared: mutated weights of 1e38 overflow in an order
+    that depends on how the sums run."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "iub" or b.dtype.kind in "iub":
+        return a.size == 0 or int(np.abs(a.astype(np.int64) - b.astype(np.int64)).max()) <= 1
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    finite = np.isfinite(a) & np.isfinite(b)
+    scale = max(float(np.abs(b[finite]).max()) if finite.any() else 0.0, 1.0)
+    return not finite.any() or float(np.abs(a[finite] - b[finite]).max()) <= 1e-4 * scale
 
 
 def worker(seed: int, start: int, count: int, extra: list[Path], timeout: float, max_memory_mb: int) -> int:
@@ -305,7 +333,7 @@ def run(count: int, seed: int, timeout: float, out: Path | None, extra: list[Pat
         max_memory_mb: int = 4096) -> dict:
     """Cases 0..count-1 in a worker subprocess, restarted after each crash; the counts per kind."""
     outcomes = {kind: Counter() for kind in KINDS}
-    failures, started, next_case = [], time.perf_counter(), 0
+    failures, disagreements, started, next_case = [], [], time.perf_counter(), 0
     root = Path(__file__).resolve().parents[2]
     while next_case < count:
         command = [sys.executable, "-m", "tests.fuzz.fuzz_models", "--worker", "--seed", str(seed), "--start",
@@ -329,6 +357,8 @@ def run(count: int, seed: int, timeout: float, out: Path | None, extra: list[Pat
             next_case = i + 1
             if failure is None:
                 outcomes[kind][outcome] += 1
+                if outcome == "disagrees":
+                    disagreements.append(i)
             else:
                 failures.append((i, kind, failure))
         code = proc.wait()
@@ -337,15 +367,15 @@ def run(count: int, seed: int, timeout: float, out: Path | None, extra: list[Pat
             failures.append((next_case, kind, "hang" if hung else f"crash (exit {code})"))
             outcomes[kind]["crash"] += 1
             next_case += 1
-    if out is not None and failures:
+    if out is not None and (failures or disagreements):
         out.mkdir(parents=True, exist_ok=True)
         seeds = seed_models() + [p.read_bytes() for p in extra]
-        for i, kind, why in failures:
+        for i, kind, why in failures + [(i, KINDS[i % len(KINDS)], "disagrees") for i in disagreements]:
             (out / f"case{i}.tflite").write_bytes(case(seeds, seed, i)[1])
             (out / f"case{i}.txt").write_text(f"{kind}: {why}")
     return {"cases": count, "seed": seed, "seconds": round(time.perf_counter() - started, 1),
             "outcomes": {kind: dict(c) for kind, c in outcomes.items()},
-            "failures": [list(f) for f in failures]}
+            "failures": [list(f) for f in failures], "disagreements": disagreements}
 
 
 def main(argv=None) -> int:
