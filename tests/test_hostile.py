@@ -223,3 +223,15 @@ def test_integer_inputs_outside_their_type_are_refused():
     wide = delegate.load(b.to_bytes(), backends=["cpu"])
     with pytest.raises(ExecutionError, match="do not fit"):
         wide.run([np.array([[2 ** 40, 0, 1, 2]], np.int64)])
+
+
+def test_absent_option_table_means_litert_zeros():
+    """SOFTMAX without its option table: LiteRT's beta is 0 (uniform outputs), not 1 (found by the fuzzer)."""
+    from tests.oputil import check_against_litert
+    b = GraphBuilder()
+    x = b.input("x", (1, 8))
+    b.output(b.op("SOFTMAX", [x], options={"beta": 1.0}))
+    b.ops[0].options, b.ops[0].options_type = {}, None  # written without a table
+    data = b.to_bytes()
+    assert read_model(data).main.ops[0].options == {"beta": 0.0}
+    check_against_litert(data, [np.arange(8, dtype=np.float32)[None]], builtin=True)
