@@ -394,22 +394,22 @@ def _arg(op: Op) -> None:
         _axis(int(axis.ravel()[0]), len(op.inputs[0].shape))
 
 
-def _pairs(op: Op, slot: int, what: str) -> np.ndarray | None:
-    """A constant (rank, 2) operand (paddings, crops) as int64, or None when computed at run time."""
-    values = _const(op, slot)
+def _paddings(op: Op) -> np.ndarray | None:
+    """The constant (rank, 2) paddings as int64, or None when computed at run time."""
+    values = _const(op, 1)
     if values is None:
         return None
-    rank = len(op.inputs[0].shape) if what != "crops" else values.size // 2
-    need(values.size == 2 * rank and values.dtype.kind in "iu", f"{what} must be {rank} int pairs")
+    rank = len(op.inputs[0].shape)
+    need(values.size == 2 * rank and values.dtype.kind in "iu", f"paddings must be {rank} int pairs")
     values = values.reshape(-1, 2).astype(np.int64)
-    need((values >= 0).all(), f"{what} {values.tolist()} must be >= 0")
+    need((values >= 0).all(), f"paddings {values.tolist()} must be >= 0")
     return values
 
 
 @operands("PAD", "PADV2", "MIRROR_PAD", inputs=(2, 3), optional=(2,), keeps_type=0)
 def _pad(op: Op) -> None:
     need(op.opcode == "PADV2" or len(op.inputs) == 2 or op.input(2) is None, f"{op.opcode} takes 2 inputs")
-    pads = _pairs(op, 1, "paddings")
+    pads = _paddings(op)
     if op.opcode == "MIRROR_PAD" and pads is not None:
         reflect = op.options.get("mode", "REFLECT") == "REFLECT"
         for d, (before, after) in zip(op.inputs[0].shape, pads):

@@ -328,7 +328,7 @@ class NativeLoops:
         # np.asarray keeps a scalar shift 0-d (ascontiguousarray would make it 1-d): shared by all channels.
         multiplier, offset, shift, *ties = (np.asarray(v, np.int64) for v in constants)
         channels = acc.shape[-1] if acc.ndim else 1
-        fits(all(v.size in (1, channels) and (v.size == channels or v is shift) for v in (multiplier, offset, shift))
+        fits(multiplier.size == offset.size == channels and (shift.ndim == 0 or shift.size == channels)
              and all(t.size == channels for t in ties) and len(ties) in (0, 2),
              f"rescale constants do not fit {channels} channels")
         self.library.rescale_rows(acc.ctypes.data, acc.dtype == np.float64, acc_stride, multiplier.ctypes.data,
