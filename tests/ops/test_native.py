@@ -171,3 +171,22 @@ def test_partition_team_follows_the_typical_op():
     assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
     assert native.partition_team(_conv_ops([4]), 2) == 1
     assert native.partition_team([], 6) == 6
+
+
+@needs_compiler
+def test_calls_that_do_not_fit_their_arrays_are_refused(loops):
+    """The ctypes boundary: a call whose arrays do not hold what its loops address never reaches C."""
+    from delegate import ExecutionError
+    x = np.ones((1, 4, 4, 3), np.float32)
+    with pytest.raises(ExecutionError, match="pad"):
+        loops.pad_rows(x, np.empty((1, 4, 4, 1), np.float32), 0, -2, 0.0, 1)  # a negative channel pad
+    with pytest.raises(ExecutionError, match="pad"):
+        loops.pad_rows(x, np.empty((1, 4, 4, 5), np.int8), 0, 2, 0.0, 1)  # floats into int8
+    with pytest.raises(ExecutionError, match="geometry"):
+        native.Geometry.around(x, ((1, 4, 4, 3), (48, 12, 3, 1)), (3, 3), (1, 1, 0, 1), (1, 1))  # dilation 0
+    where = native.Geometry.around(x, np.empty((1, 4, 4, 3), np.float32), (3, 3), (1, 1, 1, 1), (1, 1))
+    with pytest.raises(ExecutionError, match="differ"):
+        loops.pool(x, np.empty((1, 2, 4, 3), np.float32), where, True, 1)  # fewer rows than the geometry
+    with pytest.raises(ExecutionError, match="taps"):
+        loops.depthwise(x, native.DepthwiseTaps(np.ones((9, 5), np.float32)), np.empty((1, 4, 4, 3), np.float32),
+                        where, 1)  # a filter of 5 channels over 3
