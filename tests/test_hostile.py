@@ -235,3 +235,16 @@ def test_absent_option_table_means_litert_zeros():
     data = b.to_bytes()
     assert read_model(data).main.ops[0].options == {"beta": 0.0}
     check_against_litert(data, [np.arange(8, dtype=np.float32)[None]], builtin=True)
+
+
+def test_litert_refusal_under_engine_auto_is_reported():
+    """A validated partition LiteRT refuses (a CONV_2D without bias) runs on the numpy engine, and says why."""
+    import delegate
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    b.output(b.op("CONV_2D", [x, b.const("w", np.ones((2, 3, 3, 3), np.float32)), None], options=SAME))
+    session = delegate.load(b.to_bytes(), backends=["cpu"], **{"cpu.engine": "auto"})
+    described = session.executor.compiled[0].describe()
+    assert described["engine"] == "numpy" and "LiteRT could not take partition 0" in described["litert_refused"]
+    out = list(session.run([np.ones((1, 4, 4, 3), np.float32)]).values())[0]
+    assert out[0, 1, 1].tolist() == [27.0, 27.0]  # an interior pixel: 3x3x3 ones
