@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+NATIVE_HOSTILE = "door or 262144 or grouped or depth_multiplier or every_known_op or outside_their_type"
 # Proves the instrumented library is the one loaded (its undefined symbols name ASan's entry points).
 PROBE = ("from delegate_cpu.kernels import native; loops = native.native_loops(); "
          "assert loops is not None, 'no native loops'; "
@@ -36,8 +37,10 @@ def test_native_loops_under_address_sanitizer():
     probe = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
+    # Of the hostile tests, those that reach the native loops or only validate: under ASan's
+    # interceptor a C++ exception LiteRT throws (a model it refuses) aborts the process.
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           "tests/ops/test_native.py", "tests/test_hostile.py", "-k", "not subprocess"],
+                           "tests/ops/test_native.py", "tests/test_hostile.py", "-k", NATIVE_HOSTILE],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert " passed" in done.stdout
