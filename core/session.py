@@ -472,9 +472,14 @@ def checked_input(t: Tensor, value: Any) -> np.ndarray:
     if t.dtype.numpy is None:
         raise InputError(f"input {t.name!r} is a {t.dtype.name} tensor; only numeric inputs can be given")
     if arr.dtype != t.dtype.numpy:
-        if arr.dtype.kind == t.dtype.numpy.kind or (arr.dtype.kind in "iu" and t.dtype.numpy.kind in "iu"
-                                                    and np.can_cast(arr.dtype, t.dtype.numpy)):
-            arr = arr.astype(t.dtype.numpy)
+        target = t.dtype.numpy
+        if arr.dtype.kind == target.kind and target.kind in "iu" and not np.can_cast(arr.dtype, target) \
+                and arr.size and (arr.min() < np.iinfo(target).min or arr.max() > np.iinfo(target).max):
+            raise InputError(f"input {t.name!r} expects {t.dtype.name}: its values [{arr.min()}, {arr.max()}] "
+                             f"do not fit (they would wrap)")
+        if arr.dtype.kind == target.kind or (arr.dtype.kind in "iu" and target.kind in "iu"
+                                             and np.can_cast(arr.dtype, target)):
+            arr = arr.astype(target)
         else:
             raise InputError(f"input {t.name!r} expects {t.dtype.name}, got {arr.dtype}")
     if tuple(arr.shape) != t.shape:

@@ -28,6 +28,11 @@ def rule(*opcodes: str):
     return register
 
 
+# Ops whose output shapes are what the model declares: a variable's or a called subgraph's, not a
+# function of the op's own inputs (so there is no rule to check them against).
+DECLARED_SHAPES = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE", "IF", "WHILE"})
+
+
 def has_rule(opcode: str) -> bool:
     return opcode in _RULES
 

@@ -155,8 +155,12 @@ def test_corrupt_model_and_debug_traceback(tmp_path):
 
 def test_calibrate_stores_a_profile_that_plans_use(tmp_path, monkeypatch):
     monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
-    doc = as_json("calibrate", "--backends", "cpu", "--set", "cpu.engine=numpy")
-    row = doc["profiles"][0]
+    for _ in range(3):  # a refusal (exit 11: the machine was busy) says to retry when it is quiet
+        proc = delegate("calibrate", "--backends", "cpu", "--set", "cpu.engine=numpy", "--json", check=False)
+        if proc.returncode != 11:
+            break
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["profiles"][0]
     assert row["backend"] == "cpu" and row["gflops"] > 0 and row["gbytes_per_s"] > 0 and row["launch_us"] > 0
     assert row["partition_us"] >= 0
     saved = json.loads(open(row["profile"]).read())

@@ -394,7 +394,8 @@ def test_the_native_library_is_loaded_only_from_a_verified_entry(tmp_path, monke
     monkeypatch.setattr(native, "_build", lambda compiler, flags: builds.append(flags) or library)
     assert native._load() is not None and len(builds) == 1
     planted = EntryStore(native.native_cache_dir(), "cpu", "native")
-    path = planted.path(header["key"], "so")
+    (key,) = [h["key"] for sub, _, h, _ in entries(native.native_cache_dir()) if sub == "cpu"]  # the one just built
+    path = planted.path(key, "so")
     assert path.parent == tmp_path / "delegate" / "native-loops" / "cpu"
     raw = path.read_bytes()
     head, _, payload = raw.partition(b"\n")

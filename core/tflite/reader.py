@@ -269,6 +269,9 @@ class _Reader:
                 if options_type is None:
                     raise ModelFormatError(f"subgraph {si} {where}: unknown builtin options type {otype2}")
                 options = schema.decode_options(options_type, fop.BuiltinOptions2())
+        expected = None if custom else schema.options_table_for(opcode)
+        if expected is not None and options_type != expected:
+            options, options_type = schema.absent_options(expected), expected
         custom_options = None
         if not fop.CustomOptionsIsNone():
             self.length(fop, "CustomOptions", where, 1)

@@ -112,6 +112,28 @@ def decode_options(table_name: str, table) -> dict[str, Any]:
     return out
 
 
+@lru_cache(maxsize=None)
+def _absent_options(table_name: str) -> tuple[tuple[str, Any], ...]:
+    import flatbuffers
+
+    builder = flatbuffers.Builder(64)
+    builder.Finish(encode_options(builder, table_name, {}))
+    data = bytes(builder.Output())
+    defaults = decode_options(table_name, flatbuffers.table.Table(data, int.from_bytes(data[:4], "little")))
+
+    def zero(key: str, value: Any) -> Any:
+        if key in ENUM_FIELDS:
+            return ENUM_FIELDS[key].get(0, 0)
+        return [] if isinstance(value, list) else "" if isinstance(value, str) else type(value)(0)
+    return tuple((key, zero(key, value)) for key, value in defaults.items())
+
+
+def absent_options(table_name: str) -> dict[str, Any]:
+    """The options an op has when its table is absent (or another op's): LiteRT parses none and
+    leaves its parameters zero (SOFTMAX's beta 0, not 1), so every field is zero here too."""
+    return dict(_absent_options(table_name))
+
+
 def encode_options(builder, table_name: str, options: dict[str, Any]) -> int:
     """Write a snake_case options dict as an option table; returns its offset."""
     module, _ = options_class(table_name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -21,9 +22,13 @@ from .kernels.common import constant, known_at_compile_time, start_scratch_op
 from .kernels.native import partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
+log = logging.getLogger(__name__)
+
 
 class CpuCompiled(CompiledPartition):
     """Kernels bound to preallocated buffers; ``run`` only calls them in order."""
+
+    litert_refused: str | None = None  # why LiteRT did not take it, under engine auto
 
     def __init__(self, partition: Partition, custom: dict[str, registry.Factory], num_threads: int = 1,
                  native: bool = True):
@@ -114,8 +119,11 @@ class CpuCompiled(CompiledPartition):
         return {i: float(np.median(v)) for i, v in (self.timings or {}).items()}
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
-                "fused": {str(follower): host for follower, host in self.fused.items()}}
+        described = {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
+                     "fused": {str(follower): host for follower, host in self.fused.items()}}
+        if self.litert_refused:
+            described["litert_refused"] = self.litert_refused
+        return described
 
 
 def initial_state(t: Tensor) -> np.ndarray:
@@ -307,19 +315,25 @@ class CpuBackend(Backend):
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
 
-        With ``auto`` a partition LiteRT cannot take (a custom op it lacks) stays on numpy.
+        With ``auto`` a partition LiteRT cannot take (a custom op it lacks) stays on numpy, its
+        refusal logged and kept in the compiled partition's description.  Either engine only ever
+        sees a model the session validated (delegate.validate) before planning.
         """
         engine = self.options.get("engine", "numpy")  # "auto" still falls back per partition
         if engine == "litert" and not litert_installed():
             raise CompileError("cpu engine 'litert' needs ai-edge-litert (pip install 'delegate[reference]')")
+        refused = None
         if engine in ("litert", "auto") and litert_installed():
             try:
                 return LitertCompiled(partition, options.num_threads)
             except (RuntimeError, ValueError) as exc:
+                refused = f"LiteRT could not take partition {partition.index}: {str(exc).splitlines()[0]}"
                 if engine == "litert":
-                    raise CompileError(f"LiteRT could not take partition {partition.index}: "
-                                       f"{str(exc).splitlines()[0]}") from None
-        return CpuCompiled(partition, self.custom, options.num_threads, self.options.get("native", True))
+                    raise CompileError(refused) from None
+                log.info("cpu: %s; it runs on the numpy engine", refused)
+        compiled = CpuCompiled(partition, self.custom, options.num_threads, self.options.get("native", True))
+        compiled.litert_refused = refused
+        return compiled
 
     def device_info(self) -> dict[str, Any]:
         return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__,

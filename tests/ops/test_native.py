@@ -49,12 +49,12 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
     x = rng.standard_normal(shape).astype(np.float32)
     weights = rng.standard_normal((kh, kw, c)).astype(np.float32)
     bias = rng.standard_normal(c).astype(np.float32)
-    out = np.full((oh, ow * c + 5), np.nan, np.float32)  # rows further apart than their width
-    where = native.Geometry(1, h, w, c, h * w * c, oh, ow, ow * c + 5, oh * (ow * c + 5), kh, kw, sh, sw, dh, dw, top,
-                            left)
+    rows = np.full((oh, ow * c + 5), np.nan, np.float32)  # rows further apart than their width
+    out = rows[:, :ow * c].reshape(1, oh, ow, c)
+    where = native.Geometry.around(x[None], out, kernel, steps, before)
     finish = native.Epilogue(bias, (-1.0, 1.0)).tiled(ow)
-    loops.depthwise(x, native.DepthwiseTaps(weights.reshape(kh * kw, c)), out, where, 2, finish)
-    out = out[:, :ow * c]
+    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(kh * kw, c)), out, where, 2, finish)
+    assert np.isnan(rows[:, ow * c:]).all()  # nothing written between the rows
     expected = _reference(x, out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel * weights[ky, kx], c)
     expected = np.clip(expected + bias, -1, 1)
     np.testing.assert_allclose(out.reshape(oh, ow, c), expected, rtol=1e-5, atol=1e-5)
@@ -143,8 +143,7 @@ def test_direct_conv_matches_numpy(loops, shape, units, kernel, steps, before, o
     weights = rng.standard_normal((kh, kw, c, units)).astype(np.float32)
     packed = native.PackedOperand(weights.reshape(kh * kw * c, units), loops.panel_lanes)
     out = np.full((1, oh, ow, units), np.nan, np.float32)
-    where = native.Geometry(1, h, w, c, h * w * c, oh, ow, ow * units, oh * ow * units, kh, kw, sh, sw, dh, dw, top,
-                            left)
+    where = native.Geometry.around(x, out, kernel, steps, before)
     loops.conv(x, packed, out, where, 2)
     expected = _reference(x[0], out_hw, kernel, steps, before, lambda pixel, ky, kx: pixel @ weights[ky, kx],
                           units)
@@ -172,3 +171,22 @@ def test_partition_team_follows_the_typical_op():
     assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
     assert native.partition_team(_conv_ops([4]), 2) == 1
     assert native.partition_team([], 6) == 6
+
+
+@needs_compiler
+def test_calls_that_do_not_fit_their_arrays_are_refused(loops):
+    """The ctypes boundary: a call whose arrays do not hold what its loops address never reaches C."""
+    from delegate import ExecutionError
+    x = np.ones((1, 4, 4, 3), np.float32)
+    with pytest.raises(ExecutionError, match="pad"):
+        loops.pad_rows(x, np.empty((1, 4, 4, 1), np.float32), 0, -2, 0.0, 1)  # a negative channel pad
+    with pytest.raises(ExecutionError, match="pad"):
+        loops.pad_rows(x, np.empty((1, 4, 4, 5), np.int8), 0, 2, 0.0, 1)  # floats into int8
+    with pytest.raises(ExecutionError, match="geometry"):
+        native.Geometry.around(x, ((1, 4, 4, 3), (48, 12, 3, 1)), (3, 3), (1, 1, 0, 1), (1, 1))  # dilation 0
+    where = native.Geometry.around(x, np.empty((1, 4, 4, 3), np.float32), (3, 3), (1, 1, 1, 1), (1, 1))
+    with pytest.raises(ExecutionError, match="differ"):
+        loops.pool(x, np.empty((1, 2, 4, 3), np.float32), where, True, 1)  # fewer rows than the geometry
+    with pytest.raises(ExecutionError, match="taps"):
+        loops.depthwise(x, native.DepthwiseTaps(np.ones((9, 5), np.float32)), np.empty((1, 4, 4, 3), np.float32),
+                        where, 1)  # a filter of 5 channels over 3

@@ -5,7 +5,9 @@
  * between cores without a Python thread hand-over for every chunk.  Both run on an
  * OpenMP team, whose threads wait spinning between the kernels of a run.
  */
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float vec __attribute__((vector_size(64)));
@@ -31,6 +33,21 @@ typedef struct {
     int64_t oh, ow, out_stride, image_out;
     int64_t kh, kw, stride_h, stride_w, dh, dw, top, left;
 } geometry;
+
+/* Per-thread scratch on the heap, never on the stack: a window's tap lists are as long as the window
+ * (a 1x262144 filter needs megabytes).  One block of ``per_thread`` bytes for each of ``threads``;
+ * NULL when out of memory (the caller returns NO_MEMORY, native.py raises). */
+enum { DONE = 0, NO_MEMORY = 1 };
+
+static char *scratch(int threads, size_t per_thread)
+{
+    return malloc((size_t)(threads > 1 ? threads : 1) * (per_thread ? per_thread : 1));
+}
+
+static inline char *own_scratch(char *all, size_t per_thread)
+{
+    return all + (size_t)omp_get_thread_num() * per_thread;
+}
 
 static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const epilogue *e)
 {
@@ -155,18 +172,25 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
  * taps that fall outside.  Without a column stride the pixels with every tap inside are one run
  * along the row (sum_taps, with ``repeated`` the weights as it takes them); with one, pixel by
  * pixel. */
-void depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
-                    int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
+int depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
+                   int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
 {
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
-    int64_t inner0, inner1;
+    int64_t inner0, inner1, window = kh * kw;
+    size_t per_thread = (size_t)window * (5 * sizeof(int64_t) + 3 * sizeof(const float *));
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
-        int64_t offsets[kh * kw], columns[kh * kw], index[kh * kw], taps = row_taps(g, oy, columns, offsets, index);
-        const float *filters[kh * kw], *repeats[kh * kw];
+        int64_t *offsets = (int64_t *)own_scratch(all, per_thread), *columns = offsets + window;
+        int64_t *index = columns + window, *inside = index + window, *inside_index = inside + window;
+        const float **filters = (const float **)(inside_index + window), **repeats = filters + window;
+        const float **kept_filters = repeats + window;
+        int64_t taps = row_taps(g, oy, columns, offsets, index);
         for (int64_t t = 0; t < taps; t++) {
             repeats[t] = repeated + index[t] * (period + 4 * LANES);
             filters[t] = weights + index[t] * c;
@@ -182,15 +206,15 @@ void depthwise_rows(const float *restrict images, const float *restrict weights,
                 ox = inner1;
             if (ox >= ow)
                 break;
-            int64_t inside[kh * kw], inside_index[kh * kw];
             int64_t kept = taps_inside(columns, offsets, index, taps, ox * stride_w, w, inside, inside_index);
-            const float *kept_filters[kh * kw];
             for (int64_t t = 0; t < kept; t++)
                 kept_filters[t] = weights + inside_index[t] * c;
             sum_taps(x + ox * stride_w * c, inside, kept_filters, c, kept, row + ox * c, c);
         }
         finish_rows(row, 1, ow * c, ow * c, finish);
     }
+    free(all);
+    return DONE;
 }
 
 /* depthwise_rows with its arguments in one struct: kernels build it once and set images and out per
@@ -204,9 +228,9 @@ typedef struct {
     int64_t threads;
 } depthwise_call;
 
-void depthwise_prepared(const depthwise_call *c)
+int depthwise_prepared(const depthwise_call *c)
 {
-    depthwise_rows(c->images, c->weights, c->repeated, c->period, c->out, c->where, c->finish, (int)c->threads);
+    return depthwise_rows(c->images, c->weights, c->repeated, c->period, c->out, c->where, c->finish, (int)c->threads);
 }
 
 /* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
@@ -328,21 +352,27 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
  * epilogue (its bias padded to whole panels).  No im2col copy: groups of up to MR pixels with every
  * tap inside keep their sums in registers over all taps and channels; pixels at the borders go one
  * by one with the taps inside. */
-void conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
-               const geometry *g, const epilogue *finish, int threads)
+int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
+              const geometry *g, const epilogue *finish, int threads)
 {
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
-    int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1;
+    int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1, window = kh * kw;
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t);
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
-        int64_t offsets[kh * kw], columns[kh * kw], index[kh * kw], taps = row_taps(g, oy, columns, offsets, index);
+        int64_t *offsets = (int64_t *)own_scratch(all, per_thread), *columns = offsets + window;
+        int64_t *index = columns + window, *inside = index + window, *inside_index = inside + window;
+        int64_t taps = row_taps(g, oy, columns, offsets, index);
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
         for (int64_t ox = 0; ox < ow;) {
             const int64_t *pixel_offsets = offsets, *pixel_index = index;
-            int64_t pixel_taps = taps, inside[kh * kw], inside_index[kh * kw];
+            int64_t pixel_taps = taps;
             int pixels = 1;
             if (ox >= inner0 && ox < inner1) {
                 pixels = inner1 - ox < MR ? (int)(inner1 - ox) : MR;
@@ -360,6 +390,8 @@ void conv_rows(const float *restrict images, const float *restrict packed, int64
             ox += pixels;
         }
     }
+    free(all);
+    return DONE;
 }
 
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
@@ -465,35 +497,46 @@ void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_
 /* MEAN over the pixels of (pixels, c) images: each thread sums its share of the pixels, four at a time
  * into four rows of sums (independent additions, not one chain), then the shares are added in order
  * and divided by the count. */
-void mean_pixels(const float *restrict x, float *restrict out, int64_t images, int64_t pixels, int64_t c,
-                 int threads)
+int mean_pixels(const float *restrict x, float *restrict out, int64_t images, int64_t pixels, int64_t c,
+                int threads)
 {
-    float partial[threads][c];
+    int parts = threads > 1 ? threads : 1;
+    size_t per_thread = (size_t)c * 4 * sizeof(float);
+    float *partial = malloc((size_t)parts * c * sizeof(float));
+    char *all = scratch(parts, per_thread);
+    if (!partial || !all) {
+        free(partial);
+        free(all);
+        return NO_MEMORY;
+    }
     for (int64_t image = 0; image < images; image++) {
         const float *in = x + image * pixels * c;
-        #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (int part = 0; part < threads; part++) {
-            int64_t lo = pixels * part / threads, hi = pixels * (part + 1) / threads, p = lo;
-            float sums[4][c];
-            memset(sums, 0, sizeof sums);
+        #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+        for (int part = 0; part < parts; part++) {
+            int64_t lo = pixels * part / parts, hi = pixels * (part + 1) / parts, p = lo;
+            float *sums = (float *)own_scratch(all, per_thread);  /* four rows of c */
+            memset(sums, 0, per_thread);
             for (; p + 4 <= hi; p += 4)
                 for (int q = 0; q < 4; q++)
                     for (int64_t k = 0; k < c; k++)
-                        sums[q][k] += in[(p + q) * c + k];
+                        sums[q * c + k] += in[(p + q) * c + k];
             for (; p < hi; p++)
                 for (int64_t k = 0; k < c; k++)
-                    sums[0][k] += in[p * c + k];
+                    sums[k] += in[p * c + k];
             for (int64_t k = 0; k < c; k++)
-                partial[part][k] = (sums[0][k] + sums[1][k]) + (sums[2][k] + sums[3][k]);
+                partial[part * c + k] = (sums[k] + sums[c + k]) + (sums[2 * c + k] + sums[3 * c + k]);
         }
         float *o = out + image * c;
         for (int64_t k = 0; k < c; k++) {
             float total = 0;
-            for (int part = 0; part < threads; part++)
-                total += partial[part][k];
+            for (int part = 0; part < parts; part++)
+                total += partial[part * c + k];
             o[k] = total / (float)pixels;
         }
     }
+    free(partial);
+    free(all);
+    return DONE;
 }
 
 /* RESIZE_BILINEAR of (h, w, c) images to (oh, ow): output row oy blends input rows y0[oy] and y1[oy]

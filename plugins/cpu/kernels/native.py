@@ -32,6 +32,7 @@ import numpy as np
 import platformdirs
 
 from delegate.cache import EntryStore
+from delegate.errors import ExecutionError
 
 from .parallel import loaded_openblas, native_allowed, native_team
 
@@ -39,7 +40,12 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
 # Flag sets tried in order: x86 compilers take -march=native, some ARM ones only -mcpu=native.
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-mcpu=native", "-fopenmp"])
+# -Werror=vla: scratch lives on the heap (a window's tap lists may be megabytes), never on the stack.
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-Werror=vla"], ["-O3", "-mcpu=native", "-fopenmp", "-Werror=vla"])
+# DELEGATE_NATIVE_SANITIZE=address builds the loops with AddressSanitizer, under a cache key of their
+# own (the host process then needs libasan preloaded: tests/test_native_asan.py runs them so).
+SANITIZE_ENV = "DELEGATE_NATIVE_SANITIZE"
+SANITIZE_FLAGS = {"address": ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]}
 # How long (spin iterations) OpenMP threads spin for the next kernel before they sleep: long enough
 # to bridge the gaps between a run's kernels, short enough not to take a core from whatever runs
 # after it (libgomp's default spins for milliseconds).
@@ -67,6 +73,33 @@ _RESCALED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+_F32 = np.dtype(np.float32)
+
+
+def fits(condition: bool, what: str) -> None:
+    """The ctypes boundary: a native call whose arrays do not hold what its loops address is refused
+    (validation should have refused the model first; this keeps a gap there from reading or writing
+    past a buffer)."""
+    if not condition:
+        raise ExecutionError(f"cpu native loops refused a call: {what}")
+
+
+def _laid_out(a: np.ndarray, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+    """Whether ``a`` is float32 of the layout's shape and byte strides (those of unit dimensions
+    aside: numpy leaves them arbitrary)."""
+    shape, strides = layout
+    if a.dtype != _F32 or a.shape != shape:
+        return False
+    return a.strides == strides or all(s == t for d, s, t in zip(shape, a.strides, strides) if d > 1)
+
+
+def _contiguous(a: np.ndarray, size: int | None = None, dtype=_F32) -> bool:
+    return a.dtype == dtype and a.flags.c_contiguous and (size is None or a.size == size)
+
+
+def _done(status: int, what: str) -> None:
+    if status:
+        raise MemoryError(f"cpu native {what}: no memory for its scratch")
 
 
 class Epilogue(ctypes.Structure):
@@ -84,6 +117,10 @@ class Epilogue(ctypes.Structure):
         low, high = bounds or (0.0, 0.0)
         super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high,
                          None if self.kept_slope is None else self.kept_slope.ctypes.data)
+
+    def covers(self, columns: int) -> bool:
+        """Whether its per-column arrays hold ``columns`` values (what the loops read of them)."""
+        return all(v is None or v.size >= columns for v in (self.kept, self.kept_slope))
 
     def _with(self, change) -> "Epilogue":
         """This epilogue with ``change`` applied to its per-column arrays."""
@@ -128,19 +165,54 @@ class Geometry(ctypes.Structure):
         """The geometry of ``op`` (a convolution, or a pool with its filter size in the options) from
         input images x (N, H, W, C) to output rows out (N, OH, OW, units), arrays or their (shape,
         float strides); ``top`` overrides the top padding (a band of the input rows)."""
-        (n, h, w, c), x_strides = _shape_and_strides(x)
-        (_, oh, ow, _), out_strides = _shape_and_strides(out)
         opts = op.options
         kh, kw = (opts["filter_height"], opts["filter_width"]) if "filter_height" in opts else op.inputs[1].shape[1:3]
-        return cls(n, h, w, c, x_strides[0], oh, ow, out_strides[1], out_strides[0], kh, kw,
-                   opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
-                   opts.get("dilation_w_factor", 1), pads[0] if top is None else top, pads[2])
+        steps = (opts.get("stride_h", 1), opts.get("stride_w", 1), opts.get("dilation_h_factor", 1),
+                 opts.get("dilation_w_factor", 1))
+        return cls.around(x, out, (kh, kw), steps, (pads[0] if top is None else top, pads[2]))
+
+    @classmethod
+    def around(cls, x, out, window: tuple[int, int], steps: tuple[int, int, int, int], before: tuple[int, int]):
+        """The geometry of a (kh, kw) window with (stride_h, stride_w, dh, dw) steps and (top, left)
+        padding from x to out (arrays or their (shape, float strides)), checked against both."""
+        (n, h, w, c), x_strides = _shape_and_strides(x)
+        out_shape, out_strides = _shape_and_strides(out)
+        _, oh, ow, _ = out_shape
+        where = cls(n, h, w, c, x_strides[0], oh, ow, out_strides[1], out_strides[0], *window, *steps, *before)
+        where.check((n, h, w, c), x_strides, out_shape, out_strides)
+        return where
+
+    def check(self, x_shape, x_strides, out_shape, out_strides) -> None:
+        """What the loops assume (positive windows, strides and dilations, no left padding < 0 (rows
+        are each checked against the image, a band may start inside it), pixels of contiguous
+        channels), and the layouts a call's arrays must have (``x_layout``, ``out_layout``)."""
+        fits(min(self.kh, self.kw, self.stride_h, self.stride_w, self.dh, self.dw) >= 1
+             and min(self.left, self.images, self.h, self.oh, self.ow) >= 0 and min(self.w, self.c) >= 1,
+             f"geometry {[getattr(self, f) for f, _ in self._fields_]} is out of range")
+        fits(tuple(x_strides[1:]) == (self.w * self.c, self.c, 1) and x_strides[0] >= self.h * self.w * self.c,
+             f"input strides {list(x_strides)} are not of whole (h, w, c) images")
+        fits(len(out_shape) == 4 and tuple(out_shape[:3]) == (self.images, self.oh, self.ow) and
+             out_strides[3] == 1 and out_strides[2] == out_shape[3] and out_strides[1] >= self.ow * out_shape[3]
+             and out_strides[0] >= self.oh * out_strides[1], f"output layout {list(out_shape)} {list(out_strides)}")
+        self.x_layout = (tuple(x_shape), tuple(4 * s for s in x_strides))
+        self.out_layout = (tuple(out_shape), tuple(4 * s for s in out_strides))
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Refuse arrays other than those this geometry was checked for."""
+        fits(_laid_out(x, self.x_layout) and _laid_out(out, self.out_layout),
+             f"arrays {x.shape} -> {out.shape} differ from the geometry's {self.x_layout[0]} -> {self.out_layout[0]}")
 
 
 def _shape_and_strides(a) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if isinstance(a, np.ndarray):
-        return a.shape, tuple(s // a.itemsize for s in a.strides)
-    return a
+    """An array's (shape, strides in items), those of unit dimensions (arbitrary in numpy) made the
+    contiguous ones; or the pair itself."""
+    if not isinstance(a, np.ndarray):
+        return a
+    strides, inner = [], 1
+    for d, s in zip(reversed(a.shape), reversed(a.strides)):
+        strides.append(inner if d == 1 else s // a.itemsize)
+        inner = strides[-1] * d
+    return a.shape, tuple(reversed(strides))
 
 
 _ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weak reference to it, its data address)
@@ -162,14 +234,15 @@ def address(array: np.ndarray) -> int:
 class NativeLoops:
     """The loaded library, with the BLAS sgemm it shares out (None where no known BLAS is loaded)."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, flags: list[str] = ()):
         self.library = library
+        self.flags = list(flags)  # what it was built with (a sanitizer, say)
         finish = ctypes.POINTER(Epilogue)
         where = ctypes.POINTER(Geometry)
         library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
-        library.conv_rows.restype = None
+        library.conv_rows.restype = ctypes.c_int
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
-        library.depthwise_prepared.restype = None
+        library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
         library.binary_prepared.restype = None
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
@@ -182,7 +255,7 @@ class NativeLoops:
         library.pad_rows.argtypes = [_PTR, _PTR, *[_INT64] * 4, ctypes.c_float, ctypes.c_int]
         library.pad_rows.restype = None
         library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
-        library.mean_pixels.restype = None
+        library.mean_pixels.restype = ctypes.c_int
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
         library.resize_bilinear.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
@@ -206,16 +279,21 @@ class NativeLoops:
         """A call built at compile time, on the contiguous arrays it was built for (their shapes; the
         arrays themselves may differ from run to run): a depthwise convolution's (x, out), a binary
         op's (a, b, out)."""
+        call.placed(*arrays)
         for name, array in zip(call.places, arrays):
             setattr(call, name, address(array))
-        getattr(self.library, call.symbol)(call.reference)
+        _done(getattr(self.library, call.symbol)(call.reference), call.symbol)
 
     def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
         """A convolution read in place: ``weights`` its (KH*KW*C, units) matrix packed, ``finish`` padded
         to its panels, the rest as for depthwise."""
-        self.library.conv_rows(address(x), address(weights.panels), weights.columns, address(out),
-                               ctypes.byref(where), ctypes.byref(finish), threads)
+        where.placed(x, out)
+        fits(weights.depth == where.kh * where.kw * where.c and weights.columns == out.shape[3],
+             f"packed weights ({weights.depth}, {weights.columns}) do not fit the geometry")
+        fits(finish.covers(weights.padded_columns), "the epilogue does not cover the packed columns")
+        _done(self.library.conv_rows(address(x), address(weights.panels), weights.columns, address(out),
+                                     ctypes.byref(where), ctypes.byref(finish), threads), "conv_rows")
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
@@ -226,6 +304,7 @@ class NativeLoops:
 
     def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
         """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
+        fits(_contiguous(x, out.size) and _contiguous(out), f"unary arrays {x.shape} -> {out.shape}")
         self.library.unary_flat(UNARY_KINDS.index(kind), address(x), address(out), out.size,
                                 ctypes.byref(finish), threads)
 
@@ -233,6 +312,8 @@ class NativeLoops:
              finish: Epilogue = NO_EPILOGUE) -> None:
         """MAX_POOL_2D, or AVERAGE_POOL_2D when ``average``, of the images at x into out, as ``where``
         says, padding left out; then ``finish``'s clamp."""
+        where.placed(x, out)
+        fits(out.shape[3] == where.c, f"pool output channels {out.shape[3]} differ from the input's {where.c}")
         self.library.pool_rows(address(x), address(out), ctypes.byref(where), average, ctypes.byref(finish),
                                threads)
 
@@ -249,6 +330,9 @@ class NativeLoops:
         # np.asarray keeps a scalar shift 0-d (ascontiguousarray would make it 1-d): shared by all channels.
         multiplier, offset, shift, *ties = (np.asarray(v, np.int64) for v in constants)
         channels = acc.shape[-1] if acc.ndim else 1
+        fits(multiplier.size == offset.size == channels and (shift.ndim == 0 or shift.size == channels)
+             and all(t.size == channels for t in ties) and len(ties) in (0, 2),
+             f"rescale constants do not fit {channels} channels")
         self.library.rescale_rows(acc.ctypes.data, acc.dtype == np.float64, acc_stride, multiplier.ctypes.data,
                                   offset.ctypes.data, shift.ctypes.data, shift.ndim > 0,
                                   ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None,
@@ -259,20 +343,32 @@ class NativeLoops:
     def pad_rows(self, x: np.ndarray, out: np.ndarray, before: int, after: int, value: float, threads: int) -> None:
         """out = x with ``before`` and ``after`` values of ``value`` around each run along its last axis
         (contiguous float32 arrays)."""
-        columns = x.shape[-1]
+        columns = x.shape[-1] if x.ndim else 1
+        rows = x.size // max(columns, 1)
+        fits(before >= 0 and after >= 0 and _contiguous(x) and _contiguous(out, rows * (before + columns + after)),
+             f"pad of {x.shape} by ({before}, {after}) into {out.shape}")
         self.library.pad_rows(address(x), address(out), x.size // max(columns, 1), columns, before, after, value,
                               threads)
 
     def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
         n, h, w, c = x.shape
-        self.library.mean_pixels(address(x), address(out), n, h * w, c, threads)
+        fits(_contiguous(x) and _contiguous(out, n * c) and h * w >= 1, f"mean of {x.shape} into {out.shape}")
+        _done(self.library.mean_pixels(address(x), address(out), n, h * w, c, threads), "mean_pixels")
 
     def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
         """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
         (lower index, upper index, weight of the upper) per output row and column (int64, int64,
         float32 arrays)."""
         n, h, w, c = x.shape
+        oh, ow = out.shape[1:3] if out.ndim == 4 else (0, 0)
+        fits(_contiguous(x) and _contiguous(out, n * oh * ow * c) and out.shape[3] == c,
+             f"resize of {x.shape} into {out.shape}")
+        for (lower, upper, weight), extent, size in ((rows, h, oh), (columns, w, ow)):
+            fits(lower.dtype == upper.dtype == np.int64 and weight.dtype == _F32 and
+                 lower.size == upper.size == weight.size == size and
+                 (size == 0 or (min(lower.min(), upper.min()) >= 0 and max(lower.max(), upper.max()) < extent)),
+                 f"resize taps do not fit {extent} -> {size}")
         self.library.resize_bilinear(address(x), n, h, w, c, *map(address, rows), *map(address, columns),
                                      address(out), out.shape[1], out.shape[2], threads)
 
@@ -280,6 +376,8 @@ class NativeLoops:
         """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
         (the last axis)."""
         channels = slope.shape[0]
+        fits(_contiguous(x) and _contiguous(out, x.size) and _contiguous(slope) and x.ndim and x.shape[-1] == channels,
+             f"prelu of {x.shape} by {slope.shape} into {out.shape}")
         self.library.prelu_rows(address(x), address(slope), address(out), x.size // max(channels, 1),
                                 channels, threads)
 
@@ -293,6 +391,8 @@ class NativeLoops:
         if trans is None or _row_major(rhs) is not False or _row_major(out) is not False:
             return False
         (m, k), n = lhs.shape, rhs.shape[1]
+        fits(rhs.shape[0] == k and out.shape == (m, n) and finish.covers(n), f"product {lhs.shape} @ {rhs.shape} "
+                                                                         f"into {out.shape}")
         lda = (lhs.strides[1] if trans else lhs.strides[0]) // 4
         sgemm, int64 = self.sgemm
         # lhs and out are views of a block, new each run: only the operand (a constant) is looked up.
@@ -308,6 +408,9 @@ class NativeLoops:
         layout does not allow it."""
         if lhs.dtype != np.float32 or _row_major(out) is not False:
             return False
+        fits(lhs.ndim == 2 and lhs.shape[1] == rhs.depth and out.shape == (lhs.shape[0], rhs.columns) and
+             out.dtype == _F32 and finish.covers(rhs.padded_columns), f"product {lhs.shape} @ packed "
+             f"({rhs.depth}, {rhs.columns}) into {out.shape}")
         call = ProductCall(lhs.shape, lhs.strides, rhs, out.strides[0] // 4, finish, threads)
         call.a, call.c = lhs.ctypes.data, out.ctypes.data
         self.library.packed_product(ctypes.byref(call))
@@ -316,6 +419,7 @@ class NativeLoops:
     def prepared_product(self, call: "ProductCall", lhs: np.ndarray, out: np.ndarray) -> None:
         """A product built at compile time, on the contiguous lhs and out it was built for (their
         shapes; the arrays may differ from run to run)."""
+        call.placed(lhs, out)
         call.a, call.c = address(lhs), address(out)
         self.library.packed_product(call.reference)
 
@@ -331,10 +435,17 @@ class ProductCall(ctypes.Structure):
     def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
                  finish: Epilogue, threads: int):
         (m, k), (row_step, column_step) = shape, strides
+        fits(k == rhs.depth and ldc >= rhs.columns and finish.covers(rhs.padded_columns),
+             f"product ({m}, {k}) @ packed ({rhs.depth}, {rhs.columns}), ldc {ldc}")
         self.kept = (rhs, finish)
         super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
                          ldc, ctypes.pointer(finish), threads)
         self.reference = ctypes.byref(self)
+
+    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+        """Contiguous arrays of (m, k) and (m, n) items (a prepared call's rows are contiguous)."""
+        fits(_contiguous(lhs, self.m * self.k) and self.row_step == self.k and self.column_step == 1 and
+             _contiguous(out, self.m * self.n) and self.ldc == self.n, f"product arrays {lhs.shape} -> {out.shape}")
 
 
 class DepthwiseCall(ctypes.Structure):
@@ -346,10 +457,16 @@ class DepthwiseCall(ctypes.Structure):
     symbol, places = "depthwise_prepared", ("images", "out")
 
     def __init__(self, taps: "DepthwiseTaps", where: "Geometry", finish: Epilogue, threads: int):
+        taps.check(where)
+        fits(where.out_layout[0][3] == where.c, "depthwise output channels differ from the (spread) input's")
+        fits(finish.covers(where.ow * where.c), "the epilogue does not cover a depthwise output row")
         self.kept = (taps, where, finish)
         super().__init__(None, taps.weights.ctypes.data, taps.repeated.ctypes.data, taps.period, None,
                          ctypes.pointer(where), ctypes.pointer(finish), threads)
         self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[1].placed(x, out)
 
 
 class BinaryCall(ctypes.Structure):
@@ -361,10 +478,17 @@ class BinaryCall(ctypes.Structure):
     symbol, places = "binary_prepared", ("a", "b", "out")
 
     def __init__(self, kind: str, shape: tuple[int, ...], broadcast: bool, finish: Epilogue, threads: int):
+        columns = shape[-1] if shape else 1
+        fits(finish.covers(columns), "the epilogue does not cover a row")
         self.kept = finish
+        self.sizes = (math.prod(shape), columns if broadcast else math.prod(shape), math.prod(shape))
         super().__init__(BINARY_KINDS.index(kind), None, None, None, math.prod(shape), shape[-1] if shape else 1,
                          broadcast, ctypes.pointer(finish), threads)
         self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
+             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
 
 
 class PackedOperand:
@@ -407,6 +531,12 @@ class DepthwiseTaps:
         self.period = math.lcm(channels, 16)
         repeats = -(-(self.period + 64) // channels)
         self.repeated = np.ascontiguousarray(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
+
+    def check(self, where: "Geometry") -> None:
+        """Whether these taps are the geometry's window over its channels."""
+        fits(self.weights.shape == (where.kh * where.kw, where.c) and self.period % where.c == 0 and
+             self.repeated.shape == (where.kh * where.kw, self.period + 64),
+             f"depthwise taps {self.weights.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
 
 
 def row_stride(a: np.ndarray) -> int | None:
@@ -468,7 +598,12 @@ def _load() -> NativeLoops | None:
         log.info("cpu: the native loops' source is missing (%s); the numpy kernels run instead", exc)
         return None
     store = EntryStore(native_cache_dir(), "cpu", "native")
+    sanitize = os.environ.get(SANITIZE_ENV, "")
+    if sanitize and sanitize not in SANITIZE_FLAGS:
+        log.warning("cpu: %s=%s is not one of %s; building without a sanitizer", SANITIZE_ENV, sanitize,
+                    ", ".join(SANITIZE_FLAGS))
     for flags in FLAG_SETS:
+        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, [])]
         key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
         library = store.load(key, "so")
         if library is None:
@@ -478,7 +613,7 @@ def _load() -> NativeLoops | None:
             store.store(key, "so", library)
         os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # read when libgomp loads, just below
         try:
-            return NativeLoops(_open_library(library))
+            return NativeLoops(_open_library(library), flags)
         except OSError as exc:
             log.info("cpu: native loops did not load (%s); the numpy kernels run instead", exc)
             return None

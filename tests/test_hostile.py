@@ -1,0 +1,252 @@
+"""Hostile models (issue 17): each malformed one ends in ModelFormatError (exit 3) at the door, before
+any kernel, engine or plugin sees it; what LiteRT accepts we compute as it does.
+
+The command line runs them in a subprocess (several crashed the process before validation knew them).
+"""
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flatbuffers import flexbuffers
+
+from delegate import ExecutionError, ModelFormatError, read_model
+from delegate.shapes import has_rule
+from delegate.tflite.builder import GraphBuilder
+from delegate.validate import OPERANDS, validate_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+SAME = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+
+
+def _one(opcode, inputs, shape, *, x=(1, 4, 4, 3), dtype="float32", quant=None, out_quant=None, out_dtype=None,
+         **kwargs):
+    """A model of one op on input ``x`` (passed to ``inputs`` as a builder and the input tensor)."""
+    b = GraphBuilder()
+    t = b.input("x", x, dtype, quant=quant)
+    b.output(b.op(opcode, inputs(b, t), shape=shape, dtype=out_dtype, quant=out_quant, **kwargs))
+    return b.to_bytes()
+
+
+def _conv(opcode="CONV_2D", filt=(4, 3, 3, 3), bias=4, x=(1, 4, 4, 3), shape=(1, 4, 4, 4), **options):
+    return _one(opcode, lambda b, t: [t, b.const("w", np.ones(filt, np.float32)),
+                                      b.const("b", np.zeros(bias, np.float32))],
+                shape, x=x, options={**SAME, **options})
+
+
+def _detection(options: bytes, anchors: int = 8, classes: int = 2) -> bytes:
+    b = GraphBuilder()
+    boxes = b.input("boxes", (1, anchors, 4))
+    scores = b.input("scores", (1, anchors, classes + 1))
+    prior = b.const("anchors", np.full((anchors, 4), 0.5, np.float32))
+    b.output(*b.op("TFLite_Detection_PostProcess", [boxes, scores, prior], custom=True, custom_options=options,
+                   shapes=[(1, 10, 4), (1, 10), (1, 10), (1,)]))
+    return b.to_bytes()
+
+
+def _detection_options(**changes) -> bytes:
+    options = {"max_detections": 10, "max_classes_per_detection": 1, "detections_per_class": 100,
+               "num_classes": 2, "nms_score_threshold": 0.3, "nms_iou_threshold": 0.6, "y_scale": 10.0,
+               "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0, "use_regular_nms": False, **changes}
+    return flexbuffers.Dumps(options)
+
+
+def _transpose_conv_bias(options: bytes) -> bytes:
+    return _one("Convolution2DTransposeBias", lambda b, t: [t, b.const("w", np.ones((2, 3, 3, 3), np.float32)),
+                                                            b.const("b", np.zeros(2, np.float32))],
+                (1, 8, 8, 2), custom=True, custom_options=options)
+
+
+def _int8_add(scale, zero_point=0) -> bytes:
+    return _one("ADD", lambda b, t: [t, t], (1, 4), x=(1, 4), dtype="int8", quant=(scale, zero_point),
+                out_quant=(0.1, 0))
+
+
+# name -> (malformed model, a word its message must hold)
+CASES = {
+    "pad negative channels": (_one("PAD", lambda b, t: [t, b.const("p", np.array([[0, 0], [0, 0], [0, 0], [0, -2]],
+                                                                                 np.int32))], (1, 4, 4, 1)),
+                              "paddings"),
+    "pad output of another type": (_one("PAD", lambda b, t: [t, b.const("p", np.array([[0, 0], [0, 0], [0, 0], [0, 2]],
+                                                                                     np.int32))], (1, 4, 4, 5),
+                                        out_dtype="int8"), "type"),
+    "depthwise filter channels": (_conv("DEPTHWISE_CONV_2D", (1, 3, 3, 5), 5, shape=(1, 4, 4, 5)), "multiple"),
+    "depthwise with two inputs": (_one("DEPTHWISE_CONV_2D", lambda b, t: [t, b.const("w", np.ones((1, 3, 3, 3),
+                                                                                               np.float32))],
+                                       (1, 4, 4, 3), options=SAME), "inputs"),
+    "conv dilation 0": (_conv(dilation_h_factor=0), "dilation_h_factor"),
+    "conv dilation -1": (_conv(dilation_w_factor=-1), "dilation_w_factor"),
+    "depthwise dilation 0": (_conv("DEPTHWISE_CONV_2D", (1, 3, 3, 3), 3, shape=(1, 4, 4, 3), dilation_w_factor=0),
+                             "dilation_w_factor"),
+    "conv stride -2": (_conv(stride_w=-2), "stride_w"),
+    "conv stride 0": (_conv(stride_h=0), "stride_h"),
+    "fully connected keep_num_dims": (_one("FULLY_CONNECTED", lambda b, t: [t, b.const("w", np.ones((4, 3),
+                                                                                                  np.float32))],
+                                           (2, 4), x=(2, 6), options={"keep_num_dims": True}), "keep_num_dims"),
+    "fully connected depth": (_one("FULLY_CONNECTED", lambda b, t: [t, b.const("w", np.ones((4, 3), np.float32))],
+                                   (3, 4), x=(1, 10)), "multiple"),
+    "resize zero height": (_one("RESIZE_BILINEAR", lambda b, t: [t, b.const("s", np.array([8, 8], np.int32))],
+                                (1, 8, 8, 3), x=(1, 0, 4, 3)), "pixels"),
+    "int8 add scale 0": (_int8_add(0.0), "scale"),
+    "int8 add scale inf": (_int8_add(np.inf), "scale"),
+    "int8 add scale nan": (_int8_add(np.nan), "scale"),
+    "int8 zero point 2^40": (_int8_add(0.5, 2 ** 40), "zero point"),
+    "quantize scale 0": (_one("QUANTIZE", lambda b, t: [t], (1, 4), x=(1, 4), out_dtype="int8", out_quant=(0.0, 0)),
+                         "scale"),
+    "detection max_detections 2^31-1": (_detection(_detection_options(max_detections=2 ** 31 - 1)), "exceeds"),
+    "detection garbage options": (_detection(b"\xff\x13garbage\x01"), "flexbuffer"),
+    "add 3 inputs": (_one("ADD", lambda b, t: [t, t, t], (1, 4), x=(1, 4)), "inputs"),
+    "add 10000 inputs": (_one("ADD", lambda b, t: [t] * 10_000, (1, 4), x=(1, 4)), "inputs"),
+    "gather index -1": (_one("GATHER", lambda b, t: [t, b.const("i", np.array([-1], np.int32))], (1, 4, 3),
+                             x=(4, 4, 3)), "out of range"),
+    "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
+                                   options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
+    "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
+                             x=(1, 6)), "holds"),
+    "conv bias length": (_conv(bias=5), "bias"),
+    "conv filter in-channels > input": (_conv(filt=(4, 3, 3, 4), x=(1, 4, 4, 2)), "multiple"),
+    "transpose conv bias short options": (_transpose_conv_bias(struct.pack("<ii", 1, 2)), "12"),
+    "transpose conv bias stride 0": (_transpose_conv_bias(struct.pack("<iii", 1, 0, 2)), "strides"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_malformed_model_is_refused_at_the_door(name):
+    data, word = CASES[name]
+    model = read_model(data)
+    with pytest.raises(ModelFormatError) as info:
+        validate_graph(model.main)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("op #0 (") and word in message, message
+
+
+# One subprocess for every case: the API (delegate.load) and the command line (delegate run), in turn.
+_DRIVER = """
+import json, sys
+import delegate
+from delegate.cli import main
+results = {}
+for path in sys.argv[1:]:
+    try:
+        delegate.load(path)
+        api = "loaded"
+    except Exception as exc:
+        api = type(exc).__name__
+    results[path] = [api, main(["run", path, "--runs", "1"])]
+print(json.dumps(results))
+"""
+
+
+def test_malformed_models_in_subprocess_end_in_exit_3(tmp_path):
+    paths = {}
+    for i, (name, (data, _)) in enumerate(CASES.items()):
+        paths[name] = tmp_path / f"case{i}.tflite"
+        paths[name].write_bytes(data)
+    done = subprocess.run([sys.executable, "-c", _DRIVER, *map(str, paths.values())], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    wrong = {name: results[str(p)] for name, p in paths.items() if results[str(p)] != ["ModelFormatError", 3]}
+    assert not wrong, wrong
+    assert done.stderr.count("delegate: error: op #0") == len(CASES)
+
+
+def test_every_known_op_has_operand_rules():
+    """A new op code cannot skip the door: each one with a shape rule or a CPU kernel has an entry."""
+    from delegate_cpu import registry
+    registry.load_all()
+    known = set(registry.FLOAT_KERNELS) | set(registry.QUANT_KERNELS)
+    from delegate.shapes import _RULES
+    known |= set(_RULES)
+    assert known and not sorted(code for code in known if code not in OPERANDS)
+    from delegate.shapes import DECLARED_SHAPES
+    assert all(has_rule(code) or code in DECLARED_SHAPES
+               for code in set(registry.FLOAT_KERNELS) | set(registry.QUANT_KERNELS))
+
+
+# -- what LiteRT accepts, we compute ------------------------------------------
+
+@pytest.mark.parametrize("opcode", ["DEPTHWISE_CONV_2D", "CONV_2D"])
+def test_window_of_262144_taps_matches_litert(opcode):
+    """A 1x262144 filter (a 1 MB model): the native loops' tap lists once overflowed the stack."""
+    from tests.oputil import check_against_litert
+    rng = np.random.default_rng(0)
+    taps = 262_144
+    weights = rng.standard_normal((1, 1, taps, 1)).astype(np.float32)
+    b = GraphBuilder()
+    x = b.input("x", (1, 2, taps + 3, 1))  # VALID: LiteRT refuses SAME padding of half a filter this wide
+    b.output(b.op(opcode, [x, b.const("w", weights), b.const("b", np.zeros(1, np.float32))],
+                  options={**SAME, "padding": "VALID"}))
+    inputs = [rng.standard_normal((1, 2, taps + 3, 1)).astype(np.float32)]
+    check_against_litert(b.to_bytes(), inputs, builtin=True, rtol=1e-4)  # float32 sums of 262144 terms
+
+
+def test_grouped_conv_matches_litert():
+    """LiteRT accepts input channels that are a multiple of the filter's (groups): so do we."""
+    from tests.oputil import check_against_litert
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 5, 4))
+    b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((6, 3, 3, 2)).astype(np.float32)),
+                              b.const("b", rng.standard_normal(6).astype(np.float32))], options=SAME))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((1, 5, 5, 4)).astype(np.float32)], builtin=True)
+
+
+def test_depth_multiplier_option_is_ignored_as_litert_does():
+    """LiteRT's builtin depthwise kernel takes the multiplier from the filter, whatever the option says."""
+    from tests.oputil import check_against_litert
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, b.const("w", rng.standard_normal((1, 3, 3, 6)).astype(np.float32)),
+                                        b.const("b", rng.standard_normal(6).astype(np.float32))],
+                  options={**SAME, "depth_multiplier": 5}))
+    check_against_litert(b.to_bytes(), [rng.standard_normal((1, 4, 4, 3)).astype(np.float32)], builtin=True)
+
+
+def test_integer_inputs_outside_their_type_are_refused():
+    """300 for an int8 input used to wrap to 44; LiteRT refuses a wrong type outright."""
+    import delegate
+    b = GraphBuilder()
+    x = b.input("x", (1, 4), "int32")
+    b.output(b.op("ADD", [x, x]))
+    b8 = GraphBuilder()
+    x8 = b8.input("x", (1, 4), "int8")
+    b8.output(b8.op("MAXIMUM", [x8, x8]))
+    session = delegate.load(b8.to_bytes(), backends=["cpu"])
+    with pytest.raises(ExecutionError, match="do not fit"):
+        session.run([np.array([[300, 0, 1, 2]], np.int64)])
+    out = session.run([np.array([[-128, 0, 1, 127]], np.int64)])
+    assert list(out.values())[0].tolist() == [[-128, 0, 1, 127]]
+    wide = delegate.load(b.to_bytes(), backends=["cpu"])
+    with pytest.raises(ExecutionError, match="do not fit"):
+        wide.run([np.array([[2 ** 40, 0, 1, 2]], np.int64)])
+
+
+def test_absent_option_table_means_litert_zeros():
+    """SOFTMAX without its option table: LiteRT's beta is 0 (uniform outputs), not 1 (found by the fuzzer)."""
+    from tests.oputil import check_against_litert
+    b = GraphBuilder()
+    x = b.input("x", (1, 8))
+    b.output(b.op("SOFTMAX", [x], options={"beta": 1.0}))
+    b.ops[0].options, b.ops[0].options_type = {}, None  # written without a table
+    data = b.to_bytes()
+    assert read_model(data).main.ops[0].options == {"beta": 0.0}
+    check_against_litert(data, [np.arange(8, dtype=np.float32)[None]], builtin=True)
+
+
+def test_litert_refusal_under_engine_auto_is_reported():
+    """A validated partition LiteRT refuses (a CONV_2D without bias) runs on the numpy engine, and says why."""
+    import delegate
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    b.output(b.op("CONV_2D", [x, b.const("w", np.ones((2, 3, 3, 3), np.float32)), None], options=SAME))
+    session = delegate.load(b.to_bytes(), backends=["cpu"], **{"cpu.engine": "auto"})
+    described = session.executor.compiled[0].describe()
+    assert described["engine"] == "numpy" and "LiteRT could not take partition 0" in described["litert_refused"]
+    out = list(session.run([np.ones((1, 4, 4, 3), np.float32)]).values())[0]
+    assert out[0, 1, 1].tolist() == [27.0, 27.0]  # an interior pixel: 3x3x3 ones
