@@ -18,6 +18,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import scratch
+from .elementwise import COMPARE, arithmetic
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -435,3 +436,28 @@ def softmax(op: Op):
             q = round_half_away(prob).astype(np.int64) + out_offset
         store(outs[0], q, *bounds)
     return run
+
+
+# --- comparisons and integer-only arithmetic -----------------------------------------------
+
+@kernel(*COMPARE, quantized=True)
+def compare(op: Op):
+    """int8/uint8 operands are compared on a common real scale, as LiteRT does: each offset value,
+    shifted left by 8, times its own scale in fixed point (so values that scale to the same number
+    compare equal); int16 operands are compared as stored."""
+    fn, (a, b) = COMPARE[op.opcode], op.inputs[:2]
+    if a.dtype.numpy not in (np.int8, np.uint8):
+        return lambda ins, outs: fn(ins[0], ins[1], out=outs[0])
+    params = [(zero_point(t), *quantize_multiplier(np.float64(scale(t)))) for t in (a, b)]
+
+    def run(ins, outs):
+        x, y = (multiply_by_quantized_multiplier((v.astype(np.int64) - zp) << 8, m, s)
+                for v, (zp, m, s) in zip(ins, params))
+        fn(x, y, out=outs[0])
+    return run
+
+
+@kernel("FLOOR_DIV", "FLOOR_MOD", quantized=True)
+def floor_div_mod(op: Op):
+    """LiteRT computes these on the stored integers, whatever their quantization."""
+    return arithmetic(op)
