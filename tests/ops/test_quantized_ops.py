@@ -291,6 +291,21 @@ def test_mean_sum(seed, opcode, dtype, axes, keep_dims):
     check(b, [random_q(rng, shape, dtype)])
 
 
+@given(seed=seeds, dtype=st.sampled_from(["int8", "int16"]), axes=st.sampled_from([[1], [2, 1], [-1], [0, 2], [0, 1, 2]]),
+       keep_dims=st.booleans())
+def test_reduce_prod(seed, dtype, axes, keep_dims):
+    """Values over the whole range: long products leave the int32 range and wrap, as in LiteRT."""
+    rng = np.random.default_rng(seed)
+    shape = (2, 3, 4)
+    b = GraphBuilder()
+    in_scale, zp = activation_quant(rng, dtype)
+    x = b.input("x", shape, dtype, quant=(in_scale, zp))
+    out_scale = float(rng.uniform(0.5, 2)) * in_scale ** 2
+    b.output(b.op("REDUCE_PROD", [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims},
+                  dtype=dtype, quant=(out_scale, 0 if dtype == "int16" else int(rng.integers(-20, 20)))))
+    check(b, [random_q(rng, shape, dtype)])
+
+
 @given(seed=seeds, opcode=st.sampled_from(["RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"]),
        dtype=st.sampled_from(["int8", "uint8", "int16"]),
        mode=st.sampled_from([(False, False), (True, False), (False, True)]),
