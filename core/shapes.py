@@ -79,7 +79,8 @@ ELEMENTWISE_BINARY = ("ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE", "POW", "
 ELEMENTWISE_UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "HARD_SWISH", "LOGISTIC",
                      "TANH", "GELU", "ELU", "SOFTMAX", "LOG_SOFTMAX", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE",
                      "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "LOGICAL_NOT", "CAST", "DEQUANTIZE",
-                     "QUANTIZE", "L2_NORMALIZATION", "CUMSUM", "SIGN", "ZEROS_LIKE", "LOCAL_RESPONSE_NORMALIZATION")
+                     "QUANTIZE", "L2_NORMALIZATION", "CUMSUM", "SIGN", "ZEROS_LIKE", "LOCAL_RESPONSE_NORMALIZATION",
+                     "COMPLEX_ABS", "REAL", "IMAG")
 
 
 @rule(*ELEMENTWISE_BINARY)
@@ -184,6 +185,13 @@ def _concat(op: Op) -> list[Shape]:
     axis = op.options.get("axis", 0) % len(shape)
     shape[axis] = sum(t.shape[axis] for t in op.inputs)
     return [tuple(shape)]
+
+
+@rule("RFFT2D")
+def _rfft2d(op: Op) -> list[Shape]:
+    """The two innermost dimensions become fft_length's rows and half its columns, plus one."""
+    rows, columns = (int(v) for v in const_values(op, 1).ravel())
+    return [op.inputs[0].shape[:-2] + (rows, columns // 2 + 1)]
 
 
 @rule("TRANSPOSE")

@@ -1,4 +1,4 @@
 """CPU kernels, one module per op family; importing this package registers them all."""
 
-from . import activations, batch_space, conv, convert, custom, elementwise, hybrid, lstm, pool, reduce, resize, shape_ops  # noqa: F401
+from . import activations, batch_space, conv, convert, custom, elementwise, hybrid, lstm, pool, reduce, resize, shape_ops, spectral  # noqa: F401
 from . import quantized  # noqa: F401
