@@ -16,13 +16,14 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from delegate import CompileOptions
+from delegate import CompileError, CompileOptions
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import assert_close, delegate_run, litert_run
 
 ARITHMETIC = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE")
 COMPARISONS = ("LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL")
+DIVISIONS = ("DIV", "FLOOR_DIV", "FLOOR_MOD")
 # Operand shapes of every rank combination LiteRT's kernels broadcast (numpy's rules).
 RANKS = [((1, 197, 192), (197, 192)), ((197, 192), (1, 197, 192)), ((2, 3, 4, 5), (5,)), ((5,), (2, 3, 4, 5)),
          ((4, 1, 5), (2, 1, 4, 1, 1)), ((2, 1, 3), (4, 1)), ((1, 4, 3), (1, 1, 3)), ((), (2, 3)),
@@ -51,6 +52,8 @@ def _binary(op: str, a: tuple, b: tuple, dtype: str, constant: bool):
             return rng.integers(-100, 100, shape).astype(dtype)
         x = g.input("x", a, dtype, quant=q)
         y_values = values(b)
+        if op in DIVISIONS and dtype != "float32":  # never at the divisor's zero (point)
+            y_values[(y_values == 0) | (y_values == q[1])] = 7
         y = g.const("y", y_values, dtype, quant=q) if constant else g.input("y", b, dtype, quant=q)
         boolean = op in COMPARISONS
         g.output(g.op(op, [x, y], dtype="bool" if boolean else None, quant=None if boolean else q))
@@ -80,14 +83,34 @@ def _hybrid_fully_connected(asymmetric: bool):
     return build
 
 
+def _reduce_prod(dtype: str):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (2, 3, 4), dtype, quant=QUANT[dtype])
+        g.output(g.op("REDUCE_PROD", [x, g.const("axes", np.array([1], np.int32))], dtype=dtype,
+                      quant=(QUANT[dtype][0] ** 2 * 4, 0)))
+        return g.to_bytes(), [rng.integers(-100, 100, (2, 3, 4)).astype(dtype)]
+    return build
+
+
+def _rfft2d(rng):
+    g = GraphBuilder()
+    x = g.input("x", (2, 6, 7))
+    spectrum = g.op("RFFT2D", [x, g.const("fft_length", np.array([8, 8], np.int32))], dtype="complex64")
+    g.output(g.op("COMPLEX_ABS", [spectrum], dtype="float32"), spectrum)
+    return g.to_bytes(), [rng.standard_normal((2, 6, 7)).astype(np.float32)]
+
+
 CASES: list[Case] = (
     [Case(f"{op}-{a}-{b}-{'const' if c else 'input'}", op, "elementwise", _binary(op, a, b, "float32", c))
      for op in ARITHMETIC for a, b in RANKS for c in (False, True)]
     + [Case(f"{op}-{a}-{b}", op, "elementwise", _binary(op, a, b, "float32", False))
        for op in COMPARISONS for a, b in RANKS[:4]]
     + [Case(f"{op}-{dtype}-{a}-{b}", op, "quantized", _binary(op, a, b, dtype, False), dtype)
-       for dtype in QUANT for op in ("ADD", "SUB", "MUL", "LESS", "EQUAL", "GREATER_EQUAL")
+       for dtype in QUANT for op in ("ADD", "SUB", "MUL", "LESS", "EQUAL", "NOT_EQUAL", "GREATER_EQUAL", *DIVISIONS)
        for a, b in RANKS[:6] if not (dtype == "int16" and op == "MUL")]
+    + [Case(f"REDUCE_PROD-{dtype}", "REDUCE_PROD", "quantized", _reduce_prod(dtype), dtype) for dtype in QUANT]
+    + [Case("RFFT2D-COMPLEX_ABS", "RFFT2D", "spectral", _rfft2d)]
     + [Case(f"CONV_2D-groups{g}", "CONV_2D", "grouped_conv" if g > 1 else "conv", _grouped_conv(g)) for g in (1, 2, 4)]
     + [Case(f"FULLY_CONNECTED-hybrid-{'asym' if a else 'sym'}", "FULLY_CONNECTED", "hybrid", _hybrid_fully_connected(a), "hybrid")
        for a in (False, True)]
@@ -105,10 +128,17 @@ TOLERANCES = {("cpu", "fp32"): (1e-5, 0), ("opencl", "fp32"): (1e-4, 0), ("wgpu"
 # (op code or kind, backend) -> words of the reason the backend must give when it refuses (op
 # codes first, then kinds); rank-5 and rank-6 operands do not fit the GPU layout.
 GPUS = ("opencl", "wgpu")
-REFUSALS = {**{(op, gpu): "no GPU kernel" for op in ("DIV", "SQUARED_DIFFERENCE", *COMPARISONS) for gpu in GPUS},
+REFUSALS = {**{(op, gpu): "no GPU kernel" for op in ("SQUARED_DIFFERENCE", "REDUCE_PROD", "RFFT2D", *DIVISIONS,
+                                                     *COMPARISONS) for gpu in GPUS},
             **{("quantized", gpu): "quantized" for gpu in GPUS}, **{("hybrid", gpu): "" for gpu in GPUS},
             ("grouped_conv", "opencl"): "grouped CONV_2D"}
 GPU_RANK_LIMIT = 4
+
+# (op, kind, backend, engine) cells that may fail with a CompileError tracked elsewhere: the LiteRT
+# engine invokes each partition once at compile time on inputs nobody set, and LiteRT's integer
+# divisions then stop on a zero divisor (issue 16's stateful-execution point: nothing may run a
+# partition before the user does).
+KNOWN_COMPILE_FAILURES = {(op, "quantized", "cpu", "litert") for op in DIVISIONS}
 
 
 def _expected_refusal(case: Case, backend: str, model: bytes) -> str | None:
@@ -136,7 +166,9 @@ CELLS = [(case, backend, engine, precision) for case in CASES for backend, engin
 
 @pytest.mark.parametrize("case,backend,engine,precision", CELLS,
                          ids=[f"{c.id}-{b}{'-' + e if e else ''}-{p}" for c, b, e, p in CELLS])
-def test_conformance(case: Case, backend: str, engine: str | None, precision: str):
+def test_conformance(case: Case, backend: str, engine: str | None, precision: str, request):
+    if (case.op, case.kind, backend, engine) in KNOWN_COMPILE_FAILURES:
+        request.applymarker(pytest.mark.xfail(raises=CompileError, reason="the LiteRT engine invokes at compile time"))
     available, why = _available(backend)
     if not available:
         pytest.skip(f"{backend} is not available here: {why}")

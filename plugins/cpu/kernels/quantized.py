@@ -442,11 +442,12 @@ def softmax(op: Op):
 
 @kernel(*COMPARE, quantized=True)
 def compare(op: Op):
-    """int8/uint8 operands are compared on a common real scale, as LiteRT does: each offset value,
-    shifted left by 8, times its own scale in fixed point (so values that scale to the same number
-    compare equal); int16 operands are compared as stored."""
+    """Operands are compared on a common real scale, as LiteRT does: each offset value, shifted left
+    by 8, times its own scale in fixed point (so values that scale to the same number compare equal).
+    LiteRT orders int16 operands as stored, whatever their scales; only its int16 EQUAL and
+    NOT_EQUAL rescale."""
     fn, (a, b) = COMPARE[op.opcode], op.inputs[:2]
-    if a.dtype.numpy not in (np.int8, np.uint8):
+    if a.dtype.numpy == np.int16 and op.opcode not in ("EQUAL", "NOT_EQUAL"):
         return lambda ins, outs: fn(ins[0], ins[1], out=outs[0])
     params = [(zero_point(t), *quantize_multiplier(np.float64(scale(t)))) for t in (a, b)]
 
@@ -461,3 +462,49 @@ def compare(op: Op):
 def floor_div_mod(op: Op):
     """LiteRT computes these on the stored integers, whatever their quantization."""
     return arithmetic(op)
+
+
+def _leading_zeros(x: np.ndarray) -> np.ndarray:
+    """Leading zero bits of non-negative int32 values held in int64 (32 for zero)."""
+    return 32 - np.frexp(x.astype(np.float64))[1].astype(np.int64)
+
+
+def _reciprocal(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LiteRT's GetReciprocal of positive int32 ``x``: (Q0.31 significand of 1 / x normalised, bits over
+    one), by gemmlowp's three Newton-Raphson steps from 48/17 - 32/17 d on d = x normalised to [0.5, 1)."""
+    over = _leading_zeros(x)
+    fraction = ((x << over) & 0xFFFFFFFF) - (1 << 31)
+    total = fraction + INT32_MAX
+    half = trunc_div(total + np.where(total >= 0, 1, -1), 2)
+    estimate = 1515870810 + saturating_rounding_doubling_high_mul(half, -1010580540)
+    for _ in range(3):
+        error = (1 << 29) - saturating_rounding_doubling_high_mul(half, estimate)
+        estimate = estimate + np.clip(saturating_rounding_doubling_high_mul(estimate, error) << 2, -(1 << 31), INT32_MAX)
+    return np.clip(estimate << 1, -(1 << 31), INT32_MAX), 31 - over
+
+
+@kernel("DIV", quantized=True)
+def div(op: Op):
+    """LiteRT's quantized DIV: the offset divisor's fixed-point reciprocal (signs moved onto the
+    dividend), times the dividend shifted to full headroom, rescaled by s_a / (s_b * s_out)."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    multiplier, shift = quantize_multiplier(np.float64(scale(a) / (scale(b) * scale(out))))
+    offsets, bounds = (zero_point(a), zero_point(b)), activation_bounds(op)
+
+    def run(ins, outs):
+        x, y = (v.astype(np.int64) - zp for v, zp in zip(ins, offsets))
+        x, y = np.broadcast_arrays(np.where(y < 0, -x, x), np.abs(y))
+        if np.any(y == 0):
+            raise ValueError("quantized DIV by a value at the divisor's zero point")
+        inverse, over = _reciprocal(y)
+        headroom = np.where(x >= 0, _leading_zeros(x) - 1, _leading_zeros(2 * np.abs(x) - 1))  # redundant sign bits
+        quotient = saturating_rounding_doubling_high_mul(saturating_rounding_doubling_high_mul(x << headroom, inverse),
+                                                         multiplier)
+        right = np.maximum(over + headroom - shift, 0)
+        # A small dividend needs a right shift of 32 bits or more, which LiteRT's int32 code takes
+        # modulo 32 (its rounding mask becomes all ones): reproduced, as the specification.
+        wide = right >= 32
+        result = np.where(wide, (quotient >> (right & 31)) + (quotient >= 0),
+                          rounding_divide_by_pot(quotient, np.where(wide, 0, right)))
+        store(outs[0], result + zero_point(out), *bounds)
+    return run
