@@ -57,12 +57,16 @@ def is_quantized_op(op: Op) -> bool:
     return False
 
 
+def is_hybrid_weight(t) -> bool:
+    """Whether ``t`` holds int8 weights stored quantized (not behind a DEQUANTIZE)."""
+    return t is not None and t.data is not None and t.quantization is not None and t.dtype.numpy == np.int8
+
+
 def is_hybrid_op(op: Op) -> bool:
-    """True when float activations meet int8 weights stored quantized (not behind a DEQUANTIZE):
-    LiteRT then quantizes the activations at run time instead of dequantizing the weights."""
-    x, w = op.inputs[0] if op.inputs else None, op.input(1)
-    return (x is not None and x.dtype.numpy == np.float32 and w is not None and w.data is not None
-            and w.quantization is not None and w.dtype.numpy == np.int8)
+    """True when float activations meet int8 weights stored quantized: LiteRT then quantizes the
+    activations at run time instead of dequantizing the weights."""
+    x = op.inputs[0] if op.inputs else None
+    return x is not None and x.dtype.numpy == np.float32 and is_hybrid_weight(op.input(1))
 
 
 # Ops that only move, select or reorder values: their float kernels are exact on quantized
