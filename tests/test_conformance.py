@@ -61,6 +61,22 @@ def _binary(op: str, a: tuple, b: tuple, dtype: str, constant: bool):
     return build
 
 
+# Unary float ops, on inputs inside their domains (positive where a log or root needs it).
+UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC", "TANH", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "ABS", "NEG",
+         "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "HARD_SWISH", "GELU", "ELU", "LEAKY_RELU")
+POSITIVE = ("LOG", "SQRT", "RSQRT")
+
+
+def _unary(op: str, shape: tuple):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", shape)
+        g.output(g.op(op, [x], options={"alpha": 0.2} if op == "LEAKY_RELU" else None))
+        values = (rng.standard_normal(shape) * 3).astype(np.float32)
+        return g.to_bytes(), [np.abs(values) + np.float32(0.1) if op in POSITIVE else values]
+    return build
+
+
 def _grouped_conv(groups: int):
     def build(rng):
         g = GraphBuilder()
@@ -106,6 +122,7 @@ CASES: list[Case] = (
      for op in ARITHMETIC for a, b in RANKS for c in (False, True)]
     + [Case(f"{op}-{a}-{b}", op, "elementwise", _binary(op, a, b, "float32", False))
        for op in COMPARISONS for a, b in RANKS[:4]]
+    + [Case(f"{op}-{shape}", op, "unary", _unary(op, shape)) for op in UNARY for shape in ((1, 5, 4, 6), (3, 7))]
     + [Case(f"{op}-{dtype}-{a}-{b}", op, "quantized", _binary(op, a, b, dtype, False), dtype)
        for dtype in QUANT for op in ("ADD", "SUB", "MUL", "LESS", "EQUAL", "NOT_EQUAL", "GREATER_EQUAL", *DIVISIONS)
        for a, b in RANKS[:6] if not (dtype == "int16" and op == "MUL")]
@@ -128,8 +145,10 @@ TOLERANCES = {("cpu", "fp32"): (1e-5, 0), ("opencl", "fp32"): (1e-4, 0), ("wgpu"
 # (op code or kind, backend) -> words of the reason the backend must give when it refuses (op
 # codes first, then kinds); rank-5 and rank-6 operands do not fit the GPU layout.
 GPUS = ("opencl", "wgpu")
-REFUSALS = {**{(op, gpu): "no GPU kernel" for op in ("SQUARED_DIFFERENCE", "REDUCE_PROD", "RFFT2D", *DIVISIONS,
-                                                     *COMPARISONS) for gpu in GPUS},
+NO_GPU_KERNEL = ("SQUARED_DIFFERENCE", "REDUCE_PROD", "RFFT2D", *DIVISIONS, *COMPARISONS, "RELU_N1_TO_1", "LOG",
+                 "SQRT", "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "GELU", "ELU",
+                 "LEAKY_RELU")
+REFUSALS = {**{(op, gpu): "no GPU kernel" for op in NO_GPU_KERNEL for gpu in GPUS},
             **{("quantized", gpu): "quantized" for gpu in GPUS}, **{("hybrid", gpu): "" for gpu in GPUS},
             ("grouped_conv", "opencl"): "grouped CONV_2D"}
 GPU_RANK_LIMIT = 4
