@@ -19,7 +19,7 @@ from delegate import Op, Tensor
 
 from ..registry import kernel
 from .common import fused, window_view
-from .conv import _conv_pads
+from .conv import conv_pads
 from .quant_util import round_half_away
 
 
@@ -111,7 +111,7 @@ def _padded_images(op: Op, x: np.ndarray, asymmetric: bool, kernel_hw) -> tuple[
     """(each image quantized, less its zero point, zero-padded as the op pads; its float32 scale)."""
     n, h, w, c = x.shape
     out_hw = op.outputs[0].shape[1:3]
-    top, bottom, left, right = _conv_pads(op, (h, w), kernel_hw, out_hw)
+    top, bottom, left, right = conv_pads(op, (h, w), kernel_hw, out_hw)
     q, step, _ = quantize_rows(np.asarray(x, np.float32).reshape(n, -1), asymmetric)
     return np.pad(q.reshape(x.shape), ((0, 0), (top, bottom), (left, right), (0, 0))), step
 

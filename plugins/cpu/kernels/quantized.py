@@ -22,8 +22,8 @@ from .elementwise import COMPARE, arithmetic
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, lookup_table,
-    multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
+    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, leading_zeros,
+    lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
     rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
     vector_lanes, zero_point)
 
@@ -464,15 +464,10 @@ def floor_div_mod(op: Op):
     return arithmetic(op)
 
 
-def _leading_zeros(x: np.ndarray) -> np.ndarray:
-    """Leading zero bits of non-negative int32 values held in int64 (32 for zero)."""
-    return 32 - np.frexp(x.astype(np.float64))[1].astype(np.int64)
-
-
 def _reciprocal(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """LiteRT's GetReciprocal of positive int32 ``x``: (Q0.31 significand of 1 / x normalised, bits over
     one), by gemmlowp's three Newton-Raphson steps from 48/17 - 32/17 d on d = x normalised to [0.5, 1)."""
-    over = _leading_zeros(x)
+    over = leading_zeros(x)
     fraction = ((x << over) & 0xFFFFFFFF) - (1 << 31)
     total = fraction + INT32_MAX
     half = trunc_div(total + np.where(total >= 0, 1, -1), 2)
@@ -497,7 +492,7 @@ def div(op: Op):
         if np.any(y == 0):
             raise ValueError("quantized DIV by a value at the divisor's zero point")
         inverse, over = _reciprocal(y)
-        headroom = np.where(x >= 0, _leading_zeros(x) - 1, _leading_zeros(2 * np.abs(x) - 1))  # redundant sign bits
+        headroom = np.where(x >= 0, leading_zeros(x) - 1, leading_zeros(2 * np.abs(x) - 1))  # redundant sign bits
         quotient = saturating_rounding_doubling_high_mul(saturating_rounding_doubling_high_mul(x << headroom, inverse),
                                                          multiplier)
         right = np.maximum(over + headroom - shift, 0)
