@@ -16,9 +16,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from delegate import CompileError, CompileOptions
+from delegate import CompileError, CompileOptions, PluginError, read_model
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
+from delegate.validate import validate_graph
 from tests.oputil import assert_close, delegate_run, litert_run
 
 ARITHMETIC = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE")
@@ -165,7 +166,6 @@ def _expected_refusal(case: Case, backend: str, model: bytes) -> str | None:
         if (key, backend) in REFUSALS:
             return REFUSALS[key, backend]
     if backend in ("opencl", "wgpu"):
-        from delegate import read_model
         ranks = [len(t.shape) for op in read_model(model).main.ops for t in op.inputs if t is not None]
         if max(ranks) > GPU_RANK_LIMIT:
             return "rank"
@@ -175,7 +175,7 @@ def _expected_refusal(case: Case, backend: str, model: bytes) -> str | None:
 def _available(backend: str) -> tuple[bool, str]:
     try:
         return default_manager().backend_info(backend).available()
-    except Exception as exc:  # a backend whose plugin is not installed
+    except PluginError as exc:  # its plugin is not installed
         return False, str(exc)
 
 
@@ -202,7 +202,6 @@ def test_conformance(case: Case, backend: str, engine: str | None, precision: st
     options = CompileOptions(precision=precision)
     refusal = _expected_refusal(case, backend, model)
     be = default_manager().backend_info(backend).factory({"engine": engine} if engine else {})
-    from delegate import read_model
     answers = [be.supports(op, options) for op in read_model(model).main.ops]
     if refusal is not None:
         refused = [a for a in answers if not a]
@@ -213,3 +212,10 @@ def test_conformance(case: Case, backend: str, engine: str | None, precision: st
     rtol, lsb = TOLERANCES[backend, precision]
     actual = delegate_run(model, inputs, backend, options, {"engine": engine} if engine else None)
     assert_close(actual, expected, rtol=rtol, atol=rtol, lsb=lsb)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cases_pass_validation(case: Case):
+    """Every case is a well-formed model: the load-time checks (shape rules included) accept it, as LiteRT does."""
+    model, _ = case.build(np.random.default_rng(0))
+    validate_graph(read_model(model).main)
