@@ -126,7 +126,7 @@ CASES: list[Case] = (
     + [Case(f"{op}-{shape}", op, "unary", _unary(op, shape)) for op in UNARY for shape in ((1, 5, 4, 6), (3, 7))]
     + [Case(f"{op}-{dtype}-{a}-{b}", op, "quantized", _binary(op, a, b, dtype, False), dtype)
        for dtype in QUANT for op in ("ADD", "SUB", "MUL", "LESS", "EQUAL", "NOT_EQUAL", "GREATER_EQUAL", *DIVISIONS)
-       for a, b in RANKS[:6] if not (dtype == "int16" and op == "MUL")]
+       for a, b in RANKS if not (dtype == "int16" and op == "MUL")]
     + [Case(f"REDUCE_PROD-{dtype}", "REDUCE_PROD", "quantized", _reduce_prod(dtype), dtype) for dtype in QUANT]
     + [Case("RFFT2D-COMPLEX_ABS", "RFFT2D", "spectral", _rfft2d)]
     + [Case(f"CONV_2D-groups{g}", "CONV_2D", "grouped_conv" if g > 1 else "conv", _grouped_conv(g)) for g in (1, 2, 4)]
@@ -161,15 +161,15 @@ GPU_RANK_LIMIT = 4
 KNOWN_COMPILE_FAILURES = {(op, "quantized", "cpu", "litert") for op in DIVISIONS}
 
 
-def _expected_refusal(case: Case, backend: str, model: bytes) -> str | None:
-    for key in (case.op, case.kind):
-        if (key, backend) in REFUSALS:
-            return REFUSALS[key, backend]
-    if backend in ("opencl", "wgpu"):
+def _expected_refusal(case: Case, backend: str, model: bytes) -> tuple[str, ...]:
+    """The words one of which the backend's reason must hold (any of the case's reasons may come
+    first); empty when it must run the case."""
+    words = tuple(REFUSALS[key, backend] for key in (case.op, case.kind) if (key, backend) in REFUSALS)[:1]
+    if backend in GPUS:
         ranks = [len(t.shape) for op in read_model(model).main.ops for t in op.inputs if t is not None]
         if max(ranks) > GPU_RANK_LIMIT:
-            return "rank"
-    return None
+            words += ("rank",)
+    return words
 
 
 def _available(backend: str) -> tuple[bool, str]:
@@ -203,10 +203,10 @@ def test_conformance(case: Case, backend: str, engine: str | None, precision: st
     refusal = _expected_refusal(case, backend, model)
     be = default_manager().backend_info(backend).factory({"engine": engine} if engine else {})
     answers = [be.supports(op, options) for op in read_model(model).main.ops]
-    if refusal is not None:
+    if refusal:
         refused = [a for a in answers if not a]
-        assert refused, f"{backend} claims support for a case it must refuse ({refusal})"
-        assert refusal in refused[0].reason, refused[0].reason
+        assert refused, f"{backend} claims support for a case it must refuse ({' or '.join(refusal)})"
+        assert any(word in refused[0].reason for word in refusal), refused[0].reason
         return
     assert all(answers), f"{backend} refuses: {[a.reason for a in answers if not a]}"
     rtol, lsb = TOLERANCES[backend, precision]
