@@ -3,7 +3,9 @@
 Output shapes declared in the file are compared with those the op's shape rule
 derives from its inputs, as TFLite's Prepare step would; a mismatch or an
 operand the op cannot use is a ModelFormatError naming the op, so no kernel
-ever sees an inconsistent model.  Ops without a shape rule are left to their backend.
+ever sees an inconsistent model.  Custom ops with a rule (TFLite_Detection_PostProcess)
+have their outputs sized by it, as LiteRT's Prepare does whatever the file declares
+(converters write placeholders).  Ops without a shape rule are left to their backend.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ def validate_graph(graph: Subgraph) -> None:
         except Exception as exc:
             raise ModelFormatError(f"shapes do not follow from the inputs ({type(exc).__name__}: {exc})") from None
     for op in graph.ops:
-        if op.custom or not has_rule(op.opcode):
+        if not has_rule(op.opcode):
+            continue
+        if op.custom:
+            _size_outputs(op)
             continue
         if not op.outputs:
             raise ModelFormatError(f"{op.describe()}: has no outputs")
@@ -47,3 +52,16 @@ def validate_graph(graph: Subgraph) -> None:
             if tuple(shape) != t.shape and t.size != 0:
                 raise ModelFormatError(f"{op.describe()}: output tensor {t.index} ({t.name!r}) has shape "
                                        f"{list(t.shape)} but its inputs give {list(shape)}")
+
+
+def _size_outputs(op) -> None:
+    try:
+        shapes = infer_output_shapes(op, len(op.outputs))
+    except DelegateError as exc:
+        raise ModelFormatError(f"{op.describe()}: {exc}") from None
+    except Exception as exc:
+        raise ModelFormatError(f"{op.describe()}: operands do not fit the op ({type(exc).__name__}: {exc})") from None
+    if len(shapes) != len(op.outputs):
+        raise ModelFormatError(f"{op.describe()}: has {len(op.outputs)} outputs, its operands give {len(shapes)}")
+    for t, shape in zip(op.outputs, shapes):
+        t.shape = tuple(int(d) for d in shape)
