@@ -100,6 +100,25 @@ def _hybrid_fully_connected(asymmetric: bool):
     return build
 
 
+def _hybrid_conv(opcode: str, per_channel: bool):
+    """A dynamic-range CONV_2D or DEPTHWISE_CONV_2D: int8 weights with one scale or one per channel."""
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (2, 7, 6, 4))
+        shape, axis = ((6, 3, 3, 4), 0) if opcode == "CONV_2D" else ((1, 3, 3, 4), 3)
+        channels = shape[axis]
+        scales = rng.uniform(0.002, 0.02, channels) if per_channel else np.full(channels, 0.01)
+        w = g.const("w", rng.integers(-127, 128, shape).astype(np.int8),
+                    quant=(scales.astype(np.float32), np.zeros(channels, np.int64), axis))
+        options = {"padding": "SAME", "stride_h": 1, "stride_w": 1}
+        if opcode == "DEPTHWISE_CONV_2D":
+            options["depth_multiplier"] = 1
+        g.output(g.op(opcode, [x, w, g.const("b", rng.standard_normal(channels).astype(np.float32))], dtype="float32",
+                      options=options))
+        return g.to_bytes(), [rng.standard_normal((2, 7, 6, 4)).astype(np.float32)]
+    return build
+
+
 def _reduce_prod(dtype: str):
     def build(rng):
         g = GraphBuilder()
@@ -130,6 +149,8 @@ CASES: list[Case] = (
     + [Case(f"REDUCE_PROD-{dtype}", "REDUCE_PROD", "quantized", _reduce_prod(dtype), dtype) for dtype in QUANT]
     + [Case("RFFT2D-COMPLEX_ABS", "RFFT2D", "spectral", _rfft2d)]
     + [Case(f"CONV_2D-groups{g}", "CONV_2D", "grouped_conv" if g > 1 else "conv", _grouped_conv(g)) for g in (1, 2, 4)]
+    + [Case(f"{op}-hybrid-{'per-channel' if p else 'per-tensor'}", op, "hybrid", _hybrid_conv(op, p), "hybrid")
+       for op in ("CONV_2D", "DEPTHWISE_CONV_2D") for p in (False, True)]
     + [Case(f"FULLY_CONNECTED-hybrid-{'asym' if a else 'sym'}", "FULLY_CONNECTED", "hybrid", _hybrid_fully_connected(a), "hybrid")
        for a in (False, True)]
 )
