@@ -2,11 +2,14 @@
 
 Used by the builder (so tests need not spell output shapes) and by the runtime
 when an input is resized.  Rules follow the TFLite kernels' Prepare steps;
-constant operands (axes, shapes, paddings) are read from the tensors' data.
+constant operands (axes, shapes, paddings) are read from the tensors' data, or,
+while ``propagate`` runs, from the values of shape arithmetic (see shape_values).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable
 
 import numpy as np
@@ -49,8 +52,15 @@ def infer_output_shapes(op: Op, num_outputs: int = 1) -> list[Shape]:
     return shapes
 
 
+# Values of shape arithmetic computed by ``propagate``, by tensor index.
+_KNOWN: ContextVar[dict[int, np.ndarray] | None] = ContextVar("shape_values", default=None)
+
+
 def const_values(op: Op, i: int) -> np.ndarray:
     t = op.input(i)
+    known = _KNOWN.get()
+    if t is not None and t.data is None and known is not None and t.index in known:
+        return known[t.index]
     if t is None or t.data is None:
         raise UnsupportedOpError(f"{op.describe()}: input {i} must be constant to infer shapes",
                                  op_index=op.index, opcode=op.opcode)
@@ -74,7 +84,8 @@ ELEMENTWISE_BINARY = ("ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE", "POW", "
 ELEMENTWISE_UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "HARD_SWISH", "LOGISTIC",
                      "TANH", "GELU", "ELU", "SOFTMAX", "LOG_SOFTMAX", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE",
                      "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "LOGICAL_NOT", "CAST", "DEQUANTIZE",
-                     "QUANTIZE", "L2_NORMALIZATION", "CUMSUM", "SIGN", "ZEROS_LIKE", "LOCAL_RESPONSE_NORMALIZATION")
+                     "QUANTIZE", "L2_NORMALIZATION", "CUMSUM", "SIGN", "ZEROS_LIKE", "LOCAL_RESPONSE_NORMALIZATION",
+                     "COMPLEX_ABS", "REAL", "IMAG")
 
 
 @rule(*ELEMENTWISE_BINARY)
@@ -146,11 +157,8 @@ def _batch_matmul(op: Op) -> list[Shape]:
 def _reshape(op: Op) -> list[Shape]:
     total = op.inputs[0].size
     shape_input = op.input(1)
-    if shape_input is not None and shape_input.data is not None:
-        target = [int(v) for v in np.asarray(shape_input.data).ravel()]
-    elif shape_input is not None and not op.options.get("new_shape"):
-        const_values(op, 1)  # computed at run time: raises "must be constant"
-        target = []
+    if shape_input is not None and (shape_input.data is not None or not op.options.get("new_shape")):
+        target = [int(v) for v in const_values(op, 1).ravel()]  # a shape computed at run time raises
     else:
         target = list(op.options.get("new_shape", []))
     if -1 in target:
@@ -182,6 +190,13 @@ def _concat(op: Op) -> list[Shape]:
     axis = op.options.get("axis", 0) % len(shape)
     shape[axis] = sum(t.shape[axis] for t in op.inputs)
     return [tuple(shape)]
+
+
+@rule("RFFT2D")
+def _rfft2d(op: Op) -> list[Shape]:
+    """The two innermost dimensions become fft_length's rows and half its columns, plus one."""
+    rows, columns = (int(v) for v in const_values(op, 1).ravel())
+    return [op.inputs[0].shape[:-2] + (rows, columns // 2 + 1)]
 
 
 @rule("TRANSPOSE")
@@ -380,22 +395,92 @@ def _detection_postprocess(op: Op) -> list[Shape]:
 def propagate(graph, strict: bool = True) -> None:
     """Recompute every op's output shapes from the graph inputs' (after an input was resized).
 
-    ``strict=False`` keeps the declared shapes of ops without a rule instead of refusing.
+    Shapes computed in the graph (SHAPE of a tensor, sliced, packed, multiplied) are
+    evaluated on the way, so FILL, BROADCAST_TO, RESHAPE and the like fed by them get
+    their shapes too.  ``strict=False`` keeps the declared shapes of ops without a rule
+    instead of refusing.
     """
-    for op in graph.topological_order():
-        if not has_rule(op.opcode):
-            if not strict:
-                continue
-            raise UnsupportedOpError(f"cannot change shapes: {op.describe()} has no shape rule",
-                                     op_index=op.index, opcode=op.opcode)
-        try:
-            shapes = infer_output_shapes(op, len(op.outputs))
-        except UnsupportedOpError:
-            if strict:
-                raise
-            continue  # depends on values computed at run time: the declared shapes stand
-        for out, shape in zip(op.outputs, shapes):
-            out.shape = tuple(int(d) for d in shape)
+    with shape_values() as known:
+        for op in graph.topological_order():
+            if not has_rule(op.opcode):
+                if not strict:
+                    continue
+                raise UnsupportedOpError(f"cannot change shapes: {op.describe()} has no shape rule",
+                                         op_index=op.index, opcode=op.opcode)
+            try:
+                shapes = infer_output_shapes(op, len(op.outputs))
+            except UnsupportedOpError:
+                if strict:
+                    raise
+                continue  # depends on values computed at run time: the declared shapes stand
+            for out, shape in zip(op.outputs, shapes):
+                out.shape = tuple(int(d) for d in shape)
+            _evaluate_shape_arithmetic(op, known)
+
+
+@contextmanager
+def shape_values():
+    """Collect the values of shape arithmetic (a dict by tensor index) for the rules run inside."""
+    known = _KNOWN.get()
+    if known is not None:
+        yield known
+        return
+    token = _KNOWN.set({})
+    try:
+        yield _KNOWN.get()
+    finally:
+        _KNOWN.reset(token)
+
+
+# Integer ops that compute shapes from shapes, as numpy computes them on small int vectors;
+# each takes (op, input values) and gives its one output's value.
+_SHAPE_ARITHMETIC: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {
+    "SHAPE": lambda op, v: np.asarray(op.inputs[0].shape),
+    "CAST": lambda op, v: v[0],
+    "PACK": lambda op, v: np.stack(v, axis=op.options.get("axis", 0)),
+    "CONCATENATION": lambda op, v: np.concatenate([np.atleast_1d(x) for x in v], axis=op.options.get("axis", 0)),
+    "RESHAPE": lambda op, v: v[0].reshape(op.outputs[0].shape),
+    "SQUEEZE": lambda op, v: v[0].reshape(op.outputs[0].shape),
+    "EXPAND_DIMS": lambda op, v: v[0].reshape(op.outputs[0].shape),
+    "GATHER": lambda op, v: np.take(v[0], v[1], axis=op.options.get("axis", 0)),
+    "SLICE": lambda op, v: v[0][tuple(slice(int(b), None if int(n) == -1 else int(b) + int(n))
+                                      for b, n in zip(v[1].ravel(), v[2].ravel()))],
+    "STRIDED_SLICE": lambda op, v: _strided(op, v),
+    "ADD": lambda op, v: v[0] + v[1], "SUB": lambda op, v: v[0] - v[1], "MUL": lambda op, v: v[0] * v[1],
+    "FLOOR_DIV": lambda op, v: v[0] // v[1], "MAXIMUM": lambda op, v: np.maximum(v[0], v[1]),
+    "MINIMUM": lambda op, v: np.minimum(v[0], v[1]),
+    "REDUCE_PROD": lambda op, v: np.prod(v[0], axis=tuple(int(a) for a in v[1].ravel()),
+                                         keepdims=bool(op.options.get("keep_dims"))),
+}
+_SHAPE_VALUE_LIMIT = 64  # elements: shape vectors, never activations
+
+
+def _strided(op: Op, v: list[np.ndarray]) -> np.ndarray:
+    from .strided import strided_slice_plan
+    return strided_slice_plan(v[0].shape, v[1], v[2], v[3], op.options).apply(v[0])
+
+
+def _evaluate_shape_arithmetic(op: Op, known: dict[int, np.ndarray]) -> None:
+    """Record the value of ``op``'s output when it is integer shape arithmetic on known values."""
+    fn = _SHAPE_ARITHMETIC.get(op.opcode)
+    if fn is None or op.custom or len(op.outputs) != 1:
+        return
+    out = op.outputs[0]
+    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.size > _SHAPE_VALUE_LIMIT:
+        return
+    operands = [t for t in op.inputs if t is not None]
+    if any(t.quantization is not None for t in operands + [out]):
+        return  # quantized integers are activations, not shapes
+    if op.opcode == "SHAPE":
+        values = []
+    elif all(t.data is not None or t.index in known for t in operands):
+        values = [np.asarray(t.data) if t.data is not None else known[t.index] for t in operands]
+    else:
+        return
+    try:
+        known[out.index] = np.asarray(fn(op, values)).astype(out.dtype.numpy).reshape(out.shape)
+    except (ValueError, IndexError):
+        pass  # operands that do not fit: the kernel's checks report it at run time
 
 
 def with_batch(graph, batch: int) -> None:

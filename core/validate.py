@@ -8,7 +8,9 @@ declared in the file are compared with those the op's shape rule derives.
 Every tensor's quantization is checked once (finite positive scales, zero
 points the type can hold).  A failure is a ModelFormatError naming the op and
 the rule.  Every op code with a shape rule or a CPU kernel has an entry here
-(tests/test_hostile.py checks that), so a new op cannot skip the door.
+(tests/test_hostile.py checks that), so a new op cannot skip the door.  Custom ops with a rule
+(TFLite_Detection_PostProcess) have their outputs sized by it, as LiteRT's
+Prepare does whatever the file declares (converters write placeholders).
 """
 
 from __future__ import annotations
@@ -125,11 +127,21 @@ def _binary(op: Op) -> None:
 
 _UNARY_WITH_AXIS = ("CUMSUM",)
 # Unary ops keep their input's type, but for casts and SOFTMAX (int8 in, int16 out in LiteRT).
-_CHANGE_TYPE = ("CAST", "QUANTIZE", "DEQUANTIZE", "SOFTMAX")
+_CHANGE_TYPE = ("CAST", "QUANTIZE", "DEQUANTIZE", "SOFTMAX", "COMPLEX_ABS", "REAL", "IMAG")
 operands(*(code for code in ELEMENTWISE_UNARY if code not in _UNARY_WITH_AXIS + _CHANGE_TYPE),
          inputs=1, keeps_type=0)
 operands("SOFTMAX", inputs=1)
-operands("CAST", "QUANTIZE", "DEQUANTIZE", "SHAPE", inputs=1)
+operands("CAST", "QUANTIZE", "DEQUANTIZE", "SHAPE", "COMPLEX_ABS", "REAL", "IMAG", inputs=1)
+
+
+@operands("RFFT2D", inputs=2)
+def _rfft2d(op: Op) -> None:
+    _rank(op.inputs[0], *range(2, 9))
+    size = _const(op, 1)
+    need(size is not None, "fft_length must be a constant")
+    need(size.size == 2 and all(int(v) >= 1 and not int(v) & (int(v) - 1) for v in size.ravel()),
+         f"fft_length {size.ravel().tolist()} must be two powers of two")
+    need(int(size.ravel()[1]) >= 2, f"fft_length {size.ravel().tolist()}: the real transform needs 2 columns")
 operands("DENSIFY", "ZEROS_LIKE", inputs=1, keeps_type=0)
 
 # -- state and control flow (their subgraphs are checked where they are called) ------------------
@@ -613,6 +625,9 @@ def validate_graph(graph: Subgraph) -> None:
         check_operands(op)
         if not has_rule(op.opcode):
             continue
+        if op.custom:
+            _size_outputs(op)
+            continue
         if not op.outputs:
             raise ModelFormatError(f"{op.describe()}: has no outputs")
         try:
@@ -630,3 +645,16 @@ def validate_graph(graph: Subgraph) -> None:
             if tuple(shape) != t.shape and t.size != 0:
                 raise ModelFormatError(f"{op.describe()}: output tensor {t.index} ({t.name!r}) has shape "
                                        f"{list(t.shape)} but its inputs give {list(shape)}")
+
+
+def _size_outputs(op) -> None:
+    try:
+        shapes = infer_output_shapes(op, len(op.outputs))
+    except DelegateError as exc:
+        raise ModelFormatError(f"{op.describe()}: {exc}") from None
+    except Exception as exc:
+        raise ModelFormatError(f"{op.describe()}: operands do not fit the op ({type(exc).__name__}: {exc})") from None
+    if len(shapes) != len(op.outputs):
+        raise ModelFormatError(f"{op.describe()}: has {len(op.outputs)} outputs, its operands give {len(shapes)}")
+    for t, shape in zip(op.outputs, shapes):
+        t.shape = tuple(int(d) for d in shape)

@@ -46,14 +46,15 @@ def delegate_run(model: bytes, inputs: Sequence[np.ndarray], backend: str = "cpu
 
 def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float = 1e-5,
                  atol: float = 1e-6, lsb: int = 1) -> None:
-    """Float outputs within rtol/atol (relative to the output range); integer outputs within ``lsb``."""
+    """Float (and complex) outputs within rtol/atol (relative to the output range); integer outputs within
+    ``lsb``."""
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
         a, e = np.asarray(a), np.asarray(e)
         assert a.shape == e.shape, f"output {i}: shape {a.shape} != {e.shape}"
-        if e.dtype.kind == "f":
+        if e.dtype.kind in "fc":
             scale = max(float(np.abs(e).max()) if e.size else 0.0, 1.0)
-            err = float(np.abs(a.astype(np.float64) - e).max()) if e.size else 0.0
+            err = float(np.abs(a.astype(np.result_type(e.dtype, np.float64)) - e).max()) if e.size else 0.0
             assert err <= atol + rtol * scale, f"output {i}: max abs error {err:.3g} > {atol + rtol * scale:.3g}"
         elif e.dtype == np.bool_:
             assert np.array_equal(a, e), f"output {i}: boolean outputs differ"

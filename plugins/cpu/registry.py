@@ -5,7 +5,8 @@ compile time (precomputing transposed weights, dequantized constants, index
 maps) and returns ``run(inputs, outputs)``, which reads the input arrays and
 writes into the preallocated output arrays.  Float and quantized variants of
 one op are registered separately; the quantized one is chosen when the op's
-first input carries quantization and an integer dtype.
+first input carries quantization and an integer dtype, the hybrid one when float
+activations meet int8 weights stored quantized (dynamic-range quantization).
 
 A kernel that lays out inputs known at compile time itself (weights behind
 DEQUANTIZE) marks them with ``laid_out``: the partition then passes None in
@@ -25,12 +26,13 @@ Factory = Callable[[Op], Run]
 
 FLOAT_KERNELS: dict[str, Factory] = {}
 QUANT_KERNELS: dict[str, Factory] = {}
+HYBRID_KERNELS: dict[str, Factory] = {}
 _INTEGER_Q = (np.int8, np.uint8, np.int16)
 
 
-def kernel(*opcodes: str, quantized: bool = False):
+def kernel(*opcodes: str, quantized: bool = False, hybrid: bool = False):
     """Register a kernel factory for one or more op codes."""
-    table = QUANT_KERNELS if quantized else FLOAT_KERNELS
+    table = HYBRID_KERNELS if hybrid else QUANT_KERNELS if quantized else FLOAT_KERNELS
 
     def register(factory: Factory) -> Factory:
         for code in opcodes:
@@ -55,6 +57,18 @@ def is_quantized_op(op: Op) -> bool:
     return False
 
 
+def is_hybrid_weight(t) -> bool:
+    """Whether ``t`` holds int8 weights stored quantized (not behind a DEQUANTIZE)."""
+    return t is not None and t.data is not None and t.quantization is not None and t.dtype.numpy == np.int8
+
+
+def is_hybrid_op(op: Op) -> bool:
+    """True when float activations meet int8 weights stored quantized: LiteRT then quantizes the
+    activations at run time instead of dequantizing the weights."""
+    x = op.inputs[0] if op.inputs else None
+    return x is not None and x.dtype.numpy == np.float32 and is_hybrid_weight(op.input(1))
+
+
 # Ops that only move, select or reorder values: their float kernels are exact on quantized
 # integers (input and output share one quantization), so they need no quantized twin.
 VALUE_PRESERVING = frozenset({
@@ -76,6 +90,8 @@ def find_kernel(op: Op, custom: dict[str, Factory] | None = None) -> Factory | N
         if op.opcode in QUANT_KERNELS:
             return QUANT_KERNELS[op.opcode]
         return FLOAT_KERNELS.get(op.opcode) if op.opcode in VALUE_PRESERVING else None
+    if op.opcode in HYBRID_KERNELS and is_hybrid_op(op):
+        return HYBRID_KERNELS[op.opcode]
     return FLOAT_KERNELS.get(op.opcode)
 
 

@@ -1,13 +1,19 @@
 """Golden tests of the custom ops: TFLite_Detection_PostProcess (regular and fast NMS) and MediaPipe's
 Convolution2DTransposeBias."""
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from flatbuffers import flexbuffers
 from hypothesis import given, strategies as st
 
+from delegate import load
 from delegate.tflite.builder import GraphBuilder
 from tests.models import transpose_conv_bias_pair
 from tests.oputil import assert_close, delegate_run, litert_run
+
+CPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
 
 
 def _detection_model(num_boxes, num_classes, background, anchors, options):
@@ -84,3 +90,28 @@ def test_detection_postprocess_with_uint8_inputs():
     assert count > 0
     assert_close(actual[3:], expected[3:])
     assert_close([a[:, :count] for a in actual[:3]], [e[:, :count] for e in expected[:3]])
+
+
+@pytest.mark.parametrize("declared", [[(1, 1, 4), (1, 1), (1, 1), (1,)], [(), (), (), ()],
+                                      [(1, 10, 4), (1, 10), (1, 10), (1,)]])
+def test_detection_postprocess_outputs_sized_as_litert_sizes_them(declared):
+    """The file's output shapes are placeholders (converters write [] or [1, 1]); LiteRT's Prepare sizes
+    the outputs from the options, and so does loading here (the numpy engine once failed to broadcast)."""
+    rng = np.random.default_rng(2)
+    options = {"max_detections": 5, "max_classes_per_detection": 1, "use_regular_nms": False,
+               "nms_score_threshold": 0.2, "nms_iou_threshold": 0.5, "num_classes": 3,
+               "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0}
+    b = GraphBuilder()
+    boxes, scores = b.input("boxes", (1, 20, 4)), b.input("scores", (1, 20, 4))
+    outs = b.op("TFLite_Detection_PostProcess", [boxes, scores, b.const("anchors", _anchors(rng, 20))], custom=True,
+                custom_options=flexbuffers.Dumps(options), shapes=declared, dtype="float32")
+    b.output(*outs)
+    model = b.to_bytes()
+    inputs = {"boxes": rng.standard_normal((1, 20, 4)).astype(np.float32),
+              "scores": rng.random((1, 20, 4)).astype(np.float32)}
+    expected = litert_run(model, list(inputs.values()))
+    session = load(model, CPU_CONFIG, **{"cpu.engine": "numpy"})
+    actual = list(session.run(inputs).values())
+    assert [a.shape for a in actual] == [e.shape for e in expected] == [(1, 5, 4), (1, 5), (1, 5), (1,)]
+    count = int(expected[3][0])
+    assert_close([a[:, :count] for a in actual[:3]] + actual[3:], [e[:, :count] for e in expected[:3]] + expected[3:])

@@ -59,9 +59,9 @@ def bias(b, rng, in_scale, scales, per_channel=True, dtype=np.int32):
     return b.const("bias", rng.integers(-3000, 3000, scales.size).astype(dtype), quant=quant)
 
 
-def check(b, inputs, native=True):
+def check(b, inputs, native=True, lsb=1):
     """Against LiteRT's builtin kernels; ``native=False``: the numpy formulations alone (cpu.native off)."""
-    check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=1, backend_options={"native": native})
+    check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=lsb, backend_options={"native": native})
 
 
 def unary_model(opcode, shape, dtype, in_quant, out_quant, options=None, out_dtype=None):
@@ -192,6 +192,51 @@ def test_add_sub_mul(seed, opcode, shapes, swap, act, dtype):
     check(b, [random_q(rng, shape_a, dtype), random_q(rng, shape_b, dtype)])
 
 
+@given(seed=seeds, shapes=st.sampled_from(BROADCASTS), swap=st.booleans(), act=activations,
+       dtype=st.sampled_from(["int8", "uint8", "int16"]))
+def test_div(seed, shapes, swap, act, dtype):
+    """Over the whole range, small dividends included (their final shift exceeds 31 bits in LiteRT)."""
+    rng = np.random.default_rng(seed)
+    shape_a, shape_b = shapes[::-1] if swap else shapes
+    b = GraphBuilder()
+    qa, qb = activation_quant(rng, dtype), activation_quant(rng, dtype)
+    x, y = b.input("a", shape_a, dtype, quant=qa), b.input("b", shape_b, dtype, quant=qb)
+    out_scale = qa[0] / qb[0] / float(rng.uniform(2, 60))
+    b.output(b.op("DIV", [x, y], dtype=dtype, quant=(out_scale, activation_quant(rng, dtype)[1]),
+                  options={"fused_activation_function": act}))
+    divisor = random_q(rng, shape_b, dtype)
+    divisor[divisor == qb[1]] += 1  # at the zero point LiteRT divides by zero
+    check(b, [random_q(rng, shape_a, dtype), divisor], lsb=0)
+
+
+@given(seed=seeds, shapes=st.sampled_from(BROADCASTS), opcode=st.sampled_from(["LESS", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"]),
+       dtype=st.sampled_from(["int8", "uint8", "int16"]), tiny_scale=st.booleans())
+def test_comparisons(seed, shapes, opcode, dtype, tiny_scale):
+    """On a common scale (int16 orderings: as stored): with scales under 1/256 neighbouring values compare
+    equal."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    qa, qb = activation_quant(rng, dtype), activation_quant(rng, dtype)
+    if tiny_scale:
+        qa, qb = (qa[0] / 20, qa[1]), (qb[0] / 20, qb[1])
+    x, y = b.input("a", shapes[0], dtype, quant=qa), b.input("b", shapes[1], dtype, quant=qb)
+    b.output(b.op(opcode, [x, y], dtype="bool"))
+    check(b, [random_q(rng, shapes[0], dtype), random_q(rng, shapes[1], dtype)])
+
+
+@given(seed=seeds, shapes=st.sampled_from(BROADCASTS), opcode=st.sampled_from(["FLOOR_DIV", "FLOOR_MOD"]),
+       dtype=st.sampled_from(["int8", "int16"]))
+def test_floor_div_mod_on_stored_integers(seed, shapes, opcode, dtype):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    q = activation_quant(rng, dtype)
+    x, y = b.input("a", shapes[0], dtype, quant=q), b.input("b", shapes[1], dtype, quant=q)
+    b.output(b.op(opcode, [x, y], dtype=dtype, quant=q))
+    divisor = random_q(rng, shapes[1], dtype)
+    divisor[divisor == 0] = 1
+    check(b, [random_q(rng, shapes[0], dtype), divisor], lsb=0)
+
+
 @given(seed=seeds, shapes=st.sampled_from(BROADCASTS), swap=st.booleans())
 def test_squared_difference(seed, shapes, swap):
     """int8 only, as in LiteRT (layer norms decomposed by the converter use it)."""
@@ -288,6 +333,21 @@ def test_mean_sum(seed, opcode, dtype, axes, keep_dims):
     out_scale = in_quant[0] * (float(rng.uniform(0.5, 1.5)) if opcode == "MEAN" else 4 * np.sqrt(count))
     b.output(b.op(opcode, [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims},
                   dtype=dtype, quant=(out_scale, activation_quant(rng, dtype)[1])))
+    check(b, [random_q(rng, shape, dtype)])
+
+
+@given(seed=seeds, dtype=st.sampled_from(["int8", "int16"]), axes=st.sampled_from([[1], [2, 1], [-1], [0, 2], [0, 1, 2]]),
+       keep_dims=st.booleans())
+def test_reduce_prod(seed, dtype, axes, keep_dims):
+    """Values over the whole range: long products leave the int32 range and wrap, as in LiteRT."""
+    rng = np.random.default_rng(seed)
+    shape = (2, 3, 4)
+    b = GraphBuilder()
+    in_scale, zp = activation_quant(rng, dtype)
+    x = b.input("x", shape, dtype, quant=(in_scale, zp))
+    out_scale = float(rng.uniform(0.5, 2)) * in_scale ** 2
+    b.output(b.op("REDUCE_PROD", [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": keep_dims},
+                  dtype=dtype, quant=(out_scale, 0 if dtype == "int16" else int(rng.integers(-20, 20)))))
     check(b, [random_q(rng, shape, dtype)])
 
 

@@ -27,7 +27,7 @@ from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseCall, DepthwiseTaps,
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
-def _conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
+def conv_pads(op: Op, in_hw, kernel_hw, out_hw) -> tuple[int, int, int, int]:
     """(top, bottom, left, right) zero padding: SAME's, none for VALID, or a pad op's absorbed (see
     fusion.py)."""
     o = op.options
@@ -259,7 +259,7 @@ def _direct_conv(op: Op, weights: np.ndarray | None, finish):
         return None
     packed = PackedOperand(_gemm_layout(weights), loops.panel_lanes)
     where = Geometry.of(op, contiguous_layout((n, h, w, c)), contiguous_layout((n, oh, ow, o)),
-                        _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
+                        conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     epilogue, team = finish.epilogue, team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
     panel_epilogue = NO_EPILOGUE if epilogue is None else epilogue.padded(packed.padded_columns)
 
@@ -288,7 +288,7 @@ def conv_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, dept
     stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
     dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
     depth = kh * kw * c
-    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    pads = conv_pads(op, (h, w), (kh, kw), (oh, ow))
     source = op.inputs[0].dtype.numpy
     pointwise = kh == kw == 1 and stride == (1, 1) and not any(pads)
     view = pointwise and source == dtype and not offset
@@ -361,7 +361,7 @@ def _grouped_conv_2d(op: Op):
     stride = (opts.get("stride_h", 1), opts.get("stride_w", 1))
     dilation = (opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1))
     groups, per_group, rows = c // ci, o // (c // ci), n * oh * ow
-    pad = Padded((n, h, w, c), _conv_pads(op, (h, w), (kh, kw), (oh, ow)))
+    pad = Padded((n, h, w, c), conv_pads(op, (h, w), (kh, kw), (oh, ow)))
     weights = float_constant(op.inputs[1])
     finish = bias_activation(op, _bias(op, 2, o), (oh, ow, o))
 
@@ -435,7 +435,7 @@ def depthwise_taps(op: Op, weights: np.ndarray | None, finish, dtype=np.float32,
     sh, sw = opts.get("stride_h", 1), opts.get("stride_w", 1)
     dh, dw = opts.get("dilation_h_factor", 1), opts.get("dilation_w_factor", 1)
     spread_channels = _ChannelSpread((n, h, w, c), oc // c, op.inputs[0].dtype.numpy)
-    pads = _conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    pads = conv_pads(op, (h, w), (kh, kw), (oh, ow))
     bands = PaddedRows((n, h, w, oc), pads, sw, dtype, op.inputs[0].dtype.numpy, offset)
     column_step = 1 if sw > 1 else dw
     span = max(j for _, j in _depthwise_grid(kw, sw, dw)) + 1

@@ -37,7 +37,7 @@ def _squared_difference(a, b, out):
 _ARITHMETIC = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": _divide,
                "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "POW": np.power,
                "SQUARED_DIFFERENCE": _squared_difference, "FLOOR_DIV": _floor_div, "FLOOR_MOD": np.mod}
-_COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
+COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
             "GREATER_EQUAL": np.greater_equal, "EQUAL": np.equal, "NOT_EQUAL": np.not_equal,
             "LOGICAL_AND": np.logical_and, "LOGICAL_OR": np.logical_or}
 
@@ -97,9 +97,9 @@ def _is_row(t, shape) -> bool:
     return len(t.shape) <= len(shape) and t.shape[-1:] == shape[-1:] and math.prod(t.shape) == shape[-1] > 1
 
 
-@kernel(*_COMPARE)
+@kernel(*COMPARE)
 def compare(op: Op):
-    fn = _COMPARE[op.opcode]
+    fn = COMPARE[op.opcode]
 
     def run(ins, outs):
         fn(ins[0], ins[1], out=outs[0])

@@ -3,7 +3,9 @@
 The full TFLite cell: optional CIFG (no input gate: i = 1 - f), peepholes,
 layer normalisation of each gate, cell clipping and an output projection
 with clipping.  The input contributions of every time step come from one
-GEMM up front; each step then adds one recurrent GEMM for all gates.  The
+GEMM up front; each step then adds one recurrent GEMM for all gates.  With
+int8 weights stored quantized (dynamic range) the GEMMs quantize their rows at
+run time, as LiteRT's hybrid kernel does.  The
 state tensors (inputs 18 and 19) are variable tensors updated in place, so
 they carry over between invocations as in TFLite.
 """
@@ -16,8 +18,9 @@ import numpy as np
 
 from delegate import Op
 
-from ..registry import kernel, laid_out
+from ..registry import is_hybrid_weight, kernel, laid_out
 from .common import activation, float_constant
+from .hybrid import quantize_rows
 
 GATES = ("input", "forget", "cell", "output")
 # Input slots of the 24-input TFLite LSTM, per gate.
@@ -47,6 +50,31 @@ def _layer_norm(x: np.ndarray) -> np.ndarray:
     return x
 
 
+class _Product:
+    """``rows @ W.T`` for the stacked weight matrices of ``slots`` (units x depth each).
+
+    With int8 weights stored quantized (a dynamic-range LSTM) it is computed as LiteRT's hybrid
+    kernel does: each row quantized (see hybrid.quantize_rows), integer sums, each matrix's sums
+    scaled by row scale x its weight scale; otherwise in float32 on the values ``value`` gives.
+    """
+
+    def __init__(self, op: Op, slots: list[int], value: Callable[[int], np.ndarray | None]):
+        tensors = [op.inputs[i] for i in slots]
+        self.hybrid = all(is_hybrid_weight(t) for t in tensors)
+        self.asymmetric = bool(op.options.get("asymmetric_quantize_inputs"))
+        if self.hybrid:
+            self.matrix = np.ascontiguousarray(np.concatenate([np.asarray(t.data, np.float64) for t in tensors]).T)
+            self.scales = np.concatenate([np.full(t.shape[0], t.quantization.scale[0], np.float32) for t in tensors])
+        else:
+            self.matrix = np.ascontiguousarray(np.concatenate([value(i) for i in slots]).T)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if not self.hybrid:
+            return rows @ self.matrix
+        q, step, _ = quantize_rows(np.asarray(rows, np.float32), self.asymmetric)
+        return (q @ self.matrix).astype(np.float32) * (step[:, None] * self.scales)
+
+
 class _Weights:
     """The op's weights, laid out for one input GEMM and one recurrent GEMM over all gates.
 
@@ -57,17 +85,19 @@ class _Weights:
         self.gates = [g for g in GATES if value(INPUT_WEIGHTS[g]) is not None]
         self.cifg = "input" not in self.gates
         self.n_cell = value(INPUT_WEIGHTS["forget"]).shape[0]
-        self.input = np.ascontiguousarray(np.concatenate([value(INPUT_WEIGHTS[g]) for g in self.gates]).T)
-        recurrent = np.concatenate([value(RECURRENT_WEIGHTS[g]) for g in self.gates])
+        self.input = _Product(op, [INPUT_WEIGHTS[g] for g in self.gates], value)
         # Diagonal recurrent weights are per-unit scales instead of matrices.
         self.diagonal = bool(op.options.get("diagonal_recurrent_tensors"))
-        self.recurrent = recurrent if self.diagonal else np.ascontiguousarray(recurrent.T)
+        if self.diagonal:
+            self.recurrent = np.concatenate([value(RECURRENT_WEIGHTS[g]) for g in self.gates])
+        else:
+            self.recurrent = _Product(op, [RECURRENT_WEIGHTS[g] for g in self.gates], value)
         self.peephole = {g: value(i) for g, i in PEEPHOLES.items() if g in self.gates and value(i) is not None}
         self.layer_norm = {g: value(LAYER_NORMS[g]) for g in self.gates if value(LAYER_NORMS[g]) is not None}
         zeros = np.zeros(self.n_cell, np.float32)
         self.bias = {g: zeros if value(BIASES[g]) is None else value(BIASES[g]) for g in self.gates}
-        projection = value(PROJECTION_WEIGHTS)
-        self.projection = None if projection is None else np.ascontiguousarray(projection.T)
+        projection = value(PROJECTION_WEIGHTS) is not None
+        self.projection = _Product(op, [PROJECTION_WEIGHTS], value) if projection else None
         self.projection_bias = value(PROJECTION_BIAS)
 
 
@@ -91,7 +121,7 @@ def lstm(op: Op):
 
     def step(w: _Weights, gates: np.ndarray, h: np.ndarray, c: np.ndarray) -> np.ndarray:
         """One time step from the input GEMM of all gates; updates the cell state ``c`` in place."""
-        gates += np.tile(h, len(w.gates)) * w.recurrent if w.diagonal else h @ w.recurrent
+        gates += np.tile(h, len(w.gates)) * w.recurrent if w.diagonal else w.recurrent(h)
         gate = {g: gates[:, k * w.n_cell:(k + 1) * w.n_cell] for k, g in enumerate(w.gates)}
 
         def value(name, fn):
@@ -117,7 +147,7 @@ def lstm(op: Op):
         hidden = value("output", _sigmoid) * squash(c.copy())
         if w.projection is None:
             return hidden
-        projected = hidden @ w.projection
+        projected = w.projection(hidden)
         if w.projection_bias is not None:
             projected += w.projection_bias
         if proj_clip > 0:
@@ -134,7 +164,7 @@ def lstm(op: Op):
         steps, batch, depth = x.shape
         h = ins[OUTPUT_STATE].reshape(batch, -1)
         c = ins[CELL_STATE].reshape(batch, -1)
-        gates = (x.reshape(steps * batch, depth) @ w.input).reshape(steps, batch, -1)
+        gates = w.input(x.reshape(steps * batch, depth)).reshape(steps, batch, -1)
         if not w.layer_norm:
             gates += np.concatenate([w.bias[g] for g in w.gates])
         for t in range(steps):

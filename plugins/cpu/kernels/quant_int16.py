@@ -15,7 +15,7 @@ import numpy as np
 from delegate import Op, Tensor
 
 from .quant_util import (
-    c_math, multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale,
+    c_math, leading_zeros, multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale,
     zero_point)
 
 
@@ -147,7 +147,7 @@ def softmax(op: Op):
         diff = multiply_by_quantized_multiplier(x - x.max(axis=-1, keepdims=True), multiplier, shift)
         exps = table_lookup(np.clip(diff + 32767, -32768, 32767), _EXP_TABLE)
         total = exps.sum(axis=-1, keepdims=True)
-        headroom = 32 - np.frexp(total.astype(np.float64))[1]  # leading zeros of the int32 sum
+        headroom = leading_zeros(total)
         normalised = ((total << (headroom - 1)) + (1 << 13)) >> 14
         centred = np.clip(normalised - (1 << 15) - (1 << 16), -32768, 32767)
         reciprocal = table_lookup(centred, _RECIPROCAL_TABLE)

@@ -1,4 +1,4 @@
-"""Quantized windowed and reducing kernels: pooling, MEAN, SUM and RESIZE_BILINEAR.
+"""Quantized windowed and reducing kernels: pooling, MEAN, SUM, REDUCE_PROD and RESIZE_BILINEAR.
 
 LiteRT runs these through several different arithmetic paths (integer
 averaging, fixed-point rescaling, float32 rescaling, 10-bit fixed-point
@@ -14,7 +14,7 @@ from delegate import Op
 from ..registry import kernel
 from .common import Padded, normalize_axes, same_padding, window_view
 from .quant_util import (
-    activation_bounds, lane_rounding, multiply_by_quantized_multiplier, qrange, quantize_multiplier,
+    activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_wide, qrange, quantize_multiplier,
     round_half_away, scale, store, trunc_div, vector_lanes, zero_point)
 
 
@@ -175,3 +175,28 @@ def resize_bilinear(op: Op):
                 acc = acc + c * w
             np.copyto(outs[0], acc + np.float32(0.5), casting="unsafe")
     return run
+
+
+@kernel("REDUCE_PROD", quantized=True)
+def reduce_prod(op: Op):
+    """LiteRT's product of n offset values: each step's product, and the result once more, rescaled
+    by s_in / s_out**(1/n) with the 64-bit multiplier (so the running product stays in range),
+    the values of each output taken in the input's order; a step that leaves the int32 range wraps,
+    as LiteRT's cast does."""
+    src, dst = op.inputs[0], op.outputs[0]
+    axes, count, _ = _reduction(op)
+    order = [a for a in range(len(src.shape)) if a not in axes] + list(axes)
+    multiplier, shift = quantize_multiplier(np.float64(scale(src)) / np.float64(scale(dst)) ** (1.0 / max(count, 1)))
+    in_offset, out_offset, bounds = zero_point(src), zero_point(dst), qrange(dst)
+
+    def run(ins, outs):
+        values = ins[0].transpose(order).reshape(-1, count).astype(np.int64) - in_offset
+        acc = values[:, 0]
+        for k in range(1, count):
+            acc = _wrap_int32(multiply_wide(acc * values[:, k], multiplier, shift))
+        store(outs[0], (_wrap_int32(multiply_wide(acc, multiplier, shift)) + out_offset).reshape(dst.shape), *bounds)
+    return run
+
+
+def _wrap_int32(x: np.ndarray) -> np.ndarray:
+    return (x + (1 << 31)) % (1 << 32) - (1 << 31)

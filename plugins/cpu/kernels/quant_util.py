@@ -49,6 +49,11 @@ def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
     return np.where(tiny, 0, fixed), np.where(tiny, 0, exponent)
 
 
+def leading_zeros(x) -> np.ndarray:
+    """Leading zero bits of non-negative int32 values held in int64 (32 for zero)."""
+    return 32 - np.frexp(np.asarray(x).astype(np.float64))[1].astype(np.int64)
+
+
 def trunc_div(a, b):
     """C integer division (rounds toward zero) of int64 arrays."""
     q = np.abs(a) // np.abs(b)

@@ -18,11 +18,12 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import scratch
+from .elementwise import COMPARE, arithmetic
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, lookup_table,
-    multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
+    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, leading_zeros,
+    lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
     rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
     vector_lanes, zero_point)
 
@@ -434,4 +435,71 @@ def softmax(op: Op):
         else:
             q = round_half_away(prob).astype(np.int64) + out_offset
         store(outs[0], q, *bounds)
+    return run
+
+
+# --- comparisons and integer-only arithmetic -----------------------------------------------
+
+@kernel(*COMPARE, quantized=True)
+def compare(op: Op):
+    """Operands are compared on a common real scale, as LiteRT does: each offset value, shifted left
+    by 8, times its own scale in fixed point (so values that scale to the same number compare equal).
+    LiteRT orders int16 operands as stored, whatever their scales; only its int16 EQUAL and
+    NOT_EQUAL rescale."""
+    fn, (a, b) = COMPARE[op.opcode], op.inputs[:2]
+    if a.dtype.numpy == np.int16 and op.opcode not in ("EQUAL", "NOT_EQUAL"):
+        return lambda ins, outs: fn(ins[0], ins[1], out=outs[0])
+    params = [(zero_point(t), *quantize_multiplier(np.float64(scale(t)))) for t in (a, b)]
+
+    def run(ins, outs):
+        x, y = (multiply_by_quantized_multiplier((v.astype(np.int64) - zp) << 8, m, s)
+                for v, (zp, m, s) in zip(ins, params))
+        fn(x, y, out=outs[0])
+    return run
+
+
+@kernel("FLOOR_DIV", "FLOOR_MOD", quantized=True)
+def floor_div_mod(op: Op):
+    """LiteRT computes these on the stored integers, whatever their quantization."""
+    return arithmetic(op)
+
+
+def _reciprocal(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LiteRT's GetReciprocal of positive int32 ``x``: (Q0.31 significand of 1 / x normalised, bits over
+    one), by gemmlowp's three Newton-Raphson steps from 48/17 - 32/17 d on d = x normalised to [0.5, 1)."""
+    over = leading_zeros(x)
+    fraction = ((x << over) & 0xFFFFFFFF) - (1 << 31)
+    total = fraction + INT32_MAX
+    half = trunc_div(total + np.where(total >= 0, 1, -1), 2)
+    estimate = 1515870810 + saturating_rounding_doubling_high_mul(half, -1010580540)
+    for _ in range(3):
+        error = (1 << 29) - saturating_rounding_doubling_high_mul(half, estimate)
+        estimate = estimate + np.clip(saturating_rounding_doubling_high_mul(estimate, error) << 2, -(1 << 31), INT32_MAX)
+    return np.clip(estimate << 1, -(1 << 31), INT32_MAX), 31 - over
+
+
+@kernel("DIV", quantized=True)
+def div(op: Op):
+    """LiteRT's quantized DIV: the offset divisor's fixed-point reciprocal (signs moved onto the
+    dividend), times the dividend shifted to full headroom, rescaled by s_a / (s_b * s_out)."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    multiplier, shift = quantize_multiplier(np.float64(scale(a) / (scale(b) * scale(out))))
+    offsets, bounds = (zero_point(a), zero_point(b)), activation_bounds(op)
+
+    def run(ins, outs):
+        x, y = (v.astype(np.int64) - zp for v, zp in zip(ins, offsets))
+        x, y = np.broadcast_arrays(np.where(y < 0, -x, x), np.abs(y))
+        if np.any(y == 0):
+            raise ValueError("quantized DIV by a value at the divisor's zero point")
+        inverse, over = _reciprocal(y)
+        headroom = np.where(x >= 0, leading_zeros(x) - 1, leading_zeros(2 * np.abs(x) - 1))  # redundant sign bits
+        quotient = saturating_rounding_doubling_high_mul(saturating_rounding_doubling_high_mul(x << headroom, inverse),
+                                                         multiplier)
+        right = np.maximum(over + headroom - shift, 0)
+        # A small dividend needs a right shift of 32 bits or more, which LiteRT's int32 code takes
+        # modulo 32 (its rounding mask becomes all ones): reproduced, as the specification.
+        wide = right >= 32
+        result = np.where(wide, (quotient >> (right & 31)) + (quotient >= 0),
+                          rounding_divide_by_pot(quotient, np.where(wide, 0, right)))
+        store(outs[0], result + zero_point(out), *bounds)
     return run
