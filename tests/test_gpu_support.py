@@ -134,6 +134,24 @@ def test_transpose_conv_bias_custom_options_parsed():
     assert check_op(op, FLOAT)
 
 
+def test_support_is_derived_from_the_dialect_handlers():
+    """An op is refused by a dialect without a handler for it; a handler's own constraint gives the reason."""
+    from delegate.gpu.registry import lowers, supports
+    relu = single_op("RELU", [(1, 4)])
+    assert "no kernel in the probe lowering" in supports("probe", relu, FLOAT).reason
+    lowers("probe", "RELU", check=lambda op: "rank 2 is not covered" if len(op.inputs[0].shape) == 2 else None)(
+        lambda plan, group: None)
+    assert supports("probe", relu, FLOAT).reason == "rank 2 is not covered"
+    assert supports("probe", single_op("RELU", [(1, 2, 4)]), FLOAT)
+    assert "rank 5" in supports("probe", single_op("RELU", [(1, 2, 2, 2, 2)]), FLOAT).reason  # the kit's rule
+    assert supports("probe", single_op("DEQUANTIZE", [(1, 4)], dtype="float16"), FLOAT).reason.startswith(
+        "DEQUANTIZE of a runtime tensor")
+    with pytest.raises(ValueError, match="lowered twice"):
+        lowers("probe", "RELU")(lambda plan, group: None)
+    with pytest.raises(ValueError, match="no rule"):
+        lowers("probe", "NOT_AN_OP")(lambda plan, group: None)
+
+
 # -- float view ---------------------------------------------------------------------------
 def test_per_channel_dequantize_and_requantize():
     data = np.array([[10, -10], [4, 0]], np.int8)

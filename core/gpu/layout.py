@@ -106,6 +106,21 @@ def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int
     return max(total, 0) // 2
 
 
+def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
+    """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups,
+    so one kernel computes grouped and ordinary convolutions."""
+    o, kh, kw, per_group = weights.shape
+    if per_group == in_channels:
+        return weights
+    groups = in_channels // per_group
+    dense = np.zeros((o, kh, kw, in_channels), np.float32)
+    out_per_group = o // groups
+    for g in range(groups):
+        rows = slice(g * out_per_group, (g + 1) * out_per_group)
+        dense[rows, :, :, g * per_group:(g + 1) * per_group] = weights[rows]
+    return dense
+
+
 def pack_conv_weights(weights: np.ndarray) -> np.ndarray:
     """OHWI weights -> ``[S_out, KH, KW, S_in, 4 input lanes, 4 output lanes]``.
 

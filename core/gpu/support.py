@@ -1,4 +1,7 @@
-"""Which ops the GPU backends run, by op code, version, dtypes and constraints, and why not.
+"""The GPU kit's rule per op: which versions, dtypes and constraints its lowerings accept, and why not.
+
+Whether a dialect lowers the op at all is answered by :mod:`delegate.gpu.registry`,
+which applies these rules to the ops a dialect has handlers for.
 
 The table follows LiteRT's GPU delegate: by default an op is accepted only at
 version 1, since later versions mostly add integer variants the float

@@ -9,11 +9,12 @@ import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu.constants import is_folded_dequantize
-from delegate.gpu.support import check_op
+from delegate.gpu.registry import supports
 from delegate.ir import Op
 
 from .compiled import ClCompiled
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
+from .lowering import DIALECT
 from .program import ProgramBuilder
 from .values import ClValue
 
@@ -73,7 +74,7 @@ class OpenCLBackend(Backend):
         self.state = device_state(cl, platform, device)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        return check_op(op, options)
+        return supports(DIALECT, op, options)
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""

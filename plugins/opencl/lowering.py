@@ -17,16 +17,19 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
-from delegate.gpu.fusion import Group, Step, is_elementwise
-from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_conv_weights,
+from delegate.gpu.fusion import Group, Step
+from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, same_storage, slice_ranges,
                                  slices, to_phwc4, transpose_conv_padding)
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
+from delegate.gpu.registry import handler, lowers
+from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY, transpose_conv_bias_params
 from delegate.ir import Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
                        pow2_at_least, reduction_shape, round_to, window_padding)
 from .program import Variant, unary_chain
+
+DIALECT = "opencl"
 
 
 @dataclass
@@ -59,6 +62,11 @@ def gate_operands(g: Group) -> tuple[Tensor, Tensor] | None:
                 and gate.shape[0] in (1, out[0]):
             return values, gate
     return None
+
+
+def conv_weights(op: Op, x: Tensor) -> np.ndarray:
+    """A CONV_2D's weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
+    return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -191,7 +199,7 @@ class Lowering:
                 self.lower(g)
                 continue
             op, x = g.root, source.output
-            self.matmul(None, x.shape, constant_value(op.inputs[1]), constant_value(op.input(2)),
+            self.matmul(None, x.shape, conv_weights(op, x), constant_value(op.input(2)),
                         self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
 
     def _pads_a_convolution(self, g: Group, user: Op) -> bool:
@@ -224,24 +232,24 @@ class Lowering:
         return ([self.padded[id(ops[0])][3]] if id(ops[0]) in self.padded else []) + list(ops)
 
     def lower(self, g: Group) -> None:
-        op = g.root
-        if is_elementwise(op):
-            self.elementwise(g)
-            return
-        handler = None if op.custom and op.opcode != TRANSPOSE_CONV_BIAS else _HANDLERS.get(op.opcode)
-        if handler is None:
-            raise CompileError(f"{op.describe()}: the opencl backend has no kernel for it")
-        handler(self, g)
+        found = handler(DIALECT, g.root)
+        if found is None:
+            raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
+        found.lower(self, g)
 
+    @lowers(DIALECT, *UNARY, *BINARY)
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
                                                              np.int32(splat_channel(x.shape, out.shape))]
         self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
     def conv_2d(self, g: Group) -> None:
         op, out = g.root, g.output
         weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
+        if op.opcode == "CONV_2D":
+            weights = conv_weights(op, self.conv_input(op))
         if op.opcode == "CONV_2D" and self._is_matmul(op, op.inputs[0].shape, weights.shape):
             x = op.inputs[0]
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
@@ -289,6 +297,7 @@ class Lowering:
             return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
         return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
 
+    @lowers(DIALECT, "FULLY_CONNECTED")
     def fully_connected(self, g: Group) -> None:
         op = g.root
         self.dense(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
@@ -352,6 +361,7 @@ class Lowering:
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
 
+    @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
     def transpose_conv(self, g: Group) -> None:
         op, out = g.root, g.output
         if op.custom:
@@ -369,6 +379,7 @@ class Lowering:
             self.cl.cltypes.make_int2(pad_x, pad_y)]
         self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "AVERAGE_POOL_2D", "MAX_POOL_2D")
     def pool(self, g: Group) -> None:
         op, out, x = g.root, g.output, g.root.inputs[0]
         o = op.options
@@ -380,6 +391,7 @@ class Lowering:
         args.append(np.int32(op.opcode == "MAX_POOL_2D"))
         self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "CONCATENATION")
     def concatenation(self, g: Group) -> None:
         op, out = g.root, g.output
         self.concat(op.inputs, op.options.get("axis", 0), self.tensor(out), out.shape, g.steps, g.ops)
@@ -404,12 +416,14 @@ class Lowering:
         self.add("slice", g.steps, args, natural, grid(natural), g.ops)
         after()
 
+    @lowers(DIALECT, "PAD")
     def pad(self, g: Group) -> None:
         x = g.root.inputs[0]
         pads = np.asarray(int_values(g.root.inputs[1])).reshape(-1, 2)
         before = [0] * (4 - len(x.shape)) + [int(p) for p in pads[:, 0]]
         self.affine(g, x, [-b for b in before], [1, 1, 1, 1], g.output.shape)
 
+    @lowers(DIALECT, "STRIDED_SLICE")
     def strided_slice(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         picked = slice_ranges(op)
@@ -417,6 +431,7 @@ class Lowering:
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
                     natural_output_shape(op))
 
+    @lowers(DIALECT, "MEAN")
     def mean(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
@@ -434,6 +449,7 @@ class Lowering:
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
+    @lowers(DIALECT, "RESHAPE")
     def reshape(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         if same_storage(x.shape, out.shape):
@@ -441,6 +457,7 @@ class Lowering:
         else:
             self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
 
+    @lowers(DIALECT, "RESIZE_BILINEAR")
     def resize_bilinear(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         align = bool(op.options.get("align_corners"))
@@ -453,6 +470,7 @@ class Lowering:
             np.int32(bool(op.options.get("half_pixel_centers")))]
         self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "SOFTMAX")
     def softmax(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         n, h, w, c = as_nhwc(out.shape)
@@ -461,12 +479,14 @@ class Lowering:
         self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
+    @lowers(DIALECT, "DEPTH_TO_SPACE")
     def depth_to_space(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
                                                              np.int32(op.options["block_size"])]
         self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:
         """Basic LSTM cell: concat(input, previous output) -> fully connected -> gates."""
         op = g.root
@@ -479,23 +499,3 @@ class Lowering:
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
-
-
-_HANDLERS: dict[str, Callable[[Lowering, Group], None]] = {
-    "CONV_2D": Lowering.conv_2d,
-    "DEPTHWISE_CONV_2D": Lowering.conv_2d,
-    "FULLY_CONNECTED": Lowering.fully_connected,
-    "TRANSPOSE_CONV": Lowering.transpose_conv,
-    TRANSPOSE_CONV_BIAS: Lowering.transpose_conv,
-    "AVERAGE_POOL_2D": Lowering.pool,
-    "MAX_POOL_2D": Lowering.pool,
-    "CONCATENATION": Lowering.concatenation,
-    "PAD": Lowering.pad,
-    "STRIDED_SLICE": Lowering.strided_slice,
-    "MEAN": Lowering.mean,
-    "RESHAPE": Lowering.reshape,
-    "RESIZE_BILINEAR": Lowering.resize_bilinear,
-    "SOFTMAX": Lowering.softmax,
-    "DEPTH_TO_SPACE": Lowering.depth_to_space,
-    "LSTM": Lowering.lstm,
-}

@@ -11,15 +11,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu import check_op, is_folded_dequantize, same_storage
+from delegate.gpu import is_folded_dequantize, same_storage
 from delegate.gpu.cache import EntryStore, cache_key
 from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.gpu.registry import supports
 from delegate.ir import Op
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
-from .kernels import mul_folds, pad_folds
+from .kernels import DIALECT, mul_folds, pad_folds
 from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
@@ -84,7 +85,7 @@ class WgpuBackend(Backend):
         return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        answer = check_op(op, options)
+        answer = supports(DIALECT, op, options)
         if not answer:
             return answer
         limits = self.context.limits

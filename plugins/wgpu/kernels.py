@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import copy
 from string import Template
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
+from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
 from delegate.gpu.constants import int_values
-from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
-                                 padding_before, same_storage, transpose_conv_padding)
+from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
+                                 pack_vector, padding_before, same_storage, transpose_conv_padding)
 from delegate.gpu.layout import slices as slices_of
+from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.ir import Op, Tensor
 from delegate.shapes import transpose_conv_bias_geometry
@@ -28,6 +30,7 @@ from .shaders import Kernel, dims, template
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
+DIALECT = "wgpu"
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
@@ -83,33 +86,15 @@ class KernelPlan:
     def add(self, group: Group) -> None:
         self.groups.append(group)
         if group.output.index not in self.folded:  # else the reader's kernel does the group
-            BUILDERS[group.root.opcode](self, group)
-
-
-Builder = Callable[[KernelPlan, Group], None]
-BUILDERS: dict[str, Builder] = {}
+            found = handler(DIALECT, group.root)
+            if found is None:
+                raise CompileError(f"{group.root.describe()}: the wgpu lowering has no kernel for it")
+            found.lower(self, group)
 
 
 def builds(*codes: str):
-    def register(fn: Builder) -> Builder:
-        for code in codes:
-            BUILDERS[code] = fn
-        return fn
-    return register
-
-
-def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
-    """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups."""
-    o, kh, kw, per_group = weights.shape
-    if per_group == in_channels:
-        return weights
-    groups = in_channels // per_group
-    dense = np.zeros((o, kh, kw, in_channels), np.float32)
-    out_per_group = o // groups
-    for g in range(groups):
-        rows = slice(g * out_per_group, (g + 1) * out_per_group)
-        dense[rows, :, :, g * per_group:(g + 1) * per_group] = weights[rows]
-    return dense
+    """Register the decorated builder as the wgpu lowering of ``codes``."""
+    return lowers(DIALECT, *codes)
 
 
 def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:

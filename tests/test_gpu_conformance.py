@@ -1,0 +1,178 @@
+"""The GPU conformance table: every op a GPU dialect's lowering accepts, run on its backend against LiteRT.
+
+Each accepted op code has cases here (shapes, options); every case runs on
+the opencl and wgpu backends at fp32 and fp16 against LiteRT's builtin
+kernels.  fp32 must be within 5e-4 of each output's range; fp16 within 2e-2
+(half storage keeps 11 significant bits, values and weights are rounded at
+each stored tensor, and wgpu multiplies and accumulates products in f16).
+An op a lowering accepts without a case here fails
+``test_every_accepted_op_has_a_case``, so no support claim goes untested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions
+from delegate.gpu.registry import accepted
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
+from tests.oputil import assert_close, delegate_run, litert_run
+
+BACKENDS = ("opencl", "wgpu")
+TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
+CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model holding ``opcode``; ``make(rng)`` gives (model, inputs, LiteRT's model when it differs)."""
+
+    opcode: str
+    name: str
+    make: Callable[[np.random.Generator], tuple[bytes, list[np.ndarray], bytes | None]]
+
+    @property
+    def id(self) -> str:
+        return f"{self.opcode}:{self.name}"
+
+
+CASES: list[Case] = []
+
+
+def case(opcode: str, name: str = "basic"):
+    def register(fn):
+        CASES.append(Case(opcode, name, fn))
+        return fn
+    return register
+
+
+def one_op(opcode: str, shapes, rng, consts=(), options=None, dtype="float32", scale=1.0, **kwargs):
+    """A model of one op on inputs of ``shapes`` then constants ``consts``, with random inputs."""
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", s, dtype) for i, s in enumerate(shapes)]
+    cs = [b.const(f"c{i}", c) for i, c in enumerate(consts)]
+    b.output(b.op(opcode, xs + cs, options=options, **kwargs))
+    if dtype == "bool":
+        inputs = [rng.random(s) > 0.5 for s in shapes]
+    else:
+        inputs = [normal(rng, s, scale) for s in shapes]
+    return b.to_bytes(), inputs, None
+
+
+for _code in ("ADD", "SUB", "MUL"):
+    case(_code, "broadcast_relu6")(lambda rng, c=_code: one_op(
+        c, [(1, 3, 4, 6), (1, 1, 4, 6)], rng, options={"fused_activation_function": "RELU6"}))
+for _code in ("MAXIMUM", "MINIMUM"):
+    case(_code, "channel_vector")(lambda rng, c=_code: one_op(c, [(2, 3, 5)], rng, [normal(rng, (5,))]))
+for _code in ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH"):
+    case(_code)(lambda rng, c=_code: one_op(c, [(1, 5, 3, 7)], rng, scale=4.0))
+case("EXP")(lambda rng: one_op("EXP", [(3, 9)], rng, scale=2.0))
+case("PRELU", "per_channel")(lambda rng: one_op("PRELU", [(1, 4, 4, 6)], rng, [normal(rng, (1, 1, 6))]))
+case("LOGICAL_AND", "broadcast")(lambda rng: one_op("LOGICAL_AND", [(2, 3, 4), (3, 1)], rng, dtype="bool"))
+
+
+def conv(rng, shape, out, k, options, groups=1, opcode="CONV_2D"):
+    weights = (out, k, k, shape[3] // groups) if opcode == "CONV_2D" else (1, k, k, out)
+    return one_op(opcode, [shape], rng, [normal(rng, weights, 0.5), normal(rng, (out,))], options={**CONV, **options})
+
+
+case("CONV_2D", "3x3_stride2_relu6")(lambda rng: conv(rng, (1, 7, 6, 5), 6, 3, {
+    "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}))
+case("CONV_2D", "1x1")(lambda rng: conv(rng, (2, 4, 5, 9), 7, 1, {}))
+case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
+    "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
+case("CONV_2D", "grouped")(lambda rng: conv(rng, (1, 5, 5, 8), 6, 3, {}, groups=2))
+case("DEPTHWISE_CONV_2D", "multiplier2")(lambda rng: conv(rng, (1, 6, 7, 3), 6, 3, {
+    "depth_multiplier": 2, "fused_activation_function": "RELU"}, opcode="DEPTHWISE_CONV_2D"))
+case("FULLY_CONNECTED")(lambda rng: one_op("FULLY_CONNECTED", [(3, 12)], rng,
+                                           [normal(rng, (5, 12)), normal(rng, (5,))]))
+case("TRANSPOSE_CONV", "same_stride2")(lambda rng: (
+    transpose_conv_model(3, 4, 5, 6, (3, 3), 2, "SAME", True, rng), [normal(rng, (1, 3, 4, 5))], None))
+
+
+@case("Convolution2DTransposeBias", "valid_stride2")
+def _transpose_conv_bias(rng):
+    custom, builtin = transpose_conv_bias_pair(3, 3, 4, 5, (2, 2), 2, "VALID", rng)
+    return custom, [normal(rng, (1, 3, 3, 4))], builtin
+
+
+for _code in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
+    case(_code, "3x3_stride2")(lambda rng, c=_code: (
+        pool_model(c, 1, 7, 6, 5, 3, 3, 2, 2, "SAME", "NONE"), [normal(rng, (1, 7, 6, 5))], None))
+case("CONCATENATION", "channels")(lambda rng: one_op("CONCATENATION", [(1, 3, 4, 5), (1, 3, 4, 2)], rng,
+                                                     options={"axis": 3}))
+case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
+case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
+case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(
+    "RESIZE_BILINEAR", [(1, 3, 4, 5)], rng, [np.array([7, 5], np.int32)], options={"half_pixel_centers": True},
+    version=3))
+case("SOFTMAX")(lambda rng: one_op("SOFTMAX", [(2, 13)], rng, options={"beta": 1.5}, scale=3.0))
+case("STRIDED_SLICE", "strided")(lambda rng: one_op(
+    "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))
+case("MEAN", "pixels")(lambda rng: one_op("MEAN", [(1, 5, 4, 6)], rng, [np.array([1, 2], np.int32)],
+                                          options={"keep_dims": True}))
+case("DEPTH_TO_SPACE")(lambda rng: one_op("DEPTH_TO_SPACE", [(1, 2, 3, 12)], rng, options={"block_size": 2}))
+
+
+@case("LSTM", "basic")
+def _lstm(rng):
+    batch, inputs, units = 2, 5, 3
+    b = GraphBuilder()
+    xs = [b.input("x", (batch, inputs)), b.input("prev_activ", (batch, units))]
+    weights = b.const("w", normal(rng, (4 * units, inputs + units), 0.5))
+    bias = b.const("b", normal(rng, 4 * units, 0.5))
+    prev_state = b.input("prev_state", (batch, units))
+    outs = b.op("LSTM", [*xs, weights, bias, prev_state], version=2,
+                options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
+                shapes=[(batch, units), (batch, units), (batch, inputs + units), (batch, 4 * units)])
+    b.output(*outs)
+    return b.to_bytes(), [normal(rng, (batch, inputs)), normal(rng, (batch, units)), normal(rng, (batch, units))], None
+
+
+@case("DEQUANTIZE", "fp16_weights")
+def _dequantize(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    w = b.op("DEQUANTIZE", [b.const("w16", normal(rng, (5, 3, 3, 3)).astype(np.float16))], version=2,
+             dtype="float32")
+    b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, (5,)))], options=CONV))
+    return b.to_bytes(), [normal(rng, (1, 4, 4, 3))], None
+
+
+def _load_lowerings() -> None:
+    """Import the plugins' lowerings, which register their handlers."""
+    for name in BACKENDS:
+        ok, _ = default_manager().backend_info(name).available()
+        if ok:
+            __import__({"opencl": "delegate_opencl.lowering", "wgpu": "delegate_wgpu.kernels"}[name])
+
+
+def _available(name: str) -> None:
+    ok, why = default_manager().backend_info(name).available()
+    if not ok:
+        pytest.skip(f"{name} backend unavailable here: {why}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_accepted_op_has_a_case(backend):
+    _available(backend)
+    _load_lowerings()
+    missing = accepted(backend) - {c.opcode for c in CASES}
+    assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
+def test_case_matches_litert(item, backend, precision):
+    _available(backend)
+    model, inputs, reference = item.make(np.random.default_rng(len(item.id)))
+    expected = litert_run(reference or model, inputs, builtin=True)
+    actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision))
+    assert_close(actual, expected, rtol=TOLERANCE[precision], atol=0.0)
