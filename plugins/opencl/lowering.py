@@ -17,6 +17,7 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
+from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, Step
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, same_storage, slice_ranges,
@@ -27,7 +28,7 @@ from delegate.ir import Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
                        pow2_at_least, reduction_shape, round_to, window_padding)
-from .program import Variant, unary_chain
+from .program import Variant
 
 DIALECT = "opencl"
 
@@ -349,7 +350,7 @@ class Lowering:
             args += self.depthwise_args(source.root) + [self.cl.cltypes.make_int2(w, c)]
             _, dkh, dkw, _ = source.root.inputs[1].shape
             defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
-                       ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in source.steps], "(v)")))
+                       ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
             values, gate = gate_operands(source)

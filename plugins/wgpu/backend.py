@@ -13,6 +13,7 @@ import numpy as np
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu import is_folded_dequantize, same_storage
 from delegate.gpu.cache import EntryStore, cache_key
+from delegate.gpu.dialect import WGSL
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.registry import supports
 from delegate.ir import Op
@@ -32,8 +33,9 @@ BLOCK_WEIGHTS = {"CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1, "Convo
 
 @lru_cache(maxsize=1)
 def shader_digest() -> str:
-    """Digest of every shader template: a cached plan is only valid for the sources it was made from."""
-    digest = hashlib.sha256()
+    """Digest of every shader template and the dialect's rendered code: a cached plan is only valid for the
+    sources it was made from."""
+    digest = hashlib.sha256(WGSL.definitions().encode())
     for entry in sorted(resources.files("delegate_wgpu").joinpath("shaders").iterdir(), key=lambda e: e.name):
         digest.update(entry.name.encode() + entry.read_bytes())
     return digest.hexdigest()

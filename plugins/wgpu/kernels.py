@@ -17,6 +17,7 @@ import numpy as np
 from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
 from delegate.gpu.constants import int_values
+from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, padding_before, same_storage, transpose_conv_padding)
 from delegate.gpu.layout import slices as slices_of
@@ -196,8 +197,8 @@ def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
         [pack_vector(constant_value(op.input(2)), len(w)) for op, w in ((conv1, w1), (conv2, w2))])))
     k.param("hidden_c", "i32", hidden)
     k.param("second", "i32", len(blocks[0]))
-    steps = "".join(f"  v = unary_{step.name}(v);\n" for step in first.steps)
-    k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  var v = value;\n{steps}  return v;\n}}")
+    chain = unary_chain(WGSL, [step.signature() for step in first.steps], "value")
+    k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  return {chain};\n}}")
     k.substitutions = {"HIDDEN": str(slices_of(hidden))}
     k.tile((WORKGROUP, 1, 1), (as_nhwc(x.shape)[0], 1, 1))
     k.half = True
