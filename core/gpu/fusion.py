@@ -99,6 +99,17 @@ def is_elementwise(op: Op) -> bool:
     return not op.custom and op.opcode in UNARY + BINARY
 
 
+def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
+    """(image, gate) of a MUL whose gate has one value per image and channel, as a squeeze-and-excitation
+    block gates its input; else None."""
+    for image, gate in (op.inputs, op.inputs[::-1]):
+        n, h, w, c = as_nhwc(image.shape)
+        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
+                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
+            return image, gate
+    return None
+
+
 def hosts_epilogue(op: Op) -> bool:
     """Whether following elementwise ops can be fused into the kernel of ``op``.
 

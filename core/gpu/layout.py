@@ -17,13 +17,15 @@ N, C and H*W leaves the bytes unchanged (so it costs nothing).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ..ir import Op
+from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import int_values
+from .support import transpose_conv_bias_params
 
 Shape4 = tuple[int, int, int, int]
 
@@ -104,6 +106,43 @@ def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int
     forward = -(-out_size // stride)
     total = (forward - 1) * stride + kernel - out_size
     return max(total, 0) // 2
+
+
+@dataclass(frozen=True)
+class TransposeConv:
+    """Where a transposed convolution's operands are and how its window sits, for both op forms."""
+
+    x: Tensor
+    weights: Tensor
+    bias: Tensor | None
+    padding: tuple[int, int]  # (top, left) rows and columns cut from the full output
+    strides: tuple[int, int]  # (height, width)
+
+
+def transpose_conv_geometry(op: Op) -> TransposeConv:
+    """TRANSPOSE_CONV (output shape, weights, input, bias) or MediaPipe's Convolution2DTransposeBias
+    (input, weights, bias; parameters in its custom options)."""
+    weights, out = op.inputs[1], op.outputs[0].shape
+    _, kh, kw, _ = weights.shape
+    if op.custom:
+        x, bias = op.inputs[0], op.input(2)
+        padding, sw, sh = transpose_conv_bias_params(op)
+    else:
+        x, bias = op.inputs[2], op.input(3)
+        o = op.options
+        padding, sh, sw = o.get("padding", "VALID"), o.get("stride_h", 1), o.get("stride_w", 1)
+    return TransposeConv(x, weights, bias, (transpose_conv_padding(padding, out[1], kh, sh),
+                                            transpose_conv_padding(padding, out[2], kw, sw)), (sh, sw))
+
+
+def resize_scales(op: Op) -> tuple[float, float]:
+    """(x, y) input step per output pixel of RESIZE_BILINEAR, with or without align_corners."""
+    align = bool(op.options.get("align_corners"))
+    (_, ih, iw, _), (_, oh, ow, _) = op.inputs[0].shape, op.outputs[0].shape
+
+    def scale(size_in: int, size_out: int) -> float:
+        return (size_in - 1) / (size_out - 1) if align and size_out > 1 else size_in / size_out
+    return scale(iw, ow), scale(ih, oh)
 
 
 def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:

@@ -18,12 +18,12 @@ import numpy as np
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, unary_chain
-from delegate.gpu.fusion import Group, Step
+from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
-                                 pack_depthwise_weights, pack_vector, phwc4_vectors, same_storage, slice_ranges,
-                                 slices, to_phwc4, transpose_conv_padding)
+                                 pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
+                                 slice_ranges, slices, to_phwc4, transpose_conv_geometry)
 from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY, transpose_conv_bias_params
+from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
@@ -52,17 +52,11 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
-def gate_operands(g: Group) -> tuple[Tensor, Tensor] | None:
-    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image),
-    as a squeeze-and-excitation block gates its input; else None."""
-    op, out = g.root, g.output.shape
-    if op.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1 or len(out) != 4:
+def group_gate(g: Group) -> tuple[Tensor, Tensor] | None:
+    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image)."""
+    if g.root.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1:
         return None
-    for values, gate in (op.inputs, op.inputs[::-1]):
-        if tuple(values.shape) == tuple(out) and len(gate.shape) == 4 and tuple(gate.shape[1:]) == (1, 1, out[3]) \
-                and gate.shape[0] in (1, out[0]):
-            return values, gate
-    return None
+    return gate_operands(g.root)
 
 
 def conv_weights(op: Op, x: Tensor) -> np.ndarray:
@@ -217,7 +211,7 @@ class Lowering:
         """A depthwise convolution (with only activations after it) or a gate product, read by a tiled
         1x1 convolution."""
         depthwise = g.root.opcode == "DEPTHWISE_CONV_2D" and all(step.kind == "unary" for step in g.steps)
-        if not (depthwise or gate_operands(g)) or user.opcode != "CONV_2D":
+        if not (depthwise or group_gate(g)) or user.opcode != "CONV_2D":
             return False
         value, weights = g.output, user.inputs[1]
         n, h, w, _ = as_nhwc(value.shape)
@@ -353,8 +347,8 @@ class Lowering:
                        ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
-            values, gate = gate_operands(source)
-            args += [self.tensor(values), self.tensor(gate), np.int32(depth if gate.shape[0] > 1 else 0)]
+            values, gate = group_gate(source)
+            args += [self.tensor(values), self.tensor(gate), np.int32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
             staging = 2.0
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
@@ -364,19 +358,14 @@ class Lowering:
 
     @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
     def transpose_conv(self, g: Group) -> None:
-        op, out = g.root, g.output
-        if op.custom:
-            x, weights, bias = op.inputs[0], constant_value(op.inputs[1]), constant_value(op.inputs[2])
-            padding, sw, sh = transpose_conv_bias_params(op)
-        else:
-            x, weights, bias = op.inputs[2], constant_value(op.inputs[1]), constant_value(op.input(3))
-            padding, sw, sh = op.options.get("padding", "VALID"), op.options["stride_w"], op.options["stride_h"]
+        out = g.output
+        geometry = transpose_conv_geometry(g.root)
+        x, weights = geometry.x, constant_value(geometry.weights)
+        (pad_y, pad_x), (sh, sw) = geometry.padding, geometry.strides
         _, kh, kw, _ = weights.shape
-        pad_y = transpose_conv_padding(padding, out.shape[1], kh, sh)
-        pad_x = transpose_conv_padding(padding, out.shape[2], kw, sw)
         args = self.out_args(self.tensor(out), out.shape) + [
             self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-            self.upload(pack_vector(bias, out.shape[3])), self.cl_int4(kw, kh, sw, sh),
+            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), self.cl_int4(kw, kh, sw, sh),
             self.cl.cltypes.make_int2(pad_x, pad_y)]
         self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
@@ -461,13 +450,8 @@ class Lowering:
     @lowers(DIALECT, "RESIZE_BILINEAR")
     def resize_bilinear(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
-        align = bool(op.options.get("align_corners"))
-
-        def scale(src: int, dst: int) -> float:
-            return (src - 1) / (dst - 1) if align and dst > 1 else src / dst
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape),
-            self.cl.cltypes.make_float2(scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1])),
+            self.tensor(x), self.dims(x.shape), self.cl.cltypes.make_float2(*resize_scales(op)),
             np.int32(bool(op.options.get("half_pixel_centers")))]
         self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
 

@@ -16,15 +16,15 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
+from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, padding_before, same_storage, transpose_conv_padding)
+                                 pack_vector, padding_before, resize_scales, same_storage, transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.ir import Op, Tensor
-from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
@@ -131,7 +131,7 @@ def mul_folds(op: Op) -> bool:
     if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
         return False
     reader = _read_by(op.outputs[0], ("CONV_2D",))
-    return reader is not None and _gate_operands(op) is not None and _pointwise(reader)
+    return reader is not None and gate_operands(op) is not None and _pointwise(reader)
 
 
 def _pointwise(op: Op) -> bool:
@@ -160,16 +160,6 @@ def chains_into_reader(group: Group) -> bool:
     reader = _read_by(group.output, ("CONV_2D",))
     return (reader is not None and _on_one_pixel(group.root) and _on_one_pixel(reader)
             and all(step.kind == "unary" for step in group.steps))
-
-
-def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
-    """(image, gate) of a MUL whose gate has one value per image and channel; else None."""
-    for image, gate in (op.inputs, op.inputs[::-1]):
-        n, h, w, c = as_nhwc(image.shape)
-        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
-                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
-            return image, gate
-    return None
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -305,7 +295,7 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
         k.helpers.append(template("matmul_input"))
     else:
         gated = plan.folded[source].root
-        image, gate = _gate_operands(gated)
+        image, gate = gate_operands(gated)
         k.tensor("src", image.index, image.shape)
         k.tensor("gate", gate.index, gate.shape)
         k.helpers.append(template("matmul_input_gated"))
@@ -324,21 +314,14 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
 def _transpose_conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     out = op.outputs[0]
-    weights = constant_value(op.inputs[1])
+    geometry = transpose_conv_geometry(op)
+    x, weights = geometry.x, constant_value(geometry.weights)
     _, kh, kw, _ = weights.shape
-    if op.custom:
-        x, bias_input = op.inputs[0], 2
-        _, (pad_h, pad_w), (sh, sw) = transpose_conv_bias_geometry(x.shape, weights.shape, op.custom_options)
-    else:
-        x, bias_input = op.inputs[2], 3
-        o = op.options
-        sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        pad_h = transpose_conv_padding(o.get("padding", "VALID"), out.shape[1], kh, sh)
-        pad_w = transpose_conv_padding(o.get("padding", "VALID"), out.shape[2], kw, sw)
+    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
     k = plan.kernel("transpose_conv2d", group)
     k.tensor("src", x.index, x.shape)
     _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
-    k.read("bias", _bias(plan, op, bias_input, out.shape[3]))
+    k.read("bias", plan.constant(("bias", op.index), pack_vector(constant_value(geometry.bias), out.shape[3])))
     k.param("window", "vec4<i32>", (kw, kh, sw, sh))
     k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
     _spatial(plan, k, out.shape, 4, most_pixels=1)
@@ -360,16 +343,10 @@ def _pool(plan: KernelPlan, group: Group) -> None:
 @builds("RESIZE_BILINEAR")
 def _resize(plan: KernelPlan, group: Group) -> None:
     op = group.root
-    x, out = op.inputs[0], op.outputs[0]
-    align = bool(op.options.get("align_corners"))
-
-    def scale(size_in: int, size_out: int) -> float:
-        if align and size_out > 1:
-            return (size_in - 1) / (size_out - 1)
-        return size_in / size_out
+    x = op.inputs[0]
     k = plan.kernel("resize_bilinear", group)
     k.tensor("src", x.index, x.shape)
-    k.param("scale", "vec4<f32>", (scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1]), 0.0, 0.0))
+    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
     k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
 
 
