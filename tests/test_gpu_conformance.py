@@ -73,6 +73,66 @@ for _code in ("MAXIMUM", "MINIMUM"):
 for _code in ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH"):
     case(_code)(lambda rng, c=_code: one_op(c, [(1, 5, 3, 7)], rng, scale=4.0))
 case("EXP")(lambda rng: one_op("EXP", [(3, 9)], rng, scale=2.0))
+for _code in ("RELU_N1_TO_1", "RELU_0_TO_1", "ABS", "NEG", "SQUARE", "SIN", "COS", "ELU"):
+    case(_code)(lambda rng, c=_code: one_op(c, [(2, 3, 4, 5)], rng, scale=2.0))
+case("GELU")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, scale=3.0))
+case("GELU", "approximate")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, options={"approximate": True}, scale=3.0))
+case("LEAKY_RELU")(lambda rng: one_op("LEAKY_RELU", [(1, 4, 3, 5)], rng, options={"alpha": 0.3}, scale=2.0))
+
+
+def positive_op(opcode: str, rng):
+    """A unary op defined for positive inputs only, on values from 0.05 to 20."""
+    model, _, _ = one_op(opcode, [(2, 5, 7)], rng)
+    return model, [np.exp(rng.uniform(-3, 3, (2, 5, 7))).astype(np.float32)], None
+
+
+def off_integers(rng, shape, scale):
+    """Values at least a tenth from every integer, so that rounding the input to f16 cannot move a floor."""
+    whole = rng.integers(-scale, scale, shape)
+    return (whole + rng.uniform(0.1, 0.9, shape)).astype(np.float32)
+
+
+for _code in ("LOG", "SQRT", "RSQRT"):
+    case(_code, "positive")(lambda rng, c=_code: positive_op(c, rng))
+case("FLOOR")(lambda rng: (one_op("FLOOR", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("SIGN", "with_zeros")(lambda rng: (one_op("SIGN", [(4, 6)], rng)[0],
+                                        [normal(rng, (4, 6)) * (rng.random((4, 6)) > 0.3)], None))
+case("DIV", "relu")(lambda rng: (one_op("DIV", [(2, 3, 5), (3, 5)], rng,
+                                        options={"fused_activation_function": "RELU"})[0],
+                                 [normal(rng, (2, 3, 5)), np.sign(normal(rng, (3, 5))) + normal(rng, (3, 5), 0.2)],
+                                 None))
+case("SQUARED_DIFFERENCE", "broadcast")(lambda rng: one_op("SQUARED_DIFFERENCE", [(2, 4, 3), (4, 1)], rng))
+
+
+def floor_division(opcode: str, rng):
+    """a / b of quotients away from integers (see off_integers), divisors of either sign."""
+    b = ((rng.random((3, 8)) > 0.5) * 2 - 1) * rng.uniform(0.5, 2, (3, 8))
+    a = off_integers(rng, (3, 8), 4) * b
+    model, _, _ = one_op(opcode, [(3, 8), (3, 8)], rng, version=2 if opcode == "FLOOR_DIV" else 1)
+    return model, [a.astype(np.float32), b.astype(np.float32)], None
+
+
+for _code in ("FLOOR_DIV", "FLOOR_MOD"):
+    case(_code, "signs")(lambda rng, c=_code: floor_division(c, rng))
+case("POW", "positive_base")(lambda rng: (one_op("POW", [(2, 9), (2, 9)], rng)[0],
+                                          [np.exp(rng.uniform(-1, 1, (2, 9))).astype(np.float32),
+                                           rng.uniform(-2, 2, (2, 9)).astype(np.float32)], None))
+case("POW", "integer_exponents")(lambda rng: (  # bases of either sign, as large as f16 results can be
+    one_op("POW", [(4, 6)], rng, [np.array([0, 1, 2, 3, -1, -2], np.float32)])[0],
+    [(np.sign(normal(rng, (4, 6))) * rng.uniform(0.5, 3, (4, 6))).astype(np.float32)], None))
+
+
+def comparison(opcode: str, rng):
+    """Inputs equal at about a third of the positions, so EQUAL and the non-strict comparisons see ties."""
+    x, y = normal(rng, (2, 3, 7)), normal(rng, (2, 3, 7))
+    y = np.where(rng.random(x.shape) < 0.3, x, y)
+    b = GraphBuilder()
+    b.output(b.op(opcode, [b.input("x", x.shape), b.input("y", y.shape)], dtype="bool"))
+    return b.to_bytes(), [x, y], None
+
+
+for _code in ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL"):
+    case(_code, "ties")(lambda rng, c=_code: comparison(c, rng))
 case("PRELU", "per_channel")(lambda rng: one_op("PRELU", [(1, 4, 4, 6)], rng, [normal(rng, (1, 1, 6))]))
 case("LOGICAL_AND", "broadcast")(lambda rng: one_op("LOGICAL_AND", [(2, 3, 4), (3, 1)], rng, dtype="bool"))
 

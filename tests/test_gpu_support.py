@@ -72,7 +72,7 @@ def test_listed_float_versions(opcode, version, ok):
 
 
 def test_unknown_and_custom_ops_are_refused_with_reason():
-    assert "SIN has no GPU kernel" in check_op(single_op("SIN", [(1, 4)]), FLOAT).reason
+    assert "CUMSUM has no GPU kernel" in check_op(single_op("CUMSUM", [(1, 4)], [np.array(1, np.int32)]), FLOAT).reason
     op = single_op("MyOp", [(1, 4)], custom=True, shape=(1, 4))
     assert "custom op MyOp has no GPU kernel" in check_op(op, FLOAT).reason
 
@@ -224,8 +224,9 @@ def test_conv_bias_activation_and_followers_form_one_group():
     groups = plan_groups(g.ops, {t.index for t in g.outputs})
     assert len(groups) == 1
     steps = groups[0].steps
-    assert [s.signature() for s in steps] == [("unary", "RELU", None, False), ("binary", "ADD", "tensor", True),
-                                              ("binary", "MUL", "scalar", False), ("unary", "HARD_SWISH", None, False)]
+    assert [s.signature() for s in steps] == [("unary", "RELU", None, False, ()), ("binary", "ADD", "tensor", True, ()),
+                                              ("binary", "MUL", "scalar", False, ()),
+                                              ("unary", "HARD_SWISH", None, False, ())]
     assert groups[0].output is g.outputs[0]
 
 

@@ -34,7 +34,7 @@ EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "
 class Step:
     """One elementwise step of an epilogue.
 
-    ``kind`` is ``unary`` (``name`` an activation), ``binary`` (``name`` the op,
+    ``kind`` is ``unary`` (``name`` an activation, ``params`` its options), ``binary`` (``name`` the op,
     ``operand`` its other input, ``swapped`` when the running value is the op's
     second input) or ``quantize`` (round onto the grid ``quant``).
     """
@@ -44,6 +44,7 @@ class Step:
     operand: Tensor | None = None
     swapped: bool = False
     quant: tuple[float, float, float, float] | None = None
+    params: tuple[float, ...] = ()  # a unary op's options that its code takes (LEAKY_RELU's alpha)
 
     @property
     def scalar(self) -> bool:
@@ -53,7 +54,7 @@ class Step:
     def signature(self) -> tuple:
         """What the generated code depends on (operand values and grids are arguments)."""
         operand = None if self.operand is None else ("scalar" if self.scalar else "tensor")
-        return (self.kind, self.name, operand, self.swapped)
+        return (self.kind, self.name, operand, self.swapped, self.params)
 
 
 @dataclass
@@ -86,10 +87,19 @@ def activation_steps(op: Op, float_view: bool) -> list[Step]:
     return steps
 
 
+def unary_step(op: Op) -> Step:
+    """The step computing unary ``op``: its code by name, with the options the code takes."""
+    if op.opcode == "LEAKY_RELU":
+        return Step("unary", op.opcode, params=(float(op.options.get("alpha", 0.2)),))
+    if op.opcode == "GELU" and op.options.get("approximate"):
+        return Step("unary", "GELU_APPROXIMATE")
+    return Step("unary", op.opcode)
+
+
 def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
     """Steps of elementwise ``op`` applied to the running ``value`` (one of its inputs)."""
     if op.opcode in UNARY:
-        return [Step("unary", op.opcode)] + activation_steps(op, float_view)
+        return [unary_step(op)] + activation_steps(op, float_view)
     swapped = op.inputs[1] is value and op.inputs[0] is not value
     other = op.inputs[0] if swapped else op.inputs[1]
     return [Step("binary", op.opcode, other, swapped)] + activation_steps(op, float_view)

@@ -29,8 +29,11 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
                         needs_quantized_support)
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
-UNARY = ("RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
-BINARY = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND")
+UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
+         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
+COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
+BINARY = ("ADD", "SUB", "MUL", "DIV", "FLOOR_DIV", "FLOOR_MOD", "SQUARED_DIFFERENCE", "POW", "MAXIMUM", "MINIMUM",
+          "PRELU", "LOGICAL_AND") + COMPARISONS
 TRANSPOSE_CONV_BIAS = "Convolution2DTransposeBias"
 
 Check = Callable[[Op], "str | None"]
@@ -44,6 +47,7 @@ class OpRule:
     quant_versions: int = 1    # highest version accepted with allow_quantized (float view)
     check: Check | None = None  # constraint on shapes/options; returns why not, or None
     params: tuple[int, ...] = ()  # inputs that are integer parameters (shapes, axes), not data
+    bools: str = ""  # which tensors may be bool (held as 1 and 0): "outputs" or "all"; the check says which must be
 
 
 def _fused(op: Op) -> str | None:
@@ -221,6 +225,12 @@ def _logical_and(op: Op) -> str | None:
     return _binary(op)
 
 
+def _comparison(op: Op) -> str | None:
+    if op.outputs[0].dtype is not DType.bool:
+        return f"{op.opcode} gives a bool tensor"
+    return _binary(op)
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -239,13 +249,34 @@ RULES: dict[str, OpRule] = {
     "MAXIMUM": OpRule(1, 2, _binary),
     "MINIMUM": OpRule(1, 2, _binary),
     "PRELU": OpRule(1, 1, _binary),
-    "LOGICAL_AND": OpRule(1, 1, _logical_and),
+    "DIV": OpRule(1, 2, _binary),
+    "FLOOR_DIV": OpRule(2, 2, _binary),  # v1 is int32 only
+    "FLOOR_MOD": OpRule(1, 1, _binary),
+    "SQUARED_DIFFERENCE": OpRule(1, 2, _binary),
+    "POW": OpRule(1, 1, _binary),
+    "LOGICAL_AND": OpRule(1, 1, _logical_and, bools="all"),
+    **{code: OpRule(1, 2, _comparison, bools="outputs") for code in COMPARISONS},
     "RELU": OpRule(1, 2),
     "RELU6": OpRule(1, 2),
+    "RELU_N1_TO_1": OpRule(1, 2),
+    "RELU_0_TO_1": OpRule(1, 1),
     "LOGISTIC": OpRule(1, 2),
     "TANH": OpRule(1, 2),
     "EXP": OpRule(1, 2),
     "HARD_SWISH": OpRule(1, 1),
+    "LOG": OpRule(1, 2),
+    "SQRT": OpRule(1, 1),
+    "RSQRT": OpRule(1, 2),
+    "SQUARE": OpRule(1, 1),
+    "ABS": OpRule(1, 2),
+    "NEG": OpRule(1, 2),
+    "SIN": OpRule(1, 1),
+    "COS": OpRule(1, 1),
+    "FLOOR": OpRule(1, 1),
+    "SIGN": OpRule(1, 1),
+    "ELU": OpRule(1, 1),
+    "GELU": OpRule(1, 2),
+    "LEAKY_RELU": OpRule(1, 2),
     "CONV_2D": OpRule(1, 5, _conv),
     "DEPTHWISE_CONV_2D": OpRule(2, 6, _depthwise),
     "FULLY_CONNECTED": OpRule(1, 9, _fully_connected),
@@ -272,12 +303,12 @@ def rule_for(op: Op) -> OpRule | None:
     return (CUSTOM_RULES if op.custom else RULES).get(op.opcode)
 
 
-def _tensor_reason(t: Tensor, what: str, options: CompileOptions, op: Op) -> str | None:
+def _tensor_reason(t: Tensor, what: str, options: CompileOptions, bool_ok: bool) -> str | None:
     if len(t.shape) > 4:
         return f"{what} has rank {len(t.shape)}; the GPU layout holds rank <= 4"
     if t.size == 0:
         return f"{what} is empty (shape {list(t.shape)})"
-    if t.dtype is DType.bool and op.opcode == "LOGICAL_AND":
+    if t.dtype is DType.bool and bool_ok:
         return None
     if needs_quantized_support(t):
         if not options.allow_quantized:
@@ -310,11 +341,11 @@ def check_op(op: Op, options: CompileOptions) -> Support:
     for i, t in enumerate(op.inputs):
         if t is None or i in rule.params:
             continue
-        reason = _tensor_reason(t, f"input {i}", options, op)
+        reason = _tensor_reason(t, f"input {i}", options, rule.bools == "all")
         if reason:
             return Support.no(reason)
     for i, t in enumerate(op.outputs):
-        reason = _tensor_reason(t, f"output {i}", options, op)
+        reason = _tensor_reason(t, f"output {i}", options, rule.bools in ("all", "outputs"))
         if reason:
             return Support.no(reason)
     reason = rule.check(op) if rule.check else None

@@ -23,7 +23,7 @@ from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_wei
                                  pack_vector, padding_before, resize_scales, same_storage, transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS
+from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 from delegate.strided import strided_slice_plan
 
@@ -164,8 +164,7 @@ def chains_into_reader(group: Group) -> bool:
 
 # -- kernels -------------------------------------------------------------------------------------
 
-@builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
-        "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
+@builds(*UNARY, *BINARY)
 def _elementwise(plan: KernelPlan, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]

@@ -5,7 +5,8 @@
 // half read and written through vloada_half/vstorea_half, which every OpenCL device has,
 // so fp16 storage halves memory traffic even where cl_khr_fp16 is missing.  FLT4 is
 // the arithmetic type: half4 only where the device has cl_khr_fp16 and fp16 was
-// allowed.  Reductions use float4 (ACC4) whatever the precision.
+// allowed.  Reductions use float4 (ACC4) whatever the precision.  The activations and binary
+// ops (ACT_<op>, BIN_<op>) follow this prelude, rendered from delegate.gpu.dialect.
 
 #if defined(HALF_MATH)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
@@ -71,13 +72,6 @@ inline FLT4 read_bcast(__global const STORAGE* t, int4 d, int splat_channel, int
 inline FLT4 fake_quant(FLT4 v, float4 q) {  // q = (scale, zero point, qmin, qmax)
   float4 level = clamp(round(convert_float4(v) / q.x) + q.y, q.z, q.w);
   return TO_FLT4((level - q.y) * q.x);
-}
-
-// Activations and binary ops (ACT_<op>, BIN_<op>) follow this prelude, rendered from
-// delegate.gpu.dialect; BIN_LOGICAL_AND calls this.
-inline FLT4 logical_and(FLT4 a, FLT4 b) {
-  return (FLT4)((FLT)(a.x != 0 && b.x != 0), (FLT)(a.y != 0 && b.y != 0), (FLT)(a.z != 0 && b.z != 0),
-                (FLT)(a.w != 0 && b.w != 0));
 }
 
 // The input vector feeding depthwise output slice s at (n, iy, ix): the input slice itself, or
