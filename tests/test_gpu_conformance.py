@@ -169,6 +169,12 @@ case("CONCATENATION", "channels")(lambda rng: one_op("CONCATENATION", [(1, 3, 4,
                                                      options={"axis": 3}))
 case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
 case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
+case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))
+case("SQUEEZE")(lambda rng: one_op("SQUEEZE", [(1, 3, 1, 6)], rng, options={"squeeze_dims": [2]}))
+case("TRANSPOSE", "4d")(lambda rng: one_op("TRANSPOSE", [(2, 3, 4, 5)], rng, [np.array([0, 3, 1, 2], np.int32)]))
+case("TRANSPOSE", "3d_channels_kept")(lambda rng: one_op("TRANSPOSE", [(3, 5, 8)], rng,
+                                                         [np.array([1, 0, 2], np.int32)]))
+case("TRANSPOSE", "2d")(lambda rng: one_op("TRANSPOSE", [(6, 7)], rng, [np.array([1, 0], np.int32)]))
 case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(
     "RESIZE_BILINEAR", [(1, 3, 4, 5)], rng, [np.array([7, 5], np.int32)], options={"half_pixel_centers": True},
     version=3))

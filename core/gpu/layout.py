@@ -145,6 +145,18 @@ def resize_scales(op: Op) -> tuple[float, float]:
     return scale(iw, ow), scale(ih, oh)
 
 
+def transpose_axes(op: Op) -> Shape4:
+    """For each axis of a TRANSPOSE's input (NHWC view), the axis of the output holding it."""
+    perm = [int(p) for p in int_values(op.inputs[1])]
+    rank = len(op.inputs[0].shape)
+    lead = 4 - rank
+    full = list(range(lead)) + [lead + p % rank for p in perm]  # output axis k is input axis full[k]
+    axes = [0] * 4
+    for k, j in enumerate(full):
+        axes[j] = k
+    return tuple(axes)  # type: ignore[return-value]
+
+
 def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
     """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups,
     so one kernel computes grouped and ordinary convolutions."""

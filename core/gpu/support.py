@@ -231,6 +231,20 @@ def _comparison(op: Op) -> str | None:
     return _binary(op)
 
 
+def _expand_dims(op: Op) -> str | None:
+    return None if int_values(op.input(1)) is not None else "axis (input 1) must be a constant"
+
+
+def _transpose(op: Op) -> str | None:
+    perm = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if perm is None:
+        return "perm (input 1) must be a constant"
+    if sorted(p % rank if rank else p for p in perm) != list(range(rank)):
+        return f"perm {list(perm)} is not a permutation of the {rank} axes"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -286,6 +300,9 @@ RULES: dict[str, OpRule] = {
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
     "RESHAPE": OpRule(1, 1, params=(1,)),
+    "EXPAND_DIMS": OpRule(1, 1, _expand_dims, params=(1,)),
+    "SQUEEZE": OpRule(1, 1),
+    "TRANSPOSE": OpRule(1, 2, _transpose, params=(1,)),
     "RESIZE_BILINEAR": OpRule(3, 3, _resize, params=(1,)),
     "SOFTMAX": OpRule(1, 2),
     "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),

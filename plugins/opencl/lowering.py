@@ -21,7 +21,7 @@ from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
-                                 slice_ranges, slices, to_phwc4, transpose_conv_geometry)
+                                 slice_ranges, slices, to_phwc4, transpose_axes, transpose_conv_geometry)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -439,7 +439,14 @@ class Lowering:
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
-    @lowers(DIALECT, "RESHAPE")
+    @lowers(DIALECT, "TRANSPOSE")
+    def transpose(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             self.cl_int4(*transpose_axes(g.root))]
+        self.add("transpose", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    @lowers(DIALECT, "RESHAPE", "EXPAND_DIMS", "SQUEEZE")
     def reshape(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         if same_storage(x.shape, out.shape):

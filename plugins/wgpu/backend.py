@@ -105,7 +105,8 @@ class WgpuBackend(Backend):
         """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
         done by the convolution reading it); else the roofline."""
         if is_folded_dequantize(op) or pad_folds(op) or mul_folds(op) or (
-                op.opcode == "RESHAPE" and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
+                op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
+                and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
             return 0.0
         return None
 

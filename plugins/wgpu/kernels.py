@@ -20,7 +20,8 @@ from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, padding_before, resize_scales, same_storage, transpose_conv_geometry)
+                                 pack_vector, padding_before, resize_scales, same_storage, transpose_axes,
+                                 transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
@@ -449,13 +450,21 @@ def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
     return as_nhwc(a)[3] == as_nhwc(b)[3]
 
 
-@builds("RESHAPE")
+@builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
 def _reshape(plan: KernelPlan, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     if not group.steps and same_storage(x.shape, out.shape):
         plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
         return
     _gather(plan.kernel("gather", group), "reshape", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
+
+
+@builds("TRANSPOSE")
+def _transpose(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    axes = transpose_axes(group.root)
+    k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
+    k.param("axes", "vec4<i32>", axes)
 
 
 @builds("PAD")
