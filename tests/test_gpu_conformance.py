@@ -175,6 +175,30 @@ case("TRANSPOSE", "4d")(lambda rng: one_op("TRANSPOSE", [(2, 3, 4, 5)], rng, [np
 case("TRANSPOSE", "3d_channels_kept")(lambda rng: one_op("TRANSPOSE", [(3, 5, 8)], rng,
                                                          [np.array([1, 0, 2], np.int32)]))
 case("TRANSPOSE", "2d")(lambda rng: one_op("TRANSPOSE", [(6, 7)], rng, [np.array([1, 0], np.int32)]))
+
+
+@case("SPLIT", "channels")
+def _split(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 4, 12))
+    b.output(*b.op("SPLIT", [b.const("axis", np.array([3], np.int32)), x], options={"num_splits": 3}, dtype="float32",
+                   shapes=[(1, 3, 4, 4)] * 3))
+    return b.to_bytes(), [normal(rng, (1, 3, 4, 12))], None
+
+
+@case("SPLIT_V", "rows_and_channels")
+def _split_v(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 7, 6))
+    rows = b.op("SPLIT_V", [x, b.const("sizes", np.array([2, -1, 1], np.int32)), b.const("axis", np.array([1], np.int32))],
+                options={"num_splits": 3}, shapes=[(2, 2, 6), (2, 4, 6), (2, 1, 6)])
+    b.output(*rows[:2])
+    b.output(*b.op("SPLIT_V", [rows[2], b.const("sizes2", np.array([1, 5], np.int32)),
+                               b.const("axis2", np.array([-1], np.int32))],
+                   options={"num_splits": 2}, shapes=[(2, 1, 1), (2, 1, 5)]))
+    return b.to_bytes(), [normal(rng, (2, 7, 6))], None
+
+
 case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(
     "RESIZE_BILINEAR", [(1, 3, 4, 5)], rng, [np.array([7, 5], np.int32)], options={"half_pixel_centers": True},
     version=3))

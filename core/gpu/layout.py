@@ -25,7 +25,7 @@ import numpy as np
 from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import int_values
-from .support import transpose_conv_bias_params
+from .support import split_axis, transpose_conv_bias_params
 
 Shape4 = tuple[int, int, int, int]
 
@@ -155,6 +155,14 @@ def transpose_axes(op: Op) -> Shape4:
     for k, j in enumerate(full):
         axes[j] = k
     return tuple(axes)  # type: ignore[return-value]
+
+
+def split_parts(op: Op) -> tuple[Tensor, int, list[tuple[Tensor, int]]]:
+    """(input, NHWC axis, [(output, its offset along the axis)]) of a SPLIT or SPLIT_V."""
+    x = op.inputs[1 if op.opcode == "SPLIT" else 0]
+    axis = split_axis(op) % len(x.shape)
+    offsets = np.cumsum([0] + [t.shape[axis] for t in op.outputs])
+    return x, nhwc_axis(axis, len(x.shape)), [(t, int(o)) for t, o in zip(op.outputs, offsets)]
 
 
 def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:

@@ -245,6 +245,24 @@ def _transpose(op: Op) -> str | None:
     return None
 
 
+def split_axis(op: Op) -> int | None:
+    """The axis a SPLIT (input 0) or SPLIT_V (input 2) cuts, when it is a constant."""
+    axis = int_values(op.input(0 if op.opcode == "SPLIT" else 2))
+    return None if axis is None or len(axis) != 1 else int(axis[0])
+
+
+def _split(op: Op) -> str | None:
+    axis = split_axis(op)
+    x = op.inputs[1 if op.opcode == "SPLIT" else 0]
+    if axis is None:
+        return "axis must be a constant of one value"
+    if not -len(x.shape) <= axis < len(x.shape):
+        return f"axis {axis} out of range for rank {len(x.shape)}"
+    if sum(t.shape[axis] for t in op.outputs) != x.shape[axis]:
+        return "the outputs do not add up to the input along the axis"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -300,6 +318,8 @@ RULES: dict[str, OpRule] = {
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
     "RESHAPE": OpRule(1, 1, params=(1,)),
+    "SPLIT": OpRule(1, 2, _split, params=(0,)),
+    "SPLIT_V": OpRule(1, 2, _split, params=(1, 2)),
     "EXPAND_DIMS": OpRule(1, 1, _expand_dims, params=(1,)),
     "SQUEEZE": OpRule(1, 1),
     "TRANSPOSE": OpRule(1, 2, _transpose, params=(1,)),

@@ -21,7 +21,8 @@ from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
-                                 slice_ranges, slices, to_phwc4, transpose_axes, transpose_conv_geometry)
+                                 slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
+                                 transpose_conv_geometry)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -420,6 +421,16 @@ class Lowering:
         lead = 4 - len(x.shape)
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
                     natural_output_shape(op))
+
+    @lowers(DIALECT, "SPLIT", "SPLIT_V")
+    def split(self, g: Group) -> None:
+        x, axis, parts = split_parts(g.root)
+        for out, offset in parts:
+            begin = [offset if a == axis else 0 for a in range(4)]
+            args = self.out_args(self.tensor(out), out.shape) + [
+                self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
+                self.cl_int4(begin[2], begin[1], begin[3], begin[0]), self.cl_int4(1, 1, 1, 1)]
+            self.add("slice", (), args, out.shape, grid(out.shape), [g.root])
 
     @lowers(DIALECT, "MEAN")
     def mean(self, g: Group) -> None:

@@ -20,7 +20,7 @@ from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, padding_before, resize_scales, same_storage, transpose_axes,
+                                 pack_vector, padding_before, resize_scales, same_storage, split_parts, transpose_axes,
                                  transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
@@ -489,6 +489,19 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
     k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
     k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
     k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
+
+
+@builds("SPLIT", "SPLIT_V")
+def _split(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x, axis, parts = split_parts(op)
+    for i, (out, offset) in enumerate(parts):
+        length = as_nhwc(out.shape)
+        k = _gather(plan.part("gather", op, f"part{i}", out.index, out.shape), "slice", [(x.index, x.shape)],
+                    axis != 3 or offset % 4 == 0)
+        k.param("start", "vec4<i32>", tuple(offset if a == axis else 0 for a in range(4)))
+        k.param("step", "vec4<i32>", (1, 1, 1, 1))
+        k.param("length", "vec4<i32>", length)
 
 
 @builds("DEPTH_TO_SPACE")
