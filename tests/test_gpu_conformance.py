@@ -190,13 +190,38 @@ def _split(rng):
 def _split_v(rng):
     b = GraphBuilder()
     x = b.input("x", (2, 7, 6))
-    rows = b.op("SPLIT_V", [x, b.const("sizes", np.array([2, -1, 1], np.int32)), b.const("axis", np.array([1], np.int32))],
-                options={"num_splits": 3}, shapes=[(2, 2, 6), (2, 4, 6), (2, 1, 6)])
+    sizes, axis = b.const("sizes", np.array([2, -1, 1], np.int32)), b.const("axis", np.array([1], np.int32))
+    rows = b.op("SPLIT_V", [x, sizes, axis], options={"num_splits": 3}, shapes=[(2, 2, 6), (2, 4, 6), (2, 1, 6)])
     b.output(*rows[:2])
     b.output(*b.op("SPLIT_V", [rows[2], b.const("sizes2", np.array([1, 5], np.int32)),
                                b.const("axis2", np.array([-1], np.int32))],
                    options={"num_splits": 2}, shapes=[(2, 1, 1), (2, 1, 5)]))
     return b.to_bytes(), [normal(rng, (2, 7, 6))], None
+
+
+case("TILE", "channels_too")(lambda rng: one_op("TILE", [(2, 3, 5)], rng, [np.array([2, 1, 3], np.int32)]))
+case("TILE", "pixels")(lambda rng: one_op("TILE", [(1, 2, 3, 8)], rng, [np.array([2, 3, 2, 1], np.int32)]))
+case("SPACE_TO_DEPTH", "block2")(lambda rng: one_op("SPACE_TO_DEPTH", [(1, 4, 6, 3)], rng, options={"block_size": 2}))
+for _mode in ("REFLECT", "SYMMETRIC"):
+    case("MIRROR_PAD", _mode.lower())(lambda rng, m=_mode: one_op(
+        "MIRROR_PAD", [(1, 4, 5, 3)], rng, [np.array([[0, 0], [2, 1], [3, 0], [1, 2]], np.int32)],
+        options={"mode": m}))
+
+
+@case("UNPACK", "rows")
+def _unpack(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    b.output(*b.op("UNPACK", [x], options={"num": 3, "axis": 1}, shapes=[(2, 5)] * 3))
+    return b.to_bytes(), [normal(rng, (2, 3, 5))], None
+
+
+@case("UNPACK", "last_axis")
+def _unpack_last(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 2, 3, 4))
+    b.output(*b.op("UNPACK", [x], options={"num": 4, "axis": -1}, shapes=[(1, 2, 3)] * 4))
+    return b.to_bytes(), [normal(rng, (1, 2, 3, 4))], None
 
 
 case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(

@@ -165,6 +165,19 @@ def split_parts(op: Op) -> tuple[Tensor, int, list[tuple[Tensor, int]]]:
     return x, nhwc_axis(axis, len(x.shape)), [(t, int(o)) for t, o in zip(op.outputs, offsets)]
 
 
+def pad_before(op: Op) -> Shape4:
+    """The padding a PAD or MIRROR_PAD puts ahead of each axis of its NHWC view."""
+    x = op.inputs[0]
+    pads = int_values(op.input(1))
+    return (0,) * (4 - len(x.shape)) + tuple(int(p) for p in pads[0::2])  # type: ignore[return-value]
+
+
+def unpack_parts(op: Op) -> tuple[int, list[tuple[Tensor, int]]]:
+    """(NHWC axis of the input, [(output, its index along the axis)]) of an UNPACK."""
+    rank = len(op.inputs[0].shape)
+    return nhwc_axis(op.options.get("axis", 0), rank), [(t, i) for i, t in enumerate(op.outputs)]
+
+
 def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
     """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups,
     so one kernel computes grouped and ordinary convolutions."""

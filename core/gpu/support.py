@@ -209,6 +209,33 @@ def _depth_to_space(op: Op) -> str | None:
     return _rank(op.inputs[0], 4, "input")
 
 
+def _tile(op: Op) -> str | None:
+    multiples = int_values(op.input(1))
+    if multiples is None or len(multiples) != len(op.inputs[0].shape):
+        return "multiples (input 1) must be a constant with one value per axis"
+    return None
+
+
+def _mirror_pad(op: Op) -> str | None:
+    reason = _pad(op)
+    if reason:
+        return reason
+    pads = np.asarray(int_values(op.input(1))).reshape(-1, 2)
+    symmetric = op.options.get("mode", "REFLECT") == "SYMMETRIC"
+    for size, (before, after) in zip(op.inputs[0].shape, pads):
+        if max(before, after) > (size if symmetric else size - 1):
+            return f"padding {max(before, after)} is wider than the {size} values it mirrors"
+    return None
+
+
+def _unpack(op: Op) -> str | None:
+    rank = len(op.inputs[0].shape)
+    axis = op.options.get("axis", 0)
+    if not -rank <= axis < rank or len(op.outputs) != op.inputs[0].shape[axis]:
+        return f"axis {axis} of an input of shape {list(op.inputs[0].shape)} does not give {len(op.outputs)} outputs"
+    return None
+
+
 def _binary(op: Op) -> str | None:
     try:
         shape = np.broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape)
@@ -328,6 +355,10 @@ RULES: dict[str, OpRule] = {
     "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),
     "MEAN": OpRule(1, 2, _mean, params=(1,)),
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
+    "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
+    "TILE": OpRule(1, 2, _tile, params=(1,)),
+    "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
+    "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
     "DEQUANTIZE": OpRule(4, 4),
 }

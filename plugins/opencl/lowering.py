@@ -21,8 +21,8 @@ from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
-                                 slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
-                                 transpose_conv_geometry)
+                                 pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
+                                 transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -410,9 +410,7 @@ class Lowering:
     @lowers(DIALECT, "PAD")
     def pad(self, g: Group) -> None:
         x = g.root.inputs[0]
-        pads = np.asarray(int_values(g.root.inputs[1])).reshape(-1, 2)
-        before = [0] * (4 - len(x.shape)) + [int(p) for p in pads[:, 0]]
-        self.affine(g, x, [-b for b in before], [1, 1, 1, 1], g.output.shape)
+        self.affine(g, x, [-b for b in pad_before(g.root)], [1, 1, 1, 1], g.output.shape)
 
     @lowers(DIALECT, "STRIDED_SLICE")
     def strided_slice(self, g: Group) -> None:
@@ -421,6 +419,35 @@ class Lowering:
         lead = 4 - len(x.shape)
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
                     natural_output_shape(op))
+
+    def gather(self, mapping: str, x: Tensor, out: Tensor, steps: Sequence[Step], ops: Sequence[Op],
+               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0)) -> None:
+        """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             np.int32(as_nhwc(x.shape)[3]), self.cl_int4(*p0),
+                                                             self.cl_int4(*p1)]
+        self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
+
+    @lowers(DIALECT, "TILE")
+    def tile(self, g: Group) -> None:
+        self.gather("TILE", g.root.inputs[0], g.output, g.steps, g.ops)
+
+    @lowers(DIALECT, "SPACE_TO_DEPTH")
+    def space_to_depth(self, g: Group) -> None:
+        self.gather("SPACE_TO_DEPTH", g.root.inputs[0], g.output, g.steps, g.ops,
+                    (g.root.options["block_size"], 0, 0, 0))
+
+    @lowers(DIALECT, "MIRROR_PAD")
+    def mirror_pad(self, g: Group) -> None:
+        symmetric = int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
+        self.gather("MIRROR_PAD", g.root.inputs[0], g.output, g.steps, g.ops, pad_before(g.root),
+                    (symmetric, 0, 0, 0))
+
+    @lowers(DIALECT, "UNPACK")
+    def unpack(self, g: Group) -> None:
+        axis, parts = unpack_parts(g.root)
+        for out, index in parts:
+            self.gather("UNPACK", g.root.inputs[0], out, (), [g.root], (axis, index, 0, 0))
 
     @lowers(DIALECT, "SPLIT", "SPLIT_V")
     def split(self, g: Group) -> None:

@@ -20,8 +20,8 @@ from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, padding_before, resize_scales, same_storage, split_parts, transpose_axes,
-                                 transpose_conv_geometry)
+                                 pack_vector, pad_before, padding_before, resize_scales, same_storage, split_parts,
+                                 transpose_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
@@ -470,10 +470,44 @@ def _transpose(plan: KernelPlan, group: Group) -> None:
 @builds("PAD")
 def _pad(plan: KernelPlan, group: Group) -> None:
     x = group.root.inputs[0]
-    pads = int_values(group.root.input(1))
-    before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
+    before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
     k.param("before", "vec4<i32>", before)
+
+
+@builds("MIRROR_PAD")
+def _mirror_pad(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.output
+    before = pad_before(group.root)
+    k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
+                as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
+    k.param("before", "vec4<i32>", before)
+    k.param("symmetric", "i32", int(group.root.options.get("mode", "REFLECT") == "SYMMETRIC"))
+
+
+@builds("TILE")
+def _tile(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.output
+    _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
+
+
+@builds("SPACE_TO_DEPTH")
+def _space_to_depth(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
+    k.param("block", "i32", group.root.options["block_size"])
+
+
+@builds("UNPACK")
+def _unpack(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    axis, parts = unpack_parts(op)
+    for out, index in parts:
+        k = _gather(plan.part("gather", op, f"part{index}", out.index, out.shape), "unpack", [(x.index, x.shape)],
+                    axis != 3)
+        k.param("axis", "i32", axis)
+        k.param("index", "i32", index)
 
 
 @builds("STRIDED_SLICE")
