@@ -4,7 +4,9 @@ Each accepted op code has cases here (shapes, options); every case runs on
 the opencl and wgpu backends at fp32 and fp16 against LiteRT's builtin
 kernels.  fp32 must be within 5e-4 of each output's range; fp16 within 2e-2
 (half storage keeps 11 significant bits, values and weights are rounded at
-each stored tensor, and wgpu multiplies and accumulates products in f16).
+each stored tensor, and wgpu multiplies and accumulates products in f16);
+quantized outputs within one step of their grid.  Quantized tensors run on
+the float view (``allow_quantized``).
 An op a lowering accepts without a case here fails
 ``test_every_accepted_op_has_a_case``, so no support claim goes untested.
 """
@@ -250,6 +252,17 @@ def _lstm(rng):
     return b.to_bytes(), [normal(rng, (batch, inputs)), normal(rng, (batch, units)), normal(rng, (batch, units))], None
 
 
+@case("QUANTIZE", "int8")
+@case("DEQUANTIZE", "runtime_int8")
+def _quantize_dequantize(rng):
+    """float -> QUANTIZE -> int8 output, and -> DEQUANTIZE -> float output: the float view's edges."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 4, 5))
+    q = b.op("QUANTIZE", [x], dtype="int8", quant=(0.03, -5))
+    b.output(q, b.op("DEQUANTIZE", [q], version=2, dtype="float32"))
+    return b.to_bytes(), [rng.uniform(-4, 4, (1, 3, 4, 5)).astype(np.float32)], None
+
+
 @case("DEQUANTIZE", "fp16_weights")
 def _dequantize(rng):
     b = GraphBuilder()
@@ -289,5 +302,5 @@ def test_case_matches_litert(item, backend, precision):
     _available(backend)
     model, inputs, reference = item.make(np.random.default_rng(len(item.id)))
     expected = litert_run(reference or model, inputs, builtin=True)
-    actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision))
+    actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision, allow_quantized=True))
     assert_close(actual, expected, rtol=TOLERANCE[precision], atol=0.0)

@@ -22,7 +22,7 @@ from typing import Callable, Collection, Sequence
 from ..ir import Op, Tensor
 from .constants import activation_quant, constant_value, is_folded_dequantize
 from .layout import as_nhwc, natural_output_shape
-from .support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 # Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
 EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
@@ -98,6 +98,8 @@ def unary_step(op: Op) -> Step:
 
 def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
     """Steps of elementwise ``op`` applied to the running ``value`` (one of its inputs)."""
+    if op.opcode in CONVERSIONS:
+        return activation_steps(op, float_view)
     if op.opcode in UNARY:
         return [unary_step(op)] + activation_steps(op, float_view)
     swapped = op.inputs[1] is value and op.inputs[0] is not value
@@ -106,7 +108,7 @@ def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
 
 
 def is_elementwise(op: Op) -> bool:
-    return not op.custom and op.opcode in UNARY + BINARY
+    return not op.custom and op.opcode in UNARY + BINARY + CONVERSIONS
 
 
 def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
@@ -137,7 +139,7 @@ def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
         return False
     if op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype:
         return False
-    return op.opcode in UNARY or not (op.inputs[0] is value and op.inputs[1] is value)
+    return op.opcode in UNARY + CONVERSIONS or not (op.inputs[0] is value and op.inputs[1] is value)
 
 
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,

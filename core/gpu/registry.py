@@ -17,9 +17,10 @@ from typing import Callable
 
 from ..backend import CompileOptions, Support
 from ..ir import Op
+from .constants import is_folded_dequantize
 from .support import CUSTOM_RULES, RULES, Check, check_op, rule_for
 
-KIT_LOWERED = frozenset({"DEQUANTIZE"})
+KIT_LOWERED = frozenset({"DEQUANTIZE"})  # of constants: folded at compile time
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def lowers(dialect: str, *codes: str, check: Check | None = None):
         for code in codes:
             if code not in RULES and code not in CUSTOM_RULES:
                 raise ValueError(f"{dialect}: {code} has no rule in delegate.gpu.support")
-            if code in table or code in KIT_LOWERED:
+            if code in table:
                 raise ValueError(f"{dialect}: {code} is lowered twice")
             table[code] = Handler(fn, check)
         return fn
@@ -62,7 +63,7 @@ def accepted(dialect: str) -> frozenset[str]:
 def supports(dialect: str, op: Op, options: CompileOptions) -> Support:
     """Whether ``dialect`` runs ``op``, and why not: the first failing check of the rule, then the handler."""
     found = handler(dialect, op)
-    if found is None and rule_for(op) is not None and op.opcode not in KIT_LOWERED:
+    if found is None and rule_for(op) is not None and not is_folded_dequantize(op):
         return Support.no(f"{op.opcode} has no kernel in the {dialect} lowering")
     answer = check_op(op, options)
     if not answer or found is None or found.check is None:

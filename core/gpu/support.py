@@ -9,9 +9,11 @@ kernels do not implement; a few ops list more versions whose float semantics
 the kernels do implement (dilated depthwise convolution, basic-kernel LSTM,
 half-pixel bilinear resize).  With ``allow_quantized`` the quantized versions
 are accepted too and run on the float view (:mod:`delegate.gpu.constants`).
-DEQUANTIZE is accepted only with a constant input, whatever its version up
-to 4: it is folded at compile time and never runs.  Every refusal names the check that failed, so a plan can say why an op
-stayed on the CPU.
+A DEQUANTIZE of a constant is accepted whatever its version up to 4: it is
+folded at compile time and never runs.  QUANTIZE and DEQUANTIZE of runtime
+tensors are copies on the float view (QUANTIZE rounding onto its output's
+grid).  Every refusal names the check that failed, so a plan can say why an
+op stayed on the CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
          "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
+CONVERSIONS = ("QUANTIZE", "DEQUANTIZE")  # copies on the float view (QUANTIZE rounds onto its output grid)
 COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
 BINARY = ("ADD", "SUB", "MUL", "DIV", "FLOOR_DIV", "FLOOR_MOD", "SQUARED_DIFFERENCE", "POW", "MAXIMUM", "MINIMUM",
           "PRELU", "LOGICAL_AND") + COMPARISONS
@@ -290,6 +293,18 @@ def _split(op: Op) -> str | None:
     return None
 
 
+def _quantize(op: Op) -> str | None:
+    if not is_quantized(op.outputs[0]):
+        return "QUANTIZE gives a quantized tensor"
+    return None
+
+
+def _dequantize(op: Op) -> str | None:
+    if not is_quantized(op.inputs[0]):
+        return f"DEQUANTIZE of a runtime {op.inputs[0].dtype.name} tensor is not implemented (only quantized ones)"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -360,7 +375,8 @@ RULES: dict[str, OpRule] = {
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
     "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
-    "DEQUANTIZE": OpRule(4, 4),
+    "DEQUANTIZE": OpRule(4, 4, _dequantize),
+    "QUANTIZE": OpRule(1, 3, _quantize),
 }
 CUSTOM_RULES: dict[str, OpRule] = {
     TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
@@ -404,8 +420,8 @@ def check_op(op: Op, options: CompileOptions) -> Support:
         if not options.allow_quantized:
             return Support.no(f"{op.opcode} version {op.version} is a quantized variant; the GPU accepts "
                               f"v{rule.versions} unless allow_quantized is on")
-    if op.opcode == "DEQUANTIZE":
-        return _check_dequantize(op, options)
+    if is_folded_dequantize(op):
+        return _check_folded_dequantize(op, options)
     for i, t in enumerate(op.inputs):
         if t is None or i in rule.params:
             continue
@@ -420,10 +436,7 @@ def check_op(op: Op, options: CompileOptions) -> Support:
     return Support.no(reason) if reason else Support.yes()
 
 
-def _check_dequantize(op: Op, options: CompileOptions) -> Support:
-    if not is_folded_dequantize(op):
-        return Support.no("DEQUANTIZE of a runtime tensor is a float-view boundary and stays on the CPU; "
-                          "only constants are folded")
+def _check_folded_dequantize(op: Op, options: CompileOptions) -> Support:
     if op.input(0).dtype is not DType.float16 and not options.allow_quantized:
         return Support.no(f"DEQUANTIZE of a {op.input(0).dtype.name} constant needs allow_quantized")
     return Support.yes()

@@ -24,7 +24,7 @@ from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nh
                                  pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
                                  transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
+from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
@@ -233,7 +233,7 @@ class Lowering:
             raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
         found.lower(self, g)
 
-    @lowers(DIALECT, *UNARY, *BINARY)
+    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS)
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),

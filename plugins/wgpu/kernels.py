@@ -24,7 +24,7 @@ from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_wei
                                  transpose_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
+from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 from delegate.strided import strided_slice_plan
 
@@ -165,7 +165,7 @@ def chains_into_reader(group: Group) -> bool:
 
 # -- kernels -------------------------------------------------------------------------------------
 
-@builds(*UNARY, *BINARY)
+@builds(*UNARY, *BINARY, *CONVERSIONS)
 def _elementwise(plan: KernelPlan, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
