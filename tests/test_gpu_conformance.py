@@ -229,6 +229,10 @@ def _unpack_last(rng):
 case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(
     "RESIZE_BILINEAR", [(1, 3, 4, 5)], rng, [np.array([7, 5], np.int32)], options={"half_pixel_centers": True},
     version=3))
+for _mode in ("plain", "align_corners", "half_pixel_centers"):
+    case("RESIZE_NEAREST_NEIGHBOR", _mode)(lambda rng, m=_mode: one_op(
+        "RESIZE_NEAREST_NEIGHBOR", [(1, 3, 5, 6)], rng, [np.array([7, 4], np.int32)],
+        options={} if m == "plain" else {m: True}, version=1 if m == "plain" else 3))
 case("SOFTMAX")(lambda rng: one_op("SOFTMAX", [(2, 13)], rng, options={"beta": 1.5}, scale=3.0))
 case("STRIDED_SLICE", "strided")(lambda rng: one_op(
     "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))

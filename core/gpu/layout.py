@@ -136,7 +136,8 @@ def transpose_conv_geometry(op: Op) -> TransposeConv:
 
 
 def resize_scales(op: Op) -> tuple[float, float]:
-    """(x, y) input step per output pixel of RESIZE_BILINEAR, with or without align_corners."""
+    """(x, y) input step per output pixel of RESIZE_BILINEAR or RESIZE_NEAREST_NEIGHBOR, with or without
+    align_corners."""
     align = bool(op.options.get("align_corners"))
     (_, ih, iw, _), (_, oh, ow, _) = op.inputs[0].shape, op.outputs[0].shape
 

@@ -366,6 +366,7 @@ RULES: dict[str, OpRule] = {
     "SQUEEZE": OpRule(1, 1),
     "TRANSPOSE": OpRule(1, 2, _transpose, params=(1,)),
     "RESIZE_BILINEAR": OpRule(3, 3, _resize, params=(1,)),
+    "RESIZE_NEAREST_NEIGHBOR": OpRule(3, 4, _resize, params=(1,)),
     "SOFTMAX": OpRule(1, 2),
     "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),
     "MEAN": OpRule(1, 2, _mean, params=(1,)),

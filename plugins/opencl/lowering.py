@@ -421,11 +421,12 @@ class Lowering:
                     natural_output_shape(op))
 
     def gather(self, mapping: str, x: Tensor, out: Tensor, steps: Sequence[Step], ops: Sequence[Op],
-               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0)) -> None:
+               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0),
+               f0: Sequence[float] = (0.0, 0.0, 0.0, 0.0)) -> None:
         """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             np.int32(as_nhwc(x.shape)[3]), self.cl_int4(*p0),
-                                                             self.cl_int4(*p1)]
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]), self.cl_int4(*p0), self.cl_int4(*p1),
+            self.cl.cltypes.make_float4(*f0)]
         self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
 
     @lowers(DIALECT, "TILE")
@@ -442,6 +443,13 @@ class Lowering:
         symmetric = int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
         self.gather("MIRROR_PAD", g.root.inputs[0], g.output, g.steps, g.ops, pad_before(g.root),
                     (symmetric, 0, 0, 0))
+
+    @lowers(DIALECT, "RESIZE_NEAREST_NEIGHBOR")
+    def resize_nearest(self, g: Group) -> None:
+        o = g.root.options
+        self.gather("RESIZE_NEAREST", g.root.inputs[0], g.output, g.steps, g.ops,
+                    (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
+                    f0=(*resize_scales(g.root), 0.0, 0.0))
 
     @lowers(DIALECT, "UNPACK")
     def unpack(self, g: Group) -> None:

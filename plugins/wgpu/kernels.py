@@ -498,6 +498,15 @@ def _space_to_depth(plan: KernelPlan, group: Group) -> None:
     k.param("block", "i32", group.root.options["block_size"])
 
 
+@builds("RESIZE_NEAREST_NEIGHBOR")
+def _resize_nearest(plan: KernelPlan, group: Group) -> None:
+    op, x = group.root, group.root.inputs[0]
+    k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
+    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
+    k.param("align", "i32", int(bool(op.options.get("align_corners"))))
+    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
+
+
 @builds("UNPACK")
 def _unpack(plan: KernelPlan, group: Group) -> None:
     op = group.root

@@ -4,8 +4,10 @@
 //   MAP_SPACE_TO_DEPTH  channel block (dy * b + dx) of pixel (y, x) is pixel (y * b + dy, x * b + dx); p0.x = b
 //   MAP_MIRROR_PAD      p0 = padding ahead of each axis (n, y, x, c); p1.x = 1 for SYMMETRIC, 0 for REFLECT
 //   MAP_UNPACK          the input axis p0.x set to p0.y, the others from at (which has one axis fewer)
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels, int4 p0, int4 p1 EPILOGUE_PARAMS) {
+//   MAP_RESIZE_NEAREST  the input pixel under the output pixel: f0 = input pixels per output pixel (x, y),
+//                       p0 = (align_corners, half_pixel_centers), rounding as LiteRT's kernel does
+__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+                          int in_channels, int4 p0, int4 p1, float4 f0 EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -27,6 +29,11 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
     int a[4];
     for (int j = 0, k = 1; j < 4; ++j) a[j] = j == p0.x ? p0.y : c[k++];
     int4 src = (int4)(a[0], a[1], a[2], a[3]);
+#elif defined(MAP_RESIZE_NEAREST)
+    float offset = p0.y ? 0.5f : 0.0f;
+    float fy = ((float)at.y + offset) * f0.y, fx = ((float)at.z + offset) * f0.x;
+    int iy = (int)(p0.x ? round(fy) : floor(fy)), ix = (int)(p0.x ? round(fx) : floor(fx));
+    int4 src = (int4)(at.x, max(min(iy, id.y - 1), 0), max(min(ix, id.x - 1), 0), at.w);
 #endif
     lanes[l] = LOAD1(in, lane_index(id, src.x, src.y, src.z, src.w));
   }
