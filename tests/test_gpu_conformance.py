@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from delegate import CompileOptions
+from delegate import CompileOptions, read_model
 from delegate.gpu.registry import accepted
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
@@ -28,6 +28,8 @@ from tests.oputil import assert_close, delegate_run, litert_run
 
 BACKENDS = ("opencl", "wgpu")
 TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
+# (backend, case) -> the reason a backend's lowering gives for refusing that case
+REFUSED = {("opencl", "PACK:last_axis"): "packing along the channel axis is not implemented on opencl"}
 CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
 
 
@@ -210,6 +212,22 @@ for _mode in ("REFLECT", "SYMMETRIC"):
         options={"mode": m}))
 
 
+@case("PACK", "rows")
+def _pack(rng):
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (2, 6)) for i in range(3)]
+    b.output(b.op("PACK", xs, options={"values_count": 3, "axis": 1}))
+    return b.to_bytes(), [normal(rng, (2, 6)) for _ in range(3)], None
+
+
+@case("PACK", "last_axis")
+def _pack_last(rng):
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (2, 3, 5)) for i in range(2)]
+    b.output(b.op("PACK", xs, options={"values_count": 2, "axis": -1}))
+    return b.to_bytes(), [normal(rng, (2, 3, 5)) for _ in range(2)], None
+
+
 @case("UNPACK", "rows")
 def _unpack(rng):
     b = GraphBuilder()
@@ -291,6 +309,21 @@ def _available(name: str) -> None:
         pytest.skip(f"{name} backend unavailable here: {why}")
 
 
+@pytest.mark.parametrize("case_id", sorted({c for _, c in REFUSED}))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_refusals_are_the_listed_ones(backend, case_id):
+    """A case listed as refused on a backend is refused there with its reason, and runs on the others."""
+    _available(backend)
+    item = next(c for c in CASES if c.id == case_id)
+    model, _, _ = item.make(np.random.default_rng(0))
+    op = read_model(model).main.ops[0]
+    answer = default_manager().backend_info(backend).factory({}).supports(op, CompileOptions(allow_quantized=True))
+    if (backend, case_id) in REFUSED:
+        assert not answer and REFUSED[backend, case_id] in answer.reason
+    else:
+        assert answer, answer.reason
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_accepted_op_has_a_case(backend):
     _available(backend)
@@ -299,9 +332,11 @@ def test_every_accepted_op_has_a_case(backend):
     assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
 
 
+RUNS = [(c, b) for c in CASES for b in BACKENDS if (b, c.id) not in REFUSED]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("item,backend", RUNS, ids=[f"{c.id}-{b}" for c, b in RUNS])
 def test_case_matches_litert(item, backend, precision):
     _available(backend)
     model, inputs, reference = item.make(np.random.default_rng(len(item.id)))

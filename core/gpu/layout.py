@@ -173,6 +173,11 @@ def pad_before(op: Op) -> Shape4:
     return (0,) * (4 - len(x.shape)) + tuple(int(p) for p in pads[0::2])  # type: ignore[return-value]
 
 
+def pack_axis(op: Op) -> int:
+    """The axis of a PACK's output (NHWC view) along which its inputs follow each other."""
+    return nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))
+
+
 def unpack_parts(op: Op) -> tuple[int, list[tuple[Tensor, int]]]:
     """(NHWC axis of the input, [(output, its index along the axis)]) of an UNPACK."""
     rank = len(op.inputs[0].shape)

@@ -231,6 +231,16 @@ def _mirror_pad(op: Op) -> str | None:
     return None
 
 
+def _pack(op: Op) -> str | None:
+    rank = len(op.outputs[0].shape)
+    axis = op.options.get("axis", 0)
+    if not -rank <= axis < rank or op.outputs[0].shape[axis] != len(op.inputs):
+        return f"axis {axis} of the output does not hold the {len(op.inputs)} inputs"
+    if any(tuple(t.shape) != tuple(op.inputs[0].shape) for t in op.inputs):
+        return "inputs of different shapes"
+    return None
+
+
 def _unpack(op: Op) -> str | None:
     rank = len(op.inputs[0].shape)
     axis = op.options.get("axis", 0)
@@ -374,6 +384,7 @@ RULES: dict[str, OpRule] = {
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
     "TILE": OpRule(1, 2, _tile, params=(1,)),
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
+    "PACK": OpRule(1, 2, _pack),
     "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
     "DEQUANTIZE": OpRule(4, 4, _dequantize),

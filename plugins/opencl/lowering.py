@@ -22,7 +22,7 @@ from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
                                  pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
-                                 transpose_conv_geometry, unpack_parts)
+                                 pack_axis, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -450,6 +450,13 @@ class Lowering:
         self.gather("RESIZE_NEAREST", g.root.inputs[0], g.output, g.steps, g.ops,
                     (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
                     f0=(*resize_scales(g.root), 0.0, 0.0))
+
+    @lowers(DIALECT, "PACK", check=lambda op: "packing along the channel axis is not implemented on opencl"
+             if pack_axis(op) == 3 else None)
+    def pack(self, g: Group) -> None:
+        axis = pack_axis(g.root)
+        for index, x in enumerate(g.root.inputs):
+            self.gather("PACK", x, g.output, g.steps, g.ops, (axis, index, 0, 0))
 
     @lowers(DIALECT, "UNPACK")
     def unpack(self, g: Group) -> None:

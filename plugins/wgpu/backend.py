@@ -43,7 +43,7 @@ def shader_digest() -> str:
 
 def storage_buffers_needed(op: Op) -> int:
     """Storage buffers the op's own kernel binds (before any fused op adds operands)."""
-    if op.opcode == "CONCATENATION":
+    if op.opcode in ("CONCATENATION", "PACK"):
         return len(op.inputs) + 1
     return 4  # output, input, weights and bias at most
 

@@ -21,7 +21,7 @@ from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, padding_before, resize_scales, same_storage, split_parts,
-                                 transpose_axes, transpose_conv_geometry, unpack_parts)
+                                 pack_axis, transpose_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -505,6 +505,14 @@ def _resize_nearest(plan: KernelPlan, group: Group) -> None:
     k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
     k.param("align", "i32", int(bool(op.options.get("align_corners"))))
     k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
+
+
+@builds("PACK")
+def _pack(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    axis = pack_axis(op)
+    k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
+    k.param("axis", "i32", axis)
 
 
 @builds("UNPACK")
