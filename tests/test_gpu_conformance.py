@@ -84,6 +84,20 @@ case("GELU", "approximate")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, options
 case("LEAKY_RELU")(lambda rng: one_op("LEAKY_RELU", [(1, 4, 3, 5)], rng, options={"alpha": 0.3}, scale=2.0))
 
 
+@case("LEAKY_RELU", "detector_block")
+def _detector_block(rng):
+    """A YOLO-style block: CONV_2D, LEAKY_RELU (fused into the convolution's epilogue), nearest upsampling,
+    concatenation with a skip input, then GELU and a comparison."""
+    b = GraphBuilder()
+    x, skip = b.input("x", (1, 4, 5, 3)), b.input("skip", (1, 8, 10, 2))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 3))), b.const("b", normal(rng, (6,)))], options=CONV)
+    y = b.op("LEAKY_RELU", [y], options={"alpha": 0.1})
+    y = b.op("RESIZE_NEAREST_NEIGHBOR", [y, b.const("size", np.array([8, 10], np.int32))])
+    y = b.op("GELU", [b.op("CONCATENATION", [y, skip], options={"axis": 3})])
+    b.output(y, b.op("GREATER", [y, b.const("t", np.array([0.5], np.float32))], dtype="bool"))
+    return b.to_bytes(), [normal(rng, (1, 4, 5, 3)), normal(rng, (1, 8, 10, 2))], None
+
+
 def positive_op(opcode: str, rng):
     """A unary op defined for positive inputs only, on values from 0.05 to 20."""
     model, _, _ = one_op(opcode, [(2, 5, 7)], rng)
