@@ -270,6 +270,15 @@ case("STRIDED_SLICE", "strided")(lambda rng: one_op(
     "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))
 case("MEAN", "pixels")(lambda rng: one_op("MEAN", [(1, 5, 4, 6)], rng, [np.array([1, 2], np.int32)],
                                           options={"keep_dims": True}))
+for _code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN"):
+    case(_code, "batch_and_channels")(lambda rng, c=_code: one_op(
+        c, [(2, 3, 4, 6)], rng, [np.array([0, 3], np.int32)], scale=0.8 if c == "REDUCE_PROD" else 1.0))
+    case(_code, "rows_kept")(lambda rng, c=_code: one_op(c, [(3, 5, 7)], rng, [np.array([-2], np.int32)],
+                                                         options={"keep_dims": True}))
+for _code in ("REDUCE_ANY", "REDUCE_ALL"):
+    case(_code, "pixels")(lambda rng, c=_code: (
+        one_op(c, [(1, 3, 4, 5)], rng, [np.array([1, 2], np.int32)], dtype="bool")[0],
+        [rng.random((1, 3, 4, 5)) > (0.1 if c == "REDUCE_ALL" else 0.9)], None))
 case("DEPTH_TO_SPACE")(lambda rng: one_op("DEPTH_TO_SPACE", [(1, 2, 3, 12)], rng, options={"block_size": 2}))
 
 

@@ -96,6 +96,25 @@ BINARY_CODE: dict[str, Formula] = {
 }
 
 
+# Reductions over scalars: (initial value, or None to start from the first element; combination of the running
+# value a and the next element b).  REDUCE_ANY and REDUCE_ALL see bools as 1 and 0.
+REDUCE_CODE: dict[str, tuple[str | None, Callable[[str, str], str]]] = {
+    "SUM": ("0", lambda a, b: f"({a} + {b})"),
+    "REDUCE_PROD": ("1", lambda a, b: f"({a} * {b})"),
+    "REDUCE_MAX": (None, lambda a, b: f"max({a}, {b})"),
+    "REDUCE_MIN": (None, lambda a, b: f"min({a}, {b})"),
+    "REDUCE_ANY": (None, lambda a, b: f"max({a}, {b})"),
+    "REDUCE_ALL": (None, lambda a, b: f"min({a}, {b})"),
+}
+
+
+def reduction(name: str, first: str) -> tuple[str, str]:
+    """(initial value, combination of ``total`` and ``value``) of reduction ``name``; ``first`` spells the
+    region's first element."""
+    init, combine = REDUCE_CODE[name]
+    return (first if init is None else init), combine("total", "value")
+
+
 def _wgsl_pow(d: "Dialect", a: str, b: str) -> str:
     """C's pow from WGSL's (defined only for a positive base): |a|^b, negated for a negative base and an
     odd integer exponent, 1 for a zero exponent; a negative base and fractional exponent stays NaN."""

@@ -173,6 +173,16 @@ def pad_before(op: Op) -> Shape4:
     return (0,) * (4 - len(x.shape)) + tuple(int(p) for p in pads[0::2])  # type: ignore[return-value]
 
 
+def reduced_axes(op: Op) -> tuple[Shape4, Shape4]:
+    """(the input's NHWC shape with reduced axes as 1, 1 for each reduced axis) of a reduction over input 1's
+    axes (MEAN, SUM, REDUCE_*)."""
+    x = op.inputs[0]
+    axes = {nhwc_axis(int(a), len(x.shape)) for a in int_values(op.input(1))}
+    shape = as_nhwc(x.shape)
+    return (tuple(1 if a in axes else shape[a] for a in range(4)),  # type: ignore[return-value]
+            tuple(int(a in axes) for a in range(4)))
+
+
 def pack_axis(op: Op) -> int:
     """The axis of a PACK's output (NHWC view) along which its inputs follow each other."""
     return nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))

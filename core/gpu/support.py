@@ -205,6 +205,18 @@ def _mean(op: Op) -> str | None:
     return None
 
 
+def _reduce(op: Op) -> str | None:
+    axes = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if axes is None:
+        return "axes (input 1) must be a constant"
+    if any(not -rank <= a < rank for a in axes):
+        return f"axes {axes} out of range for rank {rank}"
+    if op.opcode in ("REDUCE_ANY", "REDUCE_ALL") and op.inputs[0].dtype is not DType.bool:
+        return f"{op.opcode} takes and gives bool tensors"
+    return None
+
+
 def _depth_to_space(op: Op) -> str | None:
     block = op.options.get("block_size", 0)
     if block < 1:
@@ -380,6 +392,8 @@ RULES: dict[str, OpRule] = {
     "SOFTMAX": OpRule(1, 2),
     "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),
     "MEAN": OpRule(1, 2, _mean, params=(1,)),
+    **{code: OpRule(1, 2, _reduce, params=(1,)) for code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN")},
+    **{code: OpRule(1, 1, _reduce, params=(1,), bools="all") for code in ("REDUCE_ANY", "REDUCE_ALL")},
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
     "TILE": OpRule(1, 2, _tile, params=(1,)),

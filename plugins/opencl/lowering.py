@@ -17,12 +17,12 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
-from delegate.gpu.dialect import OPENCL, unary_chain
+from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
 from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
                                  pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
-                                 pack_axis, transpose_conv_geometry, unpack_parts)
+                                 pack_axis, reduced_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -479,6 +479,17 @@ class Lowering:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
         self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
+
+    @lowers(DIALECT, *REDUCE_CODE)
+    def reduce(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        keep, reduce = reduced_axes(g.root)
+        init, combine = reduction(g.root.opcode, "(first)")
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
+            self.cl_int4(*keep), self.cl_int4(*(-r for r in reduce))]
+        self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
+                 defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
         """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""

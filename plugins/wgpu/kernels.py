@@ -18,10 +18,11 @@ from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
-from delegate.gpu.dialect import WGSL, unary_chain
+from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
 from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, padding_before, resize_scales, same_storage, split_parts,
-                                 pack_axis, transpose_axes, transpose_conv_geometry, unpack_parts)
+                                 pack_axis, reduced_axes, transpose_axes, transpose_conv_geometry,
+                                 unpack_parts)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -406,6 +407,18 @@ def _mean(plan: KernelPlan, group: Group) -> None:
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
+
+
+@builds(*REDUCE_CODE)
+def _reduce(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    keep, reduce = reduced_axes(group.root)
+    k = plan.kernel("reduce", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("keep", "vec4<i32>", keep)
+    k.param("reduce", "vec4<i32>", reduce)
+    init, combine = reduction(group.root.opcode, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    k.substitutions = {"INIT": init, "COMBINE": combine}
 
 
 # -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
