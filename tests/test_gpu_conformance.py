@@ -84,6 +84,26 @@ case("GELU", "approximate")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, options
 case("LEAKY_RELU")(lambda rng: one_op("LEAKY_RELU", [(1, 4, 3, 5)], rng, options={"alpha": 0.3}, scale=2.0))
 
 
+def select(opcode: str, shapes, rng):
+    b = GraphBuilder()
+    cond = b.input("cond", shapes[0], "bool")
+    b.output(b.op(opcode, [cond, b.input("a", shapes[1]), b.input("b", shapes[2])], dtype="float32"))
+    return b.to_bytes(), [rng.random(shapes[0]) > 0.5, normal(rng, shapes[1]), normal(rng, shapes[2])], None
+
+
+case("SELECT", "same_shapes")(lambda rng: select("SELECT", [(2, 3, 5)] * 3, rng))
+
+
+@case("SELECT_V2", "broadcast_twice")
+def _select_v2(rng):
+    b = GraphBuilder()
+    cond, other = b.input("cond", (1, 3, 1), "bool"), b.input("other", (2, 1, 4))
+    first = b.op("SELECT_V2", [cond, b.input("a", (2, 3, 4)), b.const("b", normal(rng, (4,)))], dtype="float32")
+    b.output(b.op("SELECT_V2", [b.op("LESS", [first, other], dtype="bool"), first, other], dtype="float32"))
+    inputs = [rng.random((1, 3, 1)) > 0.5, normal(rng, (2, 1, 4)), normal(rng, (2, 3, 4))]
+    return b.to_bytes(), inputs, None
+
+
 @case("LEAKY_RELU", "detector_block")
 def _detector_block(rng):
     """A YOLO-style block: CONV_2D, LEAKY_RELU (fused into the convolution's epilogue), nearest upsampling,

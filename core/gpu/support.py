@@ -50,7 +50,8 @@ class OpRule:
     quant_versions: int = 1    # highest version accepted with allow_quantized (float view)
     check: Check | None = None  # constraint on shapes/options; returns why not, or None
     params: tuple[int, ...] = ()  # inputs that are integer parameters (shapes, axes), not data
-    bools: str = ""  # which tensors may be bool (held as 1 and 0): "outputs" or "all"; the check says which must be
+    bools: str = ""  # which tensors may be bool (held as 1 and 0): "first" input, "outputs" or "all"; the check
+    # says which must be
 
 
 def _fused(op: Op) -> str | None:
@@ -327,6 +328,21 @@ def _dequantize(op: Op) -> str | None:
     return None
 
 
+def _select(op: Op) -> str | None:
+    cond, out = op.inputs[0], op.outputs[0]
+    if cond.dtype is not DType.bool:
+        return "the condition (input 0) must be a bool tensor"
+    if op.opcode == "SELECT" and len(cond.shape) == 1 and len(out.shape) > 1:
+        return "SELECT with a condition per row is not implemented"
+    try:
+        shape = np.broadcast_shapes(*(t.shape for t in op.inputs))
+    except ValueError:
+        return "the inputs do not broadcast"
+    if tuple(shape) != tuple(out.shape):
+        return f"output shape {list(out.shape)} is not the broadcast of the inputs"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -398,6 +414,8 @@ RULES: dict[str, OpRule] = {
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
     "TILE": OpRule(1, 2, _tile, params=(1,)),
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
+    "SELECT": OpRule(1, 2, _select, bools="first"),
+    "SELECT_V2": OpRule(1, 1, _select, bools="first"),
     "PACK": OpRule(1, 2, _pack),
     "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
@@ -451,7 +469,7 @@ def check_op(op: Op, options: CompileOptions) -> Support:
     for i, t in enumerate(op.inputs):
         if t is None or i in rule.params:
             continue
-        reason = _tensor_reason(t, f"input {i}", options, rule.bools == "all")
+        reason = _tensor_reason(t, f"input {i}", options, rule.bools == "all" or (rule.bools == "first" and i == 0))
         if reason:
             return Support.no(reason)
     for i, t in enumerate(op.outputs):

@@ -458,6 +458,14 @@ class Lowering:
         for index, x in enumerate(g.root.inputs):
             self.gather("PACK", x, g.output, g.steps, g.ops, (axis, index, 0, 0))
 
+    @lowers(DIALECT, "SELECT", "SELECT_V2")
+    def select(self, g: Group) -> None:
+        out = g.output
+        args = self.out_args(self.tensor(out), out.shape)
+        for t in g.root.inputs:
+            args += [self.tensor(t), self.dims(t.shape), np.int32(as_nhwc(t.shape)[3])]
+        self.add("select", g.steps, args, out.shape, grid(out.shape), g.ops)
+
     @lowers(DIALECT, "UNPACK")
     def unpack(self, g: Group) -> None:
         axis, parts = unpack_parts(g.root)

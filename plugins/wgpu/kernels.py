@@ -528,6 +528,11 @@ def _pack(plan: KernelPlan, group: Group) -> None:
     k.param("axis", "i32", axis)
 
 
+@builds("SELECT", "SELECT_V2")
+def _select(plan: KernelPlan, group: Group) -> None:
+    _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
+
+
 @builds("UNPACK")
 def _unpack(plan: KernelPlan, group: Group) -> None:
     op = group.root
