@@ -104,6 +104,15 @@ def _select_v2(rng):
     return b.to_bytes(), inputs, None
 
 
+@case("CAST", "float_bool_float")
+def _cast(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    flags = b.op("CAST", [x], dtype="bool")
+    b.output(flags, b.op("CAST", [flags], dtype="float32"), b.op("CAST", [x], dtype="float32"))
+    return b.to_bytes(), [normal(rng, (2, 3, 5)) * (rng.random((2, 3, 5)) > 0.4)], None
+
+
 @case("LEAKY_RELU", "detector_block")
 def _detector_block(rng):
     """A YOLO-style block: CONV_2D, LEAKY_RELU (fused into the convolution's epilogue), nearest upsampling,

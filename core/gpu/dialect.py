@@ -59,6 +59,7 @@ UNARY_CODE: dict[str, Formula] = {
     "FLOOR": lambda d, v: f"floor({v})",
     "SIGN": lambda d, v: f"sign({v})",
     "ELU": lambda d, v: f"(max({v}, {d.k(0)}) + (exp(min({v}, {d.k(0)})) - {d.k(1)}))",
+    "NONZERO": lambda d, v: _select(d, d.k(0), d.k(1), f"({v}) != {d.k(0)}"),  # CAST to bool
     "HARD_SWISH": lambda d, v: f"(({v}) * clamp(({v}) + {d.k(3)}, {d.k(0)}, {d.k(6)}) / {d.k(6)})",
     "GELU": lambda d, v: f"({d.k(0.5)} * ({v}) * ({d.k(1)} + {_erf(d, f'({v}) * {d.k(math.sqrt(0.5))}')}))",
     "GELU_APPROXIMATE": lambda d, v: (

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
-from ..ir import Op, Tensor
+from ..ir import DType, Op, Tensor
 from .constants import activation_quant, constant_value, is_folded_dequantize
 from .layout import as_nhwc, natural_output_shape
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -98,6 +98,8 @@ def unary_step(op: Op) -> Step:
 
 def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
     """Steps of elementwise ``op`` applied to the running ``value`` (one of its inputs)."""
+    if op.opcode == "CAST" and op.outputs[0].dtype is DType.bool and op.inputs[0].dtype is not DType.bool:
+        return [Step("unary", "NONZERO")]
     if op.opcode in CONVERSIONS:
         return activation_steps(op, float_view)
     if op.opcode in UNARY:

@@ -33,7 +33,8 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
          "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
-CONVERSIONS = ("QUANTIZE", "DEQUANTIZE")  # copies on the float view (QUANTIZE rounds onto its output grid)
+# Copies on the float view: QUANTIZE rounds onto its output grid, a CAST to bool tests for non-zero.
+CONVERSIONS = ("QUANTIZE", "DEQUANTIZE", "CAST")
 COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
 BINARY = ("ADD", "SUB", "MUL", "DIV", "FLOOR_DIV", "FLOOR_MOD", "SQUARED_DIFFERENCE", "POW", "MAXIMUM", "MINIMUM",
           "PRELU", "LOGICAL_AND") + COMPARISONS
@@ -343,6 +344,14 @@ def _select(op: Op) -> str | None:
     return None
 
 
+def _cast(op: Op) -> str | None:
+    kinds = (DType.float32, DType.bool)
+    if op.inputs[0].dtype not in kinds or op.outputs[0].dtype not in kinds:
+        return (f"CAST from {op.inputs[0].dtype.name} to {op.outputs[0].dtype.name} is not implemented "
+                "(only between float32 and bool)")
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -421,6 +430,7 @@ RULES: dict[str, OpRule] = {
     "LSTM": OpRule(2, 2, _lstm),
     "DEQUANTIZE": OpRule(4, 4, _dequantize),
     "QUANTIZE": OpRule(1, 3, _quantize),
+    "CAST": OpRule(1, 1, _cast, bools="all"),
 }
 CUSTOM_RULES: dict[str, OpRule] = {
     TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
