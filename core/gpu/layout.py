@@ -183,6 +183,14 @@ def reduced_axes(op: Op) -> tuple[Shape4, Shape4]:
             tuple(int(a in axes) for a in range(4)))
 
 
+def arg_axis(op: Op) -> tuple[int, Shape4]:
+    """(NHWC axis, the input's NHWC shape with that axis as 1) of an ARG_MAX or ARG_MIN."""
+    x = op.inputs[0]
+    axis = nhwc_axis(int(int_values(op.inputs[1])[0]), len(x.shape))
+    shape = as_nhwc(x.shape)
+    return axis, tuple(1 if a == axis else shape[a] for a in range(4))  # type: ignore[return-value]
+
+
 def pack_axis(op: Op) -> int:
     """The axis of a PACK's output (NHWC view) along which its inputs follow each other."""
     return nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))

@@ -53,6 +53,7 @@ class OpRule:
     params: tuple[int, ...] = ()  # inputs that are integer parameters (shapes, axes), not data
     bools: str = ""  # which tensors may be bool (held as 1 and 0): "first" input, "outputs" or "all"; the check
     # says which must be
+    indices: bool = False  # its outputs may be int32 or int64 indices (held as floats: exact up to 2048 in f16)
 
 
 def _fused(op: Op) -> str | None:
@@ -352,6 +353,19 @@ def _cast(op: Op) -> str | None:
     return None
 
 
+ARG_LENGTH = 2048  # longest axis whose indices a half float holds exactly
+
+
+def _arg(op: Op) -> str | None:
+    axis = int_values(op.input(1))
+    x = op.inputs[0]
+    if axis is None or len(axis) != 1 or not -len(x.shape) <= axis[0] < len(x.shape):
+        return "axis (input 1) must be a constant of one axis of the input"
+    if x.shape[axis[0]] > ARG_LENGTH:
+        return f"an axis of {x.shape[axis[0]]} values; indices are held as floats, exact up to {ARG_LENGTH}"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -425,6 +439,8 @@ RULES: dict[str, OpRule] = {
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
     "SELECT": OpRule(1, 2, _select, bools="first"),
     "SELECT_V2": OpRule(1, 1, _select, bools="first"),
+    "ARG_MAX": OpRule(1, 2, _arg, params=(1,), indices=True),
+    "ARG_MIN": OpRule(1, 2, _arg, params=(1,), indices=True),
     "PACK": OpRule(1, 2, _pack),
     "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
@@ -483,6 +499,8 @@ def check_op(op: Op, options: CompileOptions) -> Support:
         if reason:
             return Support.no(reason)
     for i, t in enumerate(op.outputs):
+        if rule.indices and t.dtype in (DType.int32, DType.int64):
+            continue
         reason = _tensor_reason(t, f"output {i}", options, rule.bools in ("all", "outputs"))
         if reason:
             return Support.no(reason)

@@ -19,7 +19,7 @@ from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
-from delegate.gpu.layout import (as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
+from delegate.gpu.layout import (arg_axis, as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
                                  pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
                                  pack_axis, reduced_axes, transpose_conv_geometry, unpack_parts)
@@ -498,6 +498,15 @@ class Lowering:
             self.cl_int4(*keep), self.cl_int4(*(-r for r in reduce))]
         self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
                  defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
+
+    @lowers(DIALECT, "ARG_MAX", "ARG_MIN")
+    def arg(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        axis, keep = arg_axis(g.root)
+        sign = 1 if g.root.opcode == "ARG_MAX" else -1
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), self.cl_int4(*keep), self.cl_int4(axis, as_nhwc(x.shape)[axis], sign, 0)]
+        self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
         """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""

@@ -19,7 +19,7 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
-from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
+from delegate.gpu.layout import (arg_axis, as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, padding_before, resize_scales, same_storage, split_parts,
                                  pack_axis, reduced_axes, transpose_axes, transpose_conv_geometry,
                                  unpack_parts)
@@ -419,6 +419,18 @@ def _reduce(plan: KernelPlan, group: Group) -> None:
     k.param("reduce", "vec4<i32>", reduce)
     init, combine = reduction(group.root.opcode, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
     k.substitutions = {"INIT": init, "COMBINE": combine}
+
+
+@builds("ARG_MAX", "ARG_MIN")
+def _arg(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    axis, keep = arg_axis(group.root)
+    k = plan.kernel("arg", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("keep", "vec4<i32>", keep)
+    k.param("axis", "i32", axis)
+    k.param("length", "i32", as_nhwc(x.shape)[axis])
+    k.param("sign", "f32", 1.0 if group.root.opcode == "ARG_MAX" else -1.0)
 
 
 # -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
