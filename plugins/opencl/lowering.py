@@ -504,8 +504,9 @@ class Lowering:
         x, out = g.root.inputs[0], g.output
         axis, keep = arg_axis(g.root)
         sign = 1 if g.root.opcode == "ARG_MAX" else -1
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), self.cl_int4(*keep), self.cl_int4(axis, as_nhwc(x.shape)[axis], sign, 0)]
+        line = self.cl_int4(axis, as_nhwc(x.shape)[axis], sign, 0)
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             self.cl_int4(*keep), line]
         self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
