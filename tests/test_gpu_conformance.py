@@ -72,6 +72,8 @@ def one_op(opcode: str, shapes, rng, consts=(), options=None, dtype="float32", s
 for _code in ("ADD", "SUB", "MUL"):
     case(_code, "broadcast_relu6")(lambda rng, c=_code: one_op(
         c, [(1, 3, 4, 6), (1, 1, 4, 6)], rng, options={"fused_activation_function": "RELU6"}))
+case("ADD_N", "four")(lambda rng: one_op("ADD_N", [(1, 3, 4, 6)] * 3, rng, [normal(rng, (1, 3, 4, 6))],
+                                         shape=(1, 3, 4, 6)))
 for _code in ("MAXIMUM", "MINIMUM"):
     case(_code, "channel_vector")(lambda rng, c=_code: one_op(c, [(2, 3, 5)], rng, [normal(rng, (5,))]))
 for _code in ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH"):

@@ -104,13 +104,15 @@ def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
         return activation_steps(op, float_view)
     if op.opcode in UNARY:
         return [unary_step(op)] + activation_steps(op, float_view)
+    if op.opcode == "ADD_N":  # the running value is the first input (ADD_N is never absorbed)
+        return [Step("binary", "ADD", other) for other in op.inputs[1:]] + activation_steps(op, float_view)
     swapped = op.inputs[1] is value and op.inputs[0] is not value
     other = op.inputs[0] if swapped else op.inputs[1]
     return [Step("binary", op.opcode, other, swapped)] + activation_steps(op, float_view)
 
 
 def is_elementwise(op: Op) -> bool:
-    return not op.custom and op.opcode in UNARY + BINARY + CONVERSIONS
+    return not op.custom and op.opcode in UNARY + BINARY + CONVERSIONS + ("ADD_N",)
 
 
 def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
@@ -137,7 +139,7 @@ def hosts_epilogue(op: Op) -> bool:
 
 
 def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
-    if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1:
+    if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1 or op.opcode == "ADD_N":
         return False
     if op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype:
         return False

@@ -366,6 +366,12 @@ def _arg(op: Op) -> str | None:
     return None
 
 
+def _add_n(op: Op) -> str | None:
+    if any(tuple(t.shape) != tuple(op.outputs[0].shape) for t in op.inputs):
+        return "inputs of different shapes"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -384,6 +390,7 @@ RULES: dict[str, OpRule] = {
     "MAXIMUM": OpRule(1, 2, _binary),
     "MINIMUM": OpRule(1, 2, _binary),
     "PRELU": OpRule(1, 1, _binary),
+    "ADD_N": OpRule(1, 1, _add_n),
     "DIV": OpRule(1, 2, _binary),
     "FLOOR_DIV": OpRule(2, 2, _binary),  # v1 is int32 only
     "FLOOR_MOD": OpRule(1, 1, _binary),

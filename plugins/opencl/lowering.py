@@ -233,7 +233,7 @@ class Lowering:
             raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
         found.lower(self, g)
 
-    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS)
+    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS, "ADD_N")
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),

@@ -166,7 +166,7 @@ def chains_into_reader(group: Group) -> bool:
 
 # -- kernels -------------------------------------------------------------------------------------
 
-@builds(*UNARY, *BINARY, *CONVERSIONS)
+@builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
 def _elementwise(plan: KernelPlan, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
