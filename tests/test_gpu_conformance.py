@@ -201,6 +201,9 @@ case("DEPTHWISE_CONV_2D", "multiplier2")(lambda rng: conv(rng, (1, 6, 7, 3), 6, 
     "depth_multiplier": 2, "fused_activation_function": "RELU"}, opcode="DEPTHWISE_CONV_2D"))
 case("FULLY_CONNECTED")(lambda rng: one_op("FULLY_CONNECTED", [(3, 12)], rng,
                                            [normal(rng, (5, 12)), normal(rng, (5,))]))
+case("BATCH_MATMUL", "broadcast_batches")(lambda rng: one_op("BATCH_MATMUL", [(2, 1, 5, 7), (3, 7, 6)], rng))
+case("BATCH_MATMUL", "adjoint_constant")(lambda rng: one_op(
+    "BATCH_MATMUL", [(3, 9, 4)], rng, [normal(rng, (5, 9))], options={"adj_x": True, "adj_y": True}))
 case("TRANSPOSE_CONV", "same_stride2")(lambda rng: (
     transpose_conv_model(3, 4, 5, 6, (3, 3), 2, "SAME", True, rng), [normal(rng, (1, 3, 4, 5))], None))
 

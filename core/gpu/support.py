@@ -372,6 +372,21 @@ def _add_n(op: Op) -> str | None:
     return None
 
 
+def _batch_matmul(op: Op) -> str | None:
+    a, b = op.inputs[0].shape, op.inputs[1].shape
+    if len(a) < 2 or len(b) < 2:
+        return "both inputs need rank 2 or more"
+    depth_a = a[-2] if op.options.get("adj_x") else a[-1]
+    depth_b = b[-1] if op.options.get("adj_y") else b[-2]
+    if depth_a != depth_b:
+        return f"depths {depth_a} and {depth_b} differ"
+    try:
+        np.broadcast_shapes(a[:-2], b[:-2])
+    except ValueError:
+        return "the batch dimensions do not broadcast"
+    return None
+
+
 def _lstm(op: Op) -> str | None:
     o = op.options
     if o.get("kernel_type", "FULL") != "BASIC" or len(op.inputs) != 5 or len(op.outputs) != 4:
@@ -422,6 +437,7 @@ RULES: dict[str, OpRule] = {
     "CONV_2D": OpRule(1, 5, _conv),
     "DEPTHWISE_CONV_2D": OpRule(2, 6, _depthwise),
     "FULLY_CONNECTED": OpRule(1, 9, _fully_connected),
+    "BATCH_MATMUL": OpRule(1, 2, _batch_matmul),
     "TRANSPOSE_CONV": OpRule(1, 3, _transpose_conv, params=(0,)),
     "AVERAGE_POOL_2D": OpRule(1, 2, _pool),
     "MAX_POOL_2D": OpRule(1, 2, _pool),

@@ -19,10 +19,10 @@ from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
-from delegate.gpu.layout import (arg_axis, as_nhwc, dense_groups, natural_output_shape, nhwc_axis, pack_conv_weights,
-                                 pack_depthwise_weights, pack_vector, phwc4_vectors, resize_scales, same_storage,
-                                 pad_before, slice_ranges, slices, split_parts, to_phwc4, transpose_axes,
-                                 pack_axis, reduced_axes, transpose_conv_geometry, unpack_parts)
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, natural_output_shape, nhwc_axis,
+                                 pack_axis, pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before,
+                                 phwc4_vectors, reduced_axes, resize_scales, same_storage, slice_ranges, slices,
+                                 split_parts, to_phwc4, transpose_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -356,6 +356,15 @@ class Lowering:
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
+
+    @lowers(DIALECT, "BATCH_MATMUL")
+    def batch_matmul(self, g: Group) -> None:
+        (a, b), out = g.root.inputs[:2], g.output
+        depth, axes = batch_matmul_layout(g.root)
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), self.cl_int4(*axes),
+            np.int32(depth)]
+        self.add("batch_matmul", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
     def transpose_conv(self, g: Group) -> None:

@@ -19,10 +19,10 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
-from delegate.gpu.layout import (arg_axis, as_nhwc, dense_groups, nhwc_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, pad_before, padding_before, resize_scales, same_storage, split_parts,
-                                 pack_axis, reduced_axes, transpose_axes, transpose_conv_geometry,
-                                 unpack_parts)
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
+                                 pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before,
+                                 reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
+                                 transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -309,6 +309,17 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
     plan.tile(k, matmul_tiling(plan.device, rows, slices, depth), matmul_candidates(plan.device, rows, slices, depth),
               rows, slices)
     k.half = True
+
+
+@builds("BATCH_MATMUL")
+def _batch_matmul(plan: KernelPlan, group: Group) -> None:
+    a, b = group.root.inputs[:2]
+    depth, axes = batch_matmul_layout(group.root)
+    k = plan.kernel("batch_matmul", group)
+    k.tensor("a", a.index, a.shape)
+    k.tensor("b", b.index, b.shape)
+    k.param("axes", "vec4<i32>", axes)
+    k.param("depth", "i32", depth)
 
 
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
