@@ -28,8 +28,6 @@ from tests.oputil import assert_close, delegate_run, litert_run
 
 BACKENDS = ("opencl", "wgpu")
 TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
-# (backend, case) -> the reason a backend's lowering gives for refusing that case
-REFUSED = {("opencl", "PACK:last_axis"): "packing along the channel axis is not implemented on opencl"}
 CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
 
 
@@ -378,21 +376,6 @@ def _available(name: str) -> None:
         pytest.skip(f"{name} backend unavailable here: {why}")
 
 
-@pytest.mark.parametrize("case_id", sorted({c for _, c in REFUSED}))
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_refusals_are_the_listed_ones(backend, case_id):
-    """A case listed as refused on a backend is refused there with its reason, and runs on the others."""
-    _available(backend)
-    item = next(c for c in CASES if c.id == case_id)
-    model, _, _ = item.make(np.random.default_rng(0))
-    op = read_model(model).main.ops[0]
-    answer = default_manager().backend_info(backend).factory({}).supports(op, CompileOptions(allow_quantized=True))
-    if (backend, case_id) in REFUSED:
-        assert not answer and REFUSED[backend, case_id] in answer.reason
-    else:
-        assert answer, answer.reason
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_accepted_op_has_a_case(backend):
     _available(backend)
@@ -401,11 +384,9 @@ def test_every_accepted_op_has_a_case(backend):
     assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
 
 
-RUNS = [(c, b) for c in CASES for b in BACKENDS if (b, c.id) not in REFUSED]
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("item,backend", RUNS, ids=[f"{c.id}-{b}" for c, b in RUNS])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
 def test_case_matches_litert(item, backend, precision):
     _available(backend)
     model, inputs, reference = item.make(np.random.default_rng(len(item.id)))

@@ -460,12 +460,21 @@ class Lowering:
                     (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
                     f0=(*resize_scales(g.root), 0.0, 0.0))
 
-    @lowers(DIALECT, "PACK", check=lambda op: "packing along the channel axis is not implemented on opencl"
-             if pack_axis(op) == 3 else None)
+    @lowers(DIALECT, "PACK")
     def pack(self, g: Group) -> None:
-        axis = pack_axis(g.root)
+        """Along another axis than the channels each output vector comes from one input (gather.cl); along
+        the channels each input becomes a column of one channel, concatenated at its lane."""
+        axis, out = pack_axis(g.root), g.output
         for index, x in enumerate(g.root.inputs):
-            self.gather("PACK", x, g.output, g.steps, g.ops, (axis, index, 0, 0))
+            if axis != 3:
+                self.gather("PACK", x, out, g.steps, g.ops, (axis, index, 0, 0))
+                continue
+            column = tuple(x.shape) + (1,)
+            tmp = self.temp(column)
+            self.relayout(self.tensor(x), x.shape, tmp, column, g.ops)
+            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), np.int32(1),
+                                                                 self.cl_int4(0, 0, index, 0)]
+            self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
 
     @lowers(DIALECT, "SELECT", "SELECT_V2")
     def select(self, g: Group) -> None:
