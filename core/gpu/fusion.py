@@ -165,7 +165,7 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
             group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
         else:
             group = Group(op, activation_steps(op, float_view), [op])
-        if can_host(op):
+        if can_host(op) and len(op.outputs) == 1:  # a kernel storing several outputs takes no epilogue
             value = op.outputs[0]
             while (value.index not in keep and len(value.uses) == 1 and id(value.uses[0]) not in absorbed
                    and _absorbable(value.uses[0], value, members)):
