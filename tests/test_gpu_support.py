@@ -72,7 +72,7 @@ def test_listed_float_versions(opcode, version, ok):
 
 
 def test_unknown_and_custom_ops_are_refused_with_reason():
-    assert "SIN has no GPU kernel" in check_op(single_op("SIN", [(1, 4)]), FLOAT).reason
+    assert "CUMSUM has no GPU kernel" in check_op(single_op("CUMSUM", [(1, 4)], [np.array(1, np.int32)]), FLOAT).reason
     op = single_op("MyOp", [(1, 4)], custom=True, shape=(1, 4))
     assert "custom op MyOp has no GPU kernel" in check_op(op, FLOAT).reason
 
@@ -88,7 +88,7 @@ def test_unknown_and_custom_ops_are_refused_with_reason():
     (lambda: single_op("STRIDED_SLICE", [(1, 4, 4, 4)], [np.zeros(4, np.int32), np.full(4, 2, np.int32),
                                                           np.ones(4, np.int32)], options={"ellipsis_mask": 1}),
      "ellipsis_mask"),
-    (lambda: single_op("DEQUANTIZE", [(1, 4)], dtype="float16"), "runtime tensor"),
+    (lambda: single_op("DEQUANTIZE", [(1, 4)], dtype="float16"), "input 0 is float16"),
     (lambda: single_op("LSTM", [(1, 3), (1, 2)], [np.zeros((8, 5), np.float32), np.zeros(8, np.float32)],
                        options={"kernel_type": "FULL", "fused_activation_function": "TANH"},
                        shapes=[(1, 2)] * 1), "basic LSTM"),
@@ -132,6 +132,23 @@ def test_transpose_conv_bias_custom_options_parsed():
                    [np.zeros((1, 2, 2, 1), np.float32), np.zeros(1, np.float32)], custom=True,
                    custom_options=struct.pack("<3i", 1, 2, 2), shape=(1, 4, 4, 1))
     assert check_op(op, FLOAT)
+
+
+def test_support_is_derived_from_the_dialect_handlers():
+    """An op is refused by a dialect without a handler for it; a handler's own constraint gives the reason."""
+    from delegate.gpu.registry import lowers, supports
+    relu = single_op("RELU", [(1, 4)])
+    assert "no kernel in the probe lowering" in supports("probe", relu, FLOAT).reason
+    lowers("probe", "RELU", check=lambda op: "rank 2 is not covered" if len(op.inputs[0].shape) == 2 else None)(
+        lambda plan, group: None)
+    assert supports("probe", relu, FLOAT).reason == "rank 2 is not covered"
+    assert supports("probe", single_op("RELU", [(1, 2, 4)]), FLOAT)
+    assert "rank 5" in supports("probe", single_op("RELU", [(1, 2, 2, 2, 2)]), FLOAT).reason  # the kit's rule
+    assert "no kernel in the probe lowering" in supports("probe", single_op("DEQUANTIZE", [(1, 4)]), FLOAT).reason
+    with pytest.raises(ValueError, match="lowered twice"):
+        lowers("probe", "RELU")(lambda plan, group: None)
+    with pytest.raises(ValueError, match="no rule"):
+        lowers("probe", "NOT_AN_OP")(lambda plan, group: None)
 
 
 # -- float view ---------------------------------------------------------------------------
@@ -206,8 +223,9 @@ def test_conv_bias_activation_and_followers_form_one_group():
     groups = plan_groups(g.ops, {t.index for t in g.outputs})
     assert len(groups) == 1
     steps = groups[0].steps
-    assert [s.signature() for s in steps] == [("unary", "RELU", None, False), ("binary", "ADD", "tensor", True),
-                                              ("binary", "MUL", "scalar", False), ("unary", "HARD_SWISH", None, False)]
+    assert [s.signature() for s in steps] == [("unary", "RELU", None, False, ()), ("binary", "ADD", "tensor", True, ()),
+                                              ("binary", "MUL", "scalar", False, ()),
+                                              ("unary", "HARD_SWISH", None, False, ())]
     assert groups[0].output is g.outputs[0]
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
-from ..ir import Op, Tensor
+from ..ir import DType, Op, Tensor
 from .constants import activation_quant, constant_value, is_folded_dequantize
 from .layout import as_nhwc, natural_output_shape
-from .support import BINARY, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 # Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
 EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
@@ -34,7 +34,7 @@ EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "
 class Step:
     """One elementwise step of an epilogue.
 
-    ``kind`` is ``unary`` (``name`` an activation), ``binary`` (``name`` the op,
+    ``kind`` is ``unary`` (``name`` an activation, ``params`` its options), ``binary`` (``name`` the op,
     ``operand`` its other input, ``swapped`` when the running value is the op's
     second input) or ``quantize`` (round onto the grid ``quant``).
     """
@@ -44,6 +44,7 @@ class Step:
     operand: Tensor | None = None
     swapped: bool = False
     quant: tuple[float, float, float, float] | None = None
+    params: tuple[float, ...] = ()  # a unary op's options that its code takes (LEAKY_RELU's alpha)
 
     @property
     def scalar(self) -> bool:
@@ -53,7 +54,7 @@ class Step:
     def signature(self) -> tuple:
         """What the generated code depends on (operand values and grids are arguments)."""
         operand = None if self.operand is None else ("scalar" if self.scalar else "tensor")
-        return (self.kind, self.name, operand, self.swapped)
+        return (self.kind, self.name, operand, self.swapped, self.params)
 
 
 @dataclass
@@ -86,17 +87,43 @@ def activation_steps(op: Op, float_view: bool) -> list[Step]:
     return steps
 
 
+def unary_step(op: Op) -> Step:
+    """The step computing unary ``op``: its code by name, with the options the code takes."""
+    if op.opcode == "LEAKY_RELU":
+        return Step("unary", op.opcode, params=(float(op.options.get("alpha", 0.2)),))
+    if op.opcode == "GELU" and op.options.get("approximate"):
+        return Step("unary", "GELU_APPROXIMATE")
+    return Step("unary", op.opcode)
+
+
 def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
     """Steps of elementwise ``op`` applied to the running ``value`` (one of its inputs)."""
+    if op.opcode == "CAST" and op.outputs[0].dtype is DType.bool and op.inputs[0].dtype is not DType.bool:
+        return [Step("unary", "NONZERO")]
+    if op.opcode in CONVERSIONS:
+        return activation_steps(op, float_view)
     if op.opcode in UNARY:
-        return [Step("unary", op.opcode)] + activation_steps(op, float_view)
+        return [unary_step(op)] + activation_steps(op, float_view)
+    if op.opcode == "ADD_N":  # the running value is the first input (ADD_N is never absorbed)
+        return [Step("binary", "ADD", other) for other in op.inputs[1:]] + activation_steps(op, float_view)
     swapped = op.inputs[1] is value and op.inputs[0] is not value
     other = op.inputs[0] if swapped else op.inputs[1]
     return [Step("binary", op.opcode, other, swapped)] + activation_steps(op, float_view)
 
 
 def is_elementwise(op: Op) -> bool:
-    return not op.custom and op.opcode in UNARY + BINARY
+    return not op.custom and op.opcode in UNARY + BINARY + CONVERSIONS + ("ADD_N",)
+
+
+def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
+    """(image, gate) of a MUL whose gate has one value per image and channel, as a squeeze-and-excitation
+    block gates its input; else None."""
+    for image, gate in (op.inputs, op.inputs[::-1]):
+        n, h, w, c = as_nhwc(image.shape)
+        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
+                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
+            return image, gate
+    return None
 
 
 def hosts_epilogue(op: Op) -> bool:
@@ -112,11 +139,11 @@ def hosts_epilogue(op: Op) -> bool:
 
 
 def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
-    if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1:
+    if id(op) not in members or not is_elementwise(op) or len(op.outputs) != 1 or op.opcode == "ADD_N":
         return False
     if op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype:
         return False
-    return op.opcode in UNARY or not (op.inputs[0] is value and op.inputs[1] is value)
+    return op.opcode in UNARY + CONVERSIONS or not (op.inputs[0] is value and op.inputs[1] is value)
 
 
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
@@ -138,7 +165,7 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
             group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
         else:
             group = Group(op, activation_steps(op, float_view), [op])
-        if can_host(op):
+        if can_host(op) and len(op.outputs) == 1:  # a kernel storing several outputs takes no epilogue
             value = op.outputs[0]
             while (value.index not in keep and len(value.uses) == 1 and id(value.uses[0]) not in absorbed
                    and _absorbable(value.uses[0], value, members)):

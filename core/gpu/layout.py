@@ -17,13 +17,15 @@ N, C and H*W leaves the bytes unchanged (so it costs nothing).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ..ir import Op
+from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import int_values
+from .support import split_axis, transpose_conv_bias_params
 
 Shape4 = tuple[int, int, int, int]
 
@@ -104,6 +106,124 @@ def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int
     forward = -(-out_size // stride)
     total = (forward - 1) * stride + kernel - out_size
     return max(total, 0) // 2
+
+
+@dataclass(frozen=True)
+class TransposeConv:
+    """Where a transposed convolution's operands are and how its window sits, for both op forms."""
+
+    x: Tensor
+    weights: Tensor
+    bias: Tensor | None
+    padding: tuple[int, int]  # (top, left) rows and columns cut from the full output
+    strides: tuple[int, int]  # (height, width)
+
+
+def transpose_conv_geometry(op: Op) -> TransposeConv:
+    """TRANSPOSE_CONV (output shape, weights, input, bias) or MediaPipe's Convolution2DTransposeBias
+    (input, weights, bias; parameters in its custom options)."""
+    weights, out = op.inputs[1], op.outputs[0].shape
+    _, kh, kw, _ = weights.shape
+    if op.custom:
+        x, bias = op.inputs[0], op.input(2)
+        padding, sw, sh = transpose_conv_bias_params(op)
+    else:
+        x, bias = op.inputs[2], op.input(3)
+        o = op.options
+        padding, sh, sw = o.get("padding", "VALID"), o.get("stride_h", 1), o.get("stride_w", 1)
+    return TransposeConv(x, weights, bias, (transpose_conv_padding(padding, out[1], kh, sh),
+                                            transpose_conv_padding(padding, out[2], kw, sw)), (sh, sw))
+
+
+def resize_scales(op: Op) -> tuple[float, float]:
+    """(x, y) input step per output pixel of RESIZE_BILINEAR or RESIZE_NEAREST_NEIGHBOR, with or without
+    align_corners."""
+    align = bool(op.options.get("align_corners"))
+    (_, ih, iw, _), (_, oh, ow, _) = op.inputs[0].shape, op.outputs[0].shape
+
+    def scale(size_in: int, size_out: int) -> float:
+        return (size_in - 1) / (size_out - 1) if align and size_out > 1 else size_in / size_out
+    return scale(iw, ow), scale(ih, oh)
+
+
+def transpose_axes(op: Op) -> Shape4:
+    """For each axis of a TRANSPOSE's input (NHWC view), the axis of the output holding it."""
+    perm = [int(p) for p in int_values(op.inputs[1])]
+    rank = len(op.inputs[0].shape)
+    lead = 4 - rank
+    full = list(range(lead)) + [lead + p % rank for p in perm]  # output axis k is input axis full[k]
+    axes = [0] * 4
+    for k, j in enumerate(full):
+        axes[j] = k
+    return tuple(axes)  # type: ignore[return-value]
+
+
+def split_parts(op: Op) -> tuple[Tensor, int, list[tuple[Tensor, int]]]:
+    """(input, NHWC axis, [(output, its offset along the axis)]) of a SPLIT or SPLIT_V."""
+    x = op.inputs[1 if op.opcode == "SPLIT" else 0]
+    axis = split_axis(op) % len(x.shape)
+    offsets = np.cumsum([0] + [t.shape[axis] for t in op.outputs])
+    return x, nhwc_axis(axis, len(x.shape)), [(t, int(o)) for t, o in zip(op.outputs, offsets)]
+
+
+def pad_before(op: Op) -> Shape4:
+    """The padding a PAD or MIRROR_PAD puts ahead of each axis of its NHWC view."""
+    x = op.inputs[0]
+    pads = int_values(op.input(1))
+    return (0,) * (4 - len(x.shape)) + tuple(int(p) for p in pads[0::2])  # type: ignore[return-value]
+
+
+def reduced_axes(op: Op) -> tuple[Shape4, Shape4]:
+    """(the input's NHWC shape with reduced axes as 1, 1 for each reduced axis) of a reduction over input 1's
+    axes (MEAN, SUM, REDUCE_*)."""
+    x = op.inputs[0]
+    axes = {nhwc_axis(int(a), len(x.shape)) for a in int_values(op.input(1))}
+    shape = as_nhwc(x.shape)
+    return (tuple(1 if a in axes else shape[a] for a in range(4)),  # type: ignore[return-value]
+            tuple(int(a in axes) for a in range(4)))
+
+
+def arg_axis(op: Op) -> tuple[int, Shape4]:
+    """(NHWC axis, the input's NHWC shape with that axis as 1) of an ARG_MAX or ARG_MIN."""
+    x = op.inputs[0]
+    axis = nhwc_axis(int(int_values(op.inputs[1])[0]), len(x.shape))
+    shape = as_nhwc(x.shape)
+    return axis, tuple(1 if a == axis else shape[a] for a in range(4))  # type: ignore[return-value]
+
+
+def batch_matmul_layout(op: Op) -> tuple[int, tuple[int, int, int, int]]:
+    """(depth, axes) of a BATCH_MATMUL of a by b in the NHWC views of its inputs, where batches are (n, y) and
+    each matrix is (x, c): axes = (a's row axis, a's depth axis, b's depth axis, b's column axis)."""
+    a, b = op.inputs[0].shape, op.inputs[1].shape
+    adj_x, adj_y = bool(op.options.get("adj_x")), bool(op.options.get("adj_y"))
+    depth = a[-2] if adj_x else a[-1]
+    return depth, ((3, 2) if adj_x else (2, 3)) + ((3, 2) if adj_y else (2, 3))  # type: ignore[return-value]
+
+
+def pack_axis(op: Op) -> int:
+    """The axis of a PACK's output (NHWC view) along which its inputs follow each other."""
+    return nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape))
+
+
+def unpack_parts(op: Op) -> tuple[int, list[tuple[Tensor, int]]]:
+    """(NHWC axis of the input, [(output, its index along the axis)]) of an UNPACK."""
+    rank = len(op.inputs[0].shape)
+    return nhwc_axis(op.options.get("axis", 0), rank), [(t, i) for i, t in enumerate(op.outputs)]
+
+
+def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
+    """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups,
+    so one kernel computes grouped and ordinary convolutions."""
+    o, kh, kw, per_group = weights.shape
+    if per_group == in_channels:
+        return weights
+    groups = in_channels // per_group
+    dense = np.zeros((o, kh, kw, in_channels), np.float32)
+    out_per_group = o // groups
+    for g in range(groups):
+        rows = slice(g * out_per_group, (g + 1) * out_per_group)
+        dense[rows, :, :, g * per_group:(g + 1) * per_group] = weights[rows]
+    return dense
 
 
 def pack_conv_weights(weights: np.ndarray) -> np.ndarray:

@@ -1,4 +1,7 @@
-"""Which ops the GPU backends run, by op code, version, dtypes and constraints, and why not.
+"""The GPU kit's rule per op: which versions, dtypes and constraints its lowerings accept, and why not.
+
+Whether a dialect lowers the op at all is answered by :mod:`delegate.gpu.registry`,
+which applies these rules to the ops a dialect has handlers for.
 
 The table follows LiteRT's GPU delegate: by default an op is accepted only at
 version 1, since later versions mostly add integer variants the float
@@ -6,9 +9,11 @@ kernels do not implement; a few ops list more versions whose float semantics
 the kernels do implement (dilated depthwise convolution, basic-kernel LSTM,
 half-pixel bilinear resize).  With ``allow_quantized`` the quantized versions
 are accepted too and run on the float view (:mod:`delegate.gpu.constants`).
-DEQUANTIZE is accepted only with a constant input, whatever its version up
-to 4: it is folded at compile time and never runs.  Every refusal names the check that failed, so a plan can say why an op
-stayed on the CPU.
+A DEQUANTIZE of a constant is accepted whatever its version up to 4: it is
+folded at compile time and never runs.  QUANTIZE and DEQUANTIZE of runtime
+tensors are copies on the float view (QUANTIZE rounding onto its output's
+grid).  Every refusal names the check that failed, so a plan can say why an
+op stayed on the CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +31,13 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
                         needs_quantized_support)
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
-UNARY = ("RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
-BINARY = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND")
+UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
+         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
+# Copies on the float view: QUANTIZE rounds onto its output grid, a CAST to bool tests for non-zero.
+CONVERSIONS = ("QUANTIZE", "DEQUANTIZE", "CAST")
+COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
+BINARY = ("ADD", "SUB", "MUL", "DIV", "FLOOR_DIV", "FLOOR_MOD", "SQUARED_DIFFERENCE", "POW", "MAXIMUM", "MINIMUM",
+          "PRELU", "LOGICAL_AND") + COMPARISONS
 TRANSPOSE_CONV_BIAS = "Convolution2DTransposeBias"
 
 Check = Callable[[Op], "str | None"]
@@ -41,6 +51,9 @@ class OpRule:
     quant_versions: int = 1    # highest version accepted with allow_quantized (float view)
     check: Check | None = None  # constraint on shapes/options; returns why not, or None
     params: tuple[int, ...] = ()  # inputs that are integer parameters (shapes, axes), not data
+    bools: str = ""  # which tensors may be bool (held as 1 and 0): "first" input, "outputs" or "all"; the check
+    # says which must be
+    indices: bool = False  # its outputs may be int32 or int64 indices (held as floats: exact up to 2048 in f16)
 
 
 def _fused(op: Op) -> str | None:
@@ -195,11 +208,60 @@ def _mean(op: Op) -> str | None:
     return None
 
 
+def _reduce(op: Op) -> str | None:
+    axes = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if axes is None:
+        return "axes (input 1) must be a constant"
+    if any(not -rank <= a < rank for a in axes):
+        return f"axes {axes} out of range for rank {rank}"
+    if op.opcode in ("REDUCE_ANY", "REDUCE_ALL") and op.inputs[0].dtype is not DType.bool:
+        return f"{op.opcode} takes and gives bool tensors"
+    return None
+
+
 def _depth_to_space(op: Op) -> str | None:
     block = op.options.get("block_size", 0)
     if block < 1:
         return "block_size must be positive"
     return _rank(op.inputs[0], 4, "input")
+
+
+def _tile(op: Op) -> str | None:
+    multiples = int_values(op.input(1))
+    if multiples is None or len(multiples) != len(op.inputs[0].shape):
+        return "multiples (input 1) must be a constant with one value per axis"
+    return None
+
+
+def _mirror_pad(op: Op) -> str | None:
+    reason = _pad(op)
+    if reason:
+        return reason
+    pads = np.asarray(int_values(op.input(1))).reshape(-1, 2)
+    symmetric = op.options.get("mode", "REFLECT") == "SYMMETRIC"
+    for size, (before, after) in zip(op.inputs[0].shape, pads):
+        if max(before, after) > (size if symmetric else size - 1):
+            return f"padding {max(before, after)} is wider than the {size} values it mirrors"
+    return None
+
+
+def _pack(op: Op) -> str | None:
+    rank = len(op.outputs[0].shape)
+    axis = op.options.get("axis", 0)
+    if not -rank <= axis < rank or op.outputs[0].shape[axis] != len(op.inputs):
+        return f"axis {axis} of the output does not hold the {len(op.inputs)} inputs"
+    if any(tuple(t.shape) != tuple(op.inputs[0].shape) for t in op.inputs):
+        return "inputs of different shapes"
+    return None
+
+
+def _unpack(op: Op) -> str | None:
+    rank = len(op.inputs[0].shape)
+    axis = op.options.get("axis", 0)
+    if not -rank <= axis < rank or len(op.outputs) != op.inputs[0].shape[axis]:
+        return f"axis {axis} of an input of shape {list(op.inputs[0].shape)} does not give {len(op.outputs)} outputs"
+    return None
 
 
 def _binary(op: Op) -> str | None:
@@ -216,6 +278,113 @@ def _logical_and(op: Op) -> str | None:
     if any(t.dtype is not DType.bool for t in list(op.inputs) + list(op.outputs)):
         return "LOGICAL_AND takes and gives bool tensors"
     return _binary(op)
+
+
+def _comparison(op: Op) -> str | None:
+    if op.outputs[0].dtype is not DType.bool:
+        return f"{op.opcode} gives a bool tensor"
+    return _binary(op)
+
+
+def _expand_dims(op: Op) -> str | None:
+    return None if int_values(op.input(1)) is not None else "axis (input 1) must be a constant"
+
+
+def _transpose(op: Op) -> str | None:
+    perm = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if perm is None:
+        return "perm (input 1) must be a constant"
+    if sorted(p % rank if rank else p for p in perm) != list(range(rank)):
+        return f"perm {list(perm)} is not a permutation of the {rank} axes"
+    return None
+
+
+def split_axis(op: Op) -> int | None:
+    """The axis a SPLIT (input 0) or SPLIT_V (input 2) cuts, when it is a constant."""
+    axis = int_values(op.input(0 if op.opcode == "SPLIT" else 2))
+    return None if axis is None or len(axis) != 1 else int(axis[0])
+
+
+def _split(op: Op) -> str | None:
+    axis = split_axis(op)
+    x = op.inputs[1 if op.opcode == "SPLIT" else 0]
+    if axis is None:
+        return "axis must be a constant of one value"
+    if not -len(x.shape) <= axis < len(x.shape):
+        return f"axis {axis} out of range for rank {len(x.shape)}"
+    if sum(t.shape[axis] for t in op.outputs) != x.shape[axis]:
+        return "the outputs do not add up to the input along the axis"
+    return None
+
+
+def _quantize(op: Op) -> str | None:
+    if not is_quantized(op.outputs[0]):
+        return "QUANTIZE gives a quantized tensor"
+    return None
+
+
+def _dequantize(op: Op) -> str | None:
+    if not is_quantized(op.inputs[0]):
+        return f"DEQUANTIZE of a runtime {op.inputs[0].dtype.name} tensor is not implemented (only quantized ones)"
+    return None
+
+
+def _select(op: Op) -> str | None:
+    cond, out = op.inputs[0], op.outputs[0]
+    if cond.dtype is not DType.bool:
+        return "the condition (input 0) must be a bool tensor"
+    if op.opcode == "SELECT" and len(cond.shape) == 1 and len(out.shape) > 1:
+        return "SELECT with a condition per row is not implemented"
+    try:
+        shape = np.broadcast_shapes(*(t.shape for t in op.inputs))
+    except ValueError:
+        return "the inputs do not broadcast"
+    if tuple(shape) != tuple(out.shape):
+        return f"output shape {list(out.shape)} is not the broadcast of the inputs"
+    return None
+
+
+def _cast(op: Op) -> str | None:
+    kinds = (DType.float32, DType.bool)
+    if op.inputs[0].dtype not in kinds or op.outputs[0].dtype not in kinds:
+        return (f"CAST from {op.inputs[0].dtype.name} to {op.outputs[0].dtype.name} is not implemented "
+                "(only between float32 and bool)")
+    return None
+
+
+ARG_LENGTH = 2048  # longest axis whose indices a half float holds exactly
+
+
+def _arg(op: Op) -> str | None:
+    axis = int_values(op.input(1))
+    x = op.inputs[0]
+    if axis is None or len(axis) != 1 or not -len(x.shape) <= axis[0] < len(x.shape):
+        return "axis (input 1) must be a constant of one axis of the input"
+    if x.shape[axis[0]] > ARG_LENGTH:
+        return f"an axis of {x.shape[axis[0]]} values; indices are held as floats, exact up to {ARG_LENGTH}"
+    return None
+
+
+def _add_n(op: Op) -> str | None:
+    if any(tuple(t.shape) != tuple(op.outputs[0].shape) for t in op.inputs):
+        return "inputs of different shapes"
+    return None
+
+
+def _batch_matmul(op: Op) -> str | None:
+    a, b = op.inputs[0].shape, op.inputs[1].shape
+    if len(a) < 2 or len(b) < 2:
+        return "both inputs need rank 2 or more"
+    depth_a = a[-2] if op.options.get("adj_x") else a[-1]
+    depth_b = b[-1] if op.options.get("adj_y") else b[-2]
+    if depth_a != depth_b:
+        return f"depths {depth_a} and {depth_b} differ"
+    try:
+        np.broadcast_shapes(a[:-2], b[:-2])
+    except ValueError:
+        return "the batch dimensions do not broadcast"
+    return None
 
 
 def _lstm(op: Op) -> str | None:
@@ -236,29 +405,71 @@ RULES: dict[str, OpRule] = {
     "MAXIMUM": OpRule(1, 2, _binary),
     "MINIMUM": OpRule(1, 2, _binary),
     "PRELU": OpRule(1, 1, _binary),
-    "LOGICAL_AND": OpRule(1, 1, _logical_and),
+    "ADD_N": OpRule(1, 1, _add_n),
+    "DIV": OpRule(1, 2, _binary),
+    "FLOOR_DIV": OpRule(2, 2, _binary),  # v1 is int32 only
+    "FLOOR_MOD": OpRule(1, 1, _binary),
+    "SQUARED_DIFFERENCE": OpRule(1, 2, _binary),
+    "POW": OpRule(1, 1, _binary),
+    "LOGICAL_AND": OpRule(1, 1, _logical_and, bools="all"),
+    **{code: OpRule(1, 2, _comparison, bools="outputs") for code in COMPARISONS},
     "RELU": OpRule(1, 2),
     "RELU6": OpRule(1, 2),
+    "RELU_N1_TO_1": OpRule(1, 2),
+    "RELU_0_TO_1": OpRule(1, 1),
     "LOGISTIC": OpRule(1, 2),
     "TANH": OpRule(1, 2),
     "EXP": OpRule(1, 2),
     "HARD_SWISH": OpRule(1, 1),
+    "LOG": OpRule(1, 2),
+    "SQRT": OpRule(1, 1),
+    "RSQRT": OpRule(1, 2),
+    "SQUARE": OpRule(1, 1),
+    "ABS": OpRule(1, 2),
+    "NEG": OpRule(1, 2),
+    "SIN": OpRule(1, 1),
+    "COS": OpRule(1, 1),
+    "FLOOR": OpRule(1, 1),
+    "SIGN": OpRule(1, 1),
+    "ELU": OpRule(1, 1),
+    "GELU": OpRule(1, 2),
+    "LEAKY_RELU": OpRule(1, 2),
     "CONV_2D": OpRule(1, 5, _conv),
     "DEPTHWISE_CONV_2D": OpRule(2, 6, _depthwise),
     "FULLY_CONNECTED": OpRule(1, 9, _fully_connected),
+    "BATCH_MATMUL": OpRule(1, 2, _batch_matmul),
     "TRANSPOSE_CONV": OpRule(1, 3, _transpose_conv, params=(0,)),
     "AVERAGE_POOL_2D": OpRule(1, 2, _pool),
     "MAX_POOL_2D": OpRule(1, 2, _pool),
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
     "RESHAPE": OpRule(1, 1, params=(1,)),
+    "SPLIT": OpRule(1, 2, _split, params=(0,)),
+    "SPLIT_V": OpRule(1, 2, _split, params=(1, 2)),
+    "EXPAND_DIMS": OpRule(1, 1, _expand_dims, params=(1,)),
+    "SQUEEZE": OpRule(1, 1),
+    "TRANSPOSE": OpRule(1, 2, _transpose, params=(1,)),
     "RESIZE_BILINEAR": OpRule(3, 3, _resize, params=(1,)),
+    "RESIZE_NEAREST_NEIGHBOR": OpRule(3, 4, _resize, params=(1,)),
     "SOFTMAX": OpRule(1, 2),
     "STRIDED_SLICE": OpRule(1, 2, _strided_slice, params=(1, 2, 3)),
     "MEAN": OpRule(1, 2, _mean, params=(1,)),
+    **{code: OpRule(1, 2, _reduce, params=(1,)) for code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN")},
+    **{code: OpRule(1, 1, _reduce, params=(1,), bools="all") for code in ("REDUCE_ANY", "REDUCE_ALL")},
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
+    "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
+    "TILE": OpRule(1, 2, _tile, params=(1,)),
+    "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
+    "SELECT": OpRule(1, 2, _select, bools="first"),
+    "SELECT_V2": OpRule(1, 1, _select, bools="first"),
+    "ARG_MAX": OpRule(1, 2, _arg, params=(1,), indices=True),
+    "ARG_MIN": OpRule(1, 2, _arg, params=(1,), indices=True),
+    "PACK": OpRule(1, 2, _pack),
+    "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
-    "DEQUANTIZE": OpRule(4, 4),
+    "DEQUANTIZE": OpRule(4, 4, _dequantize),
+    "QUANTIZE": OpRule(1, 3, _quantize),
+    "CAST": OpRule(1, 1, _cast, bools="all"),
 }
 CUSTOM_RULES: dict[str, OpRule] = {
     TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
@@ -269,12 +480,12 @@ def rule_for(op: Op) -> OpRule | None:
     return (CUSTOM_RULES if op.custom else RULES).get(op.opcode)
 
 
-def _tensor_reason(t: Tensor, what: str, options: CompileOptions, op: Op) -> str | None:
+def _tensor_reason(t: Tensor, what: str, options: CompileOptions, bool_ok: bool) -> str | None:
     if len(t.shape) > 4:
         return f"{what} has rank {len(t.shape)}; the GPU layout holds rank <= 4"
     if t.size == 0:
         return f"{what} is empty (shape {list(t.shape)})"
-    if t.dtype is DType.bool and op.opcode == "LOGICAL_AND":
+    if t.dtype is DType.bool and bool_ok:
         return None
     if needs_quantized_support(t):
         if not options.allow_quantized:
@@ -302,26 +513,25 @@ def check_op(op: Op, options: CompileOptions) -> Support:
         if not options.allow_quantized:
             return Support.no(f"{op.opcode} version {op.version} is a quantized variant; the GPU accepts "
                               f"v{rule.versions} unless allow_quantized is on")
-    if op.opcode == "DEQUANTIZE":
-        return _check_dequantize(op, options)
+    if is_folded_dequantize(op):
+        return _check_folded_dequantize(op, options)
     for i, t in enumerate(op.inputs):
         if t is None or i in rule.params:
             continue
-        reason = _tensor_reason(t, f"input {i}", options, op)
+        reason = _tensor_reason(t, f"input {i}", options, rule.bools == "all" or (rule.bools == "first" and i == 0))
         if reason:
             return Support.no(reason)
     for i, t in enumerate(op.outputs):
-        reason = _tensor_reason(t, f"output {i}", options, op)
+        if rule.indices and t.dtype in (DType.int32, DType.int64):
+            continue
+        reason = _tensor_reason(t, f"output {i}", options, rule.bools in ("all", "outputs"))
         if reason:
             return Support.no(reason)
     reason = rule.check(op) if rule.check else None
     return Support.no(reason) if reason else Support.yes()
 
 
-def _check_dequantize(op: Op, options: CompileOptions) -> Support:
-    if not is_folded_dequantize(op):
-        return Support.no("DEQUANTIZE of a runtime tensor is a float-view boundary and stays on the CPU; "
-                          "only constants are folded")
+def _check_folded_dequantize(op: Op, options: CompileOptions) -> Support:
     if op.input(0).dtype is not DType.float16 and not options.allow_quantized:
         return Support.no(f"DEQUANTIZE of a {op.input(0).dtype.name} constant needs allow_quantized")
     return Support.yes()

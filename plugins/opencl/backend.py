@@ -9,11 +9,12 @@ import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu.constants import is_folded_dequantize
-from delegate.gpu.support import check_op
+from delegate.gpu.registry import supports
 from delegate.ir import Op
 
 from .compiled import ClCompiled
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
+from .lowering import DIALECT
 from .program import ProgramBuilder
 from .values import ClValue
 
@@ -73,8 +74,7 @@ class OpenCLBackend(Backend):
         self.state = device_state(cl, platform, device)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        grouped = _grouped_conv(op)
-        return Support.no(grouped) if grouped else check_op(op, options)
+        return supports(DIALECT, op, options)
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
@@ -109,13 +109,3 @@ class OpenCLBackend(Backend):
     def close(self) -> None:
         self.state.queue.finish()
 
-
-def _grouped_conv(op: Op) -> str | None:
-    """Why a grouped CONV_2D (filter channels fewer than the input's) is refused: the lowering packs
-    the weights as one dense convolution."""
-    if op.opcode != "CONV_2D" or len(op.inputs) < 2 or len(op.inputs[0].shape) != 4 or len(op.inputs[1].shape) != 4:
-        return None
-    in_c, filter_c = op.inputs[0].shape[3], op.inputs[1].shape[3]
-    if filter_c == in_c:
-        return None
-    return f"grouped CONV_2D ({in_c} input channels, filter of {filter_c}) is not implemented on opencl"

@@ -17,16 +17,21 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
-from delegate.gpu.fusion import Group, Step, is_elementwise
-from delegate.gpu.layout import (as_nhwc, natural_output_shape, nhwc_axis, pack_conv_weights,
-                                 pack_depthwise_weights, pack_vector, phwc4_vectors, same_storage, slice_ranges,
-                                 slices, to_phwc4, transpose_conv_padding)
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS, transpose_conv_bias_params
+from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
+from delegate.gpu.fusion import Group, Step, gate_operands
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, natural_output_shape, nhwc_axis,
+                                 pack_axis, pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before,
+                                 phwc4_vectors, reduced_axes, resize_scales, same_storage, slice_ranges, slices,
+                                 split_parts, to_phwc4, transpose_axes, transpose_conv_geometry, unpack_parts)
+from delegate.gpu.registry import handler, lowers
+from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
                        pow2_at_least, reduction_shape, round_to, window_padding)
-from .program import Variant, unary_chain
+from .program import Variant
+
+DIALECT = "opencl"
 
 
 @dataclass
@@ -48,17 +53,16 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
-def gate_operands(g: Group) -> tuple[Tensor, Tensor] | None:
-    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image),
-    as a squeeze-and-excitation block gates its input; else None."""
-    op, out = g.root, g.output.shape
-    if op.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1 or len(out) != 4:
+def group_gate(g: Group) -> tuple[Tensor, Tensor] | None:
+    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image)."""
+    if g.root.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1:
         return None
-    for values, gate in (op.inputs, op.inputs[::-1]):
-        if tuple(values.shape) == tuple(out) and len(gate.shape) == 4 and tuple(gate.shape[1:]) == (1, 1, out[3]) \
-                and gate.shape[0] in (1, out[0]):
-            return values, gate
-    return None
+    return gate_operands(g.root)
+
+
+def conv_weights(op: Op, x: Tensor) -> np.ndarray:
+    """A CONV_2D's weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
+    return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
 
 
 def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
@@ -191,7 +195,7 @@ class Lowering:
                 self.lower(g)
                 continue
             op, x = g.root, source.output
-            self.matmul(None, x.shape, constant_value(op.inputs[1]), constant_value(op.input(2)),
+            self.matmul(None, x.shape, conv_weights(op, x), constant_value(op.input(2)),
                         self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
 
     def _pads_a_convolution(self, g: Group, user: Op) -> bool:
@@ -208,7 +212,7 @@ class Lowering:
         """A depthwise convolution (with only activations after it) or a gate product, read by a tiled
         1x1 convolution."""
         depthwise = g.root.opcode == "DEPTHWISE_CONV_2D" and all(step.kind == "unary" for step in g.steps)
-        if not (depthwise or gate_operands(g)) or user.opcode != "CONV_2D":
+        if not (depthwise or group_gate(g)) or user.opcode != "CONV_2D":
             return False
         value, weights = g.output, user.inputs[1]
         n, h, w, _ = as_nhwc(value.shape)
@@ -224,24 +228,24 @@ class Lowering:
         return ([self.padded[id(ops[0])][3]] if id(ops[0]) in self.padded else []) + list(ops)
 
     def lower(self, g: Group) -> None:
-        op = g.root
-        if is_elementwise(op):
-            self.elementwise(g)
-            return
-        handler = None if op.custom and op.opcode != TRANSPOSE_CONV_BIAS else _HANDLERS.get(op.opcode)
-        if handler is None:
-            raise CompileError(f"{op.describe()}: the opencl backend has no kernel for it")
-        handler(self, g)
+        found = handler(DIALECT, g.root)
+        if found is None:
+            raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
+        found.lower(self, g)
 
+    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS, "ADD_N")
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
                                                              np.int32(splat_channel(x.shape, out.shape))]
         self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
     def conv_2d(self, g: Group) -> None:
         op, out = g.root, g.output
         weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
+        if op.opcode == "CONV_2D":
+            weights = conv_weights(op, self.conv_input(op))
         if op.opcode == "CONV_2D" and self._is_matmul(op, op.inputs[0].shape, weights.shape):
             x = op.inputs[0]
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
@@ -289,6 +293,7 @@ class Lowering:
             return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
         return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
 
+    @lowers(DIALECT, "FULLY_CONNECTED")
     def fully_connected(self, g: Group) -> None:
         op = g.root
         self.dense(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
@@ -340,11 +345,11 @@ class Lowering:
             args += self.depthwise_args(source.root) + [self.cl.cltypes.make_int2(w, c)]
             _, dkh, dkw, _ = source.root.inputs[1].shape
             defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
-                       ("DEPTHWISE_ACT(v)", unary_chain([step.signature() for step in source.steps], "(v)")))
+                       ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
-            values, gate = gate_operands(source)
-            args += [self.tensor(values), self.tensor(gate), np.int32(depth if gate.shape[0] > 1 else 0)]
+            values, gate = group_gate(source)
+            args += [self.tensor(values), self.tensor(gate), np.int32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
             staging = 2.0
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
@@ -352,23 +357,29 @@ class Lowering:
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
 
+    @lowers(DIALECT, "BATCH_MATMUL")
+    def batch_matmul(self, g: Group) -> None:
+        (a, b), out = g.root.inputs[:2], g.output
+        depth, axes = batch_matmul_layout(g.root)
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), self.cl_int4(*axes),
+            np.int32(depth)]
+        self.add("batch_matmul", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
     def transpose_conv(self, g: Group) -> None:
-        op, out = g.root, g.output
-        if op.custom:
-            x, weights, bias = op.inputs[0], constant_value(op.inputs[1]), constant_value(op.inputs[2])
-            padding, sw, sh = transpose_conv_bias_params(op)
-        else:
-            x, weights, bias = op.inputs[2], constant_value(op.inputs[1]), constant_value(op.input(3))
-            padding, sw, sh = op.options.get("padding", "VALID"), op.options["stride_w"], op.options["stride_h"]
+        out = g.output
+        geometry = transpose_conv_geometry(g.root)
+        x, weights = geometry.x, constant_value(geometry.weights)
+        (pad_y, pad_x), (sh, sw) = geometry.padding, geometry.strides
         _, kh, kw, _ = weights.shape
-        pad_y = transpose_conv_padding(padding, out.shape[1], kh, sh)
-        pad_x = transpose_conv_padding(padding, out.shape[2], kw, sw)
         args = self.out_args(self.tensor(out), out.shape) + [
             self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-            self.upload(pack_vector(bias, out.shape[3])), self.cl_int4(kw, kh, sw, sh),
+            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), self.cl_int4(kw, kh, sw, sh),
             self.cl.cltypes.make_int2(pad_x, pad_y)]
         self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "AVERAGE_POOL_2D", "MAX_POOL_2D")
     def pool(self, g: Group) -> None:
         op, out, x = g.root, g.output, g.root.inputs[0]
         o = op.options
@@ -380,6 +391,7 @@ class Lowering:
         args.append(np.int32(op.opcode == "MAX_POOL_2D"))
         self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "CONCATENATION")
     def concatenation(self, g: Group) -> None:
         op, out = g.root, g.output
         self.concat(op.inputs, op.options.get("axis", 0), self.tensor(out), out.shape, g.steps, g.ops)
@@ -404,12 +416,12 @@ class Lowering:
         self.add("slice", g.steps, args, natural, grid(natural), g.ops)
         after()
 
+    @lowers(DIALECT, "PAD")
     def pad(self, g: Group) -> None:
         x = g.root.inputs[0]
-        pads = np.asarray(int_values(g.root.inputs[1])).reshape(-1, 2)
-        before = [0] * (4 - len(x.shape)) + [int(p) for p in pads[:, 0]]
-        self.affine(g, x, [-b for b in before], [1, 1, 1, 1], g.output.shape)
+        self.affine(g, x, [-b for b in pad_before(g.root)], [1, 1, 1, 1], g.output.shape)
 
+    @lowers(DIALECT, "STRIDED_SLICE")
     def strided_slice(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         picked = slice_ranges(op)
@@ -417,10 +429,103 @@ class Lowering:
         self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
                     natural_output_shape(op))
 
+    def gather(self, mapping: str, x: Tensor, out: Tensor, steps: Sequence[Step], ops: Sequence[Op],
+               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0),
+               f0: Sequence[float] = (0.0, 0.0, 0.0, 0.0)) -> None:
+        """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]), self.cl_int4(*p0), self.cl_int4(*p1),
+            self.cl.cltypes.make_float4(*f0)]
+        self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
+
+    @lowers(DIALECT, "TILE")
+    def tile(self, g: Group) -> None:
+        self.gather("TILE", g.root.inputs[0], g.output, g.steps, g.ops)
+
+    @lowers(DIALECT, "SPACE_TO_DEPTH")
+    def space_to_depth(self, g: Group) -> None:
+        self.gather("SPACE_TO_DEPTH", g.root.inputs[0], g.output, g.steps, g.ops,
+                    (g.root.options["block_size"], 0, 0, 0))
+
+    @lowers(DIALECT, "MIRROR_PAD")
+    def mirror_pad(self, g: Group) -> None:
+        symmetric = int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
+        self.gather("MIRROR_PAD", g.root.inputs[0], g.output, g.steps, g.ops, pad_before(g.root),
+                    (symmetric, 0, 0, 0))
+
+    @lowers(DIALECT, "RESIZE_NEAREST_NEIGHBOR")
+    def resize_nearest(self, g: Group) -> None:
+        o = g.root.options
+        self.gather("RESIZE_NEAREST", g.root.inputs[0], g.output, g.steps, g.ops,
+                    (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
+                    f0=(*resize_scales(g.root), 0.0, 0.0))
+
+    @lowers(DIALECT, "PACK")
+    def pack(self, g: Group) -> None:
+        """Along another axis than the channels each output vector comes from one input (gather.cl); along
+        the channels each input becomes a column of one channel, concatenated at its lane."""
+        axis, out = pack_axis(g.root), g.output
+        for index, x in enumerate(g.root.inputs):
+            if axis != 3:
+                self.gather("PACK", x, out, g.steps, g.ops, (axis, index, 0, 0))
+                continue
+            column = tuple(x.shape) + (1,)
+            tmp = self.temp(column)
+            self.relayout(self.tensor(x), x.shape, tmp, column, g.ops)
+            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), np.int32(1),
+                                                                 self.cl_int4(0, 0, index, 0)]
+            self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
+
+    @lowers(DIALECT, "SELECT", "SELECT_V2")
+    def select(self, g: Group) -> None:
+        out = g.output
+        args = self.out_args(self.tensor(out), out.shape)
+        for t in g.root.inputs:
+            args += [self.tensor(t), self.dims(t.shape), np.int32(as_nhwc(t.shape)[3])]
+        self.add("select", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    @lowers(DIALECT, "UNPACK")
+    def unpack(self, g: Group) -> None:
+        axis, parts = unpack_parts(g.root)
+        for out, index in parts:
+            self.gather("UNPACK", g.root.inputs[0], out, (), [g.root], (axis, index, 0, 0))
+
+    @lowers(DIALECT, "SPLIT", "SPLIT_V")
+    def split(self, g: Group) -> None:
+        x, axis, parts = split_parts(g.root)
+        for out, offset in parts:
+            begin = [offset if a == axis else 0 for a in range(4)]
+            args = self.out_args(self.tensor(out), out.shape) + [
+                self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
+                self.cl_int4(begin[2], begin[1], begin[3], begin[0]), self.cl_int4(1, 1, 1, 1)]
+            self.add("slice", (), args, out.shape, grid(out.shape), [g.root])
+
+    @lowers(DIALECT, "MEAN")
     def mean(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
         self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
+
+    @lowers(DIALECT, *REDUCE_CODE)
+    def reduce(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        keep, reduce = reduced_axes(g.root)
+        init, combine = reduction(g.root.opcode, "(first)")
+        args = self.out_args(self.tensor(out), out.shape) + [
+            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
+            self.cl_int4(*keep), self.cl_int4(*(-r for r in reduce))]
+        self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
+                 defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
+
+    @lowers(DIALECT, "ARG_MAX", "ARG_MIN")
+    def arg(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        axis, keep = arg_axis(g.root)
+        sign = 1 if g.root.opcode == "ARG_MAX" else -1
+        line = self.cl_int4(axis, as_nhwc(x.shape)[axis], sign, 0)
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             self.cl_int4(*keep), line]
+        self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
         """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""
@@ -434,6 +539,14 @@ class Lowering:
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
+    @lowers(DIALECT, "TRANSPOSE")
+    def transpose(self, g: Group) -> None:
+        x, out = g.root.inputs[0], g.output
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
+                                                             self.cl_int4(*transpose_axes(g.root))]
+        self.add("transpose", g.steps, args, out.shape, grid(out.shape), g.ops)
+
+    @lowers(DIALECT, "RESHAPE", "EXPAND_DIMS", "SQUEEZE")
     def reshape(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         if same_storage(x.shape, out.shape):
@@ -441,18 +554,15 @@ class Lowering:
         else:
             self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
 
+    @lowers(DIALECT, "RESIZE_BILINEAR")
     def resize_bilinear(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
-        align = bool(op.options.get("align_corners"))
-
-        def scale(src: int, dst: int) -> float:
-            return (src - 1) / (dst - 1) if align and dst > 1 else src / dst
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape),
-            self.cl.cltypes.make_float2(scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1])),
+            self.tensor(x), self.dims(x.shape), self.cl.cltypes.make_float2(*resize_scales(op)),
             np.int32(bool(op.options.get("half_pixel_centers")))]
         self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "SOFTMAX")
     def softmax(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         n, h, w, c = as_nhwc(out.shape)
@@ -461,12 +571,14 @@ class Lowering:
         self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
+    @lowers(DIALECT, "DEPTH_TO_SPACE")
     def depth_to_space(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
                                                              np.int32(op.options["block_size"])]
         self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
 
+    @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:
         """Basic LSTM cell: concat(input, previous output) -> fully connected -> gates."""
         op = g.root
@@ -479,23 +591,3 @@ class Lowering:
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
-
-
-_HANDLERS: dict[str, Callable[[Lowering, Group], None]] = {
-    "CONV_2D": Lowering.conv_2d,
-    "DEPTHWISE_CONV_2D": Lowering.conv_2d,
-    "FULLY_CONNECTED": Lowering.fully_connected,
-    "TRANSPOSE_CONV": Lowering.transpose_conv,
-    TRANSPOSE_CONV_BIAS: Lowering.transpose_conv,
-    "AVERAGE_POOL_2D": Lowering.pool,
-    "MAX_POOL_2D": Lowering.pool,
-    "CONCATENATION": Lowering.concatenation,
-    "PAD": Lowering.pad,
-    "STRIDED_SLICE": Lowering.strided_slice,
-    "MEAN": Lowering.mean,
-    "RESHAPE": Lowering.reshape,
-    "RESIZE_BILINEAR": Lowering.resize_bilinear,
-    "SOFTMAX": Lowering.softmax,
-    "DEPTH_TO_SPACE": Lowering.depth_to_space,
-    "LSTM": Lowering.lstm,
-}

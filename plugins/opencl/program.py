@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from delegate.errors import CompileError
 from delegate.cache import CacheWarning, EntryStore, cache_key
+from delegate.gpu.dialect import OPENCL, epilogue_lines
 
 from . import __version__
 
@@ -46,35 +47,20 @@ class Variant:
 
 def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:
     """(extra kernel parameters, statement) implementing the epilogue steps on the value ``v``."""
-    params, body = [], []
-    for i, (kind, name, operand, swapped) in enumerate(epilogue):
-        arg = f"e{i}"
-        if kind == "unary":
-            body.append(f"v = ACT_{name}(v);")
-        elif kind == "quantize":
-            params.append(f"float4 {arg}")
-            body.append(f"v = fake_quant(v, {arg});")
-        elif kind == "binary":
-            if operand == "scalar":
-                params.append(f"float {arg}")
-                other = f"(FLT4)((FLT){arg})"
-            else:
-                params.append(f"__global const STORAGE* {arg}, int4 {arg}_dims, int {arg}_splat")
-                other = f"read_bcast({arg}, {arg}_dims, {arg}_splat, n, y, x, s)"
-            lhs, rhs = (other, "v") if swapped else ("v", other)
-            body.append(f"v = BIN_{name}({lhs}, {rhs});")
-        else:
-            raise ValueError(f"unknown epilogue step kind {kind!r}")
+    params: list[str] = []
+
+    def operand(i: int, step: tuple) -> str:
+        if step[2] == "scalar":
+            params.append(f"float e{i}")
+            return f"(FLT4)((FLT)e{i})"
+        params.append(f"__global const STORAGE* e{i}, int4 e{i}_dims, int e{i}_splat")
+        return f"read_bcast(e{i}, e{i}_dims, e{i}_splat, n, y, x, s)"
+
+    def grid(i: int) -> str:
+        params.append(f"float4 e{i}")
+        return f"e{i}"
+    body = epilogue_lines(OPENCL, epilogue, operand, grid)
     return "".join(", " + p for p in params), "do { " + " ".join(body) + " } while (0)"
-
-
-def unary_chain(epilogue: Sequence[tuple], value: str) -> str:
-    """The expression applying unary epilogue steps (by signature) to ``value``, for a fused producer."""
-    for kind, name, _, _ in epilogue:
-        if kind != "unary":
-            raise ValueError(f"only unary steps chain into an expression, not {kind!r}")
-        value = f"ACT_{name}({value})"
-    return value
 
 
 def kernel_name(variant: Variant, index: int) -> str:
@@ -83,7 +69,7 @@ def kernel_name(variant: Variant, index: int) -> str:
 
 def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
     """One program holding every variant, each as ``<template>_<index>``."""
-    parts = [f"#define {d}" for d in defines] + [template("prelude")]
+    parts = [f"#define {d}" for d in defines] + [template("prelude"), OPENCL.definitions()]
     for i, variant in enumerate(variants):
         params, body = epilogue_code(variant.epilogue)
         parts += [f"#define KERNEL_NAME {kernel_name(variant, i)}", f"#define EPILOGUE_PARAMS {params}",

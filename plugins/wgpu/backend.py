@@ -11,15 +11,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu import check_op, is_folded_dequantize, same_storage
+from delegate.gpu import is_folded_dequantize, same_storage
 from delegate.cache import EntryStore, cache_key, ops_fingerprint
+from delegate.gpu.dialect import WGSL
 from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.gpu.registry import supports
 from delegate.ir import Op
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
-from .kernels import mul_folds, pad_folds
+from .kernels import DIALECT, mul_folds, pad_folds
 from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
@@ -31,8 +33,9 @@ BLOCK_WEIGHTS = {"CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1, "Convo
 
 @lru_cache(maxsize=1)
 def shader_digest() -> str:
-    """Digest of every shader template: a cached plan is only valid for the sources it was made from."""
-    digest = hashlib.sha256()
+    """Digest of every shader template and the dialect's rendered code: a cached plan is only valid for the
+    sources it was made from."""
+    digest = hashlib.sha256(WGSL.definitions().encode())
     for entry in sorted(resources.files("delegate_wgpu").joinpath("shaders").iterdir(), key=lambda e: e.name):
         digest.update(entry.name.encode() + entry.read_bytes())
     return digest.hexdigest()
@@ -40,7 +43,7 @@ def shader_digest() -> str:
 
 def storage_buffers_needed(op: Op) -> int:
     """Storage buffers the op's own kernel binds (before any fused op adds operands)."""
-    if op.opcode == "CONCATENATION":
+    if op.opcode in ("CONCATENATION", "PACK"):
         return len(op.inputs) + 1
     return 4  # output, input, weights and bias at most
 
@@ -89,7 +92,7 @@ class WgpuBackend(Backend):
         return False, "the adapter lacks the shader-f16 feature"
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
-        answer = check_op(op, options)
+        answer = supports(DIALECT, op, options)
         if not answer:
             return answer
         limits = self.context.limits
@@ -107,7 +110,8 @@ class WgpuBackend(Backend):
         """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
         done by the convolution reading it); else the roofline."""
         if is_folded_dequantize(op) or pad_folds(op) or mul_folds(op) or (
-                op.opcode == "RESHAPE" and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
+                op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
+                and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
             return 0.0
         return None
 

@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import copy
 from string import Template
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
+from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
+from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
-from delegate.gpu.layout import (as_nhwc, nhwc_axis, pack_conv_weights, pack_depthwise_weights, pack_vector,
-                                 padding_before, same_storage, transpose_conv_padding)
+from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
+                                 pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before,
+                                 reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
+                                 transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS
+from delegate.gpu.registry import handler, lowers
+from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
-from delegate.shapes import transpose_conv_bias_geometry
 from delegate.strided import strided_slice_plan
 
 from .shaders import Kernel, dims, template
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
+DIALECT = "wgpu"
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
@@ -83,33 +89,15 @@ class KernelPlan:
     def add(self, group: Group) -> None:
         self.groups.append(group)
         if group.output.index not in self.folded:  # else the reader's kernel does the group
-            BUILDERS[group.root.opcode](self, group)
-
-
-Builder = Callable[[KernelPlan, Group], None]
-BUILDERS: dict[str, Builder] = {}
+            found = handler(DIALECT, group.root)
+            if found is None:
+                raise CompileError(f"{group.root.describe()}: the wgpu lowering has no kernel for it")
+            found.lower(self, group)
 
 
 def builds(*codes: str):
-    def register(fn: Builder) -> Builder:
-        for code in codes:
-            BUILDERS[code] = fn
-        return fn
-    return register
-
-
-def dense_groups(weights: np.ndarray, in_channels: int) -> np.ndarray:
-    """Grouped convolution weights ``[O, KH, KW, I/groups]`` as dense ``[O, KH, KW, I]``, zero across groups."""
-    o, kh, kw, per_group = weights.shape
-    if per_group == in_channels:
-        return weights
-    groups = in_channels // per_group
-    dense = np.zeros((o, kh, kw, in_channels), np.float32)
-    out_per_group = o // groups
-    for g in range(groups):
-        rows = slice(g * out_per_group, (g + 1) * out_per_group)
-        dense[rows, :, :, g * per_group:(g + 1) * per_group] = weights[rows]
-    return dense
+    """Register the decorated builder as the wgpu lowering of ``codes``."""
+    return lowers(DIALECT, *codes)
 
 
 def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
@@ -145,7 +133,7 @@ def mul_folds(op: Op) -> bool:
     if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
         return False
     reader = _read_by(op.outputs[0], ("CONV_2D",))
-    return reader is not None and _gate_operands(op) is not None and _pointwise(reader)
+    return reader is not None and gate_operands(op) is not None and _pointwise(reader)
 
 
 def _pointwise(op: Op) -> bool:
@@ -176,20 +164,9 @@ def chains_into_reader(group: Group) -> bool:
             and all(step.kind == "unary" for step in group.steps))
 
 
-def _gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
-    """(image, gate) of a MUL whose gate has one value per image and channel; else None."""
-    for image, gate in (op.inputs, op.inputs[::-1]):
-        n, h, w, c = as_nhwc(image.shape)
-        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
-                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
-            return image, gate
-    return None
-
-
 # -- kernels -------------------------------------------------------------------------------------
 
-@builds("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "PRELU", "LOGICAL_AND",
-        "RELU", "RELU6", "LOGISTIC", "TANH", "EXP", "HARD_SWISH")
+@builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
 def _elementwise(plan: KernelPlan, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
@@ -211,8 +188,8 @@ def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
         [pack_vector(constant_value(op.input(2)), len(w)) for op, w in ((conv1, w1), (conv2, w2))])))
     k.param("hidden_c", "i32", hidden)
     k.param("second", "i32", len(blocks[0]))
-    steps = "".join(f"  v = unary_{step.name}(v);\n" for step in first.steps)
-    k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  var v = value;\n{steps}  return v;\n}}")
+    chain = unary_chain(WGSL, [step.signature() for step in first.steps], "value")
+    k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  return {chain};\n}}")
     k.substitutions = {"HIDDEN": str(slices_of(hidden))}
     k.tile((WORKGROUP, 1, 1), (as_nhwc(x.shape)[0], 1, 1))
     k.half = True
@@ -319,7 +296,7 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
         k.helpers.append(template("matmul_input"))
     else:
         gated = plan.folded[source].root
-        image, gate = _gate_operands(gated)
+        image, gate = gate_operands(gated)
         k.tensor("src", image.index, image.shape)
         k.tensor("gate", gate.index, gate.shape)
         k.helpers.append(template("matmul_input_gated"))
@@ -334,25 +311,29 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
     k.half = True
 
 
+@builds("BATCH_MATMUL")
+def _batch_matmul(plan: KernelPlan, group: Group) -> None:
+    a, b = group.root.inputs[:2]
+    depth, axes = batch_matmul_layout(group.root)
+    k = plan.kernel("batch_matmul", group)
+    k.tensor("a", a.index, a.shape)
+    k.tensor("b", b.index, b.shape)
+    k.param("axes", "vec4<i32>", axes)
+    k.param("depth", "i32", depth)
+
+
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
 def _transpose_conv(plan: KernelPlan, group: Group) -> None:
     op = group.root
     out = op.outputs[0]
-    weights = constant_value(op.inputs[1])
+    geometry = transpose_conv_geometry(op)
+    x, weights = geometry.x, constant_value(geometry.weights)
     _, kh, kw, _ = weights.shape
-    if op.custom:
-        x, bias_input = op.inputs[0], 2
-        _, (pad_h, pad_w), (sh, sw) = transpose_conv_bias_geometry(x.shape, weights.shape, op.custom_options)
-    else:
-        x, bias_input = op.inputs[2], 3
-        o = op.options
-        sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        pad_h = transpose_conv_padding(o.get("padding", "VALID"), out.shape[1], kh, sh)
-        pad_w = transpose_conv_padding(o.get("padding", "VALID"), out.shape[2], kw, sw)
+    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
     k = plan.kernel("transpose_conv2d", group)
     k.tensor("src", x.index, x.shape)
     _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
-    k.read("bias", _bias(plan, op, bias_input, out.shape[3]))
+    k.read("bias", plan.constant(("bias", op.index), pack_vector(constant_value(geometry.bias), out.shape[3])))
     k.param("window", "vec4<i32>", (kw, kh, sw, sh))
     k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
     _spatial(plan, k, out.shape, 4, most_pixels=1)
@@ -374,16 +355,10 @@ def _pool(plan: KernelPlan, group: Group) -> None:
 @builds("RESIZE_BILINEAR")
 def _resize(plan: KernelPlan, group: Group) -> None:
     op = group.root
-    x, out = op.inputs[0], op.outputs[0]
-    align = bool(op.options.get("align_corners"))
-
-    def scale(size_in: int, size_out: int) -> float:
-        if align and size_out > 1:
-            return (size_in - 1) / (size_out - 1)
-        return size_in / size_out
+    x = op.inputs[0]
     k = plan.kernel("resize_bilinear", group)
     k.tensor("src", x.index, x.shape)
-    k.param("scale", "vec4<f32>", (scale(x.shape[2], out.shape[2]), scale(x.shape[1], out.shape[1]), 0.0, 0.0))
+    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
     k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
 
 
@@ -445,6 +420,30 @@ def _mean(plan: KernelPlan, group: Group) -> None:
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
 
 
+@builds(*REDUCE_CODE)
+def _reduce(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    keep, reduce = reduced_axes(group.root)
+    k = plan.kernel("reduce", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("keep", "vec4<i32>", keep)
+    k.param("reduce", "vec4<i32>", reduce)
+    init, combine = reduction(group.root.opcode, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    k.substitutions = {"INIT": init, "COMBINE": combine}
+
+
+@builds("ARG_MAX", "ARG_MIN")
+def _arg(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    axis, keep = arg_axis(group.root)
+    k = plan.kernel("arg", group)
+    k.tensor("src", x.index, x.shape)
+    k.param("keep", "vec4<i32>", keep)
+    k.param("axis", "i32", axis)
+    k.param("length", "i32", as_nhwc(x.shape)[axis])
+    k.param("sign", "f32", 1.0 if group.root.opcode == "ARG_MAX" else -1.0)
+
+
 # -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
 
 def host_to_phwc4(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
@@ -487,7 +486,7 @@ def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
     return as_nhwc(a)[3] == as_nhwc(b)[3]
 
 
-@builds("RESHAPE")
+@builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
 def _reshape(plan: KernelPlan, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     if not group.steps and same_storage(x.shape, out.shape):
@@ -496,13 +495,77 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
     _gather(plan.kernel("gather", group), "reshape", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
 
 
+@builds("TRANSPOSE")
+def _transpose(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    axes = transpose_axes(group.root)
+    k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
+    k.param("axes", "vec4<i32>", axes)
+
+
 @builds("PAD")
 def _pad(plan: KernelPlan, group: Group) -> None:
     x = group.root.inputs[0]
-    pads = int_values(group.root.input(1))
-    before = (0,) * (4 - len(x.shape)) + tuple(pads[0::2])
+    before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
     k.param("before", "vec4<i32>", before)
+
+
+@builds("MIRROR_PAD")
+def _mirror_pad(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.output
+    before = pad_before(group.root)
+    k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
+                as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
+    k.param("before", "vec4<i32>", before)
+    k.param("symmetric", "i32", int(group.root.options.get("mode", "REFLECT") == "SYMMETRIC"))
+
+
+@builds("TILE")
+def _tile(plan: KernelPlan, group: Group) -> None:
+    x, out = group.root.inputs[0], group.output
+    _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
+
+
+@builds("SPACE_TO_DEPTH")
+def _space_to_depth(plan: KernelPlan, group: Group) -> None:
+    x = group.root.inputs[0]
+    k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
+    k.param("block", "i32", group.root.options["block_size"])
+
+
+@builds("RESIZE_NEAREST_NEIGHBOR")
+def _resize_nearest(plan: KernelPlan, group: Group) -> None:
+    op, x = group.root, group.root.inputs[0]
+    k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
+    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
+    k.param("align", "i32", int(bool(op.options.get("align_corners"))))
+    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
+
+
+@builds("PACK")
+def _pack(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    axis = pack_axis(op)
+    k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
+    k.param("axis", "i32", axis)
+
+
+@builds("SELECT", "SELECT_V2")
+def _select(plan: KernelPlan, group: Group) -> None:
+    _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
+
+
+@builds("UNPACK")
+def _unpack(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x = op.inputs[0]
+    axis, parts = unpack_parts(op)
+    for out, index in parts:
+        k = _gather(plan.part("gather", op, f"part{index}", out.index, out.shape), "unpack", [(x.index, x.shape)],
+                    axis != 3)
+        k.param("axis", "i32", axis)
+        k.param("index", "i32", index)
 
 
 @builds("STRIDED_SLICE")
@@ -518,6 +581,19 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
     k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
     k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
     k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
+
+
+@builds("SPLIT", "SPLIT_V")
+def _split(plan: KernelPlan, group: Group) -> None:
+    op = group.root
+    x, axis, parts = split_parts(op)
+    for i, (out, offset) in enumerate(parts):
+        length = as_nhwc(out.shape)
+        k = _gather(plan.part("gather", op, f"part{i}", out.index, out.shape), "slice", [(x.index, x.shape)],
+                    axis != 3 or offset % 4 == 0)
+        k.param("start", "vec4<i32>", tuple(offset if a == axis else 0 for a in range(4)))
+        k.param("step", "vec4<i32>", (1, 1, 1, 1))
+        k.param("length", "vec4<i32>", length)
 
 
 @builds("DEPTH_TO_SPACE")

@@ -20,6 +20,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from delegate.gpu import Step, constant_value
+from delegate.gpu.dialect import WGSL, epilogue_lines
 from delegate.gpu.layout import as_nhwc, phwc4_shape
 
 PARAM_TYPES = {"i32": ("i", 1, 4), "f32": ("f", 1, 4), "vec4<i32>": ("i", 4, 16), "vec4<f32>": ("f", 4, 16)}
@@ -116,24 +117,19 @@ class Kernel:
         self.param("count", "i32", int(np.prod(dims(shape))))
         self.invocations = int(np.prod(dims(shape)))
         out_nhwc = as_nhwc(shape)
-        for k, step in enumerate(steps):
-            self.epilogue.append(self._step(k, step, out_nhwc))
-        return self
 
-    def _step(self, k: int, step: Step, out_nhwc: tuple[int, ...]) -> str:
-        name = f"e{k}"
-        if step.kind == "unary":
-            return f"v = unary_{step.name}(v);"
-        if step.kind == "quantize":
-            self.param(name, "vec4<f32>", step.quant)
-            return f"v = fake_quant(v, p.{name});"
-        if step.scalar:
-            self.param(name, "f32", float(constant_value(step.operand).ravel()[0]))
-            other = f"V(p.{name})"
-        else:
-            other = self.broadcast(name, step.operand.index, step.operand.shape, out_nhwc)
-        lhs, rhs = (other, "v") if step.swapped else ("v", other)
-        return f"v = binary_{step.name}({lhs}, {rhs});"
+        def operand(k: int, _signature: tuple) -> str:
+            step = steps[k]
+            if step.scalar:
+                self.param(f"e{k}", "f32", float(constant_value(step.operand).ravel()[0]))
+                return f"V(p.e{k})"
+            return self.broadcast(f"e{k}", step.operand.index, step.operand.shape, out_nhwc)
+
+        def grid(k: int) -> str:
+            self.param(f"e{k}", "vec4<f32>", steps[k].quant)
+            return f"p.e{k}"
+        self.epilogue = epilogue_lines(WGSL, [step.signature() for step in steps], operand, grid)
+        return self
 
     # -- generated code --------------------------------------------------
     def source(self, storage: str, workgroup: int) -> str:
@@ -142,7 +138,7 @@ class Kernel:
         prelude = Template(template("common")).substitute(
             ENABLE="enable f16;" if storage == "f16" else "", STORAGE=storage, WG_X=x, WG_Y=y, WG_Z=z,
             ARITH="f16" if self.half and storage == "f16" else "f32")
-        parts = [prelude, self._declarations()]
+        parts = [prelude, WGSL.definitions(), self._declarations()]
         parts.extend(self.helpers)
         if any(b.name == self.out and b.writable for b in self.bindings):
             body = "\n  ".join(self.epilogue)

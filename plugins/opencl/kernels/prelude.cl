@@ -1,11 +1,12 @@
-// Shared by every kernel of a program: storage and arithmetic types, PHWC4 addressing, activations.
+// Shared by every kernel of a program: storage and arithmetic types, PHWC4 addressing, helpers.
 //
 // Tensors are PHWC4 buffers ([N][S][H][W][4], see delegate.gpu.layout) described by
 // an int4 of dimensions (W, H, S, N).  STORAGE is the buffer element type: float, or
 // half read and written through vloada_half/vstorea_half, which every OpenCL device has,
 // so fp16 storage halves memory traffic even where cl_khr_fp16 is missing.  FLT4 is
 // the arithmetic type: half4 only where the device has cl_khr_fp16 and fp16 was
-// allowed.  Reductions use float4 (ACC4) whatever the precision.
+// allowed.  Reductions use float4 (ACC4) whatever the precision.  The activations and binary
+// ops (ACT_<op>, BIN_<op>) follow this prelude, rendered from delegate.gpu.dialect.
 
 #if defined(HALF_MATH)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
@@ -71,27 +72,6 @@ inline FLT4 read_bcast(__global const STORAGE* t, int4 d, int splat_channel, int
 inline FLT4 fake_quant(FLT4 v, float4 q) {  // q = (scale, zero point, qmin, qmax)
   float4 level = clamp(round(convert_float4(v) / q.x) + q.y, q.z, q.w);
   return TO_FLT4((level - q.y) * q.x);
-}
-
-#define ACT_RELU(v) max((v), (FLT4)(0))
-#define ACT_RELU6(v) clamp((v), (FLT4)(0), (FLT4)(6))
-#define ACT_RELU_N1_TO_1(v) clamp((v), (FLT4)(-1), (FLT4)(1))
-#define ACT_TANH(v) tanh(v)
-#define ACT_LOGISTIC(v) ((FLT4)(1) / ((FLT4)(1) + exp(-(v))))
-#define ACT_EXP(v) exp(v)
-#define ACT_HARD_SWISH(v) ((v) * clamp((v) + (FLT4)(3), (FLT4)(0), (FLT4)(6)) / (FLT4)(6))
-
-#define BIN_ADD(a, b) ((a) + (b))
-#define BIN_SUB(a, b) ((a) - (b))
-#define BIN_MUL(a, b) ((a) * (b))
-#define BIN_MAXIMUM(a, b) max((a), (b))
-#define BIN_MINIMUM(a, b) min((a), (b))
-#define BIN_PRELU(a, b) (max((a), (FLT4)(0)) + (b) * min((a), (FLT4)(0)))
-#define BIN_LOGICAL_AND(a, b) logical_and((a), (b))
-
-inline FLT4 logical_and(FLT4 a, FLT4 b) {
-  return (FLT4)((FLT)(a.x != 0 && b.x != 0), (FLT)(a.y != 0 && b.y != 0), (FLT)(a.z != 0 && b.z != 0),
-                (FLT)(a.w != 0 && b.w != 0));
 }
 
 // The input vector feeding depthwise output slice s at (n, iy, ix): the input slice itself, or

@@ -1,4 +1,4 @@
-// Shared by every kernel: types, PHWC4 addressing, activations and binary ops.
+// Shared by every kernel: types, PHWC4 addressing, rounding onto a quantization grid.
 //
 // Tensors are PHWC4 buffers ([N][S][H][W] vectors of 4 channels, see delegate.gpu.layout)
 // described by dims d = (W, H, S, N).  S is the storage element type (f32, or f16 when
@@ -57,19 +57,4 @@ fn fake_quant(v: V, q: V) -> V {
   return (level - q.y) * q.x;
 }
 
-fn unary_RELU(v: V) -> V { return max(v, V(0.0)); }
-fn unary_RELU6(v: V) -> V { return clamp(v, V(0.0), V(6.0)); }
-fn unary_RELU_N1_TO_1(v: V) -> V { return clamp(v, V(-1.0), V(1.0)); }
-// tanh saturates to +-1 in f32 well before 10; clamping keeps exp() in range on every driver.
-fn unary_TANH(v: V) -> V { return tanh(clamp(v, V(-10.0), V(10.0))); }
-fn unary_LOGISTIC(v: V) -> V { return 1.0 / (1.0 + exp(-v)); }
-fn unary_EXP(v: V) -> V { return exp(v); }
-fn unary_HARD_SWISH(v: V) -> V { return v * clamp(v + 3.0, V(0.0), V(6.0)) / 6.0; }
-
-fn binary_ADD(a: V, b: V) -> V { return a + b; }
-fn binary_SUB(a: V, b: V) -> V { return a - b; }
-fn binary_MUL(a: V, b: V) -> V { return a * b; }
-fn binary_MAXIMUM(a: V, b: V) -> V { return max(a, b); }
-fn binary_MINIMUM(a: V, b: V) -> V { return min(a, b); }
-fn binary_PRELU(a: V, b: V) -> V { return max(a, V(0.0)) + b * min(a, V(0.0)); }
-fn binary_LOGICAL_AND(a: V, b: V) -> V { return select(V(0.0), V(1.0), (a != V(0.0)) & (b != V(0.0))); }
+// The activations and binary ops (unary_<op>, binary_<op>) follow, rendered from delegate.gpu.dialect.

@@ -1,0 +1,32 @@
+// ARG_MAX and ARG_MIN: each output lane scans its line of the input along `axis` (n, h, w, c of the
+// NHWC view) and keeps the index of the first largest value of sign * input (sign -1: smallest).
+// keep = the input's shape with that axis as 1, matched to output lanes through NHWC order.
+fn lane_arg(element: i32) -> f32 {
+  let k = p.keep;
+  var at = vec4<i32>(element / (k.y * k.z * k.w), (element / (k.z * k.w)) % k.y, (element / k.w) % k.z,
+                     element % k.w);
+  var best = 0.0;
+  var index = 0;
+  for (var i = 0; i < p.length; i++) {
+    at[p.axis] = i;
+    let value = p.sign * src_lane(lidx(p.src_d, at.x, at.y, at.z, at.w));
+    if (i == 0 || value > best) {
+      best = value;
+      index = i;
+    }
+  }
+  return f32(index);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+  let i = flat_id(gid, groups);
+  if (i >= p.count) { return; }
+  let o = position(i, p.dst_d);
+  let first = ((o.n * p.dst_d.y + o.y) * p.dst_d.x + o.x) * p.dst_c + o.s * 4;
+  var v = V(0.0);
+  for (var lane = 0; lane < min(4, p.dst_c - o.s * 4); lane++) {
+    v[lane] = lane_arg(first + lane);
+  }
+  emit(v, o);
+}

@@ -1,0 +1,396 @@
+"""The GPU conformance table: every op a GPU dialect's lowering accepts, run on its backend against LiteRT.
+
+Each accepted op code has cases here (shapes, options); every case runs on
+the opencl and wgpu backends at fp32 and fp16 against LiteRT's builtin
+kernels.  fp32 must be within 5e-4 of each output's range; fp16 within 2e-2
+(half storage keeps 11 significant bits, values and weights are rounded at
+each stored tensor, and wgpu multiplies and accumulates products in f16);
+quantized outputs within one step of their grid, other integer and bool outputs exact.  Quantized tensors run on
+the float view (``allow_quantized``).
+An op a lowering accepts without a case here fails
+``test_every_accepted_op_has_a_case``, so no support claim goes untested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model
+from delegate.gpu.registry import accepted
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
+from tests.oputil import assert_close, delegate_run, litert_run
+
+BACKENDS = ("opencl", "wgpu")
+TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
+CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model holding ``opcode``; ``make(rng)`` gives (model, inputs, LiteRT's model when it differs)."""
+
+    opcode: str
+    name: str
+    make: Callable[[np.random.Generator], tuple[bytes, list[np.ndarray], bytes | None]]
+
+    @property
+    def id(self) -> str:
+        return f"{self.opcode}:{self.name}"
+
+
+CASES: list[Case] = []
+
+
+def case(opcode: str, name: str = "basic"):
+    def register(fn):
+        CASES.append(Case(opcode, name, fn))
+        return fn
+    return register
+
+
+def one_op(opcode: str, shapes, rng, consts=(), options=None, dtype="float32", scale=1.0, **kwargs):
+    """A model of one op on inputs of ``shapes`` then constants ``consts``, with random inputs."""
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", s, dtype) for i, s in enumerate(shapes)]
+    cs = [b.const(f"c{i}", c) for i, c in enumerate(consts)]
+    b.output(b.op(opcode, xs + cs, options=options, **kwargs))
+    if dtype == "bool":
+        inputs = [rng.random(s) > 0.5 for s in shapes]
+    else:
+        inputs = [normal(rng, s, scale) for s in shapes]
+    return b.to_bytes(), inputs, None
+
+
+for _code in ("ADD", "SUB", "MUL"):
+    case(_code, "broadcast_relu6")(lambda rng, c=_code: one_op(
+        c, [(1, 3, 4, 6), (1, 1, 4, 6)], rng, options={"fused_activation_function": "RELU6"}))
+case("ADD_N", "four")(lambda rng: one_op("ADD_N", [(1, 3, 4, 6)] * 3, rng, [normal(rng, (1, 3, 4, 6))],
+                                         shape=(1, 3, 4, 6)))
+for _code in ("MAXIMUM", "MINIMUM"):
+    case(_code, "channel_vector")(lambda rng, c=_code: one_op(c, [(2, 3, 5)], rng, [normal(rng, (5,))]))
+for _code in ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH"):
+    case(_code)(lambda rng, c=_code: one_op(c, [(1, 5, 3, 7)], rng, scale=4.0))
+case("EXP")(lambda rng: one_op("EXP", [(3, 9)], rng, scale=2.0))
+for _code in ("RELU_N1_TO_1", "RELU_0_TO_1", "ABS", "NEG", "SQUARE", "SIN", "COS", "ELU"):
+    case(_code)(lambda rng, c=_code: one_op(c, [(2, 3, 4, 5)], rng, scale=2.0))
+case("GELU")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, scale=3.0))
+case("GELU", "approximate")(lambda rng: one_op("GELU", [(2, 3, 9)], rng, options={"approximate": True}, scale=3.0))
+case("LEAKY_RELU")(lambda rng: one_op("LEAKY_RELU", [(1, 4, 3, 5)], rng, options={"alpha": 0.3}, scale=2.0))
+
+
+def select(opcode: str, shapes, rng):
+    b = GraphBuilder()
+    cond = b.input("cond", shapes[0], "bool")
+    b.output(b.op(opcode, [cond, b.input("a", shapes[1]), b.input("b", shapes[2])], dtype="float32"))
+    return b.to_bytes(), [rng.random(shapes[0]) > 0.5, normal(rng, shapes[1]), normal(rng, shapes[2])], None
+
+
+case("SELECT", "same_shapes")(lambda rng: select("SELECT", [(2, 3, 5)] * 3, rng))
+
+
+@case("SELECT_V2", "broadcast_twice")
+def _select_v2(rng):
+    b = GraphBuilder()
+    cond, other = b.input("cond", (1, 3, 1), "bool"), b.input("other", (2, 1, 4))
+    first = b.op("SELECT_V2", [cond, b.input("a", (2, 3, 4)), b.const("b", normal(rng, (4,)))], dtype="float32")
+    b.output(b.op("SELECT_V2", [b.op("LESS", [first, other], dtype="bool"), first, other], dtype="float32"))
+    inputs = [rng.random((1, 3, 1)) > 0.5, normal(rng, (2, 1, 4)), normal(rng, (2, 3, 4))]
+    return b.to_bytes(), inputs, None
+
+
+@case("CAST", "float_bool_float")
+def _cast(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    flags = b.op("CAST", [x], dtype="bool")
+    b.output(flags, b.op("CAST", [flags], dtype="float32"), b.op("CAST", [x], dtype="float32"))
+    return b.to_bytes(), [normal(rng, (2, 3, 5)) * (rng.random((2, 3, 5)) > 0.4)], None
+
+
+@case("LEAKY_RELU", "detector_block")
+def _detector_block(rng):
+    """A YOLO-style block: CONV_2D, LEAKY_RELU (fused into the convolution's epilogue), nearest upsampling,
+    concatenation with a skip input, then GELU and a comparison."""
+    b = GraphBuilder()
+    x, skip = b.input("x", (1, 4, 5, 3)), b.input("skip", (1, 8, 10, 2))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 3))), b.const("b", normal(rng, (6,)))], options=CONV)
+    y = b.op("LEAKY_RELU", [y], options={"alpha": 0.1})
+    y = b.op("RESIZE_NEAREST_NEIGHBOR", [y, b.const("size", np.array([8, 10], np.int32))])
+    y = b.op("GELU", [b.op("CONCATENATION", [y, skip], options={"axis": 3})])
+    b.output(y, b.op("GREATER", [y, b.const("t", np.array([0.5], np.float32))], dtype="bool"))
+    return b.to_bytes(), [normal(rng, (1, 4, 5, 3)), normal(rng, (1, 8, 10, 2))], None
+
+
+def positive_op(opcode: str, rng):
+    """A unary op defined for positive inputs only, on values from 0.05 to 20."""
+    model, _, _ = one_op(opcode, [(2, 5, 7)], rng)
+    return model, [np.exp(rng.uniform(-3, 3, (2, 5, 7))).astype(np.float32)], None
+
+
+def off_integers(rng, shape, scale):
+    """Values at least a tenth from every integer, so that rounding the input to f16 cannot move a floor."""
+    whole = rng.integers(-scale, scale, shape)
+    return (whole + rng.uniform(0.1, 0.9, shape)).astype(np.float32)
+
+
+for _code in ("LOG", "SQRT", "RSQRT"):
+    case(_code, "positive")(lambda rng, c=_code: positive_op(c, rng))
+case("FLOOR")(lambda rng: (one_op("FLOOR", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("SIGN", "with_zeros")(lambda rng: (one_op("SIGN", [(4, 6)], rng)[0],
+                                        [normal(rng, (4, 6)) * (rng.random((4, 6)) > 0.3)], None))
+case("DIV", "relu")(lambda rng: (one_op("DIV", [(2, 3, 5), (3, 5)], rng,
+                                        options={"fused_activation_function": "RELU"})[0],
+                                 [normal(rng, (2, 3, 5)), np.sign(normal(rng, (3, 5))) + normal(rng, (3, 5), 0.2)],
+                                 None))
+case("SQUARED_DIFFERENCE", "broadcast")(lambda rng: one_op("SQUARED_DIFFERENCE", [(2, 4, 3), (4, 1)], rng))
+
+
+def floor_division(opcode: str, rng):
+    """a / b of quotients away from integers (see off_integers), divisors of either sign."""
+    b = ((rng.random((3, 8)) > 0.5) * 2 - 1) * rng.uniform(0.5, 2, (3, 8))
+    a = off_integers(rng, (3, 8), 4) * b
+    model, _, _ = one_op(opcode, [(3, 8), (3, 8)], rng, version=2 if opcode == "FLOOR_DIV" else 1)
+    return model, [a.astype(np.float32), b.astype(np.float32)], None
+
+
+for _code in ("FLOOR_DIV", "FLOOR_MOD"):
+    case(_code, "signs")(lambda rng, c=_code: floor_division(c, rng))
+case("POW", "positive_base")(lambda rng: (one_op("POW", [(2, 9), (2, 9)], rng)[0],
+                                          [np.exp(rng.uniform(-1, 1, (2, 9))).astype(np.float32),
+                                           rng.uniform(-2, 2, (2, 9)).astype(np.float32)], None))
+case("POW", "integer_exponents")(lambda rng: (  # bases of either sign, as large as f16 results can be
+    one_op("POW", [(4, 6)], rng, [np.array([0, 1, 2, 3, -1, -2], np.float32)])[0],
+    [(np.sign(normal(rng, (4, 6))) * rng.uniform(0.5, 3, (4, 6))).astype(np.float32)], None))
+
+
+def comparison(opcode: str, rng):
+    """Inputs equal at about a third of the positions, so EQUAL and the non-strict comparisons see ties."""
+    x, y = normal(rng, (2, 3, 7)), normal(rng, (2, 3, 7))
+    y = np.where(rng.random(x.shape) < 0.3, x, y)
+    b = GraphBuilder()
+    b.output(b.op(opcode, [b.input("x", x.shape), b.input("y", y.shape)], dtype="bool"))
+    return b.to_bytes(), [x, y], None
+
+
+for _code in ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL"):
+    case(_code, "ties")(lambda rng, c=_code: comparison(c, rng))
+case("PRELU", "per_channel")(lambda rng: one_op("PRELU", [(1, 4, 4, 6)], rng, [normal(rng, (1, 1, 6))]))
+case("LOGICAL_AND", "broadcast")(lambda rng: one_op("LOGICAL_AND", [(2, 3, 4), (3, 1)], rng, dtype="bool"))
+
+
+def conv(rng, shape, out, k, options, groups=1, opcode="CONV_2D"):
+    weights = (out, k, k, shape[3] // groups) if opcode == "CONV_2D" else (1, k, k, out)
+    return one_op(opcode, [shape], rng, [normal(rng, weights, 0.5), normal(rng, (out,))], options={**CONV, **options})
+
+
+case("CONV_2D", "3x3_stride2_relu6")(lambda rng: conv(rng, (1, 7, 6, 5), 6, 3, {
+    "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}))
+case("CONV_2D", "1x1")(lambda rng: conv(rng, (2, 4, 5, 9), 7, 1, {}))
+case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
+    "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
+case("CONV_2D", "grouped")(lambda rng: conv(rng, (1, 5, 5, 8), 6, 3, {}, groups=2))
+case("DEPTHWISE_CONV_2D", "multiplier2")(lambda rng: conv(rng, (1, 6, 7, 3), 6, 3, {
+    "depth_multiplier": 2, "fused_activation_function": "RELU"}, opcode="DEPTHWISE_CONV_2D"))
+case("FULLY_CONNECTED")(lambda rng: one_op("FULLY_CONNECTED", [(3, 12)], rng,
+                                           [normal(rng, (5, 12)), normal(rng, (5,))]))
+case("BATCH_MATMUL", "broadcast_batches")(lambda rng: one_op("BATCH_MATMUL", [(2, 1, 5, 7), (3, 7, 6)], rng))
+case("BATCH_MATMUL", "adjoint_constant")(lambda rng: one_op(
+    "BATCH_MATMUL", [(3, 9, 4)], rng, [normal(rng, (5, 9))], options={"adj_x": True, "adj_y": True}))
+case("TRANSPOSE_CONV", "same_stride2")(lambda rng: (
+    transpose_conv_model(3, 4, 5, 6, (3, 3), 2, "SAME", True, rng), [normal(rng, (1, 3, 4, 5))], None))
+
+
+@case("Convolution2DTransposeBias", "valid_stride2")
+def _transpose_conv_bias(rng):
+    custom, builtin = transpose_conv_bias_pair(3, 3, 4, 5, (2, 2), 2, "VALID", rng)
+    return custom, [normal(rng, (1, 3, 3, 4))], builtin
+
+
+for _code in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
+    case(_code, "3x3_stride2")(lambda rng, c=_code: (
+        pool_model(c, 1, 7, 6, 5, 3, 3, 2, 2, "SAME", "NONE"), [normal(rng, (1, 7, 6, 5))], None))
+case("CONCATENATION", "channels")(lambda rng: one_op("CONCATENATION", [(1, 3, 4, 5), (1, 3, 4, 2)], rng,
+                                                     options={"axis": 3}))
+case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
+case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
+case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))
+case("SQUEEZE")(lambda rng: one_op("SQUEEZE", [(1, 3, 1, 6)], rng, options={"squeeze_dims": [2]}))
+case("TRANSPOSE", "4d")(lambda rng: one_op("TRANSPOSE", [(2, 3, 4, 5)], rng, [np.array([0, 3, 1, 2], np.int32)]))
+case("TRANSPOSE", "3d_channels_kept")(lambda rng: one_op("TRANSPOSE", [(3, 5, 8)], rng,
+                                                         [np.array([1, 0, 2], np.int32)]))
+case("TRANSPOSE", "2d")(lambda rng: one_op("TRANSPOSE", [(6, 7)], rng, [np.array([1, 0], np.int32)]))
+
+
+@case("SPLIT", "channels")
+def _split(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 4, 12))
+    b.output(*b.op("SPLIT", [b.const("axis", np.array([3], np.int32)), x], options={"num_splits": 3}, dtype="float32",
+                   shapes=[(1, 3, 4, 4)] * 3))
+    return b.to_bytes(), [normal(rng, (1, 3, 4, 12))], None
+
+
+@case("SPLIT_V", "rows_and_channels")
+def _split_v(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 7, 6))
+    sizes, axis = b.const("sizes", np.array([2, -1, 1], np.int32)), b.const("axis", np.array([1], np.int32))
+    rows = b.op("SPLIT_V", [x, sizes, axis], options={"num_splits": 3}, shapes=[(2, 2, 6), (2, 4, 6), (2, 1, 6)])
+    b.output(b.op("LOGISTIC", [rows[0]]), rows[1])  # an op reading a first output is not fused into the split
+    b.output(*b.op("SPLIT_V", [rows[2], b.const("sizes2", np.array([1, 5], np.int32)),
+                               b.const("axis2", np.array([-1], np.int32))],
+                   options={"num_splits": 2}, shapes=[(2, 1, 1), (2, 1, 5)]))
+    return b.to_bytes(), [normal(rng, (2, 7, 6))], None
+
+
+case("TILE", "channels_too")(lambda rng: one_op("TILE", [(2, 3, 5)], rng, [np.array([2, 1, 3], np.int32)]))
+case("TILE", "pixels")(lambda rng: one_op("TILE", [(1, 2, 3, 8)], rng, [np.array([2, 3, 2, 1], np.int32)]))
+case("SPACE_TO_DEPTH", "block2")(lambda rng: one_op("SPACE_TO_DEPTH", [(1, 4, 6, 3)], rng, options={"block_size": 2}))
+for _mode in ("REFLECT", "SYMMETRIC"):
+    case("MIRROR_PAD", _mode.lower())(lambda rng, m=_mode: one_op(
+        "MIRROR_PAD", [(1, 4, 5, 3)], rng, [np.array([[0, 0], [2, 1], [3, 0], [1, 2]], np.int32)],
+        options={"mode": m}))
+
+
+@case("PACK", "rows")
+def _pack(rng):
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (2, 6)) for i in range(3)]
+    b.output(b.op("PACK", xs, options={"values_count": 3, "axis": 1}))
+    return b.to_bytes(), [normal(rng, (2, 6)) for _ in range(3)], None
+
+
+@case("PACK", "last_axis")
+def _pack_last(rng):
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (2, 3, 5)) for i in range(2)]
+    b.output(b.op("PACK", xs, options={"values_count": 2, "axis": -1}))
+    return b.to_bytes(), [normal(rng, (2, 3, 5)) for _ in range(2)], None
+
+
+@case("UNPACK", "rows")
+def _unpack(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    b.output(*b.op("UNPACK", [x], options={"num": 3, "axis": 1}, shapes=[(2, 5)] * 3))
+    return b.to_bytes(), [normal(rng, (2, 3, 5))], None
+
+
+@case("UNPACK", "last_axis")
+def _unpack_last(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 2, 3, 4))
+    b.output(*b.op("UNPACK", [x], options={"num": 4, "axis": -1}, shapes=[(1, 2, 3)] * 4))
+    return b.to_bytes(), [normal(rng, (1, 2, 3, 4))], None
+
+
+case("RESIZE_BILINEAR", "half_pixel")(lambda rng: one_op(
+    "RESIZE_BILINEAR", [(1, 3, 4, 5)], rng, [np.array([7, 5], np.int32)], options={"half_pixel_centers": True},
+    version=3))
+for _mode in ("plain", "align_corners", "half_pixel_centers"):
+    case("RESIZE_NEAREST_NEIGHBOR", _mode)(lambda rng, m=_mode: one_op(
+        "RESIZE_NEAREST_NEIGHBOR", [(1, 3, 5, 6)], rng, [np.array([7, 4], np.int32)],
+        options={} if m == "plain" else {m: True}, version=1 if m == "plain" else 3))
+case("SOFTMAX")(lambda rng: one_op("SOFTMAX", [(2, 13)], rng, options={"beta": 1.5}, scale=3.0))
+case("STRIDED_SLICE", "strided")(lambda rng: one_op(
+    "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))
+case("MEAN", "pixels")(lambda rng: one_op("MEAN", [(1, 5, 4, 6)], rng, [np.array([1, 2], np.int32)],
+                                          options={"keep_dims": True}))
+for _code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN"):
+    case(_code, "batch_and_channels")(lambda rng, c=_code: one_op(
+        c, [(2, 3, 4, 6)], rng, [np.array([0, 3], np.int32)], scale=0.8 if c == "REDUCE_PROD" else 1.0))
+    case(_code, "rows_kept")(lambda rng, c=_code: one_op(c, [(3, 5, 7)], rng, [np.array([-2], np.int32)],
+                                                         options={"keep_dims": True}))
+for _code in ("REDUCE_ANY", "REDUCE_ALL"):
+    case(_code, "pixels")(lambda rng, c=_code: (
+        one_op(c, [(1, 3, 4, 5)], rng, [np.array([1, 2], np.int32)], dtype="bool")[0],
+        [rng.random((1, 3, 4, 5)) > (0.1 if c == "REDUCE_ALL" else 0.9)], None))
+def arg(opcode: str, shape, axis: int, index: str, values: np.ndarray):
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op(opcode, [x, b.const("axis", np.array([axis], np.int32))],
+                  options={"output_type": {"int32": 2, "int64": 4}[index]}, dtype=index))
+    return b.to_bytes(), [values], None
+
+
+for _code in ("ARG_MAX", "ARG_MIN"):
+    case(_code, "channels_with_ties")(lambda rng, c=_code: arg(  # ties keep the first index, as LiteRT does
+        c, (2, 3, 9), -1, "int32", np.round(normal(rng, (2, 3, 9)))))
+    case(_code, "rows")(lambda rng, c=_code: arg(c, (1, 6, 4, 5), 1, "int64", normal(rng, (1, 6, 4, 5))))
+case("DEPTH_TO_SPACE")(lambda rng: one_op("DEPTH_TO_SPACE", [(1, 2, 3, 12)], rng, options={"block_size": 2}))
+
+
+@case("LSTM", "basic")
+def _lstm(rng):
+    batch, inputs, units = 2, 5, 3
+    b = GraphBuilder()
+    xs = [b.input("x", (batch, inputs)), b.input("prev_activ", (batch, units))]
+    weights = b.const("w", normal(rng, (4 * units, inputs + units), 0.5))
+    bias = b.const("b", normal(rng, 4 * units, 0.5))
+    prev_state = b.input("prev_state", (batch, units))
+    outs = b.op("LSTM", [*xs, weights, bias, prev_state], version=2,
+                options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
+                shapes=[(batch, units), (batch, units), (batch, inputs + units), (batch, 4 * units)])
+    b.output(*outs)
+    return b.to_bytes(), [normal(rng, (batch, inputs)), normal(rng, (batch, units)), normal(rng, (batch, units))], None
+
+
+@case("QUANTIZE", "int8")
+@case("DEQUANTIZE", "runtime_int8")
+def _quantize_dequantize(rng):
+    """float -> QUANTIZE -> int8 output, and -> DEQUANTIZE -> float output: the float view's edges."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 4, 5))
+    q = b.op("QUANTIZE", [x], dtype="int8", quant=(0.03, -5))
+    b.output(q, b.op("DEQUANTIZE", [q], version=2, dtype="float32"))
+    return b.to_bytes(), [rng.uniform(-4, 4, (1, 3, 4, 5)).astype(np.float32)], None
+
+
+@case("DEQUANTIZE", "fp16_weights")
+def _dequantize(rng):
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    w = b.op("DEQUANTIZE", [b.const("w16", normal(rng, (5, 3, 3, 3)).astype(np.float16))], version=2,
+             dtype="float32")
+    b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, (5,)))], options=CONV))
+    return b.to_bytes(), [normal(rng, (1, 4, 4, 3))], None
+
+
+def _load_lowerings() -> None:
+    """Import the plugins' lowerings, which register their handlers."""
+    for name in BACKENDS:
+        ok, _ = default_manager().backend_info(name).available()
+        if ok:
+            __import__({"opencl": "delegate_opencl.lowering", "wgpu": "delegate_wgpu.kernels"}[name])
+
+
+def _available(name: str) -> None:
+    ok, why = default_manager().backend_info(name).available()
+    if not ok:
+        pytest.skip(f"{name} backend unavailable here: {why}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_accepted_op_has_a_case(backend):
+    _available(backend)
+    _load_lowerings()
+    missing = accepted(backend) - {c.opcode for c in CASES}
+    assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
+def test_case_matches_litert(item, backend, precision):
+    _available(backend)
+    model, inputs, reference = item.make(np.random.default_rng(len(item.id)))
+    expected = litert_run(reference or model, inputs, builtin=True)
+    actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision, allow_quantized=True))
+    quantized = any(t.quantization is not None for t in read_model(model).main.outputs)
+    assert_close(actual, expected, rtol=TOLERANCE[precision], atol=0.0, lsb=1 if quantized else 0)
