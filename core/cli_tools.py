@@ -263,7 +263,7 @@ def cmd_tune(args) -> int:
         session = Session(model, settings, remeasure=True)
         elapsed = time.perf_counter() - t0
         plan = session.plan
-        estimated_pick = min((c for c in plan.candidates if not c.precision), key=lambda c: c.estimated_ms)
+        estimated_pick, _ = session.planner.choose(plan.candidates)
         docs.append({"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
                      "estimated_pick": estimated_pick.name,
                      "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles})
