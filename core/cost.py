@@ -203,10 +203,10 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             else:  # device events: the host's launches overlap the kernels, fitted over whole partitions
                 points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) for op in counted)])
             added += 1
-        elif counted:
+        elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
             roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
-            work = obs.ms - obs.transfer_ms - launch * len(counted) - profile.partition_us * 1e-3
-            points.setdefault(WHOLE, []).append([float(len(counted)), roof, max(work, 0.0)])
+            points.setdefault(WHOLE, []).append([float(len(counted)), roof,
+                                                 max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)])
             added += 1
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
@@ -216,6 +216,11 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         rows = np.array(points[klass], dtype=np.float64)
         if klass == "partition":
             profile.partition_us = max(float(np.median(rows[:, 0])) * 1e3, 0.0)
+            continue
+        if klass == WHOLE:
+            fixed, floor, scale = _whole_fit(rows, profile)
+            profile.partition_us = fixed * 1e3
+            profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
             continue
         floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
         profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
@@ -238,6 +243,28 @@ def _queued_fit(partitions: list[list[float]]) -> tuple[float, float]:
         if best is None or error < best[0]:
             best = (error, launch, overhead)
     return best[1] * 1e3, best[2] * 1e3
+
+
+def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, float]:
+    """(partition ms, floor ms per op, scale) with time ~ partition + ops * floor + scale * roofline over
+    partitions timed whole: the fixed cost shows in small partitions, the floor and scale in large ones.
+    Non-negative least squares (the coefficients that come out negative are dropped and the rest refit);
+    with fewer than four partitions the scale alone, the rest kept."""
+    counts, roofs, times = rows[:, 0], rows[:, 1], rows[:, 2]
+    fixed, floor = profile.partition_us * 1e-3, profile.floor_ms(WHOLE)
+    if len(times) < 4:
+        rest = np.maximum(times - fixed - counts * floor, 0.0)
+        return fixed, floor, float(np.clip(np.median(rest / np.maximum(roofs, 1e-9)), *SCALE_RANGE))
+    columns = np.stack([np.ones_like(counts), counts, roofs], 1)
+    keep = [0, 1, 2]
+    while True:
+        coef, *_ = np.linalg.lstsq(columns[:, keep], times, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    fitted = dict(zip(keep, np.maximum(coef, 0.0)))
+    return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), float(np.clip(fitted.get(2, SCALE_RANGE[0]),
+                                                                                 *SCALE_RANGE))
 
 
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:

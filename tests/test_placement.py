@@ -252,6 +252,15 @@ def test_refit_learns_class_corrections_from_measured_ops():
     assert fitted.class_floor_us["*"] == pytest.approx(10.0, rel=1e-3)
     assert fitted.class_scale["*"] == pytest.approx(1.5, rel=1e-3)
     assert len(fitted.fit_points["*"]) == 4
+    # small partitions with a fixed cost of their own (an engine call, 0.2 ms) do not inflate the per-op floor
+    fixed = DeviceProfile(gflops=1.0, gbytes_per_s=0.1, launch_us=0.0)
+    for n in (1, 2, 5, 9, 14, 20):
+        ops = (graph.ops * (1 + n // len(graph.ops)))[:n]
+        roofs = sum(fixed.roofline_ms(op_flops(op), op_bytes(op)) for op in ops)
+        refit(fixed, [Observation(ops, 0.2 + n * 0.010 + 1.5 * roofs)], lambda op: False)
+    assert fixed.partition_us == pytest.approx(200.0, rel=1e-3)
+    assert fixed.class_floor_us["*"] == pytest.approx(10.0, rel=1e-3)
+    assert fixed.class_scale["*"] == pytest.approx(1.5, rel=1e-3)
 
 
 
@@ -331,9 +340,10 @@ def _corpus():
 
 
 @pytest.mark.network
-def test_shipped_defaults_leave_software_devices_idle():
+def test_shipped_defaults_leave_software_devices_idle(profile_dir):
     """A GPU API served by the host's own cores (PoCL, lavapipe) is slower than the CPU backend's kernels: with
-    the shipped defaults every corpus model plans onto the CPU alone, as `--backends cpu` would."""
+    the shipped defaults every corpus model plans onto the CPU alone, as `--backends cpu` would (on an
+    uncalibrated machine: a fresh profile directory)."""
     from delegate.config import load_config
     from delegate.plugins import default_manager
     from delegate.session import backend_profiles, instantiate_backends, run_settings

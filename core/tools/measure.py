@@ -172,8 +172,12 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
     saved = []
     ops = {op.index: op for op in session.graph.ops}
     parts = {p.index: p for p in executor.partitions}
+    engines = {p.index: c.describe().get("engine") for p, c in zip(executor.partitions, executor.compiled)}
     for name, backend in session.backends.items():
-        mine = [t for t in timings if t.backend == name]
+        engine = backend.device_info().get("engine")
+        # a partition run by another engine than the one this profile describes (the numpy engine taking a
+        # partition LiteRT refused) says nothing about it
+        mine = [t for t in timings if t.backend == name and (engine is None or engines[t.index] in (None, engine))]
         if not mine:
             continue
         profile = session.profiles[name]
