@@ -1,6 +1,7 @@
 """The command line as a person uses it: real subprocesses, their output and exit codes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ import pytest
 CPU = ["--config", "configs/cpu.yaml"]
 
 
-def delegate(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args], capture_output=True, text=True, timeout=300)
+def delegate(*args, check=True, env=None):
+    proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
@@ -213,3 +215,14 @@ def test_bench_profile_feeds_later_plans(tiny_model, tmp_path, monkeypatch):
     after = as_json("plan", *CPU, "--set", "cpu.engine=numpy", tiny_model)
     assert list(tmp_path.glob("*.json")), "bench --profile stored no profile"
     assert [op["estimates_ms"]["cpu"] for op in after["ops"]] != [op["estimates_ms"]["cpu"] for op in before["ops"]]
+
+
+def test_test_plugin_is_registered_for_the_run_only():
+    """conftest puts tests/fake_plugin on PYTHONPATH as an entry-point distribution; nothing is installed."""
+    rows = {row["name"]: row for row in as_json("backends")["backends"]}
+    assert rows["fakegpu"]["available"] and rows["fakegpu"]["plugin"] == "fakegpu"
+    fake = os.path.join("tests", "fake_plugin")
+    outside = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in os.environ["PYTHONPATH"].split(os.pathsep) if fake not in p and "delegate-test-plugins-" not in p)}
+    names = {row["name"] for row in json.loads(delegate("backends", "--json", env=outside).stdout)["backends"]}
+    assert "fakegpu" not in names, "delegate-fakegpu is installed in this environment: pip uninstall delegate-fakegpu"
