@@ -2,7 +2,8 @@
 
 ``delegate [run] [--config FILE] [MODEL]`` loads, plans, compiles, runs and
 reports; the subcommands inspect, plan, analyze, bench, validate, backends,
-calibrate, cache and zoo each take ``--json``.  Every failure is one line on
+calibrate, tune, cache and zoo each take ``--json``, ``--config``, ``--backends``
+and ``--set``.  Every failure is one line on
 stderr and a documented exit code (README, "Exit codes"); ``--debug`` adds the
 traceback and ``-v`` the log of placement decisions.
 """
@@ -37,11 +38,8 @@ def read_model_arg(spec: str):
     from . import zoo
     from .tflite.reader import read_model
 
-    if spec.startswith("zoo:"):
-        try:
-            data = zoo.build(spec[4:])
-        except KeyError as exc:
-            raise ModelFormatError(str(exc.args[0])) from None
+    if spec.startswith(zoo.PREFIX):
+        data = zoo.from_spec(spec)
         return read_model(data), data, spec
     path = Path(spec)
     if not path.exists():
@@ -229,6 +227,7 @@ def _fmt(v: Any) -> str:
 
 
 def cmd_inspect(args) -> int:
+    load_cli_config(args)  # taken by every command: a broken config is reported here too
     model, data, label = read_model_arg(args.model)
     g = model.main
     if args.json:
@@ -343,6 +342,7 @@ def _fmt_est(v: float | None) -> str:
 def cmd_zoo(args) -> int:
     from . import zoo
 
+    load_cli_config(args)  # taken by every command: a broken config is reported here too
     if not args.name:
         names = sorted(zoo.ZOO)
         if args.json:
@@ -366,23 +366,41 @@ def cmd_zoo(args) -> int:
 
 # -- argument parsing ------------------------------------------------------------
 
-def _common(p: argparse.ArgumentParser, model: bool = True, config: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
+    """The flags every command takes; ``--debug``/``-v`` here too, so they may follow the subcommand."""
     if model:
         p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                        help=f"a .tflite file or zoo:NAME (default {DEFAULT_MODEL})")
-    if config:
-        p.add_argument("--config", "-c", help="YAML config (default: the built-in edge defaults)")
-        p.add_argument("--backends", help="comma-separated backends in priority order, overriding the config")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key for this run")
+    p.add_argument("--config", "-c", help="YAML config (default: the built-in edge defaults)")
+    p.add_argument("--backends", help="comma-separated backends in priority order, overriding the config")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key for this run")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    _global_flags(p, default=argparse.SUPPRESS)  # absent after the subcommand: keep what came before it
+
+
+def _global_flags(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks")
+    p.add_argument("-v", "--verbose", action="count", default=default, help="log placement decisions (-vv: debug)")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum`` (a usage error, exit 2, otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="delegate", description="Run TFLite models across backends, "
                                      "placed by a cost model.")
     parser.add_argument("--version", action="version", version=f"delegate {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log placement decisions")
+    _global_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("run", help="load, plan, compile, run and report (the default command)")
@@ -391,12 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
                    help="inputs: an .npz, NAME=FILE.npy, or an image (PNG/JPEG); random when omitted")
     p.add_argument("--output", "-o", help="save outputs to this .npz")
-    p.add_argument("--runs", type=int, default=10, help="timed runs after the first (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.add_argument("--runs", type=at_least(1), default=10, help="timed runs after the first (default 10)")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("inspect", help="print the model's IR: inputs, outputs, ops, tensors")
-    _common(p, config=False)
+    _common(p)
     p.add_argument("--ir", action="store_true", help="also print the textual IR")
     p.set_defaults(fn=cmd_inspect)
 
@@ -411,11 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("zoo", help="write a built-in model to a .tflite file")
     p.add_argument("name", nargs="?", help="model name (omit to list)")
+    _common(p, model=False)
     p.add_argument("--output", "-o", help="output path (default NAME.tflite, NAME_QUANT.tflite when quantized)")
     p.add_argument("--quant", choices=QUANT_MODES, default="fp32",
                    help="fp32 as built; fp16 weights behind DEQUANTIZE; int8 full-integer, calibrated on random "
                         "inputs, with float32 inputs and outputs")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_zoo)
 
     from . import cli_tools
@@ -434,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = global_flags + ["run"] + rest
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug, args.verbose = bool(args.debug), args.verbose or 0
     logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.debug:

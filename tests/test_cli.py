@@ -226,3 +226,41 @@ def test_test_plugin_is_registered_for_the_run_only():
         p for p in os.environ["PYTHONPATH"].split(os.pathsep) if fake not in p and "delegate-test-plugins-" not in p)}
     names = {row["name"] for row in json.loads(delegate("backends", "--json", env=outside).stdout)["backends"]}
     assert "fakegpu" not in names, "delegate-fakegpu is installed in this environment: pip uninstall delegate-fakegpu"
+
+
+def test_every_command_takes_the_common_flags_and_global_flags_after_it(tmp_path):
+    common = ["--config", "configs/cpu.yaml", "--backends", "cpu", "--set", "precision=fp32", "--json"]
+    assert as_json("inspect", "zoo:posenet", *common[:-1])["inputs"][0]["name"] == "image"
+    assert "posenet" in json.loads(delegate("zoo", *common).stdout)["models"]
+    assert [r["name"] for r in json.loads(delegate("backends", *common).stdout)["backends"]][0] == "cpu"
+    proc = delegate("plan", "zoo:mobilenet_v1", "--backends", "cpu", "--debug", "-v")
+    assert "INFO delegate.session: op #0 CONV_2D" in proc.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("precision: fp64\n")
+    proc = delegate("inspect", "zoo:posenet", "--config", str(broken), check=False)
+    assert proc.returncode == 4 and "precision" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--runs", "-1"], "argument --runs: -1 is less than 1"),
+    (["run", "--runs", "0"], "argument --runs: 0 is less than 1"),
+    (["run", "--seed", "-3"], "argument --seed: -3 is less than 0"),
+    (["bench", "--warmup", "-1"], "argument --warmup: -1 is less than 0"),
+    (["validate", "--samples", "zero"], "argument --samples: 'zero' is not an integer"),
+])
+def test_counts_refuse_values_out_of_range(args, message):
+    proc = delegate(*args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_count_flags_have_help():
+    text = delegate("bench", "--help").stdout
+    for flag, words in [("--runs RUNS", "timed runs"), ("--warmup WARMUP", "untimed runs"),
+                        ("--seed SEED", "seed of the random inputs")]:
+        assert any(line.strip().startswith(flag) and words in line for line in text.splitlines()), flag
+
+
+def test_python_dash_m_and_an_empty_cache_listing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "delegate", "cache", "ls", "--json",
+                           "--set", f"serialization.dir={tmp_path / 'not-yet'}"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"dir": str(tmp_path / "not-yet"), "entries": []}
