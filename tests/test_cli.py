@@ -264,3 +264,11 @@ def test_python_dash_m_and_an_empty_cache_listing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "delegate", "cache", "ls", "--json",
                            "--set", f"serialization.dir={tmp_path / 'not-yet'}"], capture_output=True, text=True)
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"dir": str(tmp_path / "not-yet"), "entries": []}
+
+
+def test_dependencies_print_nothing_on_stderr(tiny_model):
+    """Mesa's Wayland probe without XDG_RUNTIME_DIR and LiteRT's XNNPACK line were printed on every run."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    proc = delegate("run", tiny_model, "--backends", "wgpu,cpu", "--set", "cpu.engine=litert", "--runs", "1",
+                    env=env)
+    assert "XDG_RUNTIME_DIR" not in proc.stderr and "XNNPACK" not in proc.stderr, proc.stderr
