@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -28,6 +29,7 @@ from .quantize import MODES as QUANT_MODES
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
+OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
 SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
 
 
@@ -48,6 +50,18 @@ def read_model_arg(spec: str):
         raise ModelFormatError(f"{spec}: is a directory, not a model file")
     data = path.read_bytes()
     return read_model(data), data, spec
+
+
+def unwritable(spec: str) -> str | None:
+    """Why the file ``spec`` cannot be written, known before a long run; None when it can be."""
+    path = Path(spec)
+    if path.is_dir():
+        return "is a directory"
+    if not path.parent.is_dir():
+        return f"directory {path.parent} does not exist"
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        return "is not writable" if path.exists() else f"directory {path.parent} is not writable"
+    return None
 
 
 def load_cli_config(args):
@@ -460,6 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "fn", None):
         parser.print_help()
         return EXIT_USAGE
+    for dest, flag in OUTPUT_FLAGS.items():
+        problem = getattr(args, dest, None) and unwritable(getattr(args, dest))
+        if problem:
+            print(f"delegate: error: {flag} {getattr(args, dest)}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return int(args.fn(args) or 0)
     except DelegateError as exc:

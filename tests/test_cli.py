@@ -272,3 +272,54 @@ def test_dependencies_print_nothing_on_stderr(tiny_model):
     proc = delegate("run", tiny_model, "--backends", "wgpu,cpu", "--set", "cpu.engine=litert", "--runs", "1",
                     env=env)
     assert "XDG_RUNTIME_DIR" not in proc.stderr and "XNNPACK" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--backends", "cpu", "-o", "{tmp}/missing/out.npz"], "--output {tmp}/missing/out.npz: directory "
+                                                                  "{tmp}/missing does not exist"),
+    (["plan", "--backends", "cpu", "--svg", "{tmp}"], "--svg {tmp}: is a directory"),
+    (["bench", "--backends", "cpu", "--csv", "{tmp}/missing/times.csv"],
+     "--csv {tmp}/missing/times.csv: directory {tmp}/missing does not exist"),
+    (["zoo", "posenet", "-o", "{tmp}/missing/p.tflite"], "--output {tmp}/missing/p.tflite: directory "
+                                                         "{tmp}/missing does not exist"),
+])
+def test_an_unwritable_output_is_refused_before_the_run(tiny_model, tmp_path, args, message):
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = delegate(*args[:1], *([tiny_model] if args[0] != "zoo" else []), *args[1:], check=False)
+    assert proc.returncode == 2 and proc.stderr == f"delegate: error: {message.format(tmp=tmp_path)}\n", proc.stderr
+
+
+def test_inputs_that_would_change_or_are_not_arrays_are_refused(tiny_model, tmp_path):
+    exact = np.arange(192, dtype=np.int32).reshape(1, 8, 8, 3)
+    np.savez(tmp_path / "exact.npz", image=exact)
+    delegate(*CPU, tiny_model, "--input", str(tmp_path / "exact.npz"), "--output", str(tmp_path / "a.npz"))
+    np.savez(tmp_path / "b.npz", image=exact.astype(np.float32))
+    delegate(*CPU, tiny_model, "--input", str(tmp_path / "b.npz"), "--output", str(tmp_path / "b_out.npz"))
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["scores"], np.load(tmp_path / "b_out.npz")["scores"])
+    np.savez(tmp_path / "ids.npz", image=exact + 16_777_217)  # 2**24 + 1: float32 holds every other one
+    proc = delegate(*CPU, tiny_model, "--input", str(tmp_path / "ids.npz"), check=False)
+    assert proc.returncode == 8 and ("input 'image' is float32 and 96 of the 192 int32 values given are not exactly "
+                                     "representable in it (the first: 16777217 at [0, 0, 0, 0])") in proc.stderr
+    from PIL import Image
+    Image.new("RGB", (8, 8)).save(tmp_path / "photo.jpg")
+    (tmp_path / "x.npy").write_bytes((tmp_path / "photo.jpg").read_bytes())
+    proc = delegate(*CPU, tiny_model, "--input", str(tmp_path / "x.npy"), check=False)
+    assert proc.returncode == 8 and "x.npy: a JPEG image, not a .npy array" in proc.stderr, proc.stderr
+    assert "allow_pickle" not in proc.stderr
+
+
+def test_small_model_and_config_errors_say_what_happened(tiny_model, tmp_path):
+    data = open(tiny_model, "rb").read()
+    (tmp_path / "cut.tflite").write_bytes(data[:len(data) // 2])
+    proc = delegate("inspect", str(tmp_path / "cut.tflite"), check=False)
+    assert proc.returncode == 3 and "truncated model" in proc.stderr, proc.stderr
+    plan = as_json("plan", tiny_model, "--backends", "cpu", "--set", "placement.budget_s=1e-9")
+    assert plan["partitions"]
+    from delegate.config import load_config
+    assert load_config(None, overrides=["placement.budget_s=1e-9"]).placement.budget_s == 1e-9
+    from delegate.tflite.builder import GraphBuilder
+    b = GraphBuilder()
+    b.output(b.op("MyCustomOp", [b.input("x", (1, 4))], custom=True, shape=(1, 4)))
+    (tmp_path / "custom.tflite").write_bytes(b.to_bytes())
+    proc = delegate("run", str(tmp_path / "custom.tflite"), "--backends", "cpu", check=False)
+    assert proc.returncode == 6 and "delegate_custom_kernels hook" in proc.stderr, proc.stderr

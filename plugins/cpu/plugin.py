@@ -301,12 +301,15 @@ class CpuBackend(Backend):
         if registry.find_kernel(op, self.custom) is not None:
             return Support.yes()
         kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        missing = f"no cpu kernel for {kind} {op.opcode}"
+        if op.custom:  # the one remedy a user has
+            missing += " (a plugin adds one through the delegate_custom_kernels hook)"
         if self.engine != "litert":
-            return Support.no(f"no cpu kernel for {kind} {op.opcode}")
+            return Support.no(missing)
         refusal = litert_refusal(op)
         if refusal is None:
             return Support.yes()
-        return Support.no(f"no cpu kernel for {kind} {op.opcode}, and LiteRT refuses it: {refusal}")
+        return Support.no(f"{missing}, and LiteRT refuses it: {refusal}")
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Nothing for ops that never run here: values known at compile time (a DEQUANTIZE of constant
