@@ -3,9 +3,9 @@
 ``delegate [run] [--config FILE] [MODEL]`` loads, plans, compiles, runs and
 reports; the subcommands inspect, plan, analyze, bench, validate, backends,
 calibrate, tune, cache and zoo each take ``--json``, ``--config``, ``--backends``
-and ``--set``.  Every failure is one line on
-stderr and a documented exit code (README, "Exit codes"); ``--debug`` adds the
-traceback and ``-v`` the log of placement decisions.
+and ``--set``.  Every failure is one line on stderr and a documented exit code
+(README, "Exit codes"); ``--debug`` adds the traceback and ``-v`` the log of
+placement decisions, before or after the subcommand.
 """
 
 from __future__ import annotations

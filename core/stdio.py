@@ -34,7 +34,11 @@ def native_stderr(log: logging.Logger, echo: Callable[[str], bool] = not_info) -
     lines: list[str] = []
     with _LOCK, tempfile.TemporaryFile() as capture:
         sys.stderr.flush()
-        saved = os.dup(2)
+        try:
+            saved = os.dup(2)
+        except OSError:  # no standard error at all (a daemon): nothing to keep clean
+            yield lines
+            return
         os.dup2(capture.fileno(), 2)
         try:
             yield lines
