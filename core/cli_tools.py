@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -12,12 +13,14 @@ import numpy as np
 
 from .backend import Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
+from .stdio import native_stderr
 from .tools.compare import compare_outputs
 from .tools.measure import (alone_median, learn_from, peak_rss_mb, reference_slowed, separate_peak_rss,
                             time_alternating)
 from .tools.reference import litert_cpu
 
 ANALYZE_WARN_BELOW = 0.80
+log = logging.getLogger(__name__)
 
 
 def _progress(total: int, description: str, enabled: bool):
@@ -149,7 +152,8 @@ def cmd_bench(args) -> int:
     indexed = session.normalize_inputs(named)
     reference = None
     if args.compare == "litert":
-        run_reference = litert_cpu(data, settings.compile.num_threads or 1)
+        with native_stderr(log):  # LiteRT's XNNPACK line: to the log
+            run_reference = litert_cpu(data, settings.compile.num_threads or 1)
         reference_inputs = [named[t.name] for t in session.graph.inputs]
         reference = lambda: run_reference(reference_inputs)  # noqa: E731
     # LiteRT alone, before delegate has run at all: the baseline that shows whether delegate slows it.
@@ -327,7 +331,9 @@ def cmd_validate(args) -> int:
                 if missing:
                     raise ExecutionError(f"{args.expected}: outputs {sorted(missing)} are not outputs of the model")
             else:
-                ref = litert_cpu(data, 1)([named[t.name] for t in session.graph.inputs])
+                with native_stderr(log):  # LiteRT's XNNPACK line: to the log
+                    run_reference = litert_cpu(data, 1)
+                ref = run_reference([named[t.name] for t in session.graph.inputs])
                 expected = {t.name: r for t, r in zip(session.graph.outputs, ref)}
             for name, r in compare_outputs(actual, expected).items():
                 worst = results.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "cosine": 1.0})
