@@ -498,6 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line unless --debug
         if args.debug:
             raise
+        # a file system refusing a file the checks before the run could not foresee (/proc, read-only): not a bug
+        if isinstance(exc, OSError) and exc.filename is not None:
+            print(f"delegate: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"delegate: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1

@@ -290,6 +290,12 @@ def test_an_unwritable_output_is_refused_before_the_run(tiny_model, tmp_path, ar
     assert proc.returncode == 2 and proc.stderr == f"delegate: error: {message.format(tmp=tmp_path)}\n", proc.stderr
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be created")
+def test_a_write_refused_after_the_checks_is_one_line():
+    proc = delegate("zoo", "posenet", "-o", "/proc/delegate-test.tflite", check=False)
+    assert proc.returncode == 1 and proc.stderr == "delegate: error: /proc/delegate-test.tflite: No such file or directory\n"
+
+
 def test_inputs_that_would_change_or_are_not_arrays_are_refused(tiny_model, tmp_path):
     exact = np.arange(192, dtype=np.int32).reshape(1, 8, 8, 3)
     np.savez(tmp_path / "exact.npz", image=exact)
