@@ -33,8 +33,9 @@ def quantize_for(t: Tensor, arr: np.ndarray) -> np.ndarray:
         return np.clip(values, info.min, info.max).astype(target)
     with np.errstate(invalid="ignore", over="ignore"):
         converted = arr.astype(target)
-        # floats round to floats; any other conversion must keep every value (int32 ids into float32...)
-        wrong = np.zeros(arr.shape, bool) if arr.dtype.kind == target.kind == "f" else converted.astype(arr.dtype) != arr
+        if arr.dtype.kind == target.kind == "f":  # floats round to floats
+            return converted
+        wrong = converted.astype(arr.dtype) != arr  # anything else must keep every value (int32 ids, float32)
     if wrong.any():
         at = tuple(int(i) for i in np.argwhere(wrong)[0])
         raise InputError(f"input {t.name!r} is {target} and {int(wrong.sum())} of the {arr.size} {arr.dtype} values "
@@ -140,8 +141,8 @@ def make_inputs(graph: Subgraph, specs: Sequence[str] | None, config: Any = None
         if path.suffix.lower() in IMAGE_SUFFIXES:
             given[t.name] = load_image(path, t, preprocess)
         else:
-            _check_npy(path, file)
             try:
+                _check_npy(path, file)
                 given[t.name] = quantize_for(t, np.load(path))
             except InputError:
                 raise
