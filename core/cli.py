@@ -2,9 +2,10 @@
 
 ``delegate [run] [--config FILE] [MODEL]`` loads, plans, compiles, runs and
 reports; the subcommands inspect, plan, analyze, bench, validate, backends,
-calibrate, cache and zoo each take ``--json``.  Every failure is one line on
-stderr and a documented exit code (README, "Exit codes"); ``--debug`` adds the
-traceback and ``-v`` the log of placement decisions.
+calibrate, tune, cache and zoo each take ``--json``, ``--config``, ``--backends``
+and ``--set``.  Every failure is one line on stderr and a documented exit code
+(README, "Exit codes"); ``--debug`` adds the traceback and ``-v`` the log of
+placement decisions, before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -27,6 +29,7 @@ from .quantize import MODES as QUANT_MODES
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
+OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
 SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
 
 
@@ -37,11 +40,8 @@ def read_model_arg(spec: str):
     from . import zoo
     from .tflite.reader import read_model
 
-    if spec.startswith("zoo:"):
-        try:
-            data = zoo.build(spec[4:])
-        except KeyError as exc:
-            raise ModelFormatError(str(exc.args[0])) from None
+    if spec.startswith(zoo.PREFIX):
+        data = zoo.from_spec(spec)
         return read_model(data), data, spec
     path = Path(spec)
     if not path.exists():
@@ -50,6 +50,18 @@ def read_model_arg(spec: str):
         raise ModelFormatError(f"{spec}: is a directory, not a model file")
     data = path.read_bytes()
     return read_model(data), data, spec
+
+
+def unwritable(spec: str) -> str | None:
+    """Why the file ``spec`` cannot be written, known before a long run; None when it can be."""
+    path = Path(spec)
+    if path.is_dir():
+        return "is a directory"
+    if not path.parent.is_dir():
+        return f"directory {path.parent} does not exist"
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        return "is not writable" if path.exists() else f"directory {path.parent} is not writable"
+    return None
 
 
 def load_cli_config(args):
@@ -229,6 +241,7 @@ def _fmt(v: Any) -> str:
 
 
 def cmd_inspect(args) -> int:
+    load_cli_config(args)  # taken by every command: a broken config is reported here too
     model, data, label = read_model_arg(args.model)
     g = model.main
     if args.json:
@@ -343,6 +356,7 @@ def _fmt_est(v: float | None) -> str:
 def cmd_zoo(args) -> int:
     from . import zoo
 
+    load_cli_config(args)  # taken by every command: a broken config is reported here too
     if not args.name:
         names = sorted(zoo.ZOO)
         if args.json:
@@ -366,23 +380,41 @@ def cmd_zoo(args) -> int:
 
 # -- argument parsing ------------------------------------------------------------
 
-def _common(p: argparse.ArgumentParser, model: bool = True, config: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
+    """The flags every command takes; ``--debug``/``-v`` here too, so they may follow the subcommand."""
     if model:
         p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                        help=f"a .tflite file or zoo:NAME (default {DEFAULT_MODEL})")
-    if config:
-        p.add_argument("--config", "-c", help="YAML config (default: the built-in edge defaults)")
-        p.add_argument("--backends", help="comma-separated backends in priority order, overriding the config")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key for this run")
+    p.add_argument("--config", "-c", help="YAML config (default: the built-in edge defaults)")
+    p.add_argument("--backends", help="comma-separated backends in priority order, overriding the config")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key for this run")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    _global_flags(p, default=argparse.SUPPRESS)  # absent after the subcommand: keep what came before it
+
+
+def _global_flags(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks")
+    p.add_argument("-v", "--verbose", action="count", default=default, help="log placement decisions (-vv: debug)")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum`` (a usage error, exit 2, otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="delegate", description="Run TFLite models across backends, "
                                      "placed by a cost model.")
     parser.add_argument("--version", action="version", version=f"delegate {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log placement decisions")
+    _global_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("run", help="load, plan, compile, run and report (the default command)")
@@ -391,12 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
                    help="inputs: an .npz, NAME=FILE.npy, or an image (PNG/JPEG); random when omitted")
     p.add_argument("--output", "-o", help="save outputs to this .npz")
-    p.add_argument("--runs", type=int, default=10, help="timed runs after the first (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.add_argument("--runs", type=at_least(1), default=10, help="timed runs after the first (default 10)")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("inspect", help="print the model's IR: inputs, outputs, ops, tensors")
-    _common(p, config=False)
+    _common(p)
     p.add_argument("--ir", action="store_true", help="also print the textual IR")
     p.set_defaults(fn=cmd_inspect)
 
@@ -411,11 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("zoo", help="write a built-in model to a .tflite file")
     p.add_argument("name", nargs="?", help="model name (omit to list)")
+    _common(p, model=False)
     p.add_argument("--output", "-o", help="output path (default NAME.tflite, NAME_QUANT.tflite when quantized)")
     p.add_argument("--quant", choices=QUANT_MODES, default="fp32",
                    help="fp32 as built; fp16 weights behind DEQUANTIZE; int8 full-integer, calibrated on random "
                         "inputs, with float32 inputs and outputs")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_zoo)
 
     from . import cli_tools
@@ -434,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = global_flags + ["run"] + rest
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug, args.verbose = bool(args.debug), args.verbose or 0
     logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.debug:
@@ -441,6 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "fn", None):
         parser.print_help()
         return EXIT_USAGE
+    for dest, flag in OUTPUT_FLAGS.items():
+        problem = getattr(args, dest, None) and unwritable(getattr(args, dest))
+        if problem:
+            print(f"delegate: error: {flag} {getattr(args, dest)}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return int(args.fn(args) or 0)
     except DelegateError as exc:
@@ -460,6 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line unless --debug
         if args.debug:
             raise
+        # a file system refusing a file the checks before the run could not foresee (/proc, read-only): not a bug
+        if isinstance(exc, OSError) and exc.filename is not None:
+            print(f"delegate: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"delegate: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -12,12 +13,14 @@ import numpy as np
 
 from .backend import Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
+from .stdio import native_stderr
 from .tools.compare import compare_outputs
 from .tools.measure import (alone_median, learn_from, peak_rss_mb, reference_slowed, separate_peak_rss,
                             time_alternating)
 from .tools.reference import litert_cpu
 
 ANALYZE_WARN_BELOW = 0.80
+log = logging.getLogger(__name__)
 
 
 def _progress(total: int, description: str, enabled: bool):
@@ -149,7 +152,8 @@ def cmd_bench(args) -> int:
     indexed = session.normalize_inputs(named)
     reference = None
     if args.compare == "litert":
-        run_reference = litert_cpu(data, settings.compile.num_threads or 1)
+        with native_stderr(log):  # LiteRT's XNNPACK line: to the log
+            run_reference = litert_cpu(data, settings.compile.num_threads or 1)
         reference_inputs = [named[t.name] for t in session.graph.inputs]
         reference = lambda: run_reference(reference_inputs)  # noqa: E731
     # LiteRT alone, before delegate has run at all: the baseline that shows whether delegate slows it.
@@ -327,7 +331,9 @@ def cmd_validate(args) -> int:
                 if missing:
                     raise ExecutionError(f"{args.expected}: outputs {sorted(missing)} are not outputs of the model")
             else:
-                ref = litert_cpu(data, 1)([named[t.name] for t in session.graph.inputs])
+                with native_stderr(log):  # LiteRT's XNNPACK line: to the log
+                    run_reference = litert_cpu(data, 1)
+                ref = run_reference([named[t.name] for t in session.graph.inputs])
                 expected = {t.name: r for t, r in zip(session.graph.outputs, ref)}
             for name, r in compare_outputs(actual, expected).items():
                 worst = results.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "cosine": 1.0})
@@ -419,15 +425,16 @@ def cmd_cache(args) -> int:
     from .cache import clear, entries
 
     root = Path(os.path.expanduser(str(directory)))
+    missing = not os.path.lexists(root)  # nothing cached yet: an empty cache, not an error
     if args.action == "clear":
-        removed = clear(root)
+        removed = 0 if missing else clear(root)
         if args.json:
             emit_json({"dir": str(root), "removed": removed})
         else:
             print(f"removed {removed} cache entries from {root}")
         return 0
     rows = [{"path": f"{sub}/{name}", "kind": header.get("kind"), "bytes": size}
-            for sub, name, header, size in entries(root)]
+            for sub, name, header, size in ([] if missing else entries(root))]
     if args.json:
         emit_json({"dir": str(root), "entries": rows})
         return 0
@@ -437,26 +444,29 @@ def cmd_cache(args) -> int:
 
 
 def add_parsers(sub, common) -> None:
+    from .cli import at_least
+
     p = sub.add_parser("analyze", help="per backend: share of ops and compute it supports, what blocks it")
     common(p)
     p.set_defaults(fn=cmd_analyze)
 
     p = sub.add_parser("bench", help="latency percentiles, per-op profile, comparison with LiteRT")
     common(p)
-    p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--runs", type=at_least(1), default=50, help="timed runs (default 50)")
+    p.add_argument("--warmup", type=at_least(0), default=5, help="untimed runs before them (default 5)")
     p.add_argument("--compare", choices=["litert"], help="alternate with LiteRT's interpreter on the same inputs")
     p.add_argument("--csv", help="write per-run times to this CSV")
     p.add_argument("--profile", action="store_true",
                    help="also store the measured per-op times (where a backend times ops) for later plans")
-    p.add_argument("--input", "-i", action="append")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, help="run at this batch size (inputs' leading dimension)")
+    p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
+                   help="inputs as for run; random when omitted")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--batch", type=at_least(1), help="run at this batch size (inputs' leading dimension)")
     p.add_argument("--suite", action="store_true", help="the whole corpus on every backend/config vs LiteRT")
     p.add_argument("--models", nargs="+", help="suite: models (paths or zoo:NAME; default all zoo models)")
     p.add_argument("--models-dir", action="append", help="suite: also every .tflite in this directory")
     p.add_argument("--configs", help="suite: comma-separated subset of configurations")
-    p.add_argument("--threads", type=int, default=2, help="suite: threads for delegate's CPU and LiteRT")
+    p.add_argument("--threads", type=at_least(1), default=2, help="suite: threads for delegate's CPU and LiteRT")
     p.add_argument("--out", default="bench-results", help="suite: output directory")
     p.add_argument("--preference", default="sustained_speed", choices=["sustained_speed", "fast_single_answer"],
                    help="suite: inference preference the GPU backends compile with")
@@ -465,9 +475,10 @@ def add_parsers(sub, common) -> None:
     p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")
     common(p)
     p.add_argument("--expected", help=".npz of expected outputs (keys: output tensor names)")
-    p.add_argument("--input", "-i", action="append")
-    p.add_argument("--samples", type=int, default=1, help="number of random inputs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--input", "-i", action="append", metavar="FILE|NAME=FILE",
+                   help="inputs as for run; random when omitted")
+    p.add_argument("--samples", type=at_least(1), default=1, help="number of random inputs")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--max-abs-error", dest="max_abs_error", type=float)
     p.add_argument("--max-rel-error", dest="max_rel_error", type=float)
     p.add_argument("--min-cosine", dest="min_cosine", type=float)

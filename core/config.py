@@ -123,6 +123,15 @@ MAX_NODES = 100_000  # aliases can make a short text expand exponentially
 MAX_CONFIG_BYTES = 1 << 20  # read before parsing: YAML's composer takes seconds and memory per megabyte
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``1e-9`` as a number, as YAML 1.2 does (1.1 wants ``1.0e-9``)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                              list("-+0123456789."))
+
+
 def parse_yaml(text: str, source: str, base_dir: str, at: KeyPath = (),
                with_lines: bool = True) -> tuple[Any, dict[KeyPath, Place]]:
     """Parse one YAML document into plain data, recording the place of every key and item.
@@ -198,7 +207,7 @@ def parse_yaml(text: str, source: str, base_dir: str, at: KeyPath = (),
 
     loader = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
         node = loader.get_single_node()
         if node is not None:
             places[at] = Place(source, here(node), base_dir)

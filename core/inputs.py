@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import ExecutionError
+from .errors import ExecutionError, InputError
 from .ir import Subgraph, Tensor
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
@@ -31,7 +31,17 @@ def quantize_for(t: Tensor, arr: np.ndarray) -> np.ndarray:
         info = np.iinfo(target)
         values = np.round(arr / q.scale[0]) + q.zero_point[0]
         return np.clip(values, info.min, info.max).astype(target)
-    return arr.astype(target)
+    with np.errstate(invalid="ignore", over="ignore"):
+        converted = arr.astype(target)
+        if arr.dtype.kind == target.kind == "f":  # floats round to floats
+            return converted
+        wrong = converted.astype(arr.dtype) != arr  # anything else must keep every value (int32 ids, float32)
+    if wrong.any():
+        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        raise InputError(f"input {t.name!r} is {target} and {int(wrong.sum())} of the {arr.size} {arr.dtype} values "
+                         f"given are not exactly representable in it (the first: {arr[at].item()!r} at {list(at)}); "
+                         f"convert the data to {target} first")
+    return converted
 
 
 def numeric_dtype(t: Tensor) -> np.dtype:
@@ -52,6 +62,21 @@ def random_input(t: Tensor, rng: np.random.Generator) -> np.ndarray:
         info = np.iinfo(target)
         return rng.integers(info.min, info.max, t.shape, endpoint=True).astype(target)
     return rng.integers(0, 10, t.shape).astype(target)
+
+
+_SIGNATURES = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"GIF8": "a GIF image",
+               b"BM": "a BMP image", b"PK\x03\x04": "a zip archive (an .npz?)"}
+
+
+def _check_npy(path: Path, file: str) -> None:
+    """Refuse a file that is not .npy before numpy guesses it is a pickle (and advises allow_pickle)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"\x93NUMPY"):
+        return
+    what = next((name for magic, name in _SIGNATURES.items() if head.startswith(magic)), "no numpy header")
+    raise ExecutionError(f"{file}: {what}, not a .npy array; give images as .png/.jpg files and "
+                         f"arrays as .npy/.npz (numpy.save, numpy.savez)")
 
 
 def load_image(path: Path, t: Tensor, preprocess: dict[str, Any]) -> np.ndarray:
@@ -117,7 +142,10 @@ def make_inputs(graph: Subgraph, specs: Sequence[str] | None, config: Any = None
             given[t.name] = load_image(path, t, preprocess)
         else:
             try:
+                _check_npy(path, file)
                 given[t.name] = quantize_for(t, np.load(path))
+            except InputError:
+                raise
             except (OSError, ValueError) as exc:
                 raise ExecutionError(f"{file}: not a readable .npy ({exc})") from None
     rng = np.random.default_rng(seed)

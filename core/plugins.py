@@ -112,6 +112,7 @@ class PluginManager:
                 ok, reason = info.available()
             except Exception as exc:
                 ok, reason = False, f"availability check failed: {exc}"
+            reason = " ".join(str(reason or "").split())  # one line in the table, whatever a driver said
             rows.append(BackendStatus(name, plugin, bool(ok), reason, info.description))
         for name, err in sorted(self.load_errors.items()):
             if name not in self.backends():

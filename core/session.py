@@ -503,12 +503,15 @@ def check_budget(graph: Subgraph, limits: Limits) -> None:
 
 
 def load(model: str | os.PathLike | bytes | Model, config: Any = None, **overrides: Any) -> Session:
-    """Read ``model`` (path, bytes or IR) and build a session from ``config`` (path, Config or None).
+    """Read ``model`` (path, ``zoo:NAME``, bytes or IR) and build a session from ``config`` (path, Config or None).
 
     ``overrides`` are ``--set``-style keys, e.g. ``load(path, precision="fp16")``.
     """
+    from . import zoo
     from .config import load_config
 
+    if isinstance(model, str) and model.startswith(zoo.PREFIX):
+        model = zoo.from_spec(model)
     if not isinstance(model, Model):
         model = read_model(model)
     if config is None or isinstance(config, (str, os.PathLike)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import logging
 import platform
 import sys
 import time
@@ -24,9 +25,12 @@ from .backend import CompileOptions
 from .errors import DelegateError
 from .planner import PlacementSettings
 from .session import RunSettings, Session
+from .stdio import native_reason, native_stderr
 from .tools.compare import worst_relative_error
 from .tools.measure import alone_median, peak_rss_mb, reference_slowed, time_alternating
 from .tools.reference import litert_cpu, litert_gpu
+
+log = logging.getLogger(__name__)
 
 CPU_NUMPY = ("cpu", {"engine": "numpy"})
 CPU_AUTO = ("cpu", {"engine": "auto"})  # the ops GPU configurations leave to the CPU
@@ -87,8 +91,9 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
     rng = np.random.default_rng(0)
     host_inputs = [random_input(t, rng) for t in model.main.inputs]
     try:
-        reference = litert_cpu(data, threads)
-        expected = reference(host_inputs)
+        with native_stderr(log):
+            reference = litert_cpu(data, threads)
+            expected = reference(host_inputs)
         missing_reference = None
     except (RuntimeError, ValueError) as exc:  # a custom op LiteRT lacks: time ours alone
         reference = expected = None
@@ -142,23 +147,32 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
     if reference is None:
         row.status = f"unavailable: {missing_reference}"
         return rows
-    try:
-        t = time.perf_counter()
-        gpu = litert_gpu(data, expected)
-        row.init_ms = (time.perf_counter() - t) * 1e3
-        t = time.perf_counter()
-        got = gpu(host_inputs)
-        row.first_ms = (time.perf_counter() - t) * 1e3
-        row.max_error = worst_relative_error(got, expected)
-        for _ in range(3):
-            gpu(host_inputs)
-        mine, ref = time_alternating(lambda: gpu(host_inputs), lambda: reference(host_inputs), runs)
-        row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
-        row.litert_ms = float(np.median(ref))
-        row.ratio = row.p50_ms / row.litert_ms
-    except Exception as exc:  # LiteRT's accelerator is optional: record why it did not run
-        row.status = f"unavailable: {str(exc).splitlines()[0][:120]}"
+    with native_stderr(log, echo=lambda line: False) as lines:  # its registry and driver logs: -vv
+        try:
+            _time_litert_gpu(row, data, expected, host_inputs, reference, runs)
+            failed = None
+        except Exception as exc:  # LiteRT's accelerator is optional: record why it did not run
+            failed = (type(exc).__name__, str(exc))  # not the exception: its frames would keep the model alive
+    if failed is not None:
+        row.status = f"unavailable: {(native_reason(lines, failed[1]) or failed[0])[:120]}"
     return rows
+
+
+def _time_litert_gpu(row: Row, data: bytes, expected, host_inputs, reference, runs: int) -> None:
+    """LiteRT's GPU accelerator timed against its CPU interpreter, into ``row``; the model is freed on return."""
+    t = time.perf_counter()
+    gpu = litert_gpu(data, expected)
+    row.init_ms = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter()
+    got = gpu(host_inputs)
+    row.first_ms = (time.perf_counter() - t) * 1e3
+    row.max_error = worst_relative_error(got, expected)
+    for _ in range(3):
+        gpu(host_inputs)
+    mine, ref = time_alternating(lambda: gpu(host_inputs), lambda: reference(host_inputs), runs)
+    row.p50_ms, row.p90_ms = float(np.percentile(mine, 50)), float(np.percentile(mine, 90))
+    row.litert_ms = float(np.median(ref))
+    row.ratio = row.p50_ms / row.litert_ms
 
 
 def machine_facts() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Weights are random but scaled (He initialisation, small biases) so that
 activations neither die nor explode and outputs vary with the input.
-``zoo:NAME`` in a config or on the command line refers to these.
+``zoo:NAME`` in a config, on the command line or in ``delegate.load`` refers to these.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import ModelFormatError
 from .tflite.builder import GraphBuilder
 
+PREFIX = "zoo:"
 ZOO: dict[str, Callable[..., bytes]] = {}
 
 
@@ -311,3 +313,11 @@ def build(name: str, quant: str = "fp32", **kwargs) -> bytes:
     from .tflite.reader import read_model
     from .tflite.writer import write_model
     return write_model(quantize(read_model(data), quant))
+
+
+def from_spec(spec: str) -> bytes:
+    """Bytes of the model a ``zoo:NAME`` string names; ModelFormatError listing the names when unknown."""
+    try:
+        return build(spec.removeprefix(PREFIX))
+    except KeyError as exc:
+        raise ModelFormatError(str(exc.args[0])) from None

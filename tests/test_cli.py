@@ -1,6 +1,7 @@
 """The command line as a person uses it: real subprocesses, their output and exit codes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ import pytest
 CPU = ["--config", "configs/cpu.yaml"]
 
 
-def delegate(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args], capture_output=True, text=True, timeout=300)
+def delegate(*args, check=True, env=None):
+    proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
@@ -213,3 +215,118 @@ def test_bench_profile_feeds_later_plans(tiny_model, tmp_path, monkeypatch):
     after = as_json("plan", *CPU, "--set", "cpu.engine=numpy", tiny_model)
     assert list(tmp_path.glob("*.json")), "bench --profile stored no profile"
     assert [op["estimates_ms"]["cpu"] for op in after["ops"]] != [op["estimates_ms"]["cpu"] for op in before["ops"]]
+
+
+def test_test_plugin_is_registered_for_the_run_only():
+    """conftest puts tests/fake_plugin on PYTHONPATH as an entry-point distribution; nothing is installed."""
+    rows = {row["name"]: row for row in as_json("backends")["backends"]}
+    assert rows["fakegpu"]["available"] and rows["fakegpu"]["plugin"] == "fakegpu"
+    fake = os.path.join("tests", "fake_plugin")
+    outside = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in os.environ["PYTHONPATH"].split(os.pathsep) if fake not in p and "delegate-test-plugins-" not in p)}
+    names = {row["name"] for row in json.loads(delegate("backends", "--json", env=outside).stdout)["backends"]}
+    assert "fakegpu" not in names, "delegate-fakegpu is installed in this environment: pip uninstall delegate-fakegpu"
+
+
+def test_every_command_takes_the_common_flags_and_global_flags_after_it(tmp_path):
+    common = ["--config", "configs/cpu.yaml", "--backends", "cpu", "--set", "precision=fp32", "--json"]
+    assert as_json("inspect", "zoo:posenet", *common[:-1])["inputs"][0]["name"] == "image"
+    assert "posenet" in json.loads(delegate("zoo", *common).stdout)["models"]
+    assert [r["name"] for r in json.loads(delegate("backends", *common).stdout)["backends"]][0] == "cpu"
+    proc = delegate("plan", "zoo:mobilenet_v1", "--backends", "cpu", "--debug", "-v")
+    assert "INFO delegate.session: op #0 CONV_2D" in proc.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("precision: fp64\n")
+    proc = delegate("inspect", "zoo:posenet", "--config", str(broken), check=False)
+    assert proc.returncode == 4 and "precision" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--runs", "-1"], "argument --runs: -1 is less than 1"),
+    (["run", "--runs", "0"], "argument --runs: 0 is less than 1"),
+    (["run", "--seed", "-3"], "argument --seed: -3 is less than 0"),
+    (["bench", "--warmup", "-1"], "argument --warmup: -1 is less than 0"),
+    (["validate", "--samples", "zero"], "argument --samples: 'zero' is not an integer"),
+])
+def test_counts_refuse_values_out_of_range(args, message):
+    proc = delegate(*args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_count_flags_have_help():
+    text = delegate("bench", "--help").stdout
+    for flag, words in [("--runs RUNS", "timed runs"), ("--warmup WARMUP", "untimed runs"),
+                        ("--seed SEED", "seed of the random inputs")]:
+        assert any(line.strip().startswith(flag) and words in line for line in text.splitlines()), flag
+
+
+def test_python_dash_m_and_an_empty_cache_listing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "delegate", "cache", "ls", "--json",
+                           "--set", f"serialization.dir={tmp_path / 'not-yet'}"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"dir": str(tmp_path / "not-yet"), "entries": []}
+
+
+def test_dependencies_print_nothing_on_stderr(tiny_model):
+    """Mesa's Wayland probe without XDG_RUNTIME_DIR and LiteRT's XNNPACK line were printed on every run."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    for args in (["run", "--backends", "wgpu,cpu", "--set", "cpu.engine=litert", "--runs", "1"],
+                 ["validate", "--backends", "cpu"], ["bench", "--backends", "cpu", "--compare", "litert", "--runs", "2"]):
+        proc = delegate(args[0], tiny_model, *args[1:], env=env)
+        assert "XDG_RUNTIME_DIR" not in proc.stderr and "XNNPACK" not in proc.stderr, (args, proc.stderr)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--backends", "cpu", "-o", "{tmp}/missing/out.npz"], "--output {tmp}/missing/out.npz: directory "
+                                                                  "{tmp}/missing does not exist"),
+    (["plan", "--backends", "cpu", "--svg", "{tmp}"], "--svg {tmp}: is a directory"),
+    (["bench", "--backends", "cpu", "--csv", "{tmp}/missing/times.csv"],
+     "--csv {tmp}/missing/times.csv: directory {tmp}/missing does not exist"),
+    (["zoo", "posenet", "-o", "{tmp}/missing/p.tflite"], "--output {tmp}/missing/p.tflite: directory "
+                                                         "{tmp}/missing does not exist"),
+])
+def test_an_unwritable_output_is_refused_before_the_run(tiny_model, tmp_path, args, message):
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = delegate(*args[:1], *([tiny_model] if args[0] != "zoo" else []), *args[1:], check=False)
+    assert proc.returncode == 2 and proc.stderr == f"delegate: error: {message.format(tmp=tmp_path)}\n", proc.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be created")
+def test_a_write_refused_after_the_checks_is_one_line():
+    proc = delegate("zoo", "posenet", "-o", "/proc/delegate-test.tflite", check=False)
+    assert proc.returncode == 1 and proc.stderr == "delegate: error: /proc/delegate-test.tflite: No such file or directory\n"
+
+
+def test_inputs_that_would_change_or_are_not_arrays_are_refused(tiny_model, tmp_path):
+    exact = np.arange(192, dtype=np.int32).reshape(1, 8, 8, 3)
+    np.savez(tmp_path / "exact.npz", image=exact)
+    delegate(*CPU, tiny_model, "--input", str(tmp_path / "exact.npz"), "--output", str(tmp_path / "a.npz"))
+    np.savez(tmp_path / "b.npz", image=exact.astype(np.float32))
+    delegate(*CPU, tiny_model, "--input", str(tmp_path / "b.npz"), "--output", str(tmp_path / "b_out.npz"))
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["scores"], np.load(tmp_path / "b_out.npz")["scores"])
+    np.savez(tmp_path / "ids.npz", image=exact + 16_777_217)  # 2**24 + 1: float32 holds every other one
+    proc = delegate(*CPU, tiny_model, "--input", str(tmp_path / "ids.npz"), check=False)
+    assert proc.returncode == 8 and ("input 'image' is float32 and 96 of the 192 int32 values given are not exactly "
+                                     "representable in it (the first: 16777217 at [0, 0, 0, 0])") in proc.stderr
+    from PIL import Image
+    Image.new("RGB", (8, 8)).save(tmp_path / "photo.jpg")
+    (tmp_path / "x.npy").write_bytes((tmp_path / "photo.jpg").read_bytes())
+    proc = delegate(*CPU, tiny_model, "--input", str(tmp_path / "x.npy"), check=False)
+    assert proc.returncode == 8 and "x.npy: a JPEG image, not a .npy array" in proc.stderr, proc.stderr
+    assert "allow_pickle" not in proc.stderr
+
+
+def test_small_model_and_config_errors_say_what_happened(tiny_model, tmp_path):
+    data = open(tiny_model, "rb").read()
+    (tmp_path / "cut.tflite").write_bytes(data[:len(data) // 2])
+    proc = delegate("inspect", str(tmp_path / "cut.tflite"), check=False)
+    assert proc.returncode == 3 and "truncated model" in proc.stderr, proc.stderr
+    plan = as_json("plan", tiny_model, "--backends", "cpu", "--set", "placement.budget_s=1e-9")
+    assert plan["partitions"]
+    from delegate.config import load_config
+    assert load_config(None, overrides=["placement.budget_s=1e-9"]).placement.budget_s == 1e-9
+    from delegate.tflite.builder import GraphBuilder
+    b = GraphBuilder()
+    b.output(b.op("MyCustomOp", [b.input("x", (1, 4))], custom=True, shape=(1, 4)))
+    (tmp_path / "custom.tflite").write_bytes(b.to_bytes())
+    proc = delegate("run", str(tmp_path / "custom.tflite"), "--backends", "cpu", check=False)
+    assert proc.returncode == 6 and "delegate_custom_kernels hook" in proc.stderr, proc.stderr

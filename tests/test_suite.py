@@ -23,7 +23,7 @@ def _run(tmp_path, data):
                            progress=lambda _: None)
 
 
-def test_rows_compare_with_litert_and_reports_are_written(tmp_path, model_bytes):
+def test_rows_compare_with_litert_and_reports_are_written(tmp_path, model_bytes, capfd):
     rows, written = _run(tmp_path, model_bytes)
     ours = {r.config: r for r in rows}
     for name in ("cpu-numpy", "cpu-litert"):
@@ -32,6 +32,9 @@ def test_rows_compare_with_litert_and_reports_are_written(tmp_path, model_bytes)
         assert row.p50_ms > 0 and row.litert_ms > 0 and row.ratio == pytest.approx(row.p50_ms / row.litert_ms)
         assert row.max_error < 1e-5
     assert "litert-gpu" in ours
+    gpu = ours["litert-gpu"].status  # where LiteRT's GPU accelerator cannot start: why, in one line of words
+    assert gpu == "ok" or (gpu.startswith("unavailable: ") and "litert_compiled_model.h" not in gpu), gpu
+    assert "INFO: [" not in capfd.readouterr().err  # its registry and driver logs go to the log
     table = (tmp_path / "suite.md").read_text()
     assert "| tiny | cpu-numpy |" in table and "Command: `delegate" in table
     assert {p.name for p in written} >= {"suite.md", "suite.csv"}
@@ -60,3 +63,15 @@ def test_a_reference_slowed_by_alternation_is_flagged(tmp_path, model_bytes, mon
     rows, _ = _run(tmp_path, model_bytes)
     row = next(r for r in rows if r.config == "cpu-numpy")
     assert row.status.startswith("LiteRT slowed alternating"), row.status
+
+
+def test_native_failures_read_as_one_line():
+    from delegate.stdio import native_reason
+    lines = ["INFO: [environment.cc:36] Creating LiteRT environment with options",
+             "ERROR: [delegate_webgpu.cc:359] Failed to initialize WebGPU environment: INTERNAL: No adapters found",
+             "E0000 00:00:1796162111.986669    2589 delegate_webgpu.cc:736] Failed to get or create the environment"]
+    located = "ERROR: [./litert/cc/litert_compiled_model.h:1961]\n└ ERROR: [litert/runtime/compiled_model.cc:1036]"
+    assert native_reason(lines, located) == "Failed to initialize WebGPU environment: INTERNAL: No adapters found"
+    assert native_reason(lines[2:], located) == "Failed to get or create the environment"
+    assert native_reason([], located) == ""
+    assert native_reason([], "ERROR: [a.h:1]\n└ ERROR: [b.cc:2] it broke") == "it broke"

@@ -310,3 +310,15 @@ def test_cli_writes_quantized_zoo_models(tmp_path, capsys):
                              else {"DEQUANTIZE": DType.float16})
     with pytest.raises(SystemExit):
         main(["zoo", "transformer_block", "--quant", "int4"])
+
+
+def test_load_takes_zoo_names_like_the_cli():
+    import delegate
+    session = delegate.load("zoo:posenet", backends="[cpu]", **{"cpu.engine": "numpy"})
+    x = random_input(session.graph.inputs[0], np.random.default_rng(0))
+    expected = litert_run(zoo.build("posenet"), [x])
+    got = session.run({session.graph.inputs[0].name: x})
+    for want, have in zip(expected, got.values()):
+        np.testing.assert_allclose(have, want, atol=1e-4 * (np.ptp(want) + 1e-6))
+    with pytest.raises(delegate.ModelFormatError, match="unknown zoo model 'nope'; known: deeplab_v3"):
+        delegate.load("zoo:nope")

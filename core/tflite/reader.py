@@ -10,6 +10,7 @@ Constant data stay zero-copy views of the model bytes.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from . import schema
 
 DEFAULT_MAX_TENSOR_BYTES = 2 << 30  # a model claiming a larger tensor is refused before anything is allocated
 _CUSTOM = schema.BUILTIN_CODES["CUSTOM"]
+_PAST_END = re.compile(r"at offset (\d+) \(actual buffer size is (\d+)\)")  # struct.error reading past the end
 
 
 @contextmanager
@@ -36,6 +38,10 @@ def _where(what: str) -> Iterator[None]:
     except (IndexError, struct.error, ValueError, TypeError, OverflowError, UnicodeDecodeError,
             AttributeError, KeyError, MemoryError, RecursionError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        past_end = _PAST_END.search(detail) if isinstance(exc, struct.error) else None
+        if past_end:
+            raise ModelFormatError(f"{what}: truncated model: it refers to byte {past_end[1]} of a "
+                                   f"{past_end[2]}-byte file (cut short, or an offset past its end)") from None
         raise ModelFormatError(f"{what}: malformed flatbuffer data ({detail})") from None
 
 

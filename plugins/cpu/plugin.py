@@ -15,6 +15,7 @@ from delegate.backend import Backend, BackendInfo, CompiledPartition, CompileOpt
 from delegate.errors import CompileError
 from delegate.ir import DType, Op, Subgraph, Tensor
 from delegate.memory import plan_arena
+from delegate.stdio import native_stderr
 
 from . import registry
 from .fusion import absorbed, fuse_ops
@@ -160,8 +161,9 @@ class LitertCompiled(CompiledPartition):
         """Build the interpreter on ``content``; whether its inputs and outputs are the partition's."""
         from ai_edge_litert.interpreter import Interpreter
 
-        self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
-        self.interpreter.allocate_tensors()
+        with native_stderr(log):
+            self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
+            self.interpreter.allocate_tensors()
         # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (on zeros: the arena's
         # leftovers may be out-of-range indices); and leave no state behind for the user's first run
         # (reset_all_variables restores variable tensors, not resource variables)
@@ -266,7 +268,8 @@ def _ask_litert(op: Op) -> str | None:
                    and not t.is_variable}.values())
     probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
     try:
-        Interpreter(model_content=write_model(partition_model(probe))).allocate_tensors()
+        with native_stderr(log):
+            Interpreter(model_content=write_model(partition_model(probe))).allocate_tensors()
     except Exception as exc:  # LiteRT reports refusals as RuntimeError/ValueError; the writer may refuse too
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
@@ -298,12 +301,15 @@ class CpuBackend(Backend):
         if registry.find_kernel(op, self.custom) is not None:
             return Support.yes()
         kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
+        missing = f"no cpu kernel for {kind} {op.opcode}"
+        if op.custom:  # the one remedy a user has
+            missing += " (a plugin adds one through the delegate_custom_kernels hook)"
         if self.engine != "litert":
-            return Support.no(f"no cpu kernel for {kind} {op.opcode}")
+            return Support.no(missing)
         refusal = litert_refusal(op)
         if refusal is None:
             return Support.yes()
-        return Support.no(f"no cpu kernel for {kind} {op.opcode}, and LiteRT refuses it: {refusal}")
+        return Support.no(f"{missing}, and LiteRT refuses it: {refusal}")
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Nothing for ops that never run here: values known at compile time (a DEQUANTIZE of constant

@@ -9,6 +9,9 @@ compiling many small models (tests, several sessions) builds each shader once.
 from __future__ import annotations
 
 import functools
+import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping
@@ -73,8 +76,31 @@ class AdapterRequest:
         return ", ".join(parts)
 
 
+def _private_runtime_dir() -> None:
+    """Give the process an ``XDG_RUNTIME_DIR`` when it has none, before any driver loads.
+
+    Mesa's drivers probe Wayland, and libwayland prints "XDG_RUNTIME_DIR is invalid or not set" for
+    each probe without one (a server session, a container).  The directory must be private, as the
+    variable's specification says: this user's own, mode 0700, not a link; otherwise a fresh one.
+    """
+    if os.environ.get("XDG_RUNTIME_DIR", "").startswith("/") or not hasattr(os, "getuid"):
+        return  # set (all that libwayland checks), or not POSIX: no Wayland
+    path = os.path.join(tempfile.gettempdir(), f"delegate-runtime-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # no writable temporary directory: the message is only noise
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o700:
+        path = tempfile.mkdtemp(prefix="delegate-runtime-")
+    os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def import_wgpu():
     """The wgpu module, or PluginError saying how to get it."""
+    _private_runtime_dir()
     try:
         import wgpu
     except ImportError as exc:

@@ -1,0 +1,7 @@
+"""``python -m delegate``: the same command line as ``delegate``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
