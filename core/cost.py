@@ -251,18 +251,25 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
     Non-negative least squares (the coefficients that come out negative are dropped and the rest refit);
     with fewer than four partitions the scale alone, the rest kept."""
     counts, roofs, times = rows[:, 0], rows[:, 1], rows[:, 2]
-    fixed, floor = profile.partition_us * 1e-3, profile.floor_ms(WHOLE)
+    fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
+    # only partitions whose roofline (at the device's peak) is a fair share of their time say anything
+    # about the scale; a tiny model's time is all fixed costs
+    telling = roofs >= 0.1 * times
     if len(times) < 4:
-        rest = np.maximum(times - fixed - counts * floor, 0.0)
-        return fixed, floor, float(np.clip(np.median(rest / np.maximum(roofs, 1e-9)), *SCALE_RANGE))
+        if not telling.any():
+            return fixed, floor, scale
+        rest = np.maximum(times - fixed - counts * floor, 0.0)[telling]
+        return fixed, floor, float(np.clip(np.median(rest / roofs[telling]), *SCALE_RANGE))
     columns = np.stack([np.ones_like(counts), counts, roofs], 1)
-    keep = [0, 1, 2]
+    keep = [0, 1, 2] if telling.sum() >= 2 else [0, 1]
     while True:
         coef, *_ = np.linalg.lstsq(columns[:, keep], times, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
     fitted = dict(zip(keep, np.maximum(coef, 0.0)))
+    if 2 not in keep:
+        return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), scale
     return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), float(np.clip(fitted.get(2, SCALE_RANGE[0]),
                                                                                  *SCALE_RANGE))
 

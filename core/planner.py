@@ -432,8 +432,9 @@ class Planner:
         out: list[Candidate] = []
         for name, assignment, notes in found:
             same = next((c for c in out if c.assignment == assignment), None)
-            if same is not None:  # the same plan reached another way: keep why it looks as it does
-                same.notes.extend(n for n in notes if n not in same.notes)
+            if same is not None:  # the same plan reached another way: keep why the limits shaped it so
+                if not name.startswith("trimmed:"):
+                    same.notes.extend(n for n in notes if n not in same.notes)
                 continue
             out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
                                  baseline=name == "cpu" or name.startswith("greedy:")))

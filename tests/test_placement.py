@@ -259,6 +259,10 @@ def test_refit_learns_class_corrections_from_measured_ops():
         roofs = sum(fixed.roofline_ms(op_flops(op), op_bytes(op)) for op in ops)
         refit(fixed, [Observation(ops, 0.2 + n * 0.010 + 1.5 * roofs)], lambda op: False)
     assert fixed.partition_us == pytest.approx(200.0, rel=1e-3)
+    # a tiny partition, all fixed costs, leaves the scale where it was
+    tiny = DeviceProfile(gflops=1e4, gbytes_per_s=1e3, launch_us=0.0, partition_us=20.0, class_scale={"*": 1.7})
+    refit(tiny, [Observation(graph.ops[:1], 0.015)], lambda op: False)
+    assert tiny.class_scale["*"] == 1.7
     assert fixed.class_floor_us["*"] == pytest.approx(10.0, rel=1e-3)
     assert fixed.class_scale["*"] == pytest.approx(1.5, rel=1e-3)
 
