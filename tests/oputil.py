@@ -83,3 +83,14 @@ def assert_round_trip(data: bytes, external: bool) -> bytes:
         if a.data is not None:
             np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
     return rewritten
+
+
+def require_backend(name: str) -> None:
+    """Skip, saying why, where a backend is not installed or has no device here (CI has all of them)."""
+    from delegate.errors import PluginError
+    try:
+        ok, why = default_manager().backend_info(name).available()
+    except PluginError as exc:  # its plugin is not installed
+        ok, why = False, str(exc)
+    if not ok:
+        pytest.skip(f"{name} is not available here: {why}")

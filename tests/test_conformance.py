@@ -16,11 +16,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from delegate import CompileError, CompileOptions, PluginError, read_model
+from delegate import CompileError, CompileOptions, read_model
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from delegate.validate import validate_graph
-from tests.oputil import assert_close, delegate_run, litert_run
+from tests.oputil import assert_close, delegate_run, litert_run, require_backend
 
 ARITHMETIC = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE")
 COMPARISONS = ("LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL")
@@ -192,13 +192,6 @@ def _expected_refusal(case: Case, backend: str, model: bytes) -> tuple[str, ...]
     return words
 
 
-def _available(backend: str) -> tuple[bool, str]:
-    try:
-        return default_manager().backend_info(backend).available()
-    except PluginError as exc:  # its plugin is not installed
-        return False, str(exc)
-
-
 CELLS = [(case, backend, engine, precision) for case in CASES for backend, engine in BACKENDS
          for precision in PRECISIONS if (backend, precision) in TOLERANCES]
 
@@ -208,9 +201,7 @@ CELLS = [(case, backend, engine, precision) for case in CASES for backend, engin
 def test_conformance(case: Case, backend: str, engine: str | None, precision: str, request):
     if (case.op, case.kind, backend, engine) in KNOWN_COMPILE_FAILURES:
         request.applymarker(pytest.mark.xfail(raises=CompileError, reason="the LiteRT engine invokes at compile time"))
-    available, why = _available(backend)
-    if not available:
-        pytest.skip(f"{backend} is not available here: {why}")
+    require_backend(backend)
     rng = np.random.default_rng(len(case.id))
     model, inputs = case.build(rng)
     # The numpy engine follows the builtin kernels where the two sets differ; the LiteRT engine is the default set.

@@ -24,7 +24,7 @@ from delegate.gpu.registry import accepted
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
-from tests.oputil import assert_close, delegate_run, litert_run
+from tests.oputil import assert_close, delegate_run, litert_run, require_backend
 
 BACKENDS = ("opencl", "wgpu")
 TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
@@ -370,15 +370,11 @@ def _load_lowerings() -> None:
             __import__({"opencl": "delegate_opencl.lowering", "wgpu": "delegate_wgpu.kernels"}[name])
 
 
-def _available(name: str) -> None:
-    ok, why = default_manager().backend_info(name).available()
-    if not ok:
-        pytest.skip(f"{name} backend unavailable here: {why}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_accepted_op_has_a_case(backend):
-    _available(backend)
+    require_backend(backend)
     _load_lowerings()
     missing = accepted(backend) - {c.opcode for c in CASES}
     assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
@@ -388,7 +384,7 @@ def test_every_accepted_op_has_a_case(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
 def test_case_matches_litert(item, backend, precision):
-    _available(backend)
+    require_backend(backend)
     model, inputs, reference = item.make(np.random.default_rng(len(item.id)))
     expected = litert_run(reference or model, inputs, builtin=True)
     actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision, allow_quantized=True))

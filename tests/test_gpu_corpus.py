@@ -9,9 +9,9 @@ import pytest
 
 from delegate import CompileOptions, read_model, zoo
 from delegate.planner import PlacementSettings
-from delegate.plugins import default_manager
 from delegate.session import RunSettings, Session
 from tests.mediapipe import NEEDS_MEDIAPIPE_OPS, mediapipe_models
+from tests.oputil import require_backend
 from tests.test_converter_models import FIXTURES, MANIFEST
 
 # fp32 on a GPU backend: within this fraction of each output's range of the CPU backend's result.
@@ -30,12 +30,6 @@ def corpus() -> list[tuple[str, bytes]]:
 CORPUS = corpus()
 
 
-def backend_or_skip(name: str) -> None:
-    ok, why = default_manager().backend_info(name).available()
-    if not ok:
-        pytest.skip(f"{name} backend unavailable here: {why}")
-
-
 @pytest.fixture(scope="module")
 def cpu_results():
     return {}
@@ -44,7 +38,7 @@ def cpu_results():
 @pytest.mark.parametrize("backend", ["opencl", "wgpu"])
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS])
 def test_corpus_model_matches_cpu(backend, label, cpu_results):
-    backend_or_skip(backend)
+    require_backend(backend)
     data = dict(CORPUS)[label]
     model = read_model(data)
     rng = np.random.default_rng(0)
