@@ -371,7 +371,7 @@ def cmd_calibrate(args) -> int:
     from .cli import console, emit_json, load_cli_config, table
     from .cost import save_profile
     from .session import instantiate_backends, run_settings
-    from .tools.calibrate import calibrate_backend
+    from .tools.calibrate import calibrate_backend, fit_to_workloads
     from .plugins import default_manager
 
     config = load_cli_config(args)
@@ -396,14 +396,25 @@ def cmd_calibrate(args) -> int:
                                                    if np.isfinite(profile.transfer_gbytes_per_s) else None),
                          "profile": str(path)})
             progress.advance(task)
+    # the micro figures set the shape of the model; real networks set its floors and scales
+    workloads = {}
+    for row in sorted(rows, key=lambda r: r["backend"] != "cpu"):
+        try:
+            workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
+        except DelegateError as exc:
+            refused[row["backend"]] = f"the fit to workloads failed: {exc}"
     if args.json:
-        emit_json({"profiles": rows, "skipped": skipped, "refused": refused})
+        emit_json({"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused})
         return MeasurementError.exit_code if refused else 0
     c = console()
     c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "partition us", "xfer latency us",
                                   "xfer GB/s", "saved to"],
                   [[r["backend"], r["gflops"], r["gbytes_per_s"], r["launch_us"], r["partition_us"], r["transfer_latency_us"],
                     r["transfer_gbytes_per_s"] or "-", r["profile"]] for r in rows]))
+    c.print(table("fit to workloads (plans of the refitted profiles)", ["backend", "workload", "estimated ms",
+                                                                        "measured ms"],
+                  [[name, w["workload"], w["estimated_ms"], w["measured_ms"]] for name, ws in workloads.items()
+                   for w in ws]))
     for name, why in skipped.items():
         c.print(f"skipped {name}: {why}")
     for name, why in refused.items():

@@ -262,8 +262,9 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
         return fixed, floor, float(np.clip(np.median(rest / roofs[telling]), *SCALE_RANGE))
     columns = np.stack([np.ones_like(counts), counts, roofs], 1)
     keep = [0, 1, 2] if telling.sum() >= 2 else [0, 1]
+    weight = 1.0 / np.maximum(times, 0.05)  # relative errors: a plan's estimate is judged against its own time
     while True:
-        coef, *_ = np.linalg.lstsq(columns[:, keep], times, rcond=None)
+        coef, *_ = np.linalg.lstsq(columns[:, keep] * weight[:, None], times * weight, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
@@ -278,7 +279,9 @@ def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float
     """(floor per op, scale) with work ~ counts * floor + scale * roofs, both non-negative; with too few or too
     alike points, the scale alone (the floor kept)."""
     if len(works) >= 3 and roofs.max() > 4 * roofs.min():
-        (f, k), *_ = np.linalg.lstsq(np.stack([counts, roofs], 1), works, rcond=None)
+        # between absolute errors (the large ops dominate a sum) and relative ones (so do the many small)
+        weight = 1.0 / np.sqrt(np.maximum(works, 1e-3))
+        (f, k), *_ = np.linalg.lstsq(np.stack([counts, roofs], 1) * weight[:, None], works * weight, rcond=None)
         if f < 0:
             f, k = 0.0, float(np.dot(roofs, works) / np.dot(roofs, roofs))
         elif k < SCALE_RANGE[0]:

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from delegate import CompileOptions, read_model
+from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
 from delegate.cost import DEFAULT_PROFILES, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
     op_flops, refit, save_profile
@@ -363,3 +363,16 @@ def test_shipped_defaults_leave_software_devices_idle(profile_dir):
         plan = planner.plan(read_model(data).main)
         on = {p.backend for p in plan.partitions}
         assert on == {"cpu"}, f"{name}: placed on {on} ({plan.chosen}, estimated {plan.estimated_ms:.3f} ms)"
+
+
+def test_calibration_fits_the_profile_to_real_networks(tmp_path, monkeypatch):
+    """The micro figures alone estimated H200 plans at 0.2-0.5x their time; calibrate then runs networks of
+    the project's own (not the zoo's sizes) and refits floors and scales to their measured partitions."""
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
+    settings = RunSettings(backends=[("cpu", {"engine": "numpy"})])
+    rows = calibrate.fit_to_workloads(settings, "cpu")
+    assert [r["workload"].split("(")[0] for r in rows] == [net for net, _ in calibrate.WORKLOADS]
+    assert all(r["estimated_ms"] > 0 and r["measured_ms"] > 0 for r in rows)
+    info = Session(read_model(zoo.build("posenet")), settings).backends["cpu"].device_info()
+    profile = load_profile(info, "cpu")
+    assert profile.fit_samples > 0 and profile.fitted_at and profile.class_scale

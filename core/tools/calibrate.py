@@ -211,3 +211,46 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - latency_s, copy_s * 0.5) / 1e9
     check_bounds(name, profile, bounds_for(backend.device_info()))
     return profile
+
+
+# What the fit to real workloads runs: the project's own example networks at sizes of their own (not the ones
+# ``zoo:NAME`` builds), so that the profile describes the op mix of mobile models, not chains of one op.
+WORKLOADS = (("mobilenet_v1", {"alpha": 0.5, "size": 128, "seed": 11}), ("posenet", {"size": 129, "seed": 12}),
+             ("yolo_tiny", {"size": 160, "classes": 8, "seed": 13}), ("deeplab_v3", {"size": 129, "seed": 14}),
+             ("transformer_block", {"tokens": 32, "width": 64, "seed": 15}),
+             ("mobilenet_v1", {"alpha": 0.25, "size": 96, "seed": 16}))
+WORKLOAD_RUNS = 5
+
+
+def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
+    """Run each workload with backend ``name`` taking every op it supports (the host the rest), time its
+    partitions alone and refit the profiles to them (``measure.learn_from``); then plan each workload again
+    from the refitted profiles.  Rows: workload, the new plan's estimate and the measured time of the plan."""
+    import dataclasses
+
+    from .. import zoo
+    from ..inputs import make_inputs
+    from ..session import Session
+    from ..tflite.reader import read_model
+    from .measure import learn_from, profile_partitions, samples_ms
+
+    backends = [b for b in settings.backends if b[0] == name] + [b for b in settings.backends if b[0] == "cpu"]
+    placement = dataclasses.replace(settings.placement, partitioner="greedy", search="estimate",
+                                    pins=[], denies=[], max_delegated_partitions=0, min_nodes_per_partition=1)
+    workload = dataclasses.replace(settings, backends=backends, placement=placement, fallback=False)
+    measured = []
+    for net, kwargs in WORKLOADS:
+        data = zoo.build(net, **kwargs)
+        session = Session(read_model(data), workload)
+        inputs = session.normalize_inputs(make_inputs(session.graph, None))
+        ms = float(np.median(samples_ms(lambda: session.run_indexed(inputs), WORKLOAD_RUNS, warmup=1)))
+        learn_from(session, session.executor, profile_partitions(session.executor, inputs))
+        measured.append((net, kwargs, data, ms))
+        session.close()
+    rows = []
+    for net, kwargs, data, ms in measured:  # the estimates the refitted profiles give
+        session = Session(read_model(data), workload)
+        rows.append({"workload": f"{net}({', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'seed')})",
+                     "estimated_ms": round(session.plan.estimated_ms, 4), "measured_ms": round(ms, 4)})
+        session.close()
+    return rows
