@@ -48,10 +48,12 @@ def bounds_for(device_info: dict[str, Any]) -> Bounds:
     return Bounds(gflops=5e6, gbytes_per_s=20000.0)  # above any GPU's peak (H200: ~4.8 TB/s)
 
 
-def _chain(length: int, shape: tuple[int, ...], window: int = 1):
+def _chain(length: int, shape: tuple[int, ...], window: int = 1, small_output: bool = False):
     """``length`` pools, alternating max and average: each streams its input once and starts a kernel of its
     own on every backend (no backend fuses a pool into a pool).  ``window`` 2 keeps engines from taking
-    a 1x1 pool for a copy they can drop (XNNPACK does)."""
+    a 1x1 pool for a copy they can drop (XNNPACK does).  ``small_output``: a mean over the pixels ends the
+    chain, so that reading its result back (which ends every timed batch) is not a large copy whose
+    jitter drowns the difference being measured (reading back 128 MiB took ~10 ms on the H200)."""
     from ..tflite.builder import GraphBuilder
 
     b = GraphBuilder()
@@ -60,11 +62,13 @@ def _chain(length: int, shape: tuple[int, ...], window: int = 1):
                "fused_activation_function": "NONE"}
     for i in range(length):
         x = b.op("MAX_POOL_2D" if i % 2 == 0 else "AVERAGE_POOL_2D", [x], options=options)
+    if small_output:
+        x = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True})
     b.output(x)
     return b.build()
 
 
-def _fc_chain(length: int, rows: int):
+def _fc_chain(length: int, rows: int, small_output: bool = False):
     from ..tflite.builder import GraphBuilder
 
     rng = np.random.default_rng(0)
@@ -73,6 +77,9 @@ def _fc_chain(length: int, rows: int):
     for i in range(length):
         w = b.const(f"w{i}", (rng.standard_normal((FC_DEPTH, FC_DEPTH)) * 0.04).astype(np.float32))
         x = b.op("FULLY_CONNECTED", [x, w], options={"fused_activation_function": "NONE"})
+    if small_output:  # one column out: a small result to read back (see ``_chain``)
+        tail = b.const("tail", (rng.standard_normal((1, FC_DEPTH)) * 0.04).astype(np.float32))
+        x = b.op("FULLY_CONNECTED", [x, tail], options={"fused_activation_function": "NONE"})
     b.output(x)
     return b.build()
 
@@ -166,13 +173,15 @@ def check_bounds(backend: str, profile: DeviceProfile, bounds: Bounds) -> None:
                                    f"device can do (0, {most:.4g}]; nothing was stored")
 
 
-def work_per_op(what: str, backend, options, make: Callable[[int, int], Any], sizes: Sequence[int],
+def work_per_op(what: str, backend, options, make: Callable[[int, int, bool], Any], sizes: Sequence[int],
                 launch_s: float) -> tuple[float, int, Runner]:
-    """Seconds of one op's work, from chains of 1 and 1 + ``STEP`` ops built by ``make(length, size)``, at the
-    first size whose op lasts ``WORK_OVER_LAUNCH`` launches (so that launch jitter cannot drown it), else
-    the largest; also the size used and the one-op runner (for the transfer figures)."""
+    """Seconds of one op's work, from chains of 1 and 1 + ``STEP`` ops built by ``make(length, size,
+    small_output=True)``, at the first size whose op lasts ``WORK_OVER_LAUNCH`` launches (so that launch
+    jitter cannot drown it), else the largest; also the size used and the one-op runner (for the transfer
+    figures).  Their input comes from ``make(1, size, False)``, whose output has the chain's input shape."""
     for i, size in enumerate(sizes):
-        one, more = Runner.resident_pair(backend, options, make(1, size), make(1 + STEP, size), make(1, size))
+        one, more = Runner.resident_pair(backend, options, make(1, size, True), make(1 + STEP, size, True),
+                                         make(1, size, False))
         value = stable_difference(what, backend.name, lambda: per_run_seconds(more.resident),
                                   lambda: per_run_seconds(one.resident), STEP)
         if value >= WORK_OVER_LAUNCH * launch_s or i == len(sizes) - 1:
@@ -194,7 +203,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
     # on the host an op's launch and work add up; on a device the chain's extra time is the work alone
     own = (lambda s: s) if asynchronous else (lambda s: max(s - launch_s, s * 0.5))
     stream_s, rows, stream = work_per_op("the streaming op time", backend, compile_options,
-                                         lambda n, r: _chain(n, (1, r, 256, 32), 2), STREAM_ROWS, launch_s)
+                                         lambda n, r, small: _chain(n, (1, r, 256, 32), 2, small), STREAM_ROWS, launch_s)
     stream_bytes = 2 * rows * 256 * 32 * 4
     fc_s, fc_rows, _ = work_per_op("the matrix product time", backend, compile_options, _fc_chain, FC_ROWS, launch_s)
     profile = DeviceProfile(
@@ -205,10 +214,12 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2), feeder=short)
         latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(tiny.round_trip),
                                       lambda: per_run_seconds(tiny.resident), 2)
+        # the stream chain's round trip uploads its input and reads back a small result: one large copy and
+        # two latencies
         copy_s = stable_difference("the host transfer time", name, lambda: per_run_seconds(stream.round_trip),
-                                   lambda: per_run_seconds(stream.resident), 2)
+                                   lambda: per_run_seconds(stream.resident))
         profile.transfer_latency_us = latency_s * 1e6
-        profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - latency_s, copy_s * 0.5) / 1e9
+        profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - 2 * latency_s, copy_s * 0.5) / 1e9
     check_bounds(name, profile, bounds_for(backend.device_info()))
     return profile
 
