@@ -376,3 +376,25 @@ def test_calibration_fits_the_profile_to_real_networks(tmp_path, monkeypatch):
     info = Session(read_model(zoo.build("posenet")), settings).backends["cpu"].device_info()
     profile = load_profile(info, "cpu")
     assert profile.fit_samples > 0 and profile.fitted_at and profile.class_scale
+
+
+def test_measured_search_compiles_only_in_the_first_half_of_its_budget():
+    """Compiling cold took seconds per candidate on the H200, and tune overran its 10 s budget (13 s): after
+    half the budget only the single backends (what the plan must never be slower than) are still compiled."""
+    import time as clock
+    from delegate.planner import Candidate
+
+    built = []
+
+    def build(candidate):
+        clock.sleep(0.2)
+        built.append(candidate.name)
+        return lambda: None
+
+    candidates = [Candidate("cpu", {}, 3.0, baseline=True), Candidate("greedy:gpu", {}, 2.0, baseline=True)]
+    candidates += [Candidate(f"cost {i}", {0: "gpu"}, 1.0 + i / 10) for i in range(6)]
+    winner = plan_search.measure(candidates, build, budget_s=1.0)
+    assert sorted(built[:2]) == ["cpu", "greedy:gpu"] and 3 <= len(built) <= 5
+    skipped = [c for c in candidates if c.name not in built]
+    assert skipped and all(c.status == "not measured: the budget ran out" for c in skipped)
+    assert winner.name in built and winner.measured_ms is not None
