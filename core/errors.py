@@ -70,9 +70,16 @@ class CompileError(DelegateError, RuntimeError):
 
 
 class ExecutionError(DelegateError, RuntimeError):
-    """Running a compiled plan failed, or the inputs given to it are invalid."""
+    """Running a compiled plan failed, or the inputs given to it are invalid.
+
+    A partition that failed is named by ``partition`` (its index in the plan) and ``backend``; both are None
+    for a failure of no one partition (bad inputs, a value never produced)."""
 
     exit_code = 8
+
+    def __init__(self, message: str, *, partition: int | None = None, backend: str | None = None):
+        super().__init__(message)
+        self.partition, self.backend = partition, backend
 
 
 class InputError(ExecutionError, ValueError):

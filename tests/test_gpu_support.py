@@ -286,7 +286,7 @@ def test_probe_without_platform(monkeypatch):
 def test_plugin_registers_through_the_entry_point():
     from delegate.plugins import PluginManager
     info = PluginManager().backend_info("opencl")
-    assert info.is_accelerator and callable(info.available)
+    assert info.role == "accelerator" and callable(info.available)
     ok, reason = info.available()
     assert isinstance(ok, bool) and reason
 

@@ -186,3 +186,35 @@ def test_backends_command_honours_disable_plugins(capsys):
     assert "fakegpu" not in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}
     assert main(["backends", "--json"]) == 0
     assert "fakegpu" in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}
+
+
+def test_plugins_import_only_the_plugin_surface():
+    """Every plugin module (first-party and the test plugin) imports delegate only through ``delegate.plugin_api``,
+    and a GPU plugin also through the GPU kit: anything else of delegate is free to change under them."""
+    import ast
+    from pathlib import Path
+
+    from delegate import plugin_api
+
+    root = Path(__file__).parent.parent
+    modules = sorted((root / "plugins").rglob("*.py")) + sorted((root / "tests" / "fake_plugin").rglob("*.py"))
+    assert len(modules) > 20
+    kit = plugin_api.GPU_KIT
+    outside = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported = [node.module]
+                if node.module == "delegate":  # ``from delegate import x`` names a module or a top-level name
+                    imported = [f"delegate.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            else:
+                continue
+            for name in imported:
+                if (name == "delegate" or name.startswith("delegate.")) and name != "delegate.plugin_api" \
+                        and name != kit and not name.startswith(kit + "."):
+                    outside.append(f"{path.relative_to(root)}:{node.lineno}: {name}")
+    assert not outside, "plugins import delegate outside delegate.plugin_api:\n" + "\n".join(outside)
+    missing = [n for n in plugin_api.__all__ if not hasattr(plugin_api, n)]
+    assert not missing

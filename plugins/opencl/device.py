@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from delegate.errors import PluginError
+from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
 
 from . import __version__

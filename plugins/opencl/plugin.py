@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from delegate import BackendInfo, hookimpl
+from delegate.plugin_api import BackendInfo, hookimpl
 
 from .device import probe
 
@@ -16,6 +16,6 @@ def _factory(options: Mapping[str, Any]):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("opencl", factory=_factory, available=probe, is_accelerator=True,
+    return [BackendInfo("opencl", factory=_factory, available=probe,
                         description="OpenCL kernels on PHWC4 buffers (GPU, or CPU through PoCL); "
                                     "options: platform, device, device_type")]

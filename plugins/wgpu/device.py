@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping
 
-from delegate.errors import PluginError
+from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
 
 from . import __version__
