@@ -1,13 +1,14 @@
 """The plugin contract: discovery, disable lists, a third-party backend end to end, hookspec meta-tests."""
 
 import inspect
+import warnings
 
 import numpy as np
 import pytest
 
 import delegate
-from delegate import hookspecs
-from delegate.backend import BackendInfo
+from delegate import hookimpl, hookspecs
+from delegate.backend import HOST, BackendInfo
 from delegate.errors import CompileError, PluginError
 from delegate.planner import PlacementSettings
 from delegate.plugins import PluginManager
@@ -137,6 +138,55 @@ def test_failing_backend_falls_back_to_cpu_once():
     settings.fallback = False
     with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash"):
         Session(model, settings)
+
+
+class HostPlugin:
+    """A third-party host backend under another name than cpu (the CPU plugin's kernels, renamed)."""
+
+    @hookimpl
+    def delegate_backends(self):
+        from delegate_cpu.plugin import CpuBackend
+
+        class MyHost(CpuBackend):
+            name = "myhost"
+        return [BackendInfo("myhost", factory=MyHost, role=HOST, description="a host of its own")]
+
+
+@pytest.mark.parametrize("fail_compile", [False, True])
+def test_a_third_party_host_is_the_host(fail_compile):
+    """With the cpu plugin disabled, a host backend of another name is the host: the config's word ``cpu`` means
+    it, it runs what the accelerator refuses and holds the inputs and outputs, and fallback goes to it."""
+    manager = PluginManager(disable=["cpu"], extra_plugins=[HostPlugin()])
+    model = mixed_model()
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 4)).astype(np.float32)
+    reference = Session(model, RunSettings()).run([x])
+    settings = RunSettings(backends=[("fakegpu", {"fail_compile": fail_compile}), ("cpu", {})],
+                           placement=PlacementSettings(partitioner="greedy"))
+    with warnings.catch_warnings(record=True) as fell_back:
+        warnings.simplefilter("always")
+        session = Session(model, settings, manager=manager)
+    assert list(session.backends) == ["fakegpu", "myhost"] and session.host == session.plan.host == "myhost"
+    expected = {"myhost"} if fail_compile else {"fakegpu", "myhost"}
+    assert {p.backend for p in session.executor.partitions} == expected
+    assert [str(w.message) for w in fell_back if w.category is BackendFallbackWarning] == (
+        ["backend 'fakegpu' compile failed: RuntimeError: simulated compiler crash; its partitions fall back to "
+         "myhost"] if fail_compile else [])
+    assert session.plan.decisions[2].backend == "myhost"  # ABS: the accelerator refuses it
+    out = session.run([x])
+    for name in reference:
+        np.testing.assert_allclose(out[name], reference[name], rtol=1e-6)
+    # without the word cpu in the list, the host is added all the same
+    alone = Session(model, RunSettings(backends=[("fakegpu", {})]), manager=manager)
+    assert list(alone.backends) == ["fakegpu", "myhost"]
+
+
+def test_a_backend_of_unknown_role_is_not_loaded():
+    class Odd:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("odd", factory=lambda options: None, role="coprocessor")]
+    manager = PluginManager(extra_plugins=[Odd()])
+    assert "odd" not in manager.backends() and "role 'coprocessor'" in manager.load_errors["odd"]
 
 
 @pytest.mark.parametrize("options, expected_backends, words", [
