@@ -39,6 +39,9 @@ class BackendInfo:
     ``list_devices()`` names the devices it could open here, for ``delegate backends``.
     ``role`` is HOST for the backend that runs what no accelerator takes (the config calls
     it ``cpu`` whatever its name); the plugin manager sets it on every backend it builds.
+    ``options``: the JSON Schema of each option the factory takes; where a plugin declares
+    them, the config loader checks them (file, line, key path, a did-you-mean for an unknown
+    one); where it declares none, they reach the factory unchecked.
     """
 
     name: str
@@ -48,6 +51,7 @@ class BackendInfo:
     api_version: int = API_VERSION
     role: str = ACCELERATOR
     list_devices: Callable[[], list[str]] = lambda: []
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

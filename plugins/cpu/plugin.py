@@ -278,6 +278,10 @@ def litert_installed() -> bool:
     return True
 
 
+# The backend's options (JSON Schema of each; the config loader checks them, and the config's ``cpu`` section
+# holds them for the host backend)
+OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "boolean"}}
+
 # Figures per thread (the session multiplies them by the thread count) until `delegate calibrate` runs.
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=12.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0, source="default (cpu)"),
@@ -362,4 +366,5 @@ class CpuBackend(Backend):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("cpu", factory=CpuBackend, role=HOST, description="numpy kernels on the host; runs every op")]
+    return [BackendInfo("cpu", factory=CpuBackend, role=HOST, options=OPTIONS,
+                        description="numpy kernels on the host; runs every op")]

@@ -16,7 +16,10 @@ from delegate.gpu.options import check_keys, choice
 from . import __version__
 
 DEVICE_TYPES = ("gpu", "cpu", "accelerator", "any")
-OPTION_KEYS = ("platform", "device", "device_type")
+# The backend's options (JSON Schema of each; the config loader checks them against these)
+OPTIONS = {"platform": {"type": "string", "minLength": 1}, "device": {"type": "string", "minLength": 1},
+           "device_type": {"enum": list(DEVICE_TYPES)}}
+OPTION_KEYS = tuple(OPTIONS)
 _PREFERENCE = ("gpu", "accelerator", "cpu")  # for device_type "any": the fastest kind first
 
 

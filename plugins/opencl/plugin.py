@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import BackendInfo, hookimpl
 
-from .device import probe
+from .device import OPTIONS, probe
 
 
 def _factory(options: Mapping[str, Any]):
@@ -16,6 +16,6 @@ def _factory(options: Mapping[str, Any]):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("opencl", factory=_factory, available=probe,
+    return [BackendInfo("opencl", factory=_factory, available=probe, options=OPTIONS,
                         description="OpenCL kernels on PHWC4 buffers (GPU, or CPU through PoCL); "
-                                    "options: platform, device, device_type")]
+                                    f"options: {', '.join(OPTIONS)}")]

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import BackendInfo, hookimpl
 
-from .device import list_devices, probe
+from .device import OPTIONS, list_devices, probe
 
 
 def factory(options: Mapping[str, Any]):
@@ -18,6 +18,5 @@ def factory(options: Mapping[str, Any]):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("wgpu", factory=factory, available=probe, list_devices=list_devices,
-                        description="WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: power_preference, "
-                                    "backend_type, adapter, limits, workgroup_size, fuse, subgroups")]
+    return [BackendInfo("wgpu", factory=factory, available=probe, list_devices=list_devices, options=OPTIONS,
+                        description=f"WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: {', '.join(OPTIONS)}")]
