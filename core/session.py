@@ -192,7 +192,7 @@ class Session:
         self._lock = threading.RLock()
         self._compile_watch = self._watchdogs("compile_timeout_s")
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
-        self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
+        self.planner = Planner(self.backends, self.profiles, self.settings.compile, self._host_rules())
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
         self.plan, compiled = self._choose_plan(remeasure)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
@@ -209,6 +209,16 @@ class Session:
                 self._guard_accuracy(self.settings.accuracy_guard)
             self.executor.reset_state()
         self.init_ms = (time.perf_counter() - started) * 1e3
+
+    def _host_rules(self) -> PlacementSettings:
+        """The placement settings with the config's word ``cpu`` in pins and denies meaning this session's host."""
+        placement = self.settings.placement
+        if self.host == HOST_WORD:
+            return placement
+
+        def resolved(rules):
+            return [replace(r, backend=self.host) if r.backend == HOST_WORD else r for r in rules]
+        return replace(placement, pins=resolved(placement.pins), denies=resolved(placement.denies))
 
     # -- choosing the plan ------------------------------------------------
     def _choose_plan(self, remeasure: bool) -> tuple[Plan, list[CompiledPartition] | None]:

@@ -10,7 +10,7 @@ import delegate
 from delegate import hookimpl, hookspecs
 from delegate.backend import HOST, BackendInfo
 from delegate.errors import CompileError, PluginError
-from delegate.planner import PlacementSettings
+from delegate.planner import PlacementSettings, Rule
 from delegate.plugins import PluginManager
 from delegate.session import BackendFallbackWarning, RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
@@ -175,9 +175,11 @@ def test_a_third_party_host_is_the_host(fail_compile):
     out = session.run([x])
     for name in reference:
         np.testing.assert_allclose(out[name], reference[name], rtol=1e-6)
-    # without the word cpu in the list, the host is added all the same
-    alone = Session(model, RunSettings(backends=[("fakegpu", {})]), manager=manager)
-    assert list(alone.backends) == ["fakegpu", "myhost"]
+    # without the word cpu in the list, the host is added all the same; a pin to cpu means that host
+    pinned = Session(model, RunSettings(backends=[("fakegpu", {})], placement=PlacementSettings(
+        partitioner="greedy", pins=[Rule(backend="cpu", op="MUL")])), manager=manager)
+    assert list(pinned.backends) == ["fakegpu", "myhost"]
+    assert [d.backend for d in pinned.plan.decisions][:3] == ["fakegpu", "myhost", "myhost"]
 
 
 def test_a_backend_of_unknown_role_is_not_loaded():
