@@ -270,3 +270,45 @@ def test_plugins_import_only_the_plugin_surface():
     assert not outside, "plugins import delegate outside delegate.plugin_api:\n" + "\n".join(outside)
     missing = [n for n in plugin_api.__all__ if not hasattr(plugin_api, n)]
     assert not missing
+
+
+def test_the_contract_is_declared_on_the_base_classes():
+    """A backend that implements only what is abstract gets every other member of the contract from the base
+    classes, so callers call them directly; members nothing reads are gone."""
+    from delegate.backend import ACCELERATOR, Backend, CompiledPartition
+    from delegate.cli import _devices
+    from delegate.cost import ACCELERATOR_DEFAULT
+
+    class Ran(CompiledPartition):
+        def run(self, inputs):
+            return dict(inputs)
+
+    class Minimal(Backend):
+        name = "minimal"
+
+        def supports(self, op, options):
+            return Support.yes()
+
+        def compile(self, partition, options):
+            return Ran()
+
+    class Listed:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("minimal", factory=lambda options: Minimal()),
+                    BackendInfo("listed", factory=lambda options: Minimal(), list_devices=lambda: ["dev0", 1]),
+                    BackendInfo("not_one", factory=lambda options: object())]
+
+    manager = PluginManager(load_entry_points=False, extra_plugins=[Listed()])
+    backend = manager.create("minimal")
+    x = np.ones(3, np.float32)
+    assert backend.role == ACCELERATOR and backend.default_profile() is ACCELERATOR_DEFAULT
+    assert backend.to_host(backend.to_device(x)) is x and backend.transfer_ms(1 << 20) == 0.0
+    compiled = backend.compile(None, None)
+    compiled.set_profiling(True)
+    assert compiled.op_timer() == "" and compiled.profile() == {} and compiled.describe() == {}
+    assert _devices(manager, "minimal") == [] and _devices(manager, "listed") == ["dev0", "1"]
+    with pytest.raises(PluginError, match="backend 'not_one': its factory returned object, not a Backend"):
+        manager.create("not_one")
+    for gone in ("precisions", "is_accelerator"):
+        assert not hasattr(Backend, gone) and gone not in BackendInfo.__dataclass_fields__
