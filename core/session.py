@@ -136,7 +136,8 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
             log.info("%s; continuing without it", message)
     host = next((n for n, b in backends.items() if b.role == HOST), None) or manager.host()
     if host is None:
-        raise PluginError("no host backend is installed (the cpu plugin, or another of role host)")
+        why = f": {skipped[HOST_WORD]}" if HOST_WORD in skipped else ""
+        raise PluginError(f"no host backend to run on (the cpu plugin, or another of role host){why}")
     # the host last: it is the fallback, whatever the order in the config
     backends[host] = backends.pop(host) if host in backends else manager.create(host)
     return backends, skipped

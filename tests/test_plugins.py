@@ -179,6 +179,9 @@ def test_a_third_party_host_is_the_host(fail_compile):
     pinned = Session(model, RunSettings(backends=[("fakegpu", {})], placement=PlacementSettings(
         partitioner="greedy", pins=[Rule(backend="cpu", op="MUL")])), manager=manager)
     assert list(pinned.backends) == ["fakegpu", "myhost"]
+    with pytest.raises(PluginError, match="no host backend to run on .*: backend 'cpu' is not available here: its "
+                                          "plugin is disabled"):
+        Session(model, RunSettings(), manager=PluginManager(disable=["cpu"]))
     assert [d.backend for d in pinned.plan.decisions][:3] == ["fakegpu", "myhost", "myhost"]
 
 
