@@ -373,6 +373,7 @@ class Session:
         return self.backends[self.host].compile(moved, self.settings.compile)
 
     def _revised_executor_partition(self, i: int) -> None:
+        """The executor runs partition ``i`` as the latest plan revision has it."""
         self.executor.partitions[i] = next(p for p in self.plan.partitions
                                            if p.index == self.executor.partitions[i].index)
 
