@@ -1,6 +1,6 @@
 """An 'accelerator' that holds tensors in its own wrapper type and runs a few elementwise ops.
 
-It imports only delegate's public API, exactly as a real third-party plugin would.
+It imports only delegate.plugin_api, exactly as a real third-party plugin would.
 """
 
 from __future__ import annotations
