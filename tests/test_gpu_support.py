@@ -289,6 +289,8 @@ def test_plugin_registers_through_the_entry_point():
     assert info.role == "accelerator" and callable(info.available)
     ok, reason = info.available()
     assert isinstance(ok, bool) and reason
+    if ok:  # the probe's device is among those listed for `delegate backends`
+        assert any(line.startswith(reason.split(" on ")[0]) for line in info.list_devices())
 
 
 @pytest.mark.parametrize("axes,hosts", [([1, 2], True), ([3], False)])

@@ -89,6 +89,12 @@ def select_device(cl, request: DeviceRequest) -> tuple[Any, Any]:
     return min(matches, key=lambda pd: _PREFERENCE.index(device_kind(cl, pd[1])))
 
 
+def device_names() -> list[str]:
+    """Every OpenCL device here, as ``device (kind) on platform``, for ``delegate backends``."""
+    cl = import_pyopencl()
+    return [f"{d.name.strip()} ({device_kind(cl, d)}) on {p.name.strip()}" for p, d in list_devices(cl)]
+
+
 def probe() -> tuple[bool, str]:
     """Whether any OpenCL device is usable here, and if not why; never raises."""
     try:

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import BackendInfo, hookimpl
 
-from .device import OPTIONS, probe
+from .device import OPTIONS, device_names, probe
 
 
 def _factory(options: Mapping[str, Any]):
@@ -16,6 +16,6 @@ def _factory(options: Mapping[str, Any]):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("opencl", factory=_factory, available=probe, options=OPTIONS,
+    return [BackendInfo("opencl", factory=_factory, available=probe, options=OPTIONS, list_devices=device_names,
                         description="OpenCL kernels on PHWC4 buffers (GPU, or CPU through PoCL); "
                                     f"options: {', '.join(OPTIONS)}")]
