@@ -351,10 +351,13 @@ class Session:
                 raise
             why = str(exc) if isinstance(exc, DelegateError) and str(exc) else f"{type(exc).__name__}: {exc}"
             if not self.settings.fallback:
+                if isinstance(exc, CompileError) and exc.partition is None:  # a plugin's: name the partition
+                    exc.partition, exc.backend = partition.index, partition.backend
                 if isinstance(exc, DelegateError):
                     raise
                 raise CompileError(f"backend {partition.backend!r} failed to compile partition "
-                                   f"{partition.index}: {why}") from exc
+                                   f"{partition.index}: {why}", partition=partition.index,
+                                   backend=partition.backend) from exc
             return self._fall_back(partition, f"compile failed: {why}")
 
     def _fall_back(self, partition: Partition, why: str) -> CompiledPartition:

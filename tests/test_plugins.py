@@ -8,7 +8,7 @@ import pytest
 
 import delegate
 from delegate import hookimpl, hookspecs
-from delegate.backend import HOST, BackendInfo
+from delegate.backend import HOST, BackendInfo, Support
 from delegate.errors import CompileError, PluginError
 from delegate.planner import PlacementSettings, Rule
 from delegate.plugins import PluginManager
@@ -136,8 +136,10 @@ def test_failing_backend_falls_back_to_cpu_once():
     assert all(p.backend == "cpu" for p in session.executor.partitions)
     np.testing.assert_allclose(session.run([x])["tanh"], Session(model, RunSettings()).run([x])["tanh"])
     settings.fallback = False
-    with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash"):
+    with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash") \
+            as caught:
         Session(model, settings)
+    assert (caught.value.partition, caught.value.backend) == (0, "fakegpu")
 
 
 class HostPlugin:
@@ -315,3 +317,28 @@ def test_the_contract_is_declared_on_the_base_classes():
         manager.create("not_one")
     for gone in ("precisions", "is_accelerator"):
         assert not hasattr(Backend, gone) and gone not in BackendInfo.__dataclass_fields__
+
+
+def test_a_plugins_compile_error_is_told_its_partition():
+    """Without fallback, a CompileError a plugin raises reaches the caller with its log and the partition."""
+    from delegate.backend import Backend
+
+    class Broken(Backend):
+        name = "broken"
+
+        def supports(self, op, options):
+            return Support.yes() if op.opcode == "MUL" else Support.no("MUL only")
+
+        def compile(self, partition, options):
+            raise CompileError("kernel did not build", log="error: line 3")
+
+    class Plugin:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("broken", factory=lambda options: Broken())]
+
+    settings = RunSettings(backends=[("broken", {}), ("cpu", {})], fallback=False,
+                           placement=PlacementSettings(partitioner="greedy"))
+    with pytest.raises(CompileError, match="^kernel did not build$") as caught:
+        Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[Plugin()]))
+    assert (caught.value.log, caught.value.partition, caught.value.backend) == ("error: line 3", 1, "broken")
