@@ -17,13 +17,17 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .cost import ACCELERATOR_DEFAULT, DeviceProfile
 from .errors import PluginError
 from .ir import Op, Subgraph, Tensor
 
 API_VERSION = 1
 
-LAYOUTS = ("NHWC", "PHWC4", "NCHW")
-PRECISIONS = ("fp32", "fp16", "int8")
+HOST = "host"  # runs what no accelerator takes, holds graph inputs and outputs; exactly one per session
+ACCELERATOR = "accelerator"  # a device reached through to_device/to_host
+ROLES = (HOST, ACCELERATOR)
+
+DeviceValue = Any  # a backend's own handle of a tensor's value (a numpy array on the host)
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,13 @@ class BackendInfo:
     """A backend a plugin offers.
 
     ``factory(options)`` builds the backend; ``available()`` says, without side
-    effects, whether it can run here and, when not, why (missing package, no device).
+    effects, whether it can run here and, when not, why (missing package, no device);
+    ``list_devices()`` names the devices it could open here, for ``delegate backends``.
+    ``role`` is HOST for the backend that runs what no accelerator takes (the config calls
+    it ``cpu`` whatever its name); the plugin manager sets it on every backend it builds.
+    ``options``: the JSON Schema of each option the factory takes; where a plugin declares
+    them, the config loader checks them (file, line, key path, a did-you-mean for an unknown
+    one); where it declares none, they reach the factory unchecked.
     """
 
     name: str
@@ -39,7 +49,9 @@ class BackendInfo:
     available: Callable[[], tuple[bool, str]] = lambda: (True, "")
     description: str = ""
     api_version: int = API_VERSION
-    is_accelerator: bool = False
+    role: str = ACCELERATOR
+    list_devices: Callable[[], list[str]] = lambda: []
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class CompiledPartition(abc.ABC):
     """A partition ready to run.  Values passed in and out are this backend's device values."""
 
     @abc.abstractmethod
-    def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+    def run(self, inputs: Mapping[int, DeviceValue]) -> dict[int, DeviceValue]:
         """Run once.  ``inputs`` maps tensor index -> device value; returns the outputs likewise."""
 
     def describe(self) -> dict[str, Any]:
@@ -128,9 +140,8 @@ class Backend(abc.ABC):
     """One execution backend (CPU, an OpenCL device, a WebGPU adapter...)."""
 
     name: str = "backend"
-    layout: str = "NHWC"
-    precisions: tuple[str, ...] = ("fp32",)
-    is_accelerator: bool = False
+    layout: str = "NHWC"  # the layout its values are kept in; anything else costs a conversion per copy
+    role: str = ACCELERATOR  # its BackendInfo's, set when the plugin manager builds it
 
     @abc.abstractmethod
     def supports(self, op: Op, options: CompileOptions) -> Support:
@@ -144,6 +155,11 @@ class Backend(abc.ABC):
         """Estimated time of ``op`` here, or None to let the cost model use its roofline."""
         return None
 
+    def default_profile(self) -> DeviceProfile:
+        """The cost figures used until ``delegate calibrate`` has measured this device (a host's are per
+        thread); by default the conservative figures of an unknown accelerator."""
+        return ACCELERATOR_DEFAULT
+
     def half_precision(self) -> tuple[bool, str]:
         """Whether half precision is expected to be faster here than fp32, and why.  Where it is not, a
         config that allows fp16 still gets fp32 (unless a measured plan search finds fp16 faster)."""
@@ -153,12 +169,13 @@ class Backend(abc.ABC):
         """Time to move ``nbytes`` between host memory and this backend (0 for the host)."""
         return 0.0
 
-    def to_device(self, array: np.ndarray) -> Any:
-        """Host array -> device value (identity on the CPU)."""
+    def to_device(self, array: np.ndarray) -> DeviceValue:
+        """Host array -> device value (identity on the host).  The runtime calls it once per value crossing
+        into this backend; values stay resident between its partitions."""
         return array
 
-    def to_host(self, value: Any) -> np.ndarray:
-        """Device value -> host array (identity on the CPU)."""
+    def to_host(self, value: DeviceValue) -> np.ndarray:
+        """Device value -> host array (identity on the host); the runtime checks its shape and dtype."""
         return value
 
     def add_custom_kernels(self, kernels: Mapping[str, Any]) -> None:

@@ -305,12 +305,8 @@ def cmd_backends(args) -> int:
 
 
 def _devices(manager, name: str) -> list[str]:
-    info = manager.backend_info(name)
-    lister = getattr(info.factory, "list_devices", None)
-    if lister is None:
-        return []
     try:
-        return [str(d) for d in lister()]
+        return [str(d) for d in manager.backend_info(name).list_devices()]
     except Exception as exc:
         return [f"device listing failed: {exc}"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Support, asked_support
+from .backend import HOST, Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
 from .stdio import native_stderr
 from .tools.compare import compare_outputs
@@ -398,7 +398,7 @@ def cmd_calibrate(args) -> int:
             progress.advance(task)
     # the micro figures set the shape of the model; real networks set its floors and scales
     workloads = {}
-    for row in sorted(rows, key=lambda r: r["backend"] != "cpu"):
+    for row in sorted(rows, key=lambda r: backends[r["backend"]].role != HOST):  # the host's own fit first
         try:
             workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
         except DelegateError as exc:

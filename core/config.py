@@ -25,7 +25,7 @@ import jsonschema
 import yaml
 
 from .backend import CompileOptions
-from .config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, SCHEMA
+from .config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, installed_schema
 from .errors import ConfigError
 from .planner import Rule
 
@@ -334,7 +334,13 @@ _Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
         {"integer": _is_integer, "number": _is_number}))
-VALIDATOR = _Validator(SCHEMA)
+
+
+@lru_cache(maxsize=1)
+def validator() -> jsonschema.protocols.Validator:
+    """The validator of the schema with the installed plugins' backend options (built on first use)."""
+    return _Validator(installed_schema())
+
 
 _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
                "number": "a number", "boolean": "true or false", "null": "null"}
@@ -397,7 +403,7 @@ def _message(error: jsonschema.ValidationError) -> str:
 def validate_document(doc: Document) -> None:
     """Raise a ConfigError for the first problem in the merged document, in file order."""
     problems = []
-    for error in VALIDATOR.iter_errors(doc.data):
+    for error in validator().iter_errors(doc.data):
         if error.validator == "additionalProperties":
             path, message = _unknown_key(error)
         else:
@@ -508,12 +514,6 @@ class Placement(Section):
 
 
 @dataclass(frozen=True)
-class CpuOptions(Section):
-    engine: str
-    native: bool
-
-
-@dataclass(frozen=True)
 class InputSpec(Section):
     """Image preprocessing: mean/std when set, else 0..255 mapped onto ``range``."""
 
@@ -550,7 +550,7 @@ class Settings:
     num_threads: int | None
     limits: Limits
     accuracy_guard: AccuracyGuard
-    cpu: CpuOptions
+    cpu: Mapping[str, Any]  # the host backend's options, as its plugin declares them
     input: InputSpec
     validate: Thresholds
     disable_plugins: tuple[str, ...]
@@ -662,7 +662,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
         serialization=Serialization(**values["serialization"]),
         limits=Limits(**{k: None if v is None else float(v) for k, v in values["limits"].items()}),
         accuracy_guard=AccuracyGuard(**thresholds(values["accuracy_guard"])),
-        cpu=CpuOptions(**values["cpu"]),
+        cpu=dict(values["cpu"]),
         placement=Placement(search=values["placement"]["search"], budget_s=float(values["placement"]["budget_s"])),
         input=InputSpec(mean=_floats(inp["mean"]), std=_floats(inp["std"]), range=_floats(inp["range"]),
                         color=inp["color"], layout=inp["layout"]),

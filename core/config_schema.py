@@ -4,18 +4,20 @@ Kept apart from the loader so the set of keys reads in one place; docs/config.md
 describes every key here, and a test checks that it does.  Sections have no
 required keys because a config is always layered over the packaged defaults.
 ``errorMessage`` (the ajv-errors convention) words a ``oneOf`` failure for people.
+Backend options are not listed here: each plugin declares its own (``BackendInfo.options``)
+and ``installed_schema`` merges them in.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from functools import lru_cache
+from typing import Any, Mapping
 
 PRECISIONS = ("fp32", "fp16")
 PREFERENCES = ("fast_single_answer", "sustained_speed")
 PARTITIONERS = ("cost", "greedy")
 SEARCHES = ("auto", "estimate", "measure")
-CPU_ENGINES = ("numpy", "litert", "auto")
 CONCURRENCY = ("sequential", "parallel")
 COLORS = ("RGB", "BGR")
 LAYOUTS = ("NHWC",)
@@ -53,28 +55,29 @@ def rule(backend_required: bool) -> dict[str, Any]:
     }
 
 
-# Known options of the first-party backends are checked; the mapping stays open
-# because a plugin may accept more than these.
-BACKEND_OPTIONS = {
-    "opencl": {"platform": NAME, "device": NAME, "device_type": enum("gpu", "cpu", "accelerator", "any")},
-    "wgpu": {"power_preference": enum("high-performance", "low-power"),
-             "backend_type": enum("vulkan", "metal", "dx12", "gl", "any"), "adapter": NAME},
-}
+def options_section(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A backend's options as its plugin declares them: checked key by key when it declares any, else open."""
+    return section(**options) if options else {"type": "object"}
 
-BACKEND = {
-    # string keywords apply to a bare name, object keywords to {name, options}
-    "type": ["string", "object"],
-    "minLength": 1,
-    "additionalProperties": False,
-    "required": ["name"],
-    "properties": {"name": NAME, "options": {"type": "object"}},
-    "allOf": [{"if": {"type": "object", "properties": {"name": {"const": name}}},
-               "then": {"properties": {"options": {"type": "object", "properties": options}}}}
-              for name, options in BACKEND_OPTIONS.items()],
-}
+
+def backends_schema(options: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``backends`` list; ``options``: per backend name, the options its plugin declares."""
+    entry = {
+        # string keywords apply to a bare name, object keywords to {name, options}
+        "type": ["string", "object"],
+        "minLength": 1,
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {"name": NAME, "options": {"type": "object"}},
+        "allOf": [{"if": {"type": "object", "properties": {"name": {"const": name}}},
+                   "then": {"properties": {"options": options_section(declared)}}}
+                  for name, declared in options.items() if declared],
+    }
+    return {"type": "array", "minItems": 1, "items": entry}
+
 
 MODEL_SETTINGS: dict[str, Any] = {
-    "backends": {"type": "array", "minItems": 1, "items": BACKEND},
+    "backends": backends_schema({}),
     "precision": enum(*PRECISIONS),
     "allow_quantized": {"type": "boolean"},
     "inference_preference": enum(*PREFERENCES),
@@ -87,7 +90,7 @@ MODEL_SETTINGS: dict[str, Any] = {
     "deny": {"type": "array", "items": rule(backend_required=False)},
     "serialization": section(dir=OPTIONAL_TEXT, model_token=OPTIONAL_TEXT),
     "accuracy_guard": section(enabled={"type": "boolean"}, max_abs_error=THRESHOLD, max_rel_error=THRESHOLD),
-    "cpu": section(engine=enum(*CPU_ENGINES), native={"type": "boolean"}),
+    "cpu": {"type": "object"},  # the host backend's options (``build``)
     "input": section(
         mean=per_channel(), std=per_channel(exclusiveMinimum=0),
         range={"type": "array", "minItems": 2, "maxItems": 2, "items": NUMBER},
@@ -106,10 +109,25 @@ GLOBAL_SETTINGS: dict[str, Any] = {
 }
 """Keys that only make sense once per run."""
 
-MODEL = {**section(path=NAME, name=NAME, **MODEL_SETTINGS), "required": ["path"]}
 
-SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "delegate configuration",
-    **section(**MODEL_SETTINGS, **GLOBAL_SETTINGS, models={"type": "array", "items": MODEL}),
-}
+
+def build(options: Mapping[str, Mapping[str, Any]], host: str | None) -> dict[str, Any]:
+    """The whole schema, with ``options`` (per backend name, its declared options) checked in ``backends``
+    entries and the host backend's in the ``cpu`` section (the config's word for the host)."""
+    settings = {**MODEL_SETTINGS, "backends": backends_schema(options),
+                "cpu": options_section(options.get(host, {}) if host else {})}
+    model = {**section(path=NAME, name=NAME, **settings), "required": ["path"]}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "delegate configuration",
+        **section(**settings, **GLOBAL_SETTINGS, models={"type": "array", "items": model}),
+    }
+
+
+@lru_cache(maxsize=1)
+def installed_schema() -> dict[str, Any]:
+    """The schema with the options every installed backend's plugin declares."""
+    from .plugins import default_manager
+
+    manager = default_manager()
+    return build({name: info.options for name, (info, _) in manager.backends().items()}, manager.host())

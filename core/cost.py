@@ -62,7 +62,7 @@ class DeviceProfile:
     calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
     fitted_at: str = ""  # when measurements last refitted ``class_scale``/``partition_us``
     fit_samples: int = 0  # measurements behind the fit
-    source: str = "default"  # "default (KIND)" or the file it was read from
+    source: str = "default"  # "default (WHAT)" or the file it was read from
 
     def compute_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
         work = self.floor_ms(klass) + self.roofline_ms(flops, nbytes) * self.scale(klass)
@@ -94,18 +94,11 @@ class DeviceProfile:
         return ", ".join(parts) + f" ({self.source})"
 
 
-# Defaults when no calibration exists.  Deliberately conservative for accelerators: an
-# uncalibrated GPU must win clearly before ops move there.  A device that is really the host's
-# cores behind a GPU API (PoCL, lavapipe) is slower than the host backend's own kernels.
-DEFAULT_PROFILES = {
-    # CPU figures are per thread (multiplied by the thread count when no calibration exists)
-    "cpu": DeviceProfile(gflops=12.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0),  # numpy kernels
-    "cpu-litert": DeviceProfile(gflops=45.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0),  # LiteRT engine
-    "gpu": DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0, partition_us=50.0,
-                         transfer_latency_us=50.0, transfer_gbytes_per_s=5.0, asynchronous=True),
-    "cpu-device": DeviceProfile(gflops=15.0, gbytes_per_s=8.0, launch_us=20.0, partition_us=100.0,
-                                transfer_latency_us=10.0, transfer_gbytes_per_s=10.0, asynchronous=True),
-}
+# The figures of an uncalibrated accelerator whose plugin contributes none (``Backend.default_profile``).
+# Deliberately conservative: an uncalibrated GPU must win clearly before ops move there.
+ACCELERATOR_DEFAULT = DeviceProfile(gflops=500.0, gbytes_per_s=100.0, launch_us=10.0, partition_us=50.0,
+                                    transfer_latency_us=50.0, transfer_gbytes_per_s=5.0, asynchronous=True,
+                                    source="default (accelerator)")
 
 
 def _conv_flops(op: Op) -> float:
@@ -314,8 +307,8 @@ def fingerprint(device_info: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def load_profile(device_info: dict[str, Any], kind: str) -> DeviceProfile:
-    """The stored calibration of this device, or the default for its kind."""
+def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceProfile:
+    """The stored calibration of this device, or a fresh copy of ``default`` (its backend's)."""
     path = profile_dir() / f"{fingerprint(device_info)}.json"
     try:
         data = json.loads(path.read_text())
@@ -324,10 +317,8 @@ def load_profile(device_info: dict[str, Any], kind: str) -> DeviceProfile:
         _check_figures(profile)
         return profile
     except (OSError, ValueError, TypeError):
-        base = DEFAULT_PROFILES[kind]
-        return DeviceProfile(**{**asdict(base), "class_scale": {}, "class_floor_us": {}, "fit_points": {},
-                                "measured_op_ms": {},
-                                "source": f"default ({kind})"})
+        return DeviceProfile(**{**asdict(default), "class_scale": {}, "class_floor_us": {}, "fit_points": {},
+                                "measured_op_ms": {}})
 
 
 def _check_figures(profile: DeviceProfile) -> None:

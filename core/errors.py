@@ -60,19 +60,27 @@ class UnsupportedOpError(DelegateError, RuntimeError):
 
 
 class CompileError(DelegateError, RuntimeError):
-    """A backend failed to build a partition; carries the build log."""
+    """A backend failed to build a partition; carries the build log, and the partition (its index in the plan)
+    and backend once the session knows them."""
 
     exit_code = 7
 
-    def __init__(self, message: str, *, log: str = ""):
+    def __init__(self, message: str, *, log: str = "", partition: int | None = None, backend: str | None = None):
         super().__init__(message)
-        self.log = log
+        self.log, self.partition, self.backend = log, partition, backend
 
 
 class ExecutionError(DelegateError, RuntimeError):
-    """Running a compiled plan failed, or the inputs given to it are invalid."""
+    """Running a compiled plan failed, or the inputs given to it are invalid.
+
+    A partition that failed is named by ``partition`` (its index in the plan) and ``backend``; both are None
+    for a failure of no one partition (bad inputs, a value never produced)."""
 
     exit_code = 8
+
+    def __init__(self, message: str, *, partition: int | None = None, backend: str | None = None):
+        super().__init__(message)
+        self.partition, self.backend = partition, backend
 
 
 class InputError(ExecutionError, ValueError):

@@ -7,8 +7,8 @@ found through the ``delegate.backends`` entry-point group::
     [project.entry-points."delegate.backends"]
     mygpu = "mygpu_delegate.plugin"
 
-    # mygpu_delegate/plugin.py
-    from delegate import hookimpl, BackendInfo
+    # mygpu_delegate/plugin.py (a plugin imports delegate only through delegate.plugin_api)
+    from delegate.plugin_api import HOST, BackendInfo, hookimpl
 
     @hookimpl
     def delegate_backends():
@@ -33,12 +33,12 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def delegate_backends() -> Iterable[BackendInfo]:
     """Return the backends this plugin offers (registration hook; results of all plugins are merged).
 
-    Each is a :class:`delegate.BackendInfo` naming the backend, its factory and an
-    availability probe that never raises::
+    Each is a :class:`delegate.BackendInfo` naming the backend, its factory, an
+    availability probe that never raises, its role (one host per session) and its options::
 
         @hookimpl
         def delegate_backends():
-            return [BackendInfo("cpu", factory=CpuBackend)]
+            return [BackendInfo("cpu", factory=CpuBackend, role=HOST, options={"engine": {"enum": ["numpy"]}})]
     """
 
 
@@ -72,7 +72,10 @@ def delegate_graph_passes() -> Iterable[Any] | None:
 
 @hookspec
 def delegate_plan_ready(plan: Any) -> None:
-    """Observe a finished placement plan (e.g. to log or export it); return value ignored::
+    """Observe a finished placement plan (e.g. to log or export it); return value ignored.
+
+    Called again with each new revision (``plan.revision``), e.g. when a partition falls back to the host;
+    a plan once given is never changed afterwards::
 
         @hookimpl
         def delegate_plan_ready(plan):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .backend import Backend, CompileOptions, Partition, asked_estimate, asked_support
+from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
 from .cost import DeviceProfile, op_bytes, op_class, op_flops, op_signature
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
@@ -125,15 +125,28 @@ class Plan:
     chosen: str = ""  # the candidate this plan is
     choice: str = ""  # how it was chosen: "estimated", "measured now", "stored decision of DATE"
     profiles: dict[str, str] = field(default_factory=dict)  # backend -> which cost profile was used
+    host: str = ""  # the host backend's name
+    revision: int = 0  # 0 as planned; each fallback makes the next revision (``moved``)
 
     @property
     def delegated(self) -> list[Partition]:
-        return [p for p in self.partitions if p.backend != "cpu"]
+        return [p for p in self.partitions if p.backend != self.host]
+
+    def moved(self, index: int, backend: str, why: str) -> Plan:
+        """The next revision: partition ``index`` and its ops on ``backend``, ``why`` noted.  This plan, which
+        observers may hold, is left as it was; the estimates and copies stay those of the planned placement."""
+        part = next(p for p in self.partitions if p.index == index)
+        ops = set(part.op_indices)
+        note = f"revision {self.revision + 1}: partition {index} on {part.backend} moved to {backend}: {why}"
+        return replace(self, partitions=[replace(p, backend=backend) if p is part else p for p in self.partitions],
+                       decisions=[replace(d, backend=backend, reason=why) if d.index in ops else d
+                                  for d in self.decisions],
+                       notes=[*self.notes, note], revision=self.revision + 1)
 
     def summary(self) -> str:
         """LiteRT's own wording for the delegation result."""
         if not self.accelerators:
-            return f"No delegate in use: all {len(self.graph.ops)} node(s) run on cpu"
+            return f"No delegate in use: all {len(self.graph.ops)} node(s) run on {self.host}"
         delegated = self.delegated
         names = sorted({p.backend for p in delegated}) or self.accelerators[:1]
         n_ops = sum(len(p.ops) for p in delegated)
@@ -162,7 +175,7 @@ class Plan:
             "ops": [d.__dict__ for d in self.decisions],
             "warnings": self.warnings(),
             "notes": self.notes,
-            "chosen": self.chosen, "choice": self.choice,
+            "chosen": self.chosen, "choice": self.choice, "revision": self.revision,
             "candidates": [c.to_dict() for c in self.candidates],
             "profiles": dict(self.profiles),
         }
@@ -173,13 +186,15 @@ class Planner:
 
     def __init__(self, backends: Mapping[str, Backend], profiles: Mapping[str, DeviceProfile],
                  options: CompileOptions, settings: PlacementSettings | None = None):
-        if "cpu" not in backends:
-            raise ValueError("the cpu backend must be part of every plan (it is the fallback)")
+        hosts = [name for name, be in backends.items() if be.role == HOST]
+        if len(hosts) != 1:
+            raise ValueError(f"a plan needs exactly one host backend (the fallback), not {hosts or 'none'}")
+        self.host = hosts[0]
         self.backends = dict(backends)
         self.profiles = dict(profiles)
         self.options = options
         self.settings = settings or PlacementSettings()
-        self.accelerators = [n for n in self.backends if n != "cpu"]
+        self.accelerators = [n for n in self.backends if n != self.host]
 
     # -- costs -----------------------------------------------------------
     def op_cost(self, op: Op, backend: str) -> float:
@@ -195,13 +210,13 @@ class Planner:
 
     def transfer_cost(self, t: Tensor, backend: str) -> float:
         """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""
-        if backend == "cpu":
+        if backend == self.host:
             return 0.0
         be = self.backends[backend]
         ms = be.transfer_ms(t.nbytes)
         if ms:
             return ms
-        host = self.profiles["cpu"]
+        host = self.profiles[self.host]
         convert = t.nbytes / (host.gbytes_per_s * 1e9) * 1e3 if be.layout != "NHWC" else 0.0
         return self.profiles[backend].transfer_ms(t.nbytes) + convert
 
@@ -223,7 +238,7 @@ class Planner:
                 elif answer is not None:
                     denied = next((r for r in self.settings.denies
                                    if r.matches(op) and r.backend in (None, name)
-                                   and not (r.backend is None and name == "cpu")), None)
+                                   and not (r.backend is None and name == self.host)), None)
                     if denied is not None:
                         refusals[op.index][name] = f"denied by config rule ({denied.describe()})"
                     elif pinned and pinned[0].backend != name:
@@ -250,10 +265,10 @@ class Planner:
         for t in graph.tensors:
             if t.is_constant:
                 continue
-            source = assignment[t.producer.index] if t.producer is not None else "cpu"
+            source = assignment[t.producer.index] if t.producer is not None else self.host
             destinations = {assignment[u.index] for u in t.uses}
             if any(o.index == t.index for o in graph.outputs):
-                destinations.add("cpu")
+                destinations.add(self.host)
             for dest in sorted(destinations - {source}):
                 # a device-to-device move goes through the host
                 ms = self.transfer_cost(t, source) + self.transfer_cost(t, dest)
@@ -295,14 +310,15 @@ class Planner:
         g.add_nodes_from([s, t])
         for op in graph.ops:
             c = costs[op.index]
-            add(s, op.index, cap(c.get("cpu", INF)))  # cut when the op is on the CPU
+            add(s, op.index, cap(c.get(self.host, INF)))  # cut when the op is on the CPU
             add(op.index, t, cap(c.get(accel, INF)))  # cut when the op is on the accelerator
         outputs = {o.index for o in graph.outputs}
         for tensor in graph.tensors:
             if tensor.is_constant or (not tensor.uses and tensor.index not in outputs):
                 continue
             # a cut edge is a copy and a partition boundary on each side of it
-            ms = (self.transfer_cost(tensor, accel) + self.partition_ms(accel) + self.partition_ms("cpu")) * boundary_scale
+            ms = (self.transfer_cost(tensor, accel) + self.partition_ms(accel)
+                  + self.partition_ms(self.host)) * boundary_scale
             producer = tensor.producer.index if tensor.producer is not None else None
             down, up = ("down", tensor.index), ("up", tensor.index)
             # download once when produced on the accelerator and needed on the host
@@ -320,11 +336,11 @@ class Planner:
             else:
                 add(up, t, ms)
         _, (source_side, _) = nx.minimum_cut(g, s, t)
-        return {op.index: (accel if op.index in source_side else "cpu") for op in graph.ops}
+        return {op.index: (accel if op.index in source_side else self.host) for op in graph.ops}
 
     def greedy(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
         """LiteRT's rule: every op the accelerator supports is delegated."""
-        return {op.index: (accel if accel in costs[op.index] else "cpu") for op in graph.ops}
+        return {op.index: (accel if accel in costs[op.index] else self.host) for op in graph.ops}
 
     # -- partitions ------------------------------------------------------
     @staticmethod
@@ -366,15 +382,15 @@ class Planner:
         notes = []
         settings = self.settings
         while True:
-            groups = [ops for ops in self.form_partitions(graph, assignment) if assignment[ops[0].index] != "cpu"]
+            groups = [ops for ops in self.form_partitions(graph, assignment) if assignment[ops[0].index] != self.host]
             small = [ops for ops in groups if len(ops) < settings.min_nodes_per_partition]
-            movable = [ops for ops in small if all("cpu" in costs[o.index] for o in ops)]
+            movable = [ops for ops in small if all(self.host in costs[o.index] for o in ops)]
             if movable:
                 for ops in movable:
-                    notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to cpu: "
-                                 f"fewer than min_nodes_per_partition={settings.min_nodes_per_partition}")
+                    notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to "
+                                 f"{self.host}: fewer than min_nodes_per_partition={settings.min_nodes_per_partition}")
                     for o in ops:
-                        assignment[o.index] = "cpu"
+                        assignment[o.index] = self.host
                 continue
             limit = settings.max_delegated_partitions
             if not limit or len(groups) <= limit:
@@ -386,22 +402,22 @@ class Planner:
                     return len(ops)
                 trial = dict(assignment)
                 for o in ops:
-                    if "cpu" not in costs[o.index]:
+                    if self.host not in costs[o.index]:
                         return INF
-                    trial[o.index] = "cpu"
+                    trial[o.index] = self.host
                 return self.evaluate(graph, trial, costs)[0] - base
 
             ranked = sorted(groups, key=keep_score, reverse=True)
             dropped = ranked[limit:]
             dropped_any = False
             for ops in dropped:
-                if not all("cpu" in costs[o.index] for o in ops):
+                if not all(self.host in costs[o.index] for o in ops):
                     continue
                 dropped_any = True
-                notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to cpu: "
-                             f"beyond max_delegated_partitions={limit}")
+                notes.append(f"partition of {len(ops)} op(s) starting at op #{ops[0].index} moved to "
+                             f"{self.host}: beyond max_delegated_partitions={limit}")
                 for o in ops:
-                    assignment[o.index] = "cpu"
+                    assignment[o.index] = self.host
             if not dropped_any:
                 return assignment, notes
 
@@ -415,9 +431,9 @@ class Planner:
         plan (min cut), min-cut variants with boundary costs scaled, and greedy with every partition
         that does not pay for itself (estimated) returned to the CPU.  Duplicates are dropped."""
         costs, refusals = self.capabilities(graph)
-        cpu_only = {op.index: "cpu" if "cpu" in costs[op.index] else next(iter(costs[op.index]))
+        cpu_only = {op.index: self.host if self.host in costs[op.index] else next(iter(costs[op.index]))
                     for op in graph.ops}
-        found: list[tuple[str, dict[int, str], list[str]]] = [("cpu", cpu_only, [])]
+        found: list[tuple[str, dict[int, str], list[str]]] = [(self.host, cpu_only, [])]
         for accel in self.accelerators:
             greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
             found.append((f"greedy:{accel}", greedy, gnotes))
@@ -437,7 +453,7 @@ class Planner:
                     same.notes.extend(n for n in notes if n not in same.notes)
                 continue
             out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
-                                 baseline=name == "cpu" or name.startswith("greedy:")))
+                                 baseline=name == self.host or name.startswith("greedy:")))
         return out, costs, refusals
 
     def trim(self, graph: Subgraph, assignment: dict[int, str], costs, notes: list[str]) -> tuple[dict[int, str], list[str]]:
@@ -446,10 +462,10 @@ class Planner:
         notes = list(notes)
         base, _ = self.evaluate(graph, assignment, costs)
         movable = [ops for ops in self.form_partitions(graph, assignment)
-                   if assignment[ops[0].index] != "cpu" and all("cpu" in costs[o.index] for o in ops)]
+                   if assignment[ops[0].index] != self.host and all(self.host in costs[o.index] for o in ops)]
 
         def without(ops, current):
-            return {**current, **{o.index: "cpu" for o in ops}}
+            return {**current, **{o.index: self.host for o in ops}}
         gains = sorted(((self.evaluate(graph, without(ops, assignment), costs)[0] - base, i)
                         for i, ops in enumerate(movable)))
         for gain, i in gains:
@@ -460,7 +476,7 @@ class Planner:
             if total < base:
                 assignment, base = trial, total
                 notes.append(f"partition of {len(movable[i])} op(s) starting at op #{movable[i][0].index} "
-                             f"returned to cpu: it did not pay for its copies and boundaries")
+                             f"returned to {self.host}: it did not pay for its copies and boundaries")
         return assignment, notes
 
     # A plan other than a single backend alone must be estimated this much faster than the best of those:
@@ -501,7 +517,7 @@ class Planner:
                       for i, ops in enumerate(self.form_partitions(graph, assignment))]
         decisions = self.explain(graph, assignment, costs, refusals, copies)
         return Plan(graph, partitions, decisions, copies, total, self.settings.partitioner, self.accelerators,
-                    list(candidate.notes), chosen=candidate.name,
+                    list(candidate.notes), chosen=candidate.name, host=self.host,
                     profiles={name: p.describe() for name, p in self.profiles.items()})
 
     def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies) -> list[OpDecision]:
@@ -512,21 +528,22 @@ class Planner:
                 if assignment[u.index] == c.destination:
                     copies_into[u.index] = copies_into.get(u.index, 0) + 1
         out = []
+        host = self.host
         for op in graph.ops:
             chosen = assignment[op.index]
             est = {b: round(v, 5) for b, v in costs[op.index].items()}
             refused = refusals[op.index]
-            if chosen == "cpu" and self.accelerators and all(a in refused for a in self.accelerators):
+            if chosen == host and self.accelerators and all(a in refused for a in self.accelerators):
                 reason = "; ".join(f"{a}: {refused[a]}" for a in self.accelerators)
-            elif chosen == "cpu" and self.accelerators:
+            elif chosen == host and self.accelerators:
                 others = ", ".join(f"{a} {est[a]:.4f} ms" for a in self.accelerators if a in est)
-                reason = (f"cheaper on cpu counting copies: cpu {est['cpu']:.4f} ms vs {others}"
+                reason = (f"cheaper on {host} counting copies: {host} {est[host]:.4f} ms vs {others}"
                           if self.settings.partitioner == "cost" else "outside the kept partitions")
-            elif chosen == "cpu":
-                reason = "cpu is the only backend in use"
+            elif chosen == host:
+                reason = f"{host} is the only backend in use"
             else:
-                reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs cpu {est['cpu']:.4f} ms" if "cpu" in est else
-                                                              " (cpu cannot run it)")
+                reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs {host} {est[host]:.4f} ms" if host in est else
+                                                              f" ({host} cannot run it)")
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
                                   copies_into.get(op.index, 0)))
         return out

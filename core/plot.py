@@ -20,8 +20,8 @@ def plan_svg(plan) -> str:
     graph = plan.graph
     backend_of = {d.index: d.backend for d in plan.decisions}
     part_of = {i: p.index for p in plan.partitions for i in p.op_indices}
-    colours = {"cpu": CPU_COLOUR}
-    for name in sorted({p.backend for p in plan.partitions} - {"cpu"}):
+    colours = {plan.host: CPU_COLOUR}
+    for name in sorted({p.backend for p in plan.partitions} - {plan.host}):
         colours[name] = PALETTE[(len(colours) - 1) % len(PALETTE)]
 
     dag = nx.DiGraph()

@@ -10,16 +10,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pluggy
 
 from . import hookspecs
-from .backend import API_VERSION, BackendInfo
+from .backend import ACCELERATOR, API_VERSION, HOST, ROLES, Backend, BackendInfo
 from .errors import PluginError
 
 ENTRY_POINT_GROUP = "delegate.backends"
 DISABLE_ENV = "DELEGATE_DISABLE_PLUGINS"
+HOST_WORD = "cpu"  # what configs and the command line call the host backend
 log = logging.getLogger(__name__)
 
 
@@ -32,6 +33,7 @@ class BackendStatus:
     available: bool
     reason: str
     description: str
+    role: str = ACCELERATOR
 
 
 class PluginManager:
@@ -89,6 +91,9 @@ class PluginManager:
                         self.load_errors[info.name] = (f"speaks plugin API {info.api_version}, "
                                                        f"this delegate speaks {API_VERSION}")
                         continue
+                    if info.role not in ROLES:
+                        self.load_errors[info.name] = f"declares role {info.role!r}, not one of {', '.join(ROLES)}"
+                        continue
                     if info.name in self.disabled:
                         continue
                     found.setdefault(info.name, (info, impl.plugin_name))
@@ -105,6 +110,27 @@ class PluginManager:
             raise PluginError(f"unknown backend {name!r}{extra}; installed backends: {known}")
         return backends[name][0]
 
+    def resolve(self, name: str) -> str:
+        """The backend a config's name means: ``cpu`` is the host backend, whatever its plugin calls it."""
+        if name == HOST_WORD and name not in self.backends():
+            return self.host() or name
+        return name
+
+    def create(self, name: str, options: Mapping[str, Any] | None = None) -> Backend:
+        """Build backend ``name`` with ``options``, its role set from its descriptor and the other plugins'
+        custom kernels added: the one way a session gets a backend."""
+        info = self.backend_info(name)
+        backend = info.factory(dict(options or {}))
+        if not isinstance(backend, Backend):
+            raise PluginError(f"backend {name!r}: its factory returned {type(backend).__name__}, not a Backend")
+        backend.role = info.role
+        backend.add_custom_kernels(self.custom_kernels(name))
+        return backend
+
+    def host(self) -> str | None:
+        """The name of the installed host backend (role HOST), the first one when several are; None when none is."""
+        return next((name for name, (info, _) in self.backends().items() if info.role == HOST), None)
+
     def status(self) -> list[BackendStatus]:
         rows = []
         for name, (info, plugin) in sorted(self.backends().items()):
@@ -113,7 +139,7 @@ class PluginManager:
             except Exception as exc:
                 ok, reason = False, f"availability check failed: {exc}"
             reason = " ".join(str(reason or "").split())  # one line in the table, whatever a driver said
-            rows.append(BackendStatus(name, plugin, bool(ok), reason, info.description))
+            rows.append(BackendStatus(name, plugin, bool(ok), reason, info.description, info.role))
         for name, err in sorted(self.load_errors.items()):
             if name not in self.backends():
                 rows.append(BackendStatus(name, name, False, f"plugin failed to load: {err}", ""))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .backend import Backend, CompiledPartition, CompileOptions, Partition
+from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .errors import DelegateError, ExecutionError
 from .ir import Model, Subgraph, Tensor
 
@@ -76,6 +76,8 @@ class Executor:
         self.watchdogs = dict(watchdogs or {})
         self.partitions = list(partitions)
         self.backends = dict(backends)
+        # whose values are host arrays: the host backend's, or "" (host memory) in a plan without one
+        self.host = next((name for name, b in self.backends.items() if b.role == HOST), "")
         self.options = options
         self.compiled = list(compiled) if compiled is not None else [
             self.backends[p.backend].compile(p, options) for p in self.partitions]
@@ -88,7 +90,7 @@ class Executor:
 
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         # location: tensor index -> {backend name: value}
-        where: dict[int, dict[str, Any]] = {i: {"cpu": np.asarray(v)} for i, v in inputs.items()}
+        where: dict[int, dict[str, Any]] = {i: {self.host: np.asarray(v)} for i, v in inputs.items()}
         made_by: dict[int, Partition] = {}  # tensor index -> the partition that returned it
         transfers = 0
         for part, compiled in zip(self.partitions, self.compiled):
@@ -112,15 +114,13 @@ class Executor:
             except DelegateError:
                 raise
             except Exception as exc:
-                raise ExecutionError(f"partition {part.index} on {part.backend} failed: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+                raise partition_failure(part, f"{type(exc).__name__}: {exc}") from exc
             if not isinstance(results, Mapping):
-                raise ExecutionError(f"partition {part.index} on {part.backend} failed: run() returned "
-                                     f"{type(results).__name__}, not a mapping of tensor index to value")
+                raise partition_failure(part, f"run() returned {type(results).__name__}, not a mapping of tensor "
+                                              f"index to value")
             for t in part.outputs:
                 if t.index not in results:
-                    raise ExecutionError(f"partition {part.index} on {part.backend} failed: it did not return "
-                                         f"tensor {t.index} ({t.name!r})")
+                    raise partition_failure(part, f"it did not return tensor {t.index} ({t.name!r})")
                 value = results[t.index]
                 if isinstance(value, np.ndarray):
                     check_value(part, t, value)
@@ -134,15 +134,15 @@ class Executor:
                     out[t.index] = np.asarray(t.data)
                     continue
                 raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
-            if "cpu" not in copies:
+            if self.host not in copies:
                 transfers += 1
             out[t.index] = self._to_host(t, copies, made_by)
         self.transfers_last_run = transfers
         return out
 
     def _to_host(self, t: Tensor, copies: dict[str, Any], made_by: Mapping[int, Partition]) -> np.ndarray:
-        if "cpu" in copies:
-            return copies["cpu"]
+        if self.host in copies:
+            return copies[self.host]
         name, value = next(iter(copies.items()))
         part = made_by[t.index]
         try:
@@ -150,10 +150,10 @@ class Executor:
         except DelegateError:
             raise
         except Exception as exc:
-            raise ExecutionError(f"partition {part.index} on {part.backend} failed: its value of tensor "
-                                 f"{t.index} ({t.name!r}) did not come back: {type(exc).__name__}: {exc}") from exc
+            raise partition_failure(part, f"its value of tensor {t.index} ({t.name!r}) did not come back: "
+                                          f"{type(exc).__name__}: {exc}") from exc
         check_value(part, t, host)
-        copies["cpu"] = host
+        copies[self.host] = host
         return host
 
     def reset_state(self) -> None:
@@ -171,8 +171,14 @@ def check_value(part: Partition, t: Tensor, value: np.ndarray) -> None:
     dtype = t.dtype.numpy
     if tuple(value.shape) != tuple(t.shape) or (dtype is not None and value.dtype != dtype):
         want = f"{list(t.shape)} {dtype if dtype is not None else t.dtype.name}"
-        raise ExecutionError(f"partition {part.index} on {part.backend} failed: it returned tensor {t.index} "
-                             f"({t.name!r}) as {list(value.shape)} {value.dtype}; the model says {want}")
+        raise partition_failure(part, f"it returned tensor {t.index} ({t.name!r}) as {list(value.shape)} "
+                                      f"{value.dtype}; the model says {want}")
+
+
+def partition_failure(part: Partition, what: str) -> ExecutionError:
+    """The error of partition ``part`` failing, with the partition and its backend as fields (fallback reads them)."""
+    return ExecutionError(f"partition {part.index} on {part.backend} failed: {what}", partition=part.index,
+                          backend=part.backend)
 
 
 class Watchdog:

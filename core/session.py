@@ -23,14 +23,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .backend import Backend, CompiledPartition, CompileOptions, Partition
+from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .config import Limits
 from .cost import DeviceProfile, load_profile
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .memory import peak_bytes
 from .planner import Plan, PlacementSettings, Planner
-from .plugins import PluginManager, default_manager
+from .plugins import HOST_WORD, PluginManager, default_manager
 from .runtime import Executor, ModelState, Watchdog, running
 from .tflite.reader import read_model
 from .validate import validate_graph
@@ -46,7 +46,7 @@ class BackendFallbackWarning(UserWarning):
 class RunSettings:
     """Everything a session needs from the config, already resolved for one model."""
 
-    backends: list[tuple[str, dict[str, Any]]] = field(default_factory=lambda: [("cpu", {})])
+    backends: list[tuple[str, dict[str, Any]]] = field(default_factory=lambda: [(HOST_WORD, {})])
     compile: CompileOptions = field(default_factory=CompileOptions)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     fallback: bool = True
@@ -80,10 +80,10 @@ def run_settings(config: Any) -> RunSettings:
     always in the list, as the fallback.
     """
     cpu_options = dict(config.cpu)
-    backends = [(b.name, {**cpu_options, **b.options} if b.name == "cpu" else dict(b.options))
+    backends = [(b.name, {**cpu_options, **b.options} if b.name == HOST_WORD else dict(b.options))
                 for b in config.backends]
-    if all(name != "cpu" for name, _ in backends):
-        backends.append(("cpu", cpu_options))
+    if all(name != HOST_WORD for name, _ in backends):
+        backends.append((HOST_WORD, cpu_options))
     placement = PlacementSettings(partitioner=config.partitioner,
                                   max_delegated_partitions=config.max_delegated_partitions,
                                   min_nodes_per_partition=config.min_nodes_per_partition,
@@ -102,14 +102,20 @@ def _warn(message: str) -> None:
 
 def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], manager: PluginManager,
                          fallback: bool) -> tuple[dict[str, Backend], dict[str, str]]:
-    """Build the requested backends in priority order; the CPU is always added last.
+    """Build the requested backends in priority order; the host is always there, last.
 
-    Returns the backends and, for each one skipped, why.
+    The config's ``cpu`` names the host backend whatever its plugin calls it; the first host requested is the
+    host, a later one is skipped.  Returns the backends and, for each one skipped, why.
     """
     backends: dict[str, Backend] = {}
     skipped: dict[str, str] = {}
     for name, options in requested:
+        name = manager.resolve(name)
+        host = next((n for n, b in backends.items() if b.role == HOST), None)
         if name in backends:
+            continue
+        if host is not None and _role(manager, name) == HOST:
+            skipped[name] = f"backend {name!r} is not used: {host!r} is the host"
             continue
         if name in manager.disabled:
             info, ok, reason = None, False, "its plugin is disabled (disable_plugins)"
@@ -121,21 +127,25 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
         try:
             if not ok:
                 raise PluginError(f"backend {name!r} is not available here: {reason}")
-            backends[name] = info.factory(dict(options or {}))
-            backends[name].add_custom_kernels(manager.custom_kernels(name))
+            backends[name] = manager.create(name, options)
         except Exception as exc:
             message = str(exc) if isinstance(exc, DelegateError) else f"backend {name!r} failed to start: {exc}"
-            if not fallback or name == "cpu":
+            if not fallback or _role(manager, name) == HOST:
                 raise exc if isinstance(exc, DelegateError) else PluginError(message) from exc
             skipped[name] = message
             log.info("%s; continuing without it", message)
-    if "cpu" not in backends:
-        backends["cpu"] = manager.backend_info("cpu").factory({})
-        backends["cpu"].add_custom_kernels(manager.custom_kernels("cpu"))
-    # the CPU last: it is the fallback, whatever the order in the config
-    cpu = backends.pop("cpu")
-    backends["cpu"] = cpu
+    host = next((n for n, b in backends.items() if b.role == HOST), None) or manager.host()
+    if host is None:
+        why = f": {skipped[HOST_WORD]}" if HOST_WORD in skipped else ""
+        raise PluginError(f"no host backend to run on (the cpu plugin, or another of role host){why}")
+    # the host last: it is the fallback, whatever the order in the config
+    backends[host] = backends.pop(host) if host in backends else manager.create(host)
     return backends, skipped
+
+
+def _role(manager: PluginManager, name: str) -> str | None:
+    found = manager.backends().get(name)
+    return found[0].role if found else None
 
 
 def _probe(info) -> tuple[bool, str]:
@@ -146,20 +156,12 @@ def _probe(info) -> tuple[bool, str]:
         return False, f"availability check failed: {exc}"
 
 
-def profile_kind(name: str, info: Mapping[str, Any]) -> str:
-    """Which default profile fits a backend when it has not been calibrated."""
-    if name == "cpu":
-        return "cpu-litert" if info.get("engine") == "litert" else "cpu"
-    return "cpu-device" if info.get("device_type") == "cpu" else "gpu"
-
-
 def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
-    """Each backend's stored profile, or its kind's default; the CPU's default throughput is per thread."""
+    """Each backend's stored profile, or its own default; the host's default throughput is per thread."""
     profiles = {}
     for name, be in backends.items():
-        info = be.device_info()
-        profiles[name] = load_profile(info, profile_kind(name, info))
-        if name == "cpu" and not profiles[name].calibrated_at and threads > 1:
+        profiles[name] = load_profile(be.device_info(), be.default_profile())
+        if be.role == HOST and not profiles[name].calibrated_at and threads > 1:
             profiles[name].gflops *= threads
             profiles[name].source += f" x {threads} threads"
     return profiles
@@ -182,6 +184,7 @@ class Session:
         self._warned: set[str] = set()
         self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
                                                            self.settings.fallback)
+        self.host = next(name for name, b in self.backends.items() if b.role == HOST)
         validate_graph(self.graph)
         check_budget(self.graph, self.settings.limits)
         for graph_pass in self.manager.graph_passes():
@@ -190,23 +193,33 @@ class Session:
         self._lock = threading.RLock()
         self._compile_watch = self._watchdogs("compile_timeout_s")
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
-        self.planner = Planner(self.backends, self.profiles, self.settings.compile, self.settings.placement)
+        self.planner = Planner(self.backends, self.profiles, self.settings.compile, self._host_rules())
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
         self.plan, compiled = self._choose_plan(remeasure)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
+        compiled = compiled or [self._compile(p) for p in list(self.plan.partitions)]  # a fallback revises the plan
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled or [self._compile(p) for p in self.plan.partitions],
-                                 state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
+                                 compiled=compiled, state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
-        if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
+        if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
             with running(ModelState(model)):
                 self._guard_accuracy(self.settings.accuracy_guard)
             self.executor.reset_state()
         self.init_ms = (time.perf_counter() - started) * 1e3
+
+    def _host_rules(self) -> PlacementSettings:
+        """The placement settings with the config's word ``cpu`` in pins and denies meaning this session's host."""
+        placement = self.settings.placement
+        if self.host == HOST_WORD:
+            return placement
+
+        def resolved(rules):
+            return [replace(r, backend=self.host) if r.backend == HOST_WORD else r for r in rules]
+        return replace(placement, pins=resolved(placement.pins), denies=resolved(placement.denies))
 
     # -- choosing the plan ------------------------------------------------
     def _choose_plan(self, remeasure: bool) -> tuple[Plan, list[CompiledPartition] | None]:
@@ -264,7 +277,7 @@ class Session:
         "fp16" or "fp32", from a measured search) says otherwise."""
         options = self.settings.compile
         choice = self.precision_choice if choice is None else choice
-        if options.precision != "fp16" or backend == "cpu":
+        if options.precision != "fp16" or backend == self.host:
             return options
         if choice in ("fp16", "fp32"):
             return replace(options, precision=choice)
@@ -280,7 +293,7 @@ class Session:
             return []
         variants = []
         for c in candidates:
-            used = {b for b in c.assignment.values() if b != "cpu"}
+            used = {b for b in c.assignment.values() if b != self.host}
             if not used:
                 continue
             other = "fp32" if all(self.backends[b].half_precision()[0] for b in used) else "fp16"
@@ -291,7 +304,7 @@ class Session:
         notes = []
         if self.settings.compile.precision != "fp16":
             return notes
-        for name in sorted({p.backend for p in self.plan.partitions} - {"cpu"}):
+        for name in sorted({p.backend for p in self.plan.partitions} - {self.host}):
             used = self.options_for(name).precision
             if used == "fp32":
                 why = self.backends[name].half_precision()[1] if not self.precision_choice else \
@@ -316,10 +329,10 @@ class Session:
 
     # -- compile / fallback ----------------------------------------------
     def _watchdogs(self, key: str) -> dict[str, Watchdog]:
-        """A watchdog per accelerator for ``limits.<key>`` (none while that limit is off); the CPU is the
+        """A watchdog per accelerator for ``limits.<key>`` (none while that limit is off); the host is the
         fallback and runs on the calling thread."""
         seconds = getattr(self.settings.limits, key)
-        return {name: Watchdog(name, seconds, key) for name in self.backends if name != "cpu" and seconds}
+        return {name: Watchdog(name, seconds, key) for name in self.backends if name != self.host and seconds}
 
     def _compile_now(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """Compile on the partition's backend, under its compile time limit (accelerators only)."""
@@ -334,23 +347,38 @@ class Session:
             return self._compile_now(partition, self.options_for(partition.backend))
         except Exception as exc:
             # an unsafe cache directory is the configuration's fault: another backend would not fix it
-            if partition.backend == "cpu" or isinstance(exc, (CacheError, MemoryError)):
+            if partition.backend == self.host or isinstance(exc, (CacheError, MemoryError)):
                 raise
             why = str(exc) if isinstance(exc, DelegateError) and str(exc) else f"{type(exc).__name__}: {exc}"
             if not self.settings.fallback:
+                if isinstance(exc, CompileError) and exc.partition is None:  # a plugin's: name the partition
+                    exc.partition, exc.backend = partition.index, partition.backend
                 if isinstance(exc, DelegateError):
                     raise
                 raise CompileError(f"backend {partition.backend!r} failed to compile partition "
-                                   f"{partition.index}: {why}") from exc
-            return self._to_cpu(partition, f"compile failed: {why}")
+                                   f"{partition.index}: {why}", partition=partition.index,
+                                   backend=partition.backend) from exc
+            return self._fall_back(partition, f"compile failed: {why}")
 
-    def _to_cpu(self, partition: Partition, why: str) -> CompiledPartition:
+    def _fall_back(self, partition: Partition, why: str) -> CompiledPartition:
+        """``partition`` compiled on the host instead, warning once per backend (see ``_move_to_host``)."""
         if partition.backend not in self._warned:
             self._warned.add(partition.backend)
-            _warn(f"backend {partition.backend!r} {why}; its partitions fall back to cpu")
-        self.plan.notes.append(f"partition {partition.index} moved from {partition.backend} to cpu: {why}")
-        partition.backend = "cpu"
-        return self.backends["cpu"].compile(partition, self.settings.compile)
+            _warn(f"backend {partition.backend!r} {why}; its partitions fall back to {self.host}")
+        return self._move_to_host(partition, why)
+
+    def _move_to_host(self, partition: Partition, why: str) -> CompiledPartition:
+        """``partition`` compiled on the host, as the plan's next revision, which plan observers are told about
+        (the plan they saw is left as it was).  The caller puts the revised partition in the executor."""
+        self.plan = self.plan.moved(partition.index, self.host, why)
+        self.manager.hook.delegate_plan_ready(plan=self.plan)
+        moved = next(p for p in self.plan.partitions if p.index == partition.index)
+        return self.backends[self.host].compile(moved, self.settings.compile)
+
+    def _revised_executor_partition(self, i: int) -> None:
+        """The executor runs partition ``i`` as the latest plan revision has it."""
+        self.executor.partitions[i] = next(p for p in self.plan.partitions
+                                           if p.index == self.executor.partitions[i].index)
 
     # -- accuracy guard ------------------------------------------------------
     def _guard_accuracy(self, bound: AccuracyBound) -> None:
@@ -362,12 +390,12 @@ class Session:
         from .inputs import random_input
 
         rng = np.random.default_rng(0)
-        cpu = self.backends["cpu"]
+        host = self.backends[self.host]
         values = {t.index: random_input(t, rng) for t in self.graph.inputs}
         for i, part in enumerate(self.executor.partitions):
-            reference = cpu.compile(part, self.settings.compile).run({t.index: values[t.index] for t in part.inputs})
-            reference = {k: np.asarray(cpu.to_host(v)) for k, v in reference.items()}
-            if part.backend != "cpu":
+            reference = host.compile(part, self.settings.compile).run({t.index: values[t.index] for t in part.inputs})
+            reference = {k: np.asarray(host.to_host(v)) for k, v in reference.items()}
+            if part.backend != self.host:
                 error = self._partition_error(part, self.executor.compiled[i], values, reference, bound)
                 if error is not None and self.options_for(part.backend).precision == "fp16":
                     fp32 = replace(self.settings.compile, precision="fp32")
@@ -377,13 +405,10 @@ class Session:
                     self.executor.compiled[i] = compiled
                     error = self._partition_error(part, compiled, values, reference, bound)
                 if error is not None:
-                    self.plan.notes.append(f"accuracy guard: partition {part.index} on {part.backend} erred "
-                                           f"{error:.3g}; moved to cpu")
-                    backend = part.backend
-                    part.backend = "cpu"
-                    self.executor.compiled[i] = cpu.compile(part, self.settings.compile)
-                    log.warning("accuracy guard moved partition %d from %s to cpu (error %.3g)",
-                                part.index, backend, error)
+                    self.executor.compiled[i] = self._move_to_host(part, f"accuracy guard: erred {error:.3g}")
+                    self._revised_executor_partition(i)
+                    log.warning("accuracy guard moved partition %d from %s to %s (error %.3g)",
+                                part.index, part.backend, self.host, error)
             values.update(reference)
 
     def _partition_error(self, part, compiled, values, reference, bound: AccuracyBound) -> float | None:
@@ -446,11 +471,12 @@ class Session:
             return self.executor.run(inputs)
         except ExecutionError as exc:
             failed = [i for i, p in enumerate(self.executor.partitions)
-                      if p.backend != "cpu" and f"partition {p.index} on {p.backend}" in str(exc)]
+                      if p.index == exc.partition and p.backend == exc.backend != self.host]
             if not failed or not self.settings.fallback:
                 raise
             i = failed[0]
-            self.executor.compiled[i] = self._to_cpu(self.executor.partitions[i], f"failed while running: {exc}")
+            self.executor.compiled[i] = self._fall_back(self.executor.partitions[i], f"failed while running: {exc}")
+            self._revised_executor_partition(i)
             return self._run_locked(inputs)
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:

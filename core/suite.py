@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backend import CompileOptions
+from .backend import HOST, CompileOptions
 from .errors import DelegateError
 from .planner import PlacementSettings
 from .session import RunSettings, Session
@@ -108,9 +108,9 @@ def bench_model(label: str, data: bytes, configs: list[SuiteConfig], runs: int, 
             t = time.perf_counter()
             session = Session(model, config.settings(threads, str(cache_dir), preference))
             row.init_ms = (time.perf_counter() - t) * 1e3
-            if not any(p.backend == config.backends[0][0] for p in session.plan.partitions) \
-                    and config.backends[0][0] != "cpu":
-                row.status = f"nothing placed on {config.backends[0][0]}"
+            first = session.manager.resolve(config.backends[0][0])
+            if first != session.host and not any(p.backend == first for p in session.plan.partitions):
+                row.status = f"nothing placed on {first}"
             t = time.perf_counter()
             Session(model, config.settings(threads, str(cache_dir), preference)).close()
             row.init_cached_ms = (time.perf_counter() - t) * 1e3
@@ -266,7 +266,7 @@ def _device_lines() -> list[str]:
 
     lines = []
     for status in default_manager().status():
-        if status.available and status.name != "cpu":
+        if status.available and status.role != HOST:
             try:
                 info = default_manager().backend_info(status.name).factory({}).device_info()
                 lines.append(f"{status.name}: {info.get('device') or info.get('adapter') or status.reason}")

@@ -168,7 +168,8 @@ def test_calibrate_stores_a_profile_that_plans_use(tmp_path, monkeypatch):
     saved = json.loads(open(row["profile"]).read())
     assert saved["device_info"]["engine"] == "numpy" and saved["calibrated_at"]
     from delegate.cost import load_profile
-    assert load_profile(saved["device_info"], "cpu").source == row["profile"]
+    from delegate_cpu.plugin import DEFAULT_PROFILES as CPU_DEFAULTS
+    assert load_profile(saved["device_info"], CPU_DEFAULTS["numpy"]).source == row["profile"]
     # the plan says which profile it used
     plan = as_json("plan", "--backends", "cpu", "--set", "cpu.engine=numpy", "zoo:mobilenet_v1")
     assert row["profile"] in plan["profiles"]["cpu"] and "calibrated" in plan["profiles"]["cpu"]

@@ -15,7 +15,7 @@ from delegate import CompileOptions, ConfigError
 from delegate import config as config_module
 from delegate.config import Config, Settings, load_config
 from delegate.session import run_settings
-from delegate.config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, SCHEMA
+from delegate.config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, installed_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -43,7 +43,7 @@ def test_defaults_are_the_edge_profile():
     assert config.allow_quantized
     assert (config.max_delegated_partitions, config.min_nodes_per_partition) == (3, 1)
     assert config.serialization.dir is None and config.num_threads is None
-    assert config.input.range == (-1.0, 1.0) and config.cpu.engine == "auto"
+    assert config.input.range == (-1.0, 1.0) and config.cpu["engine"] == "auto"
     assert config.models == () and config.source is None
     edge = ROOT / "configs" / "edge.yaml"
     assert load_config(edge) == replace(config, source=str(edge))
@@ -73,9 +73,9 @@ def test_shipped_configs_say_what_they_promise():
 
 
 def test_schema_is_valid_and_matches_the_typed_config():
-    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    jsonschema.Draft202012Validator.check_schema(installed_schema())
     assert {f.name for f in fields(Settings)} == set(MODEL_SETTINGS) | set(GLOBAL_SETTINGS)
-    assert set(SCHEMA["properties"]) == set(MODEL_SETTINGS) | set(GLOBAL_SETTINGS) | {"models"}
+    assert set(installed_schema()["properties"]) == set(MODEL_SETTINGS) | set(GLOBAL_SETTINGS) | {"models"}
 
 
 def schema_keys(schema: dict, prefix: str = ""):
@@ -92,9 +92,9 @@ def test_docs_describe_every_key():
     documented = set(re.findall(r"`([\w.\[\]]+)`", doc))
     # a model section's own keys are documented; the rest are the top-level ones
     inherited = tuple(f"models[].{k}" for k in MODEL_SETTINGS)
-    missing = [k for k in schema_keys(SCHEMA) if k not in documented and not k.startswith(inherited)]
+    missing = [k for k in schema_keys(installed_schema()) if k not in documented and not k.startswith(inherited)]
     assert missing == []
-    for options in SCHEMA["properties"]["backends"]["items"]["allOf"]:
+    for options in installed_schema()["properties"]["backends"]["items"]["allOf"]:
         for option in options["then"]["properties"]["options"]["properties"]:
             assert f"`backends[].options.{option}`" in doc
 
@@ -160,6 +160,12 @@ ERRORS = [
     ("partitioner: true\n", 1, "partitioner", ["true is not one of: cost, greedy"]),
     ("backends:\n  - cpu\n  - name: opencl\n    options: {device_type: gpuu}\n", 4,
      "backends[1].options.device_type", ["'gpuu' is not one of: gpu, cpu, accelerator, any"]),
+    # options each plugin declares (BackendInfo.options) are checked as closely as core's own keys
+    ("backends:\n  - name: opencl\n    options:\n      devce_type: gpu\n", 4, "backends[0].options.devce_type",
+     ["unknown key 'devce_type'", "did you mean 'device_type'?"]),
+    ("backends:\n  - name: wgpu\n    options: {workgroup_size: 0}\n", 3, "backends[0].options.workgroup_size",
+     ["must be >= 1, got 0"]),
+    ("cpu:\n  engin: numpy\n", 2, "cpu.engin", ["did you mean 'engine'?"]),
     ("backends: [cpu, wgpu, cpu]\n", 1, "backends[2]", ["backend 'cpu' is listed twice"]),
     ("backends: []\n", 1, "backends", ["needs at least 1 item(s), got 0"]),
     ("pin:\n  - {op: CONV_2D, index: 3, backend: cpu}\n", 2, "pin[0]", ["exactly one of op, index or tensor"]),
@@ -374,7 +380,7 @@ def test_as_dict_is_json_ready(tmp_path):
 
 EDGE_TEXT = (ROOT / "configs" / "edge.yaml").read_text()
 MULTI_TEXT = (ROOT / "configs" / "multi-model.yaml").read_text()
-KEYS = sorted(SCHEMA["properties"]) + ["enabled", "dir", "path", "name", "options", "op", "backend"]
+KEYS = sorted(installed_schema()["properties"]) + ["enabled", "dir", "path", "name", "options", "op", "backend"]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=True),
                     st.sampled_from(["fp16", "cpu", "zoo:x", "2024-13-01", "~/x", "$X", "[", "{a: 1}"]),
                     st.text(max_size=12))

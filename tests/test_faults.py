@@ -7,8 +7,10 @@ import sys
 import numpy as np
 import pytest
 
+from delegate import hookimpl
 from delegate.errors import ExecutionError
 from delegate.planner import PlacementSettings
+from delegate.plugins import PluginManager
 from delegate.session import BackendFallbackWarning, RunSettings, Session
 from tests.test_plugins import mixed_model
 
@@ -50,8 +52,39 @@ def test_device_lost_mid_run_falls_back_once_and_loses_nothing():
 
 def test_device_lost_without_fallback_is_a_clear_error():
     session = Session(mixed_model(), fake({"lose_after": 0}, fallback=False))
-    with pytest.raises(ExecutionError, match="partition 0 on fakegpu failed: DeviceLost"):
+    with pytest.raises(ExecutionError, match="partition 0 on fakegpu failed: DeviceLost") as caught:
         session.run([X])
+    assert (caught.value.partition, caught.value.backend) == (0, "fakegpu")
+
+
+class PlanObserver:
+    def __init__(self):
+        self.plans = []
+
+    @hookimpl
+    def delegate_plan_ready(self, plan):
+        self.plans.append(plan)
+
+
+def test_fallback_is_a_new_plan_revision_that_observers_are_told_about():
+    observer = PlanObserver()
+    session = Session(mixed_model(), fake({"lose_after": 1}), manager=PluginManager(extra_plugins=[observer]))
+    planned = session.plan
+    on_device = [p.index for p in planned.partitions if p.backend == "fakegpu"]
+    assert observer.plans == [planned] and planned.revision == 0 and len(on_device) == 2
+    session.run([X])
+    with pytest.warns(BackendFallbackWarning, match="fakegpu.*fake device disappeared"):
+        assert_same(session.run([X]), cpu_reference())
+    # one revision per partition that failed, each told; the plan observers saw first is left as it was
+    assert [plan.revision for plan in observer.plans] == [0, 1, 2]
+    assert [p.backend for p in planned.partitions if p.index in on_device] == ["fakegpu", "fakegpu"]
+    final = observer.plans[-1]
+    assert session.plan is final and {p.backend for p in final.partitions} == {"cpu"}
+    assert all(ran is planned for ran, planned in zip(session.executor.partitions, final.partitions))
+    assert [n for n in final.notes if n.startswith("revision ")] == [
+        f"revision {r}: partition {i} on fakegpu moved to cpu: failed while running: partition {i} on fakegpu "
+        f"failed: DeviceLost: fake device disappeared" for r, i in enumerate(on_device, 1)]
+    assert {d.backend for d in final.decisions} == {"cpu"} and "fakegpu" in {d.backend for d in planned.decisions}
 
 
 INIT_SCRIPT = """

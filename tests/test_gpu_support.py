@@ -286,9 +286,11 @@ def test_probe_without_platform(monkeypatch):
 def test_plugin_registers_through_the_entry_point():
     from delegate.plugins import PluginManager
     info = PluginManager().backend_info("opencl")
-    assert info.is_accelerator and callable(info.available)
+    assert info.role == "accelerator" and callable(info.available)
     ok, reason = info.available()
     assert isinstance(ok, bool) and reason
+    if ok:  # the probe's device is among those listed for `delegate backends`
+        assert any(line.startswith(reason.split(" on ")[0]) for line in info.list_devices())
 
 
 @pytest.mark.parametrize("axes,hosts", [([1, 2], True), ([3], False)])

@@ -185,7 +185,7 @@ class HostileCompiled:
 class HostilePlugin:
     @hookimpl
     def delegate_backends(self):
-        return [BackendInfo("hostile", factory=Hostile, is_accelerator=True)]
+        return [BackendInfo("hostile", factory=Hostile)]
 
 
 MANAGER = PluginManager(extra_plugins=[HostilePlugin()])
@@ -427,7 +427,7 @@ class Liar(FakeGpu):
 class LiarPlugin:
     @hookimpl
     def delegate_backends(self):
-        return [BackendInfo("liar", factory=Liar, is_accelerator=True)]
+        return [BackendInfo("liar", factory=Liar)]
 
 
 @pytest.mark.parametrize("answer", [False, "yes", None, 1])

@@ -8,7 +8,7 @@ import pytest
 
 from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
-from delegate.cost import DEFAULT_PROFILES, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
+from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
     op_flops, refit, save_profile
 from delegate.errors import MeasurementError
 from delegate.planner import PlacementSettings
@@ -16,7 +16,7 @@ from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
 from delegate.tools import calibrate
 
-from tests.test_planner import make_planner
+from tests.test_planner import CPU_DEFAULTS, make_planner
 
 
 SHAPE = (1, 64, 64, 32)
@@ -93,7 +93,7 @@ def test_partition_boundaries_cost_their_fixed_overhead():
     without = {**planner.profiles}
     total, _ = planner.evaluate(graph, split, costs)
     ops_only = sum(costs[i][b] for i, b in split.items())
-    expected_fixed = 2 * DEFAULT_PROFILES["gpu"].partition_us * 1e-3 + DEFAULT_PROFILES["cpu"].partition_us * 1e-3
+    expected_fixed = 2 * ACCELERATOR_DEFAULT.partition_us * 1e-3 + CPU_DEFAULTS["numpy"].partition_us * 1e-3
     assert total == pytest.approx(ops_only + expected_fixed + sum(c.ms for c in planner.evaluate(graph, split, costs)[1]))
     assert without  # the planner's profiles are the defaults here
     # a gain smaller than two boundaries is not worth taking: everything stays on the CPU
@@ -190,11 +190,11 @@ def test_fingerprint_uses_stable_facts_only():
 def test_stored_profile_with_broken_figures_is_not_used(profile_dir):
     facts = {"backend": "opencl", "device": "Y"}
     path = save_profile(facts, DeviceProfile(gflops=10, gbytes_per_s=5, launch_us=1, calibrated_at="2026-01-01"))
-    assert load_profile(facts, "gpu").source == str(path)
+    assert load_profile(facts, ACCELERATOR_DEFAULT).source == str(path)
     data = json.loads(path.read_text())
     data["gbytes_per_s"] = -3
     path.write_text(json.dumps(data))
-    assert load_profile(facts, "gpu").source == "default (gpu)"
+    assert load_profile(facts, ACCELERATOR_DEFAULT).source == "default (accelerator)"
 
 
 def test_calibration_refuses_unstable_or_impossible_figures():
@@ -215,11 +215,12 @@ def test_calibration_refuses_unstable_or_impossible_figures():
 
 
 def test_calibrated_cpu_profile_is_measured():
-    from delegate_cpu.plugin import CpuBackend
+    from delegate.plugins import default_manager
 
     for attempt in range(3):  # a refusal means the machine was busy: retry, as the message says
         try:
-            profile = calibrate.calibrate_backend(CpuBackend({"engine": "numpy"}), CompileOptions())
+            cpu = default_manager().create("cpu", {"engine": "numpy"})
+            profile = calibrate.calibrate_backend(cpu, CompileOptions())
             break
         except MeasurementError:
             if attempt == 2:

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from delegate import Backend, CompileOptions, Support, read_model
-from delegate.cost import DEFAULT_PROFILES
+from delegate.backend import ACCELERATOR, HOST
+from delegate.cost import ACCELERATOR_DEFAULT
+from delegate_cpu.plugin import DEFAULT_PROFILES as CPU_DEFAULTS
 from delegate.errors import UnsupportedOpError
 from delegate.planner import PlacementSettings, Planner, Rule
 from delegate.tflite.builder import GraphBuilder
@@ -22,7 +24,7 @@ class TableBackend(Backend):
 
     def __init__(self, name, supported, cost, transfer, accelerator=True):
         self.name, self.supported, self.cost, self.transfer = name, supported, cost, transfer
-        self.is_accelerator = accelerator
+        self.role = ACCELERATOR if accelerator else HOST
         self.layout = "NHWC"
 
     def supports(self, op, options):
@@ -65,7 +67,7 @@ def make_planner(supported, cpu_cost, gpu_cost, transfer, settings=None, partiti
     n = len(cpu_cost)
     backends = {"gpu": TableBackend("gpu", supported, gpu_cost, transfer),
                 "cpu": TableBackend("cpu", set(range(n)), cpu_cost, 0.0, accelerator=False)}
-    profiles = {"gpu": DEFAULT_PROFILES["gpu"], "cpu": DEFAULT_PROFILES["cpu"]}
+    profiles = {"gpu": ACCELERATOR_DEFAULT, "cpu": CPU_DEFAULTS["numpy"]}
     if not partition_costs:
         profiles = {k: dataclasses.replace(p, partition_us=0.0) for k, p in profiles.items()}
     return Planner(backends, profiles, CompileOptions(), settings or PlacementSettings())
@@ -140,7 +142,7 @@ def test_plan_with_partition_costs_beats_every_single_backend(problem):
     assert plan.estimated_ms <= min(singles) + 1e-12
     best = _brute_force(planner, graph, supported)
     cheapest = min(c.estimated_ms for c in plan.candidates)
-    assert best - 1e-9 <= cheapest <= best + 2 * DEFAULT_PROFILES["gpu"].partition_us * 1e-3
+    assert best - 1e-9 <= cheapest <= best + 2 * ACCELERATOR_DEFAULT.partition_us * 1e-3
 
 
 def _chain(n=6):

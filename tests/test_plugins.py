@@ -1,15 +1,16 @@
 """The plugin contract: discovery, disable lists, a third-party backend end to end, hookspec meta-tests."""
 
 import inspect
+import warnings
 
 import numpy as np
 import pytest
 
 import delegate
-from delegate import hookspecs
-from delegate.backend import BackendInfo
+from delegate import hookimpl, hookspecs
+from delegate.backend import HOST, BackendInfo, Support
 from delegate.errors import CompileError, PluginError
-from delegate.planner import PlacementSettings
+from delegate.planner import PlacementSettings, Rule
 from delegate.plugins import PluginManager
 from delegate.session import BackendFallbackWarning, RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
@@ -135,8 +136,64 @@ def test_failing_backend_falls_back_to_cpu_once():
     assert all(p.backend == "cpu" for p in session.executor.partitions)
     np.testing.assert_allclose(session.run([x])["tanh"], Session(model, RunSettings()).run([x])["tanh"])
     settings.fallback = False
-    with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash"):
+    with pytest.raises(CompileError, match="fakegpu' failed to compile partition 0: RuntimeError: simulated compiler crash") \
+            as caught:
         Session(model, settings)
+    assert (caught.value.partition, caught.value.backend) == (0, "fakegpu")
+
+
+class HostPlugin:
+    """A third-party host backend under another name than cpu (the CPU plugin's kernels, renamed)."""
+
+    @hookimpl
+    def delegate_backends(self):
+        from delegate_cpu.plugin import CpuBackend
+
+        class MyHost(CpuBackend):
+            name = "myhost"
+        return [BackendInfo("myhost", factory=MyHost, role=HOST, description="a host of its own")]
+
+
+@pytest.mark.parametrize("fail_compile", [False, True])
+def test_a_third_party_host_is_the_host(fail_compile):
+    """With the cpu plugin disabled, a host backend of another name is the host: the config's word ``cpu`` means
+    it, it runs what the accelerator refuses and holds the inputs and outputs, and fallback goes to it."""
+    manager = PluginManager(disable=["cpu"], extra_plugins=[HostPlugin()])
+    model = mixed_model()
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 4)).astype(np.float32)
+    reference = Session(model, RunSettings()).run([x])
+    settings = RunSettings(backends=[("fakegpu", {"fail_compile": fail_compile}), ("cpu", {})],
+                           placement=PlacementSettings(partitioner="greedy"))
+    with warnings.catch_warnings(record=True) as fell_back:
+        warnings.simplefilter("always")
+        session = Session(model, settings, manager=manager)
+    assert list(session.backends) == ["fakegpu", "myhost"] and session.host == session.plan.host == "myhost"
+    expected = {"myhost"} if fail_compile else {"fakegpu", "myhost"}
+    assert {p.backend for p in session.executor.partitions} == expected
+    assert [str(w.message) for w in fell_back if w.category is BackendFallbackWarning] == (
+        ["backend 'fakegpu' compile failed: RuntimeError: simulated compiler crash; its partitions fall back to "
+         "myhost"] if fail_compile else [])
+    assert session.plan.decisions[2].backend == "myhost"  # ABS: the accelerator refuses it
+    out = session.run([x])
+    for name in reference:
+        np.testing.assert_allclose(out[name], reference[name], rtol=1e-6)
+    # without the word cpu in the list, the host is added all the same; a pin to cpu means that host
+    pinned = Session(model, RunSettings(backends=[("fakegpu", {})], placement=PlacementSettings(
+        partitioner="greedy", pins=[Rule(backend="cpu", op="MUL")])), manager=manager)
+    assert list(pinned.backends) == ["fakegpu", "myhost"]
+    with pytest.raises(PluginError, match="no host backend to run on .*: backend 'cpu' is not available here: its "
+                                          "plugin is disabled"):
+        Session(model, RunSettings(), manager=PluginManager(disable=["cpu"]))
+    assert [d.backend for d in pinned.plan.decisions][:3] == ["fakegpu", "myhost", "myhost"]
+
+
+def test_a_backend_of_unknown_role_is_not_loaded():
+    class Odd:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("odd", factory=lambda options: None, role="coprocessor")]
+    manager = PluginManager(extra_plugins=[Odd()])
+    assert "odd" not in manager.backends() and "role 'coprocessor'" in manager.load_errors["odd"]
 
 
 @pytest.mark.parametrize("options, expected_backends, words", [
@@ -186,3 +243,102 @@ def test_backends_command_honours_disable_plugins(capsys):
     assert "fakegpu" not in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}
     assert main(["backends", "--json"]) == 0
     assert "fakegpu" in {row["name"] for row in json.loads(capsys.readouterr().out)["backends"]}
+
+
+def test_plugins_import_only_the_plugin_surface():
+    """Every plugin module (first-party and the test plugin) imports delegate only through ``delegate.plugin_api``,
+    and a GPU plugin also through the GPU kit: anything else of delegate is free to change under them."""
+    import ast
+    from pathlib import Path
+
+    from delegate import plugin_api
+
+    root = Path(__file__).parent.parent
+    modules = sorted((root / "plugins").rglob("*.py")) + sorted((root / "tests" / "fake_plugin").rglob("*.py"))
+    assert len(modules) > 20
+    kit = plugin_api.GPU_KIT
+    outside = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported = [node.module]
+                if node.module == "delegate":  # ``from delegate import x`` names a module or a top-level name
+                    imported = [f"delegate.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            else:
+                continue
+            for name in imported:
+                if (name == "delegate" or name.startswith("delegate.")) and name != "delegate.plugin_api" \
+                        and name != kit and not name.startswith(kit + "."):
+                    outside.append(f"{path.relative_to(root)}:{node.lineno}: {name}")
+    assert not outside, "plugins import delegate outside delegate.plugin_api:\n" + "\n".join(outside)
+    missing = [n for n in plugin_api.__all__ if not hasattr(plugin_api, n)]
+    assert not missing
+
+
+def test_the_contract_is_declared_on_the_base_classes():
+    """A backend that implements only what is abstract gets every other member of the contract from the base
+    classes, so callers call them directly; members nothing reads are gone."""
+    from delegate.backend import ACCELERATOR, Backend, CompiledPartition
+    from delegate.cli import _devices
+    from delegate.cost import ACCELERATOR_DEFAULT
+
+    class Ran(CompiledPartition):
+        def run(self, inputs):
+            return dict(inputs)
+
+    class Minimal(Backend):
+        name = "minimal"
+
+        def supports(self, op, options):
+            return Support.yes()
+
+        def compile(self, partition, options):
+            return Ran()
+
+    class Listed:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("minimal", factory=lambda options: Minimal()),
+                    BackendInfo("listed", factory=lambda options: Minimal(), list_devices=lambda: ["dev0", 1]),
+                    BackendInfo("not_one", factory=lambda options: object())]
+
+    manager = PluginManager(load_entry_points=False, extra_plugins=[Listed()])
+    backend = manager.create("minimal")
+    x = np.ones(3, np.float32)
+    assert backend.role == ACCELERATOR and backend.default_profile() is ACCELERATOR_DEFAULT
+    assert backend.to_host(backend.to_device(x)) is x and backend.transfer_ms(1 << 20) == 0.0
+    compiled = backend.compile(None, None)
+    compiled.set_profiling(True)
+    assert compiled.op_timer() == "" and compiled.profile() == {} and compiled.describe() == {}
+    assert _devices(manager, "minimal") == [] and _devices(manager, "listed") == ["dev0", "1"]
+    with pytest.raises(PluginError, match="backend 'not_one': its factory returned object, not a Backend"):
+        manager.create("not_one")
+    for gone in ("precisions", "is_accelerator"):
+        assert not hasattr(Backend, gone) and gone not in BackendInfo.__dataclass_fields__
+
+
+def test_a_plugins_compile_error_is_told_its_partition():
+    """Without fallback, a CompileError a plugin raises reaches the caller with its log and the partition."""
+    from delegate.backend import Backend
+
+    class Broken(Backend):
+        name = "broken"
+
+        def supports(self, op, options):
+            return Support.yes() if op.opcode == "MUL" else Support.no("MUL only")
+
+        def compile(self, partition, options):
+            raise CompileError("kernel did not build", log="error: line 3")
+
+    class Plugin:
+        @hookimpl
+        def delegate_backends(self):
+            return [BackendInfo("broken", factory=lambda options: Broken())]
+
+    settings = RunSettings(backends=[("broken", {}), ("cpu", {})], fallback=False,
+                           placement=PlacementSettings(partitioner="greedy"))
+    with pytest.raises(CompileError, match="^kernel did not build$") as caught:
+        Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[Plugin()]))
+    assert (caught.value.log, caught.value.partition, caught.value.backend) == ("error: line 3", 1, "broken")

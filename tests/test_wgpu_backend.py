@@ -45,7 +45,7 @@ def run_compiled(backend, g, compiled, inputs):
 # -- adapters ---------------------------------------------------------------------------------
 
 def test_devices_are_listed_for_the_cli():
-    devices = INFO.factory.list_devices()
+    devices = INFO.list_devices()
     assert devices and all("(" in d and ")" in d for d in devices)
     ok, reason = INFO.available()
     assert ok and reason in devices
@@ -76,7 +76,7 @@ def test_no_matching_adapter_lists_the_adapters():
         INFO.factory({"adapter": "no such gpu"})
     message = str(info.value)
     assert "no adapter matches adapter~'no such gpu'" in message and "adapters found:" in message
-    assert all(d in message for d in INFO.factory.list_devices())
+    assert all(d in message for d in INFO.list_devices())
 
 
 @pytest.mark.parametrize("options, needle", [

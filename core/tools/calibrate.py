@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..backend import HOST
 from ..cost import DeviceProfile
 from ..errors import MeasurementError
 
@@ -41,8 +42,9 @@ class Bounds:
     launch_us: float = 1e5
 
 
-def bounds_for(device_info: dict[str, Any]) -> Bounds:
-    if device_info.get("backend") == "cpu" or device_info.get("device_type") == "cpu":
+def bounds_for(device_info: dict[str, Any], host: bool = False) -> Bounds:
+    """``host``: the device is the host backend's (its cores, whatever ``device_info`` says)."""
+    if host or device_info.get("device_type") == "cpu":
         cores = os.cpu_count() or 1
         return Bounds(gflops=200.0 * cores, gbytes_per_s=1000.0)  # 200 GFLOP/s per core: AVX-512 FMA at 6 GHz
     return Bounds(gflops=5e6, gbytes_per_s=20000.0)  # above any GPU's peak (H200: ~4.8 TB/s)
@@ -199,7 +201,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
                                  lambda: per_run_seconds(short.resident), LONG - SHORT)
     # A partition's own cost beyond its ops (submission, queue drain): a short chain less its ops.
     partition_s = max(min(per_run_seconds(short.resident) for _ in range(REPEATS)) - SHORT * launch_s, 0.0)
-    asynchronous = name != "cpu"  # devices run queued kernels while the host enqueues the next
+    asynchronous = backend.role != HOST  # devices run queued kernels while the host enqueues the next
     # on the host an op's launch and work add up; on a device the chain's extra time is the work alone
     own = (lambda s: s) if asynchronous else (lambda s: max(s - launch_s, s * 0.5))
     stream_s, rows, stream = work_per_op("the streaming op time", backend, compile_options,
@@ -210,7 +212,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         gflops=2.0 * fc_rows * FC_DEPTH * FC_DEPTH / own(fc_s) / 1e9, gbytes_per_s=stream_bytes / own(stream_s) / 1e9,
         launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated", asynchronous=asynchronous,
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
-    if name != "cpu":
+    if asynchronous:
         tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2), feeder=short)
         latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(tiny.round_trip),
                                       lambda: per_run_seconds(tiny.resident), 2)
@@ -220,7 +222,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
                                    lambda: per_run_seconds(stream.resident))
         profile.transfer_latency_us = latency_s * 1e6
         profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - 2 * latency_s, copy_s * 0.5) / 1e9
-    check_bounds(name, profile, bounds_for(backend.device_info()))
+    check_bounds(name, profile, bounds_for(backend.device_info(), backend.role == HOST))
     return profile
 
 
@@ -241,11 +243,12 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
 
     from .. import zoo
     from ..inputs import make_inputs
+    from ..plugins import HOST_WORD
     from ..session import Session
     from ..tflite.reader import read_model
     from .measure import learn_from, profile_partitions, samples_ms
 
-    backends = [b for b in settings.backends if b[0] == name] + [b for b in settings.backends if b[0] == "cpu"]
+    backends = [b for b in settings.backends if b[0] in (name, HOST_WORD)]
     placement = dataclasses.replace(settings.placement, partitioner="greedy", search="estimate",
                                     pins=[], denies=[], max_delegated_partitions=0, min_nodes_per_partition=1)
     workload = dataclasses.replace(settings, backends=backends, placement=placement, fallback=False)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backend import HOST
 from ..errors import DelegateError
 
 # LiteRT slower than this while alternating with delegate than alone (by a factor, and by more than
@@ -181,7 +182,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
         if not mine:
             continue
         profile = session.profiles[name]
-        observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=name == "cpu",
+        observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=backend.role == HOST,
                                     transfer_ms=sum(session.planner.transfer_cost(x, name)
                                                     for x in parts[t.index].inputs + parts[t.index].outputs))
                         for t in mine]

@@ -16,7 +16,7 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from delegate.ir import Op, Tensor
+from delegate.plugin_api import Op, Tensor
 
 from .kernels.common import CLAMPS, constant, float_constant
 from .registry import is_quantized_op

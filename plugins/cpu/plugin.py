@@ -10,12 +10,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate import hookimpl
-from delegate.backend import Backend, BackendInfo, CompiledPartition, CompileOptions, Partition, Support
-from delegate.errors import CompileError
-from delegate.ir import DType, Op, Subgraph, Tensor
-from delegate.memory import plan_arena
-from delegate.stdio import native_stderr
+from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
+                                 DeviceProfile, DType, Op, Partition, Subgraph, Support, Tensor, hookimpl,
+                                 native_stderr, plan_arena)
 
 from . import registry
 from .fusion import absorbed, fuse_ops
@@ -147,8 +144,7 @@ class LitertCompiled(CompiledPartition):
     none of the writer's transient ones: MobileNetV2 peaked at 130 MB instead of LiteRT's 79)."""
 
     def __init__(self, partition: Partition, num_threads: int):
-        from delegate.export import partition_model
-        from delegate.tflite.writer import write_model
+        from delegate.plugin_api import partition_model, write_model
 
         self.partition = partition
         original = _as_read(partition)
@@ -261,8 +257,7 @@ def _op_signature(op: Op) -> tuple:
 
 def _ask_litert(op: Op) -> str | None:
     from ai_edge_litert.interpreter import Interpreter
-    from delegate.export import partition_model
-    from delegate.tflite.writer import write_model
+    from delegate.plugin_api import partition_model, write_model
 
     inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant
                    and not t.is_variable}.values())
@@ -283,10 +278,21 @@ def litert_installed() -> bool:
     return True
 
 
+# The backend's options (JSON Schema of each; the config loader checks them, and the config's ``cpu`` section
+# holds them for the host backend)
+OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "boolean"}}
+
+# Figures per thread (the session multiplies them by the thread count) until `delegate calibrate` runs.
+DEFAULT_PROFILES = {
+    "numpy": DeviceProfile(gflops=12.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0, source="default (cpu)"),
+    "litert": DeviceProfile(gflops=45.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0,
+                            source="default (cpu-litert)"),
+}
+
+
 class CpuBackend(Backend):
     name = "cpu"
     layout = "NHWC"
-    precisions = ("fp32", "int8")
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         registry.load_all()
@@ -341,6 +347,9 @@ class CpuBackend(Backend):
         compiled.litert_refused = refused
         return compiled
 
+    def default_profile(self) -> DeviceProfile:
+        return DEFAULT_PROFILES["litert" if self.engine == "litert" else "numpy"]
+
     def device_info(self) -> dict[str, Any]:
         return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__,
                 "cpu_model": _cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -357,4 +366,5 @@ class CpuBackend(Backend):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("cpu", factory=CpuBackend, description="numpy kernels on the host; runs every op")]
+    return [BackendInfo("cpu", factory=CpuBackend, role=HOST, options=OPTIONS,
+                        description="numpy kernels on the host; runs every op")]

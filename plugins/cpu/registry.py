@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from delegate import Op
+from delegate.plugin_api import Op
 
 Run = Callable[[list[np.ndarray], list[np.ndarray]], None]
 Factory = Callable[[Op], Run]

@@ -7,10 +7,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu.constants import is_folded_dequantize
+from delegate.gpu.profile import default_profile
 from delegate.gpu.registry import supports
-from delegate.ir import Op
+from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
 
 from .compiled import ClCompiled
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
@@ -65,8 +65,6 @@ class OpenCLBackend(Backend):
 
     name = "opencl"
     layout = "PHWC4"
-    precisions = ("fp32", "fp16")
-    is_accelerator = True
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()
@@ -79,6 +77,9 @@ class OpenCLBackend(Backend):
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
         return 0.0 if is_folded_dequantize(op) else None
+
+    def default_profile(self) -> DeviceProfile:
+        return default_profile(self.device_info())
 
     def half_precision(self) -> tuple[bool, str]:
         if self.state.facts["fp16"]:

@@ -15,8 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.backend import CompiledPartition, CompileOptions, Partition
-from delegate.cache import EntryStore, cache_key
+from delegate.plugin_api import CompileOptions, CompiledPartition, EntryStore, Partition, cache_key
 from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from delegate.errors import PluginError
+from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
 
 from . import __version__
 
 DEVICE_TYPES = ("gpu", "cpu", "accelerator", "any")
-OPTION_KEYS = ("platform", "device", "device_type")
+# The backend's options (JSON Schema of each; the config loader checks them against these)
+OPTIONS = {"platform": {"type": "string", "minLength": 1}, "device": {"type": "string", "minLength": 1},
+           "device_type": {"enum": list(DEVICE_TYPES)}}
+OPTION_KEYS = tuple(OPTIONS)
 _PREFERENCE = ("gpu", "accelerator", "cpu")  # for device_type "any": the fastest kind first
 
 
@@ -84,6 +87,12 @@ def select_device(cl, request: DeviceRequest) -> tuple[Any, Any]:
         listing = "; ".join(f"{p.name.strip()} / {d.name.strip()} ({device_kind(cl, d)})" for p, d in found)
         raise PluginError(f"opencl backend: no device matches {request.describe()}; devices found: {listing}")
     return min(matches, key=lambda pd: _PREFERENCE.index(device_kind(cl, pd[1])))
+
+
+def device_names() -> list[str]:
+    """Every OpenCL device here, as ``device (kind) on platform``, for ``delegate backends``."""
+    cl = import_pyopencl()
+    return [f"{d.name.strip()} ({device_kind(cl, d)}) on {p.name.strip()}" for p, d in list_devices(cl)]
 
 
 def probe() -> tuple[bool, str]:

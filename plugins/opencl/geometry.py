@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from delegate.gpu.layout import as_nhwc, padding_before, slices
-from delegate.ir import Op
+from delegate.plugin_api import Op
 
 MATMUL_GROUP = 128  # most work items of a matmul.cl group; each computes 2 rows x 2 output slices
 MATMUL_CHUNK = 8  # most input vectors staged per step

@@ -15,7 +15,6 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
 from delegate.gpu.fusion import Group, Step, gate_operands
@@ -25,7 +24,7 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_g
                                  split_parts, to_phwc4, transpose_axes, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
-from delegate.ir import Op, Tensor
+from delegate.plugin_api import CompileError, Op, Tensor
 
 from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
                        pow2_at_least, reduction_shape, round_to, window_padding)

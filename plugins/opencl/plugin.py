@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from delegate import BackendInfo, hookimpl
+from delegate.plugin_api import BackendInfo, hookimpl
 
-from .device import probe
+from .device import OPTIONS, device_names, probe
 
 
 def _factory(options: Mapping[str, Any]):
@@ -16,6 +16,6 @@ def _factory(options: Mapping[str, Any]):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("opencl", factory=_factory, available=probe, is_accelerator=True,
+    return [BackendInfo("opencl", factory=_factory, available=probe, options=OPTIONS, list_devices=device_names,
                         description="OpenCL kernels on PHWC4 buffers (GPU, or CPU through PoCL); "
-                                    "options: platform, device, device_type")]
+                                    f"options: {', '.join(OPTIONS)}")]

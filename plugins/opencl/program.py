@@ -23,8 +23,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
-from delegate.errors import CompileError
-from delegate.cache import CacheWarning, EntryStore, cache_key
+from delegate.plugin_api import CacheWarning, CompileError, EntryStore, cache_key
 from delegate.gpu.dialect import OPENCL, epilogue_lines
 
 from . import __version__

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from delegate.gpu.constants import from_float_view, to_float_view
-from delegate.ir import DType, Quantization, Tensor
+from delegate.plugin_api import DType, Quantization, Tensor
 
 
 class Boundary:

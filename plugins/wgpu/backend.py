@@ -10,13 +10,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
 from delegate.gpu import is_folded_dequantize, same_storage
-from delegate.cache import EntryStore, cache_key, ops_fingerprint
 from delegate.gpu.dialect import WGSL
 from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.gpu.profile import default_profile
 from delegate.gpu.registry import supports
-from delegate.ir import Op
+from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, EntryStore, Op, Partition,
+                                 Support, cache_key, ops_fingerprint)
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
@@ -65,8 +65,6 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
     layout = "PHWC4"
-    precisions = ("fp32", "fp16")
-    is_accelerator = True
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         self.request = AdapterRequest.from_options(dict(options or {}))
@@ -85,6 +83,9 @@ class WgpuBackend(Backend):
                            "in f16 (kernels listed under f16_arithmetic), epilogues, softmax and reductions "
                            "compute in f32")
         return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
+
+    def default_profile(self) -> DeviceProfile:
+        return default_profile(self.device_info())
 
     def half_precision(self) -> tuple[bool, str]:
         if self.context.f16:

@@ -16,12 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.backend import CompiledPartition
-from delegate.errors import CompileError
 from delegate.gpu import to_phwc4
 from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
-from delegate.ir import DType, Quantization
+from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization
 
 from .device import DeviceContext, import_wgpu, map_for_reading
 from .program import STORAGE_DTYPES, DispatchSpec, Program, TensorSpec

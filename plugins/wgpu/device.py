@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping
 
-from delegate.errors import PluginError
+from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
 
 from . import __version__
@@ -24,7 +24,13 @@ from . import __version__
 POWER_PREFERENCES = ("high-performance", "low-power")
 BACKEND_TYPES = {"vulkan": ("vulkan",), "metal": ("metal",), "dx12": ("d3d12", "dx12"),
                  "gl": ("opengl", "opengles", "gl"), "any": ()}
-OPTION_KEYS = ("power_preference", "backend_type", "adapter", "limits", "workgroup_size", "fuse", "subgroups")
+# The backend's options (JSON Schema of each; the config loader checks them against these)
+OPTIONS = {"power_preference": {"enum": list(POWER_PREFERENCES)}, "backend_type": {"enum": list(BACKEND_TYPES)},
+           "adapter": {"type": "string", "minLength": 1},
+           "limits": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+           "workgroup_size": {"type": "integer", "minimum": 1}, "fuse": {"type": "boolean"},
+           "subgroups": {"type": "boolean"}}
+OPTION_KEYS = tuple(OPTIONS)
 # Adapter limits the plan depends on; a ``limits`` option may lower them (to plan for a smaller device).
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",

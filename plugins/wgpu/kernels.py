@@ -14,7 +14,6 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import gate_operands
 from delegate.gpu.constants import int_values
@@ -26,8 +25,7 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_g
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
-from delegate.ir import Op, Tensor
-from delegate.strided import strided_slice_plan
+from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
 
 from .shaders import Kernel, dims, template
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from delegate import BackendInfo, hookimpl
+from delegate.plugin_api import BackendInfo, hookimpl
 
-from .device import list_devices, probe
+from .device import OPTIONS, list_devices, probe
 
 
 def factory(options: Mapping[str, Any]):
@@ -15,11 +15,8 @@ def factory(options: Mapping[str, Any]):
     return WgpuBackend(options)
 
 
-factory.list_devices = list_devices
-
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("wgpu", factory=factory, available=probe, is_accelerator=True,
-                        description="WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: power_preference, "
-                                    "backend_type, adapter, limits, workgroup_size, fuse, subgroups")]
+    return [BackendInfo("wgpu", factory=factory, available=probe, list_devices=list_devices, options=OPTIONS,
+                        description=f"WebGPU (wgpu-py) WGSL kernels on PHWC4 buffers; options: {', '.join(OPTIONS)}")]

@@ -20,8 +20,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
-from delegate.backend import CompileOptions, Partition
-from delegate.errors import CompileError
+from delegate.plugin_api import CompileError, CompileOptions, Partition
 from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
 from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized

@@ -8,8 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from delegate import Op, Tensor
-from delegate.ir import Sparsity
+from delegate.plugin_api import Op, Sparsity, Tensor
 
 
 # Activations that clamp: (low, high).

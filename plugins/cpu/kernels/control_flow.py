@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import ExecutionError, Op
-from delegate.backend import Partition
-from delegate.runtime import ModelState, active_state
+from delegate.plugin_api import ExecutionError, ModelState, Op, Partition, active_state
 
 from ..registry import kernel
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op
-from delegate.shapes import transpose_conv_bias_geometry
+from delegate.plugin_api import Op, transpose_conv_bias_geometry
 
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op
-from delegate.shapes import detection_postprocess_options
+from delegate.plugin_api import Op, detection_postprocess_options
 
 from ..registry import kernel
 from .common import dequantize_array

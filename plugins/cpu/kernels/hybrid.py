@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op, Tensor
+from delegate.plugin_api import Op, Tensor
 
 from ..registry import kernel
 from .common import fused, window_view

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from delegate import Op
+from delegate.plugin_api import Op
 
 from ..registry import is_hybrid_weight, kernel, laid_out
 from .common import activation, float_constant

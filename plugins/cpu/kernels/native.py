@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from delegate.cache import EntryStore
-from delegate.errors import ExecutionError
+from delegate.plugin_api import EntryStore, ExecutionError
 
 from .parallel import loaded_openblas, native_allowed, native_team
 

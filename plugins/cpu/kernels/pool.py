@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from delegate import Op
+from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op, Tensor
-from delegate.ir import DType
+from delegate.plugin_api import DType, Op, Tensor
 
 from ..registry import kernel
 from .common import same_padding

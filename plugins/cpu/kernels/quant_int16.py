@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op, Tensor
+from delegate.plugin_api import Op, Tensor
 
 from .quant_util import (
     c_math, leading_zeros, multiply_by_quantized_multiplier, power_of_two_exponent, quantize_multiplier, round_half_away, scale,

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from delegate import Op, Tensor
+from delegate.plugin_api import Op, Tensor
 
 from .common import scratch
 from .native import kernel_loops

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from delegate import Op
+from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import constant, normalize_axes

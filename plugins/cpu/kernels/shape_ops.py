@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 
-from delegate import Op
-from delegate.strided import strided_slice_plan
+from delegate.plugin_api import Op, strided_slice_plan
 
 from ..registry import kernel, laid_out
 from .common import constant, fused

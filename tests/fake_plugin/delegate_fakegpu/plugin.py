@@ -1,6 +1,6 @@
 """An 'accelerator' that holds tensors in its own wrapper type and runs a few elementwise ops.
 
-It imports only delegate's public API, exactly as a real third-party plugin would.
+It imports only delegate.plugin_api, exactly as a real third-party plugin would.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from delegate import Backend, BackendInfo, CompiledPartition, Support, hookimpl
+from delegate.plugin_api import Backend, BackendInfo, CompiledPartition, Support, hookimpl
 
 SUPPORTED = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
 UNARY = {"RELU": lambda x: np.maximum(x, 0), "LOGISTIC": lambda x: 1 / (1 + np.exp(-x)), "TANH": np.tanh}
@@ -59,8 +59,6 @@ class FakeCompiled(CompiledPartition):
 class FakeGpu(Backend):
     name = "fakegpu"
     layout = "PHWC4"
-    precisions = ("fp32", "fp16")
-    is_accelerator = True
 
     def __init__(self, options):
         self.options = dict(options)
@@ -111,5 +109,4 @@ class FakeGpu(Backend):
 
 @hookimpl
 def delegate_backends():
-    return [BackendInfo("fakegpu", factory=FakeGpu, description="test-only fake accelerator",
-                        is_accelerator=True)]
+    return [BackendInfo("fakegpu", factory=FakeGpu, description="test-only fake accelerator")]

@@ -1,0 +1,47 @@
+"""The one surface a backend plugin imports, first-party plugins included.
+
+Everything a plugin needs from delegate is named here: the backend contract and hook marker,
+the IR it reads, the errors it raises, and the helpers the first-party plugins share (shape
+rules, arena planning, the kernel cache, partition export).  A name not listed here is
+delegate's own and may change without notice; ``tests/test_plugins.py`` fails when a plugin
+module imports anything else of delegate.
+
+One sub-surface: the GPU kit, ``delegate.gpu`` and its modules (layout, lowering registry,
+fusion, dialect tables), is imported directly by GPU plugins.  It is not re-exported here
+because it is the shared lowering itself, not a set of helpers: a GPU plugin is built on it.
+"""
+
+from __future__ import annotations
+
+from .backend import (ACCELERATOR, API_VERSION, HOST, ROLES, Backend, BackendInfo, CompiledPartition,
+                      CompileOptions, DeviceValue, Partition, Support)
+from .cache import CacheWarning, EntryStore, cache_key, ops_fingerprint
+from .cost import DeviceProfile
+from .errors import (CacheError, CompileError, ConfigError, DelegateError, ExecutionError, InputError,
+                     PluginError, UnsupportedOpError)
+from .export import partition_model
+from .hookspecs import hookimpl
+from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
+from .memory import plan_arena
+from .runtime import ModelState, active_state
+from .shapes import detection_postprocess_options, transpose_conv_bias_geometry
+from .stdio import native_stderr
+from .strided import strided_slice_plan
+from .tflite.writer import write_model
+
+GPU_KIT = "delegate.gpu"  # the sub-surface GPU plugins import directly (see the module docstring)
+
+__all__ = [
+    # the backend contract
+    "API_VERSION", "HOST", "ACCELERATOR", "ROLES", "Backend", "BackendInfo", "CompiledPartition",
+    "CompileOptions", "DeviceProfile", "DeviceValue", "Partition", "Support", "hookimpl",
+    # errors
+    "CacheError", "CompileError", "ConfigError", "DelegateError", "ExecutionError", "InputError", "PluginError",
+    "UnsupportedOpError",
+    # the IR a plugin reads
+    "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor",
+    # helpers the first-party plugins share
+    "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
+    "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "native_stderr",
+    "strided_slice_plan", "write_model", "GPU_KIT",
+]
