@@ -29,6 +29,7 @@ from .quantize import MODES as QUANT_MODES
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
+EXIT_CLOSED_PIPE = 128 + 13  # killed by SIGPIPE, as `yes | head` reports it
 OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
 SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
 
@@ -86,9 +87,15 @@ def _json_default(value: Any) -> Any:
 def console():
     """rich on a terminal; wide plain text (no colour, no wrapping of table rows) when piped."""
     from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1 on its own: leave it to main()
+            self.quiet = True
+            raise BrokenPipeError
+
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, color_system=None, width=240)
+        return _Console(highlight=False)
+    return _Console(highlight=False, color_system=None, width=240)
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
@@ -378,6 +385,14 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def closed_pipe() -> int:
+    """The reader of stdout went away (``delegate ... | head``): stop quietly, as other command-line tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere instead of failing at exit
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
 # -- argument parsing ------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
@@ -480,7 +495,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"delegate: error: {flag} {getattr(args, dest)}: {problem}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return int(args.fn(args) or 0)
+        code = int(args.fn(args) or 0)
+        sys.stdout.flush()  # a reader that stopped early (`| head`) is found here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
     except DelegateError as exc:
         if args.debug:
             raise

@@ -330,3 +330,12 @@ def test_small_model_and_config_errors_say_what_happened(tiny_model, tmp_path):
     (tmp_path / "custom.tflite").write_bytes(b.to_bytes())
     proc = delegate("run", str(tmp_path / "custom.tflite"), "--backends", "cpu", check=False)
     assert proc.returncode == 6 and "delegate_custom_kernels hook" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args", [["zoo"], ["inspect", "zoo:posenet"], ["inspect", "zoo:posenet", "--json"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(args):
+    """``delegate ... | head``: the pipe's reader is gone before the first write; exit as SIGPIPE would, no trace."""
+    proc = subprocess.Popen([sys.executable, "-m", "delegate", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and stderr == "", stderr
