@@ -25,6 +25,7 @@ import numpy as np
 from . import __version__
 from .errors import DelegateError, ExecutionError, ModelFormatError
 from .quantize import MODES as QUANT_MODES
+from .stdio import show_progress
 
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
@@ -484,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug, args.verbose = bool(args.debug), args.verbose or 0
     logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    show_progress(sys.stderr.isatty() and not getattr(args, "json", False))
     if not args.debug:
         warnings.simplefilter("ignore")  # fallbacks are reported through the log and the plan notes
     if not getattr(args, "fn", None):

@@ -32,6 +32,7 @@ from .memory import peak_bytes
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import PluginManager, default_manager
 from .runtime import Executor, ModelState, Watchdog, running
+from .stdio import progress
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -198,7 +199,7 @@ class Session:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled or [self._compile(p) for p in self.plan.partitions],
+                                 compiled=compiled or self._compile_all(self.plan.partitions),
                                  state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != "cpu" for p in self.plan.partitions):
@@ -328,6 +329,15 @@ class Session:
         if watchdog is None:
             return backend.compile(partition, options)
         return watchdog.call(backend.compile, partition, options, what="compile()")
+
+    def _compile_all(self, partitions: list[Partition]) -> list[CompiledPartition]:
+        """Every partition compiled, in order, under a progress bar (a cold GPU compile takes seconds)."""
+        compiled = []
+        with progress(f"compiling {len(partitions)} partition(s)", len(partitions)) as advance:
+            for partition in partitions:
+                compiled.append(self._compile(partition))
+                advance()
+        return compiled
 
     def _compile(self, partition: Partition) -> CompiledPartition:
         try:

@@ -248,9 +248,19 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
     return written
 
 
+def fresh_out(root: Path = Path("bench-results")) -> Path:
+    """A directory no earlier suite wrote to: ``root/suite-DATE-TIME`` (with a counter if that exists)."""
+    stem = root / datetime.datetime.now().strftime("suite-%Y%m%d-%H%M%S")
+    out, n = stem, 1
+    while out.exists():
+        n += 1
+        out = stem.with_name(f"{stem.name}-{n}")
+    return out
+
+
 def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, runs: int, threads: int,
               out: Path, progress: Callable[[str], None],
-              preference: str = "sustained_speed") -> tuple[list[Row], list[Path]]:
+              preference: str = "fast_single_answer") -> tuple[list[Row], list[Path]]:
     configs = [c for c in CONFIGS if not config_names or c.name in config_names]
     rows = []
     cache_root = out / "cache"

@@ -339,3 +339,51 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(args):
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and stderr == "", stderr
+
+
+def _stderr_on_a_terminal(*args) -> tuple[str, str]:
+    """(stdout, stderr) of the CLI run with stderr on a pseudo-terminal, every step long enough to draw."""
+    import pty
+    code = ("import sys, delegate.stdio as s; s.SHOW_AFTER_S = 0; from delegate.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=300) == 0
+    os.close(master)
+    return out, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_is_drawn_on_a_terminal_only(tiny_model):
+    args = ["bench", tiny_model, "--backends", "cpu", "--runs", "300"]
+    out, err = _stderr_on_a_terminal(*args)
+    assert "timed runs" in err and "compiling 1 partition(s)" in err and "timed runs" not in out
+    out, err = _stderr_on_a_terminal(*args, "--json")
+    assert err == "" and json.loads(out)["runs"] == 300
+    piped = delegate(*args)
+    assert "timed runs" not in piped.stderr + piped.stdout and "compiling" not in piped.stderr
+
+
+def test_the_suite_writes_a_fresh_directory_each_time_with_the_fast_preference(tiny_model, tmp_path):
+    args = [sys.executable, "-m", "delegate", "bench", "--suite", "--models", tiny_model, "--configs", "cpu-numpy",
+            "--runs", "2", "--json"]
+    written = []
+    for _ in range(2):
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        written.append({os.path.dirname(f) for f in json.loads(proc.stdout)["files"]})
+    assert len(written[0]) == len(written[1]) == 1 and written[0] != written[1]
+    assert sorted(p.name for p in (tmp_path / "bench-results").iterdir()) == sorted(
+        os.path.basename(d) for w in written for d in w)
+    from delegate.cli import build_parser
+    assert build_parser().parse_args(["bench", "--suite"]).preference == "fast_single_answer"
