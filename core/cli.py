@@ -109,18 +109,44 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
     return t
 
 
-def output_stats(name: str, arr: np.ndarray) -> dict[str, Any]:
+def output_stats(name: str, arr: np.ndarray, producer: str | None = None) -> dict[str, Any]:
+    """Shape, dtype and range of an output; its top 5 classes when it looks like class scores."""
     stats: dict[str, Any] = {"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)}
     if arr.size and arr.dtype.kind in "fiub":
         a = arr.astype(np.float64)
         stats.update(min=float(a.min()), max=float(a.max()), mean=float(a.mean()))
-    if arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] >= 10 and arr.dtype.kind in "fiu":
+    if class_scores(arr, producer):
         top = np.argsort(arr[0])[::-1][:5]
         stats["top5"] = [{"class": int(i), "score": float(arr[0, i])} for i in top]
     return stats
 
 
-PARTITION_COLUMNS = ["#", "backend", "ops", "span", "inputs", "outputs", "compiled as"]
+def class_scores(arr: np.ndarray, producer: str | None) -> bool:
+    """One batch row of >= 2 scores made by a SOFTMAX, or float values that form a distribution (>= 0, summing
+    to 1): class scores.  Anything else (landmarks, boxes, logits of unknown meaning) gets no top 5."""
+    if arr.ndim != 2 or arr.shape[0] != 1 or arr.shape[1] < 2 or arr.dtype.kind not in "fiu":
+        return False
+    if producer == "SOFTMAX":
+        return True
+    return arr.dtype.kind == "f" and bool(arr.min() >= 0) and abs(float(arr.sum(dtype=np.float64)) - 1) < 1e-3
+
+
+PARTITION_COLUMNS = ["#", "backend", "ops", "ops at", "inputs", "outputs", "compiled as"]
+PLACEMENT_COLUMNS = ["op", "code", "ver", "backend", "est ms", "copies in", "why"]
+LEGEND = [
+    ("op, code, ver", "the op's index in the model, its TFLite op code and version"),
+    ("backend", "where the op runs"),
+    ("est ms", "the cost model's estimate of the op alone on that backend; an estimate, not a measurement "
+               "(`delegate bench` measures)"),
+    ("copies in", "inputs of the op copied from another device before it runs"),
+    ("why", "the reason for that backend; the assignment is made for the whole graph, so an op may stay where it "
+            "alone is slower when moving it would cost copies"),
+    ("ops, ops at", "a partition's op count and their indices (ranges when it is not one run of ops)"),
+    ("inputs, outputs", "tensors crossing the partition's boundary (each a copy when the devices differ)"),
+    ("compiled as", "the engine, precision and kernel count its backend compiled (the details below; all of them "
+                    "in --json)"),
+    ("candidate plans", "the assignments compared; * marks the chosen one, measured ms only where timed here"),
+]
 
 
 def compiled_details(session) -> list[dict[str, Any]]:
@@ -129,23 +155,35 @@ def compiled_details(session) -> list[dict[str, Any]]:
 
 
 def _summary(details: dict[str, Any]) -> str:
+    """The table's short form of a compiled partition: engine, precision and counts (the reasons: --explain)."""
     parts = [str(details[k]) for k in ("engine", "precision") if k in details]
-    if "precision_reason" in details:
-        parts.append(f"({details['precision_reason']})")
-    for key in ("kernels", "dispatches", "fused"):
+    for key in ("kernels", "dispatches"):
         if key in details:
             count = details[key] if isinstance(details[key], int) else len(details[key])
             parts.append(f"{count} {key}")
     return " ".join(parts) or "-"
 
 
+def op_ranges(indices: Sequence[int], most: int = 3) -> str:
+    """``#0..#5`` for one run of ops; ``#0..#5, #9, #12..#20`` (and how many more) when there are gaps."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"#{a}" if a == b else f"#{a}..#{b}" for a, b in runs[:most])
+    return text + (f" +{len(runs) - most} more ranges" if len(runs) > most else "")
+
+
 def plan_rows(plan, details: list[dict[str, Any]]) -> list[list[Any]]:
-    rows = []
-    for p, d in zip(plan.partitions, details):
-        ops = p.op_indices
-        span = f"#{ops[0]}..#{ops[-1]}" if len(ops) > 1 else f"#{ops[0]}"
-        rows.append([p.index, p.backend, len(ops), span, len(p.inputs), len(p.outputs), _summary(d)])
-    return rows
+    return [[p.index, p.backend, len(p.op_indices), op_ranges(p.op_indices), len(p.inputs), len(p.outputs),
+             _summary(d)] for p, d in zip(plan.partitions, details)]
+
+
+def backends_in_use(plan) -> list[str]:
+    """The backends that run at least one op, in the order of their first partition."""
+    return list(dict.fromkeys(p.backend for p in plan.partitions))
 
 
 def plan_doc(session) -> dict[str, Any]:
@@ -176,13 +214,14 @@ def run_one(spec: str, model_config, input_specs, seed: int, runs: int) -> dict[
         session.run(inputs)
         times.append((time.perf_counter() - t0) * 1e3)
     median = float(np.median(times)) if times else first_ms
+    producers = {t.name: t.producer.opcode for t in session.graph.outputs if t.producer is not None}
     return {
         "model": label,
         "name": getattr(model_config, "name", label),
         "precision": model_config.precision,
-        "backends_in_use": list(session.backends),
+        "backends_in_use": backends_in_use(session.plan),
         "plan": plan_doc(session),
-        "outputs": [output_stats(n, a) for n, a in outputs.items()],
+        "outputs": [output_stats(n, a, producers.get(n)) for n, a in outputs.items()],
         "timing_ms": {"init": round(init_ms, 3), "first_run": round(first_ms, 3), "median": round(median, 3),
                       "runs": len(times)},
         "_arrays": outputs,
@@ -342,8 +381,9 @@ def cmd_plan(args) -> int:
     c.print(plan.summary())
     rows = [[d.index, d.opcode, f"v{d.version}", d.backend, _fmt_est(d.estimates_ms.get(d.backend)), d.copies,
              d.reason] for d in plan.decisions]
-    c.print(table("placement", ["op", "code", "ver", "backend", "est ms", "copies in", "why"], rows))
-    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, compiled_details(session))))
+    c.print(table("placement", PLACEMENT_COLUMNS, rows))
+    details = compiled_details(session)
+    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, details)))
     c.print(f"copies: {len(plan.copies)} ({sum(x.nbytes for x in plan.copies)} bytes); "
             f"estimated total {plan.estimated_ms:.3f} ms ({plan.partitioner} partitioner)")
     from .cli_tools import candidates_table
@@ -352,9 +392,22 @@ def cmd_plan(args) -> int:
     c.print("cost profiles: " + "; ".join(f"{name}: {where}" for name, where in plan.profiles.items()))
     for note in plan.notes:
         c.print(f"note: {note}")
+    if args.explain:
+        c.print(table("what the columns mean", ["column", "meaning"], LEGEND))
+        for p, d in zip(plan.partitions, details):
+            c.print(f"partition {p.index} ({p.backend}) compiled as: "
+                    + "; ".join(f"{k} {_detail(v)}" for k, v in d.items()))
+    else:
+        c.print("what the columns mean, and each partition's compile details: delegate plan --explain")
     if args.svg:
         c.print(f"plan drawn to {args.svg}")
     return 0
+
+
+def _detail(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)} ({', '.join(map(str, value[:5]))}{', ...' if len(value) > 5 else ''})"
+    return str(value)
 
 
 def _fmt_est(v: float | None) -> str:
@@ -451,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="explain where each op runs and why")
     _common(p)
     p.add_argument("--svg", help="draw the plan to this SVG file")
+    p.add_argument("--explain", action="store_true",
+                   help="also say what each column means and print every partition's compile details")
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("backends", help="list installed backends, their devices and availability")

@@ -282,7 +282,7 @@ def candidates_table(plan):
 
     def ms(v):
         return "-" if v is None else f"{v:.3f}"
-    return table("candidate plans (estimated by the cost model; measured on this device when timed)",
+    return table("candidate plans",
                  ["plan", "backends", "estimated ms", "measured ms", ""],
                  [[c.name + (" *" if c.name == plan.chosen else ""), ",".join(sorted(set(c.assignment.values()))),
                    ms(c.estimated_ms), ms(c.measured_ms), c.status] for c in plan.candidates])

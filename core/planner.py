@@ -499,12 +499,15 @@ class Planner:
         total, copies = self.evaluate(graph, assignment, costs)
         partitions = [make_partition(graph, ops, assignment[ops[0].index], i)
                       for i, ops in enumerate(self.form_partitions(graph, assignment))]
-        decisions = self.explain(graph, assignment, costs, refusals, copies)
+        decisions = self.explain(graph, assignment, costs, refusals, copies, total)
         return Plan(graph, partitions, decisions, copies, total, self.settings.partitioner, self.accelerators,
                     list(candidate.notes), chosen=candidate.name,
                     profiles={name: p.describe() for name, p in self.profiles.items()})
 
-    def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies) -> list[OpDecision]:
+    def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies,
+                total: float) -> list[OpDecision]:
+        """Per op: where it runs and why.  The assignment is decided for the whole graph, so an op on a backend
+        where it alone is slower says what moving it alone would cost (copies, partitions) instead."""
         copies_into: dict[int, int] = {}
         for c in copies:
             t = graph.tensors[c.tensor]
@@ -516,17 +519,31 @@ class Planner:
             chosen = assignment[op.index]
             est = {b: round(v, 5) for b, v in costs[op.index].items()}
             refused = refusals[op.index]
+            cheaper = min((b for b in est if b != chosen and est[b] < est.get(chosen, INF)), key=est.get, default=None)
             if chosen == "cpu" and self.accelerators and all(a in refused for a in self.accelerators):
                 reason = "; ".join(f"{a}: {refused[a]}" for a in self.accelerators)
-            elif chosen == "cpu" and self.accelerators:
-                others = ", ".join(f"{a} {est[a]:.4f} ms" for a in self.accelerators if a in est)
-                reason = (f"cheaper on cpu counting copies: cpu {est['cpu']:.4f} ms vs {others}"
-                          if self.settings.partitioner == "cost" else "outside the kept partitions")
-            elif chosen == "cpu":
+            elif not self.accelerators:
                 reason = "cpu is the only backend in use"
+            elif self.settings.partitioner == "greedy" and chosen == "cpu":
+                reason = "outside the kept partitions (greedy partitioner)"
+            elif cheaper is not None:
+                reason = self._kept_reason(graph, assignment, costs, total, copies, op, chosen, cheaper, est)
             else:
-                reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs cpu {est['cpu']:.4f} ms" if "cpu" in est else
-                                                              " (cpu cannot run it)")
+                others = ", ".join(f"{b} {est[b]:.4f} ms" for b in est if b != chosen)
+                fastest = all(est[chosen] < est[b] for b in est if b != chosen)
+                reason = f"{'fastest' if fastest else 'no slower'} here: {chosen} {est[chosen]:.4f} ms" + (
+                    f" vs {others}" if others else f" ({', '.join(sorted(refused))} cannot run it)" if refused else "")
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
                                   copies_into.get(op.index, 0)))
         return out
+
+    def _kept_reason(self, graph, assignment, costs, total, copies, op, chosen, cheaper, est) -> str:
+        """Why ``op`` stays on ``chosen`` although it alone is faster on ``cheaper``: the plan moves as a whole."""
+        alone = f"alone {cheaper} {est[cheaper]:.4f} ms vs {chosen} {est[chosen]:.4f} ms"
+        moved_total, moved_copies = self.evaluate(graph, {**assignment, op.index: cheaper}, costs)
+        extra = moved_total - total
+        if extra > 0:
+            more = len(moved_copies) - len(copies)
+            return (f"kept with its partition ({alone}): moving it alone costs {extra:.4f} ms more in all"
+                    + (f" ({more:+d} copies)" if more else " (one more partition)"))
+        return f"the plan is chosen as a whole ({alone}; moving it alone would save {-extra:.4f} ms)"

@@ -387,3 +387,46 @@ def test_the_suite_writes_a_fresh_directory_each_time_with_the_fast_preference(t
         os.path.basename(d) for w in written for d in w)
     from delegate.cli import build_parser
     assert build_parser().parse_args(["bench", "--suite"]).preference == "fast_single_answer"
+
+
+@pytest.fixture(scope="module")
+def regression_model(tmp_path_factory):
+    """Coordinates, not class scores: a convolution reshaped to one row of 64 values."""
+    from delegate.tflite.builder import GraphBuilder
+    b = GraphBuilder()
+    x = b.input("image", (1, 8, 8, 3))
+    y = b.op("CONV_2D", [x, b.const("w", np.random.default_rng(1).standard_normal((4, 3, 3, 3))),
+                         b.const("b", np.zeros(4))], options={"padding": "SAME", "stride_w": 2, "stride_h": 2})
+    b.output(b.op("RESHAPE", [y, b.const("shape", np.array([1, 64], np.int32))], options={"new_shape": [1, 64]},
+                  name="coords"))
+    path = tmp_path_factory.mktemp("models") / "coords.tflite"
+    path.write_bytes(b.to_bytes())
+    return str(path)
+
+
+def test_run_names_only_backends_that_run_ops_and_no_classes_for_a_regression(regression_model):
+    """fakegpu runs only elementwise ops: configured, it runs none of these, so it is not in use."""
+    args = ["run", regression_model, "--backends", "fakegpu,cpu", "--runs", "1"]
+    doc = as_json(*args)
+    assert doc["backends_in_use"] == ["cpu"] and "top5" not in doc["outputs"][0]
+    text = delegate(*args).stdout
+    assert "backends in use: cpu\n" in text and "top-5" not in text
+
+
+def test_class_scores_are_one_row_of_a_softmax_or_a_distribution():
+    from delegate.cli import class_scores
+    scores = np.array([[0.1, 0.7, 0.2]], np.float32)
+    assert class_scores(scores, None) and class_scores(np.array([[3, 1]], np.uint8), "SOFTMAX")
+    assert not class_scores(scores * 2, None) and not class_scores(scores - 0.1, "RESHAPE")
+    assert not class_scores(scores[0], "SOFTMAX") and not class_scores(np.ones((1, 1), np.float32), "SOFTMAX")
+
+
+def test_plan_explain_says_what_every_column_means(tiny_model):
+    from delegate.cli import LEGEND, PARTITION_COLUMNS, PLACEMENT_COLUMNS, op_ranges
+    explained = {name.strip() for names, _ in LEGEND for name in names.split(",")}
+    assert set(PLACEMENT_COLUMNS) | set(PARTITION_COLUMNS) - {"#"} <= explained
+    text = delegate("plan", tiny_model, *CPU, "--explain").stdout
+    assert all(meaning in text for _, meaning in LEGEND) and "partition 0 (cpu) compiled as: engine" in text
+    assert "delegate plan --explain" in delegate("plan", tiny_model, *CPU).stdout
+    assert op_ranges([4, 2, 3]) == "#2..#4"
+    assert op_ranges([0, 1, 2, 5, 7, 8, 9, 12, 14]) == "#0..#2, #5, #7..#9 +2 more ranges"
