@@ -66,6 +66,11 @@ def unwritable(spec: str) -> str | None:
     return None
 
 
+def _cannot_draw(dest: str) -> str | None:
+    from .plot import dot_missing
+    return dot_missing() if dest == "svg" else None
+
+
 def load_cli_config(args):
     from .config import load_config
     return load_config(args.config, overrides=args.set or [], backends=args.backends)
@@ -547,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     for dest, flag in OUTPUT_FLAGS.items():
-        problem = getattr(args, dest, None) and unwritable(getattr(args, dest))
+        problem = getattr(args, dest, None) and (unwritable(getattr(args, dest)) or _cannot_draw(dest))
         if problem:
             print(f"delegate: error: {flag} {getattr(args, dest)}: {problem}", file=sys.stderr)
             return EXIT_USAGE
