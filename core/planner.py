@@ -526,6 +526,9 @@ class Planner:
                 reason = "cpu is the only backend in use"
             elif self.settings.partitioner == "greedy" and chosen == "cpu":
                 reason = "outside the kept partitions (greedy partitioner)"
+            elif self.settings.partitioner == "greedy":
+                reason = f"greedy partitioner (LiteRT's rule): every op {chosen} runs goes there; " + ", ".join(
+                    f"{b} {est[b]:.4f} ms" for b in sorted(est, key=lambda b: b != chosen))
             elif cheaper is not None:
                 reason = self._kept_reason(graph, assignment, costs, total, copies, op, chosen, cheaper, est)
             else:
