@@ -490,3 +490,15 @@ def test_plan_svg_without_graphviz_is_refused_before_the_run(tiny_model, tmp_pat
     assert proc.returncode == 2 and proc.stderr == (
         f"delegate: error: --svg {tmp_path / 'p.svg'}: drawing needs Graphviz's dot program on PATH "
         "(Debian/Ubuntu: apt-get install graphviz)\n"), proc.stderr
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """The README's fresh-machine steps and .ci/run install the same packages and run the same command."""
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    readme, ci = (root / "README.md").read_text().splitlines(), (root / ".ci" / "run").read_text().splitlines()
+    apt = next(line for line in readme if line.startswith("apt-get update && apt-get install -y "))
+    ci_apt = next(line for line in ci if line.startswith("apt-get install "))
+    assert set(apt.split("-y ")[1].split()) == {w for w in ci_apt.split()[2:] if not w.startswith(("-", ">"))}
+    command = 'python3 -m pip install -q -e ".[all]" && python3 -m pytest -q'
+    assert command in readme and command in ci
