@@ -409,9 +409,12 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _detail(value: Any) -> str:
+def _detail(value: Any, most: int = 5) -> str:
+    """One compile detail in a line: long lists and mappings as their size and first items (all of it: --json)."""
+    if isinstance(value, dict):
+        value = [f"{k}: {v}" for k, v in value.items()]
     if isinstance(value, (list, tuple)):
-        return f"{len(value)} ({', '.join(map(str, value[:5]))}{', ...' if len(value) > 5 else ''})"
+        return f"{len(value)} ({', '.join(map(str, value[:most]))}{', ...' if len(value) > most else ''})"
     return str(value)
 
 
