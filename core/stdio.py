@@ -69,7 +69,6 @@ def native_reason(lines: list[str], message: str) -> str:
     return ""
 
 
-
 _shown = False  # set by the command line: stderr is a terminal and stdout is not a JSON document
 _display: dict = {}  # while steps run: the rich Progress they share ("bar"), how many ("users"), its timer
 _display_lock = threading.Lock()
@@ -87,7 +86,7 @@ def _start(bar) -> None:
 
 
 @contextlib.contextmanager
-def progress(description: str, total: int | None) -> Iterator[Callable[..., None]]:
+def progress(description: str, total: int) -> Iterator[Callable[..., None]]:
     """A bar for a step of ``total`` parts; yields ``advance(label=None)``, which counts one part done and may
     rename the step.  Draws nothing unless :func:`show_progress` turned bars on."""
     if not _shown:
@@ -99,7 +98,8 @@ def progress(description: str, total: int | None) -> Iterator[Callable[..., None
     with _display_lock:
         if not _display:
             bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                           TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                           redirect_stdout=False)  # what a command prints stays on stdout
             _display.update(bar=bar, users=0, timer=threading.Timer(SHOW_AFTER_S, _start, (bar,)))
             _display["timer"].daemon = True
             if SHOW_AFTER_S > 0:
