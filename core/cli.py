@@ -25,10 +25,12 @@ import numpy as np
 from . import __version__
 from .errors import DelegateError, ExecutionError, ModelFormatError
 from .quantize import MODES as QUANT_MODES
+from .stdio import show_progress
 
 DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
+EXIT_CLOSED_PIPE = 128 + 13  # killed by SIGPIPE, as `yes | head` reports it
 OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
 SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
 
@@ -64,6 +66,11 @@ def unwritable(spec: str) -> str | None:
     return None
 
 
+def _cannot_draw(dest: str) -> str | None:
+    from .plot import dot_missing
+    return dot_missing() if dest == "svg" else None
+
+
 def load_cli_config(args):
     from .config import load_config
     return load_config(args.config, overrides=args.set or [], backends=args.backends)
@@ -86,9 +93,15 @@ def _json_default(value: Any) -> Any:
 def console():
     """rich on a terminal; wide plain text (no colour, no wrapping of table rows) when piped."""
     from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1 on its own: leave it to main()
+            self.quiet = True
+            raise BrokenPipeError
+
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, color_system=None, width=240)
+        return _Console(highlight=False)
+    return _Console(highlight=False, color_system=None, width=240)
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
@@ -101,18 +114,44 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]):
     return t
 
 
-def output_stats(name: str, arr: np.ndarray) -> dict[str, Any]:
+def output_stats(name: str, arr: np.ndarray, producer: str | None = None) -> dict[str, Any]:
+    """Shape, dtype and range of an output; its top 5 classes when it looks like class scores."""
     stats: dict[str, Any] = {"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)}
     if arr.size and arr.dtype.kind in "fiub":
         a = arr.astype(np.float64)
         stats.update(min=float(a.min()), max=float(a.max()), mean=float(a.mean()))
-    if arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] >= 10 and arr.dtype.kind in "fiu":
+    if class_scores(arr, producer):
         top = np.argsort(arr[0])[::-1][:5]
         stats["top5"] = [{"class": int(i), "score": float(arr[0, i])} for i in top]
     return stats
 
 
-PARTITION_COLUMNS = ["#", "backend", "ops", "span", "inputs", "outputs", "compiled as"]
+def class_scores(arr: np.ndarray, producer: str | None) -> bool:
+    """One batch row of >= 2 scores made by a SOFTMAX, or float values that form a distribution (>= 0, summing
+    to 1): class scores.  Anything else (landmarks, boxes, logits of unknown meaning) gets no top 5."""
+    if arr.ndim != 2 or arr.shape[0] != 1 or arr.shape[1] < 2 or arr.dtype.kind not in "fiu":
+        return False
+    if producer == "SOFTMAX":
+        return True
+    return arr.dtype.kind == "f" and bool(arr.min() >= 0) and abs(float(arr.sum(dtype=np.float64)) - 1) < 1e-3
+
+
+PARTITION_COLUMNS = ["#", "backend", "ops", "ops at", "inputs", "outputs", "compiled as"]
+PLACEMENT_COLUMNS = ["op", "code", "ver", "backend", "est ms", "copies in", "why"]
+LEGEND = [
+    ("op, code, ver", "the op's index in the model, its TFLite op code and version"),
+    ("backend", "where the op runs"),
+    ("est ms", "the cost model's estimate of the op alone on that backend; an estimate, not a measurement "
+               "(`delegate bench` measures)"),
+    ("copies in", "inputs of the op copied from another device before it runs"),
+    ("why", "the reason for that backend; the assignment is made for the whole graph, so an op may stay where it "
+            "alone is slower when moving it would cost copies"),
+    ("ops, ops at", "a partition's op count and their indices (ranges when it is not one run of ops)"),
+    ("inputs, outputs", "tensors crossing the partition's boundary (each a copy when the devices differ)"),
+    ("compiled as", "the engine, precision and kernel count its backend compiled (the details below; all of them "
+                    "in --json)"),
+    ("candidate plans", "the assignments compared; * marks the chosen one, measured ms only where timed here"),
+]
 
 
 def compiled_details(session) -> list[dict[str, Any]]:
@@ -121,23 +160,35 @@ def compiled_details(session) -> list[dict[str, Any]]:
 
 
 def _summary(details: dict[str, Any]) -> str:
+    """The table's short form of a compiled partition: engine, precision and counts (the reasons: --explain)."""
     parts = [str(details[k]) for k in ("engine", "precision") if k in details]
-    if "precision_reason" in details:
-        parts.append(f"({details['precision_reason']})")
-    for key in ("kernels", "dispatches", "fused"):
+    for key in ("kernels", "dispatches"):
         if key in details:
             count = details[key] if isinstance(details[key], int) else len(details[key])
             parts.append(f"{count} {key}")
     return " ".join(parts) or "-"
 
 
+def op_ranges(indices: Sequence[int], most: int = 3) -> str:
+    """``#0..#5`` for one run of ops; ``#0..#5, #9, #12..#20`` (and how many more) when there are gaps."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"#{a}" if a == b else f"#{a}..#{b}" for a, b in runs[:most])
+    return text + (f" +{len(runs) - most} more ranges" if len(runs) > most else "")
+
+
 def plan_rows(plan, details: list[dict[str, Any]]) -> list[list[Any]]:
-    rows = []
-    for p, d in zip(plan.partitions, details):
-        ops = p.op_indices
-        span = f"#{ops[0]}..#{ops[-1]}" if len(ops) > 1 else f"#{ops[0]}"
-        rows.append([p.index, p.backend, len(ops), span, len(p.inputs), len(p.outputs), _summary(d)])
-    return rows
+    return [[p.index, p.backend, len(p.op_indices), op_ranges(p.op_indices), len(p.inputs), len(p.outputs),
+             _summary(d)] for p, d in zip(plan.partitions, details)]
+
+
+def backends_in_use(plan) -> list[str]:
+    """The backends that run at least one op, in the order of their first partition."""
+    return list(dict.fromkeys(p.backend for p in plan.partitions))
 
 
 def plan_doc(session) -> dict[str, Any]:
@@ -168,13 +219,14 @@ def run_one(spec: str, model_config, input_specs, seed: int, runs: int) -> dict[
         session.run(inputs)
         times.append((time.perf_counter() - t0) * 1e3)
     median = float(np.median(times)) if times else first_ms
+    producers = {t.name: t.producer.opcode for t in session.graph.outputs if t.producer is not None}
     return {
         "model": label,
         "name": getattr(model_config, "name", label),
         "precision": model_config.precision,
-        "backends_in_use": list(session.backends),
+        "backends_in_use": backends_in_use(session.plan),
         "plan": plan_doc(session),
-        "outputs": [output_stats(n, a) for n, a in outputs.items()],
+        "outputs": [output_stats(n, a, producers.get(n)) for n, a in outputs.items()],
         "timing_ms": {"init": round(init_ms, 3), "first_run": round(first_ms, 3), "median": round(median, 3),
                       "runs": len(times)},
         "_arrays": outputs,
@@ -330,8 +382,9 @@ def cmd_plan(args) -> int:
     c.print(plan.summary())
     rows = [[d.index, d.opcode, f"v{d.version}", d.backend, _fmt_est(d.estimates_ms.get(d.backend)), d.copies,
              d.reason] for d in plan.decisions]
-    c.print(table("placement", ["op", "code", "ver", "backend", "est ms", "copies in", "why"], rows))
-    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, compiled_details(session))))
+    c.print(table("placement", PLACEMENT_COLUMNS, rows))
+    details = compiled_details(session)
+    c.print(table("partitions", PARTITION_COLUMNS, plan_rows(plan, details)))
     c.print(f"copies: {len(plan.copies)} ({sum(x.nbytes for x in plan.copies)} bytes); "
             f"estimated total {plan.estimated_ms:.3f} ms ({plan.partitioner} partitioner)")
     from .cli_tools import candidates_table
@@ -340,9 +393,25 @@ def cmd_plan(args) -> int:
     c.print("cost profiles: " + "; ".join(f"{name}: {where}" for name, where in plan.profiles.items()))
     for note in plan.notes:
         c.print(f"note: {note}")
+    if args.explain:
+        c.print(table("what the columns mean", ["column", "meaning"], LEGEND))
+        for p, d in zip(plan.partitions, details):
+            c.print(f"partition {p.index} ({p.backend}) compiled as: "
+                    + "; ".join(f"{k} {_detail(v)}" for k, v in d.items()))
+    else:
+        c.print("what the columns mean, and each partition's compile details: delegate plan --explain")
     if args.svg:
         c.print(f"plan drawn to {args.svg}")
     return 0
+
+
+def _detail(value: Any, most: int = 5) -> str:
+    """One compile detail in a line: long lists and mappings as their size and first items (all of it: --json)."""
+    if isinstance(value, dict):
+        value = [f"{k}: {v}" for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)} ({', '.join(map(str, value[:most]))}{', ...' if len(value) > most else ''})"
+    return str(value)
 
 
 def _fmt_est(v: float | None) -> str:
@@ -372,6 +441,14 @@ def cmd_zoo(args) -> int:
     else:
         print(f"wrote {out} ({args.quant}, {len(data)} bytes)")
     return 0
+
+
+def closed_pipe() -> int:
+    """The reader of stdout went away (``delegate ... | head``): stop quietly, as other command-line tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere instead of failing at exit
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 # -- argument parsing ------------------------------------------------------------
@@ -431,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="explain where each op runs and why")
     _common(p)
     p.add_argument("--svg", help="draw the plan to this SVG file")
+    p.add_argument("--explain", action="store_true",
+                   help="also say what each column means and print every partition's compile details")
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("backends", help="list installed backends, their devices and availability")
@@ -465,18 +544,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug, args.verbose = bool(args.debug), args.verbose or 0
     logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    show_progress(sys.stderr.isatty() and not getattr(args, "json", False))
     if not args.debug:
         warnings.simplefilter("ignore")  # fallbacks are reported through the log and the plan notes
     if not getattr(args, "fn", None):
         parser.print_help()
         return EXIT_USAGE
     for dest, flag in OUTPUT_FLAGS.items():
-        problem = getattr(args, dest, None) and unwritable(getattr(args, dest))
+        problem = getattr(args, dest, None) and (unwritable(getattr(args, dest)) or _cannot_draw(dest))
         if problem:
             print(f"delegate: error: {flag} {getattr(args, dest)}: {problem}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return int(args.fn(args) or 0)
+        code = int(args.fn(args) or 0)
+        sys.stdout.flush()  # a reader that stopped early (`| head`) is found here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
     except DelegateError as exc:
         if args.debug:
             raise

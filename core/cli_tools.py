@@ -13,7 +13,7 @@ import numpy as np
 
 from .backend import HOST, Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
-from .stdio import native_stderr
+from .stdio import native_stderr, progress
 from .tools.compare import compare_outputs
 from .tools.measure import (alone_median, learn_from, peak_rss_mb, reference_slowed, separate_peak_rss,
                             time_alternating)
@@ -21,16 +21,6 @@ from .tools.reference import litert_cpu
 
 ANALYZE_WARN_BELOW = 0.80
 log = logging.getLogger(__name__)
-
-
-def _progress(total: int, description: str, enabled: bool):
-    """A rich progress bar on a terminal; a no-op context otherwise."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        disable=not (enabled and sys.stderr.isatty()), transient=True,
-                        console=__import__("rich.console", fromlist=["Console"]).Console(stderr=True))
-    return progress, progress.add_task(description, total=total)
 
 
 # -- analyze ---------------------------------------------------------------------
@@ -103,7 +93,7 @@ def cmd_suite(args) -> int:
     """The whole corpus on every configuration; see delegate.suite."""
     from . import zoo
     from .cli import console, emit_json, read_model_arg
-    from .suite import CONFIGS, run_suite
+    from .suite import CONFIGS, fresh_out, run_suite
 
     specs = args.models or [f"zoo:{name}" for name in sorted(zoo.ZOO)]
     for directory in args.models_dir or []:
@@ -113,12 +103,9 @@ def cmd_suite(args) -> int:
     unknown = set(configs or []) - {c.name for c in CONFIGS}
     if unknown:
         raise DelegateError(f"unknown suite config(s) {sorted(unknown)}; known: {[c.name for c in CONFIGS]}")
-    progress, task = _progress(len(models) * (len(configs or CONFIGS) + 1), "suite", not args.json)
-    with progress:
-        def step(label: str) -> None:
-            progress.update(task, description=label)
-            progress.advance(task)
-        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out), step, args.preference)
+    with progress("suite", len(models) * (len(configs or CONFIGS) + 1)) as advance:
+        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out) if args.out else fresh_out(),
+                                advance, args.preference)
     if args.json:
         emit_json({"rows": [r.__dict__ for r in rows], "files": [str(f) for f in files]})
         return 0
@@ -162,10 +149,8 @@ def cmd_bench(args) -> int:
         session.run_indexed(indexed)
         if reference:
             reference()
-    progress, task = _progress(args.runs, "bench", not args.json)
-    with progress:
-        ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs,
-                                        lambda: progress.advance(task))
+    with progress("timed runs", args.runs) as advance:
+        ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs, advance)
     per_op, timings = _measured_profile(session, session.executor, indexed)
     estimates = {p.index: session.planner.partition_estimate(p) for p in session.executor.partitions}
     doc: dict[str, Any] = {
@@ -297,7 +282,7 @@ def candidates_table(plan):
 
     def ms(v):
         return "-" if v is None else f"{v:.3f}"
-    return table("candidate plans (estimated by the cost model; measured on this device when timed)",
+    return table("candidate plans",
                  ["plan", "backends", "estimated ms", "measured ms", ""],
                  [[c.name + (" *" if c.name == plan.chosen else ""), ",".join(sorted(set(c.assignment.values()))),
                    ms(c.estimated_ms), ms(c.measured_ms), c.status] for c in plan.candidates])
@@ -319,8 +304,7 @@ def cmd_validate(args) -> int:
             thresholds[key] = getattr(args, key)
     thresholds.setdefault("max_rel_error", 5e-4 if session.settings.compile.precision == "fp32" else 1e-2)
     results: dict[str, dict[str, float]] = {}
-    progress, task = _progress(args.samples, "validate", not args.json)
-    with progress:
+    with progress("validating samples", args.samples) as advance:
         for sample in range(args.samples):
             named = make_inputs(session.graph, args.input, config, seed=args.seed + sample)
             actual = session.run(named)
@@ -340,7 +324,7 @@ def cmd_validate(args) -> int:
                 worst["max_abs_error"] = max(worst["max_abs_error"], r["max_abs_error"])
                 worst["max_rel_error"] = max(worst["max_rel_error"], r["max_rel_error"])
                 worst["cosine"] = min(worst["cosine"], r["cosine"])
-            progress.advance(task)
+            advance()
     failures = []
     for name, r in results.items():
         if "max_abs_error" in thresholds and r["max_abs_error"] > thresholds["max_abs_error"]:
@@ -378,15 +362,15 @@ def cmd_calibrate(args) -> int:
     settings = run_settings(config)
     backends, skipped = instantiate_backends(settings.backends, default_manager(settings.disable_plugins), True)
     rows, refused = [], {}
-    progress, task = _progress(len(backends), "calibrate", not args.json)
-    with progress:
+    with progress("calibrating backends", len(backends)) as advance:
         for name, backend in backends.items():
             try:
                 profile = calibrate_backend(backend, settings.compile)
             except MeasurementError as exc:  # this backend's figures are refused; the others still count
                 refused[name] = str(exc)
-                progress.advance(task)
                 continue
+            finally:
+                advance()
             path = save_profile(backend.device_info(), profile)
             rows.append({"backend": name, "gflops": round(profile.gflops, 2),
                          "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
@@ -395,14 +379,16 @@ def cmd_calibrate(args) -> int:
                          "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
                                                    if np.isfinite(profile.transfer_gbytes_per_s) else None),
                          "profile": str(path)})
-            progress.advance(task)
     # the micro figures set the shape of the model; real networks set its floors and scales
     workloads = {}
-    for row in sorted(rows, key=lambda r: backends[r["backend"]].role != HOST):  # the host's own fit first
-        try:
-            workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
-        except DelegateError as exc:
-            refused[row["backend"]] = f"the fit to workloads failed: {exc}"
+    with progress("fitting profiles to example networks", len(rows)) as advance:
+        for row in sorted(rows, key=lambda r: backends[r["backend"]].role != HOST):  # the host's own fit first
+            try:
+                workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
+            except DelegateError as exc:
+                refused[row["backend"]] = f"the fit to workloads failed: {exc}"
+            finally:
+                advance()
     if args.json:
         emit_json({"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused})
         return MeasurementError.exit_code if refused else 0
@@ -478,9 +464,11 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--models-dir", action="append", help="suite: also every .tflite in this directory")
     p.add_argument("--configs", help="suite: comma-separated subset of configurations")
     p.add_argument("--threads", type=at_least(1), default=2, help="suite: threads for delegate's CPU and LiteRT")
-    p.add_argument("--out", default="bench-results", help="suite: output directory")
-    p.add_argument("--preference", default="sustained_speed", choices=["sustained_speed", "fast_single_answer"],
-                   help="suite: inference preference the GPU backends compile with")
+    p.add_argument("--out", help="suite: output directory (default: a new bench-results/suite-DATE-TIME; an "
+                                 "existing directory's reports are replaced only when named here)")
+    p.add_argument("--preference", default="fast_single_answer", choices=["fast_single_answer", "sustained_speed"],
+                   help="suite: inference preference the GPU backends compile with (default fast_single_answer: "
+                        "no tuning or plan search, so init is compile time alone)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")

@@ -25,6 +25,7 @@ from .cost import fingerprint, profile_dir
 from .errors import DelegateError
 from .ir import Subgraph
 from .planner import Candidate
+from .stdio import progress
 
 MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped
 MAX_ROUNDS = 25
@@ -112,18 +113,20 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     start = time.perf_counter()
     deadline = start + budget_s
     trials: list[Trial] = []
-    for c in sorted(candidates, key=lambda c: (not c.baseline, c.estimated_ms)):
-        if time.perf_counter() > start + budget_s / 2 and trials and not c.baseline:
-            c.status = "not measured: the budget ran out"
-            continue
-        try:
-            run = build(c)
-            run()  # first run: lazy set-up, not timed
-        except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
-            what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
-            c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
-            continue
-        trials.append(Trial(c, run, []))
+    with progress(f"timing {len(candidates)} candidate plans (each compiled first)", len(candidates)) as advance:
+        for c in sorted(candidates, key=lambda c: (not c.baseline, c.estimated_ms)):
+            advance()
+            if time.perf_counter() > start + budget_s / 2 and trials and not c.baseline:
+                c.status = "not measured: the budget ran out"
+                continue
+            try:
+                run = build(c)
+                run()  # first run: lazy set-up, not timed
+            except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
+                what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
+                c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
+                continue
+            trials.append(Trial(c, run, []))
     live = list(trials)
     for round_ in range(MAX_ROUNDS):
         for trial in live:

@@ -261,21 +261,20 @@ class Planner:
                  costs: Mapping[int, Mapping[str, float]]) -> tuple[float, list[Copy]]:
         """Total estimated time of an assignment and the copies it causes."""
         total = sum(costs[op.index].get(assignment[op.index], INF) for op in graph.ops)
-        copies = []
-        for t in graph.tensors:
-            if t.is_constant:
-                continue
-            source = assignment[t.producer.index] if t.producer is not None else self.host
-            destinations = {assignment[u.index] for u in t.uses}
-            if any(o.index == t.index for o in graph.outputs):
-                destinations.add(self.host)
-            for dest in sorted(destinations - {source}):
-                # a device-to-device move goes through the host
-                ms = self.transfer_cost(t, source) + self.transfer_cost(t, dest)
-                copies.append(Copy(t.index, t.name, source, dest, t.nbytes, ms))
-                total += ms
+        copies = [c for t in graph.tensors if not t.is_constant for c in self.tensor_copies(graph, t, assignment)]
+        total += sum(c.ms for c in copies)
         total += sum(self.partition_ms(assignment[ops[0].index]) for ops in self.form_partitions(graph, assignment))
         return total, copies
+
+    def tensor_copies(self, graph: Subgraph, t: Tensor, assignment: Mapping[int, str]) -> list[Copy]:
+        """The copies of one value under an assignment: one per device reading it other than its producer's."""
+        source = assignment[t.producer.index] if t.producer is not None else self.host
+        destinations = {assignment[u.index] for u in t.uses}
+        if any(o.index == t.index for o in graph.outputs):
+            destinations.add(self.host)
+        # a device-to-device move goes through the host
+        return [Copy(t.index, t.name, source, dest, t.nbytes, self.transfer_cost(t, source) + self.transfer_cost(t, dest))
+                for dest in sorted(destinations - {source})]
 
     def partition_estimate(self, partition: Partition) -> float:
         """Estimated ms of one partition run on its own backend (its ops and its fixed cost)."""
@@ -521,6 +520,8 @@ class Planner:
                     profiles={name: p.describe() for name, p in self.profiles.items()})
 
     def explain(self, graph: Subgraph, assignment: Mapping[int, str], costs, refusals, copies) -> list[OpDecision]:
+        """Per op: where it runs and why.  The assignment is decided for the whole graph, so an op on a backend
+        where it alone is slower says what moving it alone would cost instead."""
         copies_into: dict[int, int] = {}
         for c in copies:
             t = graph.tensors[c.tensor]
@@ -533,17 +534,38 @@ class Planner:
             chosen = assignment[op.index]
             est = {b: round(v, 5) for b, v in costs[op.index].items()}
             refused = refusals[op.index]
+            cheaper = min((b for b in est if b != chosen and est[b] < est.get(chosen, INF)), key=est.get, default=None)
             if chosen == host and self.accelerators and all(a in refused for a in self.accelerators):
                 reason = "; ".join(f"{a}: {refused[a]}" for a in self.accelerators)
-            elif chosen == host and self.accelerators:
-                others = ", ".join(f"{a} {est[a]:.4f} ms" for a in self.accelerators if a in est)
-                reason = (f"cheaper on {host} counting copies: {host} {est[host]:.4f} ms vs {others}"
-                          if self.settings.partitioner == "cost" else "outside the kept partitions")
-            elif chosen == host:
+            elif not self.accelerators:
                 reason = f"{host} is the only backend in use"
+            elif self.settings.partitioner == "greedy" and chosen == host:
+                reason = "outside the kept partitions (greedy partitioner)"
+            elif self.settings.partitioner == "greedy":
+                reason = f"greedy partitioner (LiteRT's rule): every op {chosen} runs goes there; " + ", ".join(
+                    f"{b} {est[b]:.4f} ms" for b in sorted(est, key=lambda b: b != chosen))
+            elif cheaper is not None:
+                reason = self._kept_reason(graph, assignment, op, chosen, cheaper, est)
             else:
-                reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs {host} {est[host]:.4f} ms" if host in est else
-                                                              f" ({host} cannot run it)")
+                others = ", ".join(f"{b} {est[b]:.4f} ms" for b in est if b != chosen)
+                fastest = all(est[chosen] < est[b] for b in est if b != chosen)
+                reason = f"{'fastest' if fastest else 'no slower'} here: {chosen} {est[chosen]:.4f} ms" + (
+                    f" vs {others}" if others else f" ({', '.join(sorted(refused))} cannot run it)" if refused else "")
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
                                   copies_into.get(op.index, 0)))
         return out
+
+    def _kept_reason(self, graph, assignment, op, chosen, cheaper, est) -> str:
+        """Why ``op`` stays on ``chosen`` although it alone is faster on ``cheaper``: what moving it alone would
+        change in compute and copies (the values it reads and writes); when that is a saving, the plan's other
+        terms (partitions, the choice among candidates) decided."""
+        alone = f"alone {cheaper} {est[cheaper]:.4f} ms vs {chosen} {est[chosen]:.4f} ms"
+        moved = {**assignment, op.index: cheaper}
+        values = {t.index: t for t in [*op.inputs, *op.outputs] if t is not None and not t.is_constant}.values()
+        now = [c for t in values for c in self.tensor_copies(graph, t, assignment)]
+        then = [c for t in values for c in self.tensor_copies(graph, t, moved)]
+        extra = est[cheaper] - est[chosen] + sum(c.ms for c in then) - sum(c.ms for c in now)
+        if extra > 0:
+            return (f"kept with its partition ({alone}): moving it alone would cost {extra:.4f} ms more, its own "
+                    f"saving included ({len(then) - len(now):+d} copies)")
+        return f"the plan is chosen as a whole ({alone}; partition costs or the choice among candidate plans decided)"

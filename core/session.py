@@ -32,6 +32,7 @@ from .memory import peak_bytes
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import HOST_WORD, PluginManager, default_manager
 from .runtime import Executor, ModelState, Watchdog, running
+from .stdio import progress
 from .tflite.reader import read_model
 from .validate import validate_graph
 
@@ -202,7 +203,8 @@ class Session:
         self.manager.hook.delegate_plan_ready(plan=self.plan)
         compiled = compiled or [self._compile(p) for p in list(self.plan.partitions)]  # a fallback revises the plan
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled, state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
+                                 compiled=compiled or self._compile_all(self.plan.partitions),
+                                 state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
@@ -341,6 +343,15 @@ class Session:
         if watchdog is None:
             return backend.compile(partition, options)
         return watchdog.call(backend.compile, partition, options, what="compile()")
+
+    def _compile_all(self, partitions: list[Partition]) -> list[CompiledPartition]:
+        """Every partition compiled, in order, under a progress bar (a cold GPU compile takes seconds)."""
+        compiled = []
+        with progress(f"compiling {len(partitions)} partition(s)", len(partitions)) as advance:
+            for partition in partitions:
+                compiled.append(self._compile(partition))
+                advance()
+        return compiled
 
     def _compile(self, partition: Partition) -> CompiledPartition:
         try:

@@ -1,9 +1,13 @@
-"""What native libraries print on the process's standard error, captured and routed through logging.
+"""The process's standard error: what native libraries print there, and progress bars for long steps.
 
 LiteRT writes ``INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`` (and, for its GPU
 accelerator, some forty lines of registry and driver logs) straight to file descriptor 2, with no
 switch to turn it off.  Captured lines go to the log (``-vv`` shows them); the caller decides which
 still reach stderr, and ``native_reason`` turns them into the one line that says why something failed.
+
+``progress`` is the one progress bar of the project (compiling partitions, timing candidate plans,
+calibrating, benchmark rows): shown on stderr only when the command line turned it on (a terminal,
+no ``--json``) and only for steps still running after ``SHOW_AFTER_S``; nested steps share one display.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import tempfile
 import threading
 from typing import Callable, Iterator
 
+SHOW_AFTER_S = 1.0  # a step shorter than this draws nothing (0: every step draws at once)
 _LOCK = threading.RLock()  # file descriptor 2 is the process's: one redirection at a time
 _LOCATION = re.compile(r"^(?:ERROR|E\d+ [\d:.]+ +\d+ [\w.]+:\d+\]):?\s*(?:\[[^\]]*\]\s*)?")
 
@@ -62,3 +67,59 @@ def native_reason(lines: list[str], message: str) -> str:
         if text:
             return text
     return ""
+
+
+_shown = False  # set by the command line: stderr is a terminal and stdout is not a JSON document
+_display: dict = {}  # while steps run: the rich Progress they share ("bar"), how many ("users"), its timer
+_display_lock = threading.Lock()
+
+
+def show_progress(enabled: bool) -> None:
+    global _shown
+    _shown = enabled
+
+
+def _start(bar) -> None:
+    with _display_lock:
+        if _display.get("bar") is bar:  # the steps may have ended while the timer fired
+            bar.start()
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int) -> Iterator[Callable[..., None]]:
+    """A bar for a step of ``total`` parts; yields ``advance(label=None)``, which counts one part done and may
+    rename the step.  Draws nothing unless :func:`show_progress` turned bars on."""
+    if not _shown:
+        yield lambda label=None: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with _display_lock:
+        if not _display:
+            bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                           redirect_stdout=False)  # what a command prints stays on stdout
+            _display.update(bar=bar, users=0, timer=threading.Timer(SHOW_AFTER_S, _start, (bar,)))
+            _display["timer"].daemon = True
+            if SHOW_AFTER_S > 0:
+                _display["timer"].start()
+            else:  # at once
+                bar.start()
+        bar = _display["bar"]
+        _display["users"] += 1
+        task = bar.add_task(description, total=total)
+
+    def advance(label: str | None = None) -> None:
+        bar.update(task, advance=1, **({"description": label} if label else {}))
+
+    try:
+        yield advance
+    finally:
+        with _display_lock:
+            bar.remove_task(task)
+            _display["users"] -= 1
+            if not _display["users"]:
+                _display["timer"].cancel()
+                bar.stop()
+                _display.clear()

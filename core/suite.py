@@ -219,16 +219,29 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
             writer.writerow([getattr(r, k) for k in names])
     written = [md, csv_path]
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
+        figure = draw_chart(rows, f"{facts['machine']}, {facts['date']}")
+        figure.savefig(out / "suite.png", dpi=110, bbox_inches="tight")
+        written.append(out / "suite.png")
     except ImportError:
-        return written
+        log.warning("suite.png not drawn: matplotlib is not installed (pip install 'delegate[all]')")
+        with md.open("a") as f:
+            f.write("\nNo chart: matplotlib is not installed (pip install 'delegate[all]').\n")
+    return written
+
+
+def draw_chart(rows: list[Row], machine: str):
+    """Latency ratio to LiteRT per model (groups) and configuration (bars), on a log scale with one label per
+    power-of-two tick; the legend beside the plot, the machine and date in the title."""
+    import matplotlib.figure
+    import matplotlib.ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     ok = [r for r in rows if r.ratio is not None]
     models = sorted({r.model for r in ok})
     configs = sorted({r.config for r in ok})
-    fig, ax = plt.subplots(figsize=(max(6, len(models) * 1.6), 4.5))
+    fig = matplotlib.figure.Figure(figsize=(max(7.0, len(models) * 1.4 + 3.0), 4.8))  # not pyplot's: nothing kept
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     width = 0.8 / max(len(configs), 1)
     for i, config in enumerate(configs):
         values = [next((r.ratio for r in ok if r.model == m and r.config == config), np.nan) for m in models]
@@ -237,20 +250,30 @@ def write_reports(rows: list[Row], out: Path, command: str, devices: list[str]) 
     ax.set_xticks(np.arange(len(models)) + 0.4 - width / 2)
     ax.set_xticklabels(models, rotation=20, ha="right")
     ax.set_ylabel("latency / LiteRT interpreter (lower is better)")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2gx"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2gx"))
-    ax.legend(fontsize=7)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=2, numticks=12))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_title(f"delegate vs LiteRT, median latency ratio\n{machine}", fontsize=10)
+    if configs:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    png = out / "suite.png"
-    fig.savefig(png, dpi=110)
-    written.append(png)
-    return written
+    return fig
+
+
+def fresh_out(root: Path = Path("bench-results")) -> Path:
+    """A directory no earlier suite wrote to: ``root/suite-DATE-TIME`` (with a counter if that exists)."""
+    stem = root / datetime.datetime.now().strftime("suite-%Y%m%d-%H%M%S")
+    out, n = stem, 1
+    while out.exists():
+        n += 1
+        out = stem.with_name(f"{stem.name}-{n}")
+    return out
 
 
 def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, runs: int, threads: int,
               out: Path, progress: Callable[[str], None],
-              preference: str = "sustained_speed") -> tuple[list[Row], list[Path]]:
+              preference: str = "fast_single_answer") -> tuple[list[Row], list[Path]]:
     configs = [c for c in CONFIGS if not config_names or c.name in config_names]
     rows = []
     cache_root = out / "cache"

@@ -194,3 +194,20 @@ def test_copy_paid_once_per_destination():
     costs, _ = planner.capabilities(graph)
     total, copies = planner.evaluate(graph, {0: "gpu", 1: "cpu", 2: "cpu"}, costs)
     assert [(c.tensor, c.destination) for c in copies if c.source == "gpu"] == [(y.index, "cpu")]
+
+
+def test_why_says_an_op_slower_where_it_runs_was_kept_for_the_whole_plan():
+    """The reason of one op's backend: its own numbers when it is fastest there, else what moving it alone costs."""
+    graph = _chain(5)
+    cpu, gpu = [1.0, 1.0, 0.04, 1.0, 1.0], [0.001, 0.001, 0.05, 0.001, 0.001]
+    planner = make_planner(set(range(5)), cpu, gpu, 1.0)
+    plan = planner.plan(graph)
+    assert [d.backend for d in plan.decisions] == ["gpu"] * 5
+    op = graph.ops[2]
+    moved = [c for t in (op.inputs[0], op.outputs[0])
+             for c in planner.tensor_copies(graph, t, {**{i: "gpu" for i in range(5)}, 2: "cpu"})]
+    assert len(moved) == 2 and not any(c.tensor in (op.inputs[0].index, op.outputs[0].index) for c in plan.copies)
+    assert plan.decisions[2].reason == (
+        f"kept with its partition (alone cpu 0.0400 ms vs gpu 0.0500 ms): moving it alone would cost "
+        f"{sum(c.ms for c in moved) - 0.01:.4f} ms more, its own saving included (+2 copies)")
+    assert plan.decisions[0].reason == "fastest here: gpu 0.0010 ms vs cpu 1.0000 ms"

@@ -75,3 +75,28 @@ def test_native_failures_read_as_one_line():
     assert native_reason(lines[2:], located) == "Failed to get or create the environment"
     assert native_reason([], located) == ""
     assert native_reason([], "ERROR: [a.h:1]\n└ ERROR: [b.cc:2] it broke") == "it broke"
+
+
+def test_the_chart_labels_do_not_overlap_and_the_legend_is_beside_the_bars():
+    rows = [suite.Row(m, c, ratio=r) for m, ratios in [("zoo:mobilenet_v1", (0.4, 1.3, 9.0)),
+                                                       ("pose_landmark_full", (0.9, 3.5, 27.0)),
+                                                       ("selfie_segmentation", (0.3, 1.1, 14.0))]
+            for c, r in zip(("cpu-litert", "opencl-fp32", "wgpu-fp32"), ratios)]
+    fig = suite.draw_chart(rows, "x86_64, 2 cores, 2026-12-01 23:00")
+    fig.canvas.draw()
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    labels = [t for t in ax.get_yticklabels(which="both") if t.get_text() and t.get_visible()
+              and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.y0)
+    assert len(boxes) >= 3 and all(a.y1 <= b.y0 for a, b in zip(boxes, boxes[1:]))
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+    assert "2 cores, 2026-12-01 23:00" in ax.get_title()
+
+
+def test_without_matplotlib_the_report_says_why_there_is_no_chart(tmp_path, model_bytes, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rows, written = suite.run_suite([("tiny", model_bytes)], ["cpu-numpy"], runs=2, threads=1, out=tmp_path,
+                                    progress=lambda _: None)
+    assert "suite.png" not in {p.name for p in written}
+    assert "No chart: matplotlib is not installed" in (tmp_path / "suite.md").read_text()
