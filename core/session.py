@@ -201,9 +201,9 @@ class Session:
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
-        compiled = compiled or [self._compile(p) for p in list(self.plan.partitions)]  # a fallback revises the plan
+        compiled = compiled or self._compile_all(list(self.plan.partitions))  # a fallback revises the plan
         self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled or self._compile_all(self.plan.partitions),
+                                 compiled=compiled,
                                  state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
