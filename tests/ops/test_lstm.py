@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from delegate.tflite.builder import GraphBuilder
-from tests.oputil import check_against_litert
+from tests.oputil import check_against_litert, litert
 
 VARIANTS = st.fixed_dictionaries({"cifg": st.booleans(), "peephole": st.booleans(), "projection": st.booleans(),
                                   "projection_bias": st.booleans(), "layer_norm": st.booleans()})
@@ -103,3 +103,89 @@ def test_hybrid_sequence_lstm(variant, asymmetric, steps, n_input, n_cell, n_out
     options = {"fused_activation_function": "TANH", "time_major": False, "asymmetric_quantize_inputs": asymmetric}
     b.output(b.op("UNIDIRECTIONAL_SEQUENCE_LSTM", [x] + operands, options=options))
     check_against_litert(b.to_bytes(), [rng.standard_normal((batch, steps, n_input))], builtin=True)
+
+
+def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op):
+    """A fully integer LSTM as the converter lays it out: int8 activations and weights, int32 biases,
+    int16 peepholes, layer norm coefficients and cell state (scale 2**-11), and the five intermediates
+    of LiteRT's 8x8->16 kernel (the gate scales, used with layer norm, and the hidden value)."""
+    b = GraphBuilder()
+    x_quant, h_quant = (float(rng.uniform(0.01, 0.05)), int(rng.integers(-20, 20))), \
+        (float(rng.uniform(0.005, 0.02)), int(rng.integers(-10, 10)))
+    shape = ((steps, batch, n_input) if time_major else (batch, steps, n_input)) if op != "LSTM" \
+        else (batch, n_input)
+    x = b.input("x", shape, "int8", quant=x_quant)
+
+    def q8(name, *shape):
+        return b.const(name, rng.integers(-127, 128, shape).astype(np.int8), quant=(float(rng.uniform(0.002, 0.02)), 0))
+
+    def q16(name, n, step):
+        return b.const(name, rng.integers(-20000, 20000, n).astype(np.int16), quant=(step, 0))
+
+    def q32(name, n):
+        return b.const(name, rng.integers(-3000, 3000, n).astype(np.int32), quant=(1e-4, 0))
+
+    gates = ["forget", "cell", "output"] if variant["cifg"] else ["input", "forget", "cell", "output"]
+    ops = [None] * 23
+    for k, gate in enumerate(["input", "forget", "cell", "output"]):
+        if gate in gates:
+            ops[k] = q8(f"{gate}_w", n_cell, n_input)
+            ops[4 + k] = q8(f"{gate}_r", n_cell, n_output)
+            ops[11 + k] = q32(f"{gate}_b", n_cell)
+            if variant["layer_norm"]:
+                ops[19 + k] = q16(f"{gate}_ln", n_cell, float(rng.uniform(2e-5, 6e-5)))
+    if variant["peephole"]:
+        for k, gate in enumerate(["input", "forget", "output"]):
+            if gate in gates:
+                ops[8 + k] = q16(f"{gate}_peephole", n_cell, float(rng.uniform(1e-5, 5e-5)))
+    if variant["projection"]:
+        ops[15] = q8("projection", n_output, n_cell)
+        if variant["projection_bias"]:
+            ops[16] = q32("projection_b", n_output)
+    ops[17] = b.tensor("output_state", (batch, n_output), "int8", quant=h_quant, is_variable=True)
+    ops[18] = b.tensor("cell_state", (batch, n_cell), "int16", quant=(2.0 ** -11, 0), is_variable=True)
+    options = {"fused_activation_function": "TANH", "cell_clip": clips[0], "proj_clip": clips[1]}
+    if op != "LSTM":
+        options["time_major"] = time_major
+    y = b.op(op, [x] + ops, options=options, dtype="int8", quant=h_quant)
+    b.ops[-1].intermediates = [b.tensor(f"gate_{g}", (), "int16", quant=(float(rng.uniform(2e-4, 1e-3)), 0))
+                               for g in range(4)] + \
+        [b.tensor("hidden", (), "int8", quant=(float(rng.uniform(0.005, 0.01)), int(rng.integers(-5, 5))))]
+    b.output(y)
+    return b.to_bytes(), rng.integers(-128, 128, shape).astype(np.int8)
+
+
+@given(variant=VARIANTS, time_major=st.booleans(), steps=st.integers(1, 5), n_input=st.integers(1, 6),
+       n_cell=st.sampled_from([1, 2, 4, 8]), n_output=st.integers(1, 5), batch=st.integers(1, 3),
+       clips=st.sampled_from([(0.0, 0.0), (0.6, 0.3)]), op=st.sampled_from(["UNIDIRECTIONAL_SEQUENCE_LSTM", "LSTM"]),
+       seed=st.integers(0, 2**16))
+def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, seed):
+    """int8 activations, int16 cell state: bit-exact against LiteRT's 8x8->16 kernel, over three invokes
+    (the states carry over).  Layer norm takes power-of-two cell counts only, as LiteRT's does; with
+    peepholes the projection is at most as wide as the cell (LiteRT reads past the cell state otherwise)."""
+    n_cell, n_output = _sizes(variant, n_cell, n_output)
+    if variant["peephole"]:
+        n_output = min(n_output, n_cell)
+    model, x = _integer_lstm(np.random.default_rng(seed), variant, time_major, steps, n_input, n_cell, n_output,
+                             batch, clips, op)
+    check_stateful(model, [x, x[::-1].copy(), x // 2])
+
+
+def check_stateful(model: bytes, inputs: list[np.ndarray]) -> None:
+    """The same model invoked once per input on one LiteRT builtin interpreter and one delegate interpreter
+    (the numpy engine)."""
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+
+    ref = litert.Interpreter(model_content=model,
+                             experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    ours = Interpreter(model_content=model, config=load_config("configs/cpu.yaml", overrides=["cpu.engine=numpy"]))
+    for it in (ref, ours):
+        it.allocate_tensors()
+    for x in inputs:
+        results = []
+        for it in (ref, ours):
+            it.set_tensor(it.get_input_details()[0]["index"], x)
+            it.invoke()
+            results.append(it.get_tensor(it.get_output_details()[0]["index"]))
+        np.testing.assert_array_equal(results[1], results[0])
