@@ -216,3 +216,12 @@ def test_outputs_depend_on_the_input(name):
             assert change >= 1e-2 * np.abs(a).max(), f"{name}: output moved {change:.3g}"
         else:
             assert change >= 2, f"{name}: output moved {change:.0f} LSB"
+
+
+def test_integer_lstm_fixture_is_exact_over_invokes():
+    """The converter's int8 LSTM bit-exact against LiteRT's builtin kernels, the states carried over
+    three invokes."""
+    from tests.ops.test_lstm import check_stateful
+    data = load("lstm_sequence_int8.tflite")
+    model = read_model(data)
+    check_stateful(data, [random_inputs(model, seed)[0] for seed in range(3)])

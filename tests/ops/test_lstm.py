@@ -1,10 +1,12 @@
 """Golden tests of the float LSTM kernels (one-step LSTM and UNIDIRECTIONAL_SEQUENCE_LSTM) against LiteRT."""
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from delegate.tflite.builder import GraphBuilder
-from tests.oputil import check_against_litert, litert
+from delegate import DelegateError
+from tests.oputil import check_against_litert, delegate_run, litert
 
 VARIANTS = st.fixed_dictionaries({"cifg": st.booleans(), "peephole": st.booleans(), "projection": st.booleans(),
                                   "projection_bias": st.booleans(), "layer_norm": st.booleans()})
@@ -105,9 +107,9 @@ def test_hybrid_sequence_lstm(variant, asymmetric, steps, n_input, n_cell, n_out
     check_against_litert(b.to_bytes(), [rng.standard_normal((batch, steps, n_input))], builtin=True)
 
 
-def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op):
+def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, cell_exponent=-11):
     """A fully integer LSTM as the converter lays it out: int8 activations and weights, int32 biases,
-    int16 peepholes, layer norm coefficients and cell state (scale 2**-11), and the five intermediates
+    int16 peepholes, layer norm coefficients and cell state (scale 2**cell_exponent), and the five intermediates
     of LiteRT's 8x8->16 kernel (the gate scales, used with layer norm, and the hidden value)."""
     b = GraphBuilder()
     x_quant, h_quant = (float(rng.uniform(0.01, 0.05)), int(rng.integers(-20, 20))), \
@@ -143,7 +145,7 @@ def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, ba
         if variant["projection_bias"]:
             ops[16] = q32("projection_b", n_output)
     ops[17] = b.tensor("output_state", (batch, n_output), "int8", quant=h_quant, is_variable=True)
-    ops[18] = b.tensor("cell_state", (batch, n_cell), "int16", quant=(2.0 ** -11, 0), is_variable=True)
+    ops[18] = b.tensor("cell_state", (batch, n_cell), "int16", quant=(2.0 ** cell_exponent, 0), is_variable=True)
     options = {"fused_activation_function": "TANH", "cell_clip": clips[0], "proj_clip": clips[1]}
     if op != "LSTM":
         options["time_major"] = time_major
@@ -158,16 +160,20 @@ def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, ba
 @given(variant=VARIANTS, time_major=st.booleans(), steps=st.integers(1, 5), n_input=st.integers(1, 6),
        n_cell=st.sampled_from([1, 2, 4, 8]), n_output=st.integers(1, 5), batch=st.integers(1, 3),
        clips=st.sampled_from([(0.0, 0.0), (0.6, 0.3)]), op=st.sampled_from(["UNIDIRECTIONAL_SEQUENCE_LSTM", "LSTM"]),
-       seed=st.integers(0, 2**16))
-def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, seed):
+       cell_exponent=st.sampled_from([-11, -15, -17]), seed=st.integers(0, 2**16))
+def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, cell_exponent, seed):
     """int8 activations, int16 cell state: bit-exact against LiteRT's 8x8->16 kernel, over three invokes
     (the states carry over).  Layer norm takes power-of-two cell counts only, as LiteRT's does; with
-    peepholes the projection is at most as wide as the cell (LiteRT reads past the cell state otherwise)."""
+    peepholes the projection is at most as wide as the cell (LiteRT reads past the cell state otherwise).
+    Below 2**-15 LiteRT has no tanh for the cell and uses the input gate in its place (see
+    test_integer_lstm_refusals for CIFG there)."""
     n_cell, n_output = _sizes(variant, n_cell, n_output)
     if variant["peephole"]:
         n_output = min(n_output, n_cell)
+    if variant["cifg"]:
+        cell_exponent = max(cell_exponent, -15)
     model, x = _integer_lstm(np.random.default_rng(seed), variant, time_major, steps, n_input, n_cell, n_output,
-                             batch, clips, op)
+                             batch, clips, op, cell_exponent)
     check_stateful(model, [x, x[::-1].copy(), x // 2])
 
 
@@ -189,3 +195,17 @@ def check_stateful(model: bytes, inputs: list[np.ndarray]) -> None:
             it.invoke()
             results.append(it.get_tensor(it.get_output_details()[0]["index"]))
         np.testing.assert_array_equal(results[1], results[0])
+
+
+@pytest.mark.parametrize("case, message", [
+    ({"cifg": True, "cell_exponent": -17}, "reads an uninitialised buffer"),
+    ({"peephole": True, "projection": True, "n_output": 5}, "past the cell state"),
+])
+def test_integer_lstm_refusals(case, message):
+    """Where LiteRT's integer LSTM reads memory it never wrote, the CPU backend refuses at compile time."""
+    variant = {"cifg": False, "peephole": False, "projection": False, "projection_bias": False, "layer_norm": False}
+    variant.update({k: v for k, v in case.items() if k in variant})
+    model, x = _integer_lstm(np.random.default_rng(0), variant, False, 2, 3, 4, case.get("n_output", 4), 1,
+                             (0.0, 0.0), "UNIDIRECTIONAL_SEQUENCE_LSTM", case.get("cell_exponent", -11))
+    with pytest.raises(DelegateError, match=message):
+        delegate_run(model, [x])

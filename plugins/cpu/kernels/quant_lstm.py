@@ -149,7 +149,14 @@ def lstm(op: Op):
         projection_rescale = _multiplier(scale(w) * scale(hidden) / scale(state))
         proj_bound = int(min(max(np.float32(proj_clip) / scale(out), -128), 127))
     sigmoid, tanh_gate = gemmlowp_logistic16(3), gemmlowp_tanh16(3)
-    tanh_cell = gemmlowp_tanh16(15 + cell_exponent)
+    # tanh(cell) reads the cell state in Q<15 + exponent>; LiteRT has tables for 0..6 integer bits and
+    # otherwise leaves its output buffer as it was: holding this step's input gate (the converter makes
+    # cell scales of 2**-16 and below for small cell values).
+    cell_bits = 15 + cell_exponent
+    tanh_cell = gemmlowp_tanh16(cell_bits) if 0 <= cell_bits <= 6 else None
+    if tanh_cell is None and "input" not in gates:
+        raise ValueError(f"LiteRT's integer LSTM has no tanh for a cell state scale of 2**{cell_exponent} "
+                         "and reads an uninitialised buffer instead with CIFG")
     state_zp = zero_point(state)
 
     def step(xt, h, c):
@@ -163,7 +170,7 @@ def lstm(op: Op):
         if cell_bound > 0:
             c = np.clip(c, -cell_bound, cell_bound)
         output_gate = gates["output"](xt, h, c, sigmoid)
-        product = output_gate * _squash(tanh_cell, c)
+        product = output_gate * (input_gate if tanh_cell is None else _squash(tanh_cell, c))
         if projection is None:
             return np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) + hidden_zp, -128, 127), c
         hidden_values = np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) - hidden_zp, -128, 127)
