@@ -390,10 +390,10 @@ def rsqrt(op: Op):
     if src.dtype.numpy == np.int16:
         ceiling = np.float32(32767) * scale(dst)  # what non-positive inputs map to
 
-        def inverse_sqrt(v):
+        def float_inverse_sqrt(v):
             positive = v > 0
             return np.where(positive, np.float32(1) / np.sqrt(np.where(positive, v, np.float32(1))), ceiling)
-        return quant_int16.table_kernel(op, inverse_sqrt)
+        return quant_int16.table_kernel(op, float_inverse_sqrt)
     multiplier, shift = quantize_multiplier(1.0 / np.float64(np.sqrt(scale(src)) * scale(dst)))
     offset, out_offset = zero_point(src), zero_point(dst)
     lo, hi = qrange(dst)
