@@ -20,7 +20,7 @@ from tests.oputil import assert_round_trip, assert_close, litert, litert_run
 FIXTURES = Path(__file__).parent / "fixtures" / "converter"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())["models"]
 NAMES = sorted(MANIFEST)
-FLOAT = [n for n in NAMES if MANIFEST[n]["mode"] in ("fp32", "fp16")]
+FLOAT = [n for n in NAMES if MANIFEST[n]["mode"] in ("fp32", "fp16", "dynamic")]  # float outputs
 QUANTIZED = [n for n in NAMES if MANIFEST[n]["mode"] in ("int8", "int16x8")]
 # Converter output that LiteRT itself cannot run: its error, and what delegate's CPU backend must say instead.
 LITERT_REFUSES = {"transformer_block_int16x8.tflite": (
@@ -65,7 +65,7 @@ def test_fixture_set_is_complete_and_small():
     assert files == NAMES
     assert sum((FIXTURES / n).stat().st_size for n in NAMES) < 8_000_000
     modes = {MANIFEST[n]["mode"] for n in NAMES}
-    assert modes == {"fp32", "fp16", "int8", "int16x8"}
+    assert modes == {"fp32", "fp16", "dynamic", "int8", "int16x8"}
 
 
 @pytest.mark.parametrize("name", NAMES)
