@@ -580,6 +580,8 @@ def _fill(op: Op) -> None:
     if dims is not None:
         need((dims >= 0).all(), f"dims {dims.ravel().tolist()} has a negative dimension")
     need(op.inputs[1].size == 1, "the value must be a scalar")
+    need(op.outputs[0].dtype == op.inputs[1].dtype,
+         f"output of type {op.outputs[0].dtype.name} must have the value's type {op.inputs[1].dtype.name}")
 
 
 # -- the door -------------------------------------------------------------------

@@ -12,30 +12,34 @@ VARIANTS = st.fixed_dictionaries({"cifg": st.booleans(), "peephole": st.booleans
                                   "projection_bias": st.booleans(), "layer_norm": st.booleans()})
 
 
-def _lstm_operands(b, rng, n_input, n_cell, n_output, batch, variant):
-    """The 24 LSTM inputs after the data input: weights per the variant (None where absent), then states."""
-    def w(name, *shape):
+def _lstm_operands(b, rng, n_input, n_cell, n_output, batch, variant, make=None, states=None):
+    """The 24 LSTM inputs after the data input: weights per the variant (None where absent), then states.
+
+    ``make(kind, name, *shape)`` builds each constant (kind: weights, bias, layer_norm, peephole), float32
+    by default; ``states`` are the (output, cell) state tensors, float32 variables by default."""
+    def w(kind, name, *shape):
         return b.const(name, (rng.standard_normal(shape) * 0.5).astype(np.float32))
 
+    make = make or w
     gates = ["forget", "cell", "output"] if variant["cifg"] else ["input", "forget", "cell", "output"]
     ops = [None] * 23
     for k, gate in enumerate(["input", "forget", "cell", "output"]):
         if gate in gates:
-            ops[k] = w(f"{gate}_w", n_cell, n_input)
-            ops[4 + k] = w(f"{gate}_r", n_cell, n_output)
-            ops[11 + k] = w(f"{gate}_b", n_cell)
+            ops[k] = make("weights", f"{gate}_w", n_cell, n_input)
+            ops[4 + k] = make("weights", f"{gate}_r", n_cell, n_output)
+            ops[11 + k] = make("bias", f"{gate}_b", n_cell)
             if variant["layer_norm"]:
-                ops[19 + k] = w(f"{gate}_ln", n_cell)
+                ops[19 + k] = make("layer_norm", f"{gate}_ln", n_cell)
     if variant["peephole"]:
         for k, gate in enumerate(["input", "forget", "output"]):
             if gate in gates:
-                ops[8 + k] = w(f"{gate}_peephole", n_cell)
+                ops[8 + k] = make("peephole", f"{gate}_peephole", n_cell)
     if variant["projection"]:
-        ops[15] = w("projection", n_output, n_cell)
+        ops[15] = make("weights", "projection", n_output, n_cell)
         if variant["projection_bias"]:
-            ops[16] = w("projection_b", n_output)
-    ops[17] = b.tensor("output_state", (batch, n_output), is_variable=True)
-    ops[18] = b.tensor("cell_state", (batch, n_cell), is_variable=True)
+            ops[16] = make("bias", "projection_b", n_output)
+    ops[17], ops[18] = states or (b.tensor("output_state", (batch, n_output), is_variable=True),
+                                  b.tensor("cell_state", (batch, n_cell), is_variable=True))
     return ops
 
 
@@ -118,34 +122,20 @@ def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, ba
         else (batch, n_input)
     x = b.input("x", shape, "int8", quant=x_quant)
 
-    def q8(name, *shape):
-        return b.const(name, rng.integers(-127, 128, shape).astype(np.int8), quant=(float(rng.uniform(0.002, 0.02)), 0))
+    ranges = {"layer_norm": (2e-5, 6e-5), "peephole": (1e-5, 5e-5)}
 
-    def q16(name, n, step):
-        return b.const(name, rng.integers(-20000, 20000, n).astype(np.int16), quant=(step, 0))
+    def make(kind, name, *shape):
+        if kind == "weights":
+            return b.const(name, rng.integers(-127, 128, shape).astype(np.int8),
+                           quant=(float(rng.uniform(0.002, 0.02)), 0))
+        if kind == "bias":
+            return b.const(name, rng.integers(-3000, 3000, shape).astype(np.int32), quant=(1e-4, 0))
+        return b.const(name, rng.integers(-20000, 20000, shape).astype(np.int16),
+                       quant=(float(rng.uniform(*ranges[kind])), 0))
 
-    def q32(name, n):
-        return b.const(name, rng.integers(-3000, 3000, n).astype(np.int32), quant=(1e-4, 0))
-
-    gates = ["forget", "cell", "output"] if variant["cifg"] else ["input", "forget", "cell", "output"]
-    ops = [None] * 23
-    for k, gate in enumerate(["input", "forget", "cell", "output"]):
-        if gate in gates:
-            ops[k] = q8(f"{gate}_w", n_cell, n_input)
-            ops[4 + k] = q8(f"{gate}_r", n_cell, n_output)
-            ops[11 + k] = q32(f"{gate}_b", n_cell)
-            if variant["layer_norm"]:
-                ops[19 + k] = q16(f"{gate}_ln", n_cell, float(rng.uniform(2e-5, 6e-5)))
-    if variant["peephole"]:
-        for k, gate in enumerate(["input", "forget", "output"]):
-            if gate in gates:
-                ops[8 + k] = q16(f"{gate}_peephole", n_cell, float(rng.uniform(1e-5, 5e-5)))
-    if variant["projection"]:
-        ops[15] = q8("projection", n_output, n_cell)
-        if variant["projection_bias"]:
-            ops[16] = q32("projection_b", n_output)
-    ops[17] = b.tensor("output_state", (batch, n_output), "int8", quant=h_quant, is_variable=True)
-    ops[18] = b.tensor("cell_state", (batch, n_cell), "int16", quant=(2.0 ** cell_exponent, 0), is_variable=True)
+    states = (b.tensor("output_state", (batch, n_output), "int8", quant=h_quant, is_variable=True),
+              b.tensor("cell_state", (batch, n_cell), "int16", quant=(2.0 ** cell_exponent, 0), is_variable=True))
+    ops = _lstm_operands(b, rng, n_input, n_cell, n_output, batch, variant, make, states)
     options = {"fused_activation_function": "TANH", "cell_clip": clips[0], "proj_clip": clips[1]}
     if op != "LSTM":
         options["time_major"] = time_major
