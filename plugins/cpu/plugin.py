@@ -303,11 +303,16 @@ class CpuBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""
-        if registry.find_kernel(op, self.custom) is not None:
-            return Support.yes()
+        factory = registry.find_kernel(op, self.custom)
         kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
-        missing = f"no cpu kernel for {kind} {op.opcode}"
-        if op.custom:  # the one remedy a user has
+        if factory is not None:
+            why = registry.refusal(factory, op)
+            if why is None:
+                return Support.yes()
+            missing = f"the cpu kernel for {kind} {op.opcode} cannot run it: {why}"
+        else:
+            missing = f"no cpu kernel for {kind} {op.opcode}"
+        if op.custom and factory is None:  # the one remedy a user has
             missing += " (a plugin adds one through the delegate_custom_kernels hook)"
         if self.engine != "litert":
             return Support.no(missing)

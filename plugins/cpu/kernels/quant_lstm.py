@@ -105,22 +105,39 @@ class _Gate:
         return np.clip(multiply_by_quantized_multiplier(rounded, m, shift), -(1 << 15), (1 << 15) - 1)
 
 
-@kernel("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM", quantized=True)
-def lstm(op: Op):
-    x, out = op.inputs[0], op.outputs[0]
+def refusal(op: Op) -> str | None:
+    """Why LiteRT's integer LSTM cannot run ``op`` (or reads memory it never wrote there), or None."""
+    x = op.inputs[0]
     if x.dtype.numpy != np.int8:
-        raise ValueError(f"an integer LSTM takes int8 activations (LiteRT has no {x.dtype.name} kernel for it)")
+        return f"an integer LSTM takes int8 activations (LiteRT has no {x.dtype.name} kernel for it)"
     if op.options.get("kernel_type", "FULL") != "FULL":
-        raise ValueError("only the FULL LSTM kernel is supported")
+        return "only the FULL integer LSTM kernel exists"
     if len(op.intermediates) != 5:
-        raise ValueError(f"an integer LSTM needs the 5 intermediate tensors of LiteRT's 8x8->16 kernel "
-                         f"(it has {len(op.intermediates)})")
+        return (f"an integer LSTM needs the 5 intermediate tensors of LiteRT's 8x8->16 kernel "
+                f"(it has {len(op.intermediates)})")
     weights = [i for i, t in enumerate(op.inputs) if t is not None and 0 < i and i not in (OUTPUT_STATE, CELL_STATE)]
     if any(constant(op.inputs[i]) is None for i in weights):
-        raise ValueError("an integer LSTM needs its weights, biases and coefficients as constants")
+        return "an integer LSTM needs its weights, biases and coefficients as constants"
     cell_exponent = power_of_two_exponent(op.inputs[CELL_STATE])
     if cell_exponent is None:
-        raise ValueError("an integer LSTM needs a power-of-two cell state scale")
+        return "an integer LSTM needs a power-of-two cell state scale"
+    n_cell, n_output = op.inputs[INPUT_WEIGHTS["forget"]].shape[0], op.inputs[OUTPUT_STATE].shape[-1]
+    if op.input(PEEPHOLES["forget"]) is not None and n_output > n_cell:
+        return (f"LiteRT's integer peephole reads {n_output} cell values of {n_cell} per row "
+                "(a projection wider than the cell), past the cell state")
+    if not 0 <= 15 + cell_exponent <= 6 and op.input(INPUT_WEIGHTS["input"]) is None:
+        return (f"LiteRT's integer LSTM has no tanh for a cell state scale of 2**{cell_exponent} "
+                "and reads an uninitialised buffer instead with CIFG")
+    return None
+
+
+@kernel("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM", quantized=True, refuses=refusal)
+def lstm(op: Op):
+    why = refusal(op)
+    if why is not None:
+        raise ValueError(why)
+    out = op.outputs[0]
+    cell_exponent = power_of_two_exponent(op.inputs[CELL_STATE])
     layer_norm = op.input(LAYER_NORMS["forget"]) is not None
     sequence = op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM"
     time_major = not sequence or bool(op.options.get("time_major", False))
@@ -154,9 +171,6 @@ def lstm(op: Op):
     # cell scales of 2**-16 and below for small cell values).
     cell_bits = 15 + cell_exponent
     tanh_cell = gemmlowp_tanh16(cell_bits) if 0 <= cell_bits <= 6 else None
-    if tanh_cell is None and "input" not in gates:
-        raise ValueError(f"LiteRT's integer LSTM has no tanh for a cell state scale of 2**{cell_exponent} "
-                         "and reads an uninitialised buffer instead with CIFG")
     state_zp = zero_point(state)
 
     def step(xt, h, c):
