@@ -98,6 +98,11 @@ def _unary(op: Op) -> list[Shape]:
     return [op.inputs[0].shape]
 
 
+@rule("ADD_N")
+def _add_n(op: Op) -> list[Shape]:
+    return [op.inputs[0].shape]
+
+
 @rule("SELECT", "SELECT_V2")
 def _select(op: Op) -> list[Shape]:
     if op.opcode == "SELECT":  # v1: same-shaped values; the condition matches them or picks rows
@@ -368,7 +373,12 @@ def _transpose_conv_bias(op: Op) -> list[Shape]:
 
 @rule("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM")
 def _lstm(op: Op) -> list[Shape]:
-    """The input's shape with its feature dimension replaced by the output state's."""
+    """The input's shape with its feature dimension replaced by the output state's; the BASIC kernel's
+    four outputs (activation, state, the concatenated input and the gates' pre-activations)."""
+    if op.options.get("kernel_type") == "BASIC":
+        *batch, depth = op.inputs[0].shape
+        units = op.inputs[1].shape[-1]
+        return [(*batch, units), (*batch, units), (*batch, depth + units), (*batch, 4 * units)]
     n_output = op.inputs[18].shape[-1]
     return [op.inputs[0].shape[:-1] + (n_output,)]
 
@@ -392,6 +402,19 @@ def _detection_postprocess(op: Op) -> list[Shape]:
     return [(1, count, 4), (1, count), (1, count), (1,)]
 
 
+def settle(op: Op) -> None:
+    """Give ``op``'s outputs the shapes its rule derives from its inputs, whatever the file declares
+    (as LiteRT's Prepare resizes them: converters leave placeholders such as [] or [1] on
+    intermediates), and record the values of its shape arithmetic.  Call inside ``shape_values``.
+    Raises UnsupportedOpError where the op has no rule or its shapes depend on run-time values."""
+    shapes = infer_output_shapes(op, len(op.outputs))
+    if len(shapes) != len(op.outputs):
+        raise ValueError(f"has {len(op.outputs)} outputs, its operands give {len(shapes)}")
+    for out, shape in zip(op.outputs, shapes):
+        out.shape = tuple(int(d) for d in shape)
+    _evaluate_shape_arithmetic(op, _KNOWN.get())
+
+
 def propagate(graph, strict: bool = True) -> None:
     """Recompute every op's output shapes from the graph inputs' (after an input was resized).
 
@@ -400,7 +423,7 @@ def propagate(graph, strict: bool = True) -> None:
     their shapes too.  ``strict=False`` keeps the declared shapes of ops without a rule
     instead of refusing.
     """
-    with shape_values() as known:
+    with shape_values():
         for op in graph.topological_order():
             if not has_rule(op.opcode):
                 if not strict:
@@ -408,14 +431,11 @@ def propagate(graph, strict: bool = True) -> None:
                 raise UnsupportedOpError(f"cannot change shapes: {op.describe()} has no shape rule",
                                          op_index=op.index, opcode=op.opcode)
             try:
-                shapes = infer_output_shapes(op, len(op.outputs))
+                settle(op)
             except UnsupportedOpError:
                 if strict:
                     raise
-                continue  # depends on values computed at run time: the declared shapes stand
-            for out, shape in zip(op.outputs, shapes):
-                out.shape = tuple(int(d) for d in shape)
-            _evaluate_shape_arithmetic(op, known)
+                # depends on values computed at run time: the declared shapes stand
 
 
 @contextmanager

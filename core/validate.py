@@ -3,14 +3,13 @@
 Two steps per op, both before any kernel, engine or plugin sees the model:
 its operands are checked against the op's entry in OPERANDS (arity, dtypes,
 ranks, channel and window consistency, ranges of options and constant
-operands, as LiteRT's Prepare steps refuse them), then the output shapes
-declared in the file are compared with those the op's shape rule derives.
+operands, as LiteRT's Prepare steps refuse them), then its outputs take the
+shapes the op's shape rule derives (see validate_graph).
 Every tensor's quantization is checked once (finite positive scales, zero
 points the type can hold).  A failure is a ModelFormatError naming the op and
 the rule.  Every op code with a shape rule or a CPU kernel has an entry here
 (tests/test_hostile.py checks that), so a new op cannot skip the door.  Custom ops with a rule
-(TFLite_Detection_PostProcess) have their outputs sized by it, as LiteRT's
-Prepare does whatever the file declares (converters write placeholders).
+(TFLite_Detection_PostProcess) are sized by it too.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ import numpy as np
 
 from .errors import DelegateError, ModelFormatError, UnsupportedOpError
 from .ir import DType, Op, Subgraph, Tensor
-from .shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, detection_postprocess_options, has_rule,
-                     infer_output_shapes, propagate)
+from .shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, detection_postprocess_options, has_rule, settle, \
+    shape_values
 
 
 class Invalid(Exception):
@@ -275,8 +274,31 @@ def _batch_matmul(op: Op) -> None:
     need(inner_a == inner_b, f"inner dimensions {inner_a} and {inner_b} differ")
 
 
-operands("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24),
-         optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
+operands("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
+
+
+@operands("LSTM", inputs=(5, 24), outputs=(1, 4), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
+def _lstm(op: Op) -> None:
+    """The FULL kernel's 20 or 24 inputs and one output, or the BASIC one's 5 and 4 (input, previous
+    activation, weights over both, bias, previous state)."""
+    if op.options.get("kernel_type") != "BASIC":
+        need(len(op.inputs) >= 20 and len(op.outputs) == 1, "the FULL kernel takes 20 or 24 inputs and one output")
+        return
+    need(len(op.inputs) == 5 and len(op.outputs) == 4, "the BASIC kernel takes 5 inputs and 4 outputs")
+    x, activation, weights, bias, state = op.inputs
+    need(all(t is not None for t in op.inputs), "the BASIC kernel needs all 5 inputs")
+    _rank(weights, 2)
+    units = activation.shape[-1] if activation.shape else 0
+    need(weights.shape == (4 * units, x.shape[-1] + units) if x.shape else False,
+         f"weights of shape {list(weights.shape)} do not fit 4 x {units} units over the input and activation")
+    need(bias.shape == (4 * units,) and state.shape == activation.shape, "bias or state do not fit the units")
+
+
+@operands("ADD_N", inputs=(2, 1 << 16), keeps_type=0)
+def _add_n(op: Op) -> None:
+    _same_dtype(op, range(len(op.inputs)))
+    shapes = {t.shape for t in op.inputs}
+    need(len(shapes) == 1, f"inputs must share one shape, not {[list(s) for s in shapes]}")
 
 
 @operands("TFLite_Detection_PostProcess", inputs=3, outputs=4)
@@ -558,6 +580,8 @@ def _fill(op: Op) -> None:
     if dims is not None:
         need((dims >= 0).all(), f"dims {dims.ravel().tolist()} has a negative dimension")
     need(op.inputs[1].size == 1, "the value must be a scalar")
+    need(op.outputs[0].dtype == op.inputs[1].dtype,
+         f"output of type {op.outputs[0].dtype.name} must have the value's type {op.inputs[1].dtype.name}")
 
 
 # -- the door -------------------------------------------------------------------
@@ -610,51 +634,32 @@ def check_operands(op: Op) -> None:
 def validate_graph(graph: Subgraph) -> None:
     """Raise ModelFormatError for the first op whose operands do not fit it.
 
-    In a model with dynamic input dimensions the file's intermediate shapes are
-    placeholders (converters write batch 1 even past a SPACE_TO_BATCH_ND), so
-    they are first recomputed from the inputs, as TFLite does when preparing.
+    Ops are checked in the file's order (LiteRT's execution order), each against the shapes its
+    inputs really have: every op with a shape rule gives its outputs the rule's shapes, as TFLite
+    does when preparing, so the file's intermediate shapes never count.  Converters write
+    placeholders there ([] or [1] on DEQUANTIZE outputs, batch 1 past a SPACE_TO_BATCH_ND of a
+    dynamic input, stale shapes).  Ops without a rule, or whose shapes depend on run-time values,
+    keep the declared ones.  Where a declared shape changes, the file's bytes no longer describe
+    the graph (LiteRT's XNNPACK delegate aborts on some placeholders): backends write it out anew.
     """
-    if any(t.is_dynamic for t in graph.inputs):
-        try:
-            propagate(graph, strict=False)
-        except DelegateError as exc:
-            raise ModelFormatError(str(exc)) from None
-        except Exception as exc:
-            raise ModelFormatError(f"shapes do not follow from the inputs ({type(exc).__name__}: {exc})") from None
-    for op in graph.ops:
-        check_operands(op)
-        if not has_rule(op.opcode):
-            continue
-        if op.custom:
-            _size_outputs(op)
-            continue
-        if not op.outputs:
-            raise ModelFormatError(f"{op.describe()}: has no outputs")
-        try:
-            shapes = infer_output_shapes(op, len(op.outputs))
-        except UnsupportedOpError:
-            continue  # its shape depends on values computed at run time; the declared one stands
-        except DelegateError as exc:
-            raise ModelFormatError(f"{op.describe()}: {exc}") from None
-        except Exception as exc:
-            raise ModelFormatError(f"{op.describe()}: operands do not fit the op "
-                                   f"({type(exc).__name__}: {exc})") from None
-        if len(shapes) != len(op.outputs):
-            raise ModelFormatError(f"{op.describe()}: has {len(op.outputs)} outputs, its operands give {len(shapes)}")
-        for t, shape in zip(op.outputs, shapes):
-            if tuple(shape) != t.shape and t.size != 0:
-                raise ModelFormatError(f"{op.describe()}: output tensor {t.index} ({t.name!r}) has shape "
-                                       f"{list(t.shape)} but its inputs give {list(shape)}")
-
-
-def _size_outputs(op) -> None:
-    try:
-        shapes = infer_output_shapes(op, len(op.outputs))
-    except DelegateError as exc:
-        raise ModelFormatError(f"{op.describe()}: {exc}") from None
-    except Exception as exc:
-        raise ModelFormatError(f"{op.describe()}: operands do not fit the op ({type(exc).__name__}: {exc})") from None
-    if len(shapes) != len(op.outputs):
-        raise ModelFormatError(f"{op.describe()}: has {len(op.outputs)} outputs, its operands give {len(shapes)}")
-    for t, shape in zip(op.outputs, shapes):
-        t.shape = tuple(int(d) for d in shape)
+    changed = False
+    with shape_values():
+        for op in graph.ops:
+            check_operands(op)
+            if not has_rule(op.opcode):
+                continue
+            if not op.outputs:
+                raise ModelFormatError(f"{op.describe()}: has no outputs")
+            declared = [t.shape for t in op.outputs]
+            try:
+                settle(op)
+                changed = changed or declared != [t.shape for t in op.outputs]
+            except UnsupportedOpError:
+                continue  # its shape depends on values computed at run time; the declared one stands
+            except DelegateError as exc:
+                raise ModelFormatError(f"{op.describe()}: {exc}") from None
+            except Exception as exc:
+                raise ModelFormatError(f"{op.describe()}: operands do not fit the op "
+                                       f"({type(exc).__name__}: {exc})") from None
+    if changed:
+        graph.serialized = None

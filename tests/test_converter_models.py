@@ -20,7 +20,7 @@ from tests.oputil import assert_round_trip, assert_close, litert, litert_run
 FIXTURES = Path(__file__).parent / "fixtures" / "converter"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())["models"]
 NAMES = sorted(MANIFEST)
-FLOAT = [n for n in NAMES if MANIFEST[n]["mode"] in ("fp32", "fp16")]
+FLOAT = [n for n in NAMES if MANIFEST[n]["mode"] in ("fp32", "fp16", "dynamic")]  # float outputs
 QUANTIZED = [n for n in NAMES if MANIFEST[n]["mode"] in ("int8", "int16x8")]
 # Converter output that LiteRT itself cannot run: its error, and what delegate's CPU backend must say instead.
 LITERT_REFUSES = {"transformer_block_int16x8.tflite": (
@@ -65,7 +65,7 @@ def test_fixture_set_is_complete_and_small():
     assert files == NAMES
     assert sum((FIXTURES / n).stat().st_size for n in NAMES) < 8_000_000
     modes = {MANIFEST[n]["mode"] for n in NAMES}
-    assert modes == {"fp32", "fp16", "int8", "int16x8"}
+    assert modes == {"fp32", "fp16", "dynamic", "int8", "int16x8"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -216,3 +216,12 @@ def test_outputs_depend_on_the_input(name):
             assert change >= 1e-2 * np.abs(a).max(), f"{name}: output moved {change:.3g}"
         else:
             assert change >= 2, f"{name}: output moved {change:.0f} LSB"
+
+
+def test_integer_lstm_fixture_is_exact_over_invokes():
+    """The converter's int8 LSTM bit-exact against LiteRT's builtin kernels, the states carried over
+    three invokes."""
+    from tests.ops.test_lstm import check_stateful
+    data = load("lstm_sequence_int8.tflite")
+    model = read_model(data)
+    check_stateful(data, [random_inputs(model, seed)[0] for seed in range(3)])

@@ -160,13 +160,18 @@ class LitertCompiled(CompiledPartition):
         with native_stderr(log):
             self.interpreter = Interpreter(model_content=content, num_threads=max(num_threads, 1))
             self.interpreter.allocate_tensors()
-        # XNNPACK sets up on the first invoke: fail here, at compile time, not mid-run (on zeros: the arena's
+        # XNNPACK sets up on the first invoke: do that here, at compile time, not mid-run (on zeros: the arena's
         # leftovers may be out-of-range indices); and leave no state behind for the user's first run
-        # (reset_all_variables restores variable tensors, not resource variables)
+        # (reset_all_variables restores variable tensors, not resource variables).  Zeros are not every
+        # model's valid input (LiteRT's divisions stop on a zero divisor): such a refusal is left to the
+        # user's first run, on the user's inputs.
         if _may_warm_up(self.partition):
             for d in self.interpreter.get_input_details():
                 self.interpreter.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
-            self.interpreter.invoke()
+            try:
+                self.interpreter.invoke()
+            except RuntimeError as exc:
+                log.debug("cpu: LiteRT's warm-up run on zeros failed: %s", str(exc).splitlines()[0])
             self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
@@ -304,11 +309,16 @@ class CpuBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""
-        if registry.find_kernel(op, self.custom) is not None:
-            return Support.yes()
+        factory = registry.find_kernel(op, self.custom)
         kind = "custom op" if op.custom else "quantized op" if registry.is_quantized_op(op) else "op"
-        missing = f"no cpu kernel for {kind} {op.opcode}"
-        if op.custom:  # the one remedy a user has
+        if factory is not None:
+            why = registry.refusal(factory, op)
+            if why is None:
+                return Support.yes()
+            missing = f"the cpu kernel for {kind} {op.opcode} cannot run it: {why}"
+        else:
+            missing = f"no cpu kernel for {kind} {op.opcode}"
+        if op.custom and factory is None:  # the one remedy a user has
             missing += " (a plugin adds one through the delegate_custom_kernels hook)"
         if self.engine != "litert":
             return Support.no(missing)

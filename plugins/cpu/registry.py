@@ -30,15 +30,24 @@ HYBRID_KERNELS: dict[str, Factory] = {}
 _INTEGER_Q = (np.int8, np.uint8, np.int16)
 
 
-def kernel(*opcodes: str, quantized: bool = False, hybrid: bool = False):
-    """Register a kernel factory for one or more op codes."""
+def kernel(*opcodes: str, quantized: bool = False, hybrid: bool = False,
+           refuses: Callable[[Op], str | None] | None = None):
+    """Register a kernel factory for one or more op codes; ``refuses(op)`` says why the kernel cannot
+    run a variant of them (None when it can), so that the support answer never claims it."""
     table = HYBRID_KERNELS if hybrid else QUANT_KERNELS if quantized else FLOAT_KERNELS
 
     def register(factory: Factory) -> Factory:
+        factory.refuses = refuses
         for code in opcodes:
             table[code] = factory
         return factory
     return register
+
+
+def refusal(factory: Factory, op: Op) -> str | None:
+    """Why ``factory``'s kernel cannot run ``op``, or None (see ``kernel``'s ``refuses``)."""
+    refuses = getattr(factory, "refuses", None)
+    return None if refuses is None else refuses(op)
 
 
 def laid_out(run: Run, *slots: int) -> Run:

@@ -2,4 +2,4 @@
 
 from . import activations, batch_space, control_flow, conv, convert, custom, elementwise, hybrid, lstm  # noqa: F401
 from . import pool, reduce, resize, shape_ops, spectral  # noqa: F401
-from . import quantized  # noqa: F401
+from . import quantized, quant_lstm  # noqa: F401

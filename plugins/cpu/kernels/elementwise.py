@@ -42,6 +42,16 @@ COMPARE = {"LESS": np.less, "LESS_EQUAL": np.less_equal, "GREATER": np.greater,
             "LOGICAL_AND": np.logical_and, "LOGICAL_OR": np.logical_or}
 
 
+@kernel("ADD_N")
+def add_n(op: Op):
+    """The inputs summed in order, as LiteRT adds them."""
+    def run(ins, outs):
+        np.copyto(outs[0], ins[0])
+        for x in ins[1:]:
+            outs[0] += x
+    return run
+
+
 @kernel(*_ARITHMETIC)
 def arithmetic(op: Op):
     native = _native_arithmetic(op)

@@ -101,10 +101,27 @@ class _Weights:
         self.projection_bias = value(PROJECTION_BIAS)
 
 
+def _basic_lstm(op: Op):
+    """LSTM's BASIC kernel: one GEMM over [input, previous activation] gives the input, candidate, forget
+    and output gates (in that order); its outputs are the activation, the state, and the concatenation
+    and pre-activations it computed on the way."""
+    def run(ins, outs):
+        x, previous, weights, bias, state = ins
+        activation, new_state, concat, gates = outs
+        concat[...] = np.concatenate([x, previous], axis=-1)
+        np.matmul(concat, np.asarray(weights, np.float32).T, out=gates)
+        gates += bias
+        units = state.shape[-1]
+        part = [gates[..., k * units:(k + 1) * units].copy() for k in range(4)]
+        new_state[...] = _sigmoid(part[0]) * np.tanh(part[1]) + _sigmoid(part[2]) * state
+        activation[...] = _sigmoid(part[3]) * np.tanh(new_state)
+    return run
+
+
 @kernel("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM")
 def lstm(op: Op):
-    if op.options.get("kernel_type", "FULL") != "FULL":
-        raise ValueError("only the FULL LSTM kernel is supported")
+    if op.opcode == "LSTM" and op.options.get("kernel_type") == "BASIC":
+        return _basic_lstm(op)
     sequence = op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM"
     time_major = not sequence or bool(op.options.get("time_major", False))  # the schema default
     # The cell's activation, TANH as a rule (recurrent kernels apply it, unlike the others: fused_name).

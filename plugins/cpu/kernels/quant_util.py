@@ -363,3 +363,92 @@ def lookup_table(op: Op, fn) -> np.ndarray:
 def table_index(x: np.ndarray) -> np.ndarray:
     """Index of each int8/uint8 value into a table that starts at the type's minimum."""
     return x.astype(np.int64) - np.iinfo(x.dtype).min
+
+
+# --- gemmlowp's int16 fixed-point logistic and tanh ------------------------------------------
+# The integer LSTM squashes its int16 gates with gemmlowp's FixedPoint<int16_t, bits> functions
+# (Q<bits>.<15-bits> in, Q0.15 out).  int16 sums and negations there wrap; with only 65536
+# inputs each function is evaluated once over all of them and used as a table.
+
+INT16_ONE = (1 << 15) - 1
+
+
+def wrap16(x):
+    """C's cast to int16: values wrap around (gemmlowp's int16 sums, CwiseMul's results)."""
+    return ((np.asarray(x, np.int64) + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def _mul16(a, b):
+    return saturating_rounding_doubling_high_mul(a, b, bits=16)
+
+
+def _constant16(raw32: int) -> int:
+    """A gemmlowp constant written as a Q0.31-style int32, rounded to its int16 form."""
+    return int(rounding_divide_by_pot(np.int64(raw32), 16))
+
+
+def _saturating_shift_left16(x, exponent: int):
+    if exponent == 0:
+        return x
+    limit = (1 << (15 - exponent)) - 1
+    return np.where(x > limit, INT16_ONE, np.where(x < -limit, -(1 << 15), x << exponent))
+
+
+def _exp_quarter16(a):
+    """exp(a) for a in [-1/4, 0), Q0.15: gemmlowp's Taylor expansion around -1/8."""
+    constant = _constant16(1895147668)
+    x = wrap16(a + (1 << 12))
+    x2 = _mul16(x, x)
+    x3 = _mul16(x2, x)
+    x4 = _mul16(x2, x2)
+    poly = rounding_divide_by_pot(wrap16(_mul16(wrap16(rounding_divide_by_pot(x4, 2) + x3),
+                                                 _constant16(715827883)) + x2), 1)
+    return np.clip(constant + _mul16(constant, wrap16(x + poly)), -(1 << 15), INT16_ONE)
+
+
+def _exp_negative16(a, bits: int):
+    """exp(a) for a <= 0 given in Q<bits>: the quarter-interval part, then a barrel of exp(-2**k)."""
+    fraction = 15 - bits
+    quarter = 1 << (fraction - 2)
+    offset = wrap16((a & (quarter - 1)) - quarter)
+    result = _exp_quarter16(_saturating_shift_left16(offset, bits))
+    remainder = wrap16(offset - a)
+    for exponent, multiplier in ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308),
+                                 (2, 39332535), (3, 720401), (4, 242)):
+        if bits > exponent:
+            hit = (remainder & (1 << (fraction + exponent))) != 0
+            result = np.where(hit, _mul16(result, _constant16(multiplier)), result)
+    if bits > 5:
+        result = np.where(a < _constant16(-(1 << (36 - bits))), 0, result)
+    return np.where(a == 0, INT16_ONE, result)
+
+
+def _newton_reciprocal16(a):
+    """x ~ 1 / (1 + a) in Q2.13 for a in (0, 1) in Q0.15: three Newton-Raphson steps from 48/17 - 32/17 d."""
+    half_denominator = (a + INT16_ONE + 1) // 2  # RoundingHalfSum of non-negative values
+    one = 1 << 13
+    x = wrap16(_constant16(1515870810) + _mul16(half_denominator, _constant16(-1010580540)))
+    for _ in range(3):
+        x = wrap16(x + _saturating_shift_left16(_mul16(x, wrap16(one - _mul16(half_denominator, x))), 2))
+    return x
+
+
+@lru_cache(maxsize=None)
+def gemmlowp_logistic16(bits: int) -> np.ndarray:
+    """logistic over every int16 input in Q<bits>, as int16 Q0.15 indexed by value + 32768."""
+    a = np.arange(-(1 << 15), 1 << 15, dtype=np.int64)
+    positive = a > 0
+    magnitude = np.where(positive, a, wrap16(-a))
+    if_positive = _saturating_shift_left16(_newton_reciprocal16(_exp_negative16(wrap16(-magnitude), bits)), 1)
+    result = np.where(positive, if_positive, wrap16(INT16_ONE - if_positive))
+    return np.where(a == 0, 1 << 14, result).astype(np.int16)
+
+
+@lru_cache(maxsize=None)
+def gemmlowp_tanh16(bits: int) -> np.ndarray:
+    """tanh over every int16 input in Q<bits>, as int16 Q0.15 indexed by value + 32768."""
+    a = np.arange(-(1 << 15), 1 << 15, dtype=np.int64)
+    negative = a < 0
+    n = np.where(negative, a, wrap16(-a))
+    t = _saturating_shift_left16(wrap16(_newton_reciprocal16(_exp_negative16(n, bits + 1)) - (1 << 13)), 2)
+    return np.where(a == 0, 0, np.where(negative, wrap16(-t), t)).astype(np.int16)

@@ -357,7 +357,7 @@ def gelu(op: Op):
     return run
 
 
-def _inverse_sqrt(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def inverse_sqrt(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """1/sqrt(values) as (Q31 significand, exponent), by LiteRT's five fixed-point Newton steps."""
     v = np.maximum(values.astype(np.int64), 1)
     shift = np.full(v.shape, 11, np.int64)
@@ -390,15 +390,15 @@ def rsqrt(op: Op):
     if src.dtype.numpy == np.int16:
         ceiling = np.float32(32767) * scale(dst)  # what non-positive inputs map to
 
-        def inverse_sqrt(v):
+        def float_inverse_sqrt(v):
             positive = v > 0
             return np.where(positive, np.float32(1) / np.sqrt(np.where(positive, v, np.float32(1))), ceiling)
-        return quant_int16.table_kernel(op, inverse_sqrt)
+        return quant_int16.table_kernel(op, float_inverse_sqrt)
     multiplier, shift = quantize_multiplier(1.0 / np.float64(np.sqrt(scale(src)) * scale(dst)))
     offset, out_offset = zero_point(src), zero_point(dst)
     lo, hi = qrange(dst)
     centred = np.arange(qrange(src)[0], qrange(src)[1] + 1) - offset  # indexed like table_index
-    inv_multiplier, inv_shift = _inverse_sqrt(centred)
+    inv_multiplier, inv_shift = inverse_sqrt(centred)
     data = multiply_by_quantized_multiplier(1, inv_multiplier, inv_shift + 20)
     values = multiply_by_quantized_multiplier(data, multiplier, shift - 20) + out_offset
     # A zero input (and below, which LiteRT rejects) saturates.

@@ -1,14 +1,15 @@
-"""The GPU conformance table: every op a GPU dialect's lowering accepts, run on its backend against LiteRT.
+"""The conformance matrix's cases: one list of op cases (op, shapes, options, input ranges).
 
-Each accepted op code has cases here (shapes, options); every case runs on
-the opencl and wgpu backends at fp32 and fp16 against LiteRT's builtin
-kernels.  fp32 must be within 5e-4 of each output's range; fp16 within 2e-2
-(half storage keeps 11 significant bits, values and weights are rounded at
-each stored tensor, and wgpu multiplies and accumulates products in f16);
-quantized outputs within one step of their grid, other integer and bool outputs exact.  Quantized tensors run on
-the float view (``allow_quantized``).
-An op a lowering accepts without a case here fails
-``test_every_accepted_op_has_a_case``, so no support claim goes untested.
+tests/test_conformance.py runs every case on every installed backend and every precision it
+declares, against LiteRT (see docs/conformance.md).  A case is a record: its id (also its
+random seed, through its length), the op code it tests, its kind (with the op, the key of the
+matrix's table of expected refusals), and ``build(rng)``, which gives (model, inputs) or
+(model, inputs, the model LiteRT runs instead where the two differ).  ``reference`` names
+LiteRT's kernel set it is compared with (the LiteRT engine is always compared with the default
+set, which it runs); ``allow_quantized`` lets the GPUs run quantized tensors on their float view.
+
+Add a case by appending a ``Case`` to ``CASES`` (or with the ``case`` decorator); the matrix picks
+it up on every backend.  An op that a GPU lowering accepts must have a case here.
 """
 
 from __future__ import annotations
@@ -17,39 +18,39 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pytest
 
-from delegate import CompileOptions, read_model
-from delegate.gpu.registry import accepted
-from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
-from tests.oputil import assert_close, delegate_run, litert_run, require_backend
-
-BACKENDS = ("opencl", "wgpu")
-TOLERANCE = {"fp32": 5e-4, "fp16": 2e-2}  # of each output's range (at least 1)
-CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One model holding ``opcode``; ``make(rng)`` gives (model, inputs, LiteRT's model when it differs)."""
+    id: str
+    op: str
+    kind: str  # the family of cases: elementwise, unary, quantized, hybrid, op (one op each), ...
+    build: Callable[[np.random.Generator], tuple]
+    reference: str = "default"  # or "builtin": BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    allow_quantized: bool = False
 
-    opcode: str
-    name: str
-    make: Callable[[np.random.Generator], tuple[bytes, list[np.ndarray], bytes | None]]
-
-    @property
-    def id(self) -> str:
-        return f"{self.opcode}:{self.name}"
+    def make(self) -> tuple[bytes, list[np.ndarray], bytes | None]:
+        """(model, inputs, LiteRT's model or None), from the case's own seed."""
+        built = self.build(np.random.default_rng(len(self.id)))
+        return built if len(built) == 3 else (*built, None)
 
 
 CASES: list[Case] = []
 
 
+# -- one op each, with shapes and options chosen per op (the GPU op set first) ----------------------
+
+CONV = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+
+
 def case(opcode: str, name: str = "basic"):
+    """Register a case of one op: compared with LiteRT's builtin kernels, quantized tensors on the GPUs'
+    float view."""
     def register(fn):
-        CASES.append(Case(opcode, name, fn))
+        CASES.append(Case(f"{opcode}:{name}", opcode, "op", fn, reference="builtin", allow_quantized=True))
         return fn
     return register
 
@@ -362,31 +363,208 @@ def _dequantize(rng):
     return b.to_bytes(), [normal(rng, (1, 4, 4, 3))], None
 
 
-def _load_lowerings() -> None:
-    """Import the plugins' lowerings, which register their handlers."""
-    for name in BACKENDS:
-        ok, _ = default_manager().backend_info(name).available()
-        if ok:
-            __import__({"opencl": "delegate_opencl.lowering", "wgpu": "delegate_wgpu.kernels"}[name])
+
+# -- the rest of what the CPU backend claims: layout and index ops, normalisations, LSTMs ----------------
+
+case("SPACE_TO_BATCH_ND", "padded")(lambda rng: one_op("SPACE_TO_BATCH_ND", [(1, 4, 6, 3)], rng, [
+    np.array([2, 2], np.int32), np.array([[0, 0], [1, 1]], np.int32)]))
+case("BATCH_TO_SPACE_ND", "cropped")(lambda rng: one_op("BATCH_TO_SPACE_ND", [(4, 2, 3, 3)], rng, [
+    np.array([2, 2], np.int32), np.array([[0, 0], [0, 1]], np.int32)]))
+case("BROADCAST_TO", "rank_up")(lambda rng: one_op("BROADCAST_TO", [(3, 1, 5)], rng, version=2, consts=
+                                                   [np.array([2, 3, 4, 5], np.int32)]))
+case("CUMSUM", "reverse")(lambda rng: one_op("CUMSUM", [(2, 3, 7)], rng, [np.array(2, np.int32)],
+                                             options={"exclusive": False, "reverse": True}))
+case("GATHER", "axis1")(lambda rng: one_op("GATHER", [(5, 4, 3)], rng, [np.array([[0, 3], [2, 2]], np.int32)],
+                                           options={"axis": 1}))
+case("GATHER_ND", "rows")(lambda rng: one_op("GATHER_ND", [(4, 5, 3)], rng,
+                                             [np.array([[0, 1], [3, 4], [2, 0]], np.int32)]))
+case("SLICE", "to_the_end")(lambda rng: one_op("SLICE", [(3, 5, 6)], rng, [np.array([1, 0, 2], np.int32),
+                                                                         np.array([2, -1, 3], np.int32)]))
+case("PADV2", "constant_value")(lambda rng: one_op("PADV2", [(1, 3, 4, 2)], rng, [
+    np.array([[0, 0], [1, 2], [0, 1], [0, 0]], np.int32), np.array(0.5, np.float32)]))
+case("L2_NORMALIZATION", "channels")(lambda rng: one_op("L2_NORMALIZATION", [(2, 3, 6)], rng))
+case("LOG_SOFTMAX")(lambda rng: one_op("LOG_SOFTMAX", [(3, 11)], rng, scale=3.0))
+case("L2_POOL_2D", "2x2_stride2")(lambda rng: (
+    pool_model("L2_POOL_2D", 1, 6, 5, 3, 2, 2, 2, 2, "VALID", "NONE"), [normal(rng, (1, 6, 5, 3))], None))
+case("LOGICAL_NOT")(lambda rng: one_op("LOGICAL_NOT", [(3, 5)], rng, dtype="bool"))
+case("LOGICAL_OR", "broadcast")(lambda rng: one_op("LOGICAL_OR", [(2, 3, 4), (3, 1)], rng, dtype="bool"))
 
 
+@case("FILL", "runtime_value")
+def _fill(rng):
+    b = GraphBuilder()
+    b.output(b.op("FILL", [b.const("dims", np.array([2, 3, 4], np.int32)), b.input("value", ())], dtype="float32"))
+    return b.to_bytes(), [normal(rng, ())], None
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_every_accepted_op_has_a_case(backend):
-    require_backend(backend)
-    _load_lowerings()
-    missing = accepted(backend) - {c.opcode for c in CASES}
-    assert not missing, f"{backend} accepts ops without a conformance case: {sorted(missing)}"
+@case("SHAPE", "int32")
+def _shape(rng):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    b.output(b.op("SHAPE", [x], dtype="int32", options={"out_type": 2}), b.op("RELU", [x]))
+    return b.to_bytes(), [normal(rng, (2, 3, 5))], None
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("item", CASES, ids=[c.id for c in CASES])
-def test_case_matches_litert(item, backend, precision):
-    require_backend(backend)
-    model, inputs, reference = item.make(np.random.default_rng(len(item.id)))
-    expected = litert_run(reference or model, inputs, builtin=True)
-    actual = delegate_run(model, inputs, backend, CompileOptions(precision=precision, allow_quantized=True))
-    quantized = any(t.quantization is not None for t in read_model(model).main.outputs)
-    assert_close(actual, expected, rtol=TOLERANCE[precision], atol=0.0, lsb=1 if quantized else 0)
+@case("REAL", "rfft2d_parts")
+@case("IMAG", "rfft2d_parts")
+def _complex_parts(rng):
+    b = GraphBuilder()
+    spectrum = b.op("RFFT2D", [b.input("x", (3, 4, 6)), b.const("fft_length", np.array([4, 8], np.int32))],
+                    dtype="complex64")
+    b.output(b.op("REAL", [spectrum], dtype="float32"), b.op("IMAG", [spectrum], dtype="float32"))
+    return b.to_bytes(), [normal(rng, (3, 4, 6))], None
+
+
+@case("UNIDIRECTIONAL_SEQUENCE_LSTM", "peephole_projection_layer_norm")
+def _sequence_lstm(rng):
+    from tests.ops.test_lstm import _lstm_operands
+    variant = {"cifg": False, "peephole": True, "projection": True, "projection_bias": True, "layer_norm": True}
+    b = GraphBuilder()
+    x = b.input("x", (2, 4, 3))
+    operands = _lstm_operands(b, rng, 3, 5, 4, 2, variant)
+    b.output(b.op("UNIDIRECTIONAL_SEQUENCE_LSTM", [x] + operands, options={
+        "fused_activation_function": "TANH", "cell_clip": 0.8, "proj_clip": 0.5, "time_major": False}))
+    return b.to_bytes(), [normal(rng, (2, 4, 3))], None
+
+
+def _integer_sequence_lstm(rng):
+    """The converter's integer LSTM (int8 activations, int16 cell state), with peepholes and layer norm."""
+    from tests.ops.test_lstm import _integer_lstm
+    variant = {"cifg": False, "peephole": True, "projection": False, "projection_bias": False, "layer_norm": True}
+    return _integer_lstm(rng, variant, False, 3, 5, 4, 4, 2, (0.6, 0.0), "UNIDIRECTIONAL_SEQUENCE_LSTM")
+
+
+CASES.append(Case("UNIDIRECTIONAL_SEQUENCE_LSTM:int8", "UNIDIRECTIONAL_SEQUENCE_LSTM", "quantized",
+                  lambda rng: (lambda m, x: (m, [x]))(*_integer_sequence_lstm(rng)), reference="builtin"))
+
+# -- elementwise ops over every broadcast rank, their quantized forms, hybrid and spectral ops ---------
+
+ARITHMETIC = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE")
+COMPARISONS = ("LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL")
+DIVISIONS = ("DIV", "FLOOR_DIV", "FLOOR_MOD")
+# Operand shapes of every rank combination LiteRT's kernels broadcast (numpy's rules).
+RANKS = [((1, 197, 192), (197, 192)), ((197, 192), (1, 197, 192)), ((2, 3, 4, 5), (5,)), ((5,), (2, 3, 4, 5)),
+         ((4, 1, 5), (2, 1, 4, 1, 1)), ((2, 1, 3), (4, 1)), ((1, 4, 3), (1, 1, 3)), ((), (2, 3)),
+         ((1, 2, 1, 3, 1, 2), (2, 1, 3, 4, 1))]
+QUANT = {"int8": (0.05, 3), "int16": (0.01, 0)}
+
+
+def _binary(op: str, a: tuple, b: tuple, dtype: str, constant: bool):
+    def build(rng):
+        g = GraphBuilder()
+        q = QUANT.get(dtype)
+
+        def values(shape):
+            if dtype == "float32":
+                v = rng.standard_normal(shape).astype(np.float32)
+                if op in COMPARISONS:  # quarters: exact in half precision too, and with ties for EQUAL
+                    return np.round(v * 4) / np.float32(4)
+                return v + np.float32(3) if op == "DIV" else v
+            return rng.integers(-100, 100, shape).astype(dtype)
+        x = g.input("x", a, dtype, quant=q)
+        y_values = values(b)
+        if op in DIVISIONS and dtype != "float32":  # never at the divisor's zero (point)
+            y_values[(y_values == 0) | (y_values == q[1])] = 7
+        y = g.const("y", y_values, dtype, quant=q) if constant else g.input("y", b, dtype, quant=q)
+        boolean = op in COMPARISONS
+        g.output(g.op(op, [x, y], dtype="bool" if boolean else None, quant=None if boolean else q))
+        return g.to_bytes(), [values(a)] + ([] if constant else [y_values])
+    return build
+
+
+# Unary float ops, on inputs inside their domains (positive where a log or root needs it).
+UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC", "TANH", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "ABS", "NEG",
+         "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "HARD_SWISH", "GELU", "ELU", "LEAKY_RELU")
+POSITIVE = ("LOG", "SQRT", "RSQRT")
+
+
+def _unary(op: str, shape: tuple):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", shape)
+        g.output(g.op(op, [x], options={"alpha": 0.2} if op == "LEAKY_RELU" else None))
+        values = (rng.standard_normal(shape) * 3).astype(np.float32)
+        return g.to_bytes(), [np.abs(values) + np.float32(0.1) if op in POSITIVE else values]
+    return build
+
+
+def _grouped_conv(groups: int):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (1, 6, 5, 4 * groups))
+        w = g.const("w", rng.standard_normal((2 * groups, 3, 3, 4)).astype(np.float32))
+        g.output(g.op("CONV_2D", [x, w, g.const("b", rng.standard_normal(2 * groups).astype(np.float32))],
+                      options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+        return g.to_bytes(), [rng.standard_normal((1, 6, 5, 4 * groups)).astype(np.float32)]
+    return build
+
+
+def _hybrid_fully_connected(asymmetric: bool):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (3, 20))
+        w = g.const("w", rng.integers(-127, 128, (8, 20)).astype(np.int8), quant=(0.01, 0))
+        g.output(g.op("FULLY_CONNECTED", [x, w, g.const("b", rng.standard_normal(8).astype(np.float32))],
+                      dtype="float32", options={"asymmetric_quantize_inputs": asymmetric}))
+        return g.to_bytes(), [(rng.standard_normal((3, 20)) * 2).astype(np.float32)]
+    return build
+
+
+def _hybrid_conv(opcode: str, per_channel: bool):
+    """A dynamic-range CONV_2D or DEPTHWISE_CONV_2D: int8 weights with one scale or one per channel."""
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (2, 7, 6, 4))
+        shape, axis = ((6, 3, 3, 4), 0) if opcode == "CONV_2D" else ((1, 3, 3, 4), 3)
+        channels = shape[axis]
+        scales = rng.uniform(0.002, 0.02, channels) if per_channel else np.full(channels, 0.01)
+        w = g.const("w", rng.integers(-127, 128, shape).astype(np.int8),
+                    quant=(scales.astype(np.float32), np.zeros(channels, np.int64), axis))
+        options = {"padding": "SAME", "stride_h": 1, "stride_w": 1}
+        if opcode == "DEPTHWISE_CONV_2D":
+            options["depth_multiplier"] = 1
+        g.output(g.op(opcode, [x, w, g.const("b", rng.standard_normal(channels).astype(np.float32))], dtype="float32",
+                      options=options))
+        return g.to_bytes(), [rng.standard_normal((2, 7, 6, 4)).astype(np.float32)]
+    return build
+
+
+def _reduce_prod(dtype: str):
+    def build(rng):
+        g = GraphBuilder()
+        x = g.input("x", (2, 3, 4), dtype, quant=QUANT[dtype])
+        g.output(g.op("REDUCE_PROD", [x, g.const("axes", np.array([1], np.int32))], dtype=dtype,
+                      quant=(QUANT[dtype][0] ** 2 * 4, 0)))
+        return g.to_bytes(), [rng.integers(-100, 100, (2, 3, 4)).astype(dtype)]
+    return build
+
+
+def _rfft2d(rng):
+    g = GraphBuilder()
+    x = g.input("x", (2, 6, 7))
+    spectrum = g.op("RFFT2D", [x, g.const("fft_length", np.array([8, 8], np.int32))], dtype="complex64")
+    g.output(g.op("COMPLEX_ABS", [spectrum], dtype="float32"), spectrum)
+    return g.to_bytes(), [rng.standard_normal((2, 6, 7)).astype(np.float32)]
+
+
+CASES += (
+    [Case(f"{op}-{a}-{b}-{'const' if c else 'input'}", op, "elementwise", _binary(op, a, b, "float32", c))
+     for op in ARITHMETIC for a, b in RANKS for c in (False, True)]
+    + [Case(f"{op}-{a}-{b}", op, "elementwise", _binary(op, a, b, "float32", False))
+       for op in COMPARISONS for a, b in RANKS[:4]]
+    + [Case(f"{op}-{shape}", op, "unary", _unary(op, shape)) for op in UNARY for shape in ((1, 5, 4, 6), (3, 7))]
+    + [Case(f"{op}-{dtype}-{a}-{b}", op, "quantized", _binary(op, a, b, dtype, False), reference="builtin")
+       for dtype in QUANT for op in ("ADD", "SUB", "MUL", "LESS", "EQUAL", "NOT_EQUAL", "GREATER_EQUAL", *DIVISIONS)
+       for a, b in RANKS if not (dtype == "int16" and op == "MUL")]
+    + [Case(f"REDUCE_PROD-{dtype}", "REDUCE_PROD", "quantized", _reduce_prod(dtype), reference="builtin")
+       for dtype in QUANT]
+    + [Case("RFFT2D-COMPLEX_ABS", "RFFT2D", "spectral", _rfft2d)]
+    + [Case(f"CONV_2D-groups{g}", "CONV_2D", "grouped_conv" if g > 1 else "conv", _grouped_conv(g)) for g in (1, 2, 4)]
+    + [Case(f"{op}-hybrid-{'per-channel' if p else 'per-tensor'}", op, "hybrid", _hybrid_conv(op, p),
+            reference="builtin")
+       for op in ("CONV_2D", "DEPTHWISE_CONV_2D") for p in (False, True)]
+    + [Case(f"FULLY_CONNECTED-hybrid-{'asym' if a else 'sym'}", "FULLY_CONNECTED", "hybrid",
+            _hybrid_fully_connected(a), reference="builtin")
+       for a in (False, True)]
+)
+
