@@ -609,22 +609,32 @@ void pool_rows(const float *restrict images, float *restrict out, const geometry
     }
 }
 
-/* One row of a quantized output stage: v = (acc * multiplier + offset - tie where acc < tie_below) >> shift,
- * clamped; one copy per accumulator and output type. */
+/* A quantized output stage per column (quant_util.Rescale's constants, exact in int64):
+ * clamp((acc * multiplier[j] + offset[j] - (acc < tie_below[j] ? tie[j] : 0)) >> shift[j, or 0 for all]),
+ * tie arrays NULL where no tie rounds away from zero. */
+typedef struct {
+    const int64_t *multiplier, *offset, *shift;
+    int64_t shifts;  /* whether shift holds one per column */
+    const int64_t *tie_below, *tie;
+    int64_t low, high;
+} requant;
+
+static inline int64_t requantize(int64_t a, int64_t j, const requant *q)
+{
+    int64_t v = a * q->multiplier[j] + q->offset[j];
+    if (q->tie && a < q->tie_below[j])
+        v -= q->tie[j];
+    v >>= q->shift[q->shifts ? j : 0];
+    return v < q->low ? q->low : v > q->high ? q->high : v;
+}
+
+/* One row of the output stage on exact integer sums held in floats; one copy per accumulator and output type. */
 #define RESCALE_ROW(ACC_T, OUT_T)                                                                          \
-    static void rescale_##ACC_T##_##OUT_T(const ACC_T *restrict acc, const int64_t *restrict multiplier,   \
-                                          const int64_t *restrict offset, const int64_t *restrict shift,   \
-                                          int64_t shifts, const int64_t *restrict tie_below,               \
-                                          const int64_t *restrict tie, int64_t low, int64_t high,          \
-                                          OUT_T *restrict out, int64_t channels)                           \
+    static void rescale_##ACC_T##_##OUT_T(const ACC_T *restrict acc, const requant *q, OUT_T *restrict out,  \
+                                          int64_t channels)                                                \
     {                                                                                                      \
-        for (int64_t j = 0; j < channels; j++) {                                                           \
-            int64_t a = (int32_t)acc[j], v = a * multiplier[j] + offset[j];                                \
-            if (tie && a < tie_below[j])                                                                   \
-                v -= tie[j];                                                                               \
-            v >>= shift[shifts ? j : 0];                                                                   \
-            out[j] = (OUT_T)(v < low ? low : v > high ? high : v);                                         \
-        }                                                                                                  \
+        for (int64_t j = 0; j < channels; j++)                                                             \
+            out[j] = (OUT_T)requantize((int32_t)acc[j], j, q);                                             \
     }
 RESCALE_ROW(float, int8_t)
 RESCALE_ROW(float, uint8_t)
@@ -633,36 +643,31 @@ RESCALE_ROW(double, int8_t)
 RESCALE_ROW(double, uint8_t)
 RESCALE_ROW(double, int16_t)
 
-/* A quantized kernel's output stage on exact integer sums held in floats (see quant_util.Rescale):
- * out[r, j] = clamp((acc * multiplier[j] + offset[j] - (acc < tie_below[j] ? tie[j] : 0)) >> shift[j or 0]),
- * in int64; acc float32 (wide 0) or float64 (wide 1), out int8, uint8 or int16 (out_kind 0, 1, 2). */
+/* A quantized kernel's output stage on exact integer sums held in floats (see quant_util.Rescale), the
+ * stage's constants as requant has them; acc float32 (wide 0) or float64 (wide 1), out int8, uint8 or
+ * int16 (out_kind 0, 1, 2). */
 void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *multiplier, const int64_t *offset,
                   const int64_t *shift, int shift_per_channel, const int64_t *tie_below, const int64_t *tie,
                   int64_t low, int64_t high, void *out, int out_kind, int64_t out_stride, int64_t rows,
                   int64_t channels, int threads)
 {
+    requant q = {multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high};
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *a32 = (const float *)acc + r * acc_stride;
         const double *a64 = (const double *)acc + r * acc_stride;
         if (wide && out_kind == 0)
-            rescale_double_int8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (int8_t *)out + r * out_stride, channels);
+            rescale_double_int8_t(a64, &q, (int8_t *)out + r * out_stride, channels);
         else if (wide && out_kind == 1)
-            rescale_double_uint8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                   (uint8_t *)out + r * out_stride, channels);
+            rescale_double_uint8_t(a64, &q, (uint8_t *)out + r * out_stride, channels);
         else if (wide)
-            rescale_double_int16_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                   (int16_t *)out + r * out_stride, channels);
+            rescale_double_int16_t(a64, &q, (int16_t *)out + r * out_stride, channels);
         else if (out_kind == 0)
-            rescale_float_int8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                 (int8_t *)out + r * out_stride, channels);
+            rescale_float_int8_t(a32, &q, (int8_t *)out + r * out_stride, channels);
         else if (out_kind == 1)
-            rescale_float_uint8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (uint8_t *)out + r * out_stride, channels);
+            rescale_float_uint8_t(a32, &q, (uint8_t *)out + r * out_stride, channels);
         else
-            rescale_float_int16_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (int16_t *)out + r * out_stride, channels);
+            rescale_float_int16_t(a32, &q, (int16_t *)out + r * out_stride, channels);
     }
 }
 
@@ -784,4 +789,254 @@ void packed_product(const product *p)
             }
         }
     }
+}
+
+/* Integer kernels: int8 x int8 -> int32 sums with TFLite's semantics, requantized per output channel in
+ * the same pass (requant).  A constant operand is packed once (native.py's PackedInt8) into panels of
+ * QPANEL columns, its depth in groups of 4 (zero past the last): each group 64 bytes, 4 consecutive
+ * depths of each column in turn; with each column's weight sum (a VNNI product runs on the input
+ * biased to unsigned and takes 128 times that sum back).  Sums are exact: the caller folds the input
+ * zero point into the stage's offsets (its weight sums times the zero point).  Register tiles of up to
+ * QMR rows by one panel, by the widest integer dot product the machine has: AVX-512 VNNI vpdpbusd,
+ * AVX2 vpmaddwd on sign-extended bytes (vpmaddubsw would saturate), else portable C. */
+#define QPANEL 16
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define QMR 8
+int integer_isa(void) { return 2; }
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define QMR 2
+int integer_isa(void) { return 1; }
+#else
+#define QMR 4
+int integer_isa(void) { return 0; }
+#endif
+
+/* The 4 bytes of depths 4g..4g+3 of a row of ``depth``, zero past its end (never read). */
+static inline int32_t depth_group(const int8_t *row, int64_t g, int64_t depth)
+{
+    int32_t v = 0;
+    int64_t left = depth - 4 * g;
+    memcpy(&v, row + 4 * g, left >= 4 ? 4 : (size_t)left);
+    return v;
+}
+
+/* acc[r][0..15] = the sums of row a[r] (``depth`` bytes) against one panel, for ``rows`` <= QMR rows. */
+static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
+                  const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
+{
+    int64_t groups = (depth + 3) / 4;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i s[QMR];
+    const __m512i unsigned_bias = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++)
+        s[r] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i w = _mm512_loadu_si512(panel + 64 * g);
+        for (int r = 0; r < rows; r++) {
+            __m512i x = _mm512_xor_si512(_mm512_set1_epi32(depth_group(a[r], g, depth)), unsigned_bias);
+            s[r] = _mm512_dpbusd_epi32(s[r], x, w);
+        }
+    }
+    __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums), 7);
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_si512(acc[r], _mm512_sub_epi32(s[r], taken));
+#elif defined(__AVX2__)
+    (void)sums;
+    __m256i s[QMR][4];
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            s[r][q] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256i w[4];  /* 4 columns x 4 depths each, sign-extended */
+        for (int q = 0; q < 4; q++)
+            w[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(panel + 64 * g + 16 * q)));
+        for (int r = 0; r < rows; r++) {
+            __m256i x = _mm256_cvtepi8_epi16(_mm_set1_epi32(depth_group(a[r], g, depth)));
+            for (int q = 0; q < 4; q++)
+                s[r][q] = _mm256_add_epi32(s[r][q], _mm256_madd_epi16(x, w[q]));
+        }
+    }
+    for (int r = 0; r < rows; r++)  /* pairs of partial sums per column -> one sum per column, in order */
+        for (int h = 0; h < 2; h++) {
+            __m256i pairs = _mm256_hadd_epi32(s[r][2 * h], s[r][2 * h + 1]);
+            _mm256_storeu_si256((__m256i *)(acc[r] + 8 * h), _mm256_permute4x64_epi64(pairs, 0xD8));
+        }
+#else
+    (void)sums;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < QPANEL; j++)
+            acc[r][j] = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *w = panel + 64 * g;
+        for (int r = 0; r < rows; r++) {
+            int32_t x = depth_group(a[r], g, depth);
+            int8_t b[4];
+            memcpy(b, &x, 4);
+            for (int j = 0; j < QPANEL; j++)
+                acc[r][j] += b[0] * w[4 * j] + b[1] * w[4 * j + 1] + b[2] * w[4 * j + 2] + b[3] * w[4 * j + 3];
+        }
+    }
+#endif
+}
+
+/* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
+static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
+                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const requant *stage)
+{
+    int32_t acc[QMR][QPANEL];
+    int64_t panel_bytes = 64 * ((depth + 3) / 4);
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
+        qtile(rows, a, depth, packed + p * panel_bytes, sums + col, acc);
+        for (int r = 0; r < rows; r++)
+            for (int64_t j = 0; j < width; j++)
+                out[r * ldc + col + j] = (int8_t)requantize(acc[r][j], col + j, stage);
+    }
+}
+
+/* out (m x n, rows ldc apart) = requantized a (m x k, rows lda apart) @ a packed operand: each thread
+ * takes a share of the row tiles, or of the panels when there are too few tiles to go round.  Built
+ * once by a kernel, which places a and c per run. */
+typedef struct {
+    int64_t m, n, k;
+    const int8_t *a;
+    int64_t lda;
+    const int8_t *packed;
+    const int32_t *sums;
+    int8_t *c;
+    int64_t ldc;
+    const requant *stage;
+    int64_t threads;
+} qproduct_call;
+
+int qproduct(const qproduct_call *p)
+{
+    int64_t tiles = (p->m + QMR - 1) / QMR, panels = (p->n + QPANEL - 1) / QPANEL;
+    int by_rows = tiles >= 2 * p->threads || tiles >= panels;
+    int64_t extent = by_rows ? tiles : panels;
+    int threads = extent > 1 ? (int)p->threads : 1;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
+        int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t row = t * QMR;
+            int rows = p->m - row < QMR ? (int)(p->m - row) : QMR;
+            const int8_t *a[QMR];
+            for (int r = 0; r < rows; r++)
+                a[r] = p->a + (row + r) * p->lda;
+            qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
+        }
+    }
+    return DONE;
+}
+
+/* A CONV_2D of int8 (h, w, c) images (where: the geometry, in items): groups of up to QMR output pixels
+ * of a row copy their windows into per-thread rows of depth kh*kw*c (taps outside the image hold the
+ * input zero point, adding nothing once the zero point is folded in), then go against every panel. */
+typedef struct {
+    const int8_t *images;
+    const int8_t *packed;
+    const int32_t *sums;
+    int64_t units;
+    int8_t *out;
+    const geometry *where;
+    int64_t zero;
+    const requant *stage;
+    int64_t threads;
+} qconv_call;
+
+int qconv(const qconv_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, depth = g->kh * g->kw * c, ow = g->ow, oh = g->oh;
+    int threads = (int)p->threads;
+    size_t per_thread = (size_t)QMR * depth;
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *windows = (int8_t *)own_scratch(all, per_thread);
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        for (int64_t ox = 0; ox < ow; ox += QMR) {
+            int pixels = ow - ox < QMR ? (int)(ow - ox) : QMR;
+            const int8_t *a[QMR];
+            for (int q = 0; q < pixels; q++) {
+                int8_t *dst = windows + q * depth;
+                a[q] = dst;
+                for (int64_t ky = 0; ky < g->kh; ky++) {
+                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                    for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
+                        int64_t ix = (ox + q) * g->stride_w + kx * g->dw - g->left;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                            memset(dst, (int)p->zero, c);
+                        else
+                            memcpy(dst, x + (iy * g->w + ix) * c, c);
+                    }
+                }
+            }
+            qrows(pixels, a, depth, p->packed, p->sums, p->units, 0, (p->units + QPANEL - 1) / QPANEL,
+                  row + ox * p->units, p->units, p->stage);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* A DEPTHWISE_CONV_2D of int8 (h, w, c) images: output pixel channel j sums (x - zero) * weights[tap][j]
+ * (int16, exact) over the taps inside the image (TFLite leaves the others out), then requantizes. */
+typedef struct {
+    const int8_t *images;
+    const int16_t *weights;
+    int8_t *out;
+    const geometry *where;
+    int64_t zero;
+    const requant *stage;
+    int64_t threads;
+} qdepthwise_call;
+
+int qdepthwise(const qdepthwise_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, ow = g->ow, oh = g->oh;
+    int threads = (int)p->threads;
+    int16_t zero = (int16_t)p->zero;
+    size_t per_thread = (size_t)c * sizeof(int32_t);
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < ow; ox++) {
+            memset(acc, 0, per_thread);
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                if (iy < 0 || iy >= g->h)
+                    continue;
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (ix < 0 || ix >= g->w)
+                        continue;
+                    const int8_t *restrict in = x + (iy * g->w + ix) * c;
+                    const int16_t *restrict w = p->weights + (ky * g->kw + kx) * c;
+                    for (int64_t j = 0; j < c; j++)
+                        acc[j] += (int16_t)(in[j] - zero) * w[j];
+                }
+            }
+            int8_t *pixel = row + ox * c;
+            for (int64_t j = 0; j < c; j++)
+                pixel[j] = (int8_t)requantize(acc[j], j, p->stage);
+        }
+    }
+    free(all);
+    return DONE;
 }

@@ -46,6 +46,9 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-Werror=vla"], ["-O3", "-mcpu
 # own (the host process then needs libasan preloaded: tests/test_native_asan.py runs them so).
 SANITIZE_ENV = "DELEGATE_NATIVE_SANITIZE"
 SANITIZE_FLAGS = {"address": ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]}
+# DELEGATE_NATIVE_CFLAGS: compiler flags added after the others (under a cache key of their own): tests
+# build the loops with "-mno-avx2" to run the portable integer products on a machine with AVX2.
+EXTRA_FLAGS_ENV = "DELEGATE_NATIVE_CFLAGS"
 # How long (spin iterations) OpenMP threads spin for the next kernel before they sleep: long enough
 # to bridge the gaps between a run's kernels, short enough not to take a core from whatever runs
 # after it (libgomp's default spins for milliseconds).
@@ -68,6 +71,9 @@ TEAM_SHARE = 1 << 18
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
 
+# The integer products native.c was built with, by its integer_isa().
+INTEGER_ISAS = ("portable", "avx2", "avx512vnni")
+
 # Output types of rescale_rows, in the order of its out_kind.
 _RESCALED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
@@ -84,12 +90,13 @@ def fits(condition: bool, what: str) -> None:
         raise ExecutionError(f"cpu native loops refused a call: {what}")
 
 
-def _laid_out(a: np.ndarray, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
-    """Whether ``a`` is float32 of the layout's shape and byte strides (those of unit dimensions
-    aside: numpy leaves them arbitrary)."""
+def _laid_out(a: np.ndarray, layout: tuple[tuple[int, ...], tuple[int, ...]], dtype=_F32) -> bool:
+    """Whether ``a`` is of ``dtype`` and the layout's shape and strides in items (those of unit
+    dimensions aside: numpy leaves them arbitrary)."""
     shape, strides = layout
-    if a.dtype != _F32 or a.shape != shape:
+    if a.dtype != dtype or a.shape != shape:
         return False
+    strides = tuple(a.itemsize * s for s in strides)
     return a.strides == strides or all(s == t for d, s, t in zip(shape, a.strides, strides) if d > 1)
 
 
@@ -194,12 +201,12 @@ class Geometry(ctypes.Structure):
         fits(len(out_shape) == 4 and tuple(out_shape[:3]) == (self.images, self.oh, self.ow) and
              out_strides[3] == 1 and out_strides[2] == out_shape[3] and out_strides[1] >= self.ow * out_shape[3]
              and out_strides[0] >= self.oh * out_strides[1], f"output layout {list(out_shape)} {list(out_strides)}")
-        self.x_layout = (tuple(x_shape), tuple(4 * s for s in x_strides))
-        self.out_layout = (tuple(out_shape), tuple(4 * s for s in out_strides))
+        self.x_layout = (tuple(x_shape), tuple(x_strides))
+        self.out_layout = (tuple(out_shape), tuple(out_strides))
 
-    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Refuse arrays other than those this geometry was checked for."""
-        fits(_laid_out(x, self.x_layout) and _laid_out(out, self.out_layout),
+    def placed(self, x: np.ndarray, out: np.ndarray, dtype=_F32) -> None:
+        """Refuse arrays other than those this geometry was checked for (of ``dtype``)."""
+        fits(_laid_out(x, self.x_layout, dtype) and _laid_out(out, self.out_layout, dtype),
              f"arrays {x.shape} -> {out.shape} differ from the geometry's {self.x_layout[0]} -> {self.out_layout[0]}")
 
 
@@ -265,7 +272,11 @@ class NativeLoops:
         library.shared_product.restype = None
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
+        for call in (QProductCall, QConvCall, QDepthwiseCall):
+            getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
+            getattr(library, call.symbol).restype = ctypes.c_int
         self.panel_lanes = library.panel_lanes()
+        self.integer_isa = INTEGER_ISAS[library.integer_isa()]
         self.sgemm = _find_sgemm()
 
     def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
@@ -275,10 +286,10 @@ class NativeLoops:
         tiled along the output rows (see native.c)."""
         self.prepared(DepthwiseCall(taps, where, finish, threads), x, out)
 
-    def prepared(self, call: "DepthwiseCall | BinaryCall", *arrays: np.ndarray) -> None:
+    def prepared(self, call, *arrays: np.ndarray) -> None:
         """A call built at compile time, on the contiguous arrays it was built for (their shapes; the
         arrays themselves may differ from run to run): a depthwise convolution's (x, out), a binary
-        op's (a, b, out)."""
+        op's (a, b, out), an integer kernel's (x, out)."""
         call.placed(*arrays)
         for name, array in zip(call.places, arrays):
             setattr(call, name, address(array))
@@ -539,6 +550,102 @@ class DepthwiseTaps:
              f"depthwise taps {self.weights.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
 
 
+class Requant(ctypes.Structure):
+    """An integer kernel's output stage (native.c's requant): quant_util.Rescale's per-channel
+    constants (multiplier, offset, shift, and tie_below and tie where ties round away from zero; a
+    scalar shift serves every channel) and the output's clamp."""
+
+    _fields_ = [("multiplier", _PTR), ("offset", _PTR), ("shift", _PTR), ("shifts", _INT64), ("tie_below", _PTR),
+                ("tie", _PTR), ("low", _INT64), ("high", _INT64)]
+
+    def __init__(self, constants: tuple, bounds: tuple[int, int]):
+        multiplier, offset, shift, *ties = (np.ascontiguousarray(np.atleast_1d(v), np.int64) for v in constants)
+        self.channels = multiplier.size
+        fits(offset.size == self.channels and shift.size in (1, self.channels) and len(ties) in (0, 2) and
+             all(t.size == self.channels for t in ties), f"requantization constants do not fit {self.channels} channels")
+        self.kept = (multiplier, offset, shift, *ties)
+        super().__init__(multiplier.ctypes.data, offset.ctypes.data, shift.ctypes.data, np.ndim(constants[2]) > 0,
+                         ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None, *bounds)
+
+
+class PackedInt8:
+    """A constant (units, depth) int8 operand laid out once for native.c's integer products: panels of
+    16 units, the depth in groups of 4 (zero past the last), each group the 4 depths of every unit in
+    turn; with each unit's weight sum (padded to whole panels)."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.units, self.depth = matrix.shape
+        panels, groups = -(-self.units // 16), -(-self.depth // 4)
+        padded = np.zeros((panels * 16, groups * 4), np.int8)
+        padded[:self.units, :self.depth] = matrix
+        self.panels = np.ascontiguousarray(padded.reshape(panels, 16, groups, 4).transpose(0, 2, 1, 3)).reshape(-1)
+        self.sums = padded.sum(axis=1, dtype=np.int32)
+
+
+_I8 = np.dtype(np.int8)
+
+
+class QProductCall(ctypes.Structure):
+    """The arguments of native.c's qproduct: a (rows, depth) int8 input against a packed operand,
+    requantized into a (rows, units) int8 output; built once, a run places the input and output."""
+
+    _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("lda", _INT64), ("packed", _PTR),
+                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
+    symbol, places = "qproduct", ("a", "c")
+
+    def __init__(self, rows: int, rhs: PackedInt8, stage: Requant, threads: int):
+        fits(stage.channels == rhs.units, f"requantization of {stage.channels} channels for {rhs.units} units")
+        self.kept = (rhs, stage)
+        super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
+                         None, rhs.units, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(lhs, self.m * self.k, _I8) and _contiguous(out, self.m * self.n, _I8),
+             f"integer product arrays {lhs.shape} -> {out.shape}")
+
+
+class QConvCall(ctypes.Structure):
+    """The arguments of native.c's qconv: int8 images, as ``where`` says, against a packed (KH*KW*C,
+    units) filter, taps outside the image holding the input zero point ``zero``."""
+
+    _fields_ = [("images", _PTR), ("packed", _PTR), ("sums", _PTR), ("units", _INT64), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
+                ("threads", _INT64)]
+    symbol, places = "qconv", ("images", "out")
+
+    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: Requant, threads: int):
+        fits(rhs.depth == where.kh * where.kw * where.c and rhs.units == where.out_layout[0][3] == stage.channels,
+             f"packed weights ({rhs.units}, {rhs.depth}) do not fit the geometry")
+        self.kept = (rhs, where, stage)
+        super().__init__(None, rhs.panels.ctypes.data, rhs.sums.ctypes.data, rhs.units, None, ctypes.pointer(where),
+                         zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[1].placed(x, out, _I8)
+
+
+class QDepthwiseCall(ctypes.Structure):
+    """The arguments of native.c's qdepthwise: int8 images, as ``where`` says, against (KH*KW, C) int16
+    taps (their zero point taken out), less the input zero point ``zero``."""
+
+    _fields_ = [("images", _PTR), ("weights", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
+                ("zero", _INT64), ("stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
+    symbol, places = "qdepthwise", ("images", "out")
+
+    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: Requant, threads: int):
+        taps = np.ascontiguousarray(taps, np.int16)
+        fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
+             f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
+        self.kept = (taps, where, stage)
+        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[1].placed(x, out, _I8)
+
+
 def row_stride(a: np.ndarray) -> int | None:
     """The distance in items between consecutive rows (runs along the last axis) of ``a`` when it is a
     uniform stack of contiguous rows; None otherwise."""
@@ -603,7 +710,7 @@ def _load() -> NativeLoops | None:
         log.warning("cpu: %s=%s is not one of %s; building without a sanitizer", SANITIZE_ENV, sanitize,
                     ", ".join(SANITIZE_FLAGS))
     for flags in FLAG_SETS:
-        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, [])]
+        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, []), *shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))]
         key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
         library = store.load(key, "so")
         if library is None:

@@ -1,7 +1,10 @@
 """Quantized accumulating kernels: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, BATCH_MATMUL.
 
-Products of zero-point-centred integers are summed exactly by the float kernels'
-engines (float32 while every partial sum stays below 2**24, else over ranges of
+int8 convolutions and fully connected layers with symmetric weights run native.c's
+integer kernels where the native loops serve: int8 x int8 -> int32 sums, the input
+zero point folded into the output stage's offsets, requantized in the same pass
+with the constants below.  Otherwise products of zero-point-centred integers are
+summed exactly by the float kernels' engines (float32 while every partial sum stays below 2**24, else over ranges of
 the depth, or in float64), then rescaled per output channel with the bias and the
 output zero point folded in (quant_util.Rescale).  Which rescaling rounding
 applies follows the LiteRT kernel that runs the op: CONV_2D and
@@ -19,8 +22,10 @@ from delegate import Op, Tensor
 from delegate.ir import DType
 
 from ..registry import kernel
-from .common import same_padding
-from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, depthwise_taps, matrix_gemm
+from .common import contiguous_layout, same_padding
+from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
+from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, Requant,
+                     kernel_loops, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
@@ -119,6 +124,67 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
     return finish
 
 
+def _integer_loops(op: Op):
+    """At compile time: the native loops where ``op`` may run in their integer kernels (int8 input,
+    constant weights of zero point 0 and output); None otherwise."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if any(t.dtype.numpy != np.int8 for t in (x, w, out)) or w.data is None or \
+            np.any(w.quantization.zero_point) or not x.shape or not out.shape:
+        return None
+    return kernel_loops()
+
+
+def _integer_stage(op: Op, away, bias: np.ndarray, bound: int) -> Requant | None:
+    """The integer kernels' output stage for sums bounded by ``bound`` less ``bias`` per channel
+    (the zero point folded in); None where int32 sums or an int64 rescale could overflow."""
+    if bound >= 1 << 31:
+        return None
+    try:
+        stage = Rescale(_stage_multiplier(op, op.inputs[0], op.inputs[1], bias.size), zero_point(op.outputs[0]),
+                        activation_bounds(op), away, bias, bound)
+    except ValueError:
+        return None
+    return Requant(stage.per_channel, (stage.lo, stage.hi))
+
+
+def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray):
+    """(packed operand, output stage) of the int8 products x @ matrix.T (matrix: units x depth, as
+    stored): sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
+    sums = matrix.sum(axis=1, dtype=np.int64)
+    bound = 128 * int(np.abs(matrix.astype(np.int64)).sum(axis=1).max(initial=0))
+    stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * sums, bound)
+    return (None, None) if stage is None else (PackedInt8(matrix), stage)
+
+
+def _native_conv2d(op: Op, bias: np.ndarray):
+    """run() of an int8 CONV_2D in the integer kernels (a 1x1 filter of stride 1 one product on the
+    input in place); None where they do not serve."""
+    loops = _integer_loops(op)
+    if loops is None:
+        return None
+    x, out = op.inputs[0], op.outputs[0]
+    o, kh, kw, c = op.inputs[1].shape
+    n, h, w, _ = x.shape
+    _, oh, ow, _ = out.shape
+    packed, stage = _integer_product(op, np.asarray(op.inputs[1].data).reshape(o, -1), bias)
+    if packed is None:
+        return None
+    team = team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
+    pads = conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    if kh == kw == 1 and (op.options.get("stride_h", 1), op.options.get("stride_w", 1)) == (1, 1) and not any(pads):
+        call = QProductCall(n * h * w, packed, stage, team)
+    else:
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), pads)
+        call = QConvCall(packed, where, zero_point(x), stage, team)
+    return _prepared(loops, call)
+
+
+def _prepared(loops, call):
+    def run(ins, outs):
+        loops.prepared(call, np.ascontiguousarray(ins[0]), outs[0])
+    return run
+
+
 def _reference_16x8(op: Op, x: Tensor) -> bool:
     """Whether LiteRT runs a 16-bit-activation CONV_2D / FULLY_CONNECTED through its reference
     kernel rather than ruy: always for int64 biases, and whenever a zero point is not 0."""
@@ -167,6 +233,9 @@ def conv2d(op: Op):
     out_c, kh, kw, in_c = weights.shape
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
+    native = _native_conv2d(op, _bias(op, 2, out_c))
+    if native is not None:
+        return native
     matrix = weights.reshape(out_c, -1)
     dtype, parts, bound = _exact_gemm(op, matrix)
     reference = _output_stage(op, x, w, out_c, multiply_wide) if _reference_16x8(op, x) else None
@@ -186,8 +255,17 @@ def depthwise_conv2d(op: Op):
     weights = _weights(w)
     _, kh, kw, out_c = weights.shape
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
-    dtype = np.float32 if bound < 1 << 24 else np.float64
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
+    loops = _integer_loops(op) if x.shape[-1] == out_c else None
+    stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c), bound)
+    if stage is not None:
+        n, h, width, _ = x.shape
+        _, oh, ow, _ = op.outputs[0].shape
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(op.outputs[0].shape),
+                            conv_pads(op, (h, width), (kh, kw), (oh, ow)))
+        team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
+        return _prepared(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+    dtype = np.float32 if bound < 1 << 24 else np.float64
     reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
     finish = _finish(op, away, _bias(op, 2, out_c), bound, reference)
     return depthwise_taps(op, weights, finish, dtype, zero_point(x))
@@ -198,8 +276,13 @@ def fully_connected(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     units, _ = weights.shape
-    dtype, parts, bound = _exact_gemm(op, weights)
     bias = _bias(op, 2, units)
+    loops = _integer_loops(op)
+    packed, stage = (None, None) if loops is None else _integer_product(op, np.asarray(w.data), bias)
+    if packed is not None:
+        rows = int(np.prod(op.outputs[0].shape)) // units
+        return _prepared(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
+    dtype, parts, bound = _exact_gemm(op, weights)
     reference = None
     if _reference_16x8(op, x):
         # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.

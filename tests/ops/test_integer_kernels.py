@@ -1,0 +1,176 @@
+"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED) bit-exact against
+LiteRT's builtin kernels: builder-made edge cases, every op of the converter's int8 fixtures, and the
+portable C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from delegate import CompileOptions, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from delegate_cpu.kernels.native import NativeLoops, native_loops
+from tests.oputil import check_against_litert, litert
+from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weights
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
+INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite"))
+INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}
+seeds = st.integers(0, 2**16)
+zero_points = st.sampled_from([-128, -100, 0, 37, 127])
+
+
+@contextlib.contextmanager
+def native_calls():
+    """The prepared native calls runs make inside (by native.c symbol)."""
+    if native_loops() is None:
+        pytest.skip("no C compiler with OpenMP here: the native loops do not build")
+    called = []
+    prepared = NativeLoops.prepared
+
+    def spy(self, call, *arrays):
+        called.append(call.symbol)
+        return prepared(self, call, *arrays)
+    with mock.patch.object(NativeLoops, "prepared", spy):
+        yield called
+
+
+def exact(b: GraphBuilder, x: np.ndarray, native: bool = True) -> None:
+    check_against_litert(b.to_bytes(), [x], builtin=True, lsb=0, backend_options={"native": native})
+
+
+def conv_model(rng, opcode, shape, out_channels, kernel, stride, dilation, padding, act, in_zero, out_zero,
+               per_channel):
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05))
+    x = b.input("x", shape, "int8", quant=(in_scale, in_zero))
+    c = shape[-1]
+    if opcode == "DEPTHWISE_CONV_2D":
+        w, scales = weights(b, rng, (1, kernel, kernel, c), 3, "int8", per_channel)
+        depth, extra = kernel * kernel, {"depth_multiplier": 1}
+    else:
+        w, scales = weights(b, rng, (out_channels, kernel, kernel, c), 0, "int8", per_channel)
+        depth, extra = kernel * kernel * c, {}
+    out_quant = (matmul_out_scale(in_scale, scales, depth), out_zero)
+    b.output(b.op(opcode, [x, w, bias(b, rng, in_scale, scales, per_channel)], dtype="int8", quant=out_quant,
+                  options={"padding": padding, "stride_h": stride[0], "stride_w": stride[1],
+                           "dilation_h_factor": dilation, "dilation_w_factor": dilation,
+                           "fused_activation_function": act, **extra}))
+    return b
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["CONV_2D", "DEPTHWISE_CONV_2D"]), kernel=st.sampled_from([1, 2, 3, 5]),
+       stride=st.sampled_from([(1, 1), (2, 2), (1, 2), (3, 1)]), dilation=st.sampled_from([1, 2]),
+       padding=st.sampled_from(["SAME", "VALID"]), act=st.sampled_from(["NONE", "RELU", "RELU6"]),
+       channels=st.integers(1, 37), out_channels=st.integers(1, 40), in_zero=zero_points, out_zero=zero_points,
+       per_channel=st.booleans())
+def test_convolutions_are_bit_exact(seed, opcode, kernel, stride, dilation, padding, act, channels,
+                                    out_channels, in_zero, out_zero, per_channel):
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(5, 14)), int(rng.integers(5, 14)), channels)
+    if padding == "VALID" and (kernel - 1) * dilation + 1 > min(shape[1:3]):
+        padding = "SAME"
+    b = conv_model(rng, opcode, shape, out_channels, kernel, stride, dilation, padding, act, in_zero, out_zero,
+                   per_channel)
+    with native_calls() as called:
+        exact(b, random_q(rng, shape))
+    assert called and set(called) <= INTEGER_SYMBOLS
+    exact(b, random_q(rng, shape), native=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, depth=st.integers(1, 300), units=st.integers(1, 70), rows=st.integers(1, 9),
+       in_zero=zero_points, out_zero=zero_points, per_channel=st.booleans(), act=st.sampled_from(["NONE", "RELU"]))
+def test_fully_connected_is_bit_exact(seed, depth, units, rows, in_zero, out_zero, per_channel, act):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05))
+    x = b.input("x", (rows, depth), "int8", quant=(in_scale, in_zero))
+    w, scales = weights(b, rng, (units, depth), 0, "int8", per_channel)
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias(b, rng, in_scale, scales, per_channel)], dtype="int8",
+                  quant=(matmul_out_scale(in_scale, scales, depth), out_zero),
+                  options={"fused_activation_function": act}))
+    x = random_q(rng, (rows, depth))
+    with native_calls() as called:
+        exact(b, x)
+    assert called == ["qproduct"]
+    exact(b, x, native=False)
+
+
+def test_extreme_inputs_and_weights_are_exact():
+    """Every input at -128 or 127 and weights at -127 / 127: the largest products and sums."""
+    rng = np.random.default_rng(7)
+    with native_calls() as called:
+        _extremes(rng)
+    assert set(called) == {"qconv", "qdepthwise"}
+
+
+def _extremes(rng):
+    for opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        b = GraphBuilder()
+        x = b.input("x", (1, 9, 9, 19), "int8", quant=(0.02, -128))
+        shape = (1, 3, 3, 19) if opcode == "DEPTHWISE_CONV_2D" else (21, 3, 3, 19)
+        axis = 3 if opcode == "DEPTHWISE_CONV_2D" else 0
+        scales = rng.uniform(0.002, 0.02, shape[axis]).astype(np.float32)
+        w = b.const("w", rng.choice(np.array([-127, 127], np.int8), shape), quant=(scales, np.zeros(shape[axis]), axis))
+        b.output(b.op(opcode, [x, w, bias(b, rng, 0.02, scales)], dtype="int8", quant=(4.0, 127),
+                      options={"padding": "SAME", "stride_h": 1, "stride_w": 1,
+                               **({"depth_multiplier": 1} if axis == 3 else {})}))
+        exact(b, rng.choice(np.array([-128, 127], np.int8), (1, 9, 9, 19)))
+
+
+@pytest.mark.parametrize("name", INT8_FIXTURES)
+def test_every_op_of_the_int8_fixtures_is_bit_exact(name):
+    """Each CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED on LiteRT's own intermediate tensors, alone."""
+    data = (FIXTURES / name).read_bytes()
+    it = litert.Interpreter(model_content=data, experimental_preserve_all_tensors=True,
+                            experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], random_q(rng, d["shape"], d["dtype"]))
+    it.invoke()
+    g = read_model(data).main
+    backend = default_manager().backend_info("cpu").factory({})
+    checked, calls = 0, native_calls()
+    called = calls.__enter__()
+    for op in g.ops:
+        if op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            continue
+        compiled = backend.compile(make_partition(g, [op], "cpu", 0), CompileOptions())
+        out = compiled.run({t.index: it.get_tensor(t.index) for t in make_partition(g, [op], "cpu", 0).inputs})
+        np.testing.assert_array_equal(out[op.outputs[0].index], it.get_tensor(op.outputs[0].index),
+                                      err_msg=op.describe())
+        checked += 1
+    calls.__exit__(None, None, None)
+    assert checked >= 5 and {"qconv", "qdepthwise", "qproduct"} <= set(called)
+
+
+PORTABLE_RUN = """
+import numpy as np
+from delegate_cpu.kernels.native import native_loops
+from tests.ops import test_integer_kernels as t
+assert native_loops().integer_isa == "portable", native_loops().integer_isa
+rng = np.random.default_rng(3)
+for opcode, kernel, stride in (("CONV_2D", 3, (2, 2)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (1, 1))):
+    b = t.conv_model(rng, opcode, (1, 11, 10, 13), 21, kernel, stride, 1, "SAME", "RELU", -128, 5, True)
+    t.exact(b, t.random_q(rng, (1, 11, 10, 13)))
+print("exact")
+"""
+
+
+def test_portable_products_are_bit_exact(tmp_path):
+    """The portable C path, as machines without AVX2 build it."""
+    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-avx2 -mno-avx512f", "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PORTABLE_RUN], cwd=Path(__file__).parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
