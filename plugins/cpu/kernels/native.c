@@ -792,33 +792,106 @@ void packed_product(const product *p)
 }
 
 /* Integer kernels: int8 x int8 -> int32 sums with TFLite's semantics, requantized per output channel in
- * the same pass (requant).  A constant operand is packed once (native.py's PackedInt8) into panels of
+ * the same pass (qstage).  A constant operand is packed once (native.py's PackedInt8) into panels of
  * QPANEL columns, its depth in groups of 4 (zero past the last): each group 64 bytes, 4 consecutive
  * depths of each column in turn; with each column's weight sum (a VNNI product runs on the input
  * biased to unsigned and takes 128 times that sum back).  Sums are exact: the caller folds the input
- * zero point into the stage's offsets (its weight sums times the zero point).  Register tiles of up to
+ * zero point into the stage's biases (less the weight sums times the zero point).  Register tiles of up to
  * QMR rows by one panel, by the widest integer dot product the machine has: AVX-512 VNNI vpdpbusd,
  * AVX2 vpmaddwd on sign-extended bytes (vpmaddubsw would saturate), else portable C. */
 #define QPANEL 16
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define QMR 8
 int integer_isa(void) { return 2; }
 #elif defined(__AVX2__)
-#include <immintrin.h>
 #define QMR 2
 int integer_isa(void) { return 1; }
 #else
 #define QMR 4
 int integer_isa(void) { return 0; }
 #endif
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* An integer kernel's output stage, TFLite's MultiplyByQuantizedMultiplier step by step on each channel
+ * j's int32 sum: add bias[j], shift left by left[j], the rounding doubling high multiply by multiplier[j]
+ * (floor((x * m + 2**30) / 2**31)), then the rounding right shift by right[j]: x >> right plus one where
+ * the bits shifted out (x & mask[j]) exceed threshold[j] (half less one), and one more where away[j]
+ * (-1: ties away from zero, gemmlowp's scalar rounding; 0: ties up, the vector loops' and ruy's); add
+ * the output zero point, clamp.  Arrays per channel, padded to whole vectors of 16. */
+typedef struct {
+    const int32_t *bias, *multiplier, *left, *right, *mask, *threshold, *away;
+    int32_t zero, low, high;
+} qstage;
+
+static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
+{
+    int32_t x = (int32_t)((uint32_t)acc + (uint32_t)q->bias[j]);
+    x = (int32_t)((uint32_t)x << q->left[j]);
+    x = (int32_t)(((int64_t)x * q->multiplier[j] + (1 << 30)) >> 31);
+    int32_t threshold = q->threshold[j] + (q->away[j] & (x < 0));
+    x = (x >> q->right[j]) + ((x & q->mask[j]) > threshold) + q->zero;
+    return x < q->low ? q->low : x > q->high ? q->high : x;
+}
+
+#if defined(__AVX2__)
+/* qrequantize on the 8 channels j..j+7 at once. */
+static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
+{
+#define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
+    __m256i x = _mm256_sllv_epi32(_mm256_add_epi32(acc, QLOAD(q->bias)), QLOAD(q->left));
+    __m256i m = QLOAD(q->multiplier), nudge = _mm256_set1_epi64x(1 << 30);
+    __m256i even = _mm256_add_epi64(_mm256_mul_epi32(x, m), nudge);
+    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), _mm256_srli_epi64(m, 32)), nudge);
+    x = _mm256_blend_epi32(_mm256_srli_epi64(even, 31), _mm256_slli_epi64(odd, 1), 0xAA);
+    __m256i negative = _mm256_cmpgt_epi32(_mm256_setzero_si256(), x);
+    __m256i threshold = _mm256_sub_epi32(QLOAD(q->threshold), _mm256_and_si256(QLOAD(q->away), negative));
+    __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(x, QLOAD(q->mask)), threshold);
+    x = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srav_epi32(x, QLOAD(q->right)), up), _mm256_set1_epi32(q->zero));
+    return _mm256_min_epi32(_mm256_max_epi32(x, _mm256_set1_epi32(q->low)), _mm256_set1_epi32(q->high));
+#undef QLOAD
+}
+
+/* 16 int32 values (in the int8 range) as 16 bytes in order. */
+static inline __m128i narrow16(__m256i a, __m256i b)
+{
+    __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(words, words), 0xD8);
+    return _mm256_castsi256_si128(bytes);
+}
+#endif
+
+/* out[j] = qrequantize(acc[j], first + j) for j < n. */
+static inline void qstore(const int32_t *restrict acc, int64_t first, int64_t n, const qstage *q, int8_t *restrict out)
+{
+    int64_t j = 0;
+#if defined(__AVX2__)
+    for (; j + 16 <= n; j += 16) {
+        __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
+        __m256i b = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j + 8)), first + j + 8, q);
+        _mm_storeu_si128((__m128i *)(out + j), narrow16(a, b));
+    }
+    if (j + 8 <= n) {
+        __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
+        _mm_storel_epi64((__m128i *)(out + j), narrow16(a, a));
+        j += 8;
+    }
+#endif
+    for (; j < n; j++)
+        out[j] = (int8_t)qrequantize(acc[j], first + j, q);
+}
 
 /* The 4 bytes of depths 4g..4g+3 of a row of ``depth``, zero past its end (never read). */
 static inline int32_t depth_group(const int8_t *row, int64_t g, int64_t depth)
 {
     int32_t v = 0;
     int64_t left = depth - 4 * g;
-    memcpy(&v, row + 4 * g, left >= 4 ? 4 : (size_t)left);
+    if (left >= 4)
+        memcpy(&v, row + 4 * g, 4);
+    else
+        for (int64_t b = 0; b < left; b++)
+            v |= (int32_t)(uint8_t)row[4 * g + b] << (8 * b);
     return v;
 }
 
@@ -883,7 +956,7 @@ static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t 
 
 /* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
 static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
-                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const requant *stage)
+                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage)
 {
     int32_t acc[QMR][QPANEL];
     int64_t panel_bytes = 64 * ((depth + 3) / 4);
@@ -891,8 +964,7 @@ static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t 
         int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
         qtile(rows, a, depth, packed + p * panel_bytes, sums + col, acc);
         for (int r = 0; r < rows; r++)
-            for (int64_t j = 0; j < width; j++)
-                out[r * ldc + col + j] = (int8_t)requantize(acc[r][j], col + j, stage);
+            qstore(acc[r], col, width, stage, out + r * ldc + col);
     }
 }
 
@@ -907,7 +979,7 @@ typedef struct {
     const int32_t *sums;
     int8_t *c;
     int64_t ldc;
-    const requant *stage;
+    const qstage *stage;
     int64_t threads;
 } qproduct_call;
 
@@ -944,7 +1016,7 @@ typedef struct {
     int8_t *out;
     const geometry *where;
     int64_t zero;
-    const requant *stage;
+    const qstage *stage;
     int64_t threads;
 } qconv_call;
 
@@ -996,7 +1068,7 @@ typedef struct {
     int8_t *out;
     const geometry *where;
     int64_t zero;
-    const requant *stage;
+    const qstage *stage;
     int64_t threads;
 } qdepthwise_call;
 
@@ -1032,9 +1104,7 @@ int qdepthwise(const qdepthwise_call *p)
                         acc[j] += (int16_t)(in[j] - zero) * w[j];
                 }
             }
-            int8_t *pixel = row + ox * c;
-            for (int64_t j = 0; j < c; j++)
-                pixel[j] = (int8_t)requantize(acc[j], j, p->stage);
+            qstore(acc, 0, c, p->stage, row + ox * c);
         }
     }
     free(all);

@@ -550,22 +550,29 @@ class DepthwiseTaps:
              f"depthwise taps {self.weights.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
 
 
-class Requant(ctypes.Structure):
-    """An integer kernel's output stage (native.c's requant): quant_util.Rescale's per-channel
-    constants (multiplier, offset, shift, and tie_below and tie where ties round away from zero; a
-    scalar shift serves every channel) and the output's clamp."""
+class QStage(ctypes.Structure):
+    """An integer kernel's output stage (native.c's qstage), TFLite's fixed-point requantization per
+    output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
+    ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
+    (else up), then the output ``zero`` point and the clamp to ``bounds``."""
 
-    _fields_ = [("multiplier", _PTR), ("offset", _PTR), ("shift", _PTR), ("shifts", _INT64), ("tie_below", _PTR),
-                ("tie", _PTR), ("low", _INT64), ("high", _INT64)]
+    _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
+        [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
 
-    def __init__(self, constants: tuple, bounds: tuple[int, int]):
-        multiplier, offset, shift, *ties = (np.ascontiguousarray(np.atleast_1d(v), np.int64) for v in constants)
-        self.channels = multiplier.size
-        fits(offset.size == self.channels and shift.size in (1, self.channels) and len(ties) in (0, 2) and
-             all(t.size == self.channels for t in ties), f"requantization constants do not fit {self.channels} channels")
-        self.kept = (multiplier, offset, shift, *ties)
-        super().__init__(multiplier.ctypes.data, offset.ctypes.data, shift.ctypes.data, np.ndim(constants[2]) > 0,
-                         ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None, *bounds)
+    def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int]):
+        self.channels = bias.size
+        fixed, exponent = (np.broadcast_to(v, self.channels) for v in (fixed, exponent))
+        right = np.maximum(-exponent, 0)
+        mask = (np.int64(1) << right) - 1
+        columns = (bias, fixed, np.maximum(exponent, 0), right, mask, mask >> 1,
+                   -np.broadcast_to(np.asarray(away, bool), self.channels).astype(np.int64))
+        padded = -(-self.channels // 16) * 16
+        self.kept = []
+        for values in columns:
+            column = np.zeros(padded, np.int32)
+            column[:self.channels] = values
+            self.kept.append(column)
+        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
 
 
 class PackedInt8:
@@ -590,10 +597,10 @@ class QProductCall(ctypes.Structure):
     requantized into a (rows, units) int8 output; built once, a run places the input and output."""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("lda", _INT64), ("packed", _PTR),
-                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
+                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
     symbol, places = "qproduct", ("a", "c")
 
-    def __init__(self, rows: int, rhs: PackedInt8, stage: Requant, threads: int):
+    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int):
         fits(stage.channels == rhs.units, f"requantization of {stage.channels} channels for {rhs.units} units")
         self.kept = (rhs, stage)
         super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
@@ -610,11 +617,11 @@ class QConvCall(ctypes.Structure):
     units) filter, taps outside the image holding the input zero point ``zero``."""
 
     _fields_ = [("images", _PTR), ("packed", _PTR), ("sums", _PTR), ("units", _INT64), ("out", _PTR),
-                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
+                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(QStage)),
                 ("threads", _INT64)]
     symbol, places = "qconv", ("images", "out")
 
-    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: Requant, threads: int):
+    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int):
         fits(rhs.depth == where.kh * where.kw * where.c and rhs.units == where.out_layout[0][3] == stage.channels,
              f"packed weights ({rhs.units}, {rhs.depth}) do not fit the geometry")
         self.kept = (rhs, where, stage)
@@ -631,10 +638,10 @@ class QDepthwiseCall(ctypes.Structure):
     taps (their zero point taken out), less the input zero point ``zero``."""
 
     _fields_ = [("images", _PTR), ("weights", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
-                ("zero", _INT64), ("stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
+                ("zero", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
     symbol, places = "qdepthwise", ("images", "out")
 
-    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: Requant, threads: int):
+    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: QStage, threads: int):
         taps = np.ascontiguousarray(taps, np.int16)
         fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
              f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")

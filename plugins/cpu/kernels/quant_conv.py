@@ -24,11 +24,11 @@ from delegate.ir import DType
 from ..registry import kernel
 from .common import contiguous_layout, same_padding
 from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
-from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, Requant,
+from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, QStage,
                      kernel_loops, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
-    multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
+    multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
 
 
 def _weights(t: Tensor) -> np.ndarray:
@@ -134,25 +134,19 @@ def _integer_loops(op: Op):
     return kernel_loops()
 
 
-def _integer_stage(op: Op, away, bias: np.ndarray, bound: int) -> Requant | None:
-    """The integer kernels' output stage for sums bounded by ``bound`` less ``bias`` per channel
-    (the zero point folded in); None where int32 sums or an int64 rescale could overflow."""
-    if bound >= 1 << 31:
+def _integer_stage(op: Op, away, bias: np.ndarray) -> QStage | None:
+    """The integer kernels' output stage with int32 ``bias`` per channel (the zero point folded in);
+    None where that bias leaves the int32 range."""
+    if bias.size and (bias.min() < -(1 << 31) or bias.max() >= 1 << 31):
         return None
-    try:
-        stage = Rescale(_stage_multiplier(op, op.inputs[0], op.inputs[1], bias.size), zero_point(op.outputs[0]),
-                        activation_bounds(op), away, bias, bound)
-    except ValueError:
-        return None
-    return Requant(stage.per_channel, (stage.lo, stage.hi))
+    fixed, exponent = quantize_multiplier(_stage_multiplier(op, op.inputs[0], op.inputs[1], bias.size))
+    return QStage(fixed, exponent, bias, away, zero_point(op.outputs[0]), activation_bounds(op))
 
 
 def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray):
     """(packed operand, output stage) of the int8 products x @ matrix.T (matrix: units x depth, as
     stored): sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
-    sums = matrix.sum(axis=1, dtype=np.int64)
-    bound = 128 * int(np.abs(matrix.astype(np.int64)).sum(axis=1).max(initial=0))
-    stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * sums, bound)
+    stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * matrix.sum(axis=1, dtype=np.int64))
     return (None, None) if stage is None else (PackedInt8(matrix), stage)
 
 
@@ -257,7 +251,7 @@ def depthwise_conv2d(op: Op):
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
     loops = _integer_loops(op) if x.shape[-1] == out_c else None
-    stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c), bound)
+    stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c))
     if stage is not None:
         n, h, width, _ = x.shape
         _, oh, ow, _ = op.outputs[0].shape
