@@ -20,7 +20,7 @@ from delegate.stdio import native_stderr
 from . import registry
 from .fusion import absorbed, fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
-from .kernels.native import partition_team
+from .kernels.native import limit_team, partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class CpuCompiled(CompiledPartition):
             computed = t.producer is not None and _computes_constants(t.producer)
             # strings are held as numpy object arrays of bytes
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
-        self.threading = ThreadChoice() if num_threads > 1 else (lambda: blas_threads(1))
+        self.threading = ThreadChoice(limit_team) if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())

@@ -3,7 +3,8 @@
  * Two things numpy cannot do fast: a depthwise convolution's multiply-accumulate over
  * filter taps (numpy's einsum runs it with 128-bit vectors), and sharing a product
  * between cores without a Python thread hand-over for every chunk.  Both run on an
- * OpenMP team, whose threads wait spinning between the kernels of a run.
+ * OpenMP team, whose threads wait spinning between the kernels of a run (briefly: see
+ * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -48,6 +49,16 @@ static inline char *own_scratch(char *all, size_t per_thread)
 {
     return all + (size_t)omp_get_thread_num() * per_thread;
 }
+
+/* The most threads a loop's team takes, whatever it was built for: set between runs (native.py's
+ * share_cores) to the cores the machine's load leaves this process, so that a loaded machine runs the
+ * loops on fewer threads, or on the calling one alone, instead of waiting on threads without a core. */
+static volatile int team_limit = 1 << 30;
+
+void set_team_limit(int limit) { team_limit = limit > 1 ? limit : 1; }
+int get_team_limit(void) { return team_limit; }
+
+static inline int team_of(int64_t threads) { return threads < team_limit ? (int)threads : team_limit; }
 
 static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const epilogue *e)
 {
@@ -182,7 +193,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
     if (!all)
         return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -362,7 +373,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     if (!all)
         return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -425,7 +436,7 @@ void binary_flat(int kind, const float *restrict a, const float *restrict b, flo
                  int64_t columns, int broadcast, const epilogue *finish, int threads)
 {
     int rows = broadcast || finish->slope;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, rows ? columns : LANES, part, threads, &lo, &hi);
@@ -459,7 +470,7 @@ void binary_prepared(const binary_call *c)
 void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
                 int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, LANES, part, threads, &lo, &hi);
@@ -483,7 +494,7 @@ void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_
               int64_t after, float value, int threads)
 {
     int64_t width = before + columns + after;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         float *o = out + r * width;
         for (int64_t j = 0; j < before; j++)
@@ -511,7 +522,7 @@ int mean_pixels(const float *restrict x, float *restrict out, int64_t images, in
     }
     for (int64_t image = 0; image < images; image++) {
         const float *in = x + image * pixels * c;
-        #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+        #pragma omp parallel for num_threads(team_of(parts)) schedule(static) if (team_of(parts) > 1)
         for (int part = 0; part < parts; part++) {
             int64_t lo = pixels * part / parts, hi = pixels * (part + 1) / parts, p = lo;
             float *sums = (float *)own_scratch(all, per_thread);  /* four rows of c */
@@ -547,7 +558,7 @@ void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t
                      const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
                      float *restrict out, int64_t oh, int64_t ow, int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < images * oh; r++) {
         int64_t image = r / oh, oy = r % oh;
         const float *top = x + (image * h + y0[oy]) * w * c, *bottom = x + (image * h + y1[oy]) * w * c;
@@ -571,7 +582,7 @@ void pool_rows(const float *restrict images, float *restrict out, const geometry
                const epilogue *finish, int threads)
 {
     int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -652,7 +663,7 @@ void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *
                   int64_t channels, int threads)
 {
     requant q = {multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high};
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *a32 = (const float *)acc + r * acc_stride;
         const double *a64 = (const double *)acc + r * acc_stride;
@@ -675,7 +686,7 @@ void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *in = x + r * channels;
         float *o = out + r * channels;
@@ -718,7 +729,7 @@ void shared_product(void *fn, int int64, int trans_a, int64_t m, int64_t n, int6
     int64_t extent = by_rows ? m : (n + 15) / 16;
     if (extent < threads)
         threads = (int)extent;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         if (by_rows) {
@@ -772,7 +783,7 @@ void packed_product(const product *p)
     int threads = extent > 1 ? (int)p->threads : 1;
     int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
     pass = pass < 1 ? 1 : pass;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
@@ -989,7 +1000,7 @@ int qproduct(const qproduct_call *p)
     int by_rows = tiles >= 2 * p->threads || tiles >= panels;
     int64_t extent = by_rows ? tiles : panels;
     int threads = extent > 1 ? (int)p->threads : 1;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
@@ -1029,7 +1040,7 @@ int qconv(const qconv_call *p)
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const int8_t *x = p->images + r / oh * g->image_in;
@@ -1082,7 +1093,7 @@ int qdepthwise(const qdepthwise_call *p)
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const int8_t *x = p->images + r / oh * g->image_in;

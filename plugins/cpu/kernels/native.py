@@ -34,7 +34,7 @@ import platformdirs
 from delegate.cache import EntryStore
 from delegate.errors import ExecutionError
 
-from .parallel import loaded_openblas, native_allowed, native_team
+from .parallel import available_cores, loaded_openblas, native_allowed, native_team
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +270,9 @@ class NativeLoops:
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
+        library.set_team_limit.argtypes = [ctypes.c_int]
+        library.set_team_limit.restype = None
+        library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
         for call in (QProductCall, QConvCall, QDepthwiseCall):
@@ -804,11 +807,21 @@ def team_for(work: int, per_thread: int) -> int:
     return share_among(native_team(), work, per_thread)
 
 
+def limit_team(threads: int) -> None:
+    """For the runs that follow: no native loop's team takes more than ``threads`` (at least 1), whatever
+    it was built for (native.c's team_limit)."""
+    loops = _LOADED[0] if _LOADED else None
+    if loops is not None:
+        loops.library.set_team_limit(threads)
+
+
 def partition_team(ops, threads: int) -> int:
     """At compile time: how many of ``threads`` a partition's native loops share (one team for all its
     kernels, see share_among): enough for its typical op, the work-weighted median of its
     convolutions and products (half their multiply-adds are in ops at least that big), to give
-    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none."""
+    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none; never more than the cores of the
+    process's affinity (a team larger waits on threads without a core)."""
+    threads = min(threads, available_cores())
     works = sorted(work for work in map(_multiply_adds, ops) if work)
     if not works:
         return min(threads, MAX_TEAM)
