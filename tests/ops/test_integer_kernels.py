@@ -1,6 +1,7 @@
-"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED) bit-exact against
-LiteRT's builtin kernels: builder-made edge cases, every op of the converter's int8 fixtures, and the
-portable C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
+"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL and
+pooling) bit-exact against LiteRT's builtin kernels, as are the numpy formulations: builder-made edge
+cases, every op of the converter's int8 fixtures, and the portable C products built without AVX2 (a
+subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
 
 import contextlib
 import os
@@ -23,7 +24,7 @@ from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weigh
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
 INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite"))
-INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}
+INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}  # the convolutions'
 seeds = st.integers(0, 2**16)
 zero_points = st.sampled_from([-128, -100, 0, 37, 127])
 
@@ -128,9 +129,47 @@ def _extremes(rng):
         exact(b, rng.choice(np.array([-128, 127], np.int8), (1, 9, 9, 19)))
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["ADD", "SUB", "MUL"]), size=st.integers(1, 70), zeros=st.tuples(
+    zero_points, zero_points, zero_points), scales=st.tuples(*[st.floats(0.002, 0.2)] * 3),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]))
+def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act):
+    """Flat loops with LiteRT's vector blocks of 16 and their scalar tail, every zero point."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    shape = (1, size, 3)
+    x = b.input("x", shape, "int8", quant=(scales[0], zeros[0]))
+    y = b.input("y", shape, "int8", quant=(scales[1], zeros[1]))
+    b.output(b.op(opcode, [x, y], dtype="int8", quant=(scales[2], zeros[2]), options={"fused_activation_function": act}))
+    inputs = [random_q(rng, shape), random_q(rng, shape)]
+    for native in (True, False):
+        with native_calls() as called:
+            check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=0, backend_options={"native": native})
+        assert called == (["qbinary"] if native else [])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), window=st.sampled_from([1, 2, 3, 5]),
+       stride=st.sampled_from([1, 2, 3]), padding=st.sampled_from(["SAME", "VALID"]),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]), channels=st.integers(1, 33), zero=zero_points)
+def test_pooling_is_bit_exact(seed, opcode, window, stride, padding, act, channels, zero):
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(5, 12)), int(rng.integers(5, 12)), channels)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int8", quant=(0.03, zero))
+    b.output(b.op(opcode, [x], dtype="int8", quant=(0.03, zero), options={
+        "padding": padding, "stride_h": stride, "stride_w": stride, "filter_height": window, "filter_width": window,
+        "fused_activation_function": act}))
+    inputs = random_q(rng, shape)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qpool"]
+    exact(b, inputs, native=False)
+
+
 @pytest.mark.parametrize("name", INT8_FIXTURES)
 def test_every_op_of_the_int8_fixtures_is_bit_exact(name):
-    """Each CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED on LiteRT's own intermediate tensors, alone."""
+    """Each op on LiteRT's own intermediate tensors, alone."""
     data = (FIXTURES / name).read_bytes()
     it = litert.Interpreter(model_content=data, experimental_preserve_all_tensors=True,
                             experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
@@ -144,15 +183,13 @@ def test_every_op_of_the_int8_fixtures_is_bit_exact(name):
     checked, calls = 0, native_calls()
     called = calls.__enter__()
     for op in g.ops:
-        if op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
-            continue
         compiled = backend.compile(make_partition(g, [op], "cpu", 0), CompileOptions())
         out = compiled.run({t.index: it.get_tensor(t.index) for t in make_partition(g, [op], "cpu", 0).inputs})
         np.testing.assert_array_equal(out[op.outputs[0].index], it.get_tensor(op.outputs[0].index),
                                       err_msg=op.describe())
         checked += 1
     calls.__exit__(None, None, None)
-    assert checked >= 5 and {"qconv", "qdepthwise", "qproduct"} <= set(called)
+    assert checked >= 5 and {"qconv", "qdepthwise", "qproduct", "qbinary"} <= set(called)
 
 
 PORTABLE_RUN = """

@@ -1121,3 +1121,96 @@ int qdepthwise(const qdepthwise_call *p)
     free(all);
     return DONE;
 }
+
+/* int8 ADD, SUB (kind 0, sign +1 or -1) and MUL (kind 1) of two operands of one shape, flat, as TFLite
+ * computes them.  ADD and SUB take each operand to a common scale: the first ``head`` elements (LiteRT's
+ * int8 ADD vector loop, whole blocks of 16) as floor((v * factor + offset) / 2**31), the input's zero
+ * point in the offset; the rest (the scalar loop) through the operand's own stage (bias: less the zero
+ * point; left shift: the 20 bits of headroom and the multiplier's); then both through the output stage.
+ * MUL multiplies the zero-point-centred operands (less zero_a, zero_b) and takes them through the output
+ * stage. */
+typedef struct {
+    const int8_t *a, *b;
+    int8_t *out;
+    int64_t n, kind, sign, head;
+    int64_t factor_a, offset_a, factor_b, offset_b, zero_a, zero_b;
+    const qstage *stage_a, *stage_b, *output;
+    int64_t threads;
+} qbinary_call;
+
+int qbinary(const qbinary_call *p)
+{
+    int64_t n = p->n, parts = (n + 4095) / 4096;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t part = 0; part < parts; part++) {
+        int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
+        for (int64_t i = first; i < end; i++) {
+            int32_t a = p->a[i], b = p->b[i], s;
+            if (p->kind == 1)
+                s = (a - (int32_t)p->zero_a) * (b - (int32_t)p->zero_b);
+            else if (i < p->head)
+                s = (int32_t)((a * p->factor_a + p->offset_a) >> 31) + (int32_t)((b * p->factor_b + p->offset_b) >> 31);
+            else
+                s = qrequantize(a, 0, p->stage_a) + (int32_t)p->sign * qrequantize(b, 0, p->stage_b);
+            p->out[i] = (int8_t)qrequantize(s, 0, p->output);
+        }
+    }
+    return DONE;
+}
+
+/* MAX_POOL_2D (average 0) or AVERAGE_POOL_2D (average 1) of int8 (h, w, c) images as the geometry says,
+ * over the taps inside the image: the largest, or the sum divided by their count rounding half away from
+ * zero; then the clamp to [low, high]. */
+typedef struct {
+    const int8_t *images;
+    int8_t *out;
+    const geometry *where;
+    int64_t average, low, high, threads;
+} qpool_call;
+
+int qpool(const qpool_call *p)
+{
+    const geometry *g = p->where;
+    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
+    size_t per_thread = (size_t)c * sizeof(int32_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
+        int64_t y_lo = oy * g->stride_h - g->top, y_hi = y_lo + g->kh;
+        y_lo = y_lo < 0 ? 0 : y_lo;
+        y_hi = y_hi > h ? h : y_hi;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            int64_t x_lo = ox * g->stride_w - g->left, x_hi = x_lo + g->kw;
+            x_lo = x_lo < 0 ? 0 : x_lo;
+            x_hi = x_hi > w ? w : x_hi;
+            int32_t count = (int32_t)((y_hi - y_lo) * (x_hi - x_lo));
+            for (int64_t k = 0; k < c; k++)
+                acc[k] = p->average ? 0 : -128;
+            for (int64_t iy = y_lo; iy < y_hi; iy++)
+                for (int64_t ix = x_lo; ix < x_hi; ix++) {
+                    const int8_t *restrict in = x + (iy * w + ix) * c;
+                    if (p->average)
+                        for (int64_t k = 0; k < c; k++)
+                            acc[k] += in[k];
+                    else
+                        for (int64_t k = 0; k < c; k++)
+                            acc[k] = acc[k] < in[k] ? in[k] : acc[k];
+                }
+            int8_t *pixel = row + ox * c;
+            for (int64_t k = 0; k < c; k++) {
+                int32_t v = acc[k];
+                if (p->average)
+                    v = count ? (v > 0 ? v + count / 2 : v - count / 2) / count : 0;
+                pixel[k] = (int8_t)(v < p->low ? p->low : v > p->high ? p->high : v);
+            }
+        }
+    }
+    free(all);
+    return DONE;
+}

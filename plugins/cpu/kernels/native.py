@@ -275,7 +275,7 @@ class NativeLoops:
         library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
-        for call in (QProductCall, QConvCall, QDepthwiseCall):
+        for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         self.panel_lanes = library.panel_lanes()
@@ -557,17 +557,18 @@ class QStage(ctypes.Structure):
     """An integer kernel's output stage (native.c's qstage), TFLite's fixed-point requantization per
     output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
     ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
-    (else up), then the output ``zero`` point and the clamp to ``bounds``."""
+    (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
+    shift (ADD's operands)."""
 
     _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
         [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
 
-    def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int]):
+    def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int], headroom: int = 0):
         self.channels = bias.size
         fixed, exponent = (np.broadcast_to(v, self.channels) for v in (fixed, exponent))
         right = np.maximum(-exponent, 0)
         mask = (np.int64(1) << right) - 1
-        columns = (bias, fixed, np.maximum(exponent, 0), right, mask, mask >> 1,
+        columns = (bias, fixed, np.maximum(exponent, 0) + headroom, right, mask, mask >> 1,
                    -np.broadcast_to(np.asarray(away, bool), self.channels).astype(np.int64))
         padded = -(-self.channels // 16) * 16
         self.kept = []
@@ -654,6 +655,50 @@ class QDepthwiseCall(ctypes.Structure):
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept[1].placed(x, out, _I8)
+
+
+class QBinaryCall(ctypes.Structure):
+    """The arguments of native.c's qbinary: int8 ADD / SUB (``sign``) or MUL of two operands of one shape
+    (``size`` items), with the stages and constants it describes; a run places a, b and out."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), *[(name, _INT64) for name in (
+        "n", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
+        *[(name, ctypes.POINTER(QStage)) for name in ("stage_a", "stage_b", "output")], ("threads", _INT64)]
+    symbol, places = "qbinary", ("a", "b", "out")
+
+    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
+                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0)):
+        """ADD / SUB: ``factors`` ((factor, offset) per operand) for the first ``head`` items, the operands'
+        ``stages`` for the rest; MUL: the operands' ``zeros``."""
+        mul = kind == "MUL"
+        stages = (output, output) if mul else stages
+        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)),
+             "binary stages are not of one channel")
+        self.kept = (output, *stages)
+        super().__init__(None, None, None, size, int(mul), -1 if kind == "SUB" else 1, head, *factors[0], *factors[1],
+                         *zeros, *(ctypes.pointer(stage) for stage in stages), ctypes.pointer(output), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(v, self.n, _I8) for v in (a, b, out)), f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+class QPoolCall(ctypes.Structure):
+    """The arguments of native.c's qpool: MAX_POOL_2D or AVERAGE_POOL_2D of int8 images as ``where``
+    says, clamped to ``bounds``; a run places the images and the output."""
+
+    _fields_ = [("images", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)), ("average", _INT64),
+                ("low", _INT64), ("high", _INT64), ("threads", _INT64)]
+    symbol, places = "qpool", ("images", "out")
+
+    def __init__(self, where: Geometry, average: bool, bounds: tuple[int, int], threads: int):
+        fits(where.out_layout[0][3] == where.c, "pool output channels differ from the input's")
+        self.kept = where
+        super().__init__(None, None, ctypes.pointer(where), average, *bounds, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept.placed(x, out, _I8)
 
 
 def row_stride(a: np.ndarray) -> int | None:

@@ -19,6 +19,7 @@ from delegate import Op
 from ..registry import kernel
 from .common import scratch
 from .elementwise import COMPARE, arithmetic
+from .native import PER_THREAD_ITEMS, QBinaryCall, QStage, kernel_loops, team_for
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -172,12 +173,17 @@ def add_sub(op: Op):
         output(x + sign * y, out)
 
     combined = [left_shift + int(shift) for _, shift in to_common]
-    if not vectorised or a.shape != b.shape or min(combined) < 0:
-        return lambda ins, outs: combine(ins, outs[0], loops)
+    same = a.shape == b.shape and min(combined) >= 0
     # Same shapes: one flat loop, vectorised on whole blocks of 16, whose high multiply of the
     # left-shifted operand is floor((v * M * 2**combined + 2**30) / 2**31), zero point folded in.
-    head = out.size - out.size % 16
-    factors = [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)]
+    head = out.size - out.size % 16 if vectorised else 0
+    factors = [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)] \
+        if same else None
+    native = _native_add_sub(op, to_common, output_real, offsets, head, factors) if same else None
+    if native is not None:
+        return native
+    if not vectorised or not same:
+        return lambda ins, outs: combine(ins, outs[0], loops)
     final = Rescale(output_real, zero_point(out), activation_bounds(op), True, 0, 1 << 30)
 
     def run(ins, outs):
@@ -190,6 +196,45 @@ def add_sub(op: Op):
         final(np.add(x, y, out=x) if sign > 0 else np.subtract(x, y, out=x), outs[0].reshape(-1)[:head])
         if head < out.size:
             combine([v[head:] for v in flat], outs[0].reshape(-1)[head:], None)
+    return run
+
+
+_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def _binary_loops(op: Op):
+    """At compile time: the native loops where an int8 binary op of operands of one shape may run in
+    native.c's qbinary; None otherwise."""
+    if any(t.dtype.numpy != np.int8 or t.shape != op.outputs[0].shape for t in (*op.inputs[:2], op.outputs[0])):
+        return None
+    return kernel_loops()
+
+
+def _output_stage(real, op: Op) -> QStage:
+    """qbinary's output stage: ``real`` rescaled with gemmlowp's rounding, onto the output's zero point
+    and fused activation."""
+    return QStage(*quantize_multiplier(real), np.zeros(1, np.int64), True, zero_point(op.outputs[0]),
+                  activation_bounds(op))
+
+
+def _native_add_sub(op: Op, to_common, output_real, offsets, head: int, factors):
+    """run() of an int8 ADD / SUB of operands of one shape in native.c's qbinary (the first ``head``
+    items by ``factors``, the rest through each operand's common-scale stage); None where it does not
+    serve."""
+    loops = _binary_loops(op)
+    if loops is None:
+        return None
+    stages = tuple(QStage(m, shift, np.array([-zp]), True, 0, _INT32_RANGE, 20)
+                   for (m, shift), zp in zip(to_common, offsets))
+    size = int(np.prod(op.outputs[0].shape))
+    call = QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head,
+                       factors, stages)
+    return _prepared_binary(loops, call)
+
+
+def _prepared_binary(loops, call):
+    def run(ins, outs):
+        loops.prepared(call, np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0])
     return run
 
 
@@ -215,8 +260,14 @@ def squared_difference(op: Op):
 @kernel("MUL", quantized=True)
 def mul(op: Op):
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    output = Requantize.of(scale(a) * scale(b) / scale(out), zero_point(out), activation_bounds(op))
+    real = scale(a) * scale(b) / scale(out)
     offsets = (zero_point(a), zero_point(b))
+    loops = _binary_loops(op)
+    if loops is not None:
+        size = int(np.prod(out.shape))
+        return _prepared_binary(loops, QBinaryCall("MUL", size, _output_stage(real, op),
+                                                   team_for(size, PER_THREAD_ITEMS), zeros=offsets))
+    output = Requantize.of(real, zero_point(out), activation_bounds(op))
 
     def run(ins, outs):
         output((ins[0].astype(np.int64) - offsets[0]) * (ins[1].astype(np.int64) - offsets[1]), outs[0])
