@@ -25,6 +25,12 @@ from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weigh
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
 INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite"))
 INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}  # the convolutions'
+WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "wide_depthwise", "FULLY_CONNECTED": "wide_product"}
+# The symbols the fixtures' ops call, and the ops checked: every op of the int8 ones; the 16x8
+# convolutions of the int16x8 one (LiteRT cannot run the int16x8 transformer; its int16 ADD is a numpy
+# kernel one step off LiteRT's on rare ties).
+FIXTURE_CALLS = {**{name: ({"qconv", "qdepthwise", "qproduct", "qbinary"}, None) for name in INT8_FIXTURES},
+                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "wide_depthwise"}, set(WIDE))}
 seeds = st.integers(0, 2**16)
 zero_points = st.sampled_from([-128, -100, 0, 37, 127])
 
@@ -140,7 +146,8 @@ def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act):
     shape = (1, size, 3)
     x = b.input("x", shape, "int8", quant=(scales[0], zeros[0]))
     y = b.input("y", shape, "int8", quant=(scales[1], zeros[1]))
-    b.output(b.op(opcode, [x, y], dtype="int8", quant=(scales[2], zeros[2]), options={"fused_activation_function": act}))
+    b.output(b.op(opcode, [x, y], dtype="int8", quant=(scales[2], zeros[2]),
+                  options={"fused_activation_function": act}))
     inputs = [random_q(rng, shape), random_q(rng, shape)]
     for native in (True, False):
         with native_calls() as called:
@@ -167,8 +174,46 @@ def test_pooling_is_bit_exact(seed, opcode, window, stride, padding, act, channe
     exact(b, inputs, native=False)
 
 
-@pytest.mark.parametrize("name", INT8_FIXTURES)
-def test_every_op_of_the_int8_fixtures_is_bit_exact(name):
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"]),
+       bias_type=st.sampled_from(["INT64", "INT32"]), kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
+       padding=st.sampled_from(["SAME", "VALID"]), channels=st.integers(1, 19), units=st.integers(1, 21),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]))
+def test_16x8_layers_are_bit_exact(seed, opcode, bias_type, kernel, stride, padding, channels, units, act):
+    """int16 activations with int8 weights: int64 biases take LiteRT's reference rescale, int32 ones ruy's
+    (FULLY_CONNECTED's reference rescale in double stays with numpy)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05)) / 256
+    options = {"fused_activation_function": act}
+    if opcode == "FULLY_CONNECTED":
+        shape, w_shape, axis, depth = (3, channels), (units, channels), 0, channels
+    else:
+        shape = (1, int(rng.integers(5, 11)), int(rng.integers(5, 11)), channels)
+        depthwise = opcode == "DEPTHWISE_CONV_2D"
+        w_shape, axis = ((1, kernel, kernel, channels), 3) if depthwise else ((units, kernel, kernel, channels), 0)
+        depth = kernel * kernel * (1 if depthwise else channels)
+        options.update(padding=padding, stride_h=stride, stride_w=stride)
+        if depthwise:
+            options["depth_multiplier"] = 1
+            bias_type = "INT64"  # LiteRT's 16x8 depthwise reads int64 biases only
+    if bias_type == "INT32":
+        options["quantized_bias_type"] = 2  # TensorType INT32
+    x = b.input("x", shape, "int16", quant=(in_scale, 0))
+    w, scales = weights(b, rng, w_shape, axis)
+    bias_tensor = bias(b, rng, in_scale, scales, dtype=np.int64 if bias_type == "INT64" else np.int32)
+    b.output(b.op(opcode, [x, w, bias_tensor], options=options, dtype="int16",
+                  quant=(matmul_out_scale(in_scale, scales, depth, "int16"), 0)))
+    inputs = random_q(rng, shape, "int16")
+    with native_calls() as called:
+        exact(b, inputs)
+    reference_fc = opcode == "FULLY_CONNECTED" and bias_type == "INT64"
+    assert called == ([] if reference_fc else [WIDE[opcode]])
+    exact(b, inputs, native=False)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_CALLS))
+def test_every_op_of_the_quantized_fixtures_is_bit_exact(name):
     """Each op on LiteRT's own intermediate tensors, alone."""
     data = (FIXTURES / name).read_bytes()
     it = litert.Interpreter(model_content=data, experimental_preserve_all_tensors=True,
@@ -182,14 +227,17 @@ def test_every_op_of_the_int8_fixtures_is_bit_exact(name):
     backend = default_manager().backend_info("cpu").factory({})
     checked, calls = 0, native_calls()
     called = calls.__enter__()
+    symbols, opcodes = FIXTURE_CALLS[name]
     for op in g.ops:
+        if opcodes is not None and op.opcode not in opcodes:
+            continue
         compiled = backend.compile(make_partition(g, [op], "cpu", 0), CompileOptions())
         out = compiled.run({t.index: it.get_tensor(t.index) for t in make_partition(g, [op], "cpu", 0).inputs})
         np.testing.assert_array_equal(out[op.outputs[0].index], it.get_tensor(op.outputs[0].index),
                                       err_msg=op.describe())
         checked += 1
     calls.__exit__(None, None, None)
-    assert checked >= 5 and {"qconv", "qdepthwise", "qproduct", "qbinary"} <= set(called)
+    assert checked >= 5 and symbols <= set(called)
 
 
 PORTABLE_RUN = """

@@ -1214,3 +1214,121 @@ int qpool(const qpool_call *p)
     free(all);
     return DONE;
 }
+
+/* 16-bit activations with int8 weights (the converter's 16x8 quantization): int16 x int8 products summed
+ * exactly in int64 (int32 over runs of 256, each at most 2**30), requantized in int64 (requant: folded
+ * as quant_util.Rescale does, or TFLite's 64-bit reference rescale) into int16.  Weights as stored,
+ * (units, depth) rows; the input zero point folded into the stage's offsets as for int8. */
+static int64_t dot16(const int16_t *restrict x, const int8_t *restrict w, int64_t depth)
+{
+    int64_t total = 0;
+    for (int64_t first = 0; first < depth; first += 256) {
+        int64_t end = first + 256 < depth ? first + 256 : depth;
+        int32_t part = 0;
+        for (int64_t k = first; k < end; k++)
+            part += x[k] * w[k];
+        total += part;
+    }
+    return total;
+}
+
+/* out (m x n) = requantized a (m x k) @ weights (n x k).T; or, with a geometry, a CONV_2D of (h, w, c)
+ * images whose pixels' windows are copied into per-thread rows first (taps outside the image holding the
+ * input zero point). */
+typedef struct {
+    int64_t m, n, k;
+    const int16_t *a;
+    const int8_t *weights;
+    int16_t *out;
+    const geometry *where;
+    int64_t zero;
+    const requant *stage;
+    int64_t threads;
+} wide_call;
+
+static void wide_row(const int16_t *x, const wide_call *p, int16_t *out)
+{
+    for (int64_t u = 0; u < p->n; u++)
+        out[u] = (int16_t)requantize(dot16(x, p->weights + u * p->k, p->k), u, p->stage);
+}
+
+int wide_product(const wide_call *p)
+{
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < p->m; r++)
+        wide_row(p->a + r * p->k, p, p->out + r * p->n);
+    return DONE;
+}
+
+int wide_conv(const wide_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, depth = p->k, oh = g->oh;
+    size_t per_thread = (size_t)depth * sizeof(int16_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int16_t *x = p->a + r / oh * g->image_in;
+        int16_t *window = (int16_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            int16_t *dst = window;
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                        for (int64_t k = 0; k < c; k++)
+                            dst[k] = (int16_t)p->zero;
+                    else
+                        memcpy(dst, x + (iy * g->w + ix) * c, c * sizeof *dst);
+                }
+            }
+            wide_row(window, p, p->out + r / oh * g->image_out + oy * g->out_stride + ox * p->n);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* A DEPTHWISE_CONV_2D of int16 images (weights: (kh*kw, c) int8 taps): per channel the int64 sum of
+ * (x - zero) * w over the taps inside the image, requantized. */
+int wide_depthwise(const wide_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, oh = g->oh;
+    size_t per_thread = (size_t)c * sizeof(int64_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int16_t *x = p->a + r / oh * g->image_in;
+        int16_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int64_t *restrict acc = (int64_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            memset(acc, 0, per_thread);
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                if (iy < 0 || iy >= g->h)
+                    continue;
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (ix < 0 || ix >= g->w)
+                        continue;
+                    const int16_t *restrict in = x + (iy * g->w + ix) * c;
+                    const int8_t *restrict w = p->weights + (ky * g->kw + kx) * c;
+                    for (int64_t j = 0; j < c; j++)
+                        acc[j] += (int32_t)(in[j] - p->zero) * w[j];
+                }
+            }
+            for (int64_t j = 0; j < c; j++)
+                row[ox * c + j] = (int16_t)requantize(acc[j], j, p->stage);
+        }
+    }
+    free(all);
+    return DONE;
+}

@@ -275,9 +275,10 @@ class NativeLoops:
         library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
-        for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall):
-            getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
-            getattr(library, call.symbol).restype = ctypes.c_int
+        calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall)]
+        for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
+            getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
+            getattr(library, symbol).restype = ctypes.c_int
         self.panel_lanes = library.panel_lanes()
         self.integer_isa = INTEGER_ISAS[library.integer_isa()]
         self.sgemm = _find_sgemm()
@@ -579,6 +580,65 @@ class QStage(ctypes.Structure):
         super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
 
 
+class Requant(ctypes.Structure):
+    """A 16-bit kernel's output stage in int64 (native.c's requant): per channel clamp((acc * multiplier +
+    offset - (acc < tie_below ? tie : 0)) >> shift), ``constants`` (multiplier, offset, shift and, where
+    ties round away from zero, tie_below and tie; a scalar shift serves every channel) as
+    quant_util.Rescale folds them, or the 64-bit reference rescale's."""
+
+    _fields_ = [("multiplier", _PTR), ("offset", _PTR), ("shift", _PTR), ("shifts", _INT64), ("tie_below", _PTR),
+                ("tie", _PTR), ("low", _INT64), ("high", _INT64)]
+
+    def __init__(self, constants: tuple, bounds: tuple[int, int]):
+        multiplier, offset, shift, *ties = (np.ascontiguousarray(np.atleast_1d(v), np.int64) for v in constants)
+        self.channels = multiplier.size
+        fits(offset.size == self.channels and shift.size in (1, self.channels) and len(ties) in (0, 2) and
+             all(t.size == self.channels for t in ties), f"rescale constants do not fit {self.channels} channels")
+        self.kept = (multiplier, offset, shift, *ties)
+        super().__init__(multiplier.ctypes.data, offset.ctypes.data, shift.ctypes.data, shift.size > 1,
+                         ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None, *bounds)
+
+
+_I16 = np.dtype(np.int16)
+
+
+class WideCall(ctypes.Structure):
+    """The arguments of native.c's 16x8 kernels (wide_call): int16 activations against int8 ``weights``
+    as stored, (units, depth) for a product (``rows`` of the input) or a CONV_2D (``where``; taps outside
+    the image hold ``zero``), (KH*KW, C) taps for a depthwise one (less ``zero``); a run places the input
+    and the output."""
+
+    _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("weights", _PTR), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
+                ("threads", _INT64)]
+    symbols = {"product": "wide_product", "conv": "wide_conv", "depthwise": "wide_depthwise"}
+    places = ("a", "out")
+
+    def __init__(self, kind: str, weights: np.ndarray, stage: Requant, threads: int, rows: int = 0,
+                 where: Geometry | None = None, zero: int = 0):
+        weights = np.ascontiguousarray(weights, np.int8)
+        units, depth = weights.shape
+        if kind == "depthwise":
+            fits(where is not None and weights.shape == (where.kh * where.kw, where.c) and
+                 where.out_layout[0][3] == where.c == stage.channels, "depthwise taps do not fit the geometry")
+            units, depth = where.c, where.kh * where.kw
+        fits(stage.channels == units and (kind == "product" or where is not None and
+                                          (kind == "depthwise" or depth == where.kh * where.kw * where.c == depth
+                                                               and where.out_layout[0][3] == units)),
+             f"16x8 {kind} of {weights.shape} weights does not fit its stage or geometry")
+        self.symbol, self.kept = self.symbols[kind], (weights, stage, where)
+        super().__init__(rows, units, depth, None, weights.ctypes.data, None,
+                         None if where is None else ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        where = self.kept[2]
+        if where is not None:
+            return where.placed(x, out, _I16)
+        fits(_contiguous(x, self.m * self.k, _I16) and _contiguous(out, self.m * self.n, _I16),
+             f"16x8 product arrays {x.shape} -> {out.shape}")
+
+
 class PackedInt8:
     """A constant (units, depth) int8 operand laid out once for native.c's integer products: panels of
     16 units, the depth in groups of 4 (zero past the last), each group the 4 depths of every unit in
@@ -680,7 +740,8 @@ class QBinaryCall(ctypes.Structure):
         self.reference = ctypes.byref(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        fits(all(_contiguous(v, self.n, _I8) for v in (a, b, out)), f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+        fits(all(_contiguous(v, self.n, _I8) for v in (a, b, out)),
+             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
 
 
 class QPoolCall(ctypes.Structure):

@@ -25,7 +25,7 @@ from ..registry import kernel
 from .common import contiguous_layout, same_padding
 from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
 from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, QStage,
-                     kernel_loops, team_for)
+                     Requant, WideCall, kernel_loops, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
@@ -124,14 +124,68 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
     return finish
 
 
-def _integer_loops(op: Op):
-    """At compile time: the native loops where ``op`` may run in their integer kernels (int8 input,
-    constant weights of zero point 0 and output); None otherwise."""
+def _integer_loops(op: Op, activations=np.int8):
+    """At compile time: the native loops where ``op`` may run in their integer kernels (input and output
+    of ``activations``, constant int8 weights of zero point 0); None otherwise."""
     x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    if any(t.dtype.numpy != np.int8 for t in (x, w, out)) or w.data is None or \
-            np.any(w.quantization.zero_point) or not x.shape or not out.shape:
+    if x.dtype.numpy != activations or out.dtype.numpy != activations or w.dtype.numpy != np.int8 or \
+            w.data is None or np.any(w.quantization.zero_point) or not x.shape or not out.shape:
         return None
     return kernel_loops()
+
+
+def _wide(op: Op, kind: str, bias: np.ndarray, reference: bool):
+    """run() of a 16x8 op in native.c's wide kernels (``kind``: product, conv or depthwise), its output
+    stage ``reference`` (LiteRT's 64-bit reference rescale) or ruy's; None where they do not serve."""
+    loops = _integer_loops(op, np.int16)
+    if loops is None:
+        return None
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    stored = np.asarray(w.data)
+    matrix = stored.reshape(-1, stored.shape[-1]) if kind == "depthwise" else stored.reshape(stored.shape[0], -1)
+    units = matrix.shape[1] if kind == "depthwise" else matrix.shape[0]
+    zx = zero_point(x)
+    if kind != "depthwise":
+        bias = bias - zx * matrix.sum(axis=1, dtype=np.int64)  # taps hold zx: sum(x * w) less zx * sum(w)
+    spread = 32768 + abs(zx)
+    bound = spread * int(np.abs(matrix.astype(np.int64)).sum(axis=1 if kind != "depthwise" else 0).max(initial=0))
+    constants = _wide_constants(op, bias, bound, reference)
+    if constants is None:
+        return None
+    stage = Requant(constants, activation_bounds(op))
+    team = team_for(int(np.prod(out.shape)) * matrix.size // units, PER_THREAD_MACS)
+    if kind == "product":
+        call = WideCall(kind, matrix, stage, team, rows=int(np.prod(out.shape)) // units)
+    else:
+        n, h, width, _ = x.shape
+        kh, kw = stored.shape[1:3]
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape),
+                            conv_pads(op, (h, width), (kh, kw), out.shape[1:3]))
+        call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
+    return _prepared(loops, call)
+
+
+def _wide_constants(op: Op, bias: np.ndarray, bound: int, reference: bool) -> tuple | None:
+    """Requant's constants for sums bounded by ``bound`` (less ``bias`` per channel): LiteRT's 64-bit
+    reference rescale (multiply_wide, the output zero point folded in) or Rescale's (ties up); None
+    where int64 could overflow."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    real = _stage_multiplier(op, x, w, bias.size)
+    if not reference:
+        try:
+            return Rescale(real, zero_point(out), activation_bounds(op), False, bias, bound).per_channel
+        except ValueError:
+            return None
+    fixed, exponent = (np.broadcast_to(v, bias.size) for v in quantize_multiplier(real))
+    reduced = np.where(fixed < 0x7FFF0000, (fixed + (1 << 15)) >> 16, 0x7FFF)
+    total = 15 - exponent
+    if total.min(initial=1) < 1 or total.max(initial=1) > 62:
+        return None
+    offsets = [int(b) * int(r) + (1 << (int(t) - 1)) + (zero_point(out) << int(t))
+               for b, r, t in zip(bias, reduced, total)]
+    if max(((bound + abs(int(b))) * int(r) + abs(k) for b, r, k in zip(bias, reduced, offsets)), default=0) >= 1 << 62:
+        return None
+    return reduced, np.array(offsets, np.int64), total
 
 
 def _integer_stage(op: Op, away, bias: np.ndarray) -> QStage | None:
@@ -227,7 +281,7 @@ def conv2d(op: Op):
     out_c, kh, kw, in_c = weights.shape
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
-    native = _native_conv2d(op, _bias(op, 2, out_c))
+    native = _native_conv2d(op, _bias(op, 2, out_c)) or _wide(op, "conv", _bias(op, 2, out_c), _reference_16x8(op, x))
     if native is not None:
         return native
     matrix = weights.reshape(out_c, -1)
@@ -259,6 +313,9 @@ def depthwise_conv2d(op: Op):
                             conv_pads(op, (h, width), (kh, kw), (oh, ow)))
         team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
         return _prepared(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+    native = _wide(op, "depthwise", _bias(op, 2, out_c), True) if x.shape[-1] == out_c else None
+    if native is not None:
+        return native
     dtype = np.float32 if bound < 1 << 24 else np.float64
     reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
     finish = _finish(op, away, _bias(op, 2, out_c), bound, reference)
@@ -276,10 +333,13 @@ def fully_connected(op: Op):
     if packed is not None:
         rows = int(np.prod(op.outputs[0].shape)) // units
         return _prepared(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
+    # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision: numpy's (below) only.
+    native = None if _reference_16x8(op, x) else _wide(op, "product", bias, False)
+    if native is not None:
+        return native
     dtype, parts, bound = _exact_gemm(op, weights)
     reference = None
     if _reference_16x8(op, x):
-        # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
         real = _real_multiplier(op, x, w, units, float_product=False)
         reference = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
     return matrix_gemm(op, _operand(op, w, weights, dtype), _finish(op, False, bias, bound, reference), dtype,
