@@ -20,7 +20,7 @@ from delegate.stdio import native_stderr
 from . import registry
 from .fusion import absorbed, fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
-from .kernels.native import limit_team, partition_team
+from .kernels.native import batched_steps, limit_team, partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class CpuCompiled(CompiledPartition):
             sources = [None if slot in skip and known_at_compile_time(t) else self._source(t, external)
                        for slot, t in enumerate(op.inputs)]
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
+        self.batched = batched_steps(self.steps)  # what runs unless each op is timed
 
     @staticmethod
     def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool,
@@ -94,7 +95,7 @@ class CpuCompiled(CompiledPartition):
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
         with self.threading():
-            for op, run, sources, outs in self.steps:
+            for op, run, sources, outs in self.steps if timings is not None else self.batched:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
                 start_scratch_op()
                 if timings is None:

@@ -19,7 +19,7 @@ from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from delegate_cpu.kernels.native import NativeLoops, native_loops
-from tests.oputil import check_against_litert, litert
+from tests.oputil import check_against_litert, litert, litert_run
 from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weights
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
@@ -174,6 +174,21 @@ def test_pooling_is_bit_exact(seed, opcode, window, stride, padding, act, channe
     exact(b, inputs, native=False)
 
 
+@pytest.mark.parametrize("dtype, opcode", [("int8", "LOGISTIC"), ("uint8", "TANH"), ("int8", "GELU")])
+def test_table_lookups_are_bit_exact(dtype, opcode):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    zero = -5 if dtype == "int8" else 131
+    x = b.input("x", (3, 77), dtype, quant=(0.04, zero))
+    out_quant = (1 / 256, -128 if dtype == "int8" else 0) if opcode == "LOGISTIC" else (1 / 128, zero)
+    b.output(b.op(opcode, [x], dtype=dtype, quant=out_quant))
+    inputs = random_q(rng, (3, 77), dtype)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qlookup"]
+    exact(b, inputs, native=False)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=seeds, opcode=st.sampled_from(["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"]),
        bias_type=st.sampled_from(["INT64", "INT32"]), kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
@@ -259,3 +274,22 @@ def test_portable_products_are_bit_exact(tmp_path):
     done = subprocess.run([sys.executable, "-c", PORTABLE_RUN], cwd=Path(__file__).parents[2], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", INT8_FIXTURES)
+def test_whole_int8_fixtures_run_in_few_native_calls(name):
+    """A partition's stretches of integer kernels run as one native call each, bit-exact end to end."""
+    if native_loops() is None:
+        pytest.skip("no C compiler with OpenMP here: the native loops do not build")
+    data = (FIXTURES / name).read_bytes()
+    g = read_model(data).main
+    compiled = default_manager().backend_info("cpu").factory({}).compile(make_partition(g, g.ops, "cpu", 0),
+                                                                         CompileOptions())
+    assert len(compiled.batched) * 2 < len(compiled.steps)
+    rng = np.random.default_rng(1)
+    inputs = [random_q(rng, t.shape, t.dtype.numpy) for t in g.inputs]
+    expected = litert_run(data, inputs, builtin=True)
+    for _ in range(2):  # the bound buffers are reused run after run
+        out = compiled.run({t.index: x for t, x in zip(g.inputs, inputs)})
+        for t, e in zip(g.outputs, expected):
+            np.testing.assert_array_equal(out[t.index], e)

@@ -1332,3 +1332,40 @@ int wide_depthwise(const wide_call *p)
     free(all);
     return DONE;
 }
+
+/* A partition's consecutive prepared calls on buffers fixed at compile time, run as one call (native.py's
+ * batched_steps): calls[i] by kernels[i] in turn; the first status other than DONE ends it. */
+typedef int (*prepared_kernel)(const void *);
+
+int run_prepared(const prepared_kernel *kernels, const void *const *calls, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int status = kernels[i](calls[i]);
+        if (status != DONE)
+            return status;
+    }
+    return DONE;
+}
+
+/* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
+ * table starts at the type's minimum). */
+typedef struct {
+    const uint8_t *x;
+    uint8_t *out;
+    int64_t n;
+    const uint8_t *table;
+    int64_t flip, threads;
+} lookup_call;
+
+int qlookup(const lookup_call *p)
+{
+    int64_t parts = (p->n + 4095) / 4096;
+    uint8_t flip = (uint8_t)p->flip;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t part = 0; part < parts; part++) {
+        int64_t end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
+        for (int64_t i = part * 4096; i < end; i++)
+            p->out[i] = p->table[p->x[i] ^ flip];
+    }
+    return DONE;
+}

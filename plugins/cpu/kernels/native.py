@@ -270,12 +270,15 @@ class NativeLoops:
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
+        library.run_prepared.argtypes = [_PTR, _PTR, _INT64]
+        library.run_prepared.restype = ctypes.c_int
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
-        calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall)]
+        calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
+                                                         LookupCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -294,10 +297,14 @@ class NativeLoops:
         """A call built at compile time, on the contiguous arrays it was built for (their shapes; the
         arrays themselves may differ from run to run): a depthwise convolution's (x, out), a binary
         op's (a, b, out), an integer kernel's (x, out)."""
+        self.bind(call, *arrays)
+        _done(getattr(self.library, call.symbol)(call.reference), call.symbol)
+
+    def bind(self, call, *arrays: np.ndarray) -> None:
+        """Place a prepared call's arrays (as prepared() does) without running it."""
         call.placed(*arrays)
         for name, array in zip(call.places, arrays):
             setattr(call, name, address(array))
-        _done(getattr(self.library, call.symbol)(call.reference), call.symbol)
 
     def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
@@ -760,6 +767,76 @@ class QPoolCall(ctypes.Structure):
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept.placed(x, out, _I8)
+
+
+class LookupCall(ctypes.Structure):
+    """The arguments of native.c's qlookup: ``size`` int8 or uint8 items (``signed``) through a 256-entry
+    ``table`` of one-byte outputs, indexed from the type's minimum; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("n", _INT64), ("table", _PTR), ("flip", _INT64), ("threads", _INT64)]
+    symbol, places = "qlookup", ("x", "out")
+
+    def __init__(self, table: np.ndarray, size: int, signed: bool, threads: int):
+        fits(table.size == 256 and table.itemsize == 1, f"a lookup table of {table.size} {table.dtype}")
+        self.kept = np.ascontiguousarray(table)
+        super().__init__(None, None, size, self.kept.ctypes.data, 0x80 if signed else 0, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
+             f"lookup arrays {x.shape} -> {out.shape}")
+
+
+def prepared_run(loops: NativeLoops, call, inputs: int = 1):
+    """run() of a kernel that is one prepared call on its first ``inputs`` inputs and its output, marked
+    (``prepared``, ``inputs``) for batched_steps."""
+    def run(ins, outs):
+        loops.prepared(call, *(np.ascontiguousarray(x) for x in ins[:inputs]), outs[0])
+    run.prepared, run.inputs = call, inputs
+    return run
+
+
+def batched_steps(steps: list[tuple]) -> list[tuple]:
+    """A partition's (op, run, sources, outputs) steps with each stretch of consecutive prepared calls
+    (see prepared_run) on buffers of its own (no partition input: those change from run to run) made
+    one step: one native call runs their list (native.c's run_prepared), every array bound once here.
+    A native op costs ~5 us of Python a call; small models run dozens of them."""
+    loops = _LOADED[0] if _LOADED else None
+    batched, stretch = [], []
+
+    def close() -> None:
+        if len(stretch) > 1:
+            batched.append(_one_call(loops, stretch))
+        else:
+            batched.extend(step for step, _ in stretch)
+        stretch.clear()
+
+    for step in steps:
+        _, run, sources, outs = step
+        call = getattr(run, "prepared", None)
+        arrays = None if call is None else [*sources[:run.inputs], outs[0]]
+        if loops is not None and arrays is not None and \
+                all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
+            loops.bind(call, *arrays)
+            stretch.append((step, call))
+        else:
+            close()
+            batched.append(step)
+    close()
+    return batched
+
+
+def _one_call(loops: NativeLoops, stretch: list) -> tuple:
+    """The step running a stretch of bound prepared calls in one native call."""
+    calls = [call for _, call in stretch]
+    kernels = (_PTR * len(calls))(*(ctypes.cast(getattr(loops.library, c.symbol), _PTR).value for c in calls))
+    references = (_PTR * len(calls))(*(ctypes.addressof(c) for c in calls))
+    run_prepared = loops.library.run_prepared
+
+    def run(ins, outs):
+        _done(run_prepared(kernels, references, len(calls)), "run_prepared")
+    run.kept = (calls, kernels, references)
+    return stretch[0][0][0], run, [], []
 
 
 def row_stride(a: np.ndarray) -> int | None:

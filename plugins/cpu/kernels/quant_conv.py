@@ -25,7 +25,7 @@ from ..registry import kernel
 from .common import contiguous_layout, same_padding
 from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
 from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, QStage,
-                     Requant, WideCall, kernel_loops, team_for)
+                     Requant, WideCall, kernel_loops, prepared_run, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
@@ -162,7 +162,7 @@ def _wide(op: Op, kind: str, bias: np.ndarray, reference: bool):
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape),
                             conv_pads(op, (h, width), (kh, kw), out.shape[1:3]))
         call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
-    return _prepared(loops, call)
+    return prepared_run(loops, call)
 
 
 def _wide_constants(op: Op, bias: np.ndarray, bound: int, reference: bool) -> tuple | None:
@@ -224,13 +224,7 @@ def _native_conv2d(op: Op, bias: np.ndarray):
     else:
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), pads)
         call = QConvCall(packed, where, zero_point(x), stage, team)
-    return _prepared(loops, call)
-
-
-def _prepared(loops, call):
-    def run(ins, outs):
-        loops.prepared(call, np.ascontiguousarray(ins[0]), outs[0])
-    return run
+    return prepared_run(loops, call)
 
 
 def _reference_16x8(op: Op, x: Tensor) -> bool:
@@ -312,7 +306,7 @@ def depthwise_conv2d(op: Op):
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(op.outputs[0].shape),
                             conv_pads(op, (h, width), (kh, kw), (oh, ow)))
         team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
-        return _prepared(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+        return prepared_run(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
     native = _wide(op, "depthwise", _bias(op, 2, out_c), True) if x.shape[-1] == out_c else None
     if native is not None:
         return native
@@ -332,7 +326,7 @@ def fully_connected(op: Op):
     packed, stage = (None, None) if loops is None else _integer_product(op, np.asarray(w.data), bias)
     if packed is not None:
         rows = int(np.prod(op.outputs[0].shape)) // units
-        return _prepared(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
+        return prepared_run(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
     # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision: numpy's (below) only.
     native = None if _reference_16x8(op, x) else _wide(op, "product", bias, False)
     if native is not None:

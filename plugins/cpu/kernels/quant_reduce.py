@@ -13,7 +13,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import Padded, contiguous_layout, normalize_axes, same_padding, window_view
-from .native import PER_THREAD_ITEMS, Geometry, QPoolCall, kernel_loops, team_for
+from .native import PER_THREAD_ITEMS, Geometry, QPoolCall, kernel_loops, prepared_run, team_for
 from .quant_util import (
     activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_wide, qrange, quantize_multiplier,
     round_half_away, scale, store, trunc_div, vector_lanes, zero_point)
@@ -43,11 +43,8 @@ def _native_pool(op: Op, average: bool):
     if loops is None:
         return None
     where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), _pool_pads(op))
-    call = QPoolCall(where, average, activation_bounds(op), team_for(int(np.prod(out.shape)), PER_THREAD_ITEMS))
-
-    def run(ins, outs):
-        loops.prepared(call, np.ascontiguousarray(ins[0]), outs[0])
-    return run
+    return prepared_run(loops, QPoolCall(where, average, activation_bounds(op),
+                                         team_for(int(np.prod(out.shape)), PER_THREAD_ITEMS)))
 
 
 @kernel("AVERAGE_POOL_2D", quantized=True)

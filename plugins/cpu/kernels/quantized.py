@@ -19,7 +19,7 @@ from delegate import Op
 from ..registry import kernel
 from .common import scratch
 from .elementwise import COMPARE, arithmetic
-from .native import PER_THREAD_ITEMS, QBinaryCall, QStage, kernel_loops, team_for
+from .native import PER_THREAD_ITEMS, LookupCall, QBinaryCall, QStage, kernel_loops, prepared_run, team_for
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -229,13 +229,7 @@ def _native_add_sub(op: Op, to_common, output_real, offsets, head: int, factors)
     size = int(np.prod(op.outputs[0].shape))
     call = QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head,
                        factors, stages)
-    return _prepared_binary(loops, call)
-
-
-def _prepared_binary(loops, call):
-    def run(ins, outs):
-        loops.prepared(call, np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0])
-    return run
+    return prepared_run(loops, call, 2)
 
 
 @kernel("SQUARED_DIFFERENCE", quantized=True)
@@ -265,8 +259,8 @@ def mul(op: Op):
     loops = _binary_loops(op)
     if loops is not None:
         size = int(np.prod(out.shape))
-        return _prepared_binary(loops, QBinaryCall("MUL", size, _output_stage(real, op),
-                                                   team_for(size, PER_THREAD_ITEMS), zeros=offsets))
+        return prepared_run(loops, QBinaryCall("MUL", size, _output_stage(real, op), team_for(size, PER_THREAD_ITEMS),
+                                               zeros=offsets), 2)
     output = Requantize.of(real, zero_point(out), activation_bounds(op))
 
     def run(ins, outs):
@@ -369,7 +363,18 @@ def transcendental(op: Op):
     """int8/uint8 inputs have 256 values: LiteRT tabulates the function once, and so do we."""
     if op.inputs[0].dtype.numpy == np.int16:
         return _INT16_KERNELS[op.opcode](op)
-    table = lookup_table(op, _TRANSCENDENTAL[op.opcode])
+    return _table_run(op, lookup_table(op, _TRANSCENDENTAL[op.opcode]))
+
+
+def _table_run(op: Op, table: np.ndarray):
+    """run() taking each int8 / uint8 input through ``table`` (indexed as table_index does): in native.c's
+    qlookup where the native loops serve."""
+    src = op.inputs[0]
+    loops = kernel_loops() if src.shape == op.outputs[0].shape else None
+    if loops is not None:
+        size = int(np.prod(src.shape))
+        call = LookupCall(table, size, src.dtype.numpy == np.int8, team_for(size, PER_THREAD_ITEMS))
+        return prepared_run(loops, call)
 
     def run(ins, outs):
         np.take(table, table_index(ins[0]), out=outs[0])
@@ -401,11 +406,7 @@ def gelu(op: Op):
     fn = _gelu(bool(op.options.get("approximate", False)))
     if op.inputs[0].dtype.numpy == np.int16:
         return quant_int16.table_kernel(op, fn)
-    table = lookup_table(op, fn)
-
-    def run(ins, outs):
-        np.take(table, table_index(ins[0]), out=outs[0])
-    return run
+    return _table_run(op, lookup_table(op, fn))
 
 
 def _inverse_sqrt(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
