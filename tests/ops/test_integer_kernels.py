@@ -1,5 +1,5 @@
-"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL and
-pooling) bit-exact against LiteRT's builtin kernels, as are the numpy formulations: builder-made edge
+"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
+MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy formulations: builder-made edge
 cases, every op of the converter's int8 fixtures, and the portable C products built without AVX2 (a
 subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
 
@@ -171,6 +171,24 @@ def test_pooling_is_bit_exact(seed, opcode, window, stride, padding, act, channe
     with native_calls() as called:
         exact(b, inputs)
     assert called == ["qpool"]
+    exact(b, inputs, native=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, keep_dims=st.booleans(), channels=st.integers(1, 40), zeros=st.tuples(zero_points, zero_points),
+       ratio=st.floats(0.3, 3.0))
+def test_spatial_mean_is_bit_exact(seed, keep_dims, channels, zeros, ratio):
+    """LiteRT's HxW path (keep_dims: ties up on whole blocks of 16 channels) and its generic one."""
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 9)), int(rng.integers(1, 9)), channels)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int8", quant=(0.02, zeros[0]))
+    b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": keep_dims},
+                  dtype="int8", quant=(0.02 * ratio, zeros[1])))
+    inputs = random_q(rng, shape)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qmean"]
     exact(b, inputs, native=False)
 
 

@@ -1369,3 +1369,28 @@ int qlookup(const lookup_call *p)
     }
     return DONE;
 }
+
+/* MEAN of int8 (images, pixels, c) over the pixels: each channel's int32 sum through the output stage. */
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    int64_t images, pixels, c;
+    const qstage *stage;
+} qmean_call;
+
+int qmean(const qmean_call *p)
+{
+    int32_t *acc = malloc((size_t)(p->c > 0 ? p->c : 1) * sizeof *acc);
+    if (!acc)
+        return NO_MEMORY;
+    for (int64_t image = 0; image < p->images; image++) {
+        const int8_t *x = p->x + image * p->pixels * p->c;
+        memset(acc, 0, (size_t)p->c * sizeof *acc);
+        for (int64_t q = 0; q < p->pixels; q++)
+            for (int64_t k = 0; k < p->c; k++)
+                acc[k] += x[q * p->c + k];
+        qstore(acc, 0, p->c, p->stage, p->out + image * p->c);
+    }
+    free(acc);
+    return DONE;
+}

@@ -278,7 +278,7 @@ class NativeLoops:
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = None
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
-                                                         LookupCall)]
+                                                         LookupCall, QMeanCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -785,6 +785,26 @@ class LookupCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
              f"lookup arrays {x.shape} -> {out.shape}")
+
+
+class QMeanCall(ctypes.Structure):
+    """The arguments of native.c's qmean: the MEAN of int8 (N, H, W, C) images over their pixels through
+    ``stage``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("images", _INT64), ("pixels", _INT64), ("c", _INT64),
+                ("stage", ctypes.POINTER(QStage))]
+    symbol, places = "qmean", ("x", "out")
+
+    def __init__(self, shape: tuple[int, int, int, int], stage: QStage):
+        n, h, w, c = shape
+        fits(stage.channels == c, f"a mean's stage of {stage.channels} channels for {c}")
+        self.kept = stage
+        super().__init__(None, None, n, h * w, c, ctypes.pointer(stage))
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.images * self.pixels * self.c, _I8) and _contiguous(out, self.images * self.c, _I8),
+             f"mean arrays {x.shape} -> {out.shape}")
 
 
 def prepared_run(loops: NativeLoops, call, inputs: int = 1):

@@ -13,7 +13,7 @@ from delegate import Op
 
 from ..registry import kernel
 from .common import Padded, contiguous_layout, normalize_axes, same_padding, window_view
-from .native import PER_THREAD_ITEMS, Geometry, QPoolCall, kernel_loops, prepared_run, team_for
+from .native import PER_THREAD_ITEMS, Geometry, QMeanCall, QPoolCall, QStage, kernel_loops, prepared_run, team_for
 from .quant_util import (
     activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_wide, qrange, quantize_multiplier,
     round_half_away, scale, store, trunc_div, vector_lanes, zero_point)
@@ -99,12 +99,19 @@ def mean(op: Op):
     in_offset, out_offset = zero_point(src), zero_point(dst)
     spatial = (src.dtype.numpy in (np.int8, np.uint8) and len(src.shape) == 4 and axes == (1, 2)
                and op.options.get("keep_dims", False))
+    pixels = len(src.shape) == 4 and axes == (1, 2)
+    loops = kernel_loops() if pixels and src.dtype.numpy == dst.dtype.numpy == np.int8 else None
+    channels = src.shape[-1]
     if spatial:
         # LiteRT's dedicated HxW path: float32 parameters, the input zero point folded into a bias.
         shift_back = np.float32(in_offset) * scale(src) / scale(dst)
         bias = out_offset - int(shift_back + np.float32(0.5) if shift_back > 0 else shift_back - np.float32(0.5))
         multiplier, shift = quantize_multiplier(scale(src) / (np.float32(count) * scale(dst)))
-        rescale = lane_rounding(vector_lanes(src.shape[3], 16))  # vectorised over 16 channels at a time
+        vector = vector_lanes(channels, 16)  # vectorised over 16 channels at a time
+        if loops is not None:
+            stage = QStage(multiplier, shift, np.zeros(channels, np.int64), ~vector, bias, bounds)
+            return prepared_run(loops, QMeanCall(src.shape, stage))
+        rescale = lane_rounding(vector)
 
         def run_spatial(ins, outs):
             store(outs[0], rescale(total(ins[0]), multiplier, shift) + bias, *bounds)
@@ -114,6 +121,9 @@ def mean(op: Op):
     extra = min(count.bit_length() - 1, 32, 31 + int(shift))
     multiplier = (int(multiplier) << extra) // count
     shift = shift - extra
+    if loops is not None:
+        stage = QStage(multiplier, shift, np.full(channels, -in_offset * count, np.int64), True, out_offset, bounds)
+        return prepared_run(loops, QMeanCall(src.shape, stage))
 
     def run(ins, outs):
         centred = total(ins[0]) - in_offset * count
