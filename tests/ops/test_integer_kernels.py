@@ -1,7 +1,7 @@
 """native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
-MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy formulations: builder-made edge
-cases, every op of the converter's int8 fixtures, and the portable C products built without AVX2 (a
-subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
+MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
+formulations: builder-made edge cases, every op of the converter's quantized fixtures, and the portable
+C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
 
 import contextlib
 import os
