@@ -138,17 +138,19 @@ def _extremes(rng):
 @settings(max_examples=40, deadline=None)
 @given(seed=seeds, opcode=st.sampled_from(["ADD", "SUB", "MUL"]), size=st.integers(1, 70), zeros=st.tuples(
     zero_points, zero_points, zero_points), scales=st.tuples(*[st.floats(0.002, 0.2)] * 3),
-       act=st.sampled_from(["NONE", "RELU", "RELU6"]))
-def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act):
-    """Flat loops with LiteRT's vector blocks of 16 and their scalar tail, every zero point."""
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]), row=st.sampled_from([None, (11,), (1, 1, 11), (1,)]))
+def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act, row):
+    """Flat loops with LiteRT's vector blocks of 16 and their scalar tail, every zero point; MUL by one
+    row of the last axis, or by one item."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
-    shape = (1, size, 3)
+    shape = (1, size, 11)
+    row = row if opcode == "MUL" else None
     x = b.input("x", shape, "int8", quant=(scales[0], zeros[0]))
-    y = b.input("y", shape, "int8", quant=(scales[1], zeros[1]))
+    y = b.input("y", row or shape, "int8", quant=(scales[1], zeros[1]))
     b.output(b.op(opcode, [x, y], dtype="int8", quant=(scales[2], zeros[2]),
                   options={"fused_activation_function": act}))
-    inputs = [random_q(rng, shape), random_q(rng, shape)]
+    inputs = [random_q(rng, shape), random_q(rng, row or shape)]
     for native in (True, False):
         with native_calls() as called:
             check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=0, backend_options={"native": native})

@@ -1128,27 +1128,53 @@ int qdepthwise(const qdepthwise_call *p)
  * point in the offset; the rest (the scalar loop) through the operand's own stage (bias: less the zero
  * point; left shift: the 20 bits of headroom and the multiplier's); then both through the output stage.
  * MUL multiplies the zero-point-centred operands (less zero_a, zero_b) and takes them through the output
- * stage. */
+ * stage; its second operand may be one row of ``period`` items repeated along the first's rows. */
 typedef struct {
     const int8_t *a, *b;
     int8_t *out;
-    int64_t n, kind, sign, head;
+    int64_t n, period, kind, sign, head;
     int64_t factor_a, offset_a, factor_b, offset_b, zero_a, zero_b;
     const qstage *stage_a, *stage_b, *output;
     int64_t threads;
 } qbinary_call;
 
+/* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
+static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
+{
+    int64_t k = 0;
+    int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
+#if defined(__AVX2__)
+    __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
+    for (; k + 8 <= count; k += 8) {
+        __m256i x = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k))), za);
+        __m256i y = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k))), zb);
+        __m256i v = qrequantize8(_mm256_mullo_epi32(x, y), 0, p->output);
+        _mm_storel_epi64((__m128i *)(out + k), narrow16(v, v));
+    }
+#endif
+    for (; k < count; k++)
+        out[k] = (int8_t)qrequantize((a[k] - zero_a) * (b[k] - zero_b), 0, p->output);
+}
+
 int qbinary(const qbinary_call *p)
 {
-    int64_t n = p->n, parts = (n + 4095) / 4096;
+    int64_t n = p->n, parts = (n + 4095) / 4096, period = p->period;
+    if (p->kind == 1) {
+        int by_rows = period < n;
+        int64_t pieces = by_rows ? n / period : parts, size = by_rows ? period : 4096;
+        #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+        for (int64_t piece = 0; piece < pieces; piece++) {
+            int64_t first = piece * size, count = first + size < n ? size : n - first;
+            qmul_span(p->a + first, p->b + (by_rows ? 0 : first), p->out + first, count, p);
+        }
+        return DONE;
+    }
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
         int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
         for (int64_t i = first; i < end; i++) {
             int32_t a = p->a[i], b = p->b[i], s;
-            if (p->kind == 1)
-                s = (a - (int32_t)p->zero_a) * (b - (int32_t)p->zero_b);
-            else if (i < p->head)
+            if (i < p->head)
                 s = (int32_t)((a * p->factor_a + p->offset_a) >> 31) + (int32_t)((b * p->factor_b + p->offset_b) >> 31);
             else
                 s = qrequantize(a, 0, p->stage_a) + (int32_t)p->sign * qrequantize(b, 0, p->stage_b);

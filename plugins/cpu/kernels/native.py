@@ -566,7 +566,7 @@ class QStage(ctypes.Structure):
     output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
     ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
     (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
-    shift (ADD's operands)."""
+    shift (ADD's operands).  Padded to whole vectors of 16 channels."""
 
     _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
         [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
@@ -580,8 +580,8 @@ class QStage(ctypes.Structure):
                    -np.broadcast_to(np.asarray(away, bool), self.channels).astype(np.int64))
         padded = -(-self.channels // 16) * 16
         self.kept = []
-        for values in columns:
-            column = np.zeros(padded, np.int32)
+        for values in columns:  # one channel repeated (elementwise ops read it 8 at a time), else zeros
+            column = np.full(padded, values[0], np.int32) if self.channels == 1 else np.zeros(padded, np.int32)
             column[:self.channels] = values
             self.kept.append(column)
         super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
@@ -726,28 +726,32 @@ class QDepthwiseCall(ctypes.Structure):
 
 class QBinaryCall(ctypes.Structure):
     """The arguments of native.c's qbinary: int8 ADD / SUB (``sign``) or MUL of two operands of one shape
-    (``size`` items), with the stages and constants it describes; a run places a, b and out."""
+    (``size`` items; for MUL the second may be one row of ``period`` items along the first's rows), with
+    the stages and constants it describes; a run places a, b and out."""
 
     _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), *[(name, _INT64) for name in (
-        "n", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
+        "n", "period", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
         *[(name, ctypes.POINTER(QStage)) for name in ("stage_a", "stage_b", "output")], ("threads", _INT64)]
     symbol, places = "qbinary", ("a", "b", "out")
 
     def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
-                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0)):
+                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0),
+                 period: int | None = None):
         """ADD / SUB: ``factors`` ((factor, offset) per operand) for the first ``head`` items, the operands'
         ``stages`` for the rest; MUL: the operands' ``zeros``."""
         mul = kind == "MUL"
         stages = (output, output) if mul else stages
-        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)),
-             "binary stages are not of one channel")
+        period = size if period is None else period
+        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)) and period >= 1 and
+             size % period == 0 and (mul or period == size), "binary stages or operands do not fit")
         self.kept = (output, *stages)
-        super().__init__(None, None, None, size, int(mul), -1 if kind == "SUB" else 1, head, *factors[0], *factors[1],
+        super().__init__(None, None, None, size, period, int(mul), -1 if kind == "SUB" else 1, head, *factors[0],
+                         *factors[1],
                          *zeros, *(ctypes.pointer(stage) for stage in stages), ctypes.pointer(output), threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        fits(all(_contiguous(v, self.n, _I8) for v in (a, b, out)),
+        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
              f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
 
 

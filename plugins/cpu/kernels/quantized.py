@@ -202,12 +202,25 @@ def add_sub(op: Op):
 _INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
-def _binary_loops(op: Op):
-    """At compile time: the native loops where an int8 binary op of operands of one shape may run in
-    native.c's qbinary; None otherwise."""
-    if any(t.dtype.numpy != np.int8 or t.shape != op.outputs[0].shape for t in (*op.inputs[:2], op.outputs[0])):
+def _binary_loops(op: Op, row: bool = False):
+    """At compile time: the native loops where an int8 binary op of operands of one shape (or, with
+    ``row``, a second one of a row of the last axis or one item) may run in native.c's qbinary; None
+    otherwise."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if any(t.dtype.numpy != np.int8 for t in (a, b, out)) or a.shape != out.shape or not (
+            b.shape == out.shape or row and out.shape and _row_period(b, out) is not None):
         return None
     return kernel_loops()
+
+
+def _row_period(b, out) -> int | None:
+    """How many items ``b`` repeats along ``out``'s rows: 1 for one item, the last axis for one row of it."""
+    size = int(np.prod(b.shape))
+    if size == 1:
+        return 1
+    if b.shape and b.shape[-1] == out.shape[-1] and size == out.shape[-1]:
+        return size
+    return None
 
 
 def _output_stage(real, op: Op) -> QStage:
@@ -256,11 +269,12 @@ def mul(op: Op):
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
     real = scale(a) * scale(b) / scale(out)
     offsets = (zero_point(a), zero_point(b))
-    loops = _binary_loops(op)
+    loops = _binary_loops(op, row=True)
     if loops is not None:
         size = int(np.prod(out.shape))
-        return prepared_run(loops, QBinaryCall("MUL", size, _output_stage(real, op), team_for(size, PER_THREAD_ITEMS),
-                                               zeros=offsets), 2)
+        call = QBinaryCall("MUL", size, _output_stage(real, op), team_for(size, PER_THREAD_ITEMS), zeros=offsets,
+                           period=size if b.shape == out.shape else _row_period(b, out))
+        return prepared_run(loops, call, 2)
     output = Requantize.of(real, zero_point(out), activation_bounds(op))
 
     def run(ins, outs):
