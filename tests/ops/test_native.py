@@ -107,7 +107,7 @@ def test_packed_product_matches_numpy(loops, m, k, n, threads):
         assert np.isnan(out[:, n:]).all()  # nothing written past the units
     call = native.ProductCall((m, k), lhs.strides, packed, n, native.NO_EPILOGUE, threads)
     out = np.empty((m, n), np.float32)
-    loops.prepared_product(call, lhs, out)
+    loops.prepared(call, lhs, out)
     np.testing.assert_allclose(out, lhs.astype(np.float64) @ rhs, rtol=1e-4, atol=1e-4)
 
 

@@ -462,9 +462,10 @@ typedef struct {
     int64_t threads;
 } binary_call;
 
-void binary_prepared(const binary_call *c)
+int binary_prepared(const binary_call *c)
 {
     binary_flat((int)c->kind, c->a, c->b, c->out, c->n, c->columns, (int)c->broadcast, c->finish, (int)c->threads);
+    return DONE;
 }
 
 void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
@@ -775,7 +776,7 @@ typedef struct {
 
 /* The product, with the epilogue on each tile in registers: each thread takes a share of the row
  * tiles, or of the panels when there are too few row tiles to go round. */
-void packed_product(const product *p)
+int packed_product(const product *p)
 {
     int64_t m = p->m, n = p->n, k = p->k, tiles = (m + MR - 1) / MR, panels = (n + PANEL - 1) / PANEL;
     int by_rows = tiles >= 2 * p->threads || tiles >= panels;
@@ -800,6 +801,7 @@ void packed_product(const product *p)
             }
         }
     }
+    return DONE;
 }
 
 /* Integer kernels: int8 x int8 -> int32 sums with TFLite's semantics, requantized per output channel in

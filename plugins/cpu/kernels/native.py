@@ -251,7 +251,7 @@ class NativeLoops:
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
         library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
-        library.binary_prepared.restype = None
+        library.binary_prepared.restype = ctypes.c_int
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
         library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
@@ -276,7 +276,7 @@ class NativeLoops:
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
-        library.packed_product.restype = None
+        library.packed_product.restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
                                                          LookupCall, QMeanCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
@@ -438,13 +438,6 @@ class NativeLoops:
         self.library.packed_product(ctypes.byref(call))
         return True
 
-    def prepared_product(self, call: "ProductCall", lhs: np.ndarray, out: np.ndarray) -> None:
-        """A product built at compile time, on the contiguous lhs and out it was built for (their
-        shapes; the arrays may differ from run to run)."""
-        call.placed(lhs, out)
-        call.a, call.c = address(lhs), address(out)
-        self.library.packed_product(call.reference)
-
 
 class ProductCall(ctypes.Structure):
     """The arguments of native.c's packed_product, kept together so that a run sets only where the
@@ -453,6 +446,7 @@ class ProductCall(ctypes.Structure):
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("row_step", _INT64),
                 ("column_step", _INT64), ("packed", _PTR), ("c", _PTR), ("ldc", _INT64),
                 ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+    symbol, places = "packed_product", ("a", "c")
 
     def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
                  finish: Epilogue, threads: int):
