@@ -817,7 +817,7 @@ int packed_product(const product *p)
 #define QMR 8
 int integer_isa(void) { return 2; }
 #elif defined(__AVX2__)
-#define QMR 2
+#define QMR 3
 int integer_isa(void) { return 1; }
 #else
 #define QMR 4
@@ -908,9 +908,11 @@ static inline int32_t depth_group(const int8_t *row, int64_t g, int64_t depth)
     return v;
 }
 
-/* acc[r][0..15] = the sums of row a[r] (``depth`` bytes) against one panel, for ``rows`` <= QMR rows. */
-static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
-                  const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
+/* acc[r][0..15] = the sums of row a[r] (``depth`` bytes) against one panel, for ``rows`` <= QMR rows
+ * (QMR: as many as the registers hold the sums of). */
+static inline __attribute__((always_inline)) void qtile_rows(const int rows, const int8_t *const *a, int64_t depth,
+                                                           const int8_t *restrict panel, const int32_t *restrict sums,
+                                                           int32_t acc[QMR][QPANEL])
 {
     int64_t groups = (depth + 3) / 4;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -965,6 +967,25 @@ static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t 
         }
     }
 #endif
+}
+
+/* qtile_rows with its row count a constant, so that the sums live in registers. */
+static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
+                  const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
+{
+#define QTILE(R) \
+    case R:      \
+        qtile_rows(R, a, depth, panel, sums, acc); \
+        break;
+    switch (rows) {
+#if QMR == 8
+    QTILE(8) QTILE(7) QTILE(6) QTILE(5) QTILE(4)
+#elif QMR == 4
+    QTILE(4)
+#endif
+    QTILE(3) QTILE(2) QTILE(1)
+    }
+#undef QTILE
 }
 
 /* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */

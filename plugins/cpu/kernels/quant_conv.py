@@ -1,11 +1,11 @@
 """Quantized accumulating kernels: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, BATCH_MATMUL.
 
-int8 convolutions and fully connected layers with symmetric weights run native.c's
-integer kernels where the native loops serve: int8 x int8 -> int32 sums, the input
-zero point folded into the output stage's offsets, requantized in the same pass
-with the constants below.  Otherwise products of zero-point-centred integers are
-summed exactly by the float kernels' engines (float32 while every partial sum stays below 2**24, else over ranges of
-the depth, or in float64), then rescaled per output channel with the bias and the
+int8 and 16x8 convolutions and fully connected layers with weights of zero point 0
+run native.c's integer kernels where the native loops serve: integer sums, the input
+zero point folded into the bias, requantized in the same pass as the LiteRT kernel
+does.  Otherwise products of zero-point-centred integers are summed exactly by the
+float kernels' engines (float32 while every partial sum stays below 2**24, else over
+ranges of the depth, or in float64), then rescaled per output channel with the bias and the
 output zero point folded in (quant_util.Rescale).  Which rescaling rounding
 applies follows the LiteRT kernel that runs the op: CONV_2D and
 FULLY_CONNECTED go through ruy, depthwise and transpose conv through TFLite's
