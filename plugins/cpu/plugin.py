@@ -17,7 +17,7 @@ from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, Compi
 from . import registry
 from .fusion import absorbed, fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
-from .kernels.native import partition_team
+from .kernels.native import batched_steps, limit_team, partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,14 @@ class CpuCompiled(CompiledPartition):
             computed = t.producer is not None and _computes_constants(t.producer)
             # strings are held as numpy object arrays of bytes
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
-        self.threading = ThreadChoice() if num_threads > 1 else (lambda: blas_threads(1))
+        self.threading = ThreadChoice(limit_team) if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())
             sources = [None if slot in skip and known_at_compile_time(t) else self._source(t, external)
                        for slot, t in enumerate(op.inputs)]
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
+        self.batched = batched_steps(self.steps)  # what runs unless each op is timed
 
     @staticmethod
     def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool,
@@ -91,7 +92,7 @@ class CpuCompiled(CompiledPartition):
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
         with self.threading():
-            for op, run, sources, outs in self.steps:
+            for op, run, sources, outs in self.steps if timings is not None else self.batched:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
                 start_scratch_op()
                 if timings is None:

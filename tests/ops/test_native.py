@@ -107,7 +107,7 @@ def test_packed_product_matches_numpy(loops, m, k, n, threads):
         assert np.isnan(out[:, n:]).all()  # nothing written past the units
     call = native.ProductCall((m, k), lhs.strides, packed, n, native.NO_EPILOGUE, threads)
     out = np.empty((m, n), np.float32)
-    loops.prepared_product(call, lhs, out)
+    loops.prepared(call, lhs, out)
     np.testing.assert_allclose(out, lhs.astype(np.float64) @ rhs, rtol=1e-4, atol=1e-4)
 
 
@@ -161,9 +161,11 @@ def _conv_ops(sizes):
     return b.ops
 
 
-def test_partition_team_follows_the_typical_op():
+def test_partition_team_follows_the_typical_op(monkeypatch):
     """One team per partition, from the op holding the middle of the work: big ops take every thread
-    (up to MAX_TEAM), small ones fewer, none a partition with no convolutions or products."""
+    (up to MAX_TEAM), small ones fewer, none a partition with no convolutions or products; never more
+    than the process's cores."""
+    monkeypatch.setattr(native, "available_cores", lambda: 64)
     big, small = 64, 16  # 64x64x64x64 = 16.8M multiply-adds per op; 16x16x64x64 = 1.05M
     assert native.partition_team(_conv_ops([big, big]), 16) == 16
     assert native.partition_team(_conv_ops([big, big]), 32) == native.MAX_TEAM
@@ -171,6 +173,8 @@ def test_partition_team_follows_the_typical_op():
     assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
     assert native.partition_team(_conv_ops([4]), 2) == 1
     assert native.partition_team([], 6) == 6
+    monkeypatch.setattr(native, "available_cores", lambda: 3)
+    assert native.partition_team(_conv_ops([big, big]), 16) == 3
 
 
 @needs_compiler

@@ -22,7 +22,7 @@ from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,
                      fused, fused_name, same_padding, scratch, strided, window_view)
 from .native import (NO_EPILOGUE, PER_THREAD_MACS, DepthwiseCall, DepthwiseTaps, Epilogue, Geometry, PackedOperand,
-                     ProductCall, kernel_loops, team_for)
+                     ProductCall, kernel_loops, prepared_run, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -121,11 +121,7 @@ class NativeProduct:
         depth = self.packed.depth
         call = ProductCall((rows, depth), (depth * 4, 4), self.packed, self.packed.columns, self.panel_epilogue,
                            self.threads)
-        loops = self.loops
-
-        def run(ins, outs):
-            loops.prepared_product(call, np.ascontiguousarray(ins[0]), outs[0])
-        return run
+        return prepared_run(self.loops, call)
 
     def __call__(self, lhs: np.ndarray, rhs, out: np.ndarray, u0: int, u1: int) -> bool:
         """out = lhs @ rhs for units u0..u1 (and their epilogue); False (nothing done) where the
@@ -488,6 +484,8 @@ def _native_depthwise(loops, op: Op, pads: tuple[int, int, int, int], chunks: li
         where = Geometry.of(op, contiguous_layout((n, h, w, oc)), contiguous_layout(op.outputs[0].shape), pads)
         # A constant filter's call is built here: a run only places the input and output.
         call = DepthwiseCall(operand, where, finishes, team) if isinstance(operand, DepthwiseTaps) else None
+        if call is not None and epilogue is not None and spread_channels.multiplier == 1:
+            return prepared_run(loops, call)
 
         def run_float(ins, outs):
             x = np.ascontiguousarray(spread_channels(ins[0]))

@@ -10,7 +10,8 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, float_constant, fused, fused_name
-from .native import BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, BinaryCall, Epilogue, float_loops, team_for
+from .native import (BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, BinaryCall, Epilogue, float_loops, prepared_run,
+                     team_for)
 
 
 def _divide(a, b, out):
@@ -94,6 +95,8 @@ def _native_arithmetic(op: Op):
     slot_a, slot_b = op.inputs.index(first), op.inputs.index(second)
     finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
     call = BinaryCall(op.opcode, shape, second.shape != shape, finish, team_for(math.prod(shape), PER_THREAD_ITEMS))
+    if fixed_a is None and fixed_b is None and (slot_a, slot_b) == (0, 1):
+        return laid_out(prepared_run(loops, call, 2), 0, 1)
 
     def run(ins, outs):
         a = fixed_a if fixed_a is not None else np.ascontiguousarray(ins[slot_a])

@@ -3,7 +3,8 @@
  * Two things numpy cannot do fast: a depthwise convolution's multiply-accumulate over
  * filter taps (numpy's einsum runs it with 128-bit vectors), and sharing a product
  * between cores without a Python thread hand-over for every chunk.  Both run on an
- * OpenMP team, whose threads wait spinning between the kernels of a run.
+ * OpenMP team, whose threads wait spinning between the kernels of a run (briefly: see
+ * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -48,6 +49,16 @@ static inline char *own_scratch(char *all, size_t per_thread)
 {
     return all + (size_t)omp_get_thread_num() * per_thread;
 }
+
+/* The most threads a loop's team takes, whatever it was built for: set between runs (native.py's
+ * share_cores) to the cores the machine's load leaves this process, so that a loaded machine runs the
+ * loops on fewer threads, or on the calling one alone, instead of waiting on threads without a core. */
+static volatile int team_limit = 1 << 30;
+
+void set_team_limit(int limit) { team_limit = limit > 1 ? limit : 1; }
+int get_team_limit(void) { return team_limit; }
+
+static inline int team_of(int64_t threads) { return threads < team_limit ? (int)threads : team_limit; }
 
 static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const epilogue *e)
 {
@@ -182,7 +193,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
     if (!all)
         return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -362,7 +373,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     if (!all)
         return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -425,7 +436,7 @@ void binary_flat(int kind, const float *restrict a, const float *restrict b, flo
                  int64_t columns, int broadcast, const epilogue *finish, int threads)
 {
     int rows = broadcast || finish->slope;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, rows ? columns : LANES, part, threads, &lo, &hi);
@@ -451,15 +462,16 @@ typedef struct {
     int64_t threads;
 } binary_call;
 
-void binary_prepared(const binary_call *c)
+int binary_prepared(const binary_call *c)
 {
     binary_flat((int)c->kind, c->a, c->b, c->out, c->n, c->columns, (int)c->broadcast, c->finish, (int)c->threads);
+    return DONE;
 }
 
 void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
                 int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, LANES, part, threads, &lo, &hi);
@@ -483,7 +495,7 @@ void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_
               int64_t after, float value, int threads)
 {
     int64_t width = before + columns + after;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         float *o = out + r * width;
         for (int64_t j = 0; j < before; j++)
@@ -511,7 +523,7 @@ int mean_pixels(const float *restrict x, float *restrict out, int64_t images, in
     }
     for (int64_t image = 0; image < images; image++) {
         const float *in = x + image * pixels * c;
-        #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+        #pragma omp parallel for num_threads(team_of(parts)) schedule(static) if (team_of(parts) > 1)
         for (int part = 0; part < parts; part++) {
             int64_t lo = pixels * part / parts, hi = pixels * (part + 1) / parts, p = lo;
             float *sums = (float *)own_scratch(all, per_thread);  /* four rows of c */
@@ -547,7 +559,7 @@ void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t
                      const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
                      float *restrict out, int64_t oh, int64_t ow, int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < images * oh; r++) {
         int64_t image = r / oh, oy = r % oh;
         const float *top = x + (image * h + y0[oy]) * w * c, *bottom = x + (image * h + y1[oy]) * w * c;
@@ -571,7 +583,7 @@ void pool_rows(const float *restrict images, float *restrict out, const geometry
                const epilogue *finish, int threads)
 {
     int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         int64_t oy = r % oh;
         const float *x = images + r / oh * g->image_in;
@@ -609,22 +621,32 @@ void pool_rows(const float *restrict images, float *restrict out, const geometry
     }
 }
 
-/* One row of a quantized output stage: v = (acc * multiplier + offset - tie where acc < tie_below) >> shift,
- * clamped; one copy per accumulator and output type. */
+/* A quantized output stage per column (quant_util.Rescale's constants, exact in int64):
+ * clamp((acc * multiplier[j] + offset[j] - (acc < tie_below[j] ? tie[j] : 0)) >> shift[j, or 0 for all]),
+ * tie arrays NULL where no tie rounds away from zero. */
+typedef struct {
+    const int64_t *multiplier, *offset, *shift;
+    int64_t shifts;  /* whether shift holds one per column */
+    const int64_t *tie_below, *tie;
+    int64_t low, high;
+} requant;
+
+static inline int64_t requantize(int64_t a, int64_t j, const requant *q)
+{
+    int64_t v = a * q->multiplier[j] + q->offset[j];
+    if (q->tie && a < q->tie_below[j])
+        v -= q->tie[j];
+    v >>= q->shift[q->shifts ? j : 0];
+    return v < q->low ? q->low : v > q->high ? q->high : v;
+}
+
+/* One row of the output stage on exact integer sums held in floats; one copy per accumulator and output type. */
 #define RESCALE_ROW(ACC_T, OUT_T)                                                                          \
-    static void rescale_##ACC_T##_##OUT_T(const ACC_T *restrict acc, const int64_t *restrict multiplier,   \
-                                          const int64_t *restrict offset, const int64_t *restrict shift,   \
-                                          int64_t shifts, const int64_t *restrict tie_below,               \
-                                          const int64_t *restrict tie, int64_t low, int64_t high,          \
-                                          OUT_T *restrict out, int64_t channels)                           \
+    static void rescale_##ACC_T##_##OUT_T(const ACC_T *restrict acc, const requant *q, OUT_T *restrict out,  \
+                                          int64_t channels)                                                \
     {                                                                                                      \
-        for (int64_t j = 0; j < channels; j++) {                                                           \
-            int64_t a = (int32_t)acc[j], v = a * multiplier[j] + offset[j];                                \
-            if (tie && a < tie_below[j])                                                                   \
-                v -= tie[j];                                                                               \
-            v >>= shift[shifts ? j : 0];                                                                   \
-            out[j] = (OUT_T)(v < low ? low : v > high ? high : v);                                         \
-        }                                                                                                  \
+        for (int64_t j = 0; j < channels; j++)                                                             \
+            out[j] = (OUT_T)requantize((int32_t)acc[j], j, q);                                             \
     }
 RESCALE_ROW(float, int8_t)
 RESCALE_ROW(float, uint8_t)
@@ -633,36 +655,31 @@ RESCALE_ROW(double, int8_t)
 RESCALE_ROW(double, uint8_t)
 RESCALE_ROW(double, int16_t)
 
-/* A quantized kernel's output stage on exact integer sums held in floats (see quant_util.Rescale):
- * out[r, j] = clamp((acc * multiplier[j] + offset[j] - (acc < tie_below[j] ? tie[j] : 0)) >> shift[j or 0]),
- * in int64; acc float32 (wide 0) or float64 (wide 1), out int8, uint8 or int16 (out_kind 0, 1, 2). */
+/* A quantized kernel's output stage on exact integer sums held in floats (see quant_util.Rescale), the
+ * stage's constants as requant has them; acc float32 (wide 0) or float64 (wide 1), out int8, uint8 or
+ * int16 (out_kind 0, 1, 2). */
 void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *multiplier, const int64_t *offset,
                   const int64_t *shift, int shift_per_channel, const int64_t *tie_below, const int64_t *tie,
                   int64_t low, int64_t high, void *out, int out_kind, int64_t out_stride, int64_t rows,
                   int64_t channels, int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    requant q = {multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high};
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *a32 = (const float *)acc + r * acc_stride;
         const double *a64 = (const double *)acc + r * acc_stride;
         if (wide && out_kind == 0)
-            rescale_double_int8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (int8_t *)out + r * out_stride, channels);
+            rescale_double_int8_t(a64, &q, (int8_t *)out + r * out_stride, channels);
         else if (wide && out_kind == 1)
-            rescale_double_uint8_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                   (uint8_t *)out + r * out_stride, channels);
+            rescale_double_uint8_t(a64, &q, (uint8_t *)out + r * out_stride, channels);
         else if (wide)
-            rescale_double_int16_t(a64, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                   (int16_t *)out + r * out_stride, channels);
+            rescale_double_int16_t(a64, &q, (int16_t *)out + r * out_stride, channels);
         else if (out_kind == 0)
-            rescale_float_int8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                 (int8_t *)out + r * out_stride, channels);
+            rescale_float_int8_t(a32, &q, (int8_t *)out + r * out_stride, channels);
         else if (out_kind == 1)
-            rescale_float_uint8_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (uint8_t *)out + r * out_stride, channels);
+            rescale_float_uint8_t(a32, &q, (uint8_t *)out + r * out_stride, channels);
         else
-            rescale_float_int16_t(a32, multiplier, offset, shift, shift_per_channel, tie_below, tie, low, high,
-                                  (int16_t *)out + r * out_stride, channels);
+            rescale_float_int16_t(a32, &q, (int16_t *)out + r * out_stride, channels);
     }
 }
 
@@ -670,7 +687,7 @@ void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *
 void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
                 int64_t channels, int threads)
 {
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *in = x + r * channels;
         float *o = out + r * channels;
@@ -713,7 +730,7 @@ void shared_product(void *fn, int int64, int trans_a, int64_t m, int64_t n, int6
     int64_t extent = by_rows ? m : (n + 15) / 16;
     if (extent < threads)
         threads = (int)extent;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         if (by_rows) {
@@ -759,7 +776,7 @@ typedef struct {
 
 /* The product, with the epilogue on each tile in registers: each thread takes a share of the row
  * tiles, or of the panels when there are too few row tiles to go round. */
-void packed_product(const product *p)
+int packed_product(const product *p)
 {
     int64_t m = p->m, n = p->n, k = p->k, tiles = (m + MR - 1) / MR, panels = (n + PANEL - 1) / PANEL;
     int by_rows = tiles >= 2 * p->threads || tiles >= panels;
@@ -767,7 +784,7 @@ void packed_product(const product *p)
     int threads = extent > 1 ? (int)p->threads : 1;
     int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
     pass = pass < 1 ? 1 : pass;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
@@ -784,4 +801,645 @@ void packed_product(const product *p)
             }
         }
     }
+    return DONE;
+}
+
+/* Integer kernels: int8 x int8 -> int32 sums with TFLite's semantics, requantized per output channel in
+ * the same pass (qstage).  A constant operand is packed once (native.py's PackedInt8) into panels of
+ * QPANEL columns, its depth in groups of 4 (zero past the last): each group 64 bytes, 4 consecutive
+ * depths of each column in turn; with each column's weight sum (a VNNI product runs on the input
+ * biased to unsigned and takes 128 times that sum back).  Sums are exact: the caller folds the input
+ * zero point into the stage's biases (less the weight sums times the zero point).  Register tiles of up to
+ * QMR rows by one panel, by the widest integer dot product the machine has: AVX-512 VNNI vpdpbusd,
+ * AVX2 vpmaddwd on sign-extended bytes (vpmaddubsw would saturate), else portable C. */
+#define QPANEL 16
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QMR 8
+int integer_isa(void) { return 2; }
+#elif defined(__AVX2__)
+#define QMR 3
+int integer_isa(void) { return 1; }
+#else
+#define QMR 4
+int integer_isa(void) { return 0; }
+#endif
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* An integer kernel's output stage, TFLite's MultiplyByQuantizedMultiplier step by step on each channel
+ * j's int32 sum: add bias[j], shift left by left[j], the rounding doubling high multiply by multiplier[j]
+ * (floor((x * m + 2**30) / 2**31)), then the rounding right shift by right[j]: x >> right plus one where
+ * the bits shifted out (x & mask[j]) exceed threshold[j] (half less one), and one more where away[j]
+ * (-1: ties away from zero, gemmlowp's scalar rounding; 0: ties up, the vector loops' and ruy's); add
+ * the output zero point, clamp.  Arrays per channel, padded to whole vectors of 16. */
+typedef struct {
+    const int32_t *bias, *multiplier, *left, *right, *mask, *threshold, *away;
+    int32_t zero, low, high;
+} qstage;
+
+static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
+{
+    int32_t x = (int32_t)((uint32_t)acc + (uint32_t)q->bias[j]);
+    x = (int32_t)((uint32_t)x << q->left[j]);
+    x = (int32_t)(((int64_t)x * q->multiplier[j] + (1 << 30)) >> 31);
+    int32_t threshold = q->threshold[j] + (q->away[j] & (x < 0));
+    x = (x >> q->right[j]) + ((x & q->mask[j]) > threshold) + q->zero;
+    return x < q->low ? q->low : x > q->high ? q->high : x;
+}
+
+#if defined(__AVX2__)
+/* qrequantize on the 8 channels j..j+7 at once. */
+static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
+{
+#define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
+    __m256i x = _mm256_sllv_epi32(_mm256_add_epi32(acc, QLOAD(q->bias)), QLOAD(q->left));
+    __m256i m = QLOAD(q->multiplier), nudge = _mm256_set1_epi64x(1 << 30);
+    __m256i even = _mm256_add_epi64(_mm256_mul_epi32(x, m), nudge);
+    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), _mm256_srli_epi64(m, 32)), nudge);
+    x = _mm256_blend_epi32(_mm256_srli_epi64(even, 31), _mm256_slli_epi64(odd, 1), 0xAA);
+    __m256i negative = _mm256_cmpgt_epi32(_mm256_setzero_si256(), x);
+    __m256i threshold = _mm256_sub_epi32(QLOAD(q->threshold), _mm256_and_si256(QLOAD(q->away), negative));
+    __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(x, QLOAD(q->mask)), threshold);
+    x = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srav_epi32(x, QLOAD(q->right)), up), _mm256_set1_epi32(q->zero));
+    return _mm256_min_epi32(_mm256_max_epi32(x, _mm256_set1_epi32(q->low)), _mm256_set1_epi32(q->high));
+#undef QLOAD
+}
+
+/* 16 int32 values (in the int8 range) as 16 bytes in order. */
+static inline __m128i narrow16(__m256i a, __m256i b)
+{
+    __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(words, words), 0xD8);
+    return _mm256_castsi256_si128(bytes);
+}
+#endif
+
+/* out[j] = qrequantize(acc[j], first + j) for j < n. */
+static inline void qstore(const int32_t *restrict acc, int64_t first, int64_t n, const qstage *q, int8_t *restrict out)
+{
+    int64_t j = 0;
+#if defined(__AVX2__)
+    for (; j + 16 <= n; j += 16) {
+        __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
+        __m256i b = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j + 8)), first + j + 8, q);
+        _mm_storeu_si128((__m128i *)(out + j), narrow16(a, b));
+    }
+    if (j + 8 <= n) {
+        __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
+        _mm_storel_epi64((__m128i *)(out + j), narrow16(a, a));
+        j += 8;
+    }
+#endif
+    for (; j < n; j++)
+        out[j] = (int8_t)qrequantize(acc[j], first + j, q);
+}
+
+/* The 4 bytes of depths 4g..4g+3 of a row of ``depth``, zero past its end (never read). */
+static inline int32_t depth_group(const int8_t *row, int64_t g, int64_t depth)
+{
+    int32_t v = 0;
+    int64_t left = depth - 4 * g;
+    if (left >= 4)
+        memcpy(&v, row + 4 * g, 4);
+    else
+        for (int64_t b = 0; b < left; b++)
+            v |= (int32_t)(uint8_t)row[4 * g + b] << (8 * b);
+    return v;
+}
+
+/* acc[r][0..15] = the sums of row a[r] (``depth`` bytes) against one panel, for ``rows`` <= QMR rows
+ * (QMR: as many as the registers hold the sums of). */
+static inline __attribute__((always_inline)) void qtile_rows(const int rows, const int8_t *const *a, int64_t depth,
+                                                           const int8_t *restrict panel, const int32_t *restrict sums,
+                                                           int32_t acc[QMR][QPANEL])
+{
+    int64_t groups = (depth + 3) / 4;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i s[QMR];
+    const __m512i unsigned_bias = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++)
+        s[r] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i w = _mm512_loadu_si512(panel + 64 * g);
+        for (int r = 0; r < rows; r++) {
+            __m512i x = _mm512_xor_si512(_mm512_set1_epi32(depth_group(a[r], g, depth)), unsigned_bias);
+            s[r] = _mm512_dpbusd_epi32(s[r], x, w);
+        }
+    }
+    __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums), 7);
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_si512(acc[r], _mm512_sub_epi32(s[r], taken));
+#elif defined(__AVX2__)
+    (void)sums;
+    __m256i s[QMR][4];
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            s[r][q] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256i w[4];  /* 4 columns x 4 depths each, sign-extended */
+        for (int q = 0; q < 4; q++)
+            w[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(panel + 64 * g + 16 * q)));
+        for (int r = 0; r < rows; r++) {
+            __m256i x = _mm256_cvtepi8_epi16(_mm_set1_epi32(depth_group(a[r], g, depth)));
+            for (int q = 0; q < 4; q++)
+                s[r][q] = _mm256_add_epi32(s[r][q], _mm256_madd_epi16(x, w[q]));
+        }
+    }
+    for (int r = 0; r < rows; r++)  /* pairs of partial sums per column -> one sum per column, in order */
+        for (int h = 0; h < 2; h++) {
+            __m256i pairs = _mm256_hadd_epi32(s[r][2 * h], s[r][2 * h + 1]);
+            _mm256_storeu_si256((__m256i *)(acc[r] + 8 * h), _mm256_permute4x64_epi64(pairs, 0xD8));
+        }
+#else
+    (void)sums;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < QPANEL; j++)
+            acc[r][j] = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *w = panel + 64 * g;
+        for (int r = 0; r < rows; r++) {
+            int32_t x = depth_group(a[r], g, depth);
+            int8_t b[4];
+            memcpy(b, &x, 4);
+            for (int j = 0; j < QPANEL; j++)
+                acc[r][j] += b[0] * w[4 * j] + b[1] * w[4 * j + 1] + b[2] * w[4 * j + 2] + b[3] * w[4 * j + 3];
+        }
+    }
+#endif
+}
+
+/* qtile_rows with its row count a constant, so that the sums live in registers. */
+static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
+                  const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
+{
+#define QTILE(R) \
+    case R:      \
+        qtile_rows(R, a, depth, panel, sums, acc); \
+        break;
+    switch (rows) {
+#if QMR == 8
+    QTILE(8) QTILE(7) QTILE(6) QTILE(5) QTILE(4)
+#elif QMR == 4
+    QTILE(4)
+#endif
+    QTILE(3) QTILE(2) QTILE(1)
+    }
+#undef QTILE
+}
+
+/* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
+static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
+                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage)
+{
+    int32_t acc[QMR][QPANEL];
+    int64_t panel_bytes = 64 * ((depth + 3) / 4);
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
+        qtile(rows, a, depth, packed + p * panel_bytes, sums + col, acc);
+        for (int r = 0; r < rows; r++)
+            qstore(acc[r], col, width, stage, out + r * ldc + col);
+    }
+}
+
+/* out (m x n, rows ldc apart) = requantized a (m x k, rows lda apart) @ a packed operand: each thread
+ * takes a share of the row tiles, or of the panels when there are too few tiles to go round.  Built
+ * once by a kernel, which places a and c per run. */
+typedef struct {
+    int64_t m, n, k;
+    const int8_t *a;
+    int64_t lda;
+    const int8_t *packed;
+    const int32_t *sums;
+    int8_t *c;
+    int64_t ldc;
+    const qstage *stage;
+    int64_t threads;
+} qproduct_call;
+
+int qproduct(const qproduct_call *p)
+{
+    int64_t tiles = (p->m + QMR - 1) / QMR, panels = (p->n + QPANEL - 1) / QPANEL;
+    int by_rows = tiles >= 2 * p->threads || tiles >= panels;
+    int64_t extent = by_rows ? tiles : panels;
+    int threads = extent > 1 ? (int)p->threads : 1;
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
+        int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t row = t * QMR;
+            int rows = p->m - row < QMR ? (int)(p->m - row) : QMR;
+            const int8_t *a[QMR];
+            for (int r = 0; r < rows; r++)
+                a[r] = p->a + (row + r) * p->lda;
+            qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
+        }
+    }
+    return DONE;
+}
+
+/* A CONV_2D of int8 (h, w, c) images (where: the geometry, in items): groups of up to QMR output pixels
+ * of a row copy their windows into per-thread rows of depth kh*kw*c (taps outside the image hold the
+ * input zero point, adding nothing once the zero point is folded in), then go against every panel. */
+typedef struct {
+    const int8_t *images;
+    const int8_t *packed;
+    const int32_t *sums;
+    int64_t units;
+    int8_t *out;
+    const geometry *where;
+    int64_t zero;
+    const qstage *stage;
+    int64_t threads;
+} qconv_call;
+
+int qconv(const qconv_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, depth = g->kh * g->kw * c, ow = g->ow, oh = g->oh;
+    int threads = (int)p->threads;
+    size_t per_thread = (size_t)QMR * depth;
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *windows = (int8_t *)own_scratch(all, per_thread);
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        for (int64_t ox = 0; ox < ow; ox += QMR) {
+            int pixels = ow - ox < QMR ? (int)(ow - ox) : QMR;
+            const int8_t *a[QMR];
+            for (int q = 0; q < pixels; q++) {
+                int8_t *dst = windows + q * depth;
+                a[q] = dst;
+                for (int64_t ky = 0; ky < g->kh; ky++) {
+                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                    for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
+                        int64_t ix = (ox + q) * g->stride_w + kx * g->dw - g->left;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                            memset(dst, (int)p->zero, c);
+                        else
+                            memcpy(dst, x + (iy * g->w + ix) * c, c);
+                    }
+                }
+            }
+            qrows(pixels, a, depth, p->packed, p->sums, p->units, 0, (p->units + QPANEL - 1) / QPANEL,
+                  row + ox * p->units, p->units, p->stage);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* A DEPTHWISE_CONV_2D of int8 (h, w, c) images: output pixel channel j sums (x - zero) * weights[tap][j]
+ * (int16, exact) over the taps inside the image (TFLite leaves the others out), then requantizes. */
+typedef struct {
+    const int8_t *images;
+    const int16_t *weights;
+    int8_t *out;
+    const geometry *where;
+    int64_t zero;
+    const qstage *stage;
+    int64_t threads;
+} qdepthwise_call;
+
+int qdepthwise(const qdepthwise_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, ow = g->ow, oh = g->oh;
+    int threads = (int)p->threads;
+    int16_t zero = (int16_t)p->zero;
+    size_t per_thread = (size_t)c * sizeof(int32_t);
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < ow; ox++) {
+            memset(acc, 0, per_thread);
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                if (iy < 0 || iy >= g->h)
+                    continue;
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (ix < 0 || ix >= g->w)
+                        continue;
+                    const int8_t *restrict in = x + (iy * g->w + ix) * c;
+                    const int16_t *restrict w = p->weights + (ky * g->kw + kx) * c;
+                    for (int64_t j = 0; j < c; j++)
+                        acc[j] += (int16_t)(in[j] - zero) * w[j];
+                }
+            }
+            qstore(acc, 0, c, p->stage, row + ox * c);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* int8 ADD, SUB (kind 0, sign +1 or -1) and MUL (kind 1) of two operands of one shape, flat, as TFLite
+ * computes them.  ADD and SUB take each operand to a common scale: the first ``head`` elements (LiteRT's
+ * int8 ADD vector loop, whole blocks of 16) as floor((v * factor + offset) / 2**31), the input's zero
+ * point in the offset; the rest (the scalar loop) through the operand's own stage (bias: less the zero
+ * point; left shift: the 20 bits of headroom and the multiplier's); then both through the output stage.
+ * MUL multiplies the zero-point-centred operands (less zero_a, zero_b) and takes them through the output
+ * stage; its second operand may be one row of ``period`` items repeated along the first's rows. */
+typedef struct {
+    const int8_t *a, *b;
+    int8_t *out;
+    int64_t n, period, kind, sign, head;
+    int64_t factor_a, offset_a, factor_b, offset_b, zero_a, zero_b;
+    const qstage *stage_a, *stage_b, *output;
+    int64_t threads;
+} qbinary_call;
+
+/* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
+static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
+{
+    int64_t k = 0;
+    int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
+#if defined(__AVX2__)
+    __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
+    for (; k + 8 <= count; k += 8) {
+        __m256i x = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k))), za);
+        __m256i y = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k))), zb);
+        __m256i v = qrequantize8(_mm256_mullo_epi32(x, y), 0, p->output);
+        _mm_storel_epi64((__m128i *)(out + k), narrow16(v, v));
+    }
+#endif
+    for (; k < count; k++)
+        out[k] = (int8_t)qrequantize((a[k] - zero_a) * (b[k] - zero_b), 0, p->output);
+}
+
+int qbinary(const qbinary_call *p)
+{
+    int64_t n = p->n, parts = (n + 4095) / 4096, period = p->period;
+    if (p->kind == 1) {
+        int by_rows = period < n;
+        int64_t pieces = by_rows ? n / period : parts, size = by_rows ? period : 4096;
+        #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+        for (int64_t piece = 0; piece < pieces; piece++) {
+            int64_t first = piece * size, count = first + size < n ? size : n - first;
+            qmul_span(p->a + first, p->b + (by_rows ? 0 : first), p->out + first, count, p);
+        }
+        return DONE;
+    }
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t part = 0; part < parts; part++) {
+        int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
+        for (int64_t i = first; i < end; i++) {
+            int32_t a = p->a[i], b = p->b[i], s;
+            if (i < p->head)
+                s = (int32_t)((a * p->factor_a + p->offset_a) >> 31) + (int32_t)((b * p->factor_b + p->offset_b) >> 31);
+            else
+                s = qrequantize(a, 0, p->stage_a) + (int32_t)p->sign * qrequantize(b, 0, p->stage_b);
+            p->out[i] = (int8_t)qrequantize(s, 0, p->output);
+        }
+    }
+    return DONE;
+}
+
+/* MAX_POOL_2D (average 0) or AVERAGE_POOL_2D (average 1) of int8 (h, w, c) images as the geometry says,
+ * over the taps inside the image: the largest, or the sum divided by their count rounding half away from
+ * zero; then the clamp to [low, high]. */
+typedef struct {
+    const int8_t *images;
+    int8_t *out;
+    const geometry *where;
+    int64_t average, low, high, threads;
+} qpool_call;
+
+int qpool(const qpool_call *p)
+{
+    const geometry *g = p->where;
+    int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
+    size_t per_thread = (size_t)c * sizeof(int32_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int8_t *x = p->images + r / oh * g->image_in;
+        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
+        int64_t y_lo = oy * g->stride_h - g->top, y_hi = y_lo + g->kh;
+        y_lo = y_lo < 0 ? 0 : y_lo;
+        y_hi = y_hi > h ? h : y_hi;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            int64_t x_lo = ox * g->stride_w - g->left, x_hi = x_lo + g->kw;
+            x_lo = x_lo < 0 ? 0 : x_lo;
+            x_hi = x_hi > w ? w : x_hi;
+            int32_t count = (int32_t)((y_hi - y_lo) * (x_hi - x_lo));
+            for (int64_t k = 0; k < c; k++)
+                acc[k] = p->average ? 0 : -128;
+            for (int64_t iy = y_lo; iy < y_hi; iy++)
+                for (int64_t ix = x_lo; ix < x_hi; ix++) {
+                    const int8_t *restrict in = x + (iy * w + ix) * c;
+                    if (p->average)
+                        for (int64_t k = 0; k < c; k++)
+                            acc[k] += in[k];
+                    else
+                        for (int64_t k = 0; k < c; k++)
+                            acc[k] = acc[k] < in[k] ? in[k] : acc[k];
+                }
+            int8_t *pixel = row + ox * c;
+            for (int64_t k = 0; k < c; k++) {
+                int32_t v = acc[k];
+                if (p->average)
+                    v = count ? (v > 0 ? v + count / 2 : v - count / 2) / count : 0;
+                pixel[k] = (int8_t)(v < p->low ? p->low : v > p->high ? p->high : v);
+            }
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* 16-bit activations with int8 weights (the converter's 16x8 quantization): int16 x int8 products summed
+ * exactly in int64 (int32 over runs of 256, each at most 2**30), requantized in int64 (requant: folded
+ * as quant_util.Rescale does, or TFLite's 64-bit reference rescale) into int16.  Weights as stored,
+ * (units, depth) rows; the input zero point folded into the stage's offsets as for int8. */
+static int64_t dot16(const int16_t *restrict x, const int8_t *restrict w, int64_t depth)
+{
+    int64_t total = 0;
+    for (int64_t first = 0; first < depth; first += 256) {
+        int64_t end = first + 256 < depth ? first + 256 : depth;
+        int32_t part = 0;
+        for (int64_t k = first; k < end; k++)
+            part += x[k] * w[k];
+        total += part;
+    }
+    return total;
+}
+
+/* out (m x n) = requantized a (m x k) @ weights (n x k).T; or, with a geometry, a CONV_2D of (h, w, c)
+ * images whose pixels' windows are copied into per-thread rows first (taps outside the image holding the
+ * input zero point). */
+typedef struct {
+    int64_t m, n, k;
+    const int16_t *a;
+    const int8_t *weights;
+    int16_t *out;
+    const geometry *where;
+    int64_t zero;
+    const requant *stage;
+    int64_t threads;
+} wide_call;
+
+static void wide_row(const int16_t *x, const wide_call *p, int16_t *out)
+{
+    for (int64_t u = 0; u < p->n; u++)
+        out[u] = (int16_t)requantize(dot16(x, p->weights + u * p->k, p->k), u, p->stage);
+}
+
+int wide_product(const wide_call *p)
+{
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < p->m; r++)
+        wide_row(p->a + r * p->k, p, p->out + r * p->n);
+    return DONE;
+}
+
+int wide_conv(const wide_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, depth = p->k, oh = g->oh;
+    size_t per_thread = (size_t)depth * sizeof(int16_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int16_t *x = p->a + r / oh * g->image_in;
+        int16_t *window = (int16_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            int16_t *dst = window;
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                        for (int64_t k = 0; k < c; k++)
+                            dst[k] = (int16_t)p->zero;
+                    else
+                        memcpy(dst, x + (iy * g->w + ix) * c, c * sizeof *dst);
+                }
+            }
+            wide_row(window, p, p->out + r / oh * g->image_out + oy * g->out_stride + ox * p->n);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* A DEPTHWISE_CONV_2D of int16 images (weights: (kh*kw, c) int8 taps): per channel the int64 sum of
+ * (x - zero) * w over the taps inside the image, requantized. */
+int wide_depthwise(const wide_call *p)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, oh = g->oh;
+    size_t per_thread = (size_t)c * sizeof(int64_t);
+    char *all = scratch((int)p->threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t r = 0; r < g->images * oh; r++) {
+        int64_t oy = r % oh;
+        const int16_t *x = p->a + r / oh * g->image_in;
+        int16_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
+        int64_t *restrict acc = (int64_t *)own_scratch(all, per_thread);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            memset(acc, 0, per_thread);
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                if (iy < 0 || iy >= g->h)
+                    continue;
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                    if (ix < 0 || ix >= g->w)
+                        continue;
+                    const int16_t *restrict in = x + (iy * g->w + ix) * c;
+                    const int8_t *restrict w = p->weights + (ky * g->kw + kx) * c;
+                    for (int64_t j = 0; j < c; j++)
+                        acc[j] += (int32_t)(in[j] - p->zero) * w[j];
+                }
+            }
+            for (int64_t j = 0; j < c; j++)
+                row[ox * c + j] = (int16_t)requantize(acc[j], j, p->stage);
+        }
+    }
+    free(all);
+    return DONE;
+}
+
+/* A partition's consecutive prepared calls on buffers fixed at compile time, run as one call (native.py's
+ * batched_steps): calls[i] by kernels[i] in turn; the first status other than DONE ends it. */
+typedef int (*prepared_kernel)(const void *);
+
+int run_prepared(const prepared_kernel *kernels, const void *const *calls, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int status = kernels[i](calls[i]);
+        if (status != DONE)
+            return status;
+    }
+    return DONE;
+}
+
+/* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
+ * table starts at the type's minimum). */
+typedef struct {
+    const uint8_t *x;
+    uint8_t *out;
+    int64_t n;
+    const uint8_t *table;
+    int64_t flip, threads;
+} lookup_call;
+
+int qlookup(const lookup_call *p)
+{
+    int64_t parts = (p->n + 4095) / 4096;
+    uint8_t flip = (uint8_t)p->flip;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t part = 0; part < parts; part++) {
+        int64_t end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
+        for (int64_t i = part * 4096; i < end; i++)
+            p->out[i] = p->table[p->x[i] ^ flip];
+    }
+    return DONE;
+}
+
+/* MEAN of int8 (images, pixels, c) over the pixels: each channel's int32 sum through the output stage. */
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    int64_t images, pixels, c;
+    const qstage *stage;
+} qmean_call;
+
+int qmean(const qmean_call *p)
+{
+    int32_t *acc = malloc((size_t)(p->c > 0 ? p->c : 1) * sizeof *acc);
+    if (!acc)
+        return NO_MEMORY;
+    for (int64_t image = 0; image < p->images; image++) {
+        const int8_t *x = p->x + image * p->pixels * p->c;
+        memset(acc, 0, (size_t)p->c * sizeof *acc);
+        for (int64_t q = 0; q < p->pixels; q++)
+            for (int64_t k = 0; k < p->c; k++)
+                acc[k] += x[q * p->c + k];
+        qstore(acc, 0, p->c, p->stage, p->out + image * p->c);
+    }
+    free(acc);
+    return DONE;
 }

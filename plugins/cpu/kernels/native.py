@@ -33,7 +33,7 @@ import platformdirs
 
 from delegate.plugin_api import EntryStore, ExecutionError
 
-from .parallel import loaded_openblas, native_allowed, native_team
+from .parallel import available_cores, loaded_openblas, native_allowed, native_team
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-Werror=vla"], ["-O3", "-mcpu
 # own (the host process then needs libasan preloaded: tests/test_native_asan.py runs them so).
 SANITIZE_ENV = "DELEGATE_NATIVE_SANITIZE"
 SANITIZE_FLAGS = {"address": ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]}
+# DELEGATE_NATIVE_CFLAGS: compiler flags added after the others (under a cache key of their own): tests
+# build the loops with "-mno-avx2" to run the portable integer products on a machine with AVX2.
+EXTRA_FLAGS_ENV = "DELEGATE_NATIVE_CFLAGS"
 # How long (spin iterations) OpenMP threads spin for the next kernel before they sleep: long enough
 # to bridge the gaps between a run's kernels, short enough not to take a core from whatever runs
 # after it (libgomp's default spins for milliseconds).
@@ -67,6 +70,9 @@ TEAM_SHARE = 1 << 18
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
 UNARY_KINDS = ("COPY", "HARD_SWISH")
 
+# The integer products native.c was built with, by its integer_isa().
+INTEGER_ISAS = ("portable", "avx2", "avx512vnni")
+
 # Output types of rescale_rows, in the order of its out_kind.
 _RESCALED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
@@ -83,12 +89,13 @@ def fits(condition: bool, what: str) -> None:
         raise ExecutionError(f"cpu native loops refused a call: {what}")
 
 
-def _laid_out(a: np.ndarray, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
-    """Whether ``a`` is float32 of the layout's shape and byte strides (those of unit dimensions
-    aside: numpy leaves them arbitrary)."""
+def _laid_out(a: np.ndarray, layout: tuple[tuple[int, ...], tuple[int, ...]], dtype=_F32) -> bool:
+    """Whether ``a`` is of ``dtype`` and the layout's shape and strides in items (those of unit
+    dimensions aside: numpy leaves them arbitrary)."""
     shape, strides = layout
-    if a.dtype != _F32 or a.shape != shape:
+    if a.dtype != dtype or a.shape != shape:
         return False
+    strides = tuple(a.itemsize * s for s in strides)
     return a.strides == strides or all(s == t for d, s, t in zip(shape, a.strides, strides) if d > 1)
 
 
@@ -193,12 +200,12 @@ class Geometry(ctypes.Structure):
         fits(len(out_shape) == 4 and tuple(out_shape[:3]) == (self.images, self.oh, self.ow) and
              out_strides[3] == 1 and out_strides[2] == out_shape[3] and out_strides[1] >= self.ow * out_shape[3]
              and out_strides[0] >= self.oh * out_strides[1], f"output layout {list(out_shape)} {list(out_strides)}")
-        self.x_layout = (tuple(x_shape), tuple(4 * s for s in x_strides))
-        self.out_layout = (tuple(out_shape), tuple(4 * s for s in out_strides))
+        self.x_layout = (tuple(x_shape), tuple(x_strides))
+        self.out_layout = (tuple(out_shape), tuple(out_strides))
 
-    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Refuse arrays other than those this geometry was checked for."""
-        fits(_laid_out(x, self.x_layout) and _laid_out(out, self.out_layout),
+    def placed(self, x: np.ndarray, out: np.ndarray, dtype=_F32) -> None:
+        """Refuse arrays other than those this geometry was checked for (of ``dtype``)."""
+        fits(_laid_out(x, self.x_layout, dtype) and _laid_out(out, self.out_layout, dtype),
              f"arrays {x.shape} -> {out.shape} differ from the geometry's {self.x_layout[0]} -> {self.out_layout[0]}")
 
 
@@ -243,7 +250,7 @@ class NativeLoops:
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
         library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
-        library.binary_prepared.restype = None
+        library.binary_prepared.restype = ctypes.c_int
         library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
         library.unary_flat.restype = None
         library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
@@ -262,9 +269,20 @@ class NativeLoops:
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
+        library.run_prepared.argtypes = [_PTR, _PTR, _INT64]
+        library.run_prepared.restype = ctypes.c_int
+        library.set_team_limit.argtypes = [ctypes.c_int]
+        library.set_team_limit.restype = None
+        library.get_team_limit.restype = ctypes.c_int
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
-        library.packed_product.restype = None
+        library.packed_product.restype = ctypes.c_int
+        calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
+                                                         LookupCall, QMeanCall)]
+        for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
+            getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
+            getattr(library, symbol).restype = ctypes.c_int
         self.panel_lanes = library.panel_lanes()
+        self.integer_isa = INTEGER_ISAS[library.integer_isa()]
         self.sgemm = _find_sgemm()
 
     def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
@@ -274,14 +292,18 @@ class NativeLoops:
         tiled along the output rows (see native.c)."""
         self.prepared(DepthwiseCall(taps, where, finish, threads), x, out)
 
-    def prepared(self, call: "DepthwiseCall | BinaryCall", *arrays: np.ndarray) -> None:
+    def prepared(self, call, *arrays: np.ndarray) -> None:
         """A call built at compile time, on the contiguous arrays it was built for (their shapes; the
         arrays themselves may differ from run to run): a depthwise convolution's (x, out), a binary
-        op's (a, b, out)."""
+        op's (a, b, out), an integer kernel's (x, out)."""
+        self.bind(call, *arrays)
+        _done(getattr(self.library, call.symbol)(call.reference), call.symbol)
+
+    def bind(self, call, *arrays: np.ndarray) -> None:
+        """Place a prepared call's arrays (as prepared() does) without running it."""
         call.placed(*arrays)
         for name, array in zip(call.places, arrays):
             setattr(call, name, address(array))
-        _done(getattr(self.library, call.symbol)(call.reference), call.symbol)
 
     def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
@@ -415,13 +437,6 @@ class NativeLoops:
         self.library.packed_product(ctypes.byref(call))
         return True
 
-    def prepared_product(self, call: "ProductCall", lhs: np.ndarray, out: np.ndarray) -> None:
-        """A product built at compile time, on the contiguous lhs and out it was built for (their
-        shapes; the arrays may differ from run to run)."""
-        call.placed(lhs, out)
-        call.a, call.c = address(lhs), address(out)
-        self.library.packed_product(call.reference)
-
 
 class ProductCall(ctypes.Structure):
     """The arguments of native.c's packed_product, kept together so that a run sets only where the
@@ -430,6 +445,7 @@ class ProductCall(ctypes.Structure):
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("row_step", _INT64),
                 ("column_step", _INT64), ("packed", _PTR), ("c", _PTR), ("ldc", _INT64),
                 ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+    symbol, places = "packed_product", ("a", "c")
 
     def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
                  finish: Epilogue, threads: int):
@@ -538,6 +554,308 @@ class DepthwiseTaps:
              f"depthwise taps {self.weights.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
 
 
+class QStage(ctypes.Structure):
+    """An integer kernel's output stage (native.c's qstage), TFLite's fixed-point requantization per
+    output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
+    ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
+    (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
+    shift (ADD's operands).  Padded to whole vectors of 16 channels."""
+
+    _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
+        [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
+
+    def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int], headroom: int = 0):
+        self.channels = bias.size
+        fixed, exponent = (np.broadcast_to(v, self.channels) for v in (fixed, exponent))
+        right = np.maximum(-exponent, 0)
+        mask = (np.int64(1) << right) - 1
+        columns = (bias, fixed, np.maximum(exponent, 0) + headroom, right, mask, mask >> 1,
+                   -np.broadcast_to(np.asarray(away, bool), self.channels).astype(np.int64))
+        padded = -(-self.channels // 16) * 16
+        self.kept = []
+        for values in columns:  # one channel repeated (elementwise ops read it 8 at a time), else zeros
+            column = np.full(padded, values[0], np.int32) if self.channels == 1 else np.zeros(padded, np.int32)
+            column[:self.channels] = values
+            self.kept.append(column)
+        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
+
+
+class Requant(ctypes.Structure):
+    """A 16-bit kernel's output stage in int64 (native.c's requant): per channel clamp((acc * multiplier +
+    offset - (acc < tie_below ? tie : 0)) >> shift), ``constants`` (multiplier, offset, shift and, where
+    ties round away from zero, tie_below and tie; a scalar shift serves every channel) as
+    quant_util.Rescale folds them, or the 64-bit reference rescale's."""
+
+    _fields_ = [("multiplier", _PTR), ("offset", _PTR), ("shift", _PTR), ("shifts", _INT64), ("tie_below", _PTR),
+                ("tie", _PTR), ("low", _INT64), ("high", _INT64)]
+
+    def __init__(self, constants: tuple, bounds: tuple[int, int]):
+        multiplier, offset, shift, *ties = (np.ascontiguousarray(np.atleast_1d(v), np.int64) for v in constants)
+        self.channels = multiplier.size
+        fits(offset.size == self.channels and shift.size in (1, self.channels) and len(ties) in (0, 2) and
+             all(t.size == self.channels for t in ties), f"rescale constants do not fit {self.channels} channels")
+        self.kept = (multiplier, offset, shift, *ties)
+        super().__init__(multiplier.ctypes.data, offset.ctypes.data, shift.ctypes.data, shift.size > 1,
+                         ties[0].ctypes.data if ties else None, ties[1].ctypes.data if ties else None, *bounds)
+
+
+_I16 = np.dtype(np.int16)
+
+
+class WideCall(ctypes.Structure):
+    """The arguments of native.c's 16x8 kernels (wide_call): int16 activations against int8 ``weights``
+    as stored, (units, depth) for a product (``rows`` of the input) or a CONV_2D (``where``; taps outside
+    the image hold ``zero``), (KH*KW, C) taps for a depthwise one (less ``zero``); a run places the input
+    and the output."""
+
+    _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("weights", _PTR), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
+                ("threads", _INT64)]
+    symbols = {"product": "wide_product", "conv": "wide_conv", "depthwise": "wide_depthwise"}
+    places = ("a", "out")
+
+    def __init__(self, kind: str, weights: np.ndarray, stage: Requant, threads: int, rows: int = 0,
+                 where: Geometry | None = None, zero: int = 0):
+        weights = np.ascontiguousarray(weights, np.int8)
+        units, depth = weights.shape
+        if kind == "depthwise":
+            fits(where is not None and weights.shape == (where.kh * where.kw, where.c) and
+                 where.out_layout[0][3] == where.c == stage.channels, "depthwise taps do not fit the geometry")
+            units, depth = where.c, where.kh * where.kw
+        fits(stage.channels == units and (kind == "product" or where is not None and
+                                          (kind == "depthwise" or depth == where.kh * where.kw * where.c == depth
+                                                               and where.out_layout[0][3] == units)),
+             f"16x8 {kind} of {weights.shape} weights does not fit its stage or geometry")
+        self.symbol, self.kept = self.symbols[kind], (weights, stage, where)
+        super().__init__(rows, units, depth, None, weights.ctypes.data, None,
+                         None if where is None else ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        where = self.kept[2]
+        if where is not None:
+            return where.placed(x, out, _I16)
+        fits(_contiguous(x, self.m * self.k, _I16) and _contiguous(out, self.m * self.n, _I16),
+             f"16x8 product arrays {x.shape} -> {out.shape}")
+
+
+class PackedInt8:
+    """A constant (units, depth) int8 operand laid out once for native.c's integer products: panels of
+    16 units, the depth in groups of 4 (zero past the last), each group the 4 depths of every unit in
+    turn; with each unit's weight sum (padded to whole panels)."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.units, self.depth = matrix.shape
+        panels, groups = -(-self.units // 16), -(-self.depth // 4)
+        padded = np.zeros((panels * 16, groups * 4), np.int8)
+        padded[:self.units, :self.depth] = matrix
+        self.panels = np.ascontiguousarray(padded.reshape(panels, 16, groups, 4).transpose(0, 2, 1, 3)).reshape(-1)
+        self.sums = padded.sum(axis=1, dtype=np.int32)
+
+
+_I8 = np.dtype(np.int8)
+
+
+class QProductCall(ctypes.Structure):
+    """The arguments of native.c's qproduct: a (rows, depth) int8 input against a packed operand,
+    requantized into a (rows, units) int8 output; built once, a run places the input and output."""
+
+    _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("lda", _INT64), ("packed", _PTR),
+                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    symbol, places = "qproduct", ("a", "c")
+
+    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int):
+        fits(stage.channels == rhs.units, f"requantization of {stage.channels} channels for {rhs.units} units")
+        self.kept = (rhs, stage)
+        super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
+                         None, rhs.units, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(lhs, self.m * self.k, _I8) and _contiguous(out, self.m * self.n, _I8),
+             f"integer product arrays {lhs.shape} -> {out.shape}")
+
+
+class QConvCall(ctypes.Structure):
+    """The arguments of native.c's qconv: int8 images, as ``where`` says, against a packed (KH*KW*C,
+    units) filter, taps outside the image holding the input zero point ``zero``."""
+
+    _fields_ = [("images", _PTR), ("packed", _PTR), ("sums", _PTR), ("units", _INT64), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(QStage)),
+                ("threads", _INT64)]
+    symbol, places = "qconv", ("images", "out")
+
+    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int):
+        fits(rhs.depth == where.kh * where.kw * where.c and rhs.units == where.out_layout[0][3] == stage.channels,
+             f"packed weights ({rhs.units}, {rhs.depth}) do not fit the geometry")
+        self.kept = (rhs, where, stage)
+        super().__init__(None, rhs.panels.ctypes.data, rhs.sums.ctypes.data, rhs.units, None, ctypes.pointer(where),
+                         zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[1].placed(x, out, _I8)
+
+
+class QDepthwiseCall(ctypes.Structure):
+    """The arguments of native.c's qdepthwise: int8 images, as ``where`` says, against (KH*KW, C) int16
+    taps (their zero point taken out), less the input zero point ``zero``."""
+
+    _fields_ = [("images", _PTR), ("weights", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
+                ("zero", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    symbol, places = "qdepthwise", ("images", "out")
+
+    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: QStage, threads: int):
+        taps = np.ascontiguousarray(taps, np.int16)
+        fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
+             f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
+        self.kept = (taps, where, stage)
+        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[1].placed(x, out, _I8)
+
+
+class QBinaryCall(ctypes.Structure):
+    """The arguments of native.c's qbinary: int8 ADD / SUB (``sign``) or MUL of two operands of one shape
+    (``size`` items; for MUL the second may be one row of ``period`` items along the first's rows), with
+    the stages and constants it describes; a run places a, b and out."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), *[(name, _INT64) for name in (
+        "n", "period", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
+        *[(name, ctypes.POINTER(QStage)) for name in ("stage_a", "stage_b", "output")], ("threads", _INT64)]
+    symbol, places = "qbinary", ("a", "b", "out")
+
+    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
+                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0),
+                 period: int | None = None):
+        """ADD / SUB: ``factors`` ((factor, offset) per operand) for the first ``head`` items, the operands'
+        ``stages`` for the rest; MUL: the operands' ``zeros``."""
+        mul = kind == "MUL"
+        stages = (output, output) if mul else stages
+        period = size if period is None else period
+        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)) and period >= 1 and
+             size % period == 0 and (mul or period == size), "binary stages or operands do not fit")
+        self.kept = (output, *stages)
+        super().__init__(None, None, None, size, period, int(mul), -1 if kind == "SUB" else 1, head, *factors[0],
+                         *factors[1],
+                         *zeros, *(ctypes.pointer(stage) for stage in stages), ctypes.pointer(output), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
+             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+class QPoolCall(ctypes.Structure):
+    """The arguments of native.c's qpool: MAX_POOL_2D or AVERAGE_POOL_2D of int8 images as ``where``
+    says, clamped to ``bounds``; a run places the images and the output."""
+
+    _fields_ = [("images", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)), ("average", _INT64),
+                ("low", _INT64), ("high", _INT64), ("threads", _INT64)]
+    symbol, places = "qpool", ("images", "out")
+
+    def __init__(self, where: Geometry, average: bool, bounds: tuple[int, int], threads: int):
+        fits(where.out_layout[0][3] == where.c, "pool output channels differ from the input's")
+        self.kept = where
+        super().__init__(None, None, ctypes.pointer(where), average, *bounds, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept.placed(x, out, _I8)
+
+
+class LookupCall(ctypes.Structure):
+    """The arguments of native.c's qlookup: ``size`` int8 or uint8 items (``signed``) through a 256-entry
+    ``table`` of one-byte outputs, indexed from the type's minimum; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("n", _INT64), ("table", _PTR), ("flip", _INT64), ("threads", _INT64)]
+    symbol, places = "qlookup", ("x", "out")
+
+    def __init__(self, table: np.ndarray, size: int, signed: bool, threads: int):
+        fits(table.size == 256 and table.itemsize == 1, f"a lookup table of {table.size} {table.dtype}")
+        self.kept = np.ascontiguousarray(table)
+        super().__init__(None, None, size, self.kept.ctypes.data, 0x80 if signed else 0, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
+             f"lookup arrays {x.shape} -> {out.shape}")
+
+
+class QMeanCall(ctypes.Structure):
+    """The arguments of native.c's qmean: the MEAN of int8 (N, H, W, C) images over their pixels through
+    ``stage``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("images", _INT64), ("pixels", _INT64), ("c", _INT64),
+                ("stage", ctypes.POINTER(QStage))]
+    symbol, places = "qmean", ("x", "out")
+
+    def __init__(self, shape: tuple[int, int, int, int], stage: QStage):
+        n, h, w, c = shape
+        fits(stage.channels == c, f"a mean's stage of {stage.channels} channels for {c}")
+        self.kept = stage
+        super().__init__(None, None, n, h * w, c, ctypes.pointer(stage))
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.images * self.pixels * self.c, _I8) and _contiguous(out, self.images * self.c, _I8),
+             f"mean arrays {x.shape} -> {out.shape}")
+
+
+def prepared_run(loops: NativeLoops, call, inputs: int = 1):
+    """run() of a kernel that is one prepared call on its first ``inputs`` inputs and its output, marked
+    (``prepared``, ``inputs``) for batched_steps."""
+    def run(ins, outs):
+        loops.prepared(call, *(np.ascontiguousarray(x) for x in ins[:inputs]), outs[0])
+    run.prepared, run.inputs = call, inputs
+    return run
+
+
+def batched_steps(steps: list[tuple]) -> list[tuple]:
+    """A partition's (op, run, sources, outputs) steps with each stretch of consecutive prepared calls
+    (see prepared_run) on buffers of its own (no partition input: those change from run to run) made
+    one step: one native call runs their list (native.c's run_prepared), every array bound once here.
+    A native op costs ~5 us of Python a call; small models run dozens of them."""
+    loops = _LOADED[0] if _LOADED else None
+    batched, stretch = [], []
+
+    def close() -> None:
+        if len(stretch) > 1:
+            batched.append(_one_call(loops, stretch))
+        else:
+            batched.extend(step for step, _ in stretch)
+        stretch.clear()
+
+    for step in steps:
+        _, run, sources, outs = step
+        call = getattr(run, "prepared", None)
+        arrays = None if call is None else [*sources[:run.inputs], outs[0]]
+        if loops is not None and arrays is not None and \
+                all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
+            loops.bind(call, *arrays)
+            stretch.append((step, call))
+        else:
+            close()
+            batched.append(step)
+    close()
+    return batched
+
+
+def _one_call(loops: NativeLoops, stretch: list) -> tuple:
+    """The step running a stretch of bound prepared calls in one native call."""
+    calls = [call for _, call in stretch]
+    kernels = (_PTR * len(calls))(*(ctypes.cast(getattr(loops.library, c.symbol), _PTR).value for c in calls))
+    references = (_PTR * len(calls))(*(ctypes.addressof(c) for c in calls))
+    run_prepared = loops.library.run_prepared
+
+    def run(ins, outs):
+        _done(run_prepared(kernels, references, len(calls)), "run_prepared")
+    run.kept = (calls, kernels, references)
+    return stretch[0][0][0], run, [], []
+
+
 def row_stride(a: np.ndarray) -> int | None:
     """The distance in items between consecutive rows (runs along the last axis) of ``a`` when it is a
     uniform stack of contiguous rows; None otherwise."""
@@ -602,7 +920,7 @@ def _load() -> NativeLoops | None:
         log.warning("cpu: %s=%s is not one of %s; building without a sanitizer", SANITIZE_ENV, sanitize,
                     ", ".join(SANITIZE_FLAGS))
     for flags in FLAG_SETS:
-        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, [])]
+        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, []), *shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))]
         key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
         library = store.load(key, "so")
         if library is None:
@@ -689,11 +1007,21 @@ def team_for(work: int, per_thread: int) -> int:
     return share_among(native_team(), work, per_thread)
 
 
+def limit_team(threads: int) -> None:
+    """For the runs that follow: no native loop's team takes more than ``threads`` (at least 1), whatever
+    it was built for (native.c's team_limit)."""
+    loops = _LOADED[0] if _LOADED else None
+    if loops is not None:
+        loops.library.set_team_limit(threads)
+
+
 def partition_team(ops, threads: int) -> int:
     """At compile time: how many of ``threads`` a partition's native loops share (one team for all its
     kernels, see share_among): enough for its typical op, the work-weighted median of its
     convolutions and products (half their multiply-adds are in ops at least that big), to give
-    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none."""
+    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none; never more than the cores of the
+    process's affinity (a team larger waits on threads without a core)."""
+    threads = min(threads, available_cores())
     works = sorted(work for work in map(_multiply_adds, ops) if work)
     if not works:
         return min(threads, MAX_TEAM)

@@ -24,6 +24,8 @@ import time
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
+from delegate.config import available_cores
+
 from .common import start_scratch_op
 
 _THREADS = contextvars.ContextVar("delegate_cpu_kernel_threads", default=1)
@@ -171,22 +173,42 @@ _HELPERS_LOCK = threading.Lock()
 _SHARING = contextvars.ContextVar("delegate_cpu_share_work", default=True)
 
 
+def free_cores(loadavg: str | None = None) -> int:
+    """How many cores of this process's affinity the machine's load leaves it now: the CPUs less the
+    tasks the kernel counts runnable besides the calling thread (/proc/loadavg's fourth field, a count
+    of this instant where its averages trail by a minute), at least 1 and at most the affinity's; all
+    of the affinity where the count cannot be read.  ``loadavg``: that file's text, read when None."""
+    cores = available_cores()
+    try:
+        if loadavg is None:
+            with open("/proc/loadavg") as f:
+                loadavg = f.read()
+        running = int(loadavg.split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return cores
+    return max(1, min(cores, (os.cpu_count() or cores) - (running - 1)))
+
+
 class ThreadChoice:
     """How the kernels of one compiled partition use their threads, chosen by measurement.
 
-    "alone": one thread.  "shared": the kernels' chunks shared with helper threads.
+    "alone": one thread.  "shared": the kernels' chunks shared with helper threads, and
+    the native loops' team as large as the cores the load leaves free (see free_cores).
     Either way BLAS is held to one thread (see the module docstring).  Handing a chunk to
-    a Python thread costs tens of microseconds and the GIL between numpy calls, so on a
-    busy machine, or for models of small ops, "alone" wins; on an idle one with large
-    ops sharing gains.  So runs are timed each way, now and then again, and the fastest is kept.
+    a Python thread costs tens of microseconds and the GIL between numpy calls, and a team
+    waits for its slowest thread, so on a busy machine, or for models of small ops, "alone"
+    wins; on an idle one with large ops sharing gains.  So runs are timed each way, now and
+    then again, and the fastest is kept: never much slower than one thread.  ``limit_team(n)``
+    caps the native loops' team for the run (native.limit_team).
     """
 
     MODES = ("shared", "alone")
     PROBE_EVERY = 10
 
-    def __init__(self) -> None:
+    def __init__(self, limit_team: Callable[[int], None] | None = None) -> None:
         self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
         self.runs = 0
+        self.limit_team = limit_team
 
     def _next(self) -> str:
         self.runs += 1
@@ -201,6 +223,8 @@ class ThreadChoice:
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         mode = self._next()
+        if self.limit_team is not None:
+            self.limit_team(free_cores() if mode == "shared" else 1)
         token = _SHARING.set(mode == "shared")
         start = time.perf_counter()
         try:

@@ -1,8 +1,11 @@
 """Quantized accumulating kernels: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, BATCH_MATMUL.
 
-Products of zero-point-centred integers are summed exactly by the float kernels'
-engines (float32 while every partial sum stays below 2**24, else over ranges of
-the depth, or in float64), then rescaled per output channel with the bias and the
+int8 and 16x8 convolutions and fully connected layers with weights of zero point 0
+run native.c's integer kernels where the native loops serve: integer sums, the input
+zero point folded into the bias, requantized in the same pass as the LiteRT kernel
+does.  Otherwise products of zero-point-centred integers are summed exactly by the
+float kernels' engines (float32 while every partial sum stays below 2**24, else over
+ranges of the depth, or in float64), then rescaled per output channel with the bias and the
 output zero point folded in (quant_util.Rescale).  Which rescaling rounding
 applies follows the LiteRT kernel that runs the op: CONV_2D and
 FULLY_CONNECTED go through ruy, depthwise and transpose conv through TFLite's
@@ -18,11 +21,13 @@ import numpy as np
 from delegate.plugin_api import DType, Op, Tensor
 
 from ..registry import kernel
-from .common import same_padding
-from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, depthwise_taps, matrix_gemm
+from .common import contiguous_layout, same_padding
+from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
+from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, QStage,
+                     Requant, WideCall, kernel_loops, prepared_run, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
-    multiply_half_up, multiply_wide, qrange, scale, scales, vector_lanes, zero_point)
+    multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
 
 
 def _weights(t: Tensor) -> np.ndarray:
@@ -118,6 +123,109 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
     return finish
 
 
+def _integer_loops(op: Op, activations=np.int8):
+    """At compile time: the native loops where ``op`` may run in their integer kernels (input and output
+    of ``activations``, constant int8 weights of zero point 0); None otherwise."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if x.dtype.numpy != activations or out.dtype.numpy != activations or w.dtype.numpy != np.int8 or \
+            w.data is None or np.any(w.quantization.zero_point) or not x.shape or not out.shape:
+        return None
+    return kernel_loops()
+
+
+def _wide(op: Op, kind: str, bias: np.ndarray, reference: bool):
+    """run() of a 16x8 op in native.c's wide kernels (``kind``: product, conv or depthwise), its output
+    stage ``reference`` (LiteRT's 64-bit reference rescale) or ruy's; None where they do not serve."""
+    loops = _integer_loops(op, np.int16)
+    if loops is None:
+        return None
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    stored = np.asarray(w.data)
+    matrix = stored.reshape(-1, stored.shape[-1]) if kind == "depthwise" else stored.reshape(stored.shape[0], -1)
+    units = matrix.shape[1] if kind == "depthwise" else matrix.shape[0]
+    zx = zero_point(x)
+    if kind != "depthwise":
+        bias = bias - zx * matrix.sum(axis=1, dtype=np.int64)  # taps hold zx: sum(x * w) less zx * sum(w)
+    spread = 32768 + abs(zx)
+    bound = spread * int(np.abs(matrix.astype(np.int64)).sum(axis=1 if kind != "depthwise" else 0).max(initial=0))
+    constants = _wide_constants(op, bias, bound, reference)
+    if constants is None:
+        return None
+    stage = Requant(constants, activation_bounds(op))
+    team = team_for(int(np.prod(out.shape)) * matrix.size // units, PER_THREAD_MACS)
+    if kind == "product":
+        call = WideCall(kind, matrix, stage, team, rows=int(np.prod(out.shape)) // units)
+    else:
+        n, h, width, _ = x.shape
+        kh, kw = stored.shape[1:3]
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape),
+                            conv_pads(op, (h, width), (kh, kw), out.shape[1:3]))
+        call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
+    return prepared_run(loops, call)
+
+
+def _wide_constants(op: Op, bias: np.ndarray, bound: int, reference: bool) -> tuple | None:
+    """Requant's constants for sums bounded by ``bound`` (less ``bias`` per channel): LiteRT's 64-bit
+    reference rescale (multiply_wide, the output zero point folded in) or Rescale's (ties up); None
+    where int64 could overflow."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    real = _stage_multiplier(op, x, w, bias.size)
+    if not reference:
+        try:
+            return Rescale(real, zero_point(out), activation_bounds(op), False, bias, bound).per_channel
+        except ValueError:
+            return None
+    fixed, exponent = (np.broadcast_to(v, bias.size) for v in quantize_multiplier(real))
+    reduced = np.where(fixed < 0x7FFF0000, (fixed + (1 << 15)) >> 16, 0x7FFF)
+    total = 15 - exponent
+    if total.min(initial=1) < 1 or total.max(initial=1) > 62:
+        return None
+    offsets = [int(b) * int(r) + (1 << (int(t) - 1)) + (zero_point(out) << int(t))
+               for b, r, t in zip(bias, reduced, total)]
+    if max(((bound + abs(int(b))) * int(r) + abs(k) for b, r, k in zip(bias, reduced, offsets)), default=0) >= 1 << 62:
+        return None
+    return reduced, np.array(offsets, np.int64), total
+
+
+def _integer_stage(op: Op, away, bias: np.ndarray) -> QStage | None:
+    """The integer kernels' output stage with int32 ``bias`` per channel (the zero point folded in);
+    None where that bias leaves the int32 range."""
+    if bias.size and (bias.min() < -(1 << 31) or bias.max() >= 1 << 31):
+        return None
+    fixed, exponent = quantize_multiplier(_stage_multiplier(op, op.inputs[0], op.inputs[1], bias.size))
+    return QStage(fixed, exponent, bias, away, zero_point(op.outputs[0]), activation_bounds(op))
+
+
+def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray):
+    """(packed operand, output stage) of the int8 products x @ matrix.T (matrix: units x depth, as
+    stored): sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
+    stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * matrix.sum(axis=1, dtype=np.int64))
+    return (None, None) if stage is None else (PackedInt8(matrix), stage)
+
+
+def _native_conv2d(op: Op, bias: np.ndarray):
+    """run() of an int8 CONV_2D in the integer kernels (a 1x1 filter of stride 1 one product on the
+    input in place); None where they do not serve."""
+    loops = _integer_loops(op)
+    if loops is None:
+        return None
+    x, out = op.inputs[0], op.outputs[0]
+    o, kh, kw, c = op.inputs[1].shape
+    n, h, w, _ = x.shape
+    _, oh, ow, _ = out.shape
+    packed, stage = _integer_product(op, np.asarray(op.inputs[1].data).reshape(o, -1), bias)
+    if packed is None:
+        return None
+    team = team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
+    pads = conv_pads(op, (h, w), (kh, kw), (oh, ow))
+    if kh == kw == 1 and (op.options.get("stride_h", 1), op.options.get("stride_w", 1)) == (1, 1) and not any(pads):
+        call = QProductCall(n * h * w, packed, stage, team)
+    else:
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), pads)
+        call = QConvCall(packed, where, zero_point(x), stage, team)
+    return prepared_run(loops, call)
+
+
 def _reference_16x8(op: Op, x: Tensor) -> bool:
     """Whether LiteRT runs a 16-bit-activation CONV_2D / FULLY_CONNECTED through its reference
     kernel rather than ruy: always for int64 biases, and whenever a zero point is not 0."""
@@ -166,6 +274,9 @@ def conv2d(op: Op):
     out_c, kh, kw, in_c = weights.shape
     if x.shape[3] != in_c:
         raise ValueError("grouped quantized CONV_2D is not supported")
+    native = _native_conv2d(op, _bias(op, 2, out_c)) or _wide(op, "conv", _bias(op, 2, out_c), _reference_16x8(op, x))
+    if native is not None:
+        return native
     matrix = weights.reshape(out_c, -1)
     dtype, parts, bound = _exact_gemm(op, matrix)
     reference = _output_stage(op, x, w, out_c, multiply_wide) if _reference_16x8(op, x) else None
@@ -185,8 +296,20 @@ def depthwise_conv2d(op: Op):
     weights = _weights(w)
     _, kh, kw, out_c = weights.shape
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
-    dtype = np.float32 if bound < 1 << 24 else np.float64
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
+    loops = _integer_loops(op) if x.shape[-1] == out_c else None
+    stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c))
+    if stage is not None:
+        n, h, width, _ = x.shape
+        _, oh, ow, _ = op.outputs[0].shape
+        where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(op.outputs[0].shape),
+                            conv_pads(op, (h, width), (kh, kw), (oh, ow)))
+        team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
+        return prepared_run(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+    native = _wide(op, "depthwise", _bias(op, 2, out_c), True) if x.shape[-1] == out_c else None
+    if native is not None:
+        return native
+    dtype = np.float32 if bound < 1 << 24 else np.float64
     reference = _output_stage(op, x, w, out_c, multiply_wide) if x.dtype.numpy == np.int16 else None
     finish = _finish(op, away, _bias(op, 2, out_c), bound, reference)
     return depthwise_taps(op, weights, finish, dtype, zero_point(x))
@@ -197,11 +320,19 @@ def fully_connected(op: Op):
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     units, _ = weights.shape
-    dtype, parts, bound = _exact_gemm(op, weights)
     bias = _bias(op, 2, units)
+    loops = _integer_loops(op)
+    packed, stage = (None, None) if loops is None else _integer_product(op, np.asarray(w.data), bias)
+    if packed is not None:
+        rows = int(np.prod(op.outputs[0].shape)) // units
+        return prepared_run(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
+    # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision: numpy's (below) only.
+    native = None if _reference_16x8(op, x) else _wide(op, "product", bias, False)
+    if native is not None:
+        return native
+    dtype, parts, bound = _exact_gemm(op, weights)
     reference = None
     if _reference_16x8(op, x):
-        # LiteRT's reference 16x8 FULLY_CONNECTED rescales in double precision, not fixed point.
         real = _real_multiplier(op, x, w, units, float_product=False)
         reference = RescaleInDouble(real, zero_point(op.outputs[0]), *activation_bounds(op))
     return matrix_gemm(op, _operand(op, w, weights, dtype), _finish(op, False, bias, bound, reference), dtype,

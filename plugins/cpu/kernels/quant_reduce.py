@@ -12,29 +12,47 @@ import numpy as np
 from delegate.plugin_api import Op
 
 from ..registry import kernel
-from .common import Padded, normalize_axes, same_padding, window_view
+from .common import Padded, contiguous_layout, normalize_axes, same_padding, window_view
+from .native import PER_THREAD_ITEMS, Geometry, QMeanCall, QPoolCall, QStage, kernel_loops, prepared_run, team_for
 from .quant_util import (
     activation_bounds, lane_rounding, multiply_by_quantized_multiplier, multiply_wide, qrange, quantize_multiplier,
     round_half_away, scale, store, trunc_div, vector_lanes, zero_point)
 
 
+def _pool_pads(op: Op) -> tuple[int, int, int, int]:
+    o = op.options
+    shape, out_hw = op.inputs[0].shape, op.outputs[0].shape[1:3]
+    if o.get("padding", "SAME") != "SAME":
+        return 0, 0, 0, 0
+    return (same_padding(shape[1], o["filter_height"], o["stride_h"], 1, out_hw[0])
+            + same_padding(shape[2], o["filter_width"], o["stride_w"], 1, out_hw[1]))
+
+
 def _pool_windows(op: Op, fill: int, dtype):
     """A function giving the (N, OH, OW, KH, KW, C) pooling windows of an input padded with ``fill``."""
     o = op.options
-    shape = op.inputs[0].shape
     kernel_hw, stride = (o["filter_height"], o["filter_width"]), (o["stride_h"], o["stride_w"])
-    out_hw = op.outputs[0].shape[1:3]
-    pads = (0, 0, 0, 0)
-    if o.get("padding", "SAME") == "SAME":
-        pads = (same_padding(shape[1], kernel_hw[0], stride[0], 1, out_hw[0])
-                + same_padding(shape[2], kernel_hw[1], stride[1], 1, out_hw[1]))
-    pad = Padded(shape, pads, fill, dtype)
-    return lambda values: window_view(pad(values), out_hw, kernel_hw, stride)
+    pad = Padded(op.inputs[0].shape, _pool_pads(op), fill, dtype)
+    return lambda values: window_view(pad(values), op.outputs[0].shape[1:3], kernel_hw, stride)
+
+
+def _native_pool(op: Op, average: bool):
+    """run() of an int8 pool in native.c's qpool; None where the native loops do not serve."""
+    x, out = op.inputs[0], op.outputs[0]
+    loops = kernel_loops() if x.dtype.numpy == out.dtype.numpy == np.int8 else None
+    if loops is None:
+        return None
+    where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), _pool_pads(op))
+    return prepared_run(loops, QPoolCall(where, average, activation_bounds(op),
+                                         team_for(int(np.prod(out.shape)), PER_THREAD_ITEMS)))
 
 
 @kernel("AVERAGE_POOL_2D", quantized=True)
 def average_pool(op: Op):
     """Raw values summed over the in-bounds part of each window, divided with rounding half away from 0."""
+    native = _native_pool(op, True)
+    if native is not None:
+        return native
     windows = _pool_windows(op, 0, np.int64)
     inside = np.ones(op.inputs[0].shape, np.int64)
     counts = windows(inside).sum(axis=(3, 4))
@@ -49,6 +67,9 @@ def average_pool(op: Op):
 
 @kernel("MAX_POOL_2D", quantized=True)
 def max_pool(op: Op):
+    native = _native_pool(op, False)
+    if native is not None:
+        return native
     src = op.inputs[0]
     windows = _pool_windows(op, qrange(src)[0], src.dtype.numpy)
     bounds = activation_bounds(op)
@@ -78,12 +99,19 @@ def mean(op: Op):
     in_offset, out_offset = zero_point(src), zero_point(dst)
     spatial = (src.dtype.numpy in (np.int8, np.uint8) and len(src.shape) == 4 and axes == (1, 2)
                and op.options.get("keep_dims", False))
+    pixels = len(src.shape) == 4 and axes == (1, 2)
+    loops = kernel_loops() if pixels and src.dtype.numpy == dst.dtype.numpy == np.int8 else None
+    channels = src.shape[-1]
     if spatial:
         # LiteRT's dedicated HxW path: float32 parameters, the input zero point folded into a bias.
         shift_back = np.float32(in_offset) * scale(src) / scale(dst)
         bias = out_offset - int(shift_back + np.float32(0.5) if shift_back > 0 else shift_back - np.float32(0.5))
         multiplier, shift = quantize_multiplier(scale(src) / (np.float32(count) * scale(dst)))
-        rescale = lane_rounding(vector_lanes(src.shape[3], 16))  # vectorised over 16 channels at a time
+        vector = vector_lanes(channels, 16)  # vectorised over 16 channels at a time
+        if loops is not None:
+            stage = QStage(multiplier, shift, np.zeros(channels, np.int64), ~vector, bias, bounds)
+            return prepared_run(loops, QMeanCall(src.shape, stage))
+        rescale = lane_rounding(vector)
 
         def run_spatial(ins, outs):
             store(outs[0], rescale(total(ins[0]), multiplier, shift) + bias, *bounds)
@@ -93,6 +121,9 @@ def mean(op: Op):
     extra = min(count.bit_length() - 1, 32, 31 + int(shift))
     multiplier = (int(multiplier) << extra) // count
     shift = shift - extra
+    if loops is not None:
+        stage = QStage(multiplier, shift, np.full(channels, -in_offset * count, np.int64), True, out_offset, bounds)
+        return prepared_run(loops, QMeanCall(src.shape, stage))
 
     def run(ins, outs):
         centred = total(ins[0]) - in_offset * count

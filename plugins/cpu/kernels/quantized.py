@@ -19,6 +19,7 @@ from delegate.plugin_api import Op
 from ..registry import kernel
 from .common import scratch
 from .elementwise import COMPARE, arithmetic
+from .native import PER_THREAD_ITEMS, LookupCall, QBinaryCall, QStage, kernel_loops, prepared_run, team_for
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -172,12 +173,17 @@ def add_sub(op: Op):
         output(x + sign * y, out)
 
     combined = [left_shift + int(shift) for _, shift in to_common]
-    if not vectorised or a.shape != b.shape or min(combined) < 0:
-        return lambda ins, outs: combine(ins, outs[0], loops)
+    same = a.shape == b.shape and min(combined) >= 0
     # Same shapes: one flat loop, vectorised on whole blocks of 16, whose high multiply of the
     # left-shifted operand is floor((v * M * 2**combined + 2**30) / 2**31), zero point folded in.
-    head = out.size - out.size % 16
-    factors = [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)]
+    head = out.size - out.size % 16 if vectorised else 0
+    factors = [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)] \
+        if same else None
+    native = _native_add_sub(op, to_common, output_real, offsets, head, factors) if same else None
+    if native is not None:
+        return native
+    if not vectorised or not same:
+        return lambda ins, outs: combine(ins, outs[0], loops)
     final = Rescale(output_real, zero_point(out), activation_bounds(op), True, 0, 1 << 30)
 
     def run(ins, outs):
@@ -191,6 +197,52 @@ def add_sub(op: Op):
         if head < out.size:
             combine([v[head:] for v in flat], outs[0].reshape(-1)[head:], None)
     return run
+
+
+_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def _binary_loops(op: Op, row: bool = False):
+    """At compile time: the native loops where an int8 binary op of operands of one shape (or, with
+    ``row``, a second one of a row of the last axis or one item) may run in native.c's qbinary; None
+    otherwise."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if any(t.dtype.numpy != np.int8 for t in (a, b, out)) or a.shape != out.shape or not (
+            b.shape == out.shape or row and out.shape and _row_period(b, out) is not None):
+        return None
+    return kernel_loops()
+
+
+def _row_period(b, out) -> int | None:
+    """How many items ``b`` repeats along ``out``'s rows: 1 for one item, the last axis for one row of it."""
+    size = int(np.prod(b.shape))
+    if size == 1:
+        return 1
+    if b.shape and b.shape[-1] == out.shape[-1] and size == out.shape[-1]:
+        return size
+    return None
+
+
+def _output_stage(real, op: Op) -> QStage:
+    """qbinary's output stage: ``real`` rescaled with gemmlowp's rounding, onto the output's zero point
+    and fused activation."""
+    return QStage(*quantize_multiplier(real), np.zeros(1, np.int64), True, zero_point(op.outputs[0]),
+                  activation_bounds(op))
+
+
+def _native_add_sub(op: Op, to_common, output_real, offsets, head: int, factors):
+    """run() of an int8 ADD / SUB of operands of one shape in native.c's qbinary (the first ``head``
+    items by ``factors``, the rest through each operand's common-scale stage); None where it does not
+    serve."""
+    loops = _binary_loops(op)
+    if loops is None:
+        return None
+    stages = tuple(QStage(m, shift, np.array([-zp]), True, 0, _INT32_RANGE, 20)
+                   for (m, shift), zp in zip(to_common, offsets))
+    size = int(np.prod(op.outputs[0].shape))
+    call = QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head,
+                       factors, stages)
+    return prepared_run(loops, call, 2)
 
 
 @kernel("SQUARED_DIFFERENCE", quantized=True)
@@ -215,8 +267,15 @@ def squared_difference(op: Op):
 @kernel("MUL", quantized=True)
 def mul(op: Op):
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    output = Requantize.of(scale(a) * scale(b) / scale(out), zero_point(out), activation_bounds(op))
+    real = scale(a) * scale(b) / scale(out)
     offsets = (zero_point(a), zero_point(b))
+    loops = _binary_loops(op, row=True)
+    if loops is not None:
+        size = int(np.prod(out.shape))
+        call = QBinaryCall("MUL", size, _output_stage(real, op), team_for(size, PER_THREAD_ITEMS), zeros=offsets,
+                           period=size if b.shape == out.shape else _row_period(b, out))
+        return prepared_run(loops, call, 2)
+    output = Requantize.of(real, zero_point(out), activation_bounds(op))
 
     def run(ins, outs):
         output((ins[0].astype(np.int64) - offsets[0]) * (ins[1].astype(np.int64) - offsets[1]), outs[0])
@@ -318,7 +377,18 @@ def transcendental(op: Op):
     """int8/uint8 inputs have 256 values: LiteRT tabulates the function once, and so do we."""
     if op.inputs[0].dtype.numpy == np.int16:
         return _INT16_KERNELS[op.opcode](op)
-    table = lookup_table(op, _TRANSCENDENTAL[op.opcode])
+    return _table_run(op, lookup_table(op, _TRANSCENDENTAL[op.opcode]))
+
+
+def _table_run(op: Op, table: np.ndarray):
+    """run() taking each int8 / uint8 input through ``table`` (indexed as table_index does): in native.c's
+    qlookup where the native loops serve."""
+    src = op.inputs[0]
+    loops = kernel_loops() if src.shape == op.outputs[0].shape else None
+    if loops is not None:
+        size = int(np.prod(src.shape))
+        call = LookupCall(table, size, src.dtype.numpy == np.int8, team_for(size, PER_THREAD_ITEMS))
+        return prepared_run(loops, call)
 
     def run(ins, outs):
         np.take(table, table_index(ins[0]), out=outs[0])
@@ -350,11 +420,7 @@ def gelu(op: Op):
     fn = _gelu(bool(op.options.get("approximate", False)))
     if op.inputs[0].dtype.numpy == np.int16:
         return quant_int16.table_kernel(op, fn)
-    table = lookup_table(op, fn)
-
-    def run(ins, outs):
-        np.take(table, table_index(ins[0]), out=outs[0])
-    return run
+    return _table_run(op, lookup_table(op, fn))
 
 
 def inverse_sqrt(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

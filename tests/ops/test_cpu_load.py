@@ -1,0 +1,93 @@
+"""The CPU kernels under load: native teams no larger than the cores the process may use, and no
+larger than the cores the machine's load leaves it at each run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from delegate_cpu.kernels import native, parallel
+
+affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+
+
+def test_free_cores_leave_out_other_runnable_tasks(monkeypatch):
+    monkeypatch.setattr(parallel, "available_cores", lambda: 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert parallel.free_cores("0.20 0.10 0.05 1/310 4242\n") == 4  # only the caller runs
+    assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 2  # two others
+    assert parallel.free_cores("9.00 9.00 9.00 12/310 4242\n") == 1  # oversubscribed: the caller alone
+    assert parallel.free_cores("unreadable") == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)  # others may run on cores outside the affinity
+    assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 4
+
+
+def test_runs_share_the_team_by_load_or_run_alone(monkeypatch):
+    """Each run caps the native team: at the free cores when shared, at one thread alone."""
+    monkeypatch.setattr(parallel, "free_cores", lambda: 3)
+    limits, modes = [], []
+    choice = parallel.ThreadChoice(limits.append)
+    for _ in range(6):
+        with choice():
+            modes.append(parallel._SHARING.get())
+    assert limits == [3 if shared else 1 for shared in modes] and set(modes) == {True, False}
+
+
+@pytest.mark.skipif(native.native_loops() is None, reason="the native loops do not build here")
+def test_team_limit_caps_every_loop():
+    loops = native.native_loops()
+    x = np.random.default_rng(0).standard_normal((64, 256), np.float32)
+    rhs = native.PackedOperand(np.random.default_rng(1).standard_normal((256, 48)).astype(np.float32),
+                               loops.panel_lanes)
+    shared, alone = np.empty((64, 48), np.float32), np.empty((64, 48), np.float32)
+    try:
+        loops.packed_product(x, rhs, shared, 4)
+        native.limit_team(1)
+        assert loops.library.get_team_limit() == 1
+        loops.packed_product(x, rhs, alone, 4)
+    finally:
+        native.limit_team(1 << 30)
+    np.testing.assert_array_equal(shared, alone)
+
+
+def _conv_model() -> bytes:
+    b = GraphBuilder()
+    x = b.input("x", (1, 64, 64, 64), "float32")
+    w = b.const("w", np.ones((64, 3, 3, 64), np.float32))
+    b.output(b.op("CONV_2D", [x, w], options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    return b.to_bytes()
+
+
+TEAM_UNDER_AFFINITY = """
+import os, sys
+from delegate import CompileOptions, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+g = read_model(open(sys.argv[1], "rb").read()).main
+be = default_manager().backend_info("cpu").factory({})
+print(be.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions(num_threads=4)).describe()["native_team"])
+"""
+
+
+@affinity
+def test_team_follows_a_restricted_affinity(tmp_path):
+    """Asked for 4 threads on one allowed core, a partition's team is that one core; with every core
+    allowed, as many as its work and the cores give."""
+    model = tmp_path / "conv.tflite"
+    model.write_bytes(_conv_model())
+    done = subprocess.run([sys.executable, "-c", TEAM_UNDER_AFFINITY, str(model)], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "1"
+    g = read_model(model.read_bytes()).main
+    be = default_manager().backend_info("cpu").factory({})
+    team = be.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions(num_threads=4)).describe()["native_team"]
+    assert team == min(4, len(os.sched_getaffinity(0)))

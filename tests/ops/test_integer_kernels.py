@@ -1,0 +1,315 @@
+"""native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
+MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
+formulations: builder-made edge cases, every op of the converter's quantized fixtures, and the portable
+C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from delegate import CompileOptions, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+from delegate.tflite.builder import GraphBuilder
+from delegate_cpu.kernels.native import NativeLoops, native_loops
+from tests.oputil import check_against_litert, litert, litert_run
+from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weights
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
+INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite"))
+INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}  # the convolutions'
+WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "wide_depthwise", "FULLY_CONNECTED": "wide_product"}
+# The symbols the fixtures' ops call, and the ops checked: every op of the int8 ones; the 16x8
+# convolutions of the int16x8 one (LiteRT cannot run the int16x8 transformer; its int16 ADD is a numpy
+# kernel one step off LiteRT's on rare ties).
+FIXTURE_CALLS = {**{name: ({"qconv", "qdepthwise", "qproduct", "qbinary"}, None) for name in INT8_FIXTURES},
+                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "wide_depthwise"}, set(WIDE))}
+seeds = st.integers(0, 2**16)
+zero_points = st.sampled_from([-128, -100, 0, 37, 127])
+
+
+@contextlib.contextmanager
+def native_calls():
+    """The prepared native calls runs make inside (by native.c symbol)."""
+    if native_loops() is None:
+        pytest.skip("no C compiler with OpenMP here: the native loops do not build")
+    called = []
+    prepared = NativeLoops.prepared
+
+    def spy(self, call, *arrays):
+        called.append(call.symbol)
+        return prepared(self, call, *arrays)
+    with mock.patch.object(NativeLoops, "prepared", spy):
+        yield called
+
+
+def exact(b: GraphBuilder, x: np.ndarray, native: bool = True) -> None:
+    check_against_litert(b.to_bytes(), [x], builtin=True, lsb=0, backend_options={"native": native})
+
+
+def conv_model(rng, opcode, shape, out_channels, kernel, stride, dilation, padding, act, in_zero, out_zero,
+               per_channel):
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05))
+    x = b.input("x", shape, "int8", quant=(in_scale, in_zero))
+    c = shape[-1]
+    if opcode == "DEPTHWISE_CONV_2D":
+        w, scales = weights(b, rng, (1, kernel, kernel, c), 3, "int8", per_channel)
+        depth, extra = kernel * kernel, {"depth_multiplier": 1}
+    else:
+        w, scales = weights(b, rng, (out_channels, kernel, kernel, c), 0, "int8", per_channel)
+        depth, extra = kernel * kernel * c, {}
+    out_quant = (matmul_out_scale(in_scale, scales, depth), out_zero)
+    b.output(b.op(opcode, [x, w, bias(b, rng, in_scale, scales, per_channel)], dtype="int8", quant=out_quant,
+                  options={"padding": padding, "stride_h": stride[0], "stride_w": stride[1],
+                           "dilation_h_factor": dilation, "dilation_w_factor": dilation,
+                           "fused_activation_function": act, **extra}))
+    return b
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["CONV_2D", "DEPTHWISE_CONV_2D"]), kernel=st.sampled_from([1, 2, 3, 5]),
+       stride=st.sampled_from([(1, 1), (2, 2), (1, 2), (3, 1)]), dilation=st.sampled_from([1, 2]),
+       padding=st.sampled_from(["SAME", "VALID"]), act=st.sampled_from(["NONE", "RELU", "RELU6"]),
+       channels=st.integers(1, 37), out_channels=st.integers(1, 40), in_zero=zero_points, out_zero=zero_points,
+       per_channel=st.booleans())
+def test_convolutions_are_bit_exact(seed, opcode, kernel, stride, dilation, padding, act, channels,
+                                    out_channels, in_zero, out_zero, per_channel):
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(5, 14)), int(rng.integers(5, 14)), channels)
+    if padding == "VALID" and (kernel - 1) * dilation + 1 > min(shape[1:3]):
+        padding = "SAME"
+    b = conv_model(rng, opcode, shape, out_channels, kernel, stride, dilation, padding, act, in_zero, out_zero,
+                   per_channel)
+    with native_calls() as called:
+        exact(b, random_q(rng, shape))
+    assert called and set(called) <= INTEGER_SYMBOLS
+    exact(b, random_q(rng, shape), native=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, depth=st.integers(1, 300), units=st.integers(1, 70), rows=st.integers(1, 9),
+       in_zero=zero_points, out_zero=zero_points, per_channel=st.booleans(), act=st.sampled_from(["NONE", "RELU"]))
+def test_fully_connected_is_bit_exact(seed, depth, units, rows, in_zero, out_zero, per_channel, act):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05))
+    x = b.input("x", (rows, depth), "int8", quant=(in_scale, in_zero))
+    w, scales = weights(b, rng, (units, depth), 0, "int8", per_channel)
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias(b, rng, in_scale, scales, per_channel)], dtype="int8",
+                  quant=(matmul_out_scale(in_scale, scales, depth), out_zero),
+                  options={"fused_activation_function": act}))
+    x = random_q(rng, (rows, depth))
+    with native_calls() as called:
+        exact(b, x)
+    assert called == ["qproduct"]
+    exact(b, x, native=False)
+
+
+def test_extreme_inputs_and_weights_are_exact():
+    """Every input at -128 or 127 and weights at -127 / 127: the largest products and sums."""
+    rng = np.random.default_rng(7)
+    with native_calls() as called:
+        _extremes(rng)
+    assert set(called) == {"qconv", "qdepthwise"}
+
+
+def _extremes(rng):
+    for opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        b = GraphBuilder()
+        x = b.input("x", (1, 9, 9, 19), "int8", quant=(0.02, -128))
+        shape = (1, 3, 3, 19) if opcode == "DEPTHWISE_CONV_2D" else (21, 3, 3, 19)
+        axis = 3 if opcode == "DEPTHWISE_CONV_2D" else 0
+        scales = rng.uniform(0.002, 0.02, shape[axis]).astype(np.float32)
+        w = b.const("w", rng.choice(np.array([-127, 127], np.int8), shape), quant=(scales, np.zeros(shape[axis]), axis))
+        b.output(b.op(opcode, [x, w, bias(b, rng, 0.02, scales)], dtype="int8", quant=(4.0, 127),
+                      options={"padding": "SAME", "stride_h": 1, "stride_w": 1,
+                               **({"depth_multiplier": 1} if axis == 3 else {})}))
+        exact(b, rng.choice(np.array([-128, 127], np.int8), (1, 9, 9, 19)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["ADD", "SUB", "MUL"]), size=st.integers(1, 70), zeros=st.tuples(
+    zero_points, zero_points, zero_points), scales=st.tuples(*[st.floats(0.002, 0.2)] * 3),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]), row=st.sampled_from([None, (11,), (1, 1, 11), (1,)]))
+def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act, row):
+    """Flat loops with LiteRT's vector blocks of 16 and their scalar tail, every zero point; MUL by one
+    row of the last axis, or by one item."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    shape = (1, size, 11)
+    row = row if opcode == "MUL" else None
+    x = b.input("x", shape, "int8", quant=(scales[0], zeros[0]))
+    y = b.input("y", row or shape, "int8", quant=(scales[1], zeros[1]))
+    b.output(b.op(opcode, [x, y], dtype="int8", quant=(scales[2], zeros[2]),
+                  options={"fused_activation_function": act}))
+    inputs = [random_q(rng, shape), random_q(rng, row or shape)]
+    for native in (True, False):
+        with native_calls() as called:
+            check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=0, backend_options={"native": native})
+        assert called == (["qbinary"] if native else [])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), window=st.sampled_from([1, 2, 3, 5]),
+       stride=st.sampled_from([1, 2, 3]), padding=st.sampled_from(["SAME", "VALID"]),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]), channels=st.integers(1, 33), zero=zero_points)
+def test_pooling_is_bit_exact(seed, opcode, window, stride, padding, act, channels, zero):
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(5, 12)), int(rng.integers(5, 12)), channels)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int8", quant=(0.03, zero))
+    b.output(b.op(opcode, [x], dtype="int8", quant=(0.03, zero), options={
+        "padding": padding, "stride_h": stride, "stride_w": stride, "filter_height": window, "filter_width": window,
+        "fused_activation_function": act}))
+    inputs = random_q(rng, shape)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qpool"]
+    exact(b, inputs, native=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, keep_dims=st.booleans(), channels=st.integers(1, 40), zeros=st.tuples(zero_points, zero_points),
+       ratio=st.floats(0.3, 3.0))
+def test_spatial_mean_is_bit_exact(seed, keep_dims, channels, zeros, ratio):
+    """LiteRT's HxW path (keep_dims: ties up on whole blocks of 16 channels) and its generic one."""
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 9)), int(rng.integers(1, 9)), channels)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int8", quant=(0.02, zeros[0]))
+    b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": keep_dims},
+                  dtype="int8", quant=(0.02 * ratio, zeros[1])))
+    inputs = random_q(rng, shape)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qmean"]
+    exact(b, inputs, native=False)
+
+
+@pytest.mark.parametrize("dtype, opcode", [("int8", "LOGISTIC"), ("uint8", "TANH"), ("int8", "GELU")])
+def test_table_lookups_are_bit_exact(dtype, opcode):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    zero = -5 if dtype == "int8" else 131
+    x = b.input("x", (3, 77), dtype, quant=(0.04, zero))
+    out_quant = (1 / 256, -128 if dtype == "int8" else 0) if opcode == "LOGISTIC" else (1 / 128, zero)
+    b.output(b.op(opcode, [x], dtype=dtype, quant=out_quant))
+    inputs = random_q(rng, (3, 77), dtype)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qlookup"]
+    exact(b, inputs, native=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, opcode=st.sampled_from(["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"]),
+       bias_type=st.sampled_from(["INT64", "INT32"]), kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
+       padding=st.sampled_from(["SAME", "VALID"]), channels=st.integers(1, 19), units=st.integers(1, 21),
+       act=st.sampled_from(["NONE", "RELU", "RELU6"]))
+def test_16x8_layers_are_bit_exact(seed, opcode, bias_type, kernel, stride, padding, channels, units, act):
+    """int16 activations with int8 weights: int64 biases take LiteRT's reference rescale, int32 ones ruy's
+    (FULLY_CONNECTED's reference rescale in double stays with numpy)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05)) / 256
+    options = {"fused_activation_function": act}
+    if opcode == "FULLY_CONNECTED":
+        shape, w_shape, axis, depth = (3, channels), (units, channels), 0, channels
+    else:
+        shape = (1, int(rng.integers(5, 11)), int(rng.integers(5, 11)), channels)
+        depthwise = opcode == "DEPTHWISE_CONV_2D"
+        w_shape, axis = ((1, kernel, kernel, channels), 3) if depthwise else ((units, kernel, kernel, channels), 0)
+        depth = kernel * kernel * (1 if depthwise else channels)
+        options.update(padding=padding, stride_h=stride, stride_w=stride)
+        if depthwise:
+            options["depth_multiplier"] = 1
+            bias_type = "INT64"  # LiteRT's 16x8 depthwise reads int64 biases only
+    if bias_type == "INT32":
+        options["quantized_bias_type"] = 2  # TensorType INT32
+    x = b.input("x", shape, "int16", quant=(in_scale, 0))
+    w, scales = weights(b, rng, w_shape, axis)
+    bias_tensor = bias(b, rng, in_scale, scales, dtype=np.int64 if bias_type == "INT64" else np.int32)
+    b.output(b.op(opcode, [x, w, bias_tensor], options=options, dtype="int16",
+                  quant=(matmul_out_scale(in_scale, scales, depth, "int16"), 0)))
+    inputs = random_q(rng, shape, "int16")
+    with native_calls() as called:
+        exact(b, inputs)
+    reference_fc = opcode == "FULLY_CONNECTED" and bias_type == "INT64"
+    assert called == ([] if reference_fc else [WIDE[opcode]])
+    exact(b, inputs, native=False)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_CALLS))
+def test_every_op_of_the_quantized_fixtures_is_bit_exact(name):
+    """Each op on LiteRT's own intermediate tensors, alone."""
+    data = (FIXTURES / name).read_bytes()
+    it = litert.Interpreter(model_content=data, experimental_preserve_all_tensors=True,
+                            experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], random_q(rng, d["shape"], d["dtype"]))
+    it.invoke()
+    g = read_model(data).main
+    backend = default_manager().backend_info("cpu").factory({})
+    checked, calls = 0, native_calls()
+    called = calls.__enter__()
+    symbols, opcodes = FIXTURE_CALLS[name]
+    for op in g.ops:
+        if opcodes is not None and op.opcode not in opcodes:
+            continue
+        compiled = backend.compile(make_partition(g, [op], "cpu", 0), CompileOptions())
+        out = compiled.run({t.index: it.get_tensor(t.index) for t in make_partition(g, [op], "cpu", 0).inputs})
+        np.testing.assert_array_equal(out[op.outputs[0].index], it.get_tensor(op.outputs[0].index),
+                                      err_msg=op.describe())
+        checked += 1
+    calls.__exit__(None, None, None)
+    assert checked >= 5 and symbols <= set(called)
+
+
+PORTABLE_RUN = """
+import numpy as np
+from delegate_cpu.kernels.native import native_loops
+from tests.ops import test_integer_kernels as t
+assert native_loops().integer_isa == "portable", native_loops().integer_isa
+rng = np.random.default_rng(3)
+for opcode, kernel, stride in (("CONV_2D", 3, (2, 2)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (1, 1))):
+    b = t.conv_model(rng, opcode, (1, 11, 10, 13), 21, kernel, stride, 1, "SAME", "RELU", -128, 5, True)
+    t.exact(b, t.random_q(rng, (1, 11, 10, 13)))
+print("exact")
+"""
+
+
+def test_portable_products_are_bit_exact(tmp_path):
+    """The portable C path, as machines without AVX2 build it."""
+    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-avx2 -mno-avx512f", "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PORTABLE_RUN], cwd=Path(__file__).parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", INT8_FIXTURES)
+def test_whole_int8_fixtures_run_in_few_native_calls(name):
+    """A partition's stretches of integer kernels run as one native call each, bit-exact end to end."""
+    if native_loops() is None:
+        pytest.skip("no C compiler with OpenMP here: the native loops do not build")
+    data = (FIXTURES / name).read_bytes()
+    g = read_model(data).main
+    compiled = default_manager().backend_info("cpu").factory({}).compile(make_partition(g, g.ops, "cpu", 0),
+                                                                         CompileOptions())
+    assert len(compiled.batched) * 2 < len(compiled.steps)
+    rng = np.random.default_rng(1)
+    inputs = [random_q(rng, t.shape, t.dtype.numpy) for t in g.inputs]
+    expected = litert_run(data, inputs, builtin=True)
+    for _ in range(2):  # the bound buffers are reused run after run
+        out = compiled.run({t.index: x for t, x in zip(g.inputs, inputs)})
+        for t, e in zip(g.outputs, expected):
+            np.testing.assert_array_equal(out[t.index], e)
