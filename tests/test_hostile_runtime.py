@@ -387,8 +387,10 @@ def test_the_native_library_is_loaded_only_from_a_verified_entry(tmp_path, monke
     if native.native_loops() is None:
         pytest.skip("no C compiler: the native loops are not built here")
     store = EntryStore(native.native_cache_dir(), "cpu", "native")
-    header = next(h for sub, _, h, _ in entries(native.native_cache_dir()) if sub == "cpu")
-    library = store.load(header["key"], "so")
+    # this build's entry (the cache may hold builds of other versions of the source)
+    key = native.entry_key(native.SOURCE.read_bytes(), native._compiler(), native.native_loops().flags)
+    library = store.load(key, "so")
+    assert library is not None
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     builds = []
     monkeypatch.setattr(native, "_build", lambda compiler, flags: builds.append(flags) or library)

@@ -921,7 +921,7 @@ def _load() -> NativeLoops | None:
                     ", ".join(SANITIZE_FLAGS))
     for flags in FLAG_SETS:
         flags = [*flags, *SANITIZE_FLAGS.get(sanitize, []), *shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))]
-        key = hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
+        key = entry_key(source, compiler, flags)
         library = store.load(key, "so")
         if library is None:
             library = _build(compiler, flags)
@@ -936,6 +936,11 @@ def _load() -> NativeLoops | None:
             return None
     log.info("cpu: %s could not build the native loops; the numpy kernels run instead", " ".join(compiler))
     return None
+
+
+def entry_key(source: bytes, compiler: list[str], flags: list[str]) -> str:
+    """The cache key of one build: source, compiler command, flags and machine."""
+    return hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
 
 
 def native_cache_dir() -> Path:
