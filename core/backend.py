@@ -131,6 +131,7 @@ class Backend(abc.ABC):
     layout: str = "NHWC"
     precisions: tuple[str, ...] = ("fp32",)
     is_accelerator: bool = False
+    fusions: frozenset[str] = frozenset()  # what its kernels fold into a neighbour (kinds of delegate.passes.FUSIONS)
 
     @abc.abstractmethod
     def supports(self, op: Op, options: CompileOptions) -> Support:
