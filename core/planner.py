@@ -183,7 +183,7 @@ class Planner:
         self.options = options
         self.settings = settings or PlacementSettings()
         self.accelerators = [n for n in self.backends if n != "cpu"]
-        self._groups: dict[int, tuple[dict[str, list[Group]], dict[int, tuple[Op, ...]]]] = {}
+        self._groups: dict[int, tuple[Subgraph, dict[str, list[Group]], dict[int, tuple[Op, ...]]]] = {}
 
     # -- costs -----------------------------------------------------------
     def op_cost(self, op: Op, backend: str) -> float:
@@ -210,7 +210,8 @@ class Planner:
         return self.profiles[backend].transfer_ms(t.nbytes) + convert
 
     def capabilities(self, graph: Subgraph) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]]]:
-        """Per op: cost on each backend that can run it, and the reason of each that cannot."""
+        """Per op: cost on each backend that can run it, and the reason of each that cannot.  The ops of a fused
+        group go only to backends that run all of it, and cost nothing where they are folded into its anchor."""
         costs: dict[int, dict[str, float]] = {}
         refusals: dict[int, dict[str, str]] = {}
         for op in graph.ops:
@@ -243,23 +244,26 @@ class Planner:
                 reasons = "; ".join(f"{b}: {r}" for b, r in refusals[op.index].items())
                 raise UnsupportedOpError(f"{op.describe()} cannot run on any backend ({reasons})",
                                          op_index=op.index, opcode=op.opcode)
+        groups, _ = self.groups(graph, costs)
         self.place_units(graph, costs, refusals)
-        groups, _ = self.groups(graph)
         fold_group_costs(costs, {name: set(folded_into(groups[name])) | (
             {op.index for op in graph.ops if folds_constant(op)} if "constant" in be.fusions else set())
             for name, be in self.backends.items()})
         return costs, refusals
 
     # -- fused groups ------------------------------------------------------
-    def groups(self, graph: Subgraph) -> tuple[dict[str, list[Group]], dict[int, tuple[Op, ...]]]:
-        """Each backend's fused groups (``delegate.passes``, for the fusions it declares), and the units
-        placement moves whole: op index -> the ops of its unit (groups of different backends that share
-        an op merged), in topological order."""
+    def groups(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]] | None = None
+               ) -> tuple[dict[str, list[Group]], dict[int, tuple[Op, ...]]]:
+        """Each backend's fused groups (``delegate.passes``, for the fusions it declares, among the ops it
+        can run: ``costs``, as ``capabilities`` found them), and the units placement moves whole: op index
+        -> the ops of its unit (groups of different backends that share an op merged), in topological
+        order.  Without ``costs``: those ``capabilities`` found last for ``graph``."""
         key = id(graph)
-        if key not in self._groups:
+        if costs is not None or self._groups.get(key, (None,))[0] is not graph:
             order = graph.topological_order()
             keep = {t.index for t in graph.outputs}
-            groups = {name: find_groups(order, be.fusions, keep) for name, be in self.backends.items()}
+            groups = {name: find_groups([op for op in order if costs is None or name in costs[op.index]],
+                                        be.fusions, keep) for name, be in self.backends.items()}
             parent = {op.index: op.index for op in order}
 
             def root(i: int) -> int:
@@ -273,8 +277,8 @@ class Planner:
             members: dict[int, list[Op]] = {}
             for op in order:
                 members.setdefault(root(op.index), []).append(op)
-            self._groups[key] = groups, {op.index: tuple(members[root(op.index)]) for op in order}
-        return self._groups[key]
+            self._groups[key] = graph, groups, {op.index: tuple(members[root(op.index)]) for op in order}
+        return self._groups[key][1:]
 
     def place_units(self, graph: Subgraph, costs: dict[int, dict[str, float]],
                     refusals: dict[int, dict[str, str]]) -> None:

@@ -23,7 +23,7 @@ from delegate import CompileOptions, read_model
 from delegate.gpu.registry import accepted
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
-from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
+from tests.models import normal, pool_model, sparse_conv_model, transpose_conv_bias_pair, transpose_conv_model
 from tests.oputil import assert_close, delegate_run, litert_run, require_backend
 
 BACKENDS = ("opencl", "wgpu")
@@ -360,6 +360,12 @@ def _dequantize(rng):
              dtype="float32")
     b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, (5,)))], options=CONV))
     return b.to_bytes(), [normal(rng, (1, 4, 4, 3))], None
+
+
+@case("DENSIFY", "sparse_fp16_weights")
+def _densify(rng):
+    """Sparse float16 weights made dense, then widened, for a convolution."""
+    return sparse_conv_model(rng, (1, 4, 4, 12), 5), [normal(rng, (1, 4, 4, 12))], None
 
 
 def _load_lowerings() -> None:

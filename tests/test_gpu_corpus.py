@@ -1,4 +1,5 @@
-"""The whole corpus on each GPU backend (PoCL and lavapipe here) matches the CPU backend.
+"""The whole corpus on each GPU backend (PoCL and lavapipe here): the share of its ops a GPU backend
+accepts, and every model with what it accepts placed there matching LiteRT.
 
 Every op a GPU backend supports is placed on it (greedy partitioner, no partition limit);
 the rest runs on the CPU, so mixed plans and boundary copies are exercised as well.
@@ -9,13 +10,16 @@ import pytest
 
 from delegate import CompileOptions, read_model, zoo
 from delegate.planner import PlacementSettings
+from delegate.plugins import default_manager
 from delegate.session import RunSettings, Session
 from tests.mediapipe import NEEDS_MEDIAPIPE_OPS, mediapipe_models
-from tests.oputil import require_backend
+from tests.oputil import litert_run, require_backend
 from tests.test_converter_models import FIXTURES, MANIFEST
 
-# fp32 on a GPU backend: within this fraction of each output's range of the CPU backend's result.
+# fp32 on a GPU backend: within this fraction of each output's range of LiteRT's result.
 TOLERANCE = 5e-4
+# The share of the corpus's ops (every model, quantized ones included) each GPU backend must accept.
+OP_SHARE = 0.97
 
 
 def corpus() -> list[tuple[str, bytes]]:
@@ -30,14 +34,30 @@ def corpus() -> list[tuple[str, bytes]]:
 CORPUS = corpus()
 
 
+@pytest.mark.parametrize("backend", ["opencl", "wgpu"])
+def test_corpus_op_share(backend):
+    """Of all the corpus's ops (the models above, those with MediaPipe's own ops and the quantized fixtures
+    too), the backend accepts at least OP_SHARE."""
+    require_backend(backend)
+    models = [data for _, data in CORPUS]
+    models += [path.read_bytes() for name, path in mediapipe_models().items() if name in NEEDS_MEDIAPIPE_OPS]
+    models += [(FIXTURES / name).read_bytes() for name in sorted(MANIFEST) if MANIFEST[name]["mode"] not in
+               ("fp32", "fp16")]
+    be = default_manager().backend_info(backend).factory({})
+    options = CompileOptions(allow_quantized=True)
+    answers = [bool(be.supports(op, options)) for data in models for op in read_model(data).main.ops]
+    share = sum(answers) / len(answers)
+    assert share >= OP_SHARE, f"{backend} accepts {sum(answers)} of {len(answers)} ops ({share:.1%})"
+
+
 @pytest.fixture(scope="module")
-def cpu_results():
+def litert_results():
     return {}
 
 
 @pytest.mark.parametrize("backend", ["opencl", "wgpu"])
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS])
-def test_corpus_model_matches_cpu(backend, label, cpu_results):
+def test_corpus_model_matches_litert(backend, label, litert_results):
     require_backend(backend)
     data = dict(CORPUS)[label]
     model = read_model(data)
@@ -49,9 +69,9 @@ def test_corpus_model_matches_cpu(backend, label, cpu_results):
             inputs.append(rng.integers(0, lookups[0].inputs[0].shape[0], t.shape).astype(t.dtype.numpy))
         else:
             inputs.append(rng.uniform(-1, 1, t.shape).astype(t.dtype.numpy))
-    if label not in cpu_results:
-        cpu_results[label] = Session(read_model(data), RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(inputs)
-    expected = cpu_results[label]
+    if label not in litert_results:
+        litert_results[label] = dict(zip([t.name for t in model.main.outputs], litert_run(data, inputs, builtin=True)))
+    expected = litert_results[label]
     session = Session(model, RunSettings(backends=[(backend, {}), ("cpu", {"engine": "numpy"})],
                                          compile=CompileOptions(precision="fp32", allow_quantized=True),
                                          placement=PlacementSettings(partitioner="greedy"), fallback=False))

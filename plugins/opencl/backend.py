@@ -8,7 +8,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu.constants import is_folded_dequantize
 from delegate.gpu.registry import supports
 from delegate.ir import Op
 
@@ -67,6 +66,9 @@ class OpenCLBackend(Backend):
     layout = "PHWC4"
     precisions = ("fp32", "fp16")
     is_accelerator = True
+    # what the lowering folds into a neighbour's kernel (delegate.passes groups; the lowering's epilogue
+    # planning, delegate.gpu.fusion, fuses at least those)
+    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise"})
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()
@@ -75,10 +77,6 @@ class OpenCLBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
-
-    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
-        return 0.0 if is_folded_dequantize(op) else None
 
     def half_precision(self) -> tuple[bool, str]:
         if self.state.facts["fp16"]:
