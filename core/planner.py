@@ -616,8 +616,8 @@ class Planner:
             else:
                 reason = f"{chosen} {est[chosen]:.4f} ms" + (f" vs cpu {est['cpu']:.4f} ms" if "cpu" in est else
                                                               " (cpu cannot run it)")
-            if anchor is not None:
-                reason = f"fused into #{anchor} ({kind}); {reason}"
+            if anchor is not None:  # the anchor's line says why the group is where it is
+                reason = f"fused into #{anchor} ({kind})"
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
                                   copies_into.get(op.index, 0), anchor))
         return out
