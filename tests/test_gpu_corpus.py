@@ -16,7 +16,8 @@ from tests.mediapipe import NEEDS_MEDIAPIPE_OPS, mediapipe_models
 from tests.oputil import litert_run, require_backend
 from tests.test_converter_models import FIXTURES, MANIFEST
 
-# fp32 on a GPU backend: within this fraction of each output's range of LiteRT's result.
+# fp32 on a GPU backend: within this fraction of each output's range of LiteRT's result (or within twice
+# what separates LiteRT's two kernel sets, where that is more).
 TOLERANCE = 5e-4
 # The share of the corpus's ops (every model, quantized ones included) each GPU backend must accept.
 OP_SHARE = 0.97
@@ -50,13 +51,23 @@ def test_corpus_op_share(backend):
     assert share >= OP_SHARE, f"{backend} accepts {sum(answers)} of {len(answers)} ops ({share:.1%})"
 
 
-def reference(data: bytes, model, inputs) -> dict:
-    """LiteRT's outputs by name; where its pip interpreter lacks one of the model's custom ops (MediaPipe's
-    Convolution2DTransposeBias), the CPU backend's, whose kernel for it is checked against LiteRT's
-    builtin equivalent (tests/ops/test_custom_ops.py)."""
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Largest difference as a fraction of the expected output's range."""
+    return float(np.abs(actual.astype(np.float64) - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
+
+
+def reference(data: bytes, model, inputs) -> dict[str, tuple[np.ndarray, float]]:
+    """Per output: LiteRT's builtin kernels' result, and how far LiteRT's XNNPACK kernels are from it (an
+    output that deep chains make ill-conditioned differs between LiteRT's own two kernel sets too).  Where
+    LiteRT's pip interpreter lacks one of the model's custom ops (MediaPipe's Convolution2DTransposeBias):
+    the CPU backend's result, its kernel for that op checked against LiteRT's builtin equivalent
+    (tests/ops/test_custom_ops.py)."""
     if any(op.custom for op in model.main.ops):
-        return Session(read_model(data), RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(inputs)
-    return dict(zip([t.name for t in model.main.outputs], litert_run(data, inputs, builtin=True)))
+        cpu = Session(read_model(data), RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(inputs)
+        return {name: (value, 0.0) for name, value in cpu.items()}
+    names = [t.name for t in model.main.outputs]
+    builtin, xnnpack = litert_run(data, inputs, builtin=True), litert_run(data, inputs)
+    return {name: (e, relative_error(x, e)) for name, e, x in zip(names, builtin, xnnpack)}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +98,7 @@ def test_corpus_model_matches_litert(backend, label, litert_results):
     placed = sum(len(p.ops) for p in session.plan.partitions if p.backend == backend)
     assert placed > 0, f"nothing of {label} was placed on {backend}"
     actual = session.run(inputs)
-    for name, e in expected.items():
-        scale = max(float(np.abs(e).max()), 1e-6)
-        error = float(np.abs(actual[name].astype(np.float64) - e).max()) / scale
-        assert error <= TOLERANCE, f"{label} on {backend}: output {name!r} off by {error:.3g} of its range"
+    for name, (e, spread) in expected.items():
+        error = relative_error(actual[name], e)
+        assert error <= max(TOLERANCE, 2 * spread), \
+            f"{label} on {backend}: output {name!r} off by {error:.3g} of its range (LiteRT's kernel sets: {spread:.3g})"
