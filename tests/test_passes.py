@@ -125,3 +125,42 @@ def test_placement_never_splits_a_group(problem):
             part_of = {i: p.index for p in partitions for i in p.op_indices}
             for unit in units.values():
                 assert len({part_of[op.index] for op in unit}) == 1, (candidate.name, unit)
+
+
+def squeeze_excite_and_separable(rng) -> bytes:
+    """A depthwise convolution -> RELU6 -> 1x1 convolution (a separable block); a gate MUL of another input by
+    one value per channel -> 1x1 convolution; the ADD of both -> RELU."""
+    b = GraphBuilder()
+    x, r = b.input("x", (1, 6, 6, 8)), b.input("r", (1, 6, 6, 8))
+    gate = b.input("gate", (1, 1, 1, 8))
+    dw = b.op("DEPTHWISE_CONV_2D", [x, b.const("dw", normal(rng, (1, 3, 3, 8))), b.const("db", normal(rng, 8))],
+              options={**CONV, "padding": "SAME", "depth_multiplier": 1})
+    pw = b.op("CONV_2D", [b.op("RELU6", [dw]), b.const("pw", normal(rng, (8, 1, 1, 8))), b.const("pb", normal(rng, 8))],
+              options=CONV)
+    gated = b.op("CONV_2D", [b.op("MUL", [r, gate], options={"fused_activation_function": "NONE"}),
+                             b.const("gw", normal(rng, (8, 1, 1, 8))), b.const("gb", normal(rng, 8))], options=CONV)
+    b.output(b.op("RELU", [b.op("ADD", [pw, gated], options={"fused_activation_function": "NONE"})]))
+    return b.to_bytes()
+
+
+def test_gate_depthwise_pointwise_and_epilogue_groups():
+    """With the OpenCL backend's fusions: the depthwise convolution and its RELU6 fold into the pointwise one,
+    whose epilogue takes the ADD and the RELU; the gate MUL folds into the convolution reading it.  The CPU's
+    fusions group only the RELU6 with the depthwise convolution and the RELU with the ADD."""
+    graph = read_model(squeeze_excite_and_separable(np.random.default_rng(3))).main
+    opencl = {"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise"}
+    described = {(g.anchor.index, tuple(op.index for op in g.folded), g.kinds) for g in find_groups(graph.ops, opencl)}
+    assert described == {(2, (0, 1, 5, 6), ("depthwise_pointwise", "activation", "epilogue", "activation")),
+                         (4, (3,), ("gate",))}
+    cpu = {(g.anchor.index, tuple(op.index for op in g.folded)) for g in find_groups(graph.ops, {"activation"})}
+    assert cpu == {(0, (1,)), (5, (6,))}
+
+
+@GPUS
+def test_fused_blocks_match_litert(backend):
+    require_backend(backend)
+    rng = np.random.default_rng(4)
+    model = squeeze_excite_and_separable(rng)
+    s = session(model, backend)
+    assert [p.backend for p in s.plan.partitions] == [backend]
+    check(s, model, [normal(rng, t.shape) for t in s.graph.inputs])
