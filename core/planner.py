@@ -244,12 +244,18 @@ class Planner:
                 reasons = "; ".join(f"{b}: {r}" for b, r in refusals[op.index].items())
                 raise UnsupportedOpError(f"{op.describe()} cannot run on any backend ({reasons})",
                                          op_index=op.index, opcode=op.opcode)
-        groups, _ = self.groups(graph, costs)
+        self.groups(graph, costs)
         self.place_units(graph, costs, refusals)
-        fold_group_costs(costs, {name: set(folded_into(groups[name])) | (
-            {op.index for op in graph.ops if folds_constant(op)} if "constant" in be.fusions else set())
-            for name, be in self.backends.items()})
+        fold_group_costs(costs, {name: self.folded(graph, name) for name in self.backends})
         return costs, refusals
+
+    def folded(self, graph: Subgraph, backend: str) -> set[int]:
+        """The ops ``backend`` never runs on their own: folded into a group's anchor, or, where it folds
+        constants, computing a compile-time constant."""
+        groups, _ = self.groups(graph)
+        constants = {op.index for op in graph.ops if folds_constant(op)} if "constant" in \
+            self.backends[backend].fusions else set()
+        return set(folded_into(groups[backend])) | constants
 
     # -- fused groups ------------------------------------------------------
     def groups(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]] | None = None
