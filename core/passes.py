@@ -217,7 +217,8 @@ def _folds_into(group: list[tuple[Op, str]], conv: Op, fusions: Collection[str])
         return "pad"
     if conv.opcode != "CONV_2D" or not _pointwise(conv):
         return None
-    if "gate" in fusions and len(group) == 1 and source.opcode == "MUL" and _gate(source):
+    if "gate" in fusions and len(group) == 1 and source.opcode == "MUL" and len(source.inputs) == 2 \
+            and (source.options.get("fused_activation_function") or "NONE") == "NONE" and gate_operands(source):
         return "gate"
     if "depthwise_pointwise" in fusions and source.opcode == "DEPTHWISE_CONV_2D" and all(
             op.opcode in EPILOGUE_UNARY or kind == "constant" for op, kind in group[1:]):
@@ -250,16 +251,18 @@ def _pointwise(op: Op) -> bool:
             and tuple(weights.shape[1:3]) == (1, 1) and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1)
 
 
-def _gate(op: Op) -> bool:
-    """A MUL of an NHWC image by one value per image and channel (a squeeze-and-excitation gate)."""
-    if op.options.get("fused_activation_function", "NONE") not in ("NONE", None) or len(op.inputs) != 2:
-        return False
-    out = op.outputs[0].shape
+def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
+    """(image, gate) of a MUL whose gate has one value per image and channel, as a squeeze-and-excitation
+    block gates its input; else None."""
     for image, gate in (op.inputs, op.inputs[::-1]):
-        if (image is not None and gate is not None and len(out) == 4 and tuple(image.shape) == tuple(out)
-                and len(gate.shape) == 4 and tuple(gate.shape[1:]) == (1, 1, out[3]) and gate.shape[0] in (1, out[0])):
-            return True
-    return False
+        if image is None or gate is None or len(image.shape) != 4 or len(gate.shape) > 4 \
+                or tuple(image.shape) != tuple(op.outputs[0].shape):
+            continue
+        n, _, _, c = image.shape
+        gate_nhwc = (1,) * (4 - len(gate.shape)) + tuple(gate.shape)
+        if gate_nhwc[1:] == (1, 1, c) and gate_nhwc[0] in (1, n):
+            return image, gate
+    return None
 
 
 def _follower(op: Op, fusions: Collection[str], keep: Collection[int]) -> tuple[Op, str] | None:
