@@ -126,10 +126,6 @@ class Group:
     folded: tuple[Op, ...]
     kinds: tuple[str, ...]
 
-    @property
-    def ops(self) -> tuple[Op, ...]:
-        return (self.anchor, *self.folded)
-
 
 def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[int] = ()) -> list[Group]:
     """The groups among ``ops`` (topologically ordered) for a backend doing the fusions ``fusions``, in
@@ -138,6 +134,7 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
     members = {id(op) for op in ops}
     found: dict[int, list[tuple[Op, str]]] = {}  # id(anchor) -> [(anchor, ""), (folded op, kind)...]
     owner: dict[int, int] = {}  # id(op) -> id(its group's anchor)
+    tail: dict[int, Op] = {}  # id(anchor) -> the op whose result the group stores
 
     def take(anchor: Op, op: Op, kind: str) -> None:
         found.setdefault(id(anchor), [(anchor, "")]).append((op, kind))
@@ -152,11 +149,12 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
                     take(anchor, op, "constant")
         source = _single_source(anchor, keep)
         if source is not None and id(source) in members:
-            # a source already grouped comes with its group when it is that group's last op
-            group = found.get(owner.get(id(source), id(source)), [(source, "")])
-            kind = _folds_into(group, anchor, fusions) if group[-1][0] is source else None
+            # a source already grouped comes with its group when that group stores what ``anchor`` reads
+            key = owner.get(id(source), id(source))
+            group = found.get(key, [(source, "")])
+            kind = _folds_into(group, anchor, fusions) if tail.get(key, source) is source else None
             if kind is not None:
-                found.pop(id(group[0][0]), None)
+                found.pop(key, None)
                 for op, inner in group:
                     take(anchor, op, inner or kind)
         value = anchor
@@ -166,6 +164,7 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
             value = follower[0]
             if follower[1] == "activation":
                 break
+        tail[id(anchor)] = value
     return [Group(entries[0][0], tuple(op for op, _ in entries[1:]), tuple(kind for _, kind in entries[1:]))
             for entries in found.values()]
 
