@@ -94,4 +94,3 @@ def require_backend(name: str) -> None:
         ok, why = False, str(exc)
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
-
