@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -141,6 +141,16 @@ def op_flops(op: Op) -> float:
     out = sum(t.size for t in op.outputs)
     ins = sum(t.size for t in op.inputs if t is not None)
     return float(max(out, ins))
+
+
+def fold_group_costs(costs: dict[int, dict[str, float]], folded: Mapping[str, Collection[int]]) -> None:
+    """A fused group costs one kernel, its anchor's: on each backend, the ops it folds into their group's
+    anchor (``folded[backend]``, op indices; constants it computes at compile time among them) cost
+    nothing of their own."""
+    for backend, indices in folded.items():
+        for index in indices:
+            if backend in costs.get(index, {}):
+                costs[index][backend] = 0.0
 
 
 def op_bytes(op: Op) -> float:

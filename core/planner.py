@@ -15,15 +15,17 @@ the greedy plan cheaper, so the cost plan never costs more.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
-from .cost import DeviceProfile, op_bytes, op_class, op_flops, op_signature
+from .cost import DeviceProfile, fold_group_costs, op_bytes, op_class, op_flops, op_signature
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
+from .passes import Group, find_groups, folded_into, folds_constant
 
 INF = math.inf
 _BIG = 1e12  # finite stand-in for "impossible" inside the max-flow graph
@@ -90,6 +92,7 @@ class OpDecision:
     estimates_ms: dict[str, float]
     refusals: dict[str, str]
     copies: int = 0
+    fused_into: int | None = None  # the op whose kernel runs this one on its backend (a fused group's anchor)
 
 
 @dataclass
@@ -195,6 +198,7 @@ class Planner:
         self.options = options
         self.settings = settings or PlacementSettings()
         self.accelerators = [n for n in self.backends if n != self.host]
+        self._groups: dict[int, tuple[Subgraph, dict[str, list[Group]], dict[int, tuple[Op, ...]]]] = {}
 
     # -- costs -----------------------------------------------------------
     def op_cost(self, op: Op, backend: str) -> float:
@@ -221,7 +225,8 @@ class Planner:
         return self.profiles[backend].transfer_ms(t.nbytes) + convert
 
     def capabilities(self, graph: Subgraph) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]]]:
-        """Per op: cost on each backend that can run it, and the reason of each that cannot."""
+        """Per op: cost on each backend that can run it, and the reason of each that cannot.  The ops of a fused
+        group go only to backends that run all of it, and cost nothing where they are folded into its anchor."""
         costs: dict[int, dict[str, float]] = {}
         refusals: dict[int, dict[str, str]] = {}
         for op in graph.ops:
@@ -254,7 +259,63 @@ class Planner:
                 reasons = "; ".join(f"{b}: {r}" for b, r in refusals[op.index].items())
                 raise UnsupportedOpError(f"{op.describe()} cannot run on any backend ({reasons})",
                                          op_index=op.index, opcode=op.opcode)
+        self.groups(graph, costs)
+        self.place_units(graph, costs, refusals)
+        fold_group_costs(costs, {name: self.folded(graph, name) for name in self.backends})
         return costs, refusals
+
+    def folded(self, graph: Subgraph, backend: str) -> set[int]:
+        """The ops ``backend`` never runs on their own: folded into a group's anchor, or, where it folds
+        constants, computing a compile-time constant."""
+        groups, _ = self.groups(graph)
+        constants = {op.index for op in graph.ops if folds_constant(op)} if "constant" in \
+            self.backends[backend].fusions else set()
+        return set(folded_into(groups[backend])) | constants
+
+    # -- fused groups ------------------------------------------------------
+    def groups(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]] | None = None
+               ) -> tuple[dict[str, list[Group]], dict[int, tuple[Op, ...]]]:
+        """Each backend's fused groups (``delegate.passes``, for the fusions it declares, among the ops it
+        can run: ``costs``, as ``capabilities`` found them), and the units placement moves whole: op index
+        -> the ops of its unit (groups of different backends that share an op merged), in topological
+        order.  Without ``costs``: those ``capabilities`` found last for ``graph``."""
+        key = id(graph)
+        if costs is not None or self._groups.get(key, (None,))[0] is not graph:
+            order = graph.topological_order()
+            keep = {t.index for t in graph.outputs}
+            groups = {name: find_groups([op for op in order if costs is None or name in costs[op.index]],
+                                        be.fusions, keep) for name, be in self.backends.items()}
+            parent = {op.index: op.index for op in order}
+
+            def root(i: int) -> int:
+                while parent[i] != i:
+                    parent[i] = i = parent[parent[i]]
+                return i
+            for found in groups.values():
+                for g in found:
+                    for op in g.folded:
+                        parent[root(op.index)] = root(g.anchor.index)
+            members: dict[int, list[Op]] = {}
+            for op in order:
+                members.setdefault(root(op.index), []).append(op)
+            self._groups[key] = graph, groups, {op.index: tuple(members[root(op.index)]) for op in order}
+        return self._groups[key][1:]
+
+    def place_units(self, graph: Subgraph, costs: dict[int, dict[str, float]],
+                    refusals: dict[int, dict[str, str]]) -> None:
+        """Restrict every op of a unit to the backends that can run all of it (the backend's answer for the
+        group), so that no placement cuts a group; a unit no backend runs whole stays a set of single ops."""
+        _, units = self.groups(graph)
+        for unit in {id(u): u for u in units.values() if len(u) > 1}.values():
+            common = set.intersection(*(set(costs[op.index]) for op in unit))
+            if not common:
+                continue
+            for op in unit:
+                for name in set(costs[op.index]) - common:
+                    blocker = next(o for o in unit if name not in costs[o.index])
+                    del costs[op.index][name]
+                    refusals[op.index][name] = (f"fused with op #{blocker.index} ({blocker.opcode}), which "
+                                                f"{name} cannot run: {refusals[blocker.index].get(name, '')}")
 
     # -- assignment ------------------------------------------------------
     def evaluate(self, graph: Subgraph, assignment: Mapping[int, str],
@@ -334,6 +395,11 @@ class Planner:
                 add(up, producer, ms)
             else:
                 add(up, t, ms)
+        _, units = self.groups(graph)
+        for op in graph.ops:  # a fused group is never cut (its ops were given the same backends)
+            for other in units[op.index]:
+                if other is not op and set(costs[other.index]) == set(costs[op.index]):
+                    g.add_edge(op.index, other.index)  # infinite
         _, (source_side, _) = nx.minimum_cut(g, s, t)
         return {op.index: (accel if op.index in source_side else self.host) for op in graph.ops}
 
@@ -342,34 +408,60 @@ class Planner:
         return {op.index: (accel if accel in costs[op.index] else self.host) for op in graph.ops}
 
     # -- partitions ------------------------------------------------------
-    @staticmethod
-    def form_partitions(graph: Subgraph, assignment: Mapping[int, str]) -> list[list[Op]]:
-        """Group ops into partitions whose quotient graph is acyclic.
+    def form_partitions(self, graph: Subgraph, assignment: Mapping[int, str]) -> list[list[Op]]:
+        """Group ops into partitions whose quotient graph is acyclic, a fused group in one partition.
 
-        Ops are taken in topological order; an op joins the newest partition of its
-        backend that is not older than any partition it reads from, else opens one.
-        Every edge then runs from an older partition to a newer (or the same) one.
+        Units (fused groups, single ops) are taken in topological order; a unit joins the newest partition
+        of its backend that is not older than any partition it reads from, else opens one.  Every edge
+        then runs from an older partition to a newer (or the same) one.
         """
         groups: list[tuple[str, list[Op]]] = []
         part_of: dict[int, int] = {}
-        for op in graph.topological_order():
-            backend = assignment[op.index]
-            deps = [part_of[t.producer.index] for t in op.inputs
-                    if t is not None and t.producer is not None]
-            floor = max(deps, default=-1)
-            target = None
-            for gi in range(len(groups) - 1, floor - 1, -1):
-                if gi < 0:
-                    break
-                if groups[gi][0] == backend:
-                    target = gi
-                    break
-            if target is None:
-                groups.append((backend, []))
-                target = len(groups) - 1
-            groups[target][1].append(op)
-            part_of[op.index] = target
+        for unit in self.unit_order(graph):
+            backends = {assignment[op.index] for op in unit}
+            for ops in [unit] if len(backends) == 1 else [[op] for op in unit]:  # an assignment cutting a group
+                backend = assignment[ops[0].index]
+                inside = {op.index for op in ops}
+                deps = [part_of[t.producer.index] for op in ops for t in op.inputs
+                        if t is not None and t.producer is not None and t.producer.index not in inside]
+                floor = max(deps, default=-1)
+                target = None
+                for gi in range(len(groups) - 1, floor - 1, -1):
+                    if gi < 0:
+                        break
+                    if groups[gi][0] == backend:
+                        target = gi
+                        break
+                if target is None:
+                    groups.append((backend, []))
+                    target = len(groups) - 1
+                groups[target][1].extend(ops)
+                part_of.update((op.index, target) for op in ops)
         return [ops for _, ops in groups]
+
+    def unit_order(self, graph: Subgraph) -> list[tuple[Op, ...]]:
+        """The placement units in a topological order of the graph they make (the earliest ready first)."""
+        _, units = self.groups(graph)
+        position = {op.index: i for i, op in enumerate(graph.topological_order())}
+        first = {op.index: units[op.index][0].index for op in graph.ops}
+        waiting = {u: set() for u in set(first.values())}
+        readers: dict[int, set[int]] = {u: set() for u in waiting}
+        for op in graph.ops:
+            for t in op.inputs:
+                if t is not None and t.producer is not None and first[t.producer.index] != first[op.index]:
+                    waiting[first[op.index]].add(first[t.producer.index])
+                    readers[first[t.producer.index]].add(first[op.index])
+        ready = [(position[u], u) for u, deps in waiting.items() if not deps]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, u = heapq.heappop(ready)
+            order.append(units[u])
+            for r in readers[u]:
+                waiting[r].discard(u)
+                if not waiting[r]:
+                    heapq.heappush(ready, (position[r], r))
+        return order
 
     def enforce_limits(self, graph: Subgraph, assignment: dict[int, str],
                        costs: Mapping[int, Mapping[str, float]], by_size: bool) -> tuple[dict[int, str], list[str]]:
@@ -528,10 +620,13 @@ class Planner:
             for u in t.uses:
                 if assignment[u.index] == c.destination:
                     copies_into[u.index] = copies_into.get(u.index, 0) + 1
+        groups, _ = self.groups(graph)
+        folded = {name: folded_into(found) for name, found in groups.items()}
         out = []
         host = self.host
         for op in graph.ops:
             chosen = assignment[op.index]
+            anchor, kind = folded.get(chosen, {}).get(op.index, (None, ""))
             est = {b: round(v, 5) for b, v in costs[op.index].items()}
             refused = refusals[op.index]
             cheaper = min((b for b in est if b != chosen and est[b] < est.get(chosen, INF)), key=est.get, default=None)
@@ -551,8 +646,10 @@ class Planner:
                 fastest = all(est[chosen] < est[b] for b in est if b != chosen)
                 reason = f"{'fastest' if fastest else 'no slower'} here: {chosen} {est[chosen]:.4f} ms" + (
                     f" vs {others}" if others else f" ({', '.join(sorted(refused))} cannot run it)" if refused else "")
+            if anchor is not None:  # the anchor's line says why the group is where it is
+                reason = f"fused into #{anchor} ({kind})"
             out.append(OpDecision(op.index, op.opcode, op.version, chosen, reason, est, dict(refused),
-                                  copies_into.get(op.index, 0)))
+                                  copies_into.get(op.index, 0), anchor))
         return out
 
     def _kept_reason(self, graph, assignment, op, chosen, cheaper, est) -> str:

@@ -23,6 +23,8 @@ from .export import partition_model
 from .hookspecs import hookimpl
 from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
 from .memory import plan_arena
+from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, find_groups, folded_into,
+                     is_quantized_op, known_at_compile_time)
 from .runtime import ModelState, active_state
 from .shapes import detection_postprocess_options, transpose_conv_bias_geometry
 from .stdio import native_stderr
@@ -44,4 +46,7 @@ __all__ = [
     "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
     "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "native_stderr",
     "strided_slice_plan", "write_model", "GPU_KIT",
+    # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
+    "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",
+    "is_quantized_op", "known_at_compile_time",
 ]

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from delegate.tflite.builder import GraphBuilder
-from tests.models import normal, pool_model, transpose_conv_bias_pair, transpose_conv_model
+from tests.models import normal, pool_model, sparse_conv_model, transpose_conv_bias_pair, transpose_conv_model
 
 
 @dataclass(frozen=True)
@@ -388,6 +388,12 @@ case("L2_POOL_2D", "2x2_stride2")(lambda rng: (
     pool_model("L2_POOL_2D", 1, 6, 5, 3, 2, 2, 2, 2, "VALID", "NONE"), [normal(rng, (1, 6, 5, 3))], None))
 case("LOGICAL_NOT")(lambda rng: one_op("LOGICAL_NOT", [(3, 5)], rng, dtype="bool"))
 case("LOGICAL_OR", "broadcast")(lambda rng: one_op("LOGICAL_OR", [(2, 3, 4), (3, 1)], rng, dtype="bool"))
+
+
+@case("DENSIFY", "sparse_fp16_weights")
+def _densify(rng):
+    """Sparse float16 weights made dense, then widened, for a convolution."""
+    return sparse_conv_model(rng, (1, 4, 4, 12), 5), [normal(rng, (1, 4, 4, 12))], None
 
 
 @case("FILL", "runtime_value")

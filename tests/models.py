@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from delegate.ir import DimensionMetadata, Sparsity
 from delegate.shapes import transpose_conv_bias_geometry
 from delegate.tflite.builder import GraphBuilder
 
@@ -78,4 +79,42 @@ def pool_model(op, batch, h, w, c, kh, kw, sh, sw, padding, act) -> bytes:
     x = b.input("x", (batch, h, w, c))
     b.output(b.op(op, [x], options={"padding": padding, "filter_height": kh, "filter_width": kw,
                                     "stride_h": sh, "stride_w": sw, "fused_activation_function": act}))
+    return b.to_bytes()
+
+
+def csr_encode(dense: np.ndarray, block: tuple[int, int] | None = None) -> tuple[np.ndarray, Sparsity]:
+    """TFLite sparse storage of ``dense``: its leading dims dense and its last CSR; or a 2-D matrix in
+    (r, c) blocks, dense rows of blocks and CSR columns of them."""
+    if block is None:
+        rows = dense.reshape(-1, dense.shape[-1])
+        nz = [np.flatnonzero(row) for row in rows]
+        values = np.concatenate([rows[i, idx] for i, idx in enumerate(nz)])
+        levels = [DimensionMetadata("DENSE", d) for d in dense.shape[:-1]]
+        levels.append(DimensionMetadata("SPARSE_CSR", 0, np.cumsum([0] + [len(i) for i in nz]).astype(np.int32),
+                                        np.concatenate(nz).astype(np.int32)))
+        return values, Sparsity(list(range(dense.ndim)), [], levels)
+    rows, cols = dense.shape
+    br, bc = block
+    tiles = dense.reshape(rows // br, br, cols // bc, bc).transpose(0, 2, 1, 3)
+    keep = [np.flatnonzero(np.abs(tiles[i]).sum(axis=(1, 2))) for i in range(rows // br)]
+    values = np.concatenate([tiles[i, k].ravel() for i, k in enumerate(keep)])
+    levels = [DimensionMetadata("DENSE", rows // br),
+              DimensionMetadata("SPARSE_CSR", 0, np.cumsum([0] + [len(k) for k in keep]).astype(np.int32),
+                                np.concatenate(keep).astype(np.int32)),
+              DimensionMetadata("DENSE", br), DimensionMetadata("DENSE", bc)]
+    return values, Sparsity([0, 1, 2, 3], [0, 1], levels)
+
+
+def sparse_conv_model(rng, shape=(1, 5, 5, 16), units=6) -> bytes:
+    """DENSIFY of sparse float16 weights -> DEQUANTIZE -> 1x1 CONV_2D, as MediaPipe's sparse detectors."""
+    dense = normal(rng, (units, 1, 1, shape[-1])).astype(np.float16)
+    dense[rng.random(dense.shape) < 0.6] = 0
+    values, sparsity = csr_encode(dense)
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    sparse = b.const("w", values)
+    sparse.shape, sparse.sparsity = dense.shape, sparsity
+    w = b.op("DEQUANTIZE", [b.op("DENSIFY", [sparse], shape=dense.shape)], version=2, dtype="float32")
+    b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, units))],
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "NONE"}))
     return b.to_bytes()

@@ -140,8 +140,7 @@ def test_cases_pass_validation(case: Case):
 # Ops the matrix's one-subgraph models cannot hold, and where they are checked against LiteRT instead.
 ELSEWHERE = {**{op: "tests/test_control_flow.py (subgraphs and resource variables)"
                 for op in ("IF", "WHILE", "CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE")},
-             "TFLite_Detection_PostProcess": "tests/ops/test_custom_ops.py (custom options)",
-             "DENSIFY": "tests/ops/test_elementwise_smoke.py (sparse constants)"}
+             "TFLite_Detection_PostProcess": "tests/ops/test_custom_ops.py (custom options)"}
 
 
 def _claimed(backend: str) -> set[str]:

@@ -2,8 +2,9 @@
 
 GPU kernels compute in floating point.  Constants are turned into float32
 once, at compile time: float16 weights are widened, quantized weights and
-biases are dequantized (per tensor or per channel), and a DEQUANTIZE whose
-input is a constant is folded away, so its output is just another constant.
+biases are dequantized (per tensor or per channel), and a DEQUANTIZE or
+DENSIFY whose input is a constant is folded away (``delegate.passes``
+computes it), so its output is just another constant.
 Quantized activations (int8/uint8/int16 with a scale) are represented by the
 real values they stand for; the GPU rounds them back onto their quantization
 grid after each op (see :func:`activation_quant`) so results track the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import DType, Op, Quantization, Tensor
+from ..passes import constant, folds_constant
 
 _QUANT_TYPES = (DType.int8, DType.uint8, DType.int16)
 _QUANT_BIAS_TYPES = (DType.int32, DType.int64)
@@ -39,9 +41,8 @@ def is_quantized(t: Tensor | None) -> bool:
 
 
 def is_folded_dequantize(op: Op) -> bool:
-    """A DEQUANTIZE of a constant: computed once at compile time, never run."""
-    src = op.input(0)
-    return op.opcode == "DEQUANTIZE" and src is not None and src.is_constant and src.dtype in _FOLDABLE_TYPES
+    """A DEQUANTIZE or DENSIFY of a constant (or of another such op): computed once at compile time, never run."""
+    return folds_constant(op) and op.inputs[0].dtype in _FOLDABLE_TYPES
 
 
 def needs_quantized_support(t: Tensor) -> bool:
@@ -57,25 +58,15 @@ def needs_quantized_support(t: Tensor) -> bool:
 def constant_value(t: Tensor | None) -> np.ndarray | None:
     """float32 value of a constant operand (weights, bias, alpha), or None when it is computed at run time.
 
-    Follows folded DEQUANTIZE ops, so weights stored as float16 or int8 come
-    back as float32 whichever partition the DEQUANTIZE was placed in.
+    Follows folded DEQUANTIZE and DENSIFY ops, so weights stored as float16, int8 or sparse come
+    back as dense float32 whichever partition those ops were placed in.
     """
-    if t is None:
+    data = constant(t)
+    if data is None:
         return None
-    if t.is_constant:
-        data = np.asarray(t.data)
-        if t.quantization is not None and t.dtype in _QUANT_TYPES + _QUANT_BIAS_TYPES:
-            return dequantize(data, t.quantization)
-        if t.dtype.is_float:
-            return data.astype(np.float32)
-        return None
-    src = t.producer
-    if src is not None and is_folded_dequantize(src):
-        inner = src.inputs[0]
-        if inner.quantization is not None:
-            return dequantize(np.asarray(inner.data), inner.quantization).reshape(t.shape)
-        return np.asarray(inner.data).astype(np.float32).reshape(t.shape)
-    return None
+    if t.quantization is not None and t.dtype in _QUANT_TYPES + _QUANT_BIAS_TYPES:
+        return dequantize(data, t.quantization)
+    return data.astype(np.float32) if t.dtype.is_float else None
 
 
 def int_values(t: Tensor | None) -> list[int] | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
+from ..passes import gate_operands  # noqa: F401  (the gate test is the shared pass's)
 from .constants import activation_quant, constant_value, is_folded_dequantize
 from .layout import as_nhwc, natural_output_shape
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -113,17 +114,6 @@ def elementwise_steps(op: Op, value: Tensor, float_view: bool) -> list[Step]:
 
 def is_elementwise(op: Op) -> bool:
     return not op.custom and op.opcode in UNARY + BINARY + CONVERSIONS + ("ADD_N",)
-
-
-def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
-    """(image, gate) of a MUL whose gate has one value per image and channel, as a squeeze-and-excitation
-    block gates its input; else None."""
-    for image, gate in (op.inputs, op.inputs[::-1]):
-        n, h, w, c = as_nhwc(image.shape)
-        if (len(image.shape) == 4 and tuple(image.shape) == tuple(op.outputs[0].shape)
-                and as_nhwc(gate.shape)[1:] == (1, 1, c) and as_nhwc(gate.shape)[0] in (1, n)):
-            return image, gate
-    return None
 
 
 def hosts_epilogue(op: Op) -> bool:

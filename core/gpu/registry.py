@@ -6,7 +6,7 @@ kernel covers less than the kit's rule.  A backend supports an op exactly when
 its dialect has a handler for the op, the op passes the kit's rule for it
 (:func:`delegate.gpu.support.check_op`: versions, tensors, the op's own
 constraint) and the handler's constraint passes; a refusal carries the reason of
-the check that failed.  DEQUANTIZE of a constant is lowered by the kit itself
+the check that failed.  DEQUANTIZE and DENSIFY of a constant are lowered by the kit itself
 (folded at compile time, :mod:`delegate.gpu.constants`), so every dialect has it.
 """
 
@@ -20,7 +20,7 @@ from ..ir import Op
 from .constants import is_folded_dequantize
 from .support import CUSTOM_RULES, RULES, Check, check_op, rule_for
 
-KIT_LOWERED = frozenset({"DEQUANTIZE"})  # of constants: folded at compile time
+KIT_LOWERED = frozenset({"DEQUANTIZE", "DENSIFY"})  # of constants: folded at compile time
 
 
 @dataclass(frozen=True)

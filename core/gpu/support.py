@@ -9,8 +9,8 @@ kernels do not implement; a few ops list more versions whose float semantics
 the kernels do implement (dilated depthwise convolution, basic-kernel LSTM,
 half-pixel bilinear resize).  With ``allow_quantized`` the quantized versions
 are accepted too and run on the float view (:mod:`delegate.gpu.constants`).
-A DEQUANTIZE of a constant is accepted whatever its version up to 4: it is
-folded at compile time and never runs.  QUANTIZE and DEQUANTIZE of runtime
+A DEQUANTIZE of a constant is accepted whatever its version up to 4, and a DENSIFY
+of one (sparse weights): they are folded at compile time and never run.  QUANTIZE and DEQUANTIZE of runtime
 tensors are copies on the float view (QUANTIZE rounding onto its output's
 grid).  Every refusal names the check that failed, so a plan can say why an
 op stayed on the CPU.
@@ -324,6 +324,10 @@ def _quantize(op: Op) -> str | None:
     return None
 
 
+def _densify(op: Op) -> str | None:
+    return "DENSIFY of a runtime tensor is not implemented (of a constant it is folded at compile time)"
+
+
 def _dequantize(op: Op) -> str | None:
     if not is_quantized(op.inputs[0]):
         return f"DEQUANTIZE of a runtime {op.inputs[0].dtype.name} tensor is not implemented (only quantized ones)"
@@ -468,6 +472,7 @@ RULES: dict[str, OpRule] = {
     "UNPACK": OpRule(1, 2, _unpack),
     "LSTM": OpRule(2, 2, _lstm),
     "DEQUANTIZE": OpRule(4, 4, _dequantize),
+    "DENSIFY": OpRule(1, 1, _densify),
     "QUANTIZE": OpRule(1, 3, _quantize),
     "CAST": OpRule(1, 1, _cast, bools="all"),
 }
@@ -532,6 +537,6 @@ def check_op(op: Op, options: CompileOptions) -> Support:
 
 
 def _check_folded_dequantize(op: Op, options: CompileOptions) -> Support:
-    if op.input(0).dtype is not DType.float16 and not options.allow_quantized:
-        return Support.no(f"DEQUANTIZE of a {op.input(0).dtype.name} constant needs allow_quantized")
+    if not op.input(0).dtype.is_float and not options.allow_quantized:
+        return Support.no(f"{op.opcode} of a {op.input(0).dtype.name} constant needs allow_quantized")
     return Support.yes()

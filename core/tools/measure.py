@@ -186,7 +186,9 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                                     transfer_ms=sum(session.planner.transfer_cost(x, name)
                                                     for x in parts[t.index].inputs + parts[t.index].outputs))
                         for t in mine]
-        used = refit(profile, observations, lambda op, b=backend: b.estimate_ms(op, session.settings.compile) == 0.0)
+        folded = session.planner.folded(session.graph, name)
+        used = refit(profile, observations, lambda op, b=backend: op.index in folded
+                     or b.estimate_ms(op, session.settings.compile) == 0.0)
         if store_ops:
             for t in mine:
                 for i, ms in t.op_ms.items():

@@ -15,7 +15,7 @@ from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, Compi
                                  native_stderr, plan_arena)
 
 from . import registry
-from .fusion import absorbed, fuse_ops
+from .fusion import FUSIONS, fuse_ops
 from .kernels.common import constant, known_at_compile_time, start_scratch_op
 from .kernels.native import batched_steps, limit_team, partition_team
 from .kernels.parallel import ThreadChoice, blas_threads, kernel_threads
@@ -299,6 +299,7 @@ DEFAULT_PROFILES = {
 class CpuBackend(Backend):
     name = "cpu"
     layout = "NHWC"
+    fusions = FUSIONS
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         registry.load_all()
@@ -327,13 +328,6 @@ class CpuBackend(Backend):
         if refusal is None:
             return Support.yes()
         return Support.no(f"{missing}, and LiteRT refuses it: {refusal}")
-
-    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run here: values known at compile time (a DEQUANTIZE of constant
-        weights, which both engines fold) and pads or activations fused into their neighbour."""
-        if _computes_constants(op) or absorbed(op):
-            return 0.0
-        return None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from delegate.plugin_api import Op
+from delegate.plugin_api import Op, is_quantized_op
 
 Run = Callable[[list[np.ndarray], list[np.ndarray]], None]
 Factory = Callable[[Op], Run]
@@ -27,7 +27,6 @@ Factory = Callable[[Op], Run]
 FLOAT_KERNELS: dict[str, Factory] = {}
 QUANT_KERNELS: dict[str, Factory] = {}
 HYBRID_KERNELS: dict[str, Factory] = {}
-_INTEGER_Q = (np.int8, np.uint8, np.int16)
 
 
 def kernel(*opcodes: str, quantized: bool = False, hybrid: bool = False,
@@ -55,15 +54,6 @@ def laid_out(run: Run, *slots: int) -> Run:
     they are compile-time constants, and reads them at run time only where they are not."""
     run.laid_out = frozenset(slots)
     return run
-
-
-def is_quantized_op(op: Op) -> bool:
-    """True when the op computes on quantized integers (its activations are int8/uint8/int16 + scale)."""
-    for t in list(op.inputs) + list(op.outputs):
-        if t is not None and t.quantization is not None and not t.is_constant \
-                and t.dtype.numpy is not None and t.dtype.numpy.type in _INTEGER_Q:
-            return True
-    return False
 
 
 def is_hybrid_weight(t) -> bool:

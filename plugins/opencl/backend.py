@@ -7,7 +7,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.gpu.constants import is_folded_dequantize
 from delegate.gpu.profile import default_profile
 from delegate.gpu.registry import supports
 from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
@@ -65,6 +64,9 @@ class OpenCLBackend(Backend):
 
     name = "opencl"
     layout = "PHWC4"
+    # what the lowering folds into a neighbour's kernel (delegate.passes groups; the lowering's epilogue
+    # planning, delegate.gpu.fusion, fuses at least those)
+    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise"})
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()
@@ -73,10 +75,6 @@ class OpenCLBackend(Backend):
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
-
-    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
-        return 0.0 if is_folded_dequantize(op) else None
 
     def default_profile(self) -> DeviceProfile:
         return default_profile(self.device_info())

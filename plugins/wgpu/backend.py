@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.gpu import is_folded_dequantize, same_storage
+from delegate.gpu import same_storage
 from delegate.gpu.dialect import WGSL
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.profile import default_profile
@@ -65,6 +65,8 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
     layout = "PHWC4"
+    # what the kernels fold into a neighbour's (delegate.passes groups; kernels.py fuses at least those)
+    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate"})
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         self.request = AdapterRequest.from_options(dict(options or {}))
@@ -108,9 +110,9 @@ class WgpuBackend(Backend):
         return Support.yes()
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
-        done by the convolution reading it); else the roofline."""
-        if is_folded_dequantize(op) or pad_folds(op) or mul_folds(op) or (
+        """Nothing for ops that never run (a reshape keeping the bytes, a PAD or a gating MUL done by the
+        convolution reading it, beyond the groups the planner already costs so); else the roofline."""
+        if pad_folds(op) or mul_folds(op) or (
                 op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
                 and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
             return 0.0

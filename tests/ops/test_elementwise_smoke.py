@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
-from delegate.ir import DimensionMetadata, Sparsity
 from delegate.tflite.builder import GraphBuilder
+from tests.models import csr_encode
 from tests.oputil import check_against_litert
 
 BROADCASTS = st.sampled_from([((1, 5, 4, 3), (1, 1, 4, 1)), ((2, 3), (2, 3)), ((4, 1), (3,)), ((6,), ()),
@@ -174,27 +174,6 @@ def test_dequantize_float16_and_int8_constants():
     check_against_litert(b.to_bytes(), [rng.standard_normal((4, 6))])
 
 
-def _csr_encode(dense: np.ndarray, block: tuple[int, int] | None):
-    """TFLite sparse storage of a 2-D matrix: dense rows, CSR columns, optionally in (r, c) blocks."""
-    rows, cols = dense.shape
-    if block is None:
-        nz = [np.flatnonzero(row) for row in dense]
-        values = np.concatenate([dense[i, idx] for i, idx in enumerate(nz)])
-        levels = [DimensionMetadata("DENSE", rows),
-                  DimensionMetadata("SPARSE_CSR", 0, np.cumsum([0] + [len(i) for i in nz]).astype(np.int32),
-                                    np.concatenate(nz).astype(np.int32))]
-        return values, Sparsity([0, 1], [], levels)
-    br, bc = block
-    tiles = dense.reshape(rows // br, br, cols // bc, bc).transpose(0, 2, 1, 3)
-    keep = [np.flatnonzero(np.abs(tiles[i]).sum(axis=(1, 2))) for i in range(rows // br)]
-    values = np.concatenate([tiles[i, k].ravel() for i, k in enumerate(keep)])
-    levels = [DimensionMetadata("DENSE", rows // br),
-              DimensionMetadata("SPARSE_CSR", 0, np.cumsum([0] + [len(k) for k in keep]).astype(np.int32),
-                                np.concatenate(keep).astype(np.int32)),
-              DimensionMetadata("DENSE", br), DimensionMetadata("DENSE", bc)]
-    return values, Sparsity([0, 1, 2, 3], [0, 1], levels)
-
-
 @given(block=st.sampled_from([None, (1, 4), (2, 2)]), dtype=st.sampled_from(["float32", "float16"]),
        seed=st.integers(0, 2**16))
 def test_densify(block, dtype, seed):
@@ -205,7 +184,7 @@ def test_densify(block, dtype, seed):
     else:
         mask = rng.random((4 // block[0], 8 // block[1])) < 0.5
         dense *= np.kron(mask, np.ones(block)).astype(dtype)
-    values, sparsity = _csr_encode(dense, block)
+    values, sparsity = csr_encode(dense, block)
     b = GraphBuilder()
     x = b.input("x", (4, 8))
     sparse = b.const("w", values)

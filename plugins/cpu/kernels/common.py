@@ -8,11 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from delegate.plugin_api import Op, Sparsity, Tensor
-
-
-# Activations that clamp: (low, high).
-CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+from delegate.plugin_api import CLAMPS, Op, Sparsity, Tensor, constant, dequantize_array, known_at_compile_time  # noqa: F401
 
 
 def activation(name: str | None, slope: np.ndarray | None = None) -> Callable[[np.ndarray], None] | None:
@@ -52,84 +48,6 @@ def fused(op: Op) -> Callable[[np.ndarray], None]:
     """The op's fused activation (see fused_name) as an in-place callable (a no-op when there is none)."""
     act = activation(fused_name(op), op.options.get("prelu_slope"))
     return act if act is not None else (lambda x: None)
-
-
-def dequantize_array(values: np.ndarray, tensor: Tensor) -> np.ndarray:
-    """float32 values of a float16 or affinely quantized integer array (per tensor or per channel)."""
-    if values.dtype.kind == "f" or tensor.quantization is None:
-        return values.astype(np.float32)
-    q = tensor.quantization
-    shape = [1] * values.ndim
-    if q.per_channel:
-        shape[q.axis] = -1
-    scale = q.scale.astype(np.float32).reshape(shape)
-    zero = q.zero_point.astype(np.float32).reshape(shape)
-    return ((values.astype(np.float32) - zero) * scale).astype(np.float32)
-
-
-def densify(values: np.ndarray, shape: tuple[int, ...], sparsity: Sparsity) -> np.ndarray:
-    """Expand TFLite's sparse storage (per-level DENSE / CSR, optional blocks) into a dense array.
-
-    The traversal dims are walked level by level, keeping for every stored
-    element its position at the current level; CSR levels expand a parent
-    position into the child range its segments name.
-    """
-    rank = len(shape)
-    levels = sparsity.dim_metadata
-    block_sizes = {d: levels[rank + k].dense_size for k, d in enumerate(sparsity.block_map)}
-    positions = np.zeros(1, np.int64)
-    coords: dict[int, np.ndarray] = {}
-    for level, meta in zip(sparsity.traversal_order, levels):
-        if meta.format == "DENSE":
-            n = meta.dense_size
-            within = np.tile(np.arange(n, dtype=np.int64), positions.size)
-            parents = np.repeat(np.arange(positions.size), n)
-            positions = positions[parents] * n + within
-        else:
-            seg = meta.array_segments.astype(np.int64)
-            counts = seg[positions + 1] - seg[positions]
-            parents = np.repeat(np.arange(positions.size), counts)
-            first = np.repeat(np.cumsum(counts) - counts, counts)
-            positions = seg[positions][parents] + np.arange(parents.size) - first
-            within = meta.array_indices.astype(np.int64)[positions]
-        coords = {k: v[parents] for k, v in coords.items()}
-        coords[level] = within
-    dense = np.zeros(shape, values.dtype)
-    index = []
-    for d in range(rank):
-        if d in block_sizes:
-            k = rank + sparsity.block_map.index(d)
-            index.append(coords[d] * block_sizes[d] + coords[k])
-        else:
-            index.append(coords[d])
-    dense[tuple(index)] = values[positions]
-    return dense
-
-
-def known_at_compile_time(t: Tensor | None) -> bool:
-    """Whether ``constant(t)`` has a value: cheap, computes nothing."""
-    if t is None:
-        return False
-    if t.is_constant:
-        return True
-    op = t.producer
-    return (op is not None and op.opcode in ("DEQUANTIZE", "DENSIFY") and bool(op.inputs)
-            and len(op.outputs) == 1 and known_at_compile_time(op.inputs[0]))
-
-
-def constant(t: Tensor | None) -> np.ndarray | None:
-    """The value of ``t`` when known at compile time: a constant, or DEQUANTIZE/DENSIFY of one.
-
-    Lets conv/FC kernels lay out float16 or sparse MediaPipe weights once instead of every run.
-    """
-    if not known_at_compile_time(t):
-        return None
-    if t.is_constant:
-        data = np.asarray(t.data)
-        return densify(data, t.shape, t.sparsity) if t.sparsity is not None else data
-    source = t.producer.inputs[0]
-    value = constant(source)
-    return dequantize_array(value, source) if t.producer.opcode == "DEQUANTIZE" else value
 
 
 def float_constant(t: Tensor | None) -> np.ndarray | None:

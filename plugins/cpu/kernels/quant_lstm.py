@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from delegate import Op
+from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import constant
