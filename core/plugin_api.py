@@ -16,6 +16,7 @@ from __future__ import annotations
 from .backend import (ACCELERATOR, API_VERSION, HOST, ROLES, Backend, BackendInfo, CompiledPartition,
                       CompileOptions, DeviceValue, Partition, Support)
 from .cache import CacheWarning, EntryStore, cache_key, ops_fingerprint
+from .config import available_cores
 from .cost import DeviceProfile
 from .errors import (CacheError, CompileError, ConfigError, DelegateError, ExecutionError, InputError,
                      PluginError, UnsupportedOpError)
@@ -45,7 +46,7 @@ __all__ = [
     # helpers the first-party plugins share
     "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
     "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "native_stderr",
-    "strided_slice_plan", "write_model", "GPU_KIT",
+    "strided_slice_plan", "write_model", "available_cores", "GPU_KIT",
     # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
     "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",
     "is_quantized_op", "known_at_compile_time",

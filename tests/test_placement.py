@@ -8,6 +8,7 @@ import pytest
 
 from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
+from delegate.backend import HOST
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
     op_flops, refit, save_profile
 from delegate.errors import MeasurementError
@@ -130,7 +131,9 @@ def test_cpu_costs_nothing_for_what_it_folds():
     y = b.op("TANH", [y])
     b.output(y)
     graph = read_model(b.to_bytes()).main
-    planner = Planner({"cpu": CpuBackend({"engine": "numpy"})}, {"cpu": DEFAULT_PROFILES["cpu"]}, CompileOptions())
+    cpu = CpuBackend({"engine": "numpy"})
+    cpu.role = HOST
+    planner = Planner({"cpu": cpu}, {"cpu": CPU_DEFAULTS["numpy"]}, CompileOptions())
     costs, _ = planner.capabilities(graph)
     by_code = {op.opcode: costs[op.index]["cpu"] for op in graph.ops}
     assert by_code["DEQUANTIZE"] == 0.0  # constant: folded at compile time

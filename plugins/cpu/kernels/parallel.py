@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
-from delegate.config import available_cores
+from delegate.plugin_api import available_cores
 
 from .common import start_scratch_op
 
