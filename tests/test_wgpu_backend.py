@@ -506,7 +506,8 @@ def test_sustained_speed_times_the_tilings_and_caches_the_choice(backend, tmp_pa
     facts = tuned.describe()
     assert facts["plan_source"] == "tuned" and len(facts["tilings"]) == 4
     program = tuned.program
-    used = {d.shader for d in program.dispatches + [t.convert for t in program.inputs + program.outputs if t.convert]}
+    used = {d.params["shader"] for d in program.launches + [t.convert for t in program.inputs + program.outputs
+                                                           if t.convert]}
     assert facts["shaders"] == len(program.shaders) == len(used)  # untried tilings' shaders are gone
     inputs = [normal(rng, (1, 9, 10, 3))]
     expected = run_compiled(backend, g, tuned, inputs)
@@ -541,7 +542,7 @@ def test_tuning_keeps_the_fastest_variant(backend, monkeypatch):
     clock = iter(range(10**6, 0, -1))
     monkeypatch.setattr(tuning, "_Stopwatch", lambda compiled: lambda launch: next(clock))
     tilings = backend.compile(partition, options).describe()["tilings"]
-    assert tilings == {planned.dispatches[i].label: variants[-1].tiling for i, variants in planned.variants.items()}
+    assert tilings == {planned.launches[i].label: variants[-1].tiling for i, variants in planned.variants.items()}
 
 
 def test_per_op_profile_from_gpu_timestamps(backend):

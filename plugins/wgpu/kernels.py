@@ -38,7 +38,7 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
-class KernelPlan:
+class KernelList:
     """Kernels of one partition in launch order, with the constants and temporaries they use."""
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
@@ -100,7 +100,7 @@ def builds(*codes: str):
     return lowers(DIALECT, *codes)
 
 
-def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
+def _bias(plan: KernelList, op: Op, index: int, channels: int) -> Hashable:
     return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
 
 
@@ -167,13 +167,13 @@ def chains_into_reader(group: Group) -> bool:
 # -- kernels -------------------------------------------------------------------------------------
 
 @builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-def _elementwise(plan: KernelPlan, group: Group) -> None:
+def _elementwise(plan: KernelList, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
     k.broadcast("src", src.index, src.shape, group.output.shape)
 
 
-def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
+def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
     """Two 1x1 convolutions of one pixel as one kernel (see chains_into_reader)."""
     conv1, conv2 = first.root, second.root
     x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
@@ -196,7 +196,7 @@ def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
 
 
 @builds("CONV_2D")
-def _conv(plan: KernelPlan, group: Group) -> None:
+def _conv(plan: KernelList, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     folded = plan.folded.get(x.index)
@@ -221,7 +221,7 @@ def _weight_blocks(k: Kernel, weights: Hashable) -> None:
     k.helpers.append(template("weight_blocks"))
 
 
-def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
+def _source(plan: KernelList, k: Kernel, x: Tensor) -> tuple[int, int]:
     """Bind a convolution's input as ``src``; for a folded PAD, the PAD's input, and the (rows, columns)
     of padding that shift the window."""
     if x.index not in plan.folded:
@@ -240,7 +240,7 @@ def _note_fold(k: Kernel, op: Op) -> None:
     k.ops.append(op.index)
 
 
-def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
+def _spatial(plan: KernelList, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
     """Tile a convolution over its output: horizontally adjacent pixels (and slices) per invocation."""
     shape = as_nhwc(shape)
     plan.tile(k, spatial_tiling(plan.device, shape, most_slices, most_pixels),
@@ -260,7 +260,7 @@ def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int], 
 
 
 @builds("DEPTHWISE_CONV_2D")
-def _depthwise(plan: KernelPlan, group: Group) -> None:
+def _depthwise(plan: KernelList, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     weights = constant_value(op.inputs[1])
@@ -274,7 +274,7 @@ def _depthwise(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("FULLY_CONNECTED")
-def _fully_connected(plan: KernelPlan, group: Group) -> None:
+def _fully_connected(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     weights = constant_value(op.inputs[1])
@@ -288,7 +288,7 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
     _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
 
 
-def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
+def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
             bias_input: int) -> None:
     """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
     if source not in plan.folded:
@@ -312,7 +312,7 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
 
 
 @builds("BATCH_MATMUL")
-def _batch_matmul(plan: KernelPlan, group: Group) -> None:
+def _batch_matmul(plan: KernelList, group: Group) -> None:
     a, b = group.root.inputs[:2]
     depth, axes = batch_matmul_layout(group.root)
     k = plan.kernel("batch_matmul", group)
@@ -323,7 +323,7 @@ def _batch_matmul(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-def _transpose_conv(plan: KernelPlan, group: Group) -> None:
+def _transpose_conv(plan: KernelList, group: Group) -> None:
     op = group.root
     out = op.outputs[0]
     geometry = transpose_conv_geometry(op)
@@ -340,7 +340,7 @@ def _transpose_conv(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("AVERAGE_POOL_2D", "MAX_POOL_2D")
-def _pool(plan: KernelPlan, group: Group) -> None:
+def _pool(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     if _global_window(op):
@@ -353,7 +353,7 @@ def _pool(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("RESIZE_BILINEAR")
-def _resize(plan: KernelPlan, group: Group) -> None:
+def _resize(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     k = plan.kernel("resize_bilinear", group)
@@ -363,7 +363,7 @@ def _resize(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SOFTMAX")
-def _softmax(plan: KernelPlan, group: Group) -> None:
+def _softmax(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     n, h, w, c = as_nhwc(x.shape)
@@ -380,7 +380,7 @@ def _softmax(plan: KernelPlan, group: Group) -> None:
         k.invocations = pixels
 
 
-def _workgroup_reduction(plan: KernelPlan, k: Kernel, length: int, workgroups: tuple[int, int]) -> None:
+def _workgroup_reduction(plan: KernelList, k: Kernel, length: int, workgroups: tuple[int, int]) -> None:
     """One workgroup per output of a reduction over ``length`` vectors."""
     k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
     k.tile((reduction_workgroup(length), 1, 1), (*workgroups, 1))
@@ -395,7 +395,7 @@ def _global_window(op: Op) -> bool:
         for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
 
 
-def _global_pool(plan: KernelPlan, group: Group, x: Tensor, is_max: bool) -> None:
+def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> None:
     """Pooling over every pixel of each image as one workgroup reduction per output vector."""
     n, h, w, c = as_nhwc(x.shape)
     k = plan.kernel("pool_global", group)
@@ -405,7 +405,7 @@ def _global_pool(plan: KernelPlan, group: Group, x: Tensor, is_max: bool) -> Non
 
 
 @builds("MEAN")
-def _mean(plan: KernelPlan, group: Group) -> None:
+def _mean(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     rank = len(x.shape)
@@ -421,7 +421,7 @@ def _mean(plan: KernelPlan, group: Group) -> None:
 
 
 @builds(*REDUCE_CODE)
-def _reduce(plan: KernelPlan, group: Group) -> None:
+def _reduce(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     keep, reduce = reduced_axes(group.root)
     k = plan.kernel("reduce", group)
@@ -433,7 +433,7 @@ def _reduce(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("ARG_MAX", "ARG_MIN")
-def _arg(plan: KernelPlan, group: Group) -> None:
+def _arg(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     axis, keep = arg_axis(group.root)
     k = plan.kernel("arg", group)
@@ -487,7 +487,7 @@ def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 @builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-def _reshape(plan: KernelPlan, group: Group) -> None:
+def _reshape(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     if not group.steps and same_storage(x.shape, out.shape):
         plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
@@ -496,7 +496,7 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TRANSPOSE")
-def _transpose(plan: KernelPlan, group: Group) -> None:
+def _transpose(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     axes = transpose_axes(group.root)
     k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
@@ -504,7 +504,7 @@ def _transpose(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("PAD")
-def _pad(plan: KernelPlan, group: Group) -> None:
+def _pad(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
@@ -512,7 +512,7 @@ def _pad(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("MIRROR_PAD")
-def _mirror_pad(plan: KernelPlan, group: Group) -> None:
+def _mirror_pad(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.output
     before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
@@ -522,20 +522,20 @@ def _mirror_pad(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TILE")
-def _tile(plan: KernelPlan, group: Group) -> None:
+def _tile(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.output
     _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
 
 
 @builds("SPACE_TO_DEPTH")
-def _space_to_depth(plan: KernelPlan, group: Group) -> None:
+def _space_to_depth(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
     k.param("block", "i32", group.root.options["block_size"])
 
 
 @builds("RESIZE_NEAREST_NEIGHBOR")
-def _resize_nearest(plan: KernelPlan, group: Group) -> None:
+def _resize_nearest(plan: KernelList, group: Group) -> None:
     op, x = group.root, group.root.inputs[0]
     k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
     k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
@@ -544,7 +544,7 @@ def _resize_nearest(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("PACK")
-def _pack(plan: KernelPlan, group: Group) -> None:
+def _pack(plan: KernelList, group: Group) -> None:
     op = group.root
     axis = pack_axis(op)
     k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
@@ -552,12 +552,12 @@ def _pack(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SELECT", "SELECT_V2")
-def _select(plan: KernelPlan, group: Group) -> None:
+def _select(plan: KernelList, group: Group) -> None:
     _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
 
 
 @builds("UNPACK")
-def _unpack(plan: KernelPlan, group: Group) -> None:
+def _unpack(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     axis, parts = unpack_parts(op)
@@ -569,7 +569,7 @@ def _unpack(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("STRIDED_SLICE")
-def _strided_slice(plan: KernelPlan, group: Group) -> None:
+def _strided_slice(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
@@ -584,7 +584,7 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SPLIT", "SPLIT_V")
-def _split(plan: KernelPlan, group: Group) -> None:
+def _split(plan: KernelList, group: Group) -> None:
     op = group.root
     x, axis, parts = split_parts(op)
     for i, (out, offset) in enumerate(parts):
@@ -597,7 +597,7 @@ def _split(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("DEPTH_TO_SPACE")
-def _depth_to_space(plan: KernelPlan, group: Group) -> None:
+def _depth_to_space(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     k = _gather(plan.kernel("gather", group), "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
     k.param("block", "i32", group.root.options["block_size"])
@@ -616,13 +616,13 @@ def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
 
 
 @builds("CONCATENATION")
-def _concatenation(plan: KernelPlan, group: Group) -> None:
+def _concatenation(plan: KernelList, group: Group) -> None:
     op = group.root
     _concat(plan.kernel("gather", group), op.inputs, nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape)))
 
 
 @builds("LSTM")
-def _lstm(plan: KernelPlan, group: Group) -> None:
+def _lstm(plan: KernelList, group: Group) -> None:
     """The basic LSTM cell: [input, previous activation] -> matrix product -> gates."""
     op = group.root
     x, prev_activation, weights, _, prev_state = op.inputs
