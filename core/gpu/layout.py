@@ -67,6 +67,14 @@ def same_storage(a: Sequence[int], b: Sequence[int]) -> bool:
     return na == nb and ca == cb and ha * wa == hb * wb
 
 
+def host_order(shape: Sequence[int]) -> bool:
+    """Whether the NHWC values of ``shape`` start its PHWC4 storage, so the host reads and writes them
+    there without a conversion: a single slice of exactly four channels, whole slices of one pixel, or
+    one pixel of one image (the padding lanes follow, zero from the buffer's creation)."""
+    n, h, w, c = as_nhwc(shape)
+    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
+
+
 def to_phwc4(array: np.ndarray, dtype=None) -> np.ndarray:
     """NHWC (or lower rank) array -> contiguous ``[N, S, H, W, 4]`` array with zero padding lanes."""
     array = np.asarray(array)

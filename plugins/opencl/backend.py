@@ -12,7 +12,7 @@ from delegate.gpu.constants import is_folded_dequantize
 from delegate.gpu.registry import supports
 from delegate.ir import Op
 
-from .compiled import ClCompiled
+from .compiled import ClCompiled, choose_precision, lower
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
 from .lowering import DIALECT
 from .program import ProgramBuilder
@@ -87,7 +87,9 @@ class OpenCLBackend(Backend):
                        "but adds conversions, and costs precision")
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
-        return ClCompiled(self.state, partition, options)
+        precision = choose_precision(options.precision, self.state.facts["fp16"])
+        plan = lower(partition, options, precision, self.state.facts["compute_units"])
+        return ClCompiled(self.state, partition, plan, precision, options)
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

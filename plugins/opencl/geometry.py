@@ -55,13 +55,6 @@ def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     return w, h, n * slices(c)
 
 
-def nhwc_prefix_of_phwc4(shape: Sequence[int]) -> bool:
-    """Whether the NHWC bytes of ``shape`` start its float32 PHWC4 buffer: a single slice of exactly four
-    channels, whole slices of one pixel, or one pixel of one image (the padding lanes follow)."""
-    n, h, w, c = as_nhwc(shape)
-    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
-
-
 def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
     """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
     o = op.options

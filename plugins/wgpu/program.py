@@ -22,7 +22,7 @@ from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
 from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized
-from delegate.gpu.layout import as_nhwc, phwc4_vectors
+from delegate.gpu.layout import host_order, phwc4_vectors
 from delegate.gpu.plan import BufferPlanner, BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 
 from .kernels import KernelList, folds_into_reader, host_to_phwc4, phwc4_to_host
@@ -40,12 +40,6 @@ class Variant:
     source: str
     groups: tuple[int, int, int]
     tiling: str
-
-
-def host_order(shape) -> bool:
-    """Whether a tensor's PHWC4 storage holds its values in NHWC order (one slice, or one pixel)."""
-    n, h, w, c = as_nhwc(shape)
-    return c == 4 or (c % 4 == 0 and h * w == 1)
 
 
 @dataclass
@@ -192,8 +186,8 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     blob = bytes(blob) + bytes(params_start - len(blob)) + bytes(params)
 
     facts = {
-        "dispatches": len(dispatches),
-        "kernels": [k.label for k in plan.kernels],
+        "kernels": len(dispatches),
+        "launches": [k.label for k in plan.kernels],
         "f16_arithmetic": [k.label for k in plan.kernels if k.half and storage == "f16"],
         "tilings": {k.label: k.tiling for k in plan.kernels if k.tiling},
         "fused": [[op.index for op in g.ops] for g in plan.groups if g.fused],
@@ -202,6 +196,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     program = Program(storage, dispatches, buffers, program_inputs, program_outputs, facts, blob, list(shaders),
                       params_start, variants)
     facts["buffer_bytes"] = program.buffer_bytes()
+    facts["device_bytes"] = sum(facts["buffer_bytes"].values())
     return program
 
 
