@@ -103,6 +103,21 @@ def padding_before(padding: str, size: int, kernel: int, stride: int, dilation: 
     return same_padding(size, kernel, stride, dilation) if padding == "SAME" else 0
 
 
+def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
+    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
+    o = op.options
+    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
+    padding = o.get("padding", "VALID")
+    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
+            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
+
+
+def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
+    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
+    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
+        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)
+
+
 def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int) -> int:
     """Leading padding of a transposed convolution producing ``out_size`` (TFLite's rule).
 

@@ -8,13 +8,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu.constants import is_folded_dequantize
+from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.registry import supports
 from delegate.ir import Op
 
 from .compiled import ClCompiled, choose_precision, lower
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
-from .lowering import DIALECT
+from .lowering import DIALECT, FOLDS
 from .program import ProgramBuilder
 from .values import ClValue
 
@@ -77,8 +77,9 @@ class OpenCLBackend(Backend):
         return supports(DIALECT, op, options)
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """A DEQUANTIZE of a constant is folded at compile time and never runs; the rest: the roofline."""
-        return 0.0 if is_folded_dequantize(op) else None
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating
+        MUL done by the convolution reading it); else the roofline."""
+        return 0.0 if runs_no_kernel(op, FOLDS) else None
 
     def half_precision(self) -> tuple[bool, str]:
         if self.state.facts["fp16"]:

@@ -19,22 +19,34 @@ from delegate.backend import Partition
 from delegate.errors import CompileError
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
-from delegate.gpu.fusion import Group, Step, gate_operands
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, host_order,
+from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
                                  slice_ranges, slices, split_parts, to_phwc4, transpose_axes, transpose_conv_geometry,
-                                 unpack_parts)
+                                 unpack_parts, window_padding)
 from delegate.gpu.plan import BufferPlanner, BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
 
-from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, pow2_at_least, reduction_shape,
-                       round_to, window_padding)
+from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
 from .program import Variant
 
 DIALECT = "opencl"
+
+
+def _stages_input(reader: Op) -> bool:
+    """A 1x1 convolution with more rows than a matvec.cl product (matmul.cl stages its input)."""
+    n, h, w, _ = as_nhwc(reader.inputs[0].shape)
+    return n * h * w > MATVEC_ROWS
+
+
+# The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by a
+# windowed convolution (not a product, which reads no padding) as more padding; a depthwise
+# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input.
+FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or not is_matmul(reader),
+                    gate=_stages_input, depthwise=_stages_input, nested=True)
 
 
 @dataclass
@@ -55,13 +67,6 @@ class Launch:
     @property
     def label(self) -> str:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
-
-
-def group_gate(g: Group) -> tuple[Tensor, Tensor] | None:
-    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image)."""
-    if g.root.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1:
-        return None
-    return gate_operands(g.root)
 
 
 def conv_weights(op: Op, x: Tensor) -> np.ndarray:
@@ -247,53 +252,26 @@ class Lowering:
 
     # -- groups -------------------------------------------------------------
     def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
-        """Lower ``groups`` in order, fusing what only the next kernel reads into that kernel:
-
-        - a zero PAD of H and W read only by a convolution becomes part of the convolution's padding;
-        - a depthwise convolution, or a product by a per-channel gate, read only by a 1x1 convolution
-          is computed where the product's kernel stages its input.
-        """
-        members = {id(op) for g in groups for op in g.ops}
+        """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision,
+        :data:`FOLDS`) adds no launch of its own."""
+        folds = reader_folds(groups, keep, FOLDS)
         staged: dict[int, Group] = {}  # groups computed in a product's staging, by the tensor they would store
-        for g in groups:
-            user = g.output.uses[0] if len(g.output.uses) == 1 and g.output.index not in keep else None
-            if user is None or id(user) not in members or user.inputs[0] is not g.output:
-                user = None
-            if user is not None and self._pads_a_convolution(g, user):
+        for index, (kind, g) in folds.items():
+            if kind == "pad":
                 pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
-                self.padded[id(user)] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
+                self.padded[id(g.output.uses[0])] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
+            else:
+                staged[index] = g
+        for g in groups:
+            if g.output.index in folds:
                 continue
-            if user is not None and self._stages_into_product(g, user):
-                staged[g.output.index] = g
-                continue
-            source = staged.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
+            source = staged.get(g.root.inputs[0].index) if g.root.opcode == "CONV_2D" else None
             if source is None:
                 self.lower(g)
                 continue
             op, x = g.root, source.output
             self.matmul(None, x.shape, conv_weights(op, x), constant_value(op.input(2)),
                         self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
-
-    def _pads_a_convolution(self, g: Group, user: Op) -> bool:
-        """A zero PAD of only H and W, nothing fused after it, read by a windowed convolution kernel."""
-        if g.root.opcode != "PAD" or g.steps or len(g.output.shape) != 4:
-            return False
-        pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
-        if pads[0].any() or pads[3].any():
-            return False
-        return user.opcode == "DEPTHWISE_CONV_2D" or (
-            user.opcode == "CONV_2D" and not self._is_matmul(user, g.output.shape, user.inputs[1].shape))
-
-    def _stages_into_product(self, g: Group, user: Op) -> bool:
-        """A depthwise convolution (with only activations after it) or a gate product, read by a tiled
-        1x1 convolution."""
-        depthwise = g.root.opcode == "DEPTHWISE_CONV_2D" and all(step.kind == "unary" for step in g.steps)
-        if not (depthwise or group_gate(g)) or user.opcode != "CONV_2D":
-            return False
-        value, weights = g.output, user.inputs[1]
-        n, h, w, _ = as_nhwc(value.shape)
-        return tuple(weights.shape[1:3]) == (1, 1) and self._is_matmul(user, value.shape, weights.shape) and \
-            n * h * w > MATVEC_ROWS
 
     def conv_input(self, op: Op) -> Tensor:
         """What a convolution's kernel reads: its input, or the input of the PAD fused into it."""
@@ -322,7 +300,7 @@ class Lowering:
         weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
         if op.opcode == "CONV_2D":
             weights = conv_weights(op, self.conv_input(op))
-        if op.opcode == "CONV_2D" and self._is_matmul(op, op.inputs[0].shape, weights.shape):
+        if op.opcode == "CONV_2D" and is_matmul(op):
             x = op.inputs[0]
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
             return
@@ -345,17 +323,6 @@ class Lowering:
                 self.upload(pack_depthwise_weights(weights)),
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
                 *self._window(op, weights.shape[1], weights.shape[2])]
-
-    @staticmethod
-    def _is_matmul(op: Op, in_shape, weights_shape) -> bool:
-        """A convolution that is a matrix product: 1x1 with stride 1, or an undilated window covering
-        the whole unpadded input, which gives one output pixel per image."""
-        _, kh, kw, _ = weights_shape
-        o = op.options
-        if kh == kw == 1:
-            return o.get("stride_h", 1) == o.get("stride_w", 1) == 1
-        undilated = o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
-        return undilated and covers_input(op, in_shape, kh, kw)
 
     def _window(self, op: Op, kh: int, kw: int, dilated: bool = True) -> list[Any]:
         """Geometry and padding arguments of a windowed kernel, a fused PAD's included."""
@@ -424,7 +391,7 @@ class Lowering:
                        ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
-            values, gate = group_gate(source)
+            values, gate = gate_operands(source.root)
             args += [self.tensor(values), self.tensor(gate), i32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
             staging = 2.0

@@ -11,9 +11,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.gpu import is_folded_dequantize, same_storage
 from delegate.cache import EntryStore, cache_key, ops_fingerprint
 from delegate.gpu.dialect import WGSL
+from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.registry import supports
 from delegate.ir import Op
@@ -21,7 +21,7 @@ from delegate.ir import Op
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
-from .kernels import DIALECT, mul_folds, pad_folds
+from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
@@ -109,11 +109,7 @@ class WgpuBackend(Backend):
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
         done by the convolution reading it); else the roofline."""
-        if is_folded_dequantize(op) or pad_folds(op) or mul_folds(op) or (
-                op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-                and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
-            return 0.0
-        return None
+        return 0.0 if runs_no_kernel(op, FOLDS) else None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """The partition's program (from the plan cache when one is configured and holds it), made real.

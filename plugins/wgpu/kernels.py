@@ -16,7 +16,7 @@ import numpy as np
 
 from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value
-from delegate.gpu.fusion import gate_operands
+from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
@@ -47,7 +47,7 @@ class KernelList:
         self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
         self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
-        self.folded: dict[int, Group] = {}  # result of a group its reader does (folds_into_reader) -> the group
+        self.folded: dict[int, Group] = {}  # result of a group its reader does (FOLDS) -> the group
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -104,64 +104,17 @@ def _bias(plan: KernelList, op: Op, index: int, channels: int) -> Hashable:
     return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
 
 
-# -- ops done by the kernel of the op reading their result ------------------------------------
-
-def folds_into_reader(group: Group) -> bool:
-    """Whether the group is done by the kernel of the op reading its result (pad_folds, mul_folds,
-    chains_into_reader)."""
-    if group.root.opcode == "CONV_2D":
-        return chains_into_reader(group)
-    own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
-    return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
-
-
-def pad_folds(op: Op) -> bool:
-    """A zero PAD of rows and columns whose one reader is a convolution: the convolution reads the
-    unpadded tensor with its window shifted, taking what lies outside as zeros as it does for its
-    own padding, and no kernel runs for the PAD."""
-    if op.opcode != "PAD" or op.custom or len(op.inputs[0].shape) != 4:
-        return False
-    pads = int_values(op.input(1))
-    return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
-            and _read_by(op.outputs[0], ("CONV_2D", "DEPTHWISE_CONV_2D")) is not None)
-
-
-def mul_folds(op: Op) -> bool:
-    """A MUL of an image by a vector per channel (and image) whose one reader is a 1x1 convolution:
-    the convolution scales each input vector as it reads it (a squeeze-and-excitation gate), and no
-    kernel runs for the MUL."""
-    if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
-        return False
-    reader = _read_by(op.outputs[0], ("CONV_2D",))
-    return reader is not None and gate_operands(op) is not None and _pointwise(reader)
-
-
-def _pointwise(op: Op) -> bool:
-    """A 1x1 convolution with stride 1 (and constant weights): a matrix product over pixels."""
-    weights = op.inputs[1]
-    return (op.opcode == "CONV_2D" and constant_value(weights) is not None and tuple(weights.shape[1:3]) == (1, 1)
-            and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1)
-
-
-def _read_by(value: Tensor, readers: Sequence[str]) -> Op | None:
-    """The one op reading ``value``, when it is one of ``readers`` taking it as its input 0."""
-    if len(value.uses) != 1 or value.uses[0].custom or value.uses[0].opcode not in readers:
-        return None
-    return value.uses[0] if value.uses[0].inputs[0] is value else None
-
-
 def _on_one_pixel(op: Op) -> bool:
     """A 1x1 convolution of an input with one pixel per image, small enough for one workgroup."""
-    return (_pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
+    return (pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
             and op.inputs[1].size <= DENSE_PAIR_WEIGHTS)
 
 
-def chains_into_reader(group: Group) -> bool:
-    """A 1x1 convolution of one pixel whose result, through activations only, is read by another such
-    convolution (the bottleneck of a squeeze-and-excitation block): both run as one kernel."""
-    reader = _read_by(group.output, ("CONV_2D",))
-    return (reader is not None and _on_one_pixel(group.root) and _on_one_pixel(reader)
-            and all(step.kind == "unary" for step in group.steps))
+# The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
+# convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
+# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
+# kernel, ``_dense_pair``); a reader does one fold at most.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -174,7 +127,7 @@ def _elementwise(plan: KernelList, group: Group) -> None:
 
 
 def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
-    """Two 1x1 convolutions of one pixel as one kernel (see chains_into_reader)."""
+    """Two 1x1 convolutions of one pixel as one kernel (a "chain" fold)."""
     conv1, conv2 = first.root, second.root
     x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
     w1 = dense_groups(constant_value(conv1.inputs[1]), as_nhwc(x.shape)[3])
@@ -204,7 +157,7 @@ def _conv(plan: KernelList, group: Group) -> None:
         _dense_pair(plan, folded, group)
         return
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
-    if _pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
+    if pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
         _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
         return
     k = plan.kernel("conv2d", group)

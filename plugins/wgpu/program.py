@@ -20,12 +20,12 @@ import numpy as np
 from delegate.backend import CompileOptions, Partition
 from delegate.errors import CompileError
 from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
-from delegate.gpu.fusion import elementwise_steps
+from delegate.gpu.fusion import elementwise_steps, reader_folds
 from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import host_order, phwc4_vectors
 from delegate.gpu.plan import BufferPlanner, BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 
-from .kernels import KernelList, folds_into_reader, host_to_phwc4, phwc4_to_host
+from .kernels import FOLDS, KernelList, host_to_phwc4, phwc4_to_host
 from .shaders import Kernel
 from .tiling import DeviceShape
 
@@ -60,14 +60,11 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
                  device: DeviceShape, tuning: bool = False) -> KernelList:
     """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
     keep = {t.index for t in partition.outputs}
-    members = {id(op) for op in partition.ops}
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelList(device, tuning)
-        for group in groups if fuse else ():
-            if (folds_into_reader(group) and id(group.output.uses[0]) in members and group.output.index not in keep
-                    and group.root.inputs[0].index not in plan.folded):  # a reader does one fold at most
-                plan.folded[group.output.index] = group
+        if fuse:
+            plan.folded = {index: group for index, (_, group) in reader_folds(groups, keep, FOLDS).items()}
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)
