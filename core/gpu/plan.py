@@ -23,6 +23,12 @@ import struct
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Hashable, Iterable
 
+import numpy as np
+
+from ..ir import Tensor
+from .constants import constant_value
+from .layout import phwc4_vectors, to_phwc4
+
 ROLES = ("input", "output", "constant", "scratch", "staging")
 
 
@@ -206,3 +212,43 @@ class BufferPlanner:
             if self.root(key) in buffer_of:
                 buffer_of[key] = buffer_of[self.root(key)]
         return buffer_of, buffers, blob
+
+
+class Values:
+    """The values a partition's launches bind: its tensors (by index), packed constants (float32, in
+    their kernel's layout), temporaries (by PHWC4 shape), and aliases (a value stored in another's
+    buffer).  Both lowerings keep theirs here, so sizes and constant bytes are reckoned once."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[int, Tensor] = {}
+        self.constants: dict[Hashable, np.ndarray] = {}
+        self.temporaries: dict[Hashable, tuple[int, ...]] = {}
+        self.aliases: dict[Hashable, Hashable] = {}
+
+    def nbytes(self, key: Hashable, itemsize: int) -> int:
+        if key in self.constants:
+            return self.constants[key].size * itemsize
+        shape = self.temporaries[key] if key in self.temporaries else self.tensors[key].shape
+        return max(phwc4_vectors(shape), 1) * 4 * itemsize
+
+    def is_constant(self, key: Hashable) -> bool:
+        return key in self.constants or (key in self.tensors and constant_value(self.tensors[key]) is not None)
+
+    def constant_bytes(self, key: Hashable, dtype: np.dtype) -> bytes:
+        """A constant's bytes in the storage type: packed as it is, a constant tensor in PHWC4."""
+        if key in self.constants:
+            values = self.constants[key]
+        else:
+            t = self.tensors[key]
+            values = to_phwc4(constant_value(t).reshape(t.shape), np.float32)
+        return np.ascontiguousarray(values, dtype).tobytes()
+
+    def planner(self, inputs: Iterable[Hashable], outputs: Iterable[Hashable]) -> BufferPlanner:
+        planner = BufferPlanner(inputs, outputs)
+        planner.aliases.update(self.aliases)
+        return planner
+
+    def use(self, planner: BufferPlanner, key: Hashable, itemsize: int, position: int | None) -> None:
+        """Record that launch ``position`` (None: the boundary) binds ``key``."""
+        root = planner.root(key)
+        planner.use(key, self.nbytes(root, itemsize), self.is_constant(root), position)

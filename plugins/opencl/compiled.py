@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,6 +19,8 @@ from delegate.backend import CompiledPartition, CompileOptions, Partition
 from delegate.cache import EntryStore, cache_key
 from delegate.gpu.fusion import plan_groups
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
+from delegate.gpu.precision import Precision
+from delegate.gpu.precision import choose_precision as kit_precision
 
 from .geometry import pow2_at_least
 from .lowering import Lowering
@@ -32,39 +33,28 @@ TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Storage and arithmetic types of a partition, and why they were chosen."""
-
-    name: str
-    storage: np.dtype
-    defines: tuple[str, ...]
-    reason: str
-
-
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
-    if requested == "fp16":
-        if device_has_fp16:
-            return Precision("fp16", np.dtype(np.float16), ("HALF_STORAGE", "HALF_MATH"),
-                             "fp16 allowed and the device has cl_khr_fp16: half storage and arithmetic; "
-                             "mean, average pooling, softmax and resize accumulate in fp32")
-        return Precision("fp16 storage", np.dtype(np.float16), ("HALF_STORAGE",),
-                         "fp16 allowed but the device lacks cl_khr_fp16: half storage through "
-                         "vload_half/vstore_half, fp32 arithmetic")
-    if requested == "fp32":
-        return Precision("fp32", np.dtype(np.float32), (), "fp32 requested")
-    return Precision("fp32", np.dtype(np.float32), (),
-                     f"precision {requested!r} has no OpenCL kernels; fp32 used")
+    """The kit's choice, with what half precision means for the OpenCL kernels."""
+    return kit_precision(requested, "cl_khr_fp16", device_has_fp16,
+                         "half storage and arithmetic; mean, average pooling, softmax and resize accumulate in fp32",
+                         "half storage through vload_half/vstore_half, fp32 arithmetic")
+
+
+def build_defines(precision: Precision) -> tuple[str, ...]:
+    """The prelude's macros for ``precision``."""
+    if precision.storage == "f32":
+        return ()
+    return ("HALF_STORAGE", "HALF_MATH") if precision.half_math else ("HALF_STORAGE",)
 
 
 def lower(partition: Partition, options: CompileOptions, precision: Precision, compute_units: int) -> KernelPlan:
     """The partition's kernel plan: fused groups lowered to launches, buffers shared by lifetime."""
     ops = sorted(partition.ops, key=lambda op: op.index)
-    lowering = Lowering(precision.storage, compute_units)
+    lowering = Lowering(precision.dtype, compute_units)
     keep = {t.index for t in partition.outputs}
     groups = plan_groups(ops, keep, float_view=options.allow_quantized)
     lowering.lower_all(groups, keep)
-    plan = lowering.plan(partition, "f16" if precision.storage == np.float16 else "f32")
+    plan = lowering.plan(partition, precision.storage)
     plan.facts["ops"] = sum(len(g.ops) for g in groups)
     return plan
 
@@ -119,7 +109,7 @@ class ClCompiled(CompiledPartition):
         of_launch = [variant_of(launch) for launch in launches]
         variants = list(dict.fromkeys(of_launch))
         names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
-        built = self.device.builder.build(program_source(variants, self.precision.defines), cache)
+        built = self.device.builder.build(program_source(variants, build_defines(self.precision)), cache)
         self.build_origin, self.build_seconds = built.origin, built.seconds
         kernels = []
         for launch, variant in zip(launches, of_launch):
@@ -163,7 +153,7 @@ class ClCompiled(CompiledPartition):
         return best
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
-        cl, queue, storage = self.device.cl, self.device.queue, self.precision.storage
+        cl, queue, storage = self.device.cl, self.device.queue, self.precision.dtype
         self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
                         for boundary in self.inputs]
         enqueue = cl.enqueue_nd_range_kernel

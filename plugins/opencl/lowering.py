@@ -11,7 +11,7 @@ is only enqueueing kernels.  Buffers are assigned by the kit's buffer planner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Hashable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -23,9 +23,9 @@ from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matm
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
-                                 slice_ranges, slices, split_parts, to_phwc4, transpose_axes, transpose_conv_geometry,
+                                 slice_ranges, slices, split_parts, transpose_axes, transpose_conv_geometry,
                                  unpack_parts, window_padding)
-from delegate.gpu.plan import BufferPlanner, BufferSpec, KernelPlan, LaunchSpec, TensorSpec
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec, Values
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -107,7 +107,7 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-class Lowering:
+class Lowering(Values):
     """Turns a partition's groups into launches whose arguments name values, not device buffers.
 
     Values are tensor indices, packed constants (``("constant", n)``) and temporaries
@@ -116,13 +116,10 @@ class Lowering:
     """
 
     def __init__(self, storage: np.dtype, compute_units: int):
+        super().__init__()
         self.storage = np.dtype(storage)
         self.compute_units = compute_units
         self.padded: dict[int, tuple[Tensor, int, int, Op]] = {}  # conv op id -> (input, pad x, pad y, PAD op)
-        self.tensors: dict[int, Tensor] = {}  # tensors the launches use, by index
-        self.constants: dict[Hashable, np.ndarray] = {}  # packed constants, in the kernels' layout
-        self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # temporary -> PHWC4 shape
-        self.aliases: dict[int, int] = {}  # tensor index -> tensor index holding the same bytes
         self.launches: list[Launch] = []
 
     # -- values -------------------------------------------------------------
@@ -142,20 +139,6 @@ class Lowering:
         self.temporaries[key] = tuple(shape)
         return ["buffer", key]
 
-    def nbytes(self, key: Hashable) -> int:
-        if key in self.constants:
-            return self.constants[key].size * self.storage.itemsize
-        shape = self.temporaries[key] if key in self.temporaries else self.tensors[key].shape
-        return max(phwc4_vectors(shape), 1) * 4 * self.storage.itemsize
-
-    def constant_bytes(self, key: Hashable) -> bytes:
-        if key in self.constants:
-            values = self.constants[key]
-        else:
-            t = self.tensors[key]
-            values = to_phwc4(constant_value(t).reshape(t.shape))
-        return np.ascontiguousarray(values, self.storage).tobytes()
-
     def plan(self, partition: Partition, storage: str) -> KernelPlan:
         """The launches with buffers assigned, and the boundary tensors with their conversions.
 
@@ -163,19 +146,19 @@ class Lowering:
         uploaded once; inputs that are only parameters (a RESHAPE's shape) are not read at all.
         """
         inputs = [t for t in partition.inputs if constant_value(t) is None]
-        planner = BufferPlanner((t.index for t in inputs), (t.index for t in partition.outputs))
-        planner.aliases.update(self.aliases)
+        planner = self.planner((t.index for t in inputs), (t.index for t in partition.outputs))
+        itemsize = self.storage.itemsize
         for position, launch in enumerate(self.launches):
             for kind, key in launch.args:
                 if kind == "buffer":
-                    planner.use(key, self.nbytes(key), self.is_constant(key), position)
+                    self.use(planner, key, itemsize, position)
         for t in partition.outputs:
             self.tensors[t.index] = t
-            planner.use(t.index, self.nbytes(t.index), self.is_constant(t.index), None)
+            self.use(planner, t.index, itemsize, None)
         inputs = [t for t in inputs if planner.used(t.index)]
         for t in inputs:
-            planner.use(t.index, self.nbytes(t.index), False, None)
-        buffer_of, buffers, blob = planner.assign(self.constant_bytes)
+            self.use(planner, t.index, itemsize, None)
+        buffer_of, buffers, blob = planner.assign(lambda key: self.constant_bytes(key, self.storage))
 
         def spec(launch: Launch) -> LaunchSpec:
             args = [["buffer", buffer_of[value]] if kind == "buffer" else [kind, value] for kind, value in launch.args]
@@ -205,9 +188,6 @@ class Lowering:
         launches = [spec(launch) for launch in self.launches]
         crossings = [boundary(t, True) for t in inputs], [boundary(t, False) for t in partition.outputs]
         return KernelPlan(storage, launches, buffers, *crossings, blob=bytes(blob))
-
-    def is_constant(self, key: Hashable) -> bool:
-        return key in self.constants or (key in self.tensors and constant_value(self.tensors[key]) is not None)
 
     # -- arguments ----------------------------------------------------------
     def dims(self, shape: Sequence[int]) -> list:

@@ -15,6 +15,7 @@ from delegate.cache import EntryStore, cache_key, ops_fingerprint
 from delegate.gpu.dialect import WGSL
 from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
 from delegate.ir import Op
 
@@ -75,16 +76,12 @@ class WgpuBackend(Backend):
         self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits,
                                     self.context.subgroups and self.request.subgroups)
 
-    def storage(self, options: CompileOptions) -> tuple[str, str]:
-        """(storage type, why) for ``options`` on this adapter."""
-        if options.precision != "fp16":
-            return "f32", "fp32: precision loss is not allowed (compile precision fp32)"
-        if self.context.f16:
-            return "f16", ("fp16: precision loss is allowed and the adapter has shader-f16; activations and "
-                           "weights are stored as f16, convolutions and matrix products multiply and accumulate "
-                           "in f16 (kernels listed under f16_arithmetic), epilogues, softmax and reductions "
-                           "compute in f32")
-        return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
+    def precision(self, options: CompileOptions) -> Precision:
+        """The kit's choice for ``options`` on this adapter, with what half precision means here."""
+        return choose_precision(options.precision, "shader-f16", self.context.f16,
+                                "activations and weights are stored as f16, convolutions and matrix products "
+                                "multiply and accumulate in f16 (kernels listed under f16_arithmetic), epilogues, "
+                                "softmax and reductions compute in f32")
 
     def half_precision(self) -> tuple[bool, str]:
         if self.context.f16:
@@ -99,7 +96,7 @@ class WgpuBackend(Backend):
         needed, most = storage_buffers_needed(op), limits["max-storage-buffers-per-shader-stage"]
         if needed > most:
             return Support.no(f"needs {needed} storage buffers in one kernel; the adapter allows {most} per stage")
-        itemsize = 2 if self.storage(options)[0] == "f16" else 4
+        itemsize = self.precision(options).dtype.itemsize
         what, nbytes = largest_binding(op, itemsize)
         limit = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
         if nbytes > limit:
@@ -116,7 +113,8 @@ class WgpuBackend(Backend):
 
         With ``inference_preference: sustained_speed`` a newly planned program has its tilings timed on
         the device first (:mod:`.tuning`); the cache then keeps the tuned program."""
-        storage, why = self.storage(options)
+        precision = self.precision(options)
+        storage = precision.storage
         tuning = options.inference_preference == "sustained_speed"
         store, key = self._cache_entry(partition, options, storage, tuning)
         program, source = self._cached(store, key), "cache"
@@ -130,7 +128,7 @@ class WgpuBackend(Backend):
         if store is not None and source != "cache":
             store.store(key, "plan", program.to_bytes())
         compiled.facts = {"adapter": describe_adapter(self.context.adapter),
-                          "precision": "fp16" if storage == "f16" else "fp32", "precision_reason": why,
+                          "precision": precision.name, "precision_reason": precision.reason,
                           "plan_source": source, **program.facts}
         return compiled
 

@@ -24,6 +24,7 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_g
                                  reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
                                  transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
+from delegate.gpu.plan import Values
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.ir import Op, Tensor
@@ -38,15 +39,13 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
-class KernelList:
-    """Kernels of one partition in launch order, with the constants and temporaries they use."""
+class KernelList(Values):
+    """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
+        super().__init__()
         self.device, self.tuning = device, tuning
         self.kernels: list[Kernel] = []
-        self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
-        self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
-        self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
         self.folded: dict[int, Group] = {}  # result of a group its reader does (FOLDS) -> the group
         self.groups: list[Group] = []
 

@@ -13,17 +13,16 @@ packing altogether (see :mod:`.compiled`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import numpy as np
 
 from delegate.backend import CompileOptions, Partition
 from delegate.errors import CompileError
-from delegate.gpu import Group, constant_value, plan_groups, to_phwc4
+from delegate.gpu import Group, plan_groups
 from delegate.gpu.fusion import elementwise_steps, reader_folds
 from delegate.gpu.constants import is_quantized
-from delegate.gpu.layout import host_order, phwc4_vectors
-from delegate.gpu.plan import BufferPlanner, BufferSpec, KernelPlan, LaunchSpec, TensorSpec
+from delegate.gpu.layout import host_order
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 
 from .kernels import FOLDS, KernelList, host_to_phwc4, phwc4_to_host
 from .shaders import Kernel
@@ -105,36 +104,17 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
     tensors = {t.index: t for t in partition.graph.tensors}
     itemsize = np.dtype(STORAGE_DTYPES[storage]).itemsize
 
-    planner = BufferPlanner((t.index for t in partition.inputs), (t.index for t in partition.outputs))
-    planner.aliases.update(plan.aliases)
-
-    def register(key: Hashable, position: int | None) -> None:
-        root = planner.root(key)
-        if root in plan.constants:
-            planner.use(key, plan.constants[root].nbytes // 4 * itemsize, True, position)
-            return
-        shape = plan.temporaries[root] if root in plan.temporaries else tensors[root].shape
-        constant = root in tensors and constant_value(tensors[root]) is not None
-        planner.use(key, phwc4_vectors(shape) * 4 * itemsize, constant, position)
-
+    plan.tensors = tensors
+    planner = plan.planner((t.index for t in partition.inputs), (t.index for t in partition.outputs))
     for position, kernel in enumerate(plan.kernels):
         for binding in kernel.bindings:
-            register(binding.value, position)
+            plan.use(planner, binding.value, itemsize, position)
     for t in partition.outputs:
-        register(t.index, None)
+        plan.use(planner, t.index, itemsize, None)
     for t in partition.inputs:
         if planner.used(t.index):  # read by a kernel, or the storage of an output (a free reshape)
-            register(t.index, None)
-
-    def constant_bytes(root: Hashable) -> bytes:
-        if root in plan.constants:
-            values = plan.constants[root]
-        else:
-            t = tensors[root]
-            values = to_phwc4(constant_value(t).reshape(t.shape), np.float32)
-        return np.ascontiguousarray(values, STORAGE_DTYPES[storage]).tobytes()
-
-    buffer_of, buffers, blob = planner.assign(constant_bytes)
+            plan.use(planner, t.index, itemsize, None)
+    buffer_of, buffers, blob = planner.assign(lambda key: plan.constant_bytes(key, STORAGE_DTYPES[storage]))
     limit = limits["max-storage-buffer-binding-size"]
     for spec in buffers:
         if spec.nbytes > limit:
