@@ -91,3 +91,25 @@ def test_mobilenet_v1_plans_the_same_device_memory_on_both_backends():
         assert facts["device_bytes"] == sum(facts["buffer_bytes"].values())
     assert planned["opencl"] == planned["wgpu"]
     assert sum(planned["opencl"].values()) < 24e6
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_cached_plan_skips_the_lowering(name, tmp_path, monkeypatch):
+    """With a cache directory and a model token the plan is stored; the next compile of the same
+    partition reads it instead of lowering again, and runs the same."""
+    backend = backend_of(name)
+    rng = np.random.default_rng(5)
+    model = residual_block(rng).to_bytes()
+    options = CompileOptions(cache_dir=str(tmp_path), model_token="block")
+    g, first = compile_whole(backend, name, model, options)
+    assert first.describe()["plan_source"] == "planned"
+    if name == "opencl":
+        from delegate_opencl.lowering import Lowering
+        monkeypatch.setattr(Lowering, "lower_all", lambda *args: pytest.fail("lowered again despite the cache"))
+    else:
+        from delegate_wgpu import backend as wgpu_backend
+        monkeypatch.setattr(wgpu_backend, "build_program", lambda *args: pytest.fail("planned again despite the cache"))
+    _, second = compile_whole(backend, name, model, options)
+    assert second.describe()["plan_source"] == "cache" and plan_of(second).key() == plan_of(first).key()
+    inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6))]
+    np.testing.assert_array_equal(run(backend, g, second, inputs)[0], run(backend, g, first, inputs)[0])

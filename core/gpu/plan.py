@@ -19,17 +19,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import struct
 from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from importlib import resources
 from typing import Any, Callable, Hashable, Iterable
 
 import numpy as np
 
+from ..backend import CompileOptions, Partition
+from ..cache import EntryStore, cache_key, ops_fingerprint
 from ..ir import Tensor
 from .constants import constant_value
 from .layout import phwc4_vectors, to_phwc4
 
 ROLES = ("input", "output", "constant", "scratch", "staging")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -252,3 +258,50 @@ class Values:
         """Record that launch ``position`` (None: the boundary) binds ``key``."""
         root = planner.root(key)
         planner.use(key, self.nbytes(root, itemsize), self.is_constant(root), position)
+
+
+@lru_cache(maxsize=None)
+def code_digest(package: str, definitions: str) -> str:
+    """Digest of a GPU plugin's code and templates (every file of ``package``) and its dialect's rendered
+    ``definitions``: a cached plan is only valid for the lowering and sources it was made from."""
+    digest = hashlib.sha256(definitions.encode())
+    pending = [resources.files(package)]
+    while pending:
+        for entry in sorted(pending.pop().iterdir(), key=lambda e: e.name):
+            if entry.name == "__pycache__":
+                continue
+            if entry.is_dir():
+                pending.append(entry)
+            else:
+                digest.update(entry.name.encode() + entry.read_bytes())
+    return digest.hexdigest()
+
+
+class PlanCache:
+    """Where a backend keeps the plans of a model's partitions (with a cache directory and a model token),
+    keyed by what the partition computes and ``facts``: everything else the plan depends on (device,
+    storage, templates, the plugin's version, its options)."""
+
+    def __init__(self, backend: str, partition: Partition, options: CompileOptions, facts: dict[str, Any]):
+        self.backend = backend
+        self.store = EntryStore(options.cache_dir, backend, options.model_token) \
+            if options.cache_dir and options.model_token else None
+        self.key = cache_key({
+            "model": options.model_token, "ops": ops_fingerprint(partition.ops),
+            "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
+            "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
+            "allow_quantized": options.allow_quantized, **facts}) if self.store else ""
+
+    def load(self, cls: type[KernelPlan]) -> KernelPlan | None:
+        raw = self.store.load(self.key, "plan") if self.store is not None else None
+        if raw is None:
+            return None
+        try:
+            return cls.from_bytes(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: cached plan %s could not be read (%s); planning again", self.backend, self.key[:12], exc)
+            return None
+
+    def store_plan(self, plan: KernelPlan) -> None:
+        if self.store is not None:
+            self.store.store(self.key, "plan", plan.to_bytes())

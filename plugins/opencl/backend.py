@@ -8,10 +8,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
+from delegate.gpu.dialect import OPENCL
 from delegate.gpu.fusion import runs_no_kernel
+from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
 from delegate.ir import Op
 
+from . import __version__
 from .compiled import ClCompiled, choose_precision, lower
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
 from .lowering import DIALECT, FOLDS
@@ -88,9 +91,17 @@ class OpenCLBackend(Backend):
                        "but adds conversions, and costs precision")
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
-        precision = choose_precision(options.precision, self.state.facts["fp16"])
-        plan = lower(partition, options, precision, self.state.facts["compute_units"])
-        return ClCompiled(self.state, partition, plan, precision, options)
+        """The partition's kernel plan (from the plan cache when one is configured and holds it), made real."""
+        facts = self.state.facts
+        precision = choose_precision(options.precision, facts["fp16"])
+        cache = PlanCache("opencl", partition, options, {
+            "precision": precision.name, "device": facts, "code": code_digest("delegate_opencl", OPENCL.definitions()),
+            "plugin": __version__})
+        plan, source = cache.load(KernelPlan), "cache"
+        if plan is None:
+            plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
+            cache.store_plan(plan)
+        return ClCompiled(self.state, partition, plan, precision, options, source)
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

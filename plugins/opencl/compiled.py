@@ -62,8 +62,9 @@ def lower(partition: Partition, options: CompileOptions, precision: Precision, c
 class ClCompiled(CompiledPartition):
     """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
-    def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions):
-        self.device, self.plan, self.precision = device, plan, precision
+    def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
+                 plan_source: str = "planned"):
+        self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
@@ -201,6 +202,7 @@ class ClCompiled(CompiledPartition):
             "kernels": len(self.launches),
             "launches": [launch.label for launch in self.plan.launches],
             "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],
+            "plan_source": self.plan_source,
             "program": self.build_origin,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",

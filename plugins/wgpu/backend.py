@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import logging
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping
 
 import numpy as np
 
 from delegate.backend import Backend, CompiledPartition, CompileOptions, Partition, Support
-from delegate.cache import EntryStore, cache_key, ops_fingerprint
 from delegate.gpu.dialect import WGSL
 from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
+from delegate.gpu.plan import PlanCache, code_digest
 from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
 from delegate.ir import Op
@@ -27,19 +23,8 @@ from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
 
-log = logging.getLogger(__name__)
 # op -> input holding weights packed as 4x4 blocks (padded on both channel axes, so larger than the tensor)
 BLOCK_WEIGHTS = {"CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1, "Convolution2DTransposeBias": 1, "LSTM": 2}
-
-
-@lru_cache(maxsize=1)
-def shader_digest() -> str:
-    """Digest of every shader template and the dialect's rendered code: a cached plan is only valid for the
-    sources it was made from."""
-    digest = hashlib.sha256(WGSL.definitions().encode())
-    for entry in sorted(resources.files("delegate_wgpu").joinpath("shaders").iterdir(), key=lambda e: e.name):
-        digest.update(entry.name.encode() + entry.read_bytes())
-    return digest.hexdigest()
 
 
 def storage_buffers_needed(op: Op) -> int:
@@ -116,8 +101,11 @@ class WgpuBackend(Backend):
         precision = self.precision(options)
         storage = precision.storage
         tuning = options.inference_preference == "sustained_speed"
-        store, key = self._cache_entry(partition, options, storage, tuning)
-        program, source = self._cached(store, key), "cache"
+        cache = PlanCache("wgpu", partition, options, {
+            "storage": storage, "fuse": self.request.fuse, "workgroup": self.request.workgroup_size,
+            "tiling": self.shape, "tuned": tuning, "device": self.facts, "code": code_digest("delegate_wgpu", WGSL.definitions()),
+            "plugin": __version__})
+        program, source = cache.load(Program), "cache"
         if program is None:
             program, source = build_program(partition, options, storage, self.request.workgroup_size,
                                             self.context.limits, self.shape, self.request.fuse, tuning), "planned"
@@ -125,37 +113,12 @@ class WgpuBackend(Backend):
         if program.variants:
             tune(compiled)
             source = "tuned"
-        if store is not None and source != "cache":
-            store.store(key, "plan", program.to_bytes())
+        if source != "cache":
+            cache.store_plan(program)
         compiled.facts = {"adapter": describe_adapter(self.context.adapter),
                           "precision": precision.name, "precision_reason": precision.reason,
                           "plan_source": source, **program.facts}
         return compiled
-
-    def _cache_entry(self, partition: Partition, options: CompileOptions, storage: str,
-                     tuning: bool) -> tuple[EntryStore | None, str]:
-        """Where the partition's plan is cached, and under which key; (None, "") without a cache."""
-        if not (options.cache_dir and options.model_token):
-            return None, ""
-        store = EntryStore(options.cache_dir, "wgpu", options.model_token)
-        return store, cache_key({
-            "model": options.model_token, "ops": ops_fingerprint(partition.ops),
-            "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
-            "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
-            "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,
-            "workgroup": self.request.workgroup_size, "tiling": self.shape, "tuned": tuning, "device": self.facts,
-            "shaders": shader_digest(), "plugin": __version__})
-
-    @staticmethod
-    def _cached(store: EntryStore | None, key: str) -> Program | None:
-        raw = store.load(key, "plan") if store is not None else None
-        if raw is None:
-            return None
-        try:
-            return Program.from_bytes(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("wgpu: cached plan %s could not be read (%s); planning again", key[:12], exc)
-            return None
 
     def to_device(self, array: np.ndarray) -> HostTensor:
         """Boundary conversion NHWC -> PHWC4; the partition reading it uploads it into its input buffer."""
