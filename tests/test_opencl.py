@@ -20,6 +20,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from delegate import CacheError, CompileOptions, PluginError, read_model
 from delegate.cache import CacheWarning, EntryStore
+from delegate.gpu.fusion import is_matmul
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
@@ -311,6 +312,29 @@ def test_concatenation(rank, count, seed, data):
     check(b, [normal(rng, s) for s in shapes])
 
 
+def test_concatenation_clears_the_padding_lanes_of_a_shared_buffer(backend):
+    """The concatenation's output reuses the buffer of an earlier tensor holding inf in its last lanes;
+    the lanes past the six channels must read as zeros, or the 1x1 product after it computes inf * 0."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 3, 8))
+    u = b.op("EXP", [b.op("MUL", [x, b.const("k", np.array([100.0], np.float32))])])
+    parts = []
+    for i, (start, stop) in enumerate(((0, 3), (3, 6))):
+        consts = [b.const(f"{n}{i}", np.array(v, np.int32))
+                  for n, v in (("begin", [0, 0, 0, start]), ("end", [1, 3, 3, stop]), ("strides", [1, 1, 1, 1]))]
+        parts.append(b.op("MINIMUM", [b.op("STRIDED_SLICE", [u, *consts]), b.const(f"one{i}", np.ones(1, np.float32))]))
+    c = b.op("CONCATENATION", parts, options={"axis": 3})
+    rng = np.random.default_rng(4)
+    b.output(b.op("CONV_2D", [c, b.const("w", normal(rng, (4, 1, 1, 6))), b.const("b", normal(rng, 4))],
+                  options={"padding": "VALID", "stride_w": 1, "stride_h": 1}))
+    _, compiled = compile_whole(backend, b)
+    writes = {launch.label.split("#")[0]: launch.args[0][1] for launch in compiled.plan.launches}
+    assert writes["CONCATENATION"] == writes["MUL"]  # the product's result (inf past channel 6) is gone by then
+    data = normal(rng, (1, 3, 3, 8))
+    data[..., 6:] = 2.0  # exp(200) is inf in float32
+    check(b, [data])
+
+
 @given(shape=image(), seed=st.integers(0, 2**16), data=st.data())
 def test_pad(shape, seed, data):
     pads = [[data.draw(st.integers(0, 2)) for _ in range(2)] for _ in range(4)]
@@ -541,7 +565,7 @@ def test_pad_then_convolution_is_one_kernel(backend, case, depthwise, pads, seed
                                                                     b.const("b", normal(rng, out))],
                   options=options, version=2 if depthwise and case["dilation"] != (1, 1) else 1))
     g, compiled = compile_whole(backend, b)
-    product = not depthwise and lowering.Lowering._is_matmul(g.ops[-1], padded, weights.shape)  # reads no padding
+    product = not depthwise and is_matmul(g.ops[-1])  # a product reads no padding: the PAD runs its own kernel
     assert compiled.describe()["kernels"] == 1 + product
     check(b, [normal(rng, case["shape"])])
 

@@ -21,8 +21,8 @@ from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
 from ..passes import gate_operands  # noqa: F401  (the gate test is the shared pass's)
-from .constants import activation_quant, constant_value, is_folded_dequantize
-from .layout import as_nhwc, natural_output_shape
+from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
+from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 # Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
@@ -167,3 +167,117 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
         groups.append(group)
     groups.sort(key=lambda g: position[id(g.ops[-1])])
     return groups
+
+
+# -- groups done by the kernel reading their result ---------------------------------------------
+# The decisions are the kit's; which folds a dialect's kernels implement, and for which readers,
+# is declared by the dialect as a ReaderFolds.  Entry points: reader_folds (a partition's groups)
+# and runs_no_kernel (one op, for the cost estimate).
+
+@dataclass(frozen=True)
+class ReaderFolds:
+    """Which groups a dialect's kernels compute inside the kernel reading their result.
+
+    Each field but ``nested`` is None (the dialect does not fold that kind) or a test of the reader:
+    ``pad`` a zero PAD of rows and columns, read by a convolution as extra padding; ``gate`` a product
+    by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it;
+    ``depthwise`` a depthwise convolution (activations only after it) computed where a 1x1
+    convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations,
+    run in one kernel with the 1x1 convolution reading it.  ``nested``: a folded group may itself
+    read the result of another folded group.
+    """
+
+    pad: Callable[[Op], bool] | None = None
+    gate: Callable[[Op], bool] | None = None
+    depthwise: Callable[[Op], bool] | None = None
+    chain: Callable[[Op], bool] | None = None
+    nested: bool = False
+
+
+def pointwise(op: Op) -> bool:
+    """A 1x1 convolution with stride 1 and constant weights: a matrix product over pixels."""
+    if op.opcode != "CONV_2D" or op.custom:
+        return False
+    weights = op.inputs[1]
+    return (constant_value(weights) is not None and tuple(weights.shape[1:3]) == (1, 1)
+            and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1)
+
+
+def is_matmul(op: Op) -> bool:
+    """A convolution that is a matrix product: 1x1 with stride 1, or an undilated window covering the
+    whole unpadded input, which gives one output pixel per image."""
+    if op.opcode != "CONV_2D" or op.custom:
+        return False
+    if pointwise(op):
+        return True
+    o, (_, kh, kw, _) = op.options, op.inputs[1].shape
+    undilated = o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
+    return undilated and covers_input(op, op.inputs[0].shape, kh, kw)
+
+
+def read_by(value: Tensor, readers: Collection[str]) -> Op | None:
+    """The one op reading ``value``, when it is one of ``readers`` taking it as its input 0."""
+    if len(value.uses) != 1 or value.uses[0].custom or value.uses[0].opcode not in readers:
+        return None
+    return value.uses[0] if value.uses[0].inputs[0] is value else None
+
+
+def zero_pad_of_rows_and_columns(op: Op) -> bool:
+    """A PAD (with zeros) of only H and W of a 4-D tensor."""
+    if op.opcode != "PAD" or op.custom or len(op.inputs[0].shape) != 4:
+        return False
+    pads = int_values(op.input(1))
+    return pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
+
+
+def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
+    """How ``group`` is done by the kernel of the one op reading its result ("pad", "gate",
+    "depthwise", "chain"), or None when it runs its own kernel."""
+    root, unary_only = group.root, all(step.kind == "unary" for step in group.steps)
+    if root.custom:
+        return None
+    if folds.pad and not group.fused and not group.steps and zero_pad_of_rows_and_columns(root):
+        reader = read_by(group.output, ("CONV_2D", "DEPTHWISE_CONV_2D"))
+        return "pad" if reader is not None and folds.pad(reader) else None
+    reader = read_by(group.output, ("CONV_2D",))
+    if reader is None or not pointwise(reader):
+        return None
+    if (folds.gate and root.opcode == "MUL" and not group.fused and len(group.steps) == 1 and gate_operands(root)
+            and folds.gate(reader)):
+        return "gate"
+    if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and folds.depthwise(reader):
+        return "depthwise"
+    if folds.chain and pointwise(root) and unary_only and folds.chain(root) and folds.chain(reader):
+        return "chain"
+    return None
+
+
+def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFolds) -> dict[int, tuple[str, Group]]:
+    """The groups of a partition done by their reader's kernel: stored tensor index -> (kind, group).
+
+    A group folds only when its result is not kept (a partition output) and its reader is in the
+    partition; without ``folds.nested`` a folded group reads no folded result.
+    """
+    members = {id(op) for g in groups for op in g.ops}
+    found: dict[int, tuple[str, Group]] = {}
+    for group in groups:
+        if group.output.index in keep or len(group.output.uses) != 1 or id(group.output.uses[0]) not in members:
+            continue
+        if not folds.nested and group.root.inputs[0].index in found:
+            continue
+        kind = fold_kind(group, folds)
+        if kind is not None:
+            found[group.output.index] = (kind, group)
+    return found
+
+
+def runs_no_kernel(op: Op, folds: ReaderFolds) -> bool:
+    """Whether ``op`` costs no kernel of its own: a folded DEQUANTIZE, a reshape keeping the PHWC4
+    bytes, or a PAD or gate product its reader's kernel does (as its own group)."""
+    if is_folded_dequantize(op):
+        return True
+    if op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") and not op.custom:
+        return same_storage(op.inputs[0].shape, op.outputs[0].shape)
+    if op.opcode not in ("PAD", "MUL") or len(op.outputs) != 1:
+        return False
+    return fold_kind(plan_groups([op], set())[0], folds) in ("pad", "gate")

@@ -67,6 +67,14 @@ def same_storage(a: Sequence[int], b: Sequence[int]) -> bool:
     return na == nb and ca == cb and ha * wa == hb * wb
 
 
+def host_order(shape: Sequence[int]) -> bool:
+    """Whether the NHWC values of ``shape`` start its PHWC4 storage, so the host reads and writes them
+    there without a conversion: a single slice of exactly four channels, whole slices of one pixel, or
+    one pixel of one image (the padding lanes follow, zero from the buffer's creation)."""
+    n, h, w, c = as_nhwc(shape)
+    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
+
+
 def to_phwc4(array: np.ndarray, dtype=None) -> np.ndarray:
     """NHWC (or lower rank) array -> contiguous ``[N, S, H, W, 4]`` array with zero padding lanes."""
     array = np.asarray(array)
@@ -93,6 +101,21 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> int:
 
 def padding_before(padding: str, size: int, kernel: int, stride: int, dilation: int = 1) -> int:
     return same_padding(size, kernel, stride, dilation) if padding == "SAME" else 0
+
+
+def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
+    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
+    o = op.options
+    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
+    padding = o.get("padding", "VALID")
+    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
+            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
+
+
+def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
+    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
+    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
+        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)
 
 
 def transpose_conv_padding(padding: str, out_size: int, kernel: int, stride: int) -> int:

@@ -8,12 +8,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.gpu.profile import default_profile
+from delegate.gpu.dialect import OPENCL
+from delegate.gpu.fusion import runs_no_kernel
+from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
 from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
 
-from .compiled import ClCompiled
+from . import __version__
+from .compiled import ClCompiled, choose_precision, lower
 from .device import DeviceRequest, device_facts, import_pyopencl, select_device
-from .lowering import DIALECT
+from .lowering import DIALECT, FOLDS
 from .program import ProgramBuilder
 from .values import ClValue
 
@@ -79,6 +83,11 @@ class OpenCLBackend(Backend):
     def default_profile(self) -> DeviceProfile:
         return default_profile(self.device_info())
 
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating
+        MUL done by the convolution reading it); else the roofline."""
+        return 0.0 if runs_no_kernel(op, FOLDS) else None
+
     def half_precision(self) -> tuple[bool, str]:
         if self.state.facts["fp16"]:
             return True, "the device has cl_khr_fp16: half storage and arithmetic"
@@ -86,7 +95,17 @@ class OpenCLBackend(Backend):
                        "but adds conversions, and costs precision")
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
-        return ClCompiled(self.state, partition, options)
+        """The partition's kernel plan (from the plan cache when one is configured and holds it), made real."""
+        facts = self.state.facts
+        precision = choose_precision(options.precision, facts["fp16"])
+        cache = PlanCache("opencl", partition, options, {
+            "precision": precision.name, "device": facts, "code": code_digest("delegate_opencl", OPENCL.definitions()),
+            "plugin": __version__})
+        plan, source = cache.load(KernelPlan), "cache"
+        if plan is None:
+            plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
+            cache.store_plan(plan)
+        return ClCompiled(self.state, partition, plan, precision, options, source)
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

@@ -1,4 +1,5 @@
-"""A compiled OpenCL partition: buffers resident, kernels built and bound, work-group sizes chosen.
+"""A compiled OpenCL partition: its kernel plan's buffers resident, kernels built and bound, work-group
+sizes chosen.
 
 ``run`` enqueues the uploads of the partition's inputs (the caller's NHWC
 arrays, converted to PHWC4 by a kernel) and every kernel on the device's
@@ -10,18 +11,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
 from delegate.plugin_api import CompileOptions, CompiledPartition, EntryStore, Partition, cache_key
-from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
+from delegate.gpu.precision import Precision
+from delegate.gpu.precision import choose_precision as kit_precision
 
 from .geometry import pow2_at_least
-from .lowering import Launch, Lowering
-from .program import kernel_name, program_source
+from .lowering import Lowering
+from .program import kernel_name, program_source, variant_of
 from .values import Boundary, ClValue, ReadbackBatch, fill_input
 
 # Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
@@ -30,96 +32,105 @@ TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Storage and arithmetic types of a partition, and why they were chosen."""
-
-    name: str
-    storage: np.dtype
-    defines: tuple[str, ...]
-    reason: str
-
-
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
-    if requested == "fp16":
-        if device_has_fp16:
-            return Precision("fp16", np.dtype(np.float16), ("HALF_STORAGE", "HALF_MATH"),
-                             "fp16 allowed and the device has cl_khr_fp16: half storage and arithmetic; "
-                             "mean, average pooling, softmax and resize accumulate in fp32")
-        return Precision("fp16 storage", np.dtype(np.float16), ("HALF_STORAGE",),
-                         "fp16 allowed but the device lacks cl_khr_fp16: half storage through "
-                         "vload_half/vstore_half, fp32 arithmetic")
-    if requested == "fp32":
-        return Precision("fp32", np.dtype(np.float32), (), "fp32 requested")
-    return Precision("fp32", np.dtype(np.float32), (),
-                     f"precision {requested!r} has no OpenCL kernels; fp32 used")
+    """The kit's choice, with what half precision means for the OpenCL kernels."""
+    return kit_precision(requested, "cl_khr_fp16", device_has_fp16,
+                         "half storage and arithmetic; mean, average pooling, softmax and resize accumulate in fp32",
+                         "half storage through vload_half/vstore_half, fp32 arithmetic")
+
+
+def build_defines(precision: Precision) -> tuple[str, ...]:
+    """The prelude's macros for ``precision``."""
+    if precision.storage == "f32":
+        return ()
+    return ("HALF_STORAGE", "HALF_MATH") if precision.half_math else ("HALF_STORAGE",)
+
+
+def lower(partition: Partition, options: CompileOptions, precision: Precision, compute_units: int) -> KernelPlan:
+    """The partition's kernel plan: fused groups lowered to launches, buffers shared by lifetime."""
+    ops = sorted(partition.ops, key=lambda op: op.index)
+    lowering = Lowering(precision.dtype, compute_units)
+    keep = {t.index for t in partition.outputs}
+    groups = plan_groups(ops, keep, float_view=options.allow_quantized)
+    lowering.lower_all(groups, keep)
+    plan = lowering.plan(partition, precision.storage)
+    plan.facts["ops"] = sum(len(g.ops) for g in groups)
+    return plan
 
 
 class ClCompiled(CompiledPartition):
-    """A partition lowered to kernels bound to device-resident buffers."""
+    """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
-    def __init__(self, device, partition: Partition, options: CompileOptions):
-        self.device = device
-        self.precision = choose_precision(options.precision, device.facts["fp16"])
-        ops = sorted(partition.ops, key=lambda op: op.index)
-        lowering = Lowering(device.cl, device.context, device.queue, self.precision.storage,
-                            device.facts["compute_units"])
-        keep = {t.index for t in partition.outputs}
-        self.groups = plan_groups(ops, keep, float_view=options.allow_quantized)
-        lowering.lower_all(self.groups, keep)
-        # Every run refills the input buffers the kernels read, except those known at compile time
-        # (weights from a DEQUANTIZE folded elsewhere), which were uploaded once as constants; inputs
-        # that are only parameters (a RESHAPE's shape) are not read at all.
-        inputs = [t for t in partition.inputs if t.index in lowering.buffers and constant_value(t) is None]
-        crossings = [(t, True) for t in inputs] + [(t, False) for t in partition.outputs]
-        conversions = [lowering.boundary(t, into_device) for t, into_device in crossings]
-        self.device_bytes = lowering.device_bytes
-        self.labels = [launch.label for launch in lowering.launches]
-        self.first_ops = [launch.ops[0].index for launch in lowering.launches]
+    def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
+                 plan_source: str = "planned"):
+        self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
+        self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
         cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
-        converters = [launch for launch, _ in conversions if launch is not None]
-        bound = self._bind(lowering.launches + converters, cache, options.inference_preference == "sustained_speed")
-        self.launches = bound[:len(lowering.launches)]
-        bound_converters = iter(bound[len(lowering.launches):])
-        boundaries = [Boundary(t, lowering.tensor(t), staging, *(next(bound_converters) if launch else ()))
-                      for (t, _), (launch, staging) in zip(crossings, conversions)]
-        self.inputs, self.outputs = boundaries[:len(inputs)], boundaries[len(inputs):]
+        crossings = plan.inputs + plan.outputs
+        converters = [t.convert for t in crossings if t.convert]
+        bound = self._bind(plan.launches + converters, cache, options.inference_preference == "sustained_speed")
+        self.launches = bound[:len(plan.launches)]
+        bound_converters = iter(bound[len(plan.launches):])
+        tensors = {t.index: t for t in partition.graph.tensors}
+        boundaries = [Boundary(tensors[t.index], self.buffers[t.buffer],
+                               None if t.staging is None else self.buffers[t.staging],
+                               *(next(bound_converters) if t.convert else ())) for t in crossings]
+        self.inputs, self.outputs = boundaries[:len(plan.inputs)], boundaries[len(plan.inputs):]
 
-    def _bind(self, launches: list[Launch], cache: EntryStore | None, tune: bool) -> list[tuple[Any, tuple, tuple]]:
+    def _buffer(self, spec: BufferSpec):
+        """A device buffer for ``spec``: a constant's bytes copied in, anything else zero-filled."""
+        cl, context = self.device.cl, self.device.context
+        if spec.data is not None:
+            offset, size = spec.data
+            data = np.frombuffer(self.plan.blob, np.uint8, size, offset)
+            return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
+        buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, spec.nbytes)
+        cl.enqueue_fill_buffer(self.device.queue, buffer, np.zeros(1, np.uint8), 0, spec.nbytes)
+        return buffer
+
+    def _argument(self, kind: str, value: Any) -> Any:
+        if kind == "buffer":
+            return self.buffers[value]
+        if kind == "int":
+            return np.int32(value)
+        if kind == "float":
+            return np.float32(value)
+        return getattr(self.device.cl.cltypes, f"make_{kind}")(*value)
+
+    def _bind(self, launches: list[LaunchSpec], cache: EntryStore | None, tune: bool) -> list[tuple[Any, tuple, tuple]]:
         """Build one program for ``launches``, bind their arguments and choose the work-group sizes that
         their kernels leave open; returns (kernel, global size, local size) per launch."""
         if not launches:
             return []
         cl = self.device.cl
-        variants = list(dict.fromkeys(launch.variant for launch in launches))
+        of_launch = [variant_of(launch) for launch in launches]
+        variants = list(dict.fromkeys(of_launch))
         names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
-        built = self.device.builder.build(program_source(variants, self.precision.defines), cache)
+        built = self.device.builder.build(program_source(variants, build_defines(self.precision)), cache)
         self.build_origin, self.build_seconds = built.origin, built.seconds
-        # A kernel does not keep its argument buffers alive; the partition does.
-        self.bound_args = [launch.args for launch in launches]
         kernels = []
-        for launch in launches:
-            kernel = cl.Kernel(built.program, names[launch.variant])
-            kernel.set_args(*launch.args)
+        for launch, variant in zip(launches, of_launch):
+            kernel = cl.Kernel(built.program, names[variant])
+            kernel.set_args(*(self._argument(kind, value) for kind, value in launch.args))
             kernels.append(kernel)
-        locals_: list = [launch.local_size or default_local(launch.global_size) for launch in launches]
-        free = [i for i, launch in enumerate(launches) if launch.local_size is None]
+        sizes = [tuple(launch.work) for launch in launches]
+        locals_: list = [tuple(launch.local) if launch.local else default_local(size)
+                         for launch, size in zip(launches, sizes)]
+        free = [i for i, launch in enumerate(launches) if launch.local is None]
         if tune and free:
-            key = cache_key({"program": built.key,
-                             "launches": [[names[launches[i].variant], launches[i].global_size] for i in free]})
+            key = cache_key({"program": built.key, "plan": self.plan.to_json()})
             stored = cache.load(key, "tune") if cache else None
             chosen = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
-                [self._fastest(kernels[i], launches[i].global_size) for i in free]
+                [self._fastest(kernels[i], sizes[i]) for i in free]
             if cache and stored is None:
                 cache.store(key, "tune", json.dumps(chosen).encode())
             for i, local in zip(free, chosen):
                 locals_[i] = local
             self.tuned = True
-        return [(k, _round_up(launch.global_size, local), local)
-                for k, launch, local in zip(kernels, launches, locals_)]
+        return [(k, _round_up(size, local), local) for k, size, local in zip(kernels, sizes, locals_)]
 
     def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
         """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
@@ -142,7 +153,7 @@ class ClCompiled(CompiledPartition):
         return best
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
-        cl, queue, storage = self.device.cl, self.device.queue, self.precision.storage
+        cl, queue, storage = self.device.cl, self.device.queue, self.precision.dtype
         self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
                         for boundary in self.inputs]
         enqueue = cl.enqueue_nd_range_kernel
@@ -174,7 +185,8 @@ class ClCompiled(CompiledPartition):
             return {}
         self.profiled[-1][-1].wait()
         times: dict[int, float] = {}
-        for i, op_index in enumerate(self.first_ops):
+        first_ops = [launch.ops[0] for launch in self.plan.launches]
+        for i, op_index in enumerate(first_ops):
             ns = [run[i].profile.end - run[i].profile.start for run in self.profiled]
             times[op_index] = times.get(op_index, 0.0) + float(np.median(ns)) / 1e6
         return times
@@ -185,13 +197,16 @@ class ClCompiled(CompiledPartition):
             "device": self.device.facts["device"],
             "precision": self.precision.name,
             "precision_reason": self.precision.reason,
-            "ops": sum(len(g.ops) for g in self.groups),
+            "ops": self.plan.facts["ops"],
             "kernels": len(self.launches),
-            "fused": [label for label in self.labels if "+" in label],
+            "launches": [launch.label for launch in self.plan.launches],
+            "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],
+            "plan_source": self.plan_source,
             "program": self.build_origin,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
-            "device_bytes": self.device_bytes,
+            "device_bytes": sum(b.nbytes for b in self.plan.buffers),
+            "buffer_bytes": self.plan.buffer_bytes(),
         }
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from delegate.gpu.layout import as_nhwc, padding_before, slices
-from delegate.plugin_api import Op
+from delegate.gpu.layout import as_nhwc, slices
 
 MATMUL_GROUP = 128  # most work items of a matmul.cl group; each computes 2 rows x 2 output slices
 MATMUL_CHUNK = 8  # most input vectors staged per step
@@ -53,25 +52,3 @@ def grid(shape: Sequence[int]) -> tuple[int, int, int]:
     """One work item per output vector: (W, H, N * S)."""
     n, h, w, c = as_nhwc(shape)
     return w, h, n * slices(c)
-
-
-def nhwc_prefix_of_phwc4(shape: Sequence[int]) -> bool:
-    """Whether the NHWC bytes of ``shape`` start its float32 PHWC4 buffer: a single slice of exactly four
-    channels, whole slices of one pixel, or one pixel of one image (the padding lanes follow)."""
-    n, h, w, c = as_nhwc(shape)
-    return c == 4 or (h * w == 1 and (c % 4 == 0 or n == 1))
-
-
-def window_padding(op: Op, in_shape: Sequence[int], kh: int, kw: int, dilated: bool = True) -> tuple[int, int]:
-    """(pad_x, pad_y) before the input of a windowed op (convolution or pooling)."""
-    o = op.options
-    dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-    padding = o.get("padding", "VALID")
-    return (padding_before(padding, in_shape[2], kw, o.get("stride_w", 1), dw),
-            padding_before(padding, in_shape[1], kh, o.get("stride_h", 1), dh))
-
-
-def covers_input(op: Op, in_shape: Sequence[int], kh: int, kw: int) -> bool:
-    """The window of ``op`` is the whole unpadded input: one output pixel per image."""
-    return (kh, kw) == tuple(in_shape[1:3]) and tuple(op.outputs[0].shape[1:3]) == (1, 1) and \
-        window_padding(op, in_shape, kh, kw, dilated=False) == (0, 0)

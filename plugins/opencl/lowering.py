@@ -1,11 +1,11 @@
-"""From fused groups to kernel launches: the buffers, packed weights and arguments of one partition.
+"""From fused groups to a kernel plan: the launches, packed weights and arguments of one partition.
 
-Everything here happens once, at compile time: each activation tensor gets a
-zero-filled PHWC4 buffer, constants are converted to the float view, packed
-and uploaded, and each group becomes one launch (two when a layout change
-must follow; none when the next kernel computes it, see ``lower_all``) whose
-argument list is complete, so running the partition is only enqueueing
-kernels.
+Everything here happens once, at compile time and without a device: constants
+are converted to the float view and packed, and each group becomes one launch
+(two when a layout change must follow; none when the next kernel computes it,
+see ``lower_all``) whose argument list is complete, so running the partition
+is only enqueueing kernels.  Buffers are assigned by the kit's buffer planner
+(tensors whose lifetimes do not overlap share one).
 """
 
 from __future__ import annotations
@@ -17,25 +17,40 @@ import numpy as np
 
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
-from delegate.gpu.fusion import Group, Step, gate_operands
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, natural_output_shape, nhwc_axis,
-                                 pack_axis, pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before,
-                                 phwc4_vectors, reduced_axes, resize_scales, same_storage, slice_ranges, slices,
-                                 split_parts, to_phwc4, transpose_axes, transpose_conv_geometry, unpack_parts)
+from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
+from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
+                                 natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
+                                 pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
+                                 slice_ranges, slices, split_parts, transpose_axes, transpose_conv_geometry,
+                                 unpack_parts, window_padding)
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec, Values
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
-from delegate.plugin_api import CompileError, Op, Tensor
+from delegate.plugin_api import CompileError, Op, Partition, Tensor
 
-from .geometry import (MATVEC_GROUP, MATVEC_ROWS, covers_input, grid, matmul_shape, nhwc_prefix_of_phwc4,
-                       pow2_at_least, reduction_shape, round_to, window_padding)
+from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
 from .program import Variant
 
 DIALECT = "opencl"
 
 
+def _stages_input(reader: Op) -> bool:
+    """A 1x1 convolution with more rows than a matvec.cl product (matmul.cl stages its input)."""
+    n, h, w, _ = as_nhwc(reader.inputs[0].shape)
+    return n * h * w > MATVEC_ROWS
+
+
+# The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by a
+# windowed convolution (not a product, which reads no padding) as more padding; a depthwise
+# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input.
+FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or not is_matmul(reader),
+                    gate=_stages_input, depthwise=_stages_input, nested=True)
+
+
 @dataclass
 class Launch:
-    """One kernel enqueue: which variant, its bound arguments, its grid and the ops it computes.
+    """One kernel enqueue: which variant, its arguments (``lowering.i32`` and kin; buffers as
+    ``["buffer", value]``), its grid and the ops it computes.
 
     ``local_size`` is set when the kernel is written for one work-group shape (it shares local
     memory); otherwise the shape is chosen at compile time (default or tuned).
@@ -52,13 +67,6 @@ class Launch:
         return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
-def group_gate(g: Group) -> tuple[Tensor, Tensor] | None:
-    """(values, gate) of a group that is only a MUL of a tensor by one value per channel (and image)."""
-    if g.root.opcode != "MUL" or len(g.ops) != 1 or len(g.steps) != 1:
-        return None
-    return gate_operands(g.root)
-
-
 def conv_weights(op: Op, x: Tensor) -> np.ndarray:
     """A CONV_2D's weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
     return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
@@ -69,95 +77,147 @@ def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
     return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
 
 
-class Lowering:
-    """Allocates a partition's buffers and turns its groups into launches."""
+def i32(v) -> list:
+    return ["int", int(v)]
 
-    def __init__(self, cl, context, queue, storage: np.dtype, compute_units: int):
-        self.cl, self.context, self.queue, self.storage = cl, context, queue, np.dtype(storage)
+
+def f32(v) -> list:
+    return ["float", float(v)]
+
+
+def int2(a, b) -> list:
+    return ["int2", [int(a), int(b)]]
+
+
+def int4(a, b, c, d) -> list:
+    return ["int4", [int(a), int(b), int(c), int(d)]]
+
+
+def float2(a, b) -> list:
+    return ["float2", [float(a), float(b)]]
+
+
+def float4(a, b, c, d) -> list:
+    return ["float4", [float(a), float(b), float(c), float(d)]]
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class Lowering(Values):
+    """Turns a partition's groups into launches whose arguments name values, not device buffers.
+
+    Values are tensor indices, packed constants (``("constant", n)``) and temporaries
+    (``("temporary", n)``); :meth:`plan` assigns them buffers (:class:`delegate.gpu.plan.BufferPlanner`)
+    and returns the partition's :class:`delegate.gpu.plan.KernelPlan`.
+    """
+
+    def __init__(self, storage: np.dtype, compute_units: int):
+        super().__init__()
+        self.storage = np.dtype(storage)
         self.compute_units = compute_units
         self.padded: dict[int, tuple[Tensor, int, int, Op]] = {}  # conv op id -> (input, pad x, pad y, PAD op)
-        self.buffers: dict[int, Any] = {}
         self.launches: list[Launch] = []
-        self.device_bytes = 0
 
-    # -- buffers ------------------------------------------------------------
-    def _allocate(self, vectors: int):
-        nbytes = max(vectors, 1) * 4 * self.storage.itemsize
-        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
-        self.cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, np.uint8), 0, nbytes)
-        self.device_bytes += nbytes
-        return buf
+    # -- values -------------------------------------------------------------
+    def upload(self, array: np.ndarray) -> list:
+        """A read-only constant holding ``array`` (already in the kernel's layout)."""
+        key = ("constant", len(self.constants))
+        self.constants[key] = np.ascontiguousarray(array, np.float32)
+        return ["buffer", key]
 
-    def upload(self, array: np.ndarray):
-        """A read-only buffer holding ``array`` (already in the kernel's layout) in the storage type."""
-        data = np.ascontiguousarray(array, self.storage)
-        self.device_bytes += data.nbytes
-        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_ONLY | self.cl.mem_flags.COPY_HOST_PTR,
-                              hostbuf=data)
+    def tensor(self, t: Tensor) -> list:
+        """The buffer argument of ``t`` (its constant value is uploaded once, in PHWC4)."""
+        self.tensors[t.index] = t
+        return ["buffer", t.index]
 
-    def tensor(self, t: Tensor):
-        """The buffer of ``t``: its constant value uploaded once, or a zero-filled activation buffer."""
-        if t.index not in self.buffers:
-            value = constant_value(t)
-            if value is not None:
-                self.buffers[t.index] = self.upload(to_phwc4(value.reshape(t.shape)))
+    def temp(self, shape: Sequence[int]) -> list:
+        key = ("temporary", len(self.temporaries))
+        self.temporaries[key] = tuple(shape)
+        return ["buffer", key]
+
+    def plan(self, partition: Partition, storage: str) -> KernelPlan:
+        """The launches with buffers assigned, and the boundary tensors with their conversions.
+
+        Inputs known at compile time (weights from a DEQUANTIZE folded elsewhere) are constants,
+        uploaded once; inputs that are only parameters (a RESHAPE's shape) are not read at all.
+        """
+        inputs = [t for t in partition.inputs if constant_value(t) is None]
+        planner = self.planner((t.index for t in inputs), (t.index for t in partition.outputs))
+        itemsize = self.storage.itemsize
+        for position, launch in enumerate(self.launches):
+            for kind, key in launch.args:
+                if kind == "buffer":
+                    self.use(planner, key, itemsize, position)
+        for t in partition.outputs:
+            self.tensors[t.index] = t
+            self.use(planner, t.index, itemsize, None)
+        inputs = [t for t in inputs if planner.used(t.index)]
+        for t in inputs:
+            self.use(planner, t.index, itemsize, None)
+        buffer_of, buffers, blob = planner.assign(lambda key: self.constant_bytes(key, self.storage))
+
+        def spec(launch: Launch) -> LaunchSpec:
+            args = [["buffer", buffer_of[value]] if kind == "buffer" else [kind, value] for kind, value in launch.args]
+            variant = launch.variant
+            return LaunchSpec(variant.template, args, list(launch.global_size), launch.label,
+                              [op.index for op in launch.ops],
+                              {"epilogue": variant.epilogue, "defines": variant.defines},
+                              None if launch.local_size is None else list(launch.local_size))
+
+        def boundary(t: Tensor, into_device: bool) -> TensorSpec:
+            found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
+            if self.storage == np.float32 and host_order(t.shape):
+                return found  # the host copies the NHWC bytes to or from the start of the buffer
+            n, h, w, c = as_nhwc(t.shape)
+            found.staging = len(buffers)
+            buffers.append(BufferSpec(max(n * h * w * c, 1) * 4, "staging"))
+            staging = ["buffer", found.staging]
+            if into_device:
+                args = [["buffer", found.buffer], self.dims(t.shape), i32(c), staging]
+                found.convert = LaunchSpec("nhwc_to_phwc4", args, list(grid(t.shape)))
             else:
-                self.buffers[t.index] = self._allocate(phwc4_vectors(t.shape))
-        return self.buffers[t.index]
+                args = [staging, ["buffer", found.buffer], self.dims(t.shape), i32(c)]
+                found.convert = LaunchSpec("phwc4_to_nhwc", args, list(grid(t.shape)))
+            found.convert.params = {"epilogue": (), "defines": ()}
+            return found
 
-    def temp(self, shape: Sequence[int]):
-        return self._allocate(phwc4_vectors(shape))
-
-    def boundary(self, t: Tensor, into_device: bool) -> tuple[Launch | None, Any]:
-        """The conversion between ``t``'s buffer and an NHWC float32 staging buffer, and that buffer;
-        (None, None) when the host can copy the NHWC bytes to or from the start of the buffer itself
-        (the padding lanes past them stay zero from the allocation)."""
-        if self.storage == np.float32 and nhwc_prefix_of_phwc4(t.shape):
-            return None, None
-        n, h, w, c = as_nhwc(t.shape)
-        staging = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(n * h * w * c, 1) * 4)
-        self.device_bytes += max(n * h * w * c, 1) * 4
-        if into_device:
-            launch = Launch(Variant("nhwc_to_phwc4"), self.out_args(self.tensor(t), t.shape) + [staging],
-                            grid(t.shape), [])
-        else:
-            launch = Launch(Variant("phwc4_to_nhwc"), [staging, self.tensor(t), self.dims(t.shape), np.int32(c)],
-                            grid(t.shape), [])
-        return launch, staging
+        launches = [spec(launch) for launch in self.launches]
+        crossings = [boundary(t, True) for t in inputs], [boundary(t, False) for t in partition.outputs]
+        return KernelPlan(storage, launches, buffers, *crossings, blob=bytes(blob))
 
     # -- arguments ----------------------------------------------------------
-    def cl_int4(self, a: int, b: int, c: int, d: int):
-        return self.cl.cltypes.make_int4(int(a), int(b), int(c), int(d))
-
-    def dims(self, shape: Sequence[int]):
+    def dims(self, shape: Sequence[int]) -> list:
         n, h, w, c = as_nhwc(shape)
-        return self.cl_int4(w, h, slices(c), n)
+        return int4(w, h, slices(c), n)
 
     def out_args(self, buf, shape: Sequence[int]) -> list[Any]:
-        return [buf, self.dims(shape), np.int32(as_nhwc(shape)[3])]
+        return [buf, self.dims(shape), i32(as_nhwc(shape)[3])]
 
     def epilogue_args(self, steps: Sequence[Step], shape: Sequence[int]) -> list[Any]:
         args: list[Any] = []
         for step in steps:
             if step.kind == "quantize":
-                args.append(self.cl.cltypes.make_float4(*step.quant))
+                args.append(float4(*step.quant))
             elif step.kind == "binary" and step.scalar:
-                args.append(np.float32(constant_value(step.operand).ravel()[0]))
+                args.append(f32(constant_value(step.operand).ravel()[0]))
             elif step.kind == "binary":
                 operand = step.operand
-                args += [self.tensor(operand), self.dims(operand.shape), np.int32(splat_channel(operand.shape, shape))]
+                args += [self.tensor(operand), self.dims(operand.shape), i32(splat_channel(operand.shape, shape))]
         return args
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
             local_size: tuple[int, int, int] | None = None) -> None:
-        variant = Variant(template, tuple(s.signature() for s in steps), defines)
+        variant = Variant(template, tuple(s.signature() for s in steps),
+                          tuple((name, _plain(value)) for name, value in defines))
         self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, list(ops),
                                     local_size))
 
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
-        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape), np.int32(as_nhwc(src_shape)[3])]
+        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape), i32(as_nhwc(src_shape)[3])]
         self.add("reshape", (), args, dst_shape, grid(dst_shape), ops)
 
     def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
@@ -170,53 +230,26 @@ class Lowering:
 
     # -- groups -------------------------------------------------------------
     def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
-        """Lower ``groups`` in order, fusing what only the next kernel reads into that kernel:
-
-        - a zero PAD of H and W read only by a convolution becomes part of the convolution's padding;
-        - a depthwise convolution, or a product by a per-channel gate, read only by a 1x1 convolution
-          is computed where the product's kernel stages its input.
-        """
-        members = {id(op) for g in groups for op in g.ops}
+        """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision,
+        :data:`FOLDS`) adds no launch of its own."""
+        folds = reader_folds(groups, keep, FOLDS)
         staged: dict[int, Group] = {}  # groups computed in a product's staging, by the tensor they would store
-        for g in groups:
-            user = g.output.uses[0] if len(g.output.uses) == 1 and g.output.index not in keep else None
-            if user is None or id(user) not in members or user.inputs[0] is not g.output:
-                user = None
-            if user is not None and self._pads_a_convolution(g, user):
+        for index, (kind, g) in folds.items():
+            if kind == "pad":
                 pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
-                self.padded[id(user)] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
+                self.padded[id(g.output.uses[0])] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
+            else:
+                staged[index] = g
+        for g in groups:
+            if g.output.index in folds:
                 continue
-            if user is not None and self._stages_into_product(g, user):
-                staged[g.output.index] = g
-                continue
-            source = staged.pop(g.root.inputs[0].index, None) if g.root.opcode == "CONV_2D" else None
+            source = staged.get(g.root.inputs[0].index) if g.root.opcode == "CONV_2D" else None
             if source is None:
                 self.lower(g)
                 continue
             op, x = g.root, source.output
             self.matmul(None, x.shape, conv_weights(op, x), constant_value(op.input(2)),
                         self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
-
-    def _pads_a_convolution(self, g: Group, user: Op) -> bool:
-        """A zero PAD of only H and W, nothing fused after it, read by a windowed convolution kernel."""
-        if g.root.opcode != "PAD" or g.steps or len(g.output.shape) != 4:
-            return False
-        pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
-        if pads[0].any() or pads[3].any():
-            return False
-        return user.opcode == "DEPTHWISE_CONV_2D" or (
-            user.opcode == "CONV_2D" and not self._is_matmul(user, g.output.shape, user.inputs[1].shape))
-
-    def _stages_into_product(self, g: Group, user: Op) -> bool:
-        """A depthwise convolution (with only activations after it) or a gate product, read by a tiled
-        1x1 convolution."""
-        depthwise = g.root.opcode == "DEPTHWISE_CONV_2D" and all(step.kind == "unary" for step in g.steps)
-        if not (depthwise or group_gate(g)) or user.opcode != "CONV_2D":
-            return False
-        value, weights = g.output, user.inputs[1]
-        n, h, w, _ = as_nhwc(value.shape)
-        return tuple(weights.shape[1:3]) == (1, 1) and self._is_matmul(user, value.shape, weights.shape) and \
-            n * h * w > MATVEC_ROWS
 
     def conv_input(self, op: Op) -> Tensor:
         """What a convolution's kernel reads: its input, or the input of the PAD fused into it."""
@@ -236,7 +269,7 @@ class Lowering:
     def elementwise(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             np.int32(splat_channel(x.shape, out.shape))]
+                                                             i32(splat_channel(x.shape, out.shape))]
         self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
@@ -245,7 +278,7 @@ class Lowering:
         weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
         if op.opcode == "CONV_2D":
             weights = conv_weights(op, self.conv_input(op))
-        if op.opcode == "CONV_2D" and self._is_matmul(op, op.inputs[0].shape, weights.shape):
+        if op.opcode == "CONV_2D" and is_matmul(op):
             x = op.inputs[0]
             self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
             return
@@ -264,21 +297,10 @@ class Lowering:
     def depthwise_args(self, op: Op) -> list[Any]:
         """Input, weights and window of a depthwise convolution, as its kernel and fused users take them."""
         x, out, weights = self.conv_input(op), op.outputs[0], constant_value(op.inputs[1])
-        return [self.tensor(x), self.dims(x.shape), np.int32(out.shape[3] // x.shape[3]),
+        return [self.tensor(x), self.dims(x.shape), i32(out.shape[3] // x.shape[3]),
                 self.upload(pack_depthwise_weights(weights)),
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
                 *self._window(op, weights.shape[1], weights.shape[2])]
-
-    @staticmethod
-    def _is_matmul(op: Op, in_shape, weights_shape) -> bool:
-        """A convolution that is a matrix product: 1x1 with stride 1, or an undilated window covering
-        the whole unpadded input, which gives one output pixel per image."""
-        _, kh, kw, _ = weights_shape
-        o = op.options
-        if kh == kw == 1:
-            return o.get("stride_h", 1) == o.get("stride_w", 1) == 1
-        undilated = o.get("dilation_h_factor", 1) == o.get("dilation_w_factor", 1) == 1
-        return undilated and covers_input(op, in_shape, kh, kw)
 
     def _window(self, op: Op, kh: int, kw: int, dilated: bool = True) -> list[Any]:
         """Geometry and padding arguments of a windowed kernel, a fused PAD's included."""
@@ -289,8 +311,8 @@ class Lowering:
         _, extra_x, extra_y, _ = self.padded.get(id(op), (None, 0, 0, None))
         pad_x, pad_y = pad_x + extra_x, pad_y + extra_y
         if dilated:
-            return [self.cl_int4(kw, kh, sw, sh), self.cl_int4(pad_x, pad_y, dw, dh)]
-        return [self.cl_int4(kw, kh, sw, sh), self.cl.cltypes.make_int2(pad_x, pad_y)]
+            return [int4(kw, kh, sw, sh), int4(pad_x, pad_y, dw, dh)]
+        return [int4(kw, kh, sw, sh), int2(pad_x, pad_y)]
 
     @lowers(DIALECT, "FULLY_CONNECTED")
     def fully_connected(self, g: Group) -> None:
@@ -328,8 +350,8 @@ class Lowering:
         rows, in_plane = (n * h * w, h * w) if kh * kw == 1 else (n, 1)
         _, oh, ow, _ = as_nhwc(dst_shape)
         args = self.out_args(dst, dst_shape) + [self.upload(packed), self.upload(pack_vector(bias, units)),
-                                                np.int32(rows), np.int32(depth), np.int32(in_plane),
-                                                np.int32(oh * ow)]
+                                                i32(rows), i32(depth), i32(in_plane),
+                                                i32(oh * ow)]
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
             items = min(pow2_at_least(depth), MATVEC_GROUP)
@@ -341,14 +363,14 @@ class Lowering:
         if source is None:
             args.append(src)
         elif source.root.opcode == "DEPTHWISE_CONV_2D":
-            args += self.depthwise_args(source.root) + [self.cl.cltypes.make_int2(w, c)]
+            args += self.depthwise_args(source.root) + [int2(w, c)]
             _, dkh, dkw, _ = source.root.inputs[1].shape
             defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
                        ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
-            values, gate = group_gate(source)
-            args += [self.tensor(values), self.tensor(gate), np.int32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
+            values, gate = gate_operands(source.root)
+            args += [self.tensor(values), self.tensor(gate), i32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
             staging = 2.0
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
@@ -361,8 +383,8 @@ class Lowering:
         (a, b), out = g.root.inputs[:2], g.output
         depth, axes = batch_matmul_layout(g.root)
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), self.cl_int4(*axes),
-            np.int32(depth)]
+            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), int4(*axes),
+            i32(depth)]
         self.add("batch_matmul", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
@@ -374,8 +396,8 @@ class Lowering:
         _, kh, kw, _ = weights.shape
         args = self.out_args(self.tensor(out), out.shape) + [
             self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), self.cl_int4(kw, kh, sw, sh),
-            self.cl.cltypes.make_int2(pad_x, pad_y)]
+            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), int4(kw, kh, sw, sh),
+            int2(pad_x, pad_y)]
         self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "AVERAGE_POOL_2D", "MAX_POOL_2D")
@@ -387,7 +409,7 @@ class Lowering:
             return
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
         args += self._window(op, o["filter_height"], o["filter_width"], dilated=False)
-        args.append(np.int32(op.opcode == "MAX_POOL_2D"))
+        args.append(i32(op.opcode == "MAX_POOL_2D"))
         self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "CONCATENATION")
@@ -400,8 +422,8 @@ class Lowering:
         offset = [0, 0, 0, 0]  # along n, h, w, c
         for t in inputs:
             args = self.out_args(dst, dst_shape) + [self.tensor(t), self.dims(t.shape),
-                                                    np.int32(as_nhwc(t.shape)[3]),
-                                                    self.cl_int4(offset[2], offset[1], offset[3], offset[0])]
+                                                    i32(as_nhwc(t.shape)[3]),
+                                                    int4(offset[2], offset[1], offset[3], offset[0])]
             self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
             offset[axis] += as_nhwc(t.shape)[axis]
 
@@ -409,9 +431,9 @@ class Lowering:
                natural: Sequence[int]) -> None:
         """Output coordinate o reads ``begin + o * step`` per NHWC axis (PAD, STRIDED_SLICE)."""
         dst, after = self.into_natural(g, natural)
-        args = self.out_args(dst, natural) + [self.tensor(src), self.dims(src.shape), np.int32(as_nhwc(src.shape)[3]),
-                                              self.cl_int4(begin[2], begin[1], begin[3], begin[0]),
-                                              self.cl_int4(step[2], step[1], step[3], step[0])]
+        args = self.out_args(dst, natural) + [self.tensor(src), self.dims(src.shape), i32(as_nhwc(src.shape)[3]),
+                                              int4(begin[2], begin[1], begin[3], begin[0]),
+                                              int4(step[2], step[1], step[3], step[0])]
         self.add("slice", g.steps, args, natural, grid(natural), g.ops)
         after()
 
@@ -433,8 +455,8 @@ class Lowering:
                f0: Sequence[float] = (0.0, 0.0, 0.0, 0.0)) -> None:
         """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]), self.cl_int4(*p0), self.cl_int4(*p1),
-            self.cl.cltypes.make_float4(*f0)]
+            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), int4(*p0), int4(*p1),
+            float4(*f0)]
         self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
 
     @lowers(DIALECT, "TILE")
@@ -471,8 +493,8 @@ class Lowering:
             column = tuple(x.shape) + (1,)
             tmp = self.temp(column)
             self.relayout(self.tensor(x), x.shape, tmp, column, g.ops)
-            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), np.int32(1),
-                                                                 self.cl_int4(0, 0, index, 0)]
+            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), i32(1),
+                                                                 int4(0, 0, index, 0)]
             self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
 
     @lowers(DIALECT, "SELECT", "SELECT_V2")
@@ -480,7 +502,7 @@ class Lowering:
         out = g.output
         args = self.out_args(self.tensor(out), out.shape)
         for t in g.root.inputs:
-            args += [self.tensor(t), self.dims(t.shape), np.int32(as_nhwc(t.shape)[3])]
+            args += [self.tensor(t), self.dims(t.shape), i32(as_nhwc(t.shape)[3])]
         self.add("select", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "UNPACK")
@@ -495,8 +517,8 @@ class Lowering:
         for out, offset in parts:
             begin = [offset if a == axis else 0 for a in range(4)]
             args = self.out_args(self.tensor(out), out.shape) + [
-                self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
-                self.cl_int4(begin[2], begin[1], begin[3], begin[0]), self.cl_int4(1, 1, 1, 1)]
+                self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
+                int4(begin[2], begin[1], begin[3], begin[0]), int4(1, 1, 1, 1)]
             self.add("slice", (), args, out.shape, grid(out.shape), [g.root])
 
     @lowers(DIALECT, "MEAN")
@@ -511,8 +533,8 @@ class Lowering:
         keep, reduce = reduced_axes(g.root)
         init, combine = reduction(g.root.opcode, "(first)")
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), np.int32(as_nhwc(x.shape)[3]),
-            self.cl_int4(*keep), self.cl_int4(*(-r for r in reduce))]
+            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
+            int4(*keep), int4(*(-r for r in reduce))]
         self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
                  defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
 
@@ -521,9 +543,9 @@ class Lowering:
         x, out = g.root.inputs[0], g.output
         axis, keep = arg_axis(g.root)
         sign = 1 if g.root.opcode == "ARG_MAX" else -1
-        line = self.cl_int4(axis, as_nhwc(x.shape)[axis], sign, 0)
+        line = int4(axis, as_nhwc(x.shape)[axis], sign, 0)
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             self.cl_int4(*keep), line]
+                                                             int4(*keep), line]
         self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
@@ -532,8 +554,8 @@ class Lowering:
         _, h, w, c = as_nhwc(x.shape)
         items, per_group = reduction_shape((w if flags[0] else 1) * (h if flags[1] else 1) *
                                            (slices(c) if flags[2] else 1))
-        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), np.int32(c),
-                                              self.cl_int4(*flags, 0)]
+        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), i32(c),
+                                              int4(*flags, 0)]
         self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
@@ -542,14 +564,15 @@ class Lowering:
     def transpose(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             self.cl_int4(*transpose_axes(g.root))]
+                                                             int4(*transpose_axes(g.root))]
         self.add("transpose", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "RESHAPE", "EXPAND_DIMS", "SQUEEZE")
     def reshape(self, g: Group) -> None:
         x, out = g.root.inputs[0], g.output
         if same_storage(x.shape, out.shape):
-            self.buffers[out.index] = self.tensor(x)  # same bytes: no kernel
+            self.tensor(x)
+            self.aliases[out.index] = x.index  # same bytes: no kernel
         else:
             self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
 
@@ -557,8 +580,8 @@ class Lowering:
     def resize_bilinear(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), self.cl.cltypes.make_float2(*resize_scales(op)),
-            np.int32(bool(op.options.get("half_pixel_centers")))]
+            self.tensor(x), self.dims(x.shape), float2(*resize_scales(op)),
+            i32(bool(op.options.get("half_pixel_centers")))]
         self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "SOFTMAX")
@@ -566,7 +589,7 @@ class Lowering:
         op, x, out = g.root, g.root.inputs[0], g.output
         n, h, w, c = as_nhwc(out.shape)
         items, per_group = reduction_shape(slices(c))
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), np.float32(op.options.get("beta", 1.0))]
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), f32(op.options.get("beta", 1.0))]
         self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
@@ -574,7 +597,7 @@ class Lowering:
     def depth_to_space(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             np.int32(op.options["block_size"])]
+                                                             i32(op.options["block_size"])]
         self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "LSTM")
@@ -587,6 +610,6 @@ class Lowering:
         self.dense(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
                    self.tensor(gates), gates.shape, (), [op])
         units = activ.shape[-1]
-        args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), np.int32(units),
+        args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), i32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])

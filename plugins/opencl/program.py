@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from delegate.plugin_api import CacheWarning, CompileError, EntryStore, cache_key
 from delegate.gpu.dialect import OPENCL, epilogue_lines
+from delegate.gpu.plan import LaunchSpec
 
 from . import __version__
 
@@ -42,6 +43,15 @@ class Variant:
     template: str
     epilogue: tuple[tuple, ...] = ()
     defines: tuple[tuple[str, Any], ...] = ()
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def variant_of(launch: LaunchSpec) -> Variant:
+    """The variant a plan's launch instantiates (its parameters hold the epilogue and the defines)."""
+    return Variant(launch.kernel, _tuples(launch.params["epilogue"]), _tuples(launch.params["defines"]))
 
 
 def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:

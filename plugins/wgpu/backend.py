@@ -2,43 +2,29 @@
 
 from __future__ import annotations
 
-import hashlib
-import logging
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping
 
 import numpy as np
 
-from delegate.gpu import same_storage
 from delegate.gpu.dialect import WGSL
+from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.profile import default_profile
+from delegate.gpu.plan import PlanCache, code_digest
+from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
-from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, EntryStore, Op, Partition,
-                                 Support, cache_key, ops_fingerprint)
+from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import AdapterRequest, describe_adapter, device_facts, open_device
-from .kernels import DIALECT, mul_folds, pad_folds
+from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape
 from .tuning import tune
 
-log = logging.getLogger(__name__)
 # op -> input holding weights packed as 4x4 blocks (padded on both channel axes, so larger than the tensor)
 BLOCK_WEIGHTS = {"CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1, "Convolution2DTransposeBias": 1, "LSTM": 2}
-
-
-@lru_cache(maxsize=1)
-def shader_digest() -> str:
-    """Digest of every shader template and the dialect's rendered code: a cached plan is only valid for the
-    sources it was made from."""
-    digest = hashlib.sha256(WGSL.definitions().encode())
-    for entry in sorted(resources.files("delegate_wgpu").joinpath("shaders").iterdir(), key=lambda e: e.name):
-        digest.update(entry.name.encode() + entry.read_bytes())
-    return digest.hexdigest()
 
 
 def storage_buffers_needed(op: Op) -> int:
@@ -75,16 +61,12 @@ class WgpuBackend(Backend):
         self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits,
                                     self.context.subgroups and self.request.subgroups)
 
-    def storage(self, options: CompileOptions) -> tuple[str, str]:
-        """(storage type, why) for ``options`` on this adapter."""
-        if options.precision != "fp16":
-            return "f32", "fp32: precision loss is not allowed (compile precision fp32)"
-        if self.context.f16:
-            return "f16", ("fp16: precision loss is allowed and the adapter has shader-f16; activations and "
-                           "weights are stored as f16, convolutions and matrix products multiply and accumulate "
-                           "in f16 (kernels listed under f16_arithmetic), epilogues, softmax and reductions "
-                           "compute in f32")
-        return "f32", "fp32: fp16 is allowed but the adapter lacks the shader-f16 feature"
+    def precision(self, options: CompileOptions) -> Precision:
+        """The kit's choice for ``options`` on this adapter, with what half precision means here."""
+        return choose_precision(options.precision, "shader-f16", self.context.f16,
+                                "activations and weights are stored as f16, convolutions and matrix products "
+                                "multiply and accumulate in f16 (kernels listed under f16_arithmetic), epilogues, "
+                                "softmax and reductions compute in f32")
 
     def default_profile(self) -> DeviceProfile:
         return default_profile(self.device_info())
@@ -102,7 +84,7 @@ class WgpuBackend(Backend):
         needed, most = storage_buffers_needed(op), limits["max-storage-buffers-per-shader-stage"]
         if needed > most:
             return Support.no(f"needs {needed} storage buffers in one kernel; the adapter allows {most} per stage")
-        itemsize = 2 if self.storage(options)[0] == "f16" else 4
+        itemsize = self.precision(options).dtype.itemsize
         what, nbytes = largest_binding(op, itemsize)
         limit = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
         if nbytes > limit:
@@ -110,23 +92,23 @@ class WgpuBackend(Backend):
         return Support.yes()
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run (a reshape keeping the bytes, a PAD or a gating MUL done by the
-        convolution reading it, beyond the groups the planner already costs so); else the roofline."""
-        if pad_folds(op) or mul_folds(op) or (
-                op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-                and same_storage(op.inputs[0].shape, op.outputs[0].shape)):
-            return 0.0
-        return None
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
+        done by the convolution reading it); else the roofline."""
+        return 0.0 if runs_no_kernel(op, FOLDS) else None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """The partition's program (from the plan cache when one is configured and holds it), made real.
 
         With ``inference_preference: sustained_speed`` a newly planned program has its tilings timed on
         the device first (:mod:`.tuning`); the cache then keeps the tuned program."""
-        storage, why = self.storage(options)
+        precision = self.precision(options)
+        storage = precision.storage
         tuning = options.inference_preference == "sustained_speed"
-        store, key = self._cache_entry(partition, options, storage, tuning)
-        program, source = self._cached(store, key), "cache"
+        cache = PlanCache("wgpu", partition, options, {
+            "storage": storage, "fuse": self.request.fuse, "workgroup": self.request.workgroup_size,
+            "tiling": self.shape, "tuned": tuning, "device": self.facts, "code": code_digest("delegate_wgpu", WGSL.definitions()),
+            "plugin": __version__})
+        program, source = cache.load(Program), "cache"
         if program is None:
             program, source = build_program(partition, options, storage, self.request.workgroup_size,
                                             self.context.limits, self.shape, self.request.fuse, tuning), "planned"
@@ -134,37 +116,12 @@ class WgpuBackend(Backend):
         if program.variants:
             tune(compiled)
             source = "tuned"
-        if store is not None and source != "cache":
-            store.store(key, "plan", program.to_bytes())
+        if source != "cache":
+            cache.store_plan(program)
         compiled.facts = {"adapter": describe_adapter(self.context.adapter),
-                          "precision": "fp16" if storage == "f16" else "fp32", "precision_reason": why,
+                          "precision": precision.name, "precision_reason": precision.reason,
                           "plan_source": source, **program.facts}
         return compiled
-
-    def _cache_entry(self, partition: Partition, options: CompileOptions, storage: str,
-                     tuning: bool) -> tuple[EntryStore | None, str]:
-        """Where the partition's plan is cached, and under which key; (None, "") without a cache."""
-        if not (options.cache_dir and options.model_token):
-            return None, ""
-        store = EntryStore(options.cache_dir, "wgpu", options.model_token)
-        return store, cache_key({
-            "model": options.model_token, "ops": ops_fingerprint(partition.ops),
-            "inputs": [(t.index, t.shape, t.dtype.name) for t in partition.inputs],
-            "outputs": [(t.index, t.shape, t.dtype.name) for t in partition.outputs],
-            "storage": storage, "allow_quantized": options.allow_quantized, "fuse": self.request.fuse,
-            "workgroup": self.request.workgroup_size, "tiling": self.shape, "tuned": tuning, "device": self.facts,
-            "shaders": shader_digest(), "plugin": __version__})
-
-    @staticmethod
-    def _cached(store: EntryStore | None, key: str) -> Program | None:
-        raw = store.load(key, "plan") if store is not None else None
-        if raw is None:
-            return None
-        try:
-            return Program.from_bytes(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("wgpu: cached plan %s could not be read (%s); planning again", key[:12], exc)
-            return None
 
     def to_device(self, array: np.ndarray) -> HostTensor:
         """Boundary conversion NHWC -> PHWC4; the partition reading it uploads it into its input buffer."""

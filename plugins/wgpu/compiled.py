@@ -22,7 +22,9 @@ from delegate.gpu.layout import phwc4_vectors
 from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization
 
 from .device import DeviceContext, import_wgpu, map_for_reading
-from .program import STORAGE_DTYPES, DispatchSpec, Program, TensorSpec
+from delegate.gpu.plan import LaunchSpec, TensorSpec
+
+from .program import STORAGE_DTYPES, Program
 
 
 class HostTensor:
@@ -156,7 +158,7 @@ class WgpuCompiled(CompiledPartition):
         params = blob[program.params_start:]
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
                                                        usage=wgpu.BufferUsage.UNIFORM)
-        self.launches = [self.launch(d) for d in program.dispatches]
+        self.launches = [self.launch(d) for d in program.launches]
         self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
         self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self.launch(s.convert))
@@ -164,15 +166,16 @@ class WgpuCompiled(CompiledPartition):
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
-    def launch(self, d: DispatchSpec) -> Launch:
-        """Pipeline, bind group (made once, here) and workgroup counts of one dispatch."""
-        pipeline, layout = self._pipeline(self.program.shaders[d.shader], tuple(w for _, w in d.bindings))
+    def launch(self, d: LaunchSpec) -> Launch:
+        """Pipeline, bind group (made once, here) and workgroup counts of one launch."""
+        pipeline, layout = self._pipeline(self.program.shaders[d.params["shader"]],
+                                          tuple(kind == "write" for kind, _ in d.args))
         entries = [{"binding": i, "resource": {"buffer": self.buffers[b], "offset": 0, "size": self.buffers[b].size}}
-                   for i, (b, _) in enumerate(d.bindings)]
-        entries.append({"binding": len(d.bindings),
-                        "resource": {"buffer": self.uniforms, "offset": d.params[0], "size": d.params[1]}})
+                   for i, (_, b) in enumerate(d.args)]
+        offset, size = d.params["uniform"]
+        entries.append({"binding": len(d.args), "resource": {"buffer": self.uniforms, "offset": offset, "size": size}})
         group = self.context.device.create_bind_group(layout=layout, entries=entries, label=d.label)
-        return (pipeline, group, *d.groups)
+        return (pipeline, group, *d.work)
 
     def _pipeline(self, source: str, writable: tuple[bool, ...]) -> tuple[Any, Any]:
         """The pipeline of ``source`` on this device (built once per process) and its bind group layout."""
@@ -293,13 +296,13 @@ class _Profiler(Timestamps):
     """A timestamp before every dispatch and after the last, read back after each run."""
 
     def __init__(self, context: DeviceContext, program: Program):
-        super().__init__(context, len(program.dispatches) + 1)
+        super().__init__(context, len(program.launches) + 1)
         self.program = program
         self.samples: dict[int, list[float]] = {}
 
     def collect(self) -> None:
         run: dict[int, float] = {}
-        for d, ms in zip(self.program.dispatches, self.read()):
+        for d, ms in zip(self.program.launches, self.read()):
             if d.ops:
                 run[d.ops[0]] = run.get(d.ops[0], 0.0) + ms
         for op, ms in run.items():

@@ -15,7 +15,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from delegate.gpu import Group, constant_value
-from delegate.gpu.fusion import gate_operands
+from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
@@ -23,6 +23,7 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_g
                                  reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
                                  transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
+from delegate.gpu.plan import Values
 from delegate.gpu.registry import handler, lowers
 from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
@@ -36,16 +37,14 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
-class KernelPlan:
-    """Kernels of one partition in launch order, with the constants and temporaries they use."""
+class KernelList(Values):
+    """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
+        super().__init__()
         self.device, self.tuning = device, tuning
         self.kernels: list[Kernel] = []
-        self.constants: dict[Hashable, np.ndarray] = {}  # key -> [vectors, 4] float32
-        self.temporaries: dict[Hashable, tuple[int, ...]] = {}  # key -> shape
-        self.aliases: dict[int, int] = {}  # tensor index -> tensor index sharing its storage
-        self.folded: dict[int, Group] = {}  # result of a group its reader does (folds_into_reader) -> the group
+        self.folded: dict[int, Group] = {}  # result of a group its reader does (FOLDS) -> the group
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -98,81 +97,34 @@ def builds(*codes: str):
     return lowers(DIALECT, *codes)
 
 
-def _bias(plan: KernelPlan, op: Op, index: int, channels: int) -> Hashable:
+def _bias(plan: KernelList, op: Op, index: int, channels: int) -> Hashable:
     return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
-
-
-# -- ops done by the kernel of the op reading their result ------------------------------------
-
-def folds_into_reader(group: Group) -> bool:
-    """Whether the group is done by the kernel of the op reading its result (pad_folds, mul_folds,
-    chains_into_reader)."""
-    if group.root.opcode == "CONV_2D":
-        return chains_into_reader(group)
-    own_steps = {"PAD": 0, "MUL": 1}.get(group.root.opcode)  # a MUL's group holds the MUL itself as a step
-    return not group.fused and len(group.steps) == own_steps and (pad_folds(group.root) or mul_folds(group.root))
-
-
-def pad_folds(op: Op) -> bool:
-    """A zero PAD of rows and columns whose one reader is a convolution: the convolution reads the
-    unpadded tensor with its window shifted, taking what lies outside as zeros as it does for its
-    own padding, and no kernel runs for the PAD."""
-    if op.opcode != "PAD" or op.custom or len(op.inputs[0].shape) != 4:
-        return False
-    pads = int_values(op.input(1))
-    return (pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
-            and _read_by(op.outputs[0], ("CONV_2D", "DEPTHWISE_CONV_2D")) is not None)
-
-
-def mul_folds(op: Op) -> bool:
-    """A MUL of an image by a vector per channel (and image) whose one reader is a 1x1 convolution:
-    the convolution scales each input vector as it reads it (a squeeze-and-excitation gate), and no
-    kernel runs for the MUL."""
-    if op.opcode != "MUL" or op.custom or op.options.get("fused_activation_function", "NONE") != "NONE":
-        return False
-    reader = _read_by(op.outputs[0], ("CONV_2D",))
-    return reader is not None and gate_operands(op) is not None and _pointwise(reader)
-
-
-def _pointwise(op: Op) -> bool:
-    """A 1x1 convolution with stride 1 (and constant weights): a matrix product over pixels."""
-    weights = op.inputs[1]
-    return (op.opcode == "CONV_2D" and constant_value(weights) is not None and tuple(weights.shape[1:3]) == (1, 1)
-            and op.options.get("stride_h", 1) == op.options.get("stride_w", 1) == 1)
-
-
-def _read_by(value: Tensor, readers: Sequence[str]) -> Op | None:
-    """The one op reading ``value``, when it is one of ``readers`` taking it as its input 0."""
-    if len(value.uses) != 1 or value.uses[0].custom or value.uses[0].opcode not in readers:
-        return None
-    return value.uses[0] if value.uses[0].inputs[0] is value else None
 
 
 def _on_one_pixel(op: Op) -> bool:
     """A 1x1 convolution of an input with one pixel per image, small enough for one workgroup."""
-    return (_pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
+    return (pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
             and op.inputs[1].size <= DENSE_PAIR_WEIGHTS)
 
 
-def chains_into_reader(group: Group) -> bool:
-    """A 1x1 convolution of one pixel whose result, through activations only, is read by another such
-    convolution (the bottleneck of a squeeze-and-excitation block): both run as one kernel."""
-    reader = _read_by(group.output, ("CONV_2D",))
-    return (reader is not None and _on_one_pixel(group.root) and _on_one_pixel(reader)
-            and all(step.kind == "unary" for step in group.steps))
+# The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
+# convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
+# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
+# kernel, ``_dense_pair``); a reader does one fold at most.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
 
 
 # -- kernels -------------------------------------------------------------------------------------
 
 @builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-def _elementwise(plan: KernelPlan, group: Group) -> None:
+def _elementwise(plan: KernelList, group: Group) -> None:
     k = plan.kernel("elementwise", group)
     src = group.root.inputs[0]
     k.broadcast("src", src.index, src.shape, group.output.shape)
 
 
-def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
-    """Two 1x1 convolutions of one pixel as one kernel (see chains_into_reader)."""
+def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
+    """Two 1x1 convolutions of one pixel as one kernel (a "chain" fold)."""
     conv1, conv2 = first.root, second.root
     x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
     w1 = dense_groups(constant_value(conv1.inputs[1]), as_nhwc(x.shape)[3])
@@ -194,7 +146,7 @@ def _dense_pair(plan: KernelPlan, first: Group, second: Group) -> None:
 
 
 @builds("CONV_2D")
-def _conv(plan: KernelPlan, group: Group) -> None:
+def _conv(plan: KernelList, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     folded = plan.folded.get(x.index)
@@ -202,7 +154,7 @@ def _conv(plan: KernelPlan, group: Group) -> None:
         _dense_pair(plan, folded, group)
         return
     weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
-    if _pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
+    if pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
         _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
         return
     k = plan.kernel("conv2d", group)
@@ -219,7 +171,7 @@ def _weight_blocks(k: Kernel, weights: Hashable) -> None:
     k.helpers.append(template("weight_blocks"))
 
 
-def _source(plan: KernelPlan, k: Kernel, x: Tensor) -> tuple[int, int]:
+def _source(plan: KernelList, k: Kernel, x: Tensor) -> tuple[int, int]:
     """Bind a convolution's input as ``src``; for a folded PAD, the PAD's input, and the (rows, columns)
     of padding that shift the window."""
     if x.index not in plan.folded:
@@ -238,7 +190,7 @@ def _note_fold(k: Kernel, op: Op) -> None:
     k.ops.append(op.index)
 
 
-def _spatial(plan: KernelPlan, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
+def _spatial(plan: KernelList, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
     """Tile a convolution over its output: horizontally adjacent pixels (and slices) per invocation."""
     shape = as_nhwc(shape)
     plan.tile(k, spatial_tiling(plan.device, shape, most_slices, most_pixels),
@@ -258,7 +210,7 @@ def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int], 
 
 
 @builds("DEPTHWISE_CONV_2D")
-def _depthwise(plan: KernelPlan, group: Group) -> None:
+def _depthwise(plan: KernelList, group: Group) -> None:
     op = group.root
     x, out = op.inputs[0], op.outputs[0]
     weights = constant_value(op.inputs[1])
@@ -272,7 +224,7 @@ def _depthwise(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("FULLY_CONNECTED")
-def _fully_connected(plan: KernelPlan, group: Group) -> None:
+def _fully_connected(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     weights = constant_value(op.inputs[1])
@@ -286,7 +238,7 @@ def _fully_connected(plan: KernelPlan, group: Group) -> None:
     _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
 
 
-def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
+def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
             bias_input: int) -> None:
     """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
     if source not in plan.folded:
@@ -310,7 +262,7 @@ def _matmul(plan: KernelPlan, k: Kernel, op: Op, source: Hashable, shape: Sequen
 
 
 @builds("BATCH_MATMUL")
-def _batch_matmul(plan: KernelPlan, group: Group) -> None:
+def _batch_matmul(plan: KernelList, group: Group) -> None:
     a, b = group.root.inputs[:2]
     depth, axes = batch_matmul_layout(group.root)
     k = plan.kernel("batch_matmul", group)
@@ -321,7 +273,7 @@ def _batch_matmul(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-def _transpose_conv(plan: KernelPlan, group: Group) -> None:
+def _transpose_conv(plan: KernelList, group: Group) -> None:
     op = group.root
     out = op.outputs[0]
     geometry = transpose_conv_geometry(op)
@@ -338,7 +290,7 @@ def _transpose_conv(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("AVERAGE_POOL_2D", "MAX_POOL_2D")
-def _pool(plan: KernelPlan, group: Group) -> None:
+def _pool(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     if _global_window(op):
@@ -351,7 +303,7 @@ def _pool(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("RESIZE_BILINEAR")
-def _resize(plan: KernelPlan, group: Group) -> None:
+def _resize(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     k = plan.kernel("resize_bilinear", group)
@@ -361,7 +313,7 @@ def _resize(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SOFTMAX")
-def _softmax(plan: KernelPlan, group: Group) -> None:
+def _softmax(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     n, h, w, c = as_nhwc(x.shape)
@@ -378,7 +330,7 @@ def _softmax(plan: KernelPlan, group: Group) -> None:
         k.invocations = pixels
 
 
-def _workgroup_reduction(plan: KernelPlan, k: Kernel, length: int, workgroups: tuple[int, int]) -> None:
+def _workgroup_reduction(plan: KernelList, k: Kernel, length: int, workgroups: tuple[int, int]) -> None:
     """One workgroup per output of a reduction over ``length`` vectors."""
     k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
     k.tile((reduction_workgroup(length), 1, 1), (*workgroups, 1))
@@ -393,7 +345,7 @@ def _global_window(op: Op) -> bool:
         for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
 
 
-def _global_pool(plan: KernelPlan, group: Group, x: Tensor, is_max: bool) -> None:
+def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> None:
     """Pooling over every pixel of each image as one workgroup reduction per output vector."""
     n, h, w, c = as_nhwc(x.shape)
     k = plan.kernel("pool_global", group)
@@ -403,7 +355,7 @@ def _global_pool(plan: KernelPlan, group: Group, x: Tensor, is_max: bool) -> Non
 
 
 @builds("MEAN")
-def _mean(plan: KernelPlan, group: Group) -> None:
+def _mean(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     rank = len(x.shape)
@@ -419,7 +371,7 @@ def _mean(plan: KernelPlan, group: Group) -> None:
 
 
 @builds(*REDUCE_CODE)
-def _reduce(plan: KernelPlan, group: Group) -> None:
+def _reduce(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     keep, reduce = reduced_axes(group.root)
     k = plan.kernel("reduce", group)
@@ -431,7 +383,7 @@ def _reduce(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("ARG_MAX", "ARG_MIN")
-def _arg(plan: KernelPlan, group: Group) -> None:
+def _arg(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     axis, keep = arg_axis(group.root)
     k = plan.kernel("arg", group)
@@ -485,7 +437,7 @@ def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 @builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-def _reshape(plan: KernelPlan, group: Group) -> None:
+def _reshape(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     if not group.steps and same_storage(x.shape, out.shape):
         plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
@@ -494,7 +446,7 @@ def _reshape(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TRANSPOSE")
-def _transpose(plan: KernelPlan, group: Group) -> None:
+def _transpose(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     axes = transpose_axes(group.root)
     k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
@@ -502,7 +454,7 @@ def _transpose(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("PAD")
-def _pad(plan: KernelPlan, group: Group) -> None:
+def _pad(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
@@ -510,7 +462,7 @@ def _pad(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("MIRROR_PAD")
-def _mirror_pad(plan: KernelPlan, group: Group) -> None:
+def _mirror_pad(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.output
     before = pad_before(group.root)
     k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
@@ -520,20 +472,20 @@ def _mirror_pad(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("TILE")
-def _tile(plan: KernelPlan, group: Group) -> None:
+def _tile(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.output
     _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
 
 
 @builds("SPACE_TO_DEPTH")
-def _space_to_depth(plan: KernelPlan, group: Group) -> None:
+def _space_to_depth(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
     k.param("block", "i32", group.root.options["block_size"])
 
 
 @builds("RESIZE_NEAREST_NEIGHBOR")
-def _resize_nearest(plan: KernelPlan, group: Group) -> None:
+def _resize_nearest(plan: KernelList, group: Group) -> None:
     op, x = group.root, group.root.inputs[0]
     k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
     k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
@@ -542,7 +494,7 @@ def _resize_nearest(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("PACK")
-def _pack(plan: KernelPlan, group: Group) -> None:
+def _pack(plan: KernelList, group: Group) -> None:
     op = group.root
     axis = pack_axis(op)
     k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
@@ -550,12 +502,12 @@ def _pack(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SELECT", "SELECT_V2")
-def _select(plan: KernelPlan, group: Group) -> None:
+def _select(plan: KernelList, group: Group) -> None:
     _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
 
 
 @builds("UNPACK")
-def _unpack(plan: KernelPlan, group: Group) -> None:
+def _unpack(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     axis, parts = unpack_parts(op)
@@ -567,7 +519,7 @@ def _unpack(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("STRIDED_SLICE")
-def _strided_slice(plan: KernelPlan, group: Group) -> None:
+def _strided_slice(plan: KernelList, group: Group) -> None:
     op = group.root
     x = op.inputs[0]
     sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
@@ -582,7 +534,7 @@ def _strided_slice(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("SPLIT", "SPLIT_V")
-def _split(plan: KernelPlan, group: Group) -> None:
+def _split(plan: KernelList, group: Group) -> None:
     op = group.root
     x, axis, parts = split_parts(op)
     for i, (out, offset) in enumerate(parts):
@@ -595,7 +547,7 @@ def _split(plan: KernelPlan, group: Group) -> None:
 
 
 @builds("DEPTH_TO_SPACE")
-def _depth_to_space(plan: KernelPlan, group: Group) -> None:
+def _depth_to_space(plan: KernelList, group: Group) -> None:
     x, out = group.root.inputs[0], group.root.outputs[0]
     k = _gather(plan.kernel("gather", group), "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
     k.param("block", "i32", group.root.options["block_size"])
@@ -614,13 +566,13 @@ def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
 
 
 @builds("CONCATENATION")
-def _concatenation(plan: KernelPlan, group: Group) -> None:
+def _concatenation(plan: KernelList, group: Group) -> None:
     op = group.root
     _concat(plan.kernel("gather", group), op.inputs, nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape)))
 
 
 @builds("LSTM")
-def _lstm(plan: KernelPlan, group: Group) -> None:
+def _lstm(plan: KernelList, group: Group) -> None:
     """The basic LSTM cell: [input, previous activation] -> matrix product -> gates."""
     op = group.root
     x, prev_activation, weights, _, prev_state = op.inputs

@@ -61,26 +61,26 @@ def tune(compiled: WgpuCompiled) -> None:
     program = compiled.program
     stopwatch = _Stopwatch(compiled)
     for index, variants in program.variants.items():
-        spec, launch = program.dispatches[index], compiled.launches[index]
+        spec, launch = program.launches[index], compiled.launches[index]
         best = (stopwatch(launch), spec, launch)
         for variant in variants:
             if variant.source not in program.shaders:
                 program.shaders.append(variant.source)
-            candidate = replace(spec, shader=program.shaders.index(variant.source), groups=variant.groups,
-                                tiling=variant.tiling)
+            candidate = replace(spec, work=list(variant.groups), params={
+                **spec.params, "shader": program.shaders.index(variant.source), "tiling": variant.tiling})
             trial = compiled.launch(candidate)
             best = min(best, (stopwatch(trial), candidate, trial), key=lambda b: b[0])
-        _, program.dispatches[index], compiled.launches[index] = best
-        program.facts["tilings"][spec.label] = program.dispatches[index].tiling
+        _, program.launches[index], compiled.launches[index] = best
+        program.facts["tilings"][spec.label] = program.launches[index].params["tiling"]
     program.variants = {}
     _drop_unused_shaders(program)
     program.facts["shaders"] = len(program.shaders)
 
 
 def _drop_unused_shaders(program) -> None:
-    specs = program.dispatches + [t.convert for t in program.inputs + program.outputs if t.convert]
-    used = sorted({d.shader for d in specs})
+    specs = program.launches + [t.convert for t in program.inputs + program.outputs if t.convert]
+    used = sorted({d.params["shader"] for d in specs})
     renumber = {old: new for new, old in enumerate(used)}
     program.shaders = [program.shaders[i] for i in used]
     for d in specs:
-        d.shader = renumber[d.shader]
+        d.params["shader"] = renumber[d.params["shader"]]

@@ -18,4 +18,11 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   for (int l = 0; l < 4 && s * 4 + l < in_channels; ++l) {
     STORE1(lanes[l], out, lane_index(od, on, oy, ox, offset.z + s * 4 + l));
   }
+  // The input ending the channels zeroes the padding lanes after them: the buffer may be shared
+  // with an earlier tensor, whose values there would reach the kernels reading whole vectors.
+  if (s == id.z - 1 && offset.z + in_channels == out_channels) {
+    for (int c = out_channels; c < od.z * 4; ++c) {
+      STORE1((FLT)0, out, lane_index(od, on, oy, ox, c));
+    }
+  }
 }
