@@ -23,11 +23,17 @@ ANALYZE_WARN_BELOW = 0.80
 log = logging.getLogger(__name__)
 
 
-def _progress(total: int, description: str, enabled: bool):
-    """A rich progress bar on a terminal; a no-op context otherwise."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def _progress(total: int | None, description: str, enabled: bool, unit: str | None = None):
+    """A rich progress bar on a terminal (with ``unit``: its rate, e.g. samples/s); a no-op context otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed:.1f} {unit}/s" if task.speed else "")
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
+    progress = Progress(*columns, *([Rate()] if unit else []),
                         disable=not (enabled and sys.stderr.isatty()), transient=True,
                         console=__import__("rich.console", fromlist=["Console"]).Console(stderr=True))
     return progress, progress.add_task(description, total=total)

@@ -17,6 +17,7 @@ PARTITIONERS = ("cost", "greedy")
 SEARCHES = ("auto", "estimate", "measure")
 CPU_ENGINES = ("numpy", "litert", "auto")
 CONCURRENCY = ("sequential", "parallel")
+EXECUTORS = ("in-process", "ray")
 COLORS = ("RGB", "BGR")
 LAYOUTS = ("NHWC",)
 
@@ -103,6 +104,7 @@ GLOBAL_SETTINGS: dict[str, Any] = {
                         min_cosine={"type": ["number", "null"], "minimum": -1, "maximum": 1}),
     "disable_plugins": {"type": "array", "uniqueItems": True, "items": NAME},
     "concurrency": enum(*CONCURRENCY),
+    "executor": enum(*EXECUTORS),
 }
 """Keys that only make sense once per run."""
 
