@@ -179,7 +179,7 @@ def write_reports(doc: dict[str, Any], rows: dict[str, np.ndarray], out: Path) -
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return "" if math.isnan(value) else repr(value)
+        return "" if math.isnan(value) else repr(float(value))
     return str(value)
 
 

@@ -9,6 +9,7 @@ imported only when asked for, and a cluster is joined at ``--ray-address`` or
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
@@ -123,9 +124,10 @@ def connect(ray_module, address: str | None):
     """Join the cluster at ``address`` (or RAY_ADDRESS); else start a local Ray for this run."""
     if not ray_module.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # its workers' notices, not for our users
         try:
             ray_module.init(address=address, include_dashboard=False, log_to_driver=False,
-                            configure_logging=False)
+                            logging_level=logging.ERROR)
         except ConnectionError as exc:
             raise ExecutionError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return ray_module
@@ -133,6 +135,7 @@ def connect(ray_module, address: str | None):
 
 def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, rows_per_sample):
     ray = connect(import_ray(), options.address)
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its plans, timings and errors: ours report them
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # results in dataset order, as in-process
     context.enable_progress_bars = False  # ours counts samples
@@ -146,29 +149,47 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
         source = ray.data.from_items([{"chunk": i} for i in range(dataset.chunks)],
                                      override_num_blocks=min(dataset.chunks, 4 * actors))
         batch_size = 1
-    results = source.map_batches(worker, fn_constructor_args=args, batch_size=batch_size, batch_format="numpy",
-                                 concurrency=actors, num_cpus=threads, num_gpus=num_gpus)
+    results = source.map_batches(RayActor, fn_constructor_args=(worker, args), batch_size=batch_size, batch_format="numpy",
+                                 compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
+                                 num_gpus=num_gpus)
     try:
         for out in results.iter_batches(batch_size=None, batch_format="numpy"):
+            if FAILED in out:
+                raise _raised(out)
             advance(len(out["id"]) // rows_per_sample)
             yield out
-    except Exception as exc:
-        raise _cause(exc) from None
+    except DelegateError:
+        raise
+    except Exception as exc:  # Ray's own failure (a lost node, a worker killed): its last line
+        raise ExecutionError(f"the Ray run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}") \
+            from None
 
 
-def _cause(exc: BaseException) -> DelegateError:
-    """The DelegateError an actor raised (Ray wraps it, traceback and all, in errors of its own); anything
-    else as an ExecutionError of one line."""
-    todo, seen = [exc], set()
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, DelegateError) and type(e).__module__.startswith(f"{__package__}."):
-            return e
-        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return ExecutionError(f"the Ray run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
+class RayActor:
+    """A worker on Ray: a DelegateError comes back as data (Ray Data hands the driver only its text)."""
+
+    def __init__(self, worker: type, args: tuple):
+        try:
+            self.worker, self.failed = worker(*args), None
+        except DelegateError as exc:
+            self.worker, self.failed = None, exc
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            if self.failed is not None:
+                raise self.failed
+            return self.worker(batch)
+        except DelegateError as exc:
+            return {FAILED: np.array([type(exc).__name__]), "message": np.array([str(exc)])}
+
+
+FAILED = "delegate_error"
+
+
+def _raised(out: dict[str, np.ndarray]) -> DelegateError:
+    from . import errors
+    kind = getattr(errors, str(out[FAILED][0]), DelegateError)
+    return kind(str(out["message"][0]))
 
 
 def padded(inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
