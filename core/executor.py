@@ -141,11 +141,13 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
     context.enable_progress_bars = False  # ours counts samples
     resources = ray.cluster_resources()
     num_gpus = 1 if gpu and resources.get("GPU", 0) >= 1 else 0
-    actors = options.actors or max(1, int(resources.get("GPU", 0) if num_gpus else resources.get("CPU", 1) // threads))
-    if dataset.parquet:
+    slots = int(resources.get("GPU", 0) if num_gpus else resources.get("CPU", 1) // threads)
+    if dataset.parquet:  # Ray Data's reads need a CPU the actors leave free (else they wait for ever)
+        actors = options.actors or max(1, slots - (not num_gpus))
         source = ray.data.read_parquet(dataset.spec)
         batch_size = dataset.batch
     else:  # one row per chunk: actors run exactly the batches an in-process run does
+        actors = options.actors or max(1, slots)
         source = ray.data.from_items([{"chunk": i} for i in range(dataset.chunks)],
                                      override_num_blocks=min(dataset.chunks, 4 * actors))
         batch_size = 1

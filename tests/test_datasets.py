@@ -211,6 +211,17 @@ def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, co
     assert there["executor"] == "ray" and there["configs"] == here["configs"]
     for key, column in here_rows.items():
         assert np.array_equal(there_rows[key], column, equal_nan=column.dtype != object), key
+    # the same images, preprocessed, as a Parquet dataset with an id column
+    from delegate.batchmap import _write_parquet
+    t = read_model(open(model, "rb").read()).main.inputs[0]
+    names = sorted(p.name for p in images.iterdir())
+    (tmp_path / "table").mkdir()
+    _write_parquet(tmp_path / "table" / "images.parquet", {
+        "id": np.array(names, object), "image": np.concatenate([load_image(images / n, t, dict(config.input))
+                                                                for n in names])})
+    _, table_rows = evaluate(model, str(tmp_path / "table"), config, configs, batch=4, ray=RayOptions())
+    for key, column in here_rows.items():
+        assert np.array_equal(table_rows[key], column, equal_nan=column.dtype != object), key
     mapped = batch_map(model, str(images), config, tmp_path / "npz", batch=8, threads=1, shard_size=16)
     on_ray = batch_map(model, str(images), config, tmp_path / "parquet", batch=8, threads=1, shard_size=16,
                        ray=RayOptions())
