@@ -30,8 +30,8 @@ DEFAULT_MODEL = "zoo:mobilenet_v1"
 EXIT_VALIDATION_FAILED = 10
 EXIT_USAGE = 2
 OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
-SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo",
-               "eval", "map")
+SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
+SUBCOMMANDS += ("eval", "map")  # datasets: delegate.evaluate, delegate.batchmap
 
 
 # -- shared helpers ------------------------------------------------------------

@@ -232,7 +232,7 @@ def evaluate(model_spec: str, dataset_spec: str, config, configs: list[str], ref
     if reference not in REFERENCES and reference not in names:
         raise DelegateError(f"unknown reference {reference!r}: {' or '.join(REFERENCES)}, or one of --configs "
                             f"{names}")
-    if [n for n in names if n != reference] == []:
+    if all(n == reference for n in names):
         raise DelegateError(f"nothing to compare: the only configuration is the reference {reference!r}")
     data, batch, note = batched_model(data, batch)
     graph = read_model(data).main

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -35,7 +35,8 @@ class Configuration:
         return any(name != "cpu" for name, _ in self.settings.backends)
 
 
-def resolve_configurations(names: list[str], model_spec: str, default: RunSettings, threads: int) -> list[Configuration]:
+def resolve_configurations(names: list[str], model_spec: str, default: RunSettings,
+                           threads: int) -> list[Configuration]:
     """``--configs`` items: suite presets (``cpu-numpy``, ``opencl-fp16``, ...) or YAML config files;
     none: the command's own config.  Every one runs at ``threads`` CPU threads."""
     from .config import load_config
@@ -151,7 +152,8 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
         source = ray.data.from_items([{"chunk": i} for i in range(dataset.chunks)],
                                      override_num_blocks=min(dataset.chunks, 4 * actors))
         batch_size = 1
-    results = source.map_batches(RayActor, fn_constructor_args=(worker, args), batch_size=batch_size, batch_format="numpy",
+    results = source.map_batches(RayActor, fn_constructor_args=(worker, args), batch_size=batch_size,
+                                 batch_format="numpy",
                                  compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
                                  num_gpus=num_gpus)
     try:
