@@ -26,6 +26,7 @@ import numpy as np
 from .executor import Configuration, RayOptions, batched_model, resolve_configurations, run_batches, to_runs
 from .errors import DatasetError, DelegateError
 
+TEXT_COLUMNS = ("id", "config", "backends", "output")  # backends: where the configuration's plan ran the model
 METRICS = ("max_abs_error", "mean_abs_error", "max_rel_error", "mean_rel_error", "cosine")
 AGREEMENTS = ("top1", "top5", "top_box")
 REFERENCES = ("litert", "litert-builtin")
@@ -58,10 +59,12 @@ class EvalWorker:
             self.run_reference = self.sessions[reference].run
         self.outputs = list(model.main.outputs)
         self.detector = _detector_outputs(model.main)
+        self.placed = {name: ",".join(dict.fromkeys(p.backend for p in s.plan.partitions))
+                       for name, s in self.sessions.items()}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids, inputs = self.dataset.decode(batch)
-        rows: dict[str, list] = {k: [] for k in ("id", "config", "output", *METRICS, *AGREEMENTS)}
+        rows: dict[str, list] = {k: [] for k in (*TEXT_COLUMNS, *METRICS, *AGREEMENTS)}
         done = 0
         for n, named in to_runs(inputs, self.batch):
             expected = self.run_reference(named)
@@ -70,14 +73,15 @@ class EvalWorker:
                 for name, got in actual.items():
                     for t in self.outputs:
                         a, e = (_real(t, x[t.name][i:i + 1]) for x in (got, expected))
-                        row = {"id": ids[done + i] if ids else "", "config": name, "output": t.name,
+                        row = {"id": ids[done + i] if ids else "", "config": name, "backends": self.placed[name],
+                               "output": t.name,
                                **sample_metrics(a, e),
                                **(_top_box(got, expected, self.detector, i) if t.name == self.detector.get("scores")
                                   else {})}
                         for key in rows:
                             rows[key].append(row.get(key, math.nan))
             done += n
-        return {k: np.asarray(v, dtype=object if k in ("id", "config", "output") else np.float64)
+        return {k: np.asarray(v, dtype=object if k in TEXT_COLUMNS else np.float64)
                 for k, v in rows.items()}
 
 
@@ -157,7 +161,7 @@ def summarize(rows: dict[str, np.ndarray], worst: int) -> dict[str, Any]:
             outputs[output] = entry
         order = np.argsort(-rows["max_rel_error"][mine], kind="stable")[:worst]
         picked = {k: v[mine][order] for k, v in rows.items()}
-        configs[config] = {"outputs": outputs, "worst": [
+        configs[config] = {"backends": str(rows["backends"][mine][0]), "outputs": outputs, "worst": [
             {"id": str(picked["id"][j]), "output": str(picked["output"][j]),
              **{m: float(picked[m][j]) for m in ("max_rel_error", "max_abs_error", "cosine")}}
             for j in range(len(order))]}
@@ -278,8 +282,8 @@ def cmd_eval(args) -> int:
     for note in doc["notes"]:
         c.print(f"note: {note}")
     c.print(table("agreement and errors per sample (p50 / p99 / worst)",
-                  ["config", "output", "top-1", "top-5", "top box", "max rel error", "mean rel error", "cosine"],
-                  [[config, output, *[_share(e.get(a)) for a in AGREEMENTS],
+                  ["config", "ran on", "output", "top-1", "top-5", "top box", "max rel error", "mean rel error", "cosine"],
+                  [[config, entry["backends"], output, *[_share(e.get(a)) for a in AGREEMENTS],
                     *[f"{e[m]['p50']:.2e} / {e[m]['p99']:.2e} / {e[m]['max']:.2e}" for m in ("max_rel_error",
                                                                                          "mean_rel_error")],
                     f"{e['cosine']['p50']:.6f} / {e['cosine']['p99']:.6f} / {e['cosine']['min']:.6f}"]

@@ -87,11 +87,12 @@ def test_eval_reports_and_reference_configuration(model, images, config, tmp_pat
                  "--reference", "cpu-litert", "--out", str(tmp_path), "--json", "--worst", "2"]) == 0
     doc = json.loads((tmp_path / "eval.json").read_text())
     assert doc["reference"] == "cpu-litert" and list(doc["configs"]) == ["cpu-numpy"]
+    assert doc["configs"]["cpu-numpy"]["backends"] == "cpu"
     assert len(doc["configs"]["cpu-numpy"]["worst"]) == 2
     worst = doc["configs"]["cpu-numpy"]["worst"][0]
     lines = (tmp_path / "eval.csv").read_text().splitlines()
-    assert len(lines) == 1 + SAMPLES and lines[0].startswith("id,config,output,max_abs_error")
-    assert max(float(line.split(",")[5]) for line in lines[1:]) == pytest.approx(worst["max_rel_error"])
+    assert len(lines) == 1 + SAMPLES and lines[0].startswith("id,config,backends,output,max_abs_error")
+    assert max(float(line.split(",")[6]) for line in lines[1:]) == pytest.approx(worst["max_rel_error"])
     try:
         import matplotlib  # noqa: F401  (the PNG is drawn when it is installed)
     except ImportError:
@@ -119,6 +120,7 @@ def test_metrics_of_classifier_and_detector_outputs():
     far = dict(expected, b=expected["b"] + 0.8)
     assert _top_box(far, expected, detector, 0)["top_box"] == 0.0
     rows = {"id": np.array(["a", "b"], object), "config": np.array(["x", "x"], object),
+            "backends": np.array(["cpu", "cpu"], object),
             "output": np.array(["o", "o"], object), "max_abs_error": np.array([1.0, 3.0]),
             "mean_abs_error": np.array([1.0, 1.0]), "max_rel_error": np.array([0.1, 0.3]),
             "mean_rel_error": np.array([0.1, 0.1]), "cosine": np.array([0.9, 0.5]),
