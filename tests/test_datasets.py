@@ -191,9 +191,10 @@ def test_bad_datasets_are_one_line_errors(model, tmp_path, capsys, make, words):
     assert words in err and err.count("\n") == 1, err
 
 
-def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys):
+@pytest.mark.parametrize("asked", [["--ray"], ["--set", "executor=ray"]])
+def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, asked):
     monkeypatch.setitem(sys.modules, "ray", None)
-    assert main(["eval", model, str(images), "--configs", "cpu-numpy", "--ray"]) == 1
+    assert main(["eval", model, str(images), "--configs", "cpu-numpy", *asked]) == 1
     assert capsys.readouterr().err.strip() == f"delegate: error: {INSTALL_RAY}"
 
 
