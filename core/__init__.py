@@ -2,8 +2,8 @@
 
 from .backend import (Backend, BackendInfo, CompiledPartition, CompileOptions, Partition,
                       Support)
-from .errors import (CacheError, CompileError, ConfigError, DelegateError, ExecutionError, InputError,
-                     MeasurementError, ModelFormatError, PluginError, UnsupportedOpError)
+from .errors import (CacheError, CompileError, ConfigError, DatasetError, DelegateError, ExecutionError,
+                     InputError, MeasurementError, ModelFormatError, PluginError, UnsupportedOpError)
 from .ir import DType, Model, Op, Quantization, Subgraph, Tensor
 from .hookspecs import hookimpl
 from .tflite.reader import read_model
@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendInfo", "CompiledPartition", "CompileOptions", "Partition", "Support", "hookimpl",
-    "CacheError", "CompileError", "ConfigError", "DelegateError", "ExecutionError", "InputError", "MeasurementError",
+    "CacheError", "CompileError", "ConfigError", "DatasetError", "DelegateError", "ExecutionError", "InputError", "MeasurementError",
     "ModelFormatError",
     "PluginError", "UnsupportedOpError", "DType", "Model", "Op", "Quantization", "Subgraph", "Tensor",
     "read_model", "__version__", "load", "Session", "RunSettings", "Interpreter",

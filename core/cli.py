@@ -33,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_CLOSED_PIPE = 128 + 13  # killed by SIGPIPE, as `yes | head` reports it
 OUTPUT_FLAGS = {"output": "--output", "csv": "--csv", "svg": "--svg"}  # files written after the run
 SUBCOMMANDS = ("run", "inspect", "plan", "analyze", "bench", "validate", "backends", "calibrate", "tune", "cache", "zoo")
+SUBCOMMANDS += ("eval", "map")  # datasets: delegate.evaluate, delegate.batchmap
 
 
 # -- shared helpers ------------------------------------------------------------
@@ -527,7 +528,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import cli_tools
     cli_tools.add_parsers(sub, _common)
+    _dataset_parsers(sub)
     return parser
+
+
+def _dataset_parsers(sub) -> None:
+    """``eval`` and ``map``: a model over a dataset, in-process or on Ray (delegate.evaluate, delegate.batchmap)."""
+    from .batchmap import cmd_map
+    from .evaluate import REFERENCES, cmd_eval
+
+    def dataset_command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("model", help="a .tflite file or zoo:NAME")
+        p.add_argument("dataset", help="a folder of images or of .npy/.npz shards, one shard, or Parquet (with --ray)")
+        _common(p, model=False)
+        p.add_argument("--batch", type=at_least(1), default=1,
+                       help="samples per run, along the model's batch dimension where it allows (default 1)")
+        p.add_argument("--threads", type=at_least(1), help="CPU threads per session (default: the config's)")
+        p.add_argument("--ray", action="store_true", help="run on Ray Data actors, one session each (executor: ray)")
+        p.add_argument("--ray-address", help="join this Ray cluster (default RAY_ADDRESS, else a local Ray)")
+        p.add_argument("--workers", type=at_least(1), help="Ray actors (default: the cluster's CPUs / --threads)")
+        return p
+
+    p = dataset_command("eval", "compare configurations with a reference over a dataset, sample by sample")
+    p.add_argument("--configs", help="comma-separated suite presets (bench --suite) or config files "
+                                     "(default: the --config)")
+    p.add_argument("--reference", default="litert",
+                   help=f"{' or '.join(REFERENCES)} (LiteRT's CPU interpreter), or one of --configs (default litert)")
+    p.add_argument("--worst", type=at_least(0), default=5, help="worst samples listed per configuration")
+    p.add_argument("--out", default="eval-results", help="directory for eval.json, eval.csv, eval.png")
+    p.set_defaults(fn=cmd_eval)
+
+    p = dataset_command("map", "run the model over a dataset, writing its outputs")
+    p.add_argument("--out", required=True, help="directory for the outputs (.npz shards; Parquet with --ray) and "
+                                                "map.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous map's files in --out")
+    p.add_argument("--shard-size", type=at_least(1), default=1024, help="samples per output shard (default 1024)")
+    p.set_defaults(fn=cmd_map)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

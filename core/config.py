@@ -555,6 +555,7 @@ class Settings:
     validate: Thresholds
     disable_plugins: tuple[str, ...]
     concurrency: str
+    executor: str
 
     def compile_options(self) -> CompileOptions:
         """What backends compile with; ``num_threads: null`` becomes the usable core count."""

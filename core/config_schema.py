@@ -19,6 +19,7 @@ PREFERENCES = ("fast_single_answer", "sustained_speed")
 PARTITIONERS = ("cost", "greedy")
 SEARCHES = ("auto", "estimate", "measure")
 CONCURRENCY = ("sequential", "parallel")
+EXECUTORS = ("in-process", "ray")
 COLORS = ("RGB", "BGR")
 LAYOUTS = ("NHWC",)
 
@@ -106,6 +107,7 @@ GLOBAL_SETTINGS: dict[str, Any] = {
                         min_cosine={"type": ["number", "null"], "minimum": -1, "maximum": 1}),
     "disable_plugins": {"type": "array", "uniqueItems": True, "items": NAME},
     "concurrency": enum(*CONCURRENCY),
+    "executor": enum(*EXECUTORS),
 }
 """Keys that only make sense once per run."""
 

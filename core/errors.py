@@ -97,3 +97,10 @@ class MeasurementError(DelegateError):
     """A measurement could not be made reliably: unstable over repeats, or outside physical bounds."""
 
     exit_code = 11
+
+
+class DatasetError(DelegateError, ValueError):
+    """A dataset is missing, unreadable or does not fit the model (names the file and sample), or a ``map``
+    output directory holds files it must not overwrite."""
+
+    exit_code = 12

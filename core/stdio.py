@@ -85,12 +85,26 @@ def _start(bar) -> None:
             bar.start()
 
 
+def _Rate():
+    """The rate column: parts per second of the steps that name a unit, nothing for the others."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            unit = task.fields.get("unit")
+            return Text(f"{task.speed:.1f} {unit}/s" if unit and task.speed else "")
+
+    return Rate()
+
+
 @contextlib.contextmanager
-def progress(description: str, total: int) -> Iterator[Callable[..., None]]:
-    """A bar for a step of ``total`` parts; yields ``advance(label=None)``, which counts one part done and may
-    rename the step.  Draws nothing unless :func:`show_progress` turned bars on."""
+def progress(description: str, total: int | None, unit: str = "") -> Iterator[Callable[..., None]]:
+    """A bar for a step of ``total`` parts (None: not known yet); yields ``advance(label=None, parts=1,
+    total=None)``, which counts parts done and may rename the step or set its total.  With ``unit`` the bar
+    also shows the rate (e.g. samples/s).  Draws nothing unless :func:`show_progress` turned bars on."""
     if not _shown:
-        yield lambda label=None: None
+        yield lambda label=None, parts=1, total=None: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -98,7 +112,7 @@ def progress(description: str, total: int) -> Iterator[Callable[..., None]]:
     with _display_lock:
         if not _display:
             bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                           TimeElapsedColumn(), _Rate(), console=Console(stderr=True), transient=True,
                            redirect_stdout=False)  # what a command prints stays on stdout
             _display.update(bar=bar, users=0, timer=threading.Timer(SHOW_AFTER_S, _start, (bar,)))
             _display["timer"].daemon = True
@@ -108,10 +122,11 @@ def progress(description: str, total: int) -> Iterator[Callable[..., None]]:
                 bar.start()
         bar = _display["bar"]
         _display["users"] += 1
-        task = bar.add_task(description, total=total)
+        task = bar.add_task(description, total=total, unit=unit)
 
-    def advance(label: str | None = None) -> None:
-        bar.update(task, advance=1, **({"description": label} if label else {}))
+    def advance(label: str | None = None, parts: int = 1, total: int | None = None) -> None:
+        bar.update(task, advance=parts, **({"description": label} if label else {}),
+                   **({"total": total} if total is not None else {}))
 
     try:
         yield advance

@@ -1,0 +1,242 @@
+"""``delegate eval`` and ``delegate map`` over datasets: in-process against LiteRT, and on a local Ray."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from delegate.batchmap import batch_map, read_outputs
+from delegate.cli import main
+from delegate.config import load_config
+from delegate.errors import DatasetError
+from delegate.evaluate import evaluate, sample_metrics, summarize
+from delegate.executor import INSTALL_RAY, RayOptions
+from delegate.inputs import load_image
+from delegate.tflite.builder import GraphBuilder
+from delegate.tflite.reader import read_model
+from delegate.tools.reference import litert_cpu
+
+CLASSES = 16
+SAMPLES = 22  # not a multiple of the batches below: the last batch is short
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A classifier that batches: conv, flatten (-1), fully connected, softmax."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("image", (1, 8, 8, 3))
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+                         b.const("b", np.zeros(4, np.float32))],
+             options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU"})
+    y = b.op("RESHAPE", [y, b.const("shape", np.array([-1, 64], np.int32))], options={"new_shape": [-1, 64]})
+    y = b.op("FULLY_CONNECTED", [y, b.const("fc", rng.standard_normal((CLASSES, 64)).astype(np.float32)),
+                                 b.const("fb", np.zeros(CLASSES, np.float32))])
+    b.output(b.op("SOFTMAX", [y], options={"beta": 1.0}, name="scores"))
+    path = tmp_path_factory.mktemp("model") / "classifier.tflite"
+    path.write_bytes(b.to_bytes())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(1)
+    for i in range(SAMPLES):
+        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(root / f"img{i:02d}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config("configs/cpu.yaml")
+
+
+def _litert_outputs(model, images, config):
+    """Each image through LiteRT's interpreter at batch 1: the expectation, computed apart from eval and map."""
+    t = read_model(open(model, "rb").read()).main.inputs[0]
+    run = litert_cpu(open(model, "rb").read())
+    return {p.name: run([load_image(p, t, dict(config.input))])[0] for p in sorted(images.iterdir())}
+
+
+def test_eval_agrees_with_litert_per_sample(model, images, config, tmp_path):
+    doc, rows = evaluate(model, str(images), config, ["cpu-numpy", "cpu-litert"], batch=4)
+    assert doc["samples"] == SAMPLES and doc["batch"] == 4 and not doc["notes"]
+    assert len(rows["id"]) == SAMPLES * 2
+    litert = doc["configs"]["cpu-litert"]["outputs"]["scores"]
+    assert litert["max_abs_error"]["max"] == 0.0 and litert["top1"] == litert["top5"] == 1.0  # LiteRT vs itself
+    numpy_rows = rows["config"] == "cpu-numpy"
+    assert list(rows["id"][numpy_rows]) == sorted(p.name for p in images.iterdir())
+    assert rows["max_rel_error"][numpy_rows].max() < 1e-5 and (rows["top1"][numpy_rows] == 1.0).all()
+    # the reported error is the one computed by hand against LiteRT at batch 1
+    from delegate.session import Session
+    from delegate.suite import CONFIGS
+    session = Session(read_model(open(model, "rb").read()), CONFIGS[0].settings(1, None, "sustained_speed"))
+    expected = _litert_outputs(model, images, config)
+    t = session.graph.inputs[0]
+    for j, sample in enumerate(rows["id"][numpy_rows][:3]):
+        ours = session.run([load_image(images / sample, t, dict(config.input))])["scores"]
+        assert rows["max_abs_error"][numpy_rows][j] == pytest.approx(float(np.abs(ours - expected[sample]).max()),
+                                                                     abs=1e-7)
+
+
+def test_eval_reports_and_reference_configuration(model, images, config, tmp_path):
+    assert main(["eval", model, str(images), "--config", "configs/cpu.yaml", "--configs", "cpu-numpy,cpu-litert",
+                 "--reference", "cpu-litert", "--out", str(tmp_path), "--json", "--worst", "2"]) == 0
+    doc = json.loads((tmp_path / "eval.json").read_text())
+    assert doc["reference"] == "cpu-litert" and list(doc["configs"]) == ["cpu-numpy"]
+    assert doc["configs"]["cpu-numpy"]["backends"] == "cpu"
+    assert len(doc["configs"]["cpu-numpy"]["worst"]) == 2
+    worst = doc["configs"]["cpu-numpy"]["worst"][0]
+    lines = (tmp_path / "eval.csv").read_text().splitlines()
+    assert len(lines) == 1 + SAMPLES and lines[0].startswith("id,config,backends,output,max_abs_error")
+    assert max(float(line.split(",")[6]) for line in lines[1:]) == pytest.approx(worst["max_rel_error"])
+    try:
+        import matplotlib  # noqa: F401  (the PNG is drawn when it is installed)
+    except ImportError:
+        assert not (tmp_path / "eval.png").exists()
+    else:
+        assert (tmp_path / "eval.png").stat().st_size > 0
+
+
+def test_metrics_of_classifier_and_detector_outputs():
+    ref = np.array([[0.1, 0.5, 0.2, 0.05, 0.05, 0.02, 0.02, 0.02, 0.02, 0.01, 0.01]])
+    swapped = ref.copy()
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]
+    m = sample_metrics(swapped, ref)
+    assert m["top1"] == 0.0 and m["top5"] == 1.0
+    assert m["max_abs_error"] == pytest.approx(0.3) and m["max_rel_error"] == pytest.approx(0.6)
+    assert m["mean_abs_error"] == pytest.approx(0.6 / 11) and m["cosine"] < 1.0
+    from delegate.evaluate import _top_box
+    detector = {"boxes": "b", "classes": "c", "scores": "s"}
+    expected = {"b": np.array([[[0, 0, 1, 1], [0, 0, 0.5, 0.5]]]), "c": np.array([[3.0, 4.0]]),
+                "s": np.array([[0.9, 0.2]])}
+    shifted = dict(expected, b=expected["b"] + np.array([0.05, 0, 0.05, 0]))
+    assert _top_box(shifted, expected, detector, 0)["top_box"] == 1.0
+    other_class = dict(expected, c=np.array([[5.0, 4.0]]))
+    assert _top_box(other_class, expected, detector, 0)["top_box"] == 0.0
+    far = dict(expected, b=expected["b"] + 0.8)
+    assert _top_box(far, expected, detector, 0)["top_box"] == 0.0
+    rows = {"id": np.array(["a", "b"], object), "config": np.array(["x", "x"], object),
+            "backends": np.array(["cpu", "cpu"], object),
+            "output": np.array(["o", "o"], object), "max_abs_error": np.array([1.0, 3.0]),
+            "mean_abs_error": np.array([1.0, 1.0]), "max_rel_error": np.array([0.1, 0.3]),
+            "mean_rel_error": np.array([0.1, 0.1]), "cosine": np.array([0.9, 0.5]),
+            "top1": np.array([1.0, 0.0]), "top5": np.array([1.0, 1.0]), "top_box": np.array([np.nan, np.nan])}
+    summary = summarize(rows, worst=1)["x"]
+    assert summary["outputs"]["o"]["top1"] == 0.5 and "top_box" not in summary["outputs"]["o"]
+    assert summary["outputs"]["o"]["cosine"]["min"] == 0.5 and summary["outputs"]["o"]["max_rel_error"]["max"] == 0.3
+    assert summary["worst"] == [{"id": "b", "output": "o", "max_rel_error": 0.3, "max_abs_error": 3.0, "cosine": 0.5}]
+
+
+def test_map_batches_outputs_into_shards(model, images, config, tmp_path):
+    summary = batch_map(model, str(images), config, tmp_path / "out", batch=4, threads=1, shard_size=10)
+    assert summary["samples"] == SAMPLES and summary["batch"] == 4 and summary["complete"]
+    assert summary["files"] == ["part-00000.npz", "part-00001.npz", "part-00002.npz"]
+    outputs = read_outputs(tmp_path / "out")
+    expected = _litert_outputs(model, images, config)
+    assert list(outputs["id"]) == list(expected)
+    np.testing.assert_allclose(outputs["scores"], np.concatenate(list(expected.values())), rtol=1e-5, atol=1e-7)
+
+
+def test_map_never_overwrites_files_it_did_not_write(model, images, config, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["map", model, str(images), "--config", "configs/cpu.yaml", "--out", str(out), "--shard-size", "100"]
+    assert main(args) == 0
+    assert main(args) == 12 and "add --overwrite" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main(args + ["--overwrite"]) == 12
+    assert "holds files map did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    assert main(["map", model, str(images), "--out", str(images), "--overwrite"]) == 12
+    assert len(list(images.iterdir())) == SAMPLES
+
+
+def test_npy_and_npz_shards(model, tmp_path, config):
+    rng = np.random.default_rng(2)
+    data = rng.uniform(-1, 1, (5, 8, 8, 3)).astype(np.float32)
+    np.save(tmp_path / "a.npy", data[:3])
+    np.save(tmp_path / "b.npy", data[3:])
+    doc, rows = evaluate(model, str(tmp_path), config, ["cpu-numpy"], batch=2)
+    assert list(rows["id"]) == [f"{tmp_path / 'a.npy'}:{i}" for i in range(3)] + \
+        [f"{tmp_path / 'b.npy'}:{i}" for i in range(2)]
+    np.savez(tmp_path / "one.npz", input_0=data)
+    out = batch_map(model, str(tmp_path / "one.npz"), config, tmp_path / "mapped")
+    expected = litert_cpu(open(model, "rb").read())
+    np.testing.assert_allclose(read_outputs(tmp_path / "mapped")["scores"],
+                               np.concatenate([expected([data[i:i + 1]])[0] for i in range(5)]), rtol=1e-5, atol=1e-7)
+    assert out["outputs"] == [{"name": "scores", "shape": [CLASSES], "dtype": "float32"}]
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: None, "no images"),
+    (lambda d: (d / "x.png").write_bytes(b"not a png"), "x.png: cannot read image"),
+    (lambda d: (np.save(d / "a.npy", np.zeros((2, 8, 8, 3))), Image.new("RGB", (4, 4)).save(d / "b.png")),
+     "mixes array and image files"),
+    (lambda d: np.save(d / "a.npy", np.zeros((2, 8, 8))),
+     "has shape [2, 8, 8]; samples of this model are [n, 8, 8, 3]"),
+    (lambda d: np.savez(d / "a.npz", other=np.zeros((2, 8, 8, 3))), "nothing for input 'image'"),
+    (lambda d: (d / "a.npy").write_bytes(b"garbage!"), "not a readable .npy"),
+    (lambda d: np.save(d / "a.npy", np.zeros((0, 8, 8, 3))), "hold no samples"),
+    (lambda d: (d / "a.parquet").write_bytes(b"PAR1"), "Parquet datasets are read through Ray Data: add --ray"),
+])
+def test_bad_datasets_are_one_line_errors(model, tmp_path, capsys, make, words):
+    make(tmp_path)
+    assert main(["eval", model, str(tmp_path), "--config", "configs/cpu.yaml", "--configs", "cpu-numpy",
+                 "--out", str(tmp_path / "results")]) == DatasetError.exit_code
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("asked", [["--ray"], ["--set", "executor=ray"]])
+def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, asked):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main(["eval", model, str(images), "--configs", "cpu-numpy", *asked]) == 1
+    assert capsys.readouterr().err.strip() == f"delegate: error: {INSTALL_RAY}"
+
+
+# -- on a local Ray: the same results as in-process ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    import logging
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, config, tmp_path):
+    configs = ["cpu-numpy", "cpu-litert"]
+    here, here_rows = evaluate(model, str(images), config, configs, batch=4)
+    there, there_rows = evaluate(model, str(images), config, configs, batch=4, ray=RayOptions())
+    assert there["executor"] == "ray" and there["configs"] == here["configs"]
+    for key, column in here_rows.items():
+        assert np.array_equal(there_rows[key], column, equal_nan=column.dtype != object), key
+    # the same images, preprocessed, as a Parquet dataset with an id column
+    from delegate.batchmap import _write_parquet
+    t = read_model(open(model, "rb").read()).main.inputs[0]
+    names = sorted(p.name for p in images.iterdir())
+    (tmp_path / "table").mkdir()
+    _write_parquet(tmp_path / "table" / "images.parquet", {
+        "id": np.array(names, object), "image": np.concatenate([load_image(images / n, t, dict(config.input))
+                                                                for n in names])})
+    _, table_rows = evaluate(model, str(tmp_path / "table"), config, configs, batch=4, ray=RayOptions())
+    for key, column in here_rows.items():
+        assert np.array_equal(table_rows[key], column, equal_nan=column.dtype != object), key
+    batch_map(model, str(images), config, tmp_path / "npz", batch=8, threads=1, shard_size=16)
+    on_ray = batch_map(model, str(images), config, tmp_path / "parquet", batch=8, threads=1, shard_size=16,
+                       ray=RayOptions())
+    assert on_ray["files"] == ["part-00000.parquet", "part-00001.parquet"] and on_ray["samples"] == SAMPLES
+    a, b = read_outputs(tmp_path / "npz"), read_outputs(tmp_path / "parquet")
+    assert list(a["id"]) == list(b["id"]) and np.array_equal(a["scores"], b["scores"])
+
+
+def test_ray_actor_errors_come_back_as_one_line(local_ray, model, tmp_path, config):
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(DatasetError, match=r"bad.png: cannot read image") as caught:
+        evaluate(model, str(tmp_path), config, ["cpu-numpy"], ray=RayOptions())
+    assert "\n" not in str(caught.value)
