@@ -142,6 +142,8 @@ class Backend(abc.ABC):
     name: str = "backend"
     layout: str = "NHWC"  # the layout its values are kept in; anything else costs a conversion per copy
     role: str = ACCELERATOR  # its BackendInfo's, set when the plugin manager builds it
+    # the precisions it computes in (``precision`` in the config); the conformance matrix checks each
+    precisions: tuple[str, ...] = ("fp32",)
     fusions: frozenset[str] = frozenset()  # what its kernels fold into a neighbour (kinds of delegate.passes.FUSIONS)
 
     @abc.abstractmethod

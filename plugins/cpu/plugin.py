@@ -299,6 +299,7 @@ DEFAULT_PROFILES = {
 class CpuBackend(Backend):
     name = "cpu"
     layout = "NHWC"
+    precisions = ("fp32", "int8")  # int8: the quantized and hybrid kernels
     fusions = FUSIONS
 
     def __init__(self, options: Mapping[str, Any] | None = None):
