@@ -266,6 +266,7 @@ def _batch_matmul(plan: KernelList, group: Group) -> None:
     a, b = group.root.inputs[:2]
     depth, axes = batch_matmul_layout(group.root)
     k = plan.kernel("batch_matmul", group)
+    k.helpers.append(template("lanes"))
     k.tensor("a", a.index, a.shape)
     k.tensor("b", b.index, b.shape)
     k.param("axes", "vec4<i32>", axes)
@@ -365,6 +366,7 @@ def _mean(plan: KernelList, group: Group) -> None:
         _global_pool(plan, group, x, False)
         return
     k = plan.kernel("mean", group)
+    k.helpers.append(template("lanes"))
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
@@ -375,6 +377,7 @@ def _reduce(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     keep, reduce = reduced_axes(group.root)
     k = plan.kernel("reduce", group)
+    k.helpers.append(template("lanes"))
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", keep)
     k.param("reduce", "vec4<i32>", reduce)
@@ -387,6 +390,7 @@ def _arg(plan: KernelList, group: Group) -> None:
     x = group.root.inputs[0]
     axis, keep = arg_axis(group.root)
     k = plan.kernel("arg", group)
+    k.helpers.append(template("lanes"))
     k.tensor("src", x.index, x.shape)
     k.param("keep", "vec4<i32>", keep)
     k.param("axis", "i32", axis)

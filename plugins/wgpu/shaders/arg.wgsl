@@ -1,7 +1,7 @@
 // ARG_MAX and ARG_MIN: each output lane scans its line of the input along `axis` (n, h, w, c of the
 // NHWC view) and keeps the index of the first largest value of sign * input (sign -1: smallest).
 // keep = the input's shape with that axis as 1, matched to output lanes through NHWC order.
-fn lane_arg(element: i32) -> f32 {
+fn lane_value(element: i32) -> f32 {
   let k = p.keep;
   var at = vec4<i32>(element / (k.y * k.z * k.w), (element / (k.z * k.w)) % k.y, (element / k.w) % k.z,
                      element % k.w);
@@ -16,17 +16,4 @@ fn lane_arg(element: i32) -> f32 {
     }
   }
   return f32(index);
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-  let i = flat_id(gid, groups);
-  if (i >= p.count) { return; }
-  let o = position(i, p.dst_d);
-  let first = ((o.n * p.dst_d.y + o.y) * p.dst_d.x + o.x) * p.dst_c + o.s * 4;
-  var v = V(0.0);
-  for (var lane = 0; lane < min(4, p.dst_c - o.s * 4); lane++) {
-    v[lane] = lane_arg(first + lane);
-  }
-  emit(v, o);
 }

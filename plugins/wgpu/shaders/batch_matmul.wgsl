@@ -1,7 +1,7 @@
 // BATCH_MATMUL: output lane (batches n, y; row x; column c of the NHWC view) is the sum over the
 // depth of a[row, k] * b[k, column], in f32; batches broadcast (coordinates modulo each input's
 // batch sizes).  axes = (a's row axis, a's depth axis, b's depth axis, b's column axis).
-fn lane_product(element: i32) -> f32 {
+fn lane_value(element: i32) -> f32 {
   let rest = element / p.dst_c;
   let at = vec4<i32>(rest / (p.dst_d.x * p.dst_d.y), (rest / p.dst_d.x) % p.dst_d.y, rest % p.dst_d.x,
                      element % p.dst_c);
@@ -16,17 +16,4 @@ fn lane_product(element: i32) -> f32 {
     total += a_lane(lidx(p.a_d, ia.x, ia.y, ia.z, ia.w)) * b_lane(lidx(p.b_d, ib.x, ib.y, ib.z, ib.w));
   }
   return total;
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-  let i = flat_id(gid, groups);
-  if (i >= p.count) { return; }
-  let o = position(i, p.dst_d);
-  let first = ((o.n * p.dst_d.y + o.y) * p.dst_d.x + o.x) * p.dst_c + o.s * 4;
-  var v = V(0.0);
-  for (var lane = 0; lane < min(4, p.dst_c - o.s * 4); lane++) {
-    v[lane] = lane_product(first + lane);
-  }
-  emit(v, o);
 }

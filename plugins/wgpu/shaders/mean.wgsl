@@ -1,7 +1,7 @@
 // MEAN: each output lane sums its reduced region in f32.  keep = the output shape with the
 // reduced axes kept as 1 (n, h, w, c order), reduce = 1 for each reduced axis; lanes are
 // matched to keep through their position in NHWC order, which dropping axes does not change.
-fn lane_mean(element: i32) -> f32 {
+fn lane_value(element: i32) -> f32 {
   let k = p.keep;
   let at = vec4<i32>(element / (k.y * k.z * k.w), (element / (k.z * k.w)) % k.y, (element / k.w) % k.z,
                      element % k.w);
@@ -19,17 +19,4 @@ fn lane_mean(element: i32) -> f32 {
     }
   }
   return total / f32((last.x - first.x) * (last.y - first.y) * (last.z - first.z) * (last.w - first.w));
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-  let i = flat_id(gid, groups);
-  if (i >= p.count) { return; }
-  let o = position(i, p.dst_d);
-  let first = ((o.n * p.dst_d.y + o.y) * p.dst_d.x + o.x) * p.dst_c + o.s * 4;
-  var v = V(0.0);
-  for (var lane = 0; lane < min(4, p.dst_c - o.s * 4); lane++) {
-    v[lane] = lane_mean(first + lane);
-  }
-  emit(v, o);
 }
