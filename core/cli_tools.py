@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,7 @@ def cmd_bench(args) -> int:
     with progress("timed runs", args.runs) as advance:
         ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs, advance)
     per_op, timings = _measured_profile(session, session.executor, indexed)
-    estimates = {p.index: session.planner.partition_estimate(p) for p in session.executor.partitions}
+    estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in session.executor.partitions}
     doc: dict[str, Any] = {
         "model": label, "runs": args.runs, "batch": args.batch or 1, "init_ms": round(init_ms, 3),
         "throughput_per_s": round((args.batch or 1) * 1e3 / float(np.median(ours)), 1),
@@ -232,48 +233,76 @@ def _measured_profile(session, executor, indexed) -> tuple[list[dict[str, Any]],
 def cmd_tune(args) -> int:
     """Time the candidate plans of each model now and store the fastest (see delegate.plan_search); report
     how far the estimates were from the measurements."""
-    from dataclasses import replace
-
-    from .cli import DEFAULT_MODEL, console, emit_json, load_cli_config, read_model_arg
-    from .session import Session, run_settings
+    from .cli import DEFAULT_MODEL, console, emit_json, load_cli_config
     from .tools.measure import estimate_report
 
     config = load_cli_config(args)
     if args.budget is not None and not args.budget > 0:
         raise DelegateError("--budget must be a positive number of seconds")
-    docs = []
+    docs, failed = [], 0
     for spec in args.models or [DEFAULT_MODEL]:
-        settings = run_settings(config.for_model(spec))
-        if args.budget is not None:
-            settings.placement = replace(settings.placement, budget_s=args.budget)
-        model, _, label = read_model_arg(spec)
-        t0 = time.perf_counter()
-        session = Session(model, settings, remeasure=True)
-        elapsed = time.perf_counter() - t0
-        plan = session.plan
-        estimated_pick, _ = session.planner.choose(plan.candidates)
-        docs.append({"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
-                     "estimated_pick": estimated_pick.name,
-                     "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles})
-        # every plan measured whole teaches the cost model: the winner and each single backend alone
-        inputs = session.normalize_inputs(session._random_inputs())
-        for executor in [session.executor, *session.baseline_executors.values()]:
-            learn_from(session, executor, _measured_profile(session, executor, inputs)[1])
+        try:
+            doc, session = _tune_one(spec, config, args.budget)
+        except DelegateError as exc:  # one model that cannot be tuned does not stop the others
+            if len(args.models or []) < 2:
+                raise
+            print(f"delegate: error: {spec}: {exc}", file=sys.stderr)
+            docs.append({"model": spec, "error": str(exc)})
+            failed = failed or exc.exit_code
+            continue
+        docs.append(doc)
         if not args.json:
             c = console()
-            c.print(f"[bold]{label}[/bold]: {len(plan.candidates)} candidate plan(s) in {elapsed:.1f} s; "
-                    f"chosen: {plan.chosen} ({plan.choice}); stored for the next load")
-            c.print(candidates_table(plan))
+            c.print(f"[bold]{doc['model']}[/bold]: {len(session.plan.candidates)} candidate plan(s) in "
+                    f"{doc['seconds']:.1f} s; chosen: {session.plan.chosen} ({session.plan.choice}); "
+                    f"stored for the next load")
+            c.print(candidates_table(session.plan))
         session.close()
-    summary = estimate_report(docs)
+    summary = estimate_report([d for d in docs if "error" not in d])
     if args.json:
         emit_json({"models": docs, "summary": summary})
-        return 0
+        return failed
     if len(docs) > 1 or summary["plans_measured"]:
         console().print(f"estimates: {summary['within_25_percent']} of {summary['plans_measured']} measured plans "
                         f"within 25% (median estimate/measured {summary['median_ratio']}); the estimate's pick within "
                         f"1.10x of the fastest for {summary['pick_within_1_10']} of {summary['models']} model(s)")
-    return 0
+    return failed
+
+
+def _tune_one(spec: str, config, budget: float | None):
+    """Measure one model's candidate plans, store the winner, and let the cost model learn from the winner and
+    each single backend alone, partition by partition (estimated before learning, next to measured)."""
+    from dataclasses import replace
+
+    from .cli import read_model_arg
+    from .session import Session, run_settings
+
+    settings = run_settings(config.for_model(spec))
+    if budget is not None:
+        settings.placement = replace(settings.placement, budget_s=budget)
+    model, _, label = read_model_arg(spec)
+    t0 = time.perf_counter()
+    session = Session(model, settings, remeasure=True)
+    elapsed = time.perf_counter() - t0
+    plan = session.plan
+    estimated_pick, _ = session.planner.choose(plan.candidates)
+    doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
+           "estimated_pick": estimated_pick.name,
+           "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles, "partitions": []}
+    measured = {c.name for c in plan.candidates if c.measured_ms is not None}
+    executors = {plan.chosen: session.executor}
+    executors.update({name: e for name, e in session.baseline_executors.items() if name in measured})
+    inputs = session.normalize_inputs(session._random_inputs())
+    for name, executor in executors.items():
+        timings = _measured_profile(session, executor, inputs)[1]
+        estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in executor.partitions}
+        doc["partitions"] += [{"plan": name, "partition": t.index, "backend": t.backend,
+                               "ops": len(executor.partitions[t.index].ops),
+                               "estimated_ms": round(estimates[t.index], 4), "measured_ms": round(t.ms, 4),
+                               "ops_measured_ms": round(sum(t.op_ms.values()), 4) if t.op_ms else None}
+                              for t in timings]
+        learn_from(session, executor, timings)
+    return doc, session
 
 
 def candidates_table(plan):

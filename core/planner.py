@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
-from .cost import DeviceProfile, fold_group_costs, op_bytes, op_class, op_flops, op_signature
+from .cost import DeviceProfile, cost_class, fold_group_costs, op_bytes, op_flops, op_signature
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
@@ -210,7 +210,7 @@ class Planner:
         measured = profile.measured_op_ms.get(op_signature(op))
         if measured is not None:
             return float(measured)
-        return profile.compute_ms(op_flops(op), op_bytes(op), op_class(op))
+        return profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
 
     def transfer_cost(self, t: Tensor, backend: str) -> float:
         """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""
@@ -337,9 +337,12 @@ class Planner:
         return [Copy(t.index, t.name, source, dest, t.nbytes, self.transfer_cost(t, source) + self.transfer_cost(t, dest))
                 for dest in sorted(destinations - {source})]
 
-    def partition_estimate(self, partition: Partition) -> float:
-        """Estimated ms of one partition run on its own backend (its ops and its fixed cost)."""
-        return sum(self.op_cost(op, partition.backend) for op in partition.ops) + self.partition_ms(partition.backend)
+    def partition_estimate(self, graph: Subgraph, partition: Partition) -> float:
+        """Estimated ms of one partition of ``graph`` run on its own backend: its ops (those its backend folds
+        cost nothing, as in the plan's estimate) and its fixed cost."""
+        folded = self.folded(graph, partition.backend)
+        return sum(self.op_cost(op, partition.backend) for op in partition.ops if op.index not in folded) + \
+            self.partition_ms(partition.backend)
 
     def partition_ms(self, backend: str) -> float:
         """Fixed cost of running one partition on ``backend`` (submission, queue drain, engine call)."""
