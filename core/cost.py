@@ -38,6 +38,20 @@ def op_class(op: Op) -> str:
     return OP_CLASSES.get(op.opcode, "elementwise")
 
 
+def cost_class(op: Op) -> str:
+    """The op's class and, where it computes in integers or on quantized weights, its kind ("conv/int8",
+    "conv/int16", "matmul/hybrid"): engines run those through other kernels (LiteRT's int16 kernels are
+    reference loops, tens of times slower).  A fit without the kind falls back to the class alone."""
+    x = op.inputs[0] if op.inputs else None
+    kind = ""
+    if x is not None and x.dtype.name in ("int8", "uint8", "int16"):
+        kind = "int16" if x.dtype.name == "int16" else "int8"
+    elif x is not None and x.dtype.name.startswith("float") and any(
+            t is not None and t.is_constant and t.dtype.name == "int8" and t.quantization for t in op.inputs[1:]):
+        kind = "hybrid"
+    return f"{op_class(op)}/{kind}" if kind else op_class(op)
+
+
 @dataclass
 class DeviceProfile:
     """Throughput and transfer figures of one backend on one device.
@@ -56,7 +70,7 @@ class DeviceProfile:
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
     class_floor_us: dict[str, float] = field(default_factory=dict)
-    fit_points: dict[str, list[list[float]]] = field(default_factory=dict)  # the measurements behind the fit
+    fit_points: dict[str, list[list[Any]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
     calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
@@ -70,14 +84,14 @@ class DeviceProfile:
         return max(launch, work) if self.asynchronous else launch + work
 
     def floor_ms(self, klass: str | None) -> float:
-        return self.class_floor_us.get(klass or "", self.class_floor_us.get("*", 0.0)) * 1e-3
+        return _fitted(self.class_floor_us, klass, 0.0) * 1e-3
 
     def roofline_ms(self, flops: float, nbytes: float) -> float:
         return max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
 
     def scale(self, klass: str | None) -> float:
         """The fitted correction of a class's roofline ("*": fitted on whole partitions, for all classes)."""
-        return self.class_scale.get(klass or "", self.class_scale.get("*", 1.0))
+        return _fitted(self.class_scale, klass, 1.0)
 
     def transfer_ms(self, nbytes: int) -> float:
         if self.transfer_gbytes_per_s == float("inf"):
@@ -92,6 +106,14 @@ class DeviceProfile:
         if self.fitted_at:
             parts.append(f"refitted {self.fitted_at} from {self.fit_samples} measurement(s)")
         return ", ".join(parts) + f" ({self.source})"
+
+
+def _fitted(values: Mapping[str, float], klass: str | None, default: float) -> float:
+    """A fitted figure of ``klass`` ("conv/int8"), else of its class ("conv"), else of all ("*")."""
+    for key in (klass or "", (klass or "").split("/")[0], "*"):
+        if key in values:
+            return values[key]
+    return default
 
 
 # The figures of an uncalibrated accelerator whose plugin contributes none (``Backend.default_profile``).
@@ -176,6 +198,8 @@ SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measur
 MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first)
 QUEUED = "queued partition"  # whole partitions of an asynchronous device, with their kernels' device times
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
+BY_CLASS = "* by class"  # the same partitions, their ops counted per cost class: a floor and scale per class
+CLASS_RIDGE = 0.01  # how strongly a class's fit is held to the one for all classes (few points: near it)
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
@@ -207,12 +231,21 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) for op in counted)])
             added += 1
         elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
-            roof = sum(profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted)
-            points.setdefault(WHOLE, []).append([float(len(counted)), roof,
-                                                 max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)])
+            roofs = [profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted]
+            own = max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)
+            points.setdefault(WHOLE, []).append([float(len(counted)), sum(roofs), own])
+            classes: dict[str, list[float]] = {}
+            for op, roof in zip(counted, roofs):
+                entry = classes.setdefault(cost_class(op), [0.0, 0.0])
+                entry[0] += 1
+                entry[1] += roof
+            points.setdefault(BY_CLASS, []).append([own, *(x for k, (n, r) in sorted(classes.items())
+                                                           for x in (k, n, r))])
             added += 1
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
+        if klass == BY_CLASS:
+            continue
         if klass == QUEUED:
             profile.launch_us, profile.partition_us = _queued_fit(points[klass])
             continue
@@ -220,6 +253,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         if klass == "partition":
             profile.partition_us = max(float(np.median(rows[:, 0])) * 1e3, 0.0)
             continue
+        if klass == BY_CLASS:
+            continue  # after the fit for all classes, which it is held to
         if klass == WHOLE:
             fixed, floor, scale = _whole_fit(rows, profile)
             profile.partition_us = fixed * 1e3
@@ -227,6 +262,9 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             continue
         floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
         profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
+    if points.get(BY_CLASS) and WHOLE in points:
+        for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
+            profile.class_floor_us[key], profile.class_scale[key] = floor * 1e3, scale
     if added:
         profile.fit_samples += added
         profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -276,6 +314,28 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
         return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), scale
     return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), float(np.clip(fitted.get(2, SCALE_RANGE[0]),
                                                                                  *SCALE_RANGE))
+
+
+def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple[float, float]]:
+    """(floor ms, scale) per cost class from partitions timed whole, each row ``[own ms, class, ops, roofline
+    ms, class, ...]``: time ~ partition + sum over classes (ops * floor + scale * roofline), least squares on
+    relative errors, every coefficient held towards the fit for all classes (a ridge, so that a class seen in
+    few partitions stays near it), none negative."""
+    fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
+    keys = sorted({row[i] for row in rows for i in range(1, len(row), 3)})
+    column = {k: i for i, k in enumerate(keys)}
+    x = np.zeros((len(rows), 2 * len(keys)))
+    times = np.array([float(row[0]) for row in rows])
+    for r, row in enumerate(rows):
+        for i in range(1, len(row), 3):
+            x[r, column[row[i]]], x[r, len(keys) + column[row[i]]] = row[i + 1], row[i + 2]
+    prior = np.array([max(floor, 1e-6)] * len(keys) + [scale] * len(keys))
+    weight = 1.0 / np.maximum(times, 0.05)
+    a = np.vstack([x * weight[:, None], np.sqrt(CLASS_RIDGE) * np.diag(1.0 / prior)])
+    b = np.concatenate([(times - fixed) * weight, np.full(len(prior), np.sqrt(CLASS_RIDGE))])
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return {k: (max(float(coef[i]), 0.0), float(np.clip(coef[len(keys) + i], *SCALE_RANGE)))
+            for i, k in enumerate(keys)}
 
 
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:

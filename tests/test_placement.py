@@ -402,3 +402,34 @@ def test_measured_search_compiles_only_in_the_first_half_of_its_budget():
     skipped = [c for c in candidates if c.name not in built]
     assert skipped and all(c.status == "not measured: the budget ran out" for c in skipped)
     assert winner.name in built and winner.measured_ms is not None
+
+
+def test_refit_of_partitions_timed_whole_fits_each_op_class():
+    """An engine timed only whole (LiteRT) whose depthwise convolutions run 6x further from the roofline
+    than its convolutions: one correction for all classes cannot fit both; the per-class fit does, and
+    estimates a partition it never saw within 10%."""
+    from delegate.cost import cost_class
+
+    graph = read_model(zoo.build("mobilenet_v1", alpha=0.25, size=64)).main
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+    truth = {"conv": (0.004, 1.0), "depthwise": (0.002, 6.0)}
+
+    def took(ops):
+        total = 0.05
+        for op in ops:
+            floor, scale = truth.get(cost_class(op), (0.003, 2.0))
+            total += floor + scale * profile.roofline_ms(op_flops(op), op_bytes(op))
+        return total
+    rng = np.random.default_rng(0)
+    ops = graph.ops
+    for _ in range(40):
+        start = int(rng.integers(0, len(ops) - 4))
+        part = ops[start:start + int(rng.integers(3, len(ops) - start + 1))]
+        refit(profile, [Observation(part, took(part))], lambda op: False)
+    assert profile.class_scale["depthwise"] > 3 * profile.class_scale["conv"]
+    unseen = ops[1:len(ops) // 2]
+    estimate = profile.partition_us * 1e-3 + sum(profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+                                                 for op in unseen)
+    assert estimate == pytest.approx(took(unseen), rel=0.10)
+    # an int8 convolution falls back to the convolutions' fit while none of its kind was measured
+    assert profile.scale("conv/int8") == profile.class_scale["conv"]
