@@ -159,7 +159,7 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
     try:
         for out in results.iter_batches(batch_size=None, batch_format="numpy"):
             if FAILED in out:
-                raise _raised(out)
+                raise raised(str(out[FAILED][0]), str(out["message"][0]))
             advance(len(out["id"]) // rows_per_sample)
             yield out
     except DelegateError:
@@ -190,10 +190,10 @@ class RayActor:
 FAILED = "delegate_error"
 
 
-def _raised(out: dict[str, np.ndarray]) -> DelegateError:
+def raised(kind: str, message: str) -> DelegateError:
+    """The error a Ray worker sent back as its class name and text, rebuilt on the driver."""
     from . import errors
-    kind = getattr(errors, str(out[FAILED][0]), DelegateError)
-    return kind(str(out["message"][0]))
+    return getattr(errors, kind, DelegateError)(message)
 
 
 def padded(inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:

@@ -191,11 +191,20 @@ def test_bad_datasets_are_one_line_errors(model, tmp_path, capsys, make, words):
     assert words in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("asked", [["--ray"], ["--set", "executor=ray"]])
-def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, asked):
+@pytest.mark.parametrize("command", [["eval", "{model}", "{images}", "--configs", "cpu-numpy", "--ray"],
+                                     ["eval", "{model}", "{images}", "--configs", "cpu-numpy", "--set", "executor=ray"],
+                                     ["calibrate", "--backends", "cpu", "--ray"],
+                                     ["bench", "--suite", "--models", "{model}", "--ray-address", "auto"]])
+def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, command):
     monkeypatch.setitem(sys.modules, "ray", None)
-    assert main(["eval", model, str(images), "--configs", "cpu-numpy", *asked]) == 1
+    assert main([a.format(model=model, images=images) for a in command]) == 1
     assert capsys.readouterr().err.strip() == f"delegate: error: {INSTALL_RAY}"
+
+
+def test_bench_ray_needs_the_suite(model, capsys):
+    assert main(["bench", model, "--ray"]) == 1
+    assert capsys.readouterr().err.strip() == "delegate: error: bench --ray runs the suite on every node of the " \
+                                              "cluster: add --suite"
 
 
 # -- on a local Ray: the same results as in-process ------------------------------------------------
@@ -240,3 +249,60 @@ def test_ray_actor_errors_come_back_as_one_line(local_ray, model, tmp_path, conf
     with pytest.raises(DatasetError, match=r"bad.png: cannot read image") as caught:
         evaluate(model, str(tmp_path), config, ["cpu-numpy"], ray=RayOptions())
     assert "\n" not in str(caught.value)
+
+
+# -- fleet sweeps: one task per node of the local Ray (one node) ------------------------------------
+
+def _numpy_cpu_fingerprint():
+    from delegate.cost import fingerprint
+    from delegate.plugins import default_manager
+    return fingerprint(default_manager().backend_info("cpu").factory({"engine": "numpy"}).device_info())
+
+
+def _fleet_json(capsys, argv):
+    """The command's exit code and JSON document; a calibration the busy machine refused (exit 11) is retried."""
+    for _ in range(3):
+        code = main(argv + ["--json"])
+        out = capsys.readouterr().out
+        if code != 11:
+            break
+    return code, json.loads(out)
+
+
+def test_fleet_calibration_stores_each_node_profile_by_fingerprint(local_ray, model, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "profiles"  # this machine's store; the node's task writes to the run's own (conftest)
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(here))
+    code, doc = _fleet_json(capsys, ["calibrate", "--ray", "--backends", "cpu", "--set", "cpu.engine=numpy"])
+    assert code == 0, doc
+    (node,) = local_ray.nodes()
+    assert doc["nodes"] == [{"node": node["NodeManagerHostname"], "node_id": node["NodeID"]}]
+    (row,) = doc["profiles"]
+    fingerprint = _numpy_cpu_fingerprint()
+    assert (row["node"], row["node_id"], row["backend"], row["fingerprint"]) == \
+        (node["NodeManagerHostname"], node["NodeID"], "cpu", fingerprint)
+    assert row["device"].endswith("(numpy)") and row["gflops"] > 0 and row["launch_us"] > 0
+    assert row["profile"] == str(here / f"{fingerprint}.json") and row["node_profile"] != row["profile"]
+    stored = json.loads((here / f"{fingerprint}.json").read_text())
+    assert stored == json.loads(open(row["node_profile"]).read())  # the node's profile, refitted, as it stored it
+    assert {w["workload"] for w in doc["workloads"]} and all(w["node_id"] == node["NodeID"] for w in doc["workloads"])
+    # a plan here uses the stored profile and names its file
+    assert main(["plan", "--backends", "cpu", "--set", "cpu.engine=numpy", model, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert row["profile"] in plan["profiles"]["cpu"] and "calibrated" in plan["profiles"]["cpu"]
+
+
+def test_fleet_suite_table_is_keyed_by_node_and_device(local_ray, model, tmp_path, capsys):
+    out = tmp_path / "suite"
+    code, doc = _fleet_json(capsys, ["bench", "--suite", "--ray", "--models", model, "--configs", "cpu-numpy",
+                                     "--runs", "2", "--threads", "1", "--out", str(out)])
+    assert code == 0, doc
+    (node,) = local_ray.nodes()
+    rows = {r["config"]: r for r in doc["rows"]}
+    assert set(rows) == {"cpu-numpy", "litert-gpu"}  # LiteRT's accelerator: a row whether it runs here or not
+    ours = rows["cpu-numpy"]
+    assert (ours["node"], ours["node_id"], ours["backend"], ours["fingerprint"]) == \
+        (node["NodeManagerHostname"], node["NodeID"], "cpu", _numpy_cpu_fingerprint())
+    assert ours["status"] == "ok" and ours["p50_ms"] > 0 and ours["max_error"] < 1e-4
+    reports = out / f"{node['NodeManagerHostname']}-{node['NodeID'][:8]}"
+    assert sorted(doc["files"])[:2] == [str(reports / "suite.csv"), str(reports / "suite.md")]
+    assert "Command: `delegate " in (reports / "suite.md").read_text()
