@@ -141,6 +141,39 @@ def test_map_batches_outputs_into_shards(model, images, config, tmp_path):
     np.testing.assert_allclose(outputs["scores"], np.concatenate(list(expected.values())), rtol=1e-5, atol=1e-7)
 
 
+def test_throughput_tells_work_from_the_gaps_between_calls():
+    from delegate.executor import CALL, WORKER, Throughput
+    clock = Throughput(rows_per_sample=2)
+    # worker a: two calls of 1 s, 0.1 s apart; worker b: one call (start-up only, no gap); 2 rows per sample
+    for worker, start, end, rows in [("a", 0.0, 1.0, 8), ("b", 0.2, 1.2, 8), ("a", 1.1, 2.1, 4)]:
+        out = clock.take({"id": np.zeros(rows), WORKER: np.full(rows, worker, object),
+                          CALL: np.tile([start, end], (rows, 1))})
+        assert list(out) == ["id"]
+    t = clock.report()
+    assert (t["workers"], t["batches"], t["samples_per_batch"]) == (2, 3, 4)
+    assert t["work_s"] == 3.0 and t["work_ms_per_batch"] == 1000.0 and t["overhead_ms_per_batch"] == 100.0
+    assert t["overhead_share"] == pytest.approx(0.1)
+    assert t["steady_samples_per_s"] == pytest.approx(6 / 2.1 + 4 / 1.0, abs=0.01)
+
+
+def test_batches_of_a_model_that_runs_one_sample(tmp_path, images, config):
+    """A model whose batch dimension is fixed still takes --batch samples per worker call, one run each."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("image", (1, 8, 8, 3))
+    y = b.op("RESHAPE", [x, b.const("shape", np.array([1, 192], np.int32))], options={"new_shape": [1, 192]})
+    b.output(b.op("FULLY_CONNECTED", [y, b.const("fc", rng.standard_normal((CLASSES, 192)).astype(np.float32)),
+                                      b.const("fb", np.zeros(CLASSES, np.float32))], name="scores"))
+    fixed = tmp_path / "fixed.tflite"
+    fixed.write_bytes(b.to_bytes())
+    summary = batch_map(str(fixed), str(images), config, tmp_path / "out", batch=8)
+    assert summary["batch"] == 1 and "one sample per run" in summary["notes"][0]
+    assert (summary["throughput"]["batches"], summary["throughput"]["samples_per_batch"]) == (3, 8)
+    expected = _litert_outputs(str(fixed), images, config)
+    np.testing.assert_allclose(read_outputs(tmp_path / "out")["scores"], np.concatenate(list(expected.values())),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_map_never_overwrites_files_it_did_not_write(model, images, config, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["map", model, str(images), "--config", "configs/cpu.yaml", "--out", str(out), "--shard-size", "100"]
@@ -223,8 +256,14 @@ def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, co
     here, here_rows = evaluate(model, str(images), config, configs, batch=4)
     there, there_rows = evaluate(model, str(images), config, configs, batch=4, ray=RayOptions())
     assert there["executor"] == "ray" and there["configs"] == here["configs"]
+    assert set(there_rows) == set(here_rows)  # the executor's timing columns are its own
     for key, column in here_rows.items():
         assert np.array_equal(there_rows[key], column, equal_nan=column.dtype != object), key
+    for doc in (here, there):  # each batch of 4 (the last of 2) timed by the worker that ran it
+        t = doc["throughput"]
+        assert t["batches"] == 6 and t["samples_per_batch"] == 4 and t["work_s"] > 0
+        assert 0 < t["first_batch_s"] <= t["wall_s"] == doc["seconds"] and t["steady_samples_per_s"] > 0
+    assert here["throughput"]["workers"] == 1 and there["throughput"]["workers"] in (1, 2)  # actors take what comes
     # the same images, preprocessed, as a Parquet dataset with an id column
     from delegate.batchmap import _write_parquet
     t = read_model(open(model, "rb").read()).main.inputs[0]
@@ -242,6 +281,17 @@ def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, co
     assert on_ray["files"] == ["part-00000.parquet", "part-00001.parquet"] and on_ray["samples"] == SAMPLES
     a, b = read_outputs(tmp_path / "npz"), read_outputs(tmp_path / "parquet")
     assert list(a["id"]) == list(b["id"]) and np.array_equal(a["scores"], b["scores"])
+
+
+def test_eval_compares_the_ray_run_with_an_in_process_run(local_ray, model, images, config, capsys, tmp_path):
+    assert main(["eval", model, str(images), "--config", "configs/cpu.yaml", "--configs", "cpu-numpy", "--batch", "8",
+                 "--threads", "1", "--ray", "--compare-in-process", "--out", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["in_process"]["identical"] and doc["in_process"]["throughput"]["workers"] == 1
+    assert doc["throughput"]["workers"] in (1, 2) and doc["throughput"]["batches"] == 3  # actors take what comes
+    assert doc["speedup"] == pytest.approx(doc["samples_per_s"] / doc["in_process"]["samples_per_s"], rel=1e-2, abs=1e-3)
+    assert main(["eval", model, str(images), "--configs", "cpu-numpy", "--compare-in-process"]) == 1
+    assert "needs a Ray run to compare: add --ray" in capsys.readouterr().err
 
 
 def test_ray_actor_errors_come_back_as_one_line(local_ray, model, tmp_path, config):
