@@ -119,7 +119,7 @@ def run_batches(dataset: Dataset, worker: type, args: tuple, ray: RayOptions | N
 
 class Timed:
     """A worker whose every batch carries who ran it and when the call began and ended on that worker's own
-    clock (``TIMING`` columns, a value per row so that any regrouping of rows keeps them): what
+    clock (columns ``WORKER`` and ``CALL``, a value per row so that any regrouping of rows keeps them): what
     :class:`Throughput` tells the work from the executor's cost by."""
 
     def __init__(self, worker: type, args: tuple):
@@ -134,7 +134,7 @@ class Timed:
         return {**out, WORKER: np.full(n, self.name, dtype=object), CALL: np.tile(call, (n, 1))}
 
 
-WORKER, CALL = TIMING = ("_worker", "_call")
+WORKER, CALL = "_worker", "_call"
 
 
 class Throughput:
