@@ -11,14 +11,13 @@ previous map's files (those its ``map.json`` lists) is replaced with
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import DatasetError
-from .executor import RayOptions, batched_model, resolve_configurations, run_batches, to_runs
+from .executor import RayOptions, Throughput, batched_model, resolve_configurations, run_batches, to_runs
 
 SUMMARY = "map.json"
 
@@ -150,7 +149,7 @@ def batch_map(model_spec: str, dataset_spec: str, config, out: str | Path, batch
 
     _, data, label = read_model_arg(model_spec)
     (configuration,) = resolve_configurations([], model_spec, run_settings(config.for_model(model_spec)), threads)
-    data, batch, note = batched_model(data, batch)
+    data, per_run, note = batched_model(data, batch)
     dataset = open_dataset(dataset_spec, read_model(data).main.inputs, config.input, batch)
     if ray is not None:
         from .executor import import_ray
@@ -158,13 +157,15 @@ def batch_map(model_spec: str, dataset_spec: str, config, out: str | Path, batch
     out = Path(out)
     prepare_out(out, overwrite)
     writer = ShardWriter(out, ray is not None, shard_size, {
-        "model": label, "dataset": dataset_spec, "batch": batch, "threads": threads,
+        "model": label, "dataset": dataset_spec, "batch": per_run, "threads": threads,
         "executor": "ray" if ray else "in-process", "complete": False, "notes": [note] if note else []})
-    started = time.perf_counter()
-    for part in run_batches(dataset, MapWorker, (data, batch, configuration, dataset), ray, threads,
-                            configuration.uses_gpu, lambda n: progress(n, dataset.size or None)):
+    clock = Throughput()
+    for part in run_batches(dataset, MapWorker, (data, per_run, configuration, dataset), ray, threads,
+                            configuration.uses_gpu, lambda n: progress(n, dataset.size or None), clock=clock):
         writer.add(part)
-    summary = writer.close(time.perf_counter() - started)
+    throughput = clock.report()
+    writer.summary["throughput"] = throughput
+    summary = writer.close(throughput["wall_s"])
     if not summary["samples"]:
         raise DatasetError(f"{dataset_spec}: the dataset holds no samples")
     return summary
@@ -172,6 +173,7 @@ def batch_map(model_spec: str, dataset_spec: str, config, out: str | Path, batch
 
 def cmd_map(args) -> int:
     from .cli import console, emit_json, load_cli_config
+    from .evaluate import throughput_line
     from .stdio import progress
     from .executor import ray_options
 
@@ -188,6 +190,7 @@ def cmd_map(args) -> int:
     c.print(f"[bold]{summary['model']}[/bold] on {summary['dataset']}: {summary['samples']} samples, "
             f"{summary['executor']}, batch {summary['batch']}, {summary['seconds']:.1f} s "
             f"({summary['samples_per_s']:.1f} samples/s)")
+    c.print(throughput_line(summary["throughput"]))
     for note in summary["notes"]:
         c.print(f"note: {note}")
     c.print(f"written: {len(summary['files'])} shard(s) and {SUMMARY} in {args.out}")

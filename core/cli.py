@@ -543,7 +543,8 @@ def _dataset_parsers(sub) -> None:
         p.add_argument("dataset", help="a folder of images or of .npy/.npz shards, one shard, or Parquet (with --ray)")
         _common(p, model=False)
         p.add_argument("--batch", type=at_least(1), default=1,
-                       help="samples per run, along the model's batch dimension where it allows (default 1)")
+                       help="samples per batch a worker takes, run along the model's batch dimension where it "
+                            "allows, else one at a time (default 1)")
         p.add_argument("--threads", type=at_least(1), help="CPU threads per session (default: the config's)")
         p.add_argument("--ray", action="store_true", help="run on Ray Data actors, one session each (executor: ray)")
         p.add_argument("--ray-address", help="join this Ray cluster (default RAY_ADDRESS, else a local Ray)")
@@ -557,6 +558,9 @@ def _dataset_parsers(sub) -> None:
                    help=f"{' or '.join(REFERENCES)} (LiteRT's CPU interpreter), or one of --configs (default litert)")
     p.add_argument("--worst", type=at_least(0), default=5, help="worst samples listed per configuration")
     p.add_argument("--out", default="eval-results", help="directory for eval.json, eval.csv, eval.png")
+    p.add_argument("--compare-in-process", action="store_true",
+                   help="with --ray: first run the dataset in this process (one set of sessions) and report the "
+                        "Ray run's speedup over it and whether the results are identical")
     p.set_defaults(fn=cmd_eval)
 
     p = dataset_command("map", "run the model over a dataset, writing its outputs")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import HOST, Support, asked_support
+from .backend import Support, asked_support
 from .errors import CacheError, DelegateError, ExecutionError, MeasurementError
 from .stdio import native_stderr, progress
 from .tools.compare import compare_outputs
@@ -103,9 +103,14 @@ def cmd_suite(args) -> int:
     unknown = set(configs or []) - {c.name for c in CONFIGS}
     if unknown:
         raise DelegateError(f"unknown suite config(s) {sorted(unknown)}; known: {[c.name for c in CONFIGS]}")
+    out = Path(args.out) if args.out else fresh_out()
+    if args.ray or args.ray_address:
+        from . import fleet
+        command = "delegate " + " ".join(sys.argv[1:])
+        return render_fleet_suite(args, fleet.suite(models, configs, args.runs, args.threads, args.preference, out,
+                                                    command, args.ray_address))
     with progress("suite", len(models) * (len(configs or CONFIGS) + 1)) as advance:
-        rows, files = run_suite(models, configs, args.runs, args.threads, Path(args.out) if args.out else fresh_out(),
-                                advance, args.preference)
+        rows, files = run_suite(models, configs, args.runs, args.threads, out, advance, args.preference)
     if args.json:
         emit_json({"rows": [r.__dict__ for r in rows], "files": [str(f) for f in files]})
         return 0
@@ -115,11 +120,68 @@ def cmd_suite(args) -> int:
     return 0
 
 
+def render_fleet_suite(args, doc: dict[str, Any]) -> int:
+    """The suite's rows of every node: one table keyed by node and device (delegate.fleet)."""
+    from .cli import console, emit_json, table
+    from .fleet import failure
+
+    problem = failure(doc["nodes"])
+    if args.json:
+        emit_json(doc)
+        return problem.exit_code if problem else 0
+    c = console()
+    c.print(table("suite per node and device", ["node", "backend", "device", "fingerprint", "model", "config",
+                                                "p50 ms", "LiteRT ms", "ratio", "status"],
+                  [[r["node"], r["backend"], r["device"], r["fingerprint"] or "-", r["model"], r["config"],
+                    _fmt_ms(r["p50_ms"]), _fmt_ms(r["litert_ms"]), _fmt_ms(r["ratio"], 2), r["status"]]
+                   for r in doc["rows"]]))
+    _print_node_errors(c, doc["nodes"])
+    c.print("written: " + ", ".join(doc["files"]))
+    return problem.exit_code if problem else 0
+
+
+def render_fleet_calibration(args, doc: dict[str, Any]) -> int:
+    """Every node's calibration: one table keyed by node and device, the profiles stored here (delegate.fleet)."""
+    from .cli import console, emit_json, table
+    from .fleet import failure
+
+    problem = failure(doc["nodes"])
+    code = problem.exit_code if problem else MeasurementError.exit_code if doc["refused"] else 0
+    if args.json:
+        emit_json(doc)
+        return code
+    c = console()
+    c.print(table("calibration per node and device", ["node", "backend", "device", "fingerprint", "GFLOP/s", "GB/s",
+                                                      "launch us", "partition us", "stored here as"],
+                  [[r["node"], r["backend"], r["device"], r["fingerprint"], r["gflops"], r["gbytes_per_s"],
+                    r["launch_us"], r["partition_us"], r["profile"]] for r in doc["profiles"]]))
+    c.print(table("fit to workloads", ["node", "backend", "workload", "estimated ms", "measured ms"],
+                  [[w["node"], w["backend"], w["workload"], w["estimated_ms"], w["measured_ms"]]
+                   for w in doc["workloads"]]))
+    for key in ("skipped", "refused"):
+        for r in doc[key]:
+            c.print(f"{key} {r['backend']} on {r['node']}: {r['reason']}")
+    _print_node_errors(c, doc["nodes"])
+    return code
+
+
+def _print_node_errors(c, nodes: list[dict[str, Any]]) -> None:
+    for node in nodes:
+        if "error" in node:
+            c.print(f"node {node['node']} ({node['node_id'][:8]}) failed: {node['error']['message']}")
+
+
+def _fmt_ms(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def cmd_bench(args) -> int:
     from .cli import console, emit_json, load_cli_config, read_model_arg, table
 
     if args.suite:
         return cmd_suite(args)
+    if args.ray or args.ray_address:
+        raise DelegateError("bench --ray runs the suite on every node of the cluster: add --suite")
     from .inputs import make_inputs
     from .session import Session, run_settings
 
@@ -381,44 +443,17 @@ def cmd_validate(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from .cli import console, emit_json, load_cli_config, table
-    from .cost import save_profile
-    from .session import instantiate_backends, run_settings
-    from .tools.calibrate import calibrate_backend, fit_to_workloads
-    from .plugins import default_manager
+    from .session import run_settings
+    from .tools.calibrate import calibrate_all
 
-    config = load_cli_config(args)
-    settings = run_settings(config)
-    backends, skipped = instantiate_backends(settings.backends, default_manager(settings.disable_plugins), True)
-    rows, refused = [], {}
-    with progress("calibrating backends", len(backends)) as advance:
-        for name, backend in backends.items():
-            try:
-                profile = calibrate_backend(backend, settings.compile)
-            except MeasurementError as exc:  # this backend's figures are refused; the others still count
-                refused[name] = str(exc)
-                continue
-            finally:
-                advance()
-            path = save_profile(backend.device_info(), profile)
-            rows.append({"backend": name, "gflops": round(profile.gflops, 2),
-                         "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
-                         "partition_us": round(profile.partition_us, 2),
-                         "transfer_latency_us": round(profile.transfer_latency_us, 2),
-                         "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
-                                                   if np.isfinite(profile.transfer_gbytes_per_s) else None),
-                         "profile": str(path)})
-    # the micro figures set the shape of the model; real networks set its floors and scales
-    workloads = {}
-    with progress("fitting profiles to example networks", len(rows)) as advance:
-        for row in sorted(rows, key=lambda r: backends[r["backend"]].role != HOST):  # the host's own fit first
-            try:
-                workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
-            except DelegateError as exc:
-                refused[row["backend"]] = f"the fit to workloads failed: {exc}"
-            finally:
-                advance()
+    settings = run_settings(load_cli_config(args))
+    if args.ray or args.ray_address:
+        from . import fleet
+        return render_fleet_calibration(args, fleet.calibrate(settings, args.ray_address))
+    report = calibrate_all(settings)
+    rows, workloads, skipped, refused = (report[k] for k in ("profiles", "workloads", "skipped", "refused"))
     if args.json:
-        emit_json({"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused})
+        emit_json(report)
         return MeasurementError.exit_code if refused else 0
     c = console()
     c.print(table("calibration", ["backend", "GFLOP/s", "GB/s", "launch us", "partition us", "xfer latency us",
@@ -468,6 +503,12 @@ def cmd_cache(args) -> int:
     return 0
 
 
+def fleet_flags(p, help: str) -> None:
+    """``--ray`` and ``--ray-address`` of the fleet sweeps (delegate.fleet)."""
+    p.add_argument("--ray", action="store_true", help=help)
+    p.add_argument("--ray-address", help="the Ray cluster to sweep (default RAY_ADDRESS, else a local Ray)")
+
+
 def add_parsers(sub, common) -> None:
     from .cli import at_least
 
@@ -497,6 +538,7 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--preference", default="fast_single_answer", choices=["fast_single_answer", "sustained_speed"],
                    help="suite: inference preference the GPU backends compile with (default fast_single_answer: "
                         "no tuning or plan search, so init is compile time alone)")
+    fleet_flags(p, "suite: on every node of a Ray cluster, one task per node (a table per node and device)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("validate", help="compare outputs with LiteRT or an expected .npz")
@@ -513,6 +555,7 @@ def add_parsers(sub, common) -> None:
 
     p = sub.add_parser("calibrate", help="measure each backend and store its profile")
     common(p, model=False)
+    fleet_flags(p, "calibrate every node of a Ray cluster, one task per node; their profiles are stored here")
     p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("tune", help="time the candidate plans on this device, store the fastest for later loads")

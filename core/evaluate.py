@@ -17,13 +17,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .executor import Configuration, RayOptions, batched_model, resolve_configurations, run_batches, to_runs
+from .executor import Configuration, RayOptions, Throughput, batched_model, resolve_configurations, run_batches, to_runs
 from .errors import DatasetError, DelegateError
 
 TEXT_COLUMNS = ("id", "config", "backends", "output")  # backends: where the configuration's plan ran the model
@@ -223,8 +222,11 @@ def _plot(doc: dict[str, Any], rows: dict[str, np.ndarray], path: Path) -> Path 
 
 def evaluate(model_spec: str, dataset_spec: str, config, configs: list[str], reference: str = "litert",
              batch: int = 1, threads: int = 1, ray: RayOptions | None = None, progress=lambda done, total: None,
-             worst: int = 5) -> tuple[dict, dict]:
-    """(summary document, per-sample rows) of ``eval``; the Python form of the command."""
+             worst: int = 5, compare_in_process: bool = False) -> tuple[dict, dict]:
+    """(summary document, per-sample rows) of ``eval``; the Python form of the command.
+
+    ``compare_in_process`` (with ``ray``): the same dataset also runs in this process, first, with one set of
+    sessions; the document says how the two throughputs compare and whether their rows are identical."""
     from .cli import read_model_arg
     from .dataset import open_dataset
     from .session import run_settings
@@ -238,25 +240,38 @@ def evaluate(model_spec: str, dataset_spec: str, config, configs: list[str], ref
                             f"{names}")
     if all(n == reference for n in names):
         raise DelegateError(f"nothing to compare: the only configuration is the reference {reference!r}")
-    data, batch, note = batched_model(data, batch)
+    if compare_in_process and ray is None:
+        raise DelegateError("comparing with an in-process run needs a Ray run to compare: add --ray")
+    data, per_run, note = batched_model(data, batch)
     graph = read_model(data).main
     dataset = open_dataset(dataset_spec, graph.inputs, config.input, batch)
     per_sample = (len(names) - (reference in names)) * len(graph.outputs)
-    started = time.perf_counter()
-    parts = list(run_batches(dataset, EvalWorker, (data, batch, configurations, reference, threads, dataset), ray,
-                             threads, any(c.uses_gpu for c in configurations),
-                             lambda n: progress(n, dataset.size or None), per_sample))
-    seconds = time.perf_counter() - started
-    if not parts or not sum(len(p["id"]) for p in parts):
-        raise DatasetError(f"{dataset_spec}: the dataset holds no samples")
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def run(executor: RayOptions | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        clock = Throughput(per_sample)
+        parts = list(run_batches(dataset, EvalWorker, (data, per_run, configurations, reference, threads, dataset),
+                                 executor, threads, any(c.uses_gpu for c in configurations),
+                                 lambda n: progress(n, dataset.size or None), per_sample, clock))
+        if not parts or not sum(len(p["id"]) for p in parts):
+            raise DatasetError(f"{dataset_spec}: the dataset holds no samples")
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, clock.report()
+
+    baseline = run(None) if compare_in_process else None
+    rows, throughput = run(ray)
     if not any(rows["id"]):  # Parquet without an id column: samples numbered in dataset order
         rows["id"] = np.asarray([f"#{j // per_sample}" for j in range(len(rows["id"]))], dtype=object)
     samples = len(rows["id"]) // per_sample
-    doc = {"model": label, "dataset": dataset_spec, "samples": samples, "reference": reference, "batch": batch,
-           "threads": threads, "executor": "ray" if ray else "in-process", "seconds": round(seconds, 3),
-           "samples_per_s": round(samples / seconds, 2), "notes": [note] if note else [],
-           "configs": summarize(rows, worst)}
+    doc = {"model": label, "dataset": dataset_spec, "samples": samples, "reference": reference, "batch": per_run,
+           "threads": threads, "executor": "ray" if ray else "in-process", "seconds": throughput["wall_s"],
+           "samples_per_s": round(samples / throughput["wall_s"], 2), "throughput": throughput,
+           "notes": [note] if note else [], "configs": summarize(rows, worst)}
+    if baseline is not None:
+        base_rows, base = baseline
+        doc["in_process"] = {"samples_per_s": round(samples / base["wall_s"], 2), "throughput": base,
+                             "identical": all(np.array_equal(rows[k], v, equal_nan=v.dtype != object)
+                                              for k, v in base_rows.items())}
+        doc["speedup"] = round(doc["samples_per_s"] / doc["in_process"]["samples_per_s"], 3)
+        doc["steady_speedup"] = round(throughput["steady_samples_per_s"] / base["steady_samples_per_s"], 3)
     return doc, rows
 
 
@@ -270,7 +285,7 @@ def cmd_eval(args) -> int:
     with progress("eval", None, "samples") as advance:
         doc, rows = evaluate(args.model, args.dataset, config, args.configs.split(",") if args.configs else [],
                              args.reference, args.batch, threads, ray_options(args, config),
-                             lambda n, total: advance(parts=n, total=total), args.worst)
+                             lambda n, total: advance(parts=n, total=total), args.worst, args.compare_in_process)
     doc["files"] = [str(f) for f in write_reports(doc, rows, Path(args.out))]
     if args.json:
         emit_json(doc)
@@ -278,6 +293,11 @@ def cmd_eval(args) -> int:
     c = console()
     c.print(f"[bold]{doc['model']}[/bold] on {doc['dataset']}: {doc['samples']} samples vs {doc['reference']}, "
             f"{doc['executor']}, {doc['seconds']:.1f} s ({doc['samples_per_s']:.1f} samples/s, batch {doc['batch']})")
+    c.print(throughput_line(doc["throughput"]))
+    if "in_process" in doc:
+        c.print(f"in process: {doc['in_process']['samples_per_s']:.1f} samples/s; {doc['executor']} / in process: "
+                f"{doc['speedup']:.2f}x (steady state {doc['steady_speedup']:.2f}x); results "
+                + ("identical" if doc["in_process"]["identical"] else "DIFFER"))
     for note in doc["notes"]:
         c.print(f"note: {note}")
     c.print(table("agreement and errors per sample (p50 / p99 / worst)",
@@ -292,6 +312,15 @@ def cmd_eval(args) -> int:
                                                           for w in entry["worst"]))
     c.print("written: " + ", ".join(doc["files"]))
     return 0
+
+
+def throughput_line(t: dict[str, Any]) -> str:
+    """An executor's measurement of itself (delegate.executor.Throughput) in a line."""
+    share = "-" if t["overhead_share"] is None else f"{t['overhead_share']:.1%}"
+    return (f"throughput: {t['workers']} worker(s), {t['batches']} batches of {t['samples_per_batch']} samples; "
+            f"first batch after {t['first_batch_s']:.1f} s; per batch {t['work_ms_per_batch']} ms of work and "
+            f"{t['overhead_ms_per_batch']} ms between calls ({share} of the work); steady "
+            f"{t['steady_samples_per_s']:.1f} samples/s")
 
 
 def _share(value: float | None) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -98,18 +100,90 @@ def ray_options(args, config) -> RayOptions | None:
 
 
 def run_batches(dataset: Dataset, worker: type, args: tuple, ray: RayOptions | None, threads: int,
-                gpu: bool, advance: Callable[[int], None], rows_per_sample: int = 1) -> Iterator[dict[str, np.ndarray]]:
-    """Each batch ``worker(*args)`` returns, in dataset order; ``advance`` is told the samples done."""
+                gpu: bool, advance: Callable[[int], None], rows_per_sample: int = 1,
+                clock: "Throughput | None" = None) -> Iterator[dict[str, np.ndarray]]:
+    """Each batch ``worker(*args)`` returns, in dataset order; ``advance`` is told the samples done and
+    ``clock`` when and where each batch ran."""
+    clock = clock or Throughput(rows_per_sample)
     if ray is None:
         if dataset.parquet:
             raise DatasetError(f"{dataset.spec}: Parquet datasets are read through Ray Data: add --ray")
-        run = worker(*args)
+        run = Timed(worker, args)
         for chunk in range(dataset.chunks):
-            out = run({"chunk": np.array([chunk])})
+            out = clock.take(run({"chunk": np.array([chunk])}))
             advance(len(out["id"]) // rows_per_sample)
             yield out
         return
-    yield from _on_ray(dataset, worker, args, ray, threads, gpu, advance, rows_per_sample)
+    yield from _on_ray(dataset, worker, args, ray, threads, gpu, advance, rows_per_sample, clock)
+
+
+class Timed:
+    """A worker whose every batch carries who ran it and when the call began and ended on that worker's own
+    clock (columns ``WORKER`` and ``CALL``, a value per row so that any regrouping of rows keeps them): what
+    :class:`Throughput` tells the work from the executor's cost by."""
+
+    def __init__(self, worker: type, args: tuple):
+        self.worker = worker(*args)
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        start = time.perf_counter()
+        out = self.worker(batch)
+        call = np.array([start, time.perf_counter()])
+        n = len(next(iter(out.values())))
+        return {**out, WORKER: np.full(n, self.name, dtype=object), CALL: np.tile(call, (n, 1))}
+
+
+WORKER, CALL = "_worker", "_call"
+
+
+class Throughput:
+    """Where the time of a run over a dataset went, from the calls its workers timed (:class:`Timed`).
+
+    A worker's wall time per batch is its call (the work: decode, sessions, metrics) and the gap until its
+    next call begins: the executor's own cost per batch (Ray: handing the batch over and its results back,
+    scheduling; in process: what the driver does with a result).  ``overhead_share`` is the gaps over the
+    work of the calls that followed them; the first call of each worker waits for its sessions to be built,
+    which is the run's start-up (``first_batch_s``), not a per-batch cost."""
+
+    def __init__(self, rows_per_sample: int = 1):
+        self.rows_per_sample = rows_per_sample
+        self.started = time.perf_counter()
+        self.first_batch_s: float | None = None
+        self.rows: dict[tuple[str, float, float], int] = {}  # (worker, call start, call end): rows it returned
+
+    def take(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch without its timing columns, which are recorded."""
+        if self.first_batch_s is None:
+            self.first_batch_s = time.perf_counter() - self.started
+        workers, calls = out.pop(WORKER), out.pop(CALL)
+        for key in zip(workers, calls[:, 0], calls[:, 1]):
+            self.rows[key] = self.rows.get(key, 0) + 1
+        return out
+
+    def report(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.started
+        by_worker: dict[str, list[tuple[float, float, int]]] = {}
+        for (worker, start, end), rows in self.rows.items():
+            by_worker.setdefault(worker, []).append((start, end, rows // self.rows_per_sample))
+        work, gaps, followed, steady = [], [], [], 0.0
+        for calls in by_worker.values():
+            calls.sort()
+            work += [end - start for start, end, _ in calls]
+            gaps += [b[0] - a[1] for a, b in zip(calls, calls[1:])]
+            followed += [end - start for start, end, _ in calls[1:]]
+            span = calls[-1][1] - calls[0][0]
+            steady += sum(n for *_, n in calls) / span if span > 0 else 0.0
+
+        def ms(values):
+            return round(float(np.median(values)) * 1e3, 3) if values else None
+        return {"workers": len(by_worker), "batches": len(work),
+                "samples_per_batch": int(np.median([n for calls in by_worker.values() for *_, n in calls]))
+                if work else 0,
+                "wall_s": round(wall, 3), "first_batch_s": round(self.first_batch_s or 0.0, 3),
+                "work_s": round(float(sum(work)), 3), "work_ms_per_batch": ms(work), "overhead_ms_per_batch": ms(gaps),
+                "overhead_share": round(float(sum(gaps) / sum(followed)), 4) if followed and sum(followed) > 0 else None,
+                "steady_samples_per_s": round(float(steady), 2)}
 
 
 def import_ray():
@@ -134,7 +208,7 @@ def connect(ray_module, address: str | None):
     return ray_module
 
 
-def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, rows_per_sample):
+def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, rows_per_sample, clock):
     ray = connect(import_ray(), options.address)
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its plans, timings and errors: ours report them
     context = ray.data.DataContext.get_current()
@@ -159,7 +233,8 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
     try:
         for out in results.iter_batches(batch_size=None, batch_format="numpy"):
             if FAILED in out:
-                raise _raised(out)
+                raise raised(str(out[FAILED][0]), str(out["message"][0]))
+            out = clock.take(out)
             advance(len(out["id"]) // rows_per_sample)
             yield out
     except DelegateError:
@@ -174,7 +249,7 @@ class RayActor:
 
     def __init__(self, worker: type, args: tuple):
         try:
-            self.worker, self.failed = worker(*args), None
+            self.worker, self.failed = Timed(worker, args), None
         except DelegateError as exc:
             self.worker, self.failed = None, exc
 
@@ -190,10 +265,10 @@ class RayActor:
 FAILED = "delegate_error"
 
 
-def _raised(out: dict[str, np.ndarray]) -> DelegateError:
+def raised(kind: str, message: str) -> DelegateError:
+    """The error a Ray worker sent back as its class name and text, rebuilt on the driver."""
     from . import errors
-    kind = getattr(errors, str(out[FAILED][0]), DelegateError)
-    return kind(str(out["message"][0]))
+    return getattr(errors, kind, DelegateError)(message)
 
 
 def padded(inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:

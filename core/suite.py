@@ -272,8 +272,10 @@ def fresh_out(root: Path = Path("bench-results")) -> Path:
 
 
 def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, runs: int, threads: int,
-              out: Path, progress: Callable[[str], None],
-              preference: str = "fast_single_answer") -> tuple[list[Row], list[Path]]:
+              out: Path, progress: Callable[[str], None], preference: str = "fast_single_answer",
+              command: str | None = None) -> tuple[list[Row], list[Path]]:
+    """Every model on every configuration named (all when None); the rows and the reports written to
+    ``out``, whose header quotes ``command`` (default: this process's command line)."""
     configs = [c for c in CONFIGS if not config_names or c.name in config_names]
     rows = []
     cache_root = out / "cache"
@@ -281,7 +283,7 @@ def run_suite(models: list[tuple[str, bytes]], config_names: list[str] | None, r
     for label, data in models:
         rows.extend(bench_model(label, data, configs, runs, threads, cache_root, progress, preference))
     devices = _device_lines()
-    return rows, write_reports(rows, out, "delegate " + " ".join(sys.argv[1:]), devices)
+    return rows, write_reports(rows, out, command or "delegate " + " ".join(sys.argv[1:]), devices)
 
 
 def _device_lines() -> list[str]:

@@ -141,6 +141,39 @@ def test_map_batches_outputs_into_shards(model, images, config, tmp_path):
     np.testing.assert_allclose(outputs["scores"], np.concatenate(list(expected.values())), rtol=1e-5, atol=1e-7)
 
 
+def test_throughput_tells_work_from_the_gaps_between_calls():
+    from delegate.executor import CALL, WORKER, Throughput
+    clock = Throughput(rows_per_sample=2)
+    # worker a: two calls of 1 s, 0.1 s apart; worker b: one call (start-up only, no gap); 2 rows per sample
+    for worker, start, end, rows in [("a", 0.0, 1.0, 8), ("b", 0.2, 1.2, 8), ("a", 1.1, 2.1, 4)]:
+        out = clock.take({"id": np.zeros(rows), WORKER: np.full(rows, worker, object),
+                          CALL: np.tile([start, end], (rows, 1))})
+        assert list(out) == ["id"]
+    t = clock.report()
+    assert (t["workers"], t["batches"], t["samples_per_batch"]) == (2, 3, 4)
+    assert t["work_s"] == 3.0 and t["work_ms_per_batch"] == 1000.0 and t["overhead_ms_per_batch"] == 100.0
+    assert t["overhead_share"] == pytest.approx(0.1)
+    assert t["steady_samples_per_s"] == pytest.approx(6 / 2.1 + 4 / 1.0, abs=0.01)
+
+
+def test_batches_of_a_model_that_runs_one_sample(tmp_path, images, config):
+    """A model whose batch dimension is fixed still takes --batch samples per worker call, one run each."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("image", (1, 8, 8, 3))
+    y = b.op("RESHAPE", [x, b.const("shape", np.array([1, 192], np.int32))], options={"new_shape": [1, 192]})
+    b.output(b.op("FULLY_CONNECTED", [y, b.const("fc", rng.standard_normal((CLASSES, 192)).astype(np.float32)),
+                                      b.const("fb", np.zeros(CLASSES, np.float32))], name="scores"))
+    fixed = tmp_path / "fixed.tflite"
+    fixed.write_bytes(b.to_bytes())
+    summary = batch_map(str(fixed), str(images), config, tmp_path / "out", batch=8)
+    assert summary["batch"] == 1 and "one sample per run" in summary["notes"][0]
+    assert (summary["throughput"]["batches"], summary["throughput"]["samples_per_batch"]) == (3, 8)
+    expected = _litert_outputs(str(fixed), images, config)
+    np.testing.assert_allclose(read_outputs(tmp_path / "out")["scores"], np.concatenate(list(expected.values())),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_map_never_overwrites_files_it_did_not_write(model, images, config, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["map", model, str(images), "--config", "configs/cpu.yaml", "--out", str(out), "--shard-size", "100"]
@@ -191,11 +224,20 @@ def test_bad_datasets_are_one_line_errors(model, tmp_path, capsys, make, words):
     assert words in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("asked", [["--ray"], ["--set", "executor=ray"]])
-def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, asked):
+@pytest.mark.parametrize("command", [["eval", "{model}", "{images}", "--configs", "cpu-numpy", "--ray"],
+                                     ["eval", "{model}", "{images}", "--configs", "cpu-numpy", "--set", "executor=ray"],
+                                     ["calibrate", "--backends", "cpu", "--ray"],
+                                     ["bench", "--suite", "--models", "{model}", "--ray-address", "auto"]])
+def test_ray_missing_says_how_to_install(model, images, monkeypatch, capsys, command):
     monkeypatch.setitem(sys.modules, "ray", None)
-    assert main(["eval", model, str(images), "--configs", "cpu-numpy", *asked]) == 1
+    assert main([a.format(model=model, images=images) for a in command]) == 1
     assert capsys.readouterr().err.strip() == f"delegate: error: {INSTALL_RAY}"
+
+
+def test_bench_ray_needs_the_suite(model, capsys):
+    assert main(["bench", model, "--ray"]) == 1
+    assert capsys.readouterr().err.strip() == "delegate: error: bench --ray runs the suite on every node of the " \
+                                              "cluster: add --suite"
 
 
 # -- on a local Ray: the same results as in-process ------------------------------------------------
@@ -214,8 +256,14 @@ def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, co
     here, here_rows = evaluate(model, str(images), config, configs, batch=4)
     there, there_rows = evaluate(model, str(images), config, configs, batch=4, ray=RayOptions())
     assert there["executor"] == "ray" and there["configs"] == here["configs"]
+    assert set(there_rows) == set(here_rows)  # the executor's timing columns are its own
     for key, column in here_rows.items():
         assert np.array_equal(there_rows[key], column, equal_nan=column.dtype != object), key
+    for doc in (here, there):  # each batch of 4 (the last of 2) timed by the worker that ran it
+        t = doc["throughput"]
+        assert t["batches"] == 6 and t["samples_per_batch"] == 4 and t["work_s"] > 0
+        assert 0 < t["first_batch_s"] <= t["wall_s"] == doc["seconds"] and t["steady_samples_per_s"] > 0
+    assert here["throughput"]["workers"] == 1 and there["throughput"]["workers"] in (1, 2)  # actors take what comes
     # the same images, preprocessed, as a Parquet dataset with an id column
     from delegate.batchmap import _write_parquet
     t = read_model(open(model, "rb").read()).main.inputs[0]
@@ -235,8 +283,76 @@ def test_ray_eval_and_map_equal_the_in_process_runs(local_ray, model, images, co
     assert list(a["id"]) == list(b["id"]) and np.array_equal(a["scores"], b["scores"])
 
 
+def test_eval_compares_the_ray_run_with_an_in_process_run(local_ray, model, images, config, capsys, tmp_path):
+    assert main(["eval", model, str(images), "--config", "configs/cpu.yaml", "--configs", "cpu-numpy", "--batch", "8",
+                 "--threads", "1", "--ray", "--compare-in-process", "--out", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["in_process"]["identical"] and doc["in_process"]["throughput"]["workers"] == 1
+    assert doc["throughput"]["workers"] in (1, 2) and doc["throughput"]["batches"] == 3  # actors take what comes
+    assert doc["speedup"] == pytest.approx(doc["samples_per_s"] / doc["in_process"]["samples_per_s"], rel=1e-2, abs=1e-3)
+    assert main(["eval", model, str(images), "--configs", "cpu-numpy", "--compare-in-process"]) == 1
+    assert "needs a Ray run to compare: add --ray" in capsys.readouterr().err
+
+
 def test_ray_actor_errors_come_back_as_one_line(local_ray, model, tmp_path, config):
     (tmp_path / "bad.png").write_bytes(b"not a png")
     with pytest.raises(DatasetError, match=r"bad.png: cannot read image") as caught:
         evaluate(model, str(tmp_path), config, ["cpu-numpy"], ray=RayOptions())
     assert "\n" not in str(caught.value)
+
+
+# -- fleet sweeps: one task per node of the local Ray (one node) ------------------------------------
+
+def _numpy_cpu_fingerprint():
+    from delegate.cost import fingerprint
+    from delegate.plugins import default_manager
+    return fingerprint(default_manager().backend_info("cpu").factory({"engine": "numpy"}).device_info())
+
+
+def _fleet_json(capsys, argv):
+    """The command's exit code and JSON document; a calibration the busy machine refused (exit 11) is retried."""
+    for _ in range(3):
+        code = main(argv + ["--json"])
+        out = capsys.readouterr().out
+        if code != 11:
+            break
+    return code, json.loads(out)
+
+
+def test_fleet_calibration_stores_each_node_profile_by_fingerprint(local_ray, model, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "profiles"  # this machine's store; the node's task writes to the run's own (conftest)
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(here))
+    code, doc = _fleet_json(capsys, ["calibrate", "--ray", "--backends", "cpu", "--set", "cpu.engine=numpy"])
+    assert code == 0, doc
+    (node,) = local_ray.nodes()
+    assert doc["nodes"] == [{"node": node["NodeManagerHostname"], "node_id": node["NodeID"]}]
+    (row,) = doc["profiles"]
+    fingerprint = _numpy_cpu_fingerprint()
+    assert (row["node"], row["node_id"], row["backend"], row["fingerprint"]) == \
+        (node["NodeManagerHostname"], node["NodeID"], "cpu", fingerprint)
+    assert row["device"].endswith("(numpy)") and row["gflops"] > 0 and row["launch_us"] > 0
+    assert row["profile"] == str(here / f"{fingerprint}.json") and row["node_profile"] != row["profile"]
+    stored = json.loads((here / f"{fingerprint}.json").read_text())
+    assert stored == json.loads(open(row["node_profile"]).read())  # the node's profile, refitted, as it stored it
+    assert {w["workload"] for w in doc["workloads"]} and all(w["node_id"] == node["NodeID"] for w in doc["workloads"])
+    # a plan here uses the stored profile and names its file
+    assert main(["plan", "--backends", "cpu", "--set", "cpu.engine=numpy", model, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert row["profile"] in plan["profiles"]["cpu"] and "calibrated" in plan["profiles"]["cpu"]
+
+
+def test_fleet_suite_table_is_keyed_by_node_and_device(local_ray, model, tmp_path, capsys):
+    out = tmp_path / "suite"
+    code, doc = _fleet_json(capsys, ["bench", "--suite", "--ray", "--models", model, "--configs", "cpu-numpy",
+                                     "--runs", "2", "--threads", "1", "--out", str(out)])
+    assert code == 0, doc
+    (node,) = local_ray.nodes()
+    rows = {r["config"]: r for r in doc["rows"]}
+    assert set(rows) == {"cpu-numpy", "litert-gpu"}  # LiteRT's accelerator: a row whether it runs here or not
+    ours = rows["cpu-numpy"]
+    assert (ours["node"], ours["node_id"], ours["backend"], ours["fingerprint"]) == \
+        (node["NodeManagerHostname"], node["NodeID"], "cpu", _numpy_cpu_fingerprint())
+    assert ours["status"] == "ok" and ours["p50_ms"] > 0 and ours["max_error"] < 1e-4
+    reports = out / f"{node['NodeManagerHostname']}-{node['NodeID'][:8]}"
+    assert sorted(doc["files"])[:2] == [str(reports / "suite.csv"), str(reports / "suite.md")]
+    assert "Command: `delegate " in (reports / "suite.md").read_text()

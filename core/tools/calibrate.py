@@ -268,3 +268,46 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
                      "estimated_ms": round(session.plan.estimated_ms, 4), "measured_ms": round(ms, 4)})
         session.close()
     return rows
+
+
+def calibrate_all(settings) -> dict[str, Any]:
+    """``delegate calibrate`` as data: each configured backend calibrated and its profile stored, then every
+    profile refitted to the example networks (the host's first).  ``profiles``: a row per stored profile;
+    ``workloads``: per backend, the refitted plans' estimates against their measured times; ``skipped``:
+    backends that did not start; ``refused``: backends whose figures were refused, with why."""
+    from ..cost import save_profile
+    from ..errors import DelegateError
+    from ..plugins import default_manager
+    from ..session import instantiate_backends
+    from ..stdio import progress
+
+    backends, skipped = instantiate_backends(settings.backends, default_manager(settings.disable_plugins), True)
+    rows, refused = [], {}
+    with progress("calibrating backends", len(backends)) as advance:
+        for name, backend in backends.items():
+            try:
+                profile = calibrate_backend(backend, settings.compile)
+            except MeasurementError as exc:  # this backend's figures are refused; the others still count
+                refused[name] = str(exc)
+                continue
+            finally:
+                advance()
+            path = save_profile(backend.device_info(), profile)
+            rows.append({"backend": name, "gflops": round(profile.gflops, 2),
+                         "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
+                         "partition_us": round(profile.partition_us, 2),
+                         "transfer_latency_us": round(profile.transfer_latency_us, 2),
+                         "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
+                                                   if np.isfinite(profile.transfer_gbytes_per_s) else None),
+                         "profile": str(path)})
+    # the micro figures set the shape of the model; real networks set its floors and scales
+    workloads = {}
+    with progress("fitting profiles to example networks", len(rows)) as advance:
+        for row in sorted(rows, key=lambda r: backends[r["backend"]].role != HOST):  # the host's own fit first
+            try:
+                workloads[row["backend"]] = fit_to_workloads(settings, row["backend"])
+            except DelegateError as exc:
+                refused[row["backend"]] = f"the fit to workloads failed: {exc}"
+            finally:
+                advance()
+    return {"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused}
