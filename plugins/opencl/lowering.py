@@ -47,6 +47,12 @@ FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or n
                     gate=_stages_input, depthwise=_stages_input, nested=True)
 
 
+# A convolution giving fewer work items than this per compute unit leaves the device waiting on
+# memory, one tap after another: conv2d_split.cl shares each output's reduction among SPLIT_GROUP.
+SPLIT_ITEMS_PER_UNIT = 16
+SPLIT_GROUP = 64
+
+
 @dataclass
 class Launch:
     """One kernel enqueue: which variant, its arguments (``lowering.i32`` and kin; buffers as
@@ -292,6 +298,12 @@ class Lowering(Values):
         x = self.conv_input(op)
         args += [self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
                  self.upload(pack_vector(bias, out.shape[3])), *self._window(op, weights.shape[1], weights.shape[2])]
+        reduction = weights.shape[1] * weights.shape[2] * slices(x.shape[3])
+        if columns[0] * columns[1] * columns[2] < SPLIT_ITEMS_PER_UNIT * self.compute_units \
+                and reduction >= SPLIT_GROUP * 4:
+            self.add("conv2d_split", g.steps, args, out.shape, (SPLIT_GROUP, phwc4_vectors(out.shape), 1),
+                     self.absorbed(g.ops), defines=(("GROUP", SPLIT_GROUP),), local_size=(SPLIT_GROUP, 1, 1))
+            return
         self.add("conv2d", g.steps, args, out.shape, columns, self.absorbed(g.ops))
 
     def depthwise_args(self, op: Op) -> list[Any]:
