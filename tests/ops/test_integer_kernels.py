@@ -28,12 +28,12 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
 INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite")
                        if any(op.opcode == "DEPTHWISE_CONV_2D" for op in read_model(p.read_bytes()).main.ops))
 INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}  # the convolutions'
-WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "wide_depthwise", "FULLY_CONNECTED": "wide_product"}
+WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "qdepthwise", "FULLY_CONNECTED": "wide_product"}
 # The symbols the fixtures' ops call, and the ops checked: every op of the int8 ones; the 16x8
 # convolutions of the int16x8 one (LiteRT cannot run the int16x8 transformer; its int16 ADD is a numpy
 # kernel one step off LiteRT's on rare ties).
 FIXTURE_CALLS = {**{name: ({"qconv", "qdepthwise", "qproduct", "qbinary"}, None) for name in INT8_FIXTURES},
-                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "wide_depthwise"}, set(WIDE))}
+                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "qdepthwise"}, set(WIDE))}
 seeds = st.integers(0, 2**16)
 zero_points = st.sampled_from([-128, -100, 0, 37, 127])
 
@@ -248,6 +248,24 @@ def test_16x8_layers_are_bit_exact(seed, opcode, bias_type, kernel, stride, padd
     reference_fc = opcode == "FULLY_CONNECTED" and bias_type == "INT64"
     assert called == ([] if reference_fc else [WIDE[opcode]])
     exact(b, inputs, native=False)
+
+
+@pytest.mark.parametrize("window, symbols", [(22, ["qdepthwise"]), (23, [])])
+def test_16x8_depthwise_sums_stay_in_int32(window, symbols):
+    """qdepthwise sums in int32: a 22x22 window of extreme int16 inputs and weights still fits (native), a
+    23x23 one could overflow and takes the numpy formulation; both exact."""
+    rng = np.random.default_rng(window)
+    b = GraphBuilder()
+    in_scale, w_scale = 0.0002, 0.01
+    x = b.input("x", (1, 23, 23, 3), "int16", quant=(in_scale, 0))
+    w = b.const("w", rng.choice(np.array([-127, 127], np.int8), (1, window, window, 3)), quant=(w_scale, 0))
+    bias_tensor = b.const("bias", np.zeros(3, np.int64), quant=(in_scale * w_scale, 0))
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, w, bias_tensor], dtype="int16", quant=(in_scale * w_scale * 2e9 / 32767, 0),
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}))
+    inputs = rng.choice(np.array([-32768, 32767], np.int16), (1, 23, 23, 3))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == symbols
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_CALLS))

@@ -1094,52 +1094,136 @@ int qconv(const qconv_call *p)
     return DONE;
 }
 
-/* A DEPTHWISE_CONV_2D of int8 (h, w, c) images: output pixel channel j sums (x - zero) * weights[tap][j]
- * (int16, exact) over the taps inside the image (TFLite leaves the others out), then requantizes. */
+/* An integer DEPTHWISE_CONV_2D (multiplier 1), one loop for both activation widths: int8 images (wide
+ * 0) or int16 ones (wide 1), against (kh*kw, c) int16 taps (their zero point taken out).  Output pixel
+ * channel j sums (x - zero) * taps[t][j] over the taps t inside the image (TFLite leaves the others
+ * out) in int32, exact for the sums the caller bounded (native.py's QDepthwiseCall), 16 channels held
+ * in registers over all taps; then requantizes: int8 through ``stage`` (qstage), int16 through
+ * ``wide_stage`` (requant, in int64). */
 typedef struct {
-    const int8_t *images;
-    const int16_t *weights;
-    int8_t *out;
+    const void *images;
+    const int16_t *taps;
+    void *out;
     const geometry *where;
-    int64_t zero;
+    int64_t zero, wide;
     const qstage *stage;
+    const requant *wide_stage;
     int64_t threads;
 } qdepthwise_call;
+
+/* The channels a depthwise sum keeps in one register: 16 with AVX-512, else 8. */
+#if defined(__AVX512F__)
+#define DW_LANES 16
+#else
+#define DW_LANES 8
+#endif
+typedef int32_t lanes32 __attribute__((vector_size(DW_LANES * 4)));
+typedef int16_t lanes16 __attribute__((vector_size(DW_LANES * 2)));
+typedef int8_t lanes8 __attribute__((vector_size(DW_LANES)));
+
+/* DW_LANES int8 or int16 values sign-extended to int32 (the compilers' generic conversion goes through
+ * scalars). */
+static inline lanes32 widen16(const int16_t *p)
+{
+#if defined(__AVX512F__)
+    return (lanes32)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__AVX2__)
+    return (lanes32)_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)p));
+#else
+    lanes16 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, lanes32);
+#endif
+}
+
+static inline lanes32 widen8(const int8_t *p)
+{
+#if defined(__AVX512F__)
+    return (lanes32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+#elif defined(__AVX2__)
+    return (lanes32)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    lanes8 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, lanes32);
+#endif
+}
+
+/* sums[j] for one output pixel whose taps inside the image are the input pixels at x + offsets[t]
+ * (in items) weighted by taps row index[t]. */
+static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide,
+                                                                  const int64_t *offsets, const int64_t *index,
+                                                                  int64_t kept, const int16_t *taps, int64_t c,
+                                                                  int32_t zero, int32_t *restrict sums)
+{
+    const int8_t *x8 = x;
+    const int16_t *x16 = x;
+    int64_t j = 0;
+    for (; j + DW_LANES <= c; j += DW_LANES) {
+        lanes32 acc = {0};
+        for (int64_t t = 0; t < kept; t++) {
+            lanes32 v = wide ? widen16(x16 + offsets[t] + j) : widen8(x8 + offsets[t] + j);
+            acc += (v - zero) * widen16(taps + index[t] * c + j);
+        }
+        memcpy(sums + j, &acc, sizeof acc);
+    }
+    for (; j < c; j++) {
+        int32_t acc = 0;
+        for (int64_t t = 0; t < kept; t++)
+            acc += ((wide ? x16[offsets[t] + j] : x8[offsets[t] + j]) - zero) * taps[index[t] * c + j];
+        sums[j] = acc;
+    }
+}
+
+/* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
+ * int64.  The row's taps (those on input rows inside the image) are listed once: pixels with all of them
+ * inside the row read them at a shifted base, border pixels keep those inside. */
+static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwise_call *p, const int wide,
+                                                                  const char *x, int64_t oy, char *row,
+                                                                  int64_t *list, int32_t *sums)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, window = g->kh * g->kw, size = wide ? 2 : 1, inner0, inner1;
+    int64_t *offsets = list, *index = list + window, *columns = index + window;
+    int64_t *kept_offsets = columns + window, *kept_index = kept_offsets + window;
+    int64_t taps = row_taps(g, oy, columns, offsets, index);
+    inner_columns(g->w, g->kw, g->stride_w, g->dw, g->left, g->ow, &inner0, &inner1);
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+        int64_t base = ox * g->stride_w;
+        const char *at = x + base * c * size;
+        if (ox >= inner0 && ox < inner1)
+            depthwise_sums(at, wide, offsets, index, taps, p->taps, c, (int32_t)p->zero, sums);
+        else
+            depthwise_sums(at, wide, kept_offsets, kept_index,
+                           taps_inside(columns, offsets, index, taps, base, g->w, kept_offsets, kept_index),
+                           p->taps, c, (int32_t)p->zero, sums);
+        if (wide)
+            for (int64_t j = 0; j < c; j++)
+                ((int16_t *)row)[ox * c + j] = (int16_t)requantize(sums[j], j, p->wide_stage);
+        else
+            qstore(sums, 0, c, p->stage, (int8_t *)row + ox * c);
+    }
+}
 
 int qdepthwise(const qdepthwise_call *p)
 {
     const geometry *g = p->where;
-    int64_t c = g->c, ow = g->ow, oh = g->oh;
+    int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    int16_t zero = (int16_t)p->zero;
-    size_t per_thread = (size_t)c * sizeof(int32_t);
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
-        int64_t oy = r % oh;
-        const int8_t *x = p->images + r / oh * g->image_in;
-        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
-        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
-        for (int64_t ox = 0; ox < ow; ox++) {
-            memset(acc, 0, per_thread);
-            for (int64_t ky = 0; ky < g->kh; ky++) {
-                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
-                if (iy < 0 || iy >= g->h)
-                    continue;
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
-                    if (ix < 0 || ix >= g->w)
-                        continue;
-                    const int8_t *restrict in = x + (iy * g->w + ix) * c;
-                    const int16_t *restrict w = p->weights + (ky * g->kw + kx) * c;
-                    for (int64_t j = 0; j < c; j++)
-                        acc[j] += (int16_t)(in[j] - zero) * w[j];
-                }
-            }
-            qstore(acc, 0, c, p->stage, row + ox * c);
-        }
+        const char *x = (const char *)p->images + r / oh * g->image_in * size;
+        char *row = (char *)p->out + (r / oh * g->image_out + r % oh * g->out_stride) * size;
+        int64_t *list = (int64_t *)own_scratch(all, per_thread);
+        int32_t *sums = (int32_t *)(list + 5 * window);
+        if (p->wide)
+            qdepthwise_row(p, 1, x, r % oh, row, list, sums);
+        else
+            qdepthwise_row(p, 0, x, r % oh, row, list, sums);
     }
     free(all);
     return DONE;
@@ -1336,46 +1420,6 @@ int wide_conv(const wide_call *p)
                 }
             }
             wide_row(window, p, p->out + r / oh * g->image_out + oy * g->out_stride + ox * p->n);
-        }
-    }
-    free(all);
-    return DONE;
-}
-
-/* A DEPTHWISE_CONV_2D of int16 images (weights: (kh*kw, c) int8 taps): per channel the int64 sum of
- * (x - zero) * w over the taps inside the image, requantized. */
-int wide_depthwise(const wide_call *p)
-{
-    const geometry *g = p->where;
-    int64_t c = g->c, oh = g->oh;
-    size_t per_thread = (size_t)c * sizeof(int64_t);
-    char *all = scratch((int)p->threads, per_thread);
-    if (!all)
-        return NO_MEMORY;
-    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
-    for (int64_t r = 0; r < g->images * oh; r++) {
-        int64_t oy = r % oh;
-        const int16_t *x = p->a + r / oh * g->image_in;
-        int16_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
-        int64_t *restrict acc = (int64_t *)own_scratch(all, per_thread);
-        for (int64_t ox = 0; ox < g->ow; ox++) {
-            memset(acc, 0, per_thread);
-            for (int64_t ky = 0; ky < g->kh; ky++) {
-                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
-                if (iy < 0 || iy >= g->h)
-                    continue;
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
-                    if (ix < 0 || ix >= g->w)
-                        continue;
-                    const int16_t *restrict in = x + (iy * g->w + ix) * c;
-                    const int8_t *restrict w = p->weights + (ky * g->kw + kx) * c;
-                    for (int64_t j = 0; j < c; j++)
-                        acc[j] += (int32_t)(in[j] - p->zero) * w[j];
-                }
-            }
-            for (int64_t j = 0; j < c; j++)
-                row[ox * c + j] = (int16_t)requantize(acc[j], j, p->stage);
         }
     }
     free(all);

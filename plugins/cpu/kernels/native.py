@@ -603,28 +603,22 @@ _I16 = np.dtype(np.int16)
 
 
 class WideCall(ctypes.Structure):
-    """The arguments of native.c's 16x8 kernels (wide_call): int16 activations against int8 ``weights``
+    """The arguments of native.c's 16x8 products (wide_call): int16 activations against int8 ``weights``
     as stored, (units, depth) for a product (``rows`` of the input) or a CONV_2D (``where``; taps outside
-    the image hold ``zero``), (KH*KW, C) taps for a depthwise one (less ``zero``); a run places the input
-    and the output."""
+    the image hold ``zero``); a run places the input and the output.  (Depthwise: QDepthwiseCall.)"""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("weights", _PTR), ("out", _PTR),
                 ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
                 ("threads", _INT64)]
-    symbols = {"product": "wide_product", "conv": "wide_conv", "depthwise": "wide_depthwise"}
+    symbols = {"product": "wide_product", "conv": "wide_conv"}
     places = ("a", "out")
 
     def __init__(self, kind: str, weights: np.ndarray, stage: Requant, threads: int, rows: int = 0,
                  where: Geometry | None = None, zero: int = 0):
         weights = np.ascontiguousarray(weights, np.int8)
         units, depth = weights.shape
-        if kind == "depthwise":
-            fits(where is not None and weights.shape == (where.kh * where.kw, where.c) and
-                 where.out_layout[0][3] == where.c == stage.channels, "depthwise taps do not fit the geometry")
-            units, depth = where.c, where.kh * where.kw
         fits(stage.channels == units and (kind == "product" or where is not None and
-                                          (kind == "depthwise" or depth == where.kh * where.kw * where.c == depth
-                                                               and where.out_layout[0][3] == units)),
+                                          depth == where.kh * where.kw * where.c and where.out_layout[0][3] == units),
              f"16x8 {kind} of {weights.shape} weights does not fit its stage or geometry")
         self.symbol, self.kept = self.symbols[kind], (weights, stage, where)
         super().__init__(rows, units, depth, None, weights.ctypes.data, None,
@@ -698,23 +692,36 @@ class QConvCall(ctypes.Structure):
 
 
 class QDepthwiseCall(ctypes.Structure):
-    """The arguments of native.c's qdepthwise: int8 images, as ``where`` says, against (KH*KW, C) int16
-    taps (their zero point taken out), less the input zero point ``zero``."""
+    """The arguments of native.c's qdepthwise: int8 images (``stage`` a QStage) or int16 ones (a Requant),
+    as ``where`` says, against (KH*KW, C) int16 taps (their zero point taken out), less the input zero
+    point ``zero``.  Its sums are int32: refused where they could overflow (see ``sums_fit``)."""
 
-    _fields_ = [("images", _PTR), ("weights", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
-                ("zero", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    _fields_ = [("images", _PTR), ("taps", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
+                ("zero", _INT64), ("wide", _INT64), ("stage", ctypes.POINTER(QStage)),
+                ("wide_stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
     symbol, places = "qdepthwise", ("images", "out")
 
-    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: QStage, threads: int):
+    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: "QStage | Requant", threads: int):
         taps = np.ascontiguousarray(taps, np.int16)
+        wide = isinstance(stage, Requant)
+        self.dtype = _I16 if wide else _I8
         fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
              f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
+        fits(self.sums_fit(taps, self.dtype, zero), "depthwise sums could overflow int32")
         self.kept = (taps, where, stage)
-        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, int(wide),
+                         None if wide else ctypes.pointer(stage), ctypes.pointer(stage) if wide else None, threads)
         self.reference = ctypes.byref(self)
 
+    @staticmethod
+    def sums_fit(taps: np.ndarray, dtype, zero: int) -> bool:
+        """Whether every channel's sum of (x - zero) * taps over a window stays in int32 for any input."""
+        info = np.iinfo(dtype)
+        spread = max(info.max - zero, zero - info.min)
+        return spread * int(np.abs(taps.astype(np.int64)).sum(axis=0).max(initial=0)) < 2 ** 31
+
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        self.kept[1].placed(x, out, _I8)
+        self.kept[1].placed(x, out, self.dtype)
 
 
 class QBinaryCall(ctypes.Structure):

@@ -160,7 +160,12 @@ def _wide(op: Op, kind: str, bias: np.ndarray, reference: bool):
         kh, kw = stored.shape[1:3]
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape),
                             conv_pads(op, (h, width), (kh, kw), out.shape[1:3]))
-        call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
+        if kind == "depthwise":
+            if not QDepthwiseCall.sums_fit(matrix, np.int16, zx):
+                return None
+            call = QDepthwiseCall(matrix, where, zx, stage, team)
+        else:
+            call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
     return prepared_run(loops, call)
 
 
@@ -297,7 +302,9 @@ def depthwise_conv2d(op: Op):
     _, kh, kw, out_c = weights.shape
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
-    loops = _integer_loops(op) if x.shape[-1] == out_c else None
+    taps = weights.reshape(kh * kw, out_c)
+    fit = x.shape[-1] == out_c and QDepthwiseCall.sums_fit(taps, x.dtype.numpy, zero_point(x))
+    loops = _integer_loops(op) if fit else None
     stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c))
     if stage is not None:
         n, h, width, _ = x.shape
@@ -305,7 +312,7 @@ def depthwise_conv2d(op: Op):
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(op.outputs[0].shape),
                             conv_pads(op, (h, width), (kh, kw), (oh, ow)))
         team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
-        return prepared_run(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+        return prepared_run(loops, QDepthwiseCall(taps, where, zero_point(x), stage, team))
     native = _wide(op, "depthwise", _bias(op, 2, out_c), True) if x.shape[-1] == out_c else None
     if native is not None:
         return native
