@@ -1229,21 +1229,32 @@ int qdepthwise(const qdepthwise_call *p)
     return DONE;
 }
 
-/* int8 ADD, SUB (kind 0, sign +1 or -1) and MUL (kind 1) of two operands of one shape, flat, as TFLite
- * computes them.  ADD and SUB take each operand to a common scale: the first ``head`` elements (LiteRT's
- * int8 ADD vector loop, whole blocks of 16) as floor((v * factor + offset) / 2**31), the input's zero
- * point in the offset; the rest (the scalar loop) through the operand's own stage (bias: less the zero
- * point; left shift: the 20 bits of headroom and the multiplier's); then both through the output stage.
- * MUL multiplies the zero-point-centred operands (less zero_a, zero_b) and takes them through the output
- * stage; its second operand may be one row of ``period`` items repeated along the first's rows. */
+/* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
+ * ADD and SUB take each operand to a common scale by table (``tables``: for each int8 value, 256 int32,
+ * of a, then of b, for the first ``head`` elements, LiteRT's int8 ADD vector loop over whole blocks of
+ * 16; then of a and of b for the rest, its scalar loop; SUB's b negated), sum them and take the sums
+ * through the output stage, 16 at a time.  MUL multiplies the zero-point-centred operands (less zero_a,
+ * zero_b) and takes them through the output stage; its second operand may be one row of ``period``
+ * items repeated along the first's rows. */
 typedef struct {
     const int8_t *a, *b;
     int8_t *out;
-    int64_t n, period, kind, sign, head;
-    int64_t factor_a, offset_a, factor_b, offset_b, zero_a, zero_b;
-    const qstage *stage_a, *stage_b, *output;
+    int64_t n, period, kind, head, zero_a, zero_b;
+    const int32_t *tables;
+    const qstage *output;
     int64_t threads;
 } qbinary_call;
+
+/* ADD or SUB of ``count`` items (at most 16, all in the head or all past it) of a and b into out. */
+static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, int head,
+                              const qbinary_call *p)
+{
+    const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
+    int32_t sums[16];
+    for (int64_t k = 0; k < count; k++)
+        sums[k] = ta[a[k]] + tb[b[k]];
+    qstore(sums, 0, count, p->output, out);
+}
 
 /* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
 static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
@@ -1279,14 +1290,8 @@ int qbinary(const qbinary_call *p)
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
         int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
-        for (int64_t i = first; i < end; i++) {
-            int32_t a = p->a[i], b = p->b[i], s;
-            if (i < p->head)
-                s = (int32_t)((a * p->factor_a + p->offset_a) >> 31) + (int32_t)((b * p->factor_b + p->offset_b) >> 31);
-            else
-                s = qrequantize(a, 0, p->stage_a) + (int32_t)p->sign * qrequantize(b, 0, p->stage_b);
-            p->out[i] = (int8_t)qrequantize(s, 0, p->output);
-        }
+        for (int64_t i = first; i < end; i += 16)
+            qadd_block(p->a + i, p->b + i, p->out + i, end - i < 16 ? end - i : 16, i < p->head, p);
     }
     return DONE;
 }

@@ -725,29 +725,29 @@ class QDepthwiseCall(ctypes.Structure):
 
 
 class QBinaryCall(ctypes.Structure):
-    """The arguments of native.c's qbinary: int8 ADD / SUB (``sign``) or MUL of two operands of one shape
-    (``size`` items; for MUL the second may be one row of ``period`` items along the first's rows), with
-    the stages and constants it describes; a run places a, b and out."""
+    """The arguments of native.c's qbinary: int8 ADD / SUB or MUL of two operands of one shape (``size``
+    items; for MUL the second may be one row of ``period`` items along the first's rows), with the
+    stages and constants it describes; a run places a, b and out."""
 
-    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), *[(name, _INT64) for name in (
-        "n", "period", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
-        *[(name, ctypes.POINTER(QStage)) for name in ("stage_a", "stage_b", "output")], ("threads", _INT64)]
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR),
+                *[(name, _INT64) for name in ("n", "period", "kind", "head", "zero_a", "zero_b")],
+                ("tables", _PTR), ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
     symbol, places = "qbinary", ("a", "b", "out")
 
     def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
-                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0),
-                 period: int | None = None):
-        """ADD / SUB: ``factors`` ((factor, offset) per operand) for the first ``head`` items, the operands'
-        ``stages`` for the rest; MUL: the operands' ``zeros``."""
+                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None):
+        """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
+        (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
+        negated); MUL: the operands' ``zeros``."""
         mul = kind == "MUL"
-        stages = (output, output) if mul else stages
         period = size if period is None else period
-        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)) and period >= 1 and
-             size % period == 0 and (mul or period == size), "binary stages or operands do not fit")
-        self.kept = (output, *stages)
-        super().__init__(None, None, None, size, period, int(mul), -1 if kind == "SUB" else 1, head, *factors[0],
-                         *factors[1],
-                         *zeros, *(ctypes.pointer(stage) for stage in stages), ctypes.pointer(output), threads)
+        tables = None if mul else np.ascontiguousarray(tables, np.int32)
+        fits(0 <= head <= size and head % 16 == 0 and output.channels == 1 and period >= 1 and
+             size % period == 0 and (mul or period == size and tables.shape == (4, 256)),
+             "binary stages or operands do not fit")
+        self.kept = (output, tables)
+        super().__init__(None, None, None, size, period, int(mul), head, *zeros,
+                         None if mul else tables.ctypes.data, ctypes.pointer(output), threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

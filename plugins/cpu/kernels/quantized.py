@@ -199,9 +199,6 @@ def add_sub(op: Op):
     return run
 
 
-_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
-
-
 def _binary_loops(op: Op, row: bool = False):
     """At compile time: the native loops where an int8 binary op of operands of one shape (or, with
     ``row``, a second one of a row of the last axis or one item) may run in native.c's qbinary; None
@@ -232,16 +229,20 @@ def _output_stage(real, op: Op) -> QStage:
 
 def _native_add_sub(op: Op, to_common, output_real, offsets, head: int, factors):
     """run() of an int8 ADD / SUB of operands of one shape in native.c's qbinary (the first ``head``
-    items by ``factors``, the rest through each operand's common-scale stage); None where it does not
-    serve."""
+    items by ``factors``, the rest as each operand's common-scale multiplier has it, both looked up in
+    tables of every int8 value); None where it does not serve."""
     loops = _binary_loops(op)
     if loops is None:
         return None
-    stages = tuple(QStage(m, shift, np.array([-zp]), True, 0, _INT32_RANGE, 20)
-                   for (m, shift), zp in zip(to_common, offsets))
+    values = np.arange(-128, 128, dtype=np.int64)
+    vector = [(values * factor + offset) >> 31 for factor, offset in factors]
+    scalar = [multiply_by_quantized_multiplier((values - zp) << 20, m, shift)
+              for (m, shift), zp in zip(to_common, offsets)]
+    sign = -1 if op.opcode == "SUB" else 1
+    tables = np.stack([vector[0], sign * vector[1], scalar[0], sign * scalar[1]])
     size = int(np.prod(op.outputs[0].shape))
     call = QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head,
-                       factors, stages)
+                       tables)
     return prepared_run(loops, call, 2)
 
 
