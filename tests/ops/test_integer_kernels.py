@@ -1,5 +1,5 @@
 """native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
-MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
+MEAN, table lookups, SOFTMAX; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
 formulations: builder-made edge cases, every op of the converter's quantized fixtures, and the portable
 C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
 
@@ -209,6 +209,22 @@ def test_table_lookups_are_bit_exact(dtype, opcode):
     with native_calls() as called:
         exact(b, inputs)
     assert called == ["qlookup"]
+    exact(b, inputs, native=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, beta=st.sampled_from([1.0, 0.35, 2.0]), depth=st.integers(1, 70), rows=st.integers(1, 4),
+       in_zero=zero_points, in_scale=st.floats(0.01, 0.5))
+def test_softmax_is_bit_exact(seed, beta, depth, rows, in_zero, in_scale):
+    """int8 SOFTMAX (LiteRT's table kernel; its output is always 1/256 at -128) natively and in numpy."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (rows, depth), "int8", quant=(in_scale, in_zero))
+    b.output(b.op("SOFTMAX", [x], dtype="int8", quant=(1 / 256, -128), options={"beta": beta}))
+    inputs = random_q(rng, (rows, depth))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qsoftmax"]
     exact(b, inputs, native=False)
 
 

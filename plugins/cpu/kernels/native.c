@@ -1445,6 +1445,45 @@ int run_prepared(const prepared_kernel *kernels, const void *const *calls, int64
     return DONE;
 }
 
+/* An int8 SOFTMAX over rows of ``depth`` as LiteRT's table kernel computes it, in float32 operation by
+ * operation: e = table[row max - x] (exp of the scaled distance), the row's e summed in order, p = e *
+ * (1 / (sum * scale)), rounded half away from zero (floor(p + 0.5): p >= 0), plus the zero point,
+ * clamped.  Nothing may fuse p's product with the rounding's addition (one rounding, not LiteRT's two). */
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    int64_t rows, depth;
+    const float *table;
+    float scale;
+    int32_t zero, low, high;
+} qsoftmax_call;
+
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#pragma STDC FP_CONTRACT OFF
+int qsoftmax(const qsoftmax_call *p)
+{
+    for (int64_t r = 0; r < p->rows; r++) {
+        const int8_t *x = p->x + r * p->depth;
+        int8_t *out = p->out + r * p->depth;
+        int32_t top = x[0];
+        for (int64_t i = 1; i < p->depth; i++)
+            top = x[i] > top ? x[i] : top;
+        float total = 0.0f;
+        for (int64_t i = 0; i < p->depth; i++)
+            total += p->table[top - x[i]];
+        float inverse = 1.0f / (total * p->scale);
+        for (int64_t i = 0; i < p->depth; i++) {
+            float probability = p->table[top - x[i]] * inverse, rounded = probability + 0.5f;
+            /* floor by truncation (rounded >= 0); from 1024 on the clamp gives high whatever the zero point */
+            int32_t q = rounded < 1024.0f ? (int32_t)rounded + p->zero : p->high;
+            out[i] = (int8_t)(q < p->low ? p->low : q > p->high ? p->high : q);
+        }
+    }
+    return DONE;
+}
+#pragma GCC pop_options
+
 /* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
  * table starts at the type's minimum). */
 typedef struct {

@@ -277,7 +277,7 @@ class NativeLoops:
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
-                                                         LookupCall, QMeanCall)]
+                                                         LookupCall, QMeanCall, QSoftmaxCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -789,6 +789,27 @@ class LookupCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
              f"lookup arrays {x.shape} -> {out.shape}")
+
+
+class QSoftmaxCall(ctypes.Structure):
+    """The arguments of native.c's qsoftmax: int8 rows of ``depth`` (``size`` items) through the 256-entry
+    float32 ``table`` of exp(-scale * beta * distance), onto the output's ``scale``, ``zero`` and
+    ``bounds``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("table", _PTR),
+                ("scale", ctypes.c_float), ("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
+    symbol, places = "qsoftmax", ("x", "out")
+
+    def __init__(self, table: np.ndarray, size: int, depth: int, scale: float, zero: int, bounds: tuple[int, int]):
+        fits(table.shape == (256,) and table.dtype == np.float32 and depth >= 1 and size % depth == 0,
+             f"softmax table {table.shape} {table.dtype} or rows of {depth} in {size} items")
+        self.kept = np.ascontiguousarray(table)
+        super().__init__(None, None, size // depth, depth, self.kept.ctypes.data, scale, zero, *bounds)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        size = self.rows * self.depth
+        fits(_contiguous(x, size, _I8) and _contiguous(out, size, _I8), f"softmax arrays {x.shape} -> {out.shape}")
 
 
 class QMeanCall(ctypes.Structure):

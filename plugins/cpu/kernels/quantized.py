@@ -19,7 +19,8 @@ from delegate.plugin_api import Op
 from ..registry import kernel
 from .common import scratch
 from .elementwise import COMPARE, arithmetic
-from .native import PER_THREAD_ITEMS, LookupCall, QBinaryCall, QStage, kernel_loops, prepared_run, team_for
+from .native import (PER_THREAD_ITEMS, LookupCall, QBinaryCall, QSoftmaxCall, QStage, kernel_loops, prepared_run,
+                     team_for)
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -490,6 +491,10 @@ def softmax(op: Op):
     out_scale, out_offset, bounds = scale(dst), zero_point(dst), qrange(dst)
     # LiteRT rounds uint8 probabilities by adding 0.5 and truncating (ignoring the zero point).
     truncate = dst.dtype.numpy == np.uint8
+    loops = kernel_loops() if src.dtype.numpy == dst.dtype.numpy == np.int8 and dst.shape else None
+    if loops is not None:
+        call = QSoftmaxCall(exp_table, int(np.prod(dst.shape)), dst.shape[-1], out_scale, out_offset, bounds)
+        return prepared_run(loops, call)
 
     def run(ins, outs):
         x = ins[0].astype(np.int64)
