@@ -266,6 +266,42 @@ def test_16x8_layers_are_bit_exact(seed, opcode, bias_type, kernel, stride, padd
     exact(b, inputs, native=False)
 
 
+def residual_block(rng, kernel: int, conv_first: bool, add_zero: int):
+    """x -> 1x1 CONV_2D (y) -> CONV_2D of ``kernel`` (z) -> ADD of z and y (z first or second): the
+    residual connection of MobileNetV2's blocks; the ADD on its own scales and zero point."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 6, 5), "int8", quant=(0.03, 7))
+    y, z = x, None
+    for name, k, c_in, c_out in (("y", 1, 5, 12), ("z", kernel, 12, 12)):
+        w, scales = weights(b, rng, (c_out, k, k, c_in), 0, "int8", True)
+        in_scale = 0.03 if name == "y" else 0.05
+        out = b.op("CONV_2D", [y if name == "z" else x, w, bias(b, rng, in_scale, scales)], dtype="int8",
+                   quant=(0.05 if name == "y" else 0.08, -3 if name == "y" else 11),
+                   options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
+        y, z = (out, z) if name == "y" else (y, out)
+    b.output(b.op("ADD", [z, y] if conv_first else [y, z], dtype="int8", quant=(0.1, add_zero),
+                  options={"fused_activation_function": "RELU"}))
+    return b
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("conv_first", [True, False])
+def test_residual_add_runs_in_the_convolution(kernel, conv_first):
+    """The ADD of a convolution's result and an earlier one is fused into that convolution (qproduct for
+    1x1, qconv else) and stays bit-exact, natively and through the numpy kernels in turn."""
+    rng = np.random.default_rng(kernel + 2 * conv_first)
+    b = residual_block(rng, kernel, conv_first, -20)
+    g = read_model(b.to_bytes()).main
+    compiled = default_manager().backend_info("cpu").factory({}).compile(make_partition(g, g.ops, "cpu", 0),
+                                                                         CompileOptions())
+    assert compiled.fused == {2: 1}
+    inputs = random_q(rng, (1, 7, 6, 5))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qproduct", "qproduct" if kernel == 1 else "qconv"]
+    exact(b, inputs, native=False)
+
+
 @pytest.mark.parametrize("window, symbols", [(22, ["qdepthwise"]), (23, [])])
 def test_16x8_depthwise_sums_stay_in_int32(window, symbols):
     """qdepthwise sums in int32: a 22x22 window of extreme int16 inputs and weights still fits (native), a

@@ -1002,9 +1002,51 @@ static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t 
     }
 }
 
+/* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
+ * ADD and SUB take each operand to a common scale by table (``tables``: for each int8 value, 256 int32,
+ * of a, then of b, for the first ``head`` elements, LiteRT's int8 ADD vector loop over whole blocks of
+ * 16; then of a and of b for the rest, its scalar loop; SUB's b negated), sum them and take the sums
+ * through the output stage, 16 at a time.  MUL multiplies the zero-point-centred operands (less zero_a,
+ * zero_b) and takes them through the output stage; its second operand may be one row of ``period``
+ * items repeated along the first's rows. */
+typedef struct {
+    const int8_t *a, *b;
+    int8_t *out;
+    int64_t n, period, kind, head, zero_a, zero_b;
+    const int32_t *tables;
+    const qstage *output;
+    int64_t threads;
+} qbinary_call;
+
+/* ADD or SUB of ``count`` items (at most 16, all in the head or all past it) of a and b into out. */
+static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, int head,
+                              const qbinary_call *p)
+{
+    const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
+    int32_t sums[16];
+    for (int64_t k = 0; k < count; k++)
+        sums[k] = ta[a[k]] + tb[b[k]];
+    qstore(sums, 0, count, p->output, out);
+}
+
+/* ADD or SUB of the ``count`` items at flat positions first.. of the operands (a, b and out pointing
+ * at item ``first``; out may be a). */
+static void qadd_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t first, int64_t count,
+                      const qbinary_call *p)
+{
+    for (int64_t k = 0; k < count;) {
+        int64_t i = first + k, head = i < p->head, n = count - k < 16 ? count - k : 16;
+        if (head && p->head - i < n)
+            n = p->head - i;
+        qadd_block(a + k, b + k, out + k, n, (int)head, p);
+        k += n;
+    }
+}
+
 /* out (m x n, rows ldc apart) = requantized a (m x k, rows lda apart) @ a packed operand: each thread
- * takes a share of the row tiles, or of the panels when there are too few tiles to go round.  Built
- * once by a kernel, which places a and c per run. */
+ * takes a share of the row tiles, or of the panels when there are too few tiles to go round; with a
+ * residual (ldc == n), each tile's stored part goes through the residual ADD while in cache.  Built
+ * once by a kernel, which places a, c (and residual_b) per run. */
 typedef struct {
     int64_t m, n, k;
     const int8_t *a;
@@ -1015,6 +1057,8 @@ typedef struct {
     int64_t ldc;
     const qstage *stage;
     int64_t threads;
+    const int8_t *residual_b;    /* with residual: the ADD's other operand, (m x n) as c */
+    const qbinary_call *residual;  /* NULL, or the residual ADD each stored row goes through (a: c itself) */
 } qproduct_call;
 
 int qproduct(const qproduct_call *p)
@@ -1034,6 +1078,13 @@ int qproduct(const qproduct_call *p)
             for (int r = 0; r < rows; r++)
                 a[r] = p->a + (row + r) * p->lda;
             qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
+            if (p->residual) {
+                int64_t c0 = p0 * QPANEL, c1 = p1 * QPANEL < p->n ? p1 * QPANEL : p->n;
+                for (int r = 0; r < rows; r++) {
+                    int64_t at = (row + r) * p->n + c0;
+                    qadd_span(p->c + at, p->residual_b + at, p->c + at, at, c1 - c0, p->residual);
+                }
+            }
         }
     }
     return DONE;
@@ -1041,7 +1092,8 @@ int qproduct(const qproduct_call *p)
 
 /* A CONV_2D of int8 (h, w, c) images (where: the geometry, in items): groups of up to QMR output pixels
  * of a row copy their windows into per-thread rows of depth kh*kw*c (taps outside the image hold the
- * input zero point, adding nothing once the zero point is folded in), then go against every panel. */
+ * input zero point, adding nothing once the zero point is folded in), then go against every panel; a
+ * residual as for qproduct. */
 typedef struct {
     const int8_t *images;
     const int8_t *packed;
@@ -1052,6 +1104,8 @@ typedef struct {
     int64_t zero;
     const qstage *stage;
     int64_t threads;
+    const int8_t *residual_b;    /* as qproduct_call's (the output contiguous) */
+    const qbinary_call *residual;
 } qconv_call;
 
 int qconv(const qconv_call *p)
@@ -1088,6 +1142,10 @@ int qconv(const qconv_call *p)
             }
             qrows(pixels, a, depth, p->packed, p->sums, p->units, 0, (p->units + QPANEL - 1) / QPANEL,
                   row + ox * p->units, p->units, p->stage);
+            if (p->residual) {
+                int64_t at = (r * ow + ox) * p->units;
+                qadd_span(p->out + at, p->residual_b + at, p->out + at, at, pixels * p->units, p->residual);
+            }
         }
     }
     free(all);
@@ -1229,33 +1287,6 @@ int qdepthwise(const qdepthwise_call *p)
     return DONE;
 }
 
-/* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
- * ADD and SUB take each operand to a common scale by table (``tables``: for each int8 value, 256 int32,
- * of a, then of b, for the first ``head`` elements, LiteRT's int8 ADD vector loop over whole blocks of
- * 16; then of a and of b for the rest, its scalar loop; SUB's b negated), sum them and take the sums
- * through the output stage, 16 at a time.  MUL multiplies the zero-point-centred operands (less zero_a,
- * zero_b) and takes them through the output stage; its second operand may be one row of ``period``
- * items repeated along the first's rows. */
-typedef struct {
-    const int8_t *a, *b;
-    int8_t *out;
-    int64_t n, period, kind, head, zero_a, zero_b;
-    const int32_t *tables;
-    const qstage *output;
-    int64_t threads;
-} qbinary_call;
-
-/* ADD or SUB of ``count`` items (at most 16, all in the head or all past it) of a and b into out. */
-static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, int head,
-                              const qbinary_call *p)
-{
-    const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
-    int32_t sums[16];
-    for (int64_t k = 0; k < count; k++)
-        sums[k] = ta[a[k]] + tb[b[k]];
-    qstore(sums, 0, count, p->output, out);
-}
-
 /* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
 static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
 {
@@ -1290,8 +1321,7 @@ int qbinary(const qbinary_call *p)
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
         int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
-        for (int64_t i = first; i < end; i += 16)
-            qadd_block(p->a + i, p->b + i, p->out + i, end - i < 16 ? end - i : 16, i < p->head, p);
+        qadd_span(p->a + first, p->b + first, p->out + first, first, end - first, p);
     }
     return DONE;
 }
@@ -1460,7 +1490,9 @@ typedef struct {
 
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
+#endif
 int qsoftmax(const qsoftmax_call *p)
 {
     for (int64_t r = 0; r < p->rows; r++) {

@@ -650,45 +650,108 @@ class PackedInt8:
 _I8 = np.dtype(np.int8)
 
 
+class QBinaryCall(ctypes.Structure):
+    """The arguments of native.c's qbinary: int8 ADD / SUB or MUL of two operands of one shape (``size``
+    items; for MUL the second may be one row of ``period`` items along the first's rows), with the
+    stages and constants it describes; a run places a, b and out."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR),
+                *[(name, _INT64) for name in ("n", "period", "kind", "head", "zero_a", "zero_b")],
+                ("tables", _PTR), ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    symbol, places = "qbinary", ("a", "b", "out")
+
+    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
+                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None):
+        """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
+        (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
+        negated); MUL: the operands' ``zeros``."""
+        mul = kind == "MUL"
+        period = size if period is None else period
+        tables = None if mul else np.ascontiguousarray(tables, np.int32)
+        fits(0 <= head <= size and head % 16 == 0 and output.channels == 1 and period >= 1 and
+             size % period == 0 and (mul or period == size and tables.shape == (4, 256)),
+             "binary stages or operands do not fit")
+        self.kept = (output, tables)
+        super().__init__(None, None, None, size, period, int(mul), head, *zeros,
+                         None if mul else tables.ctypes.data, ctypes.pointer(output), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
+             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+def _with_residual(call, residual: "QBinaryCall | None", items: int) -> None:
+    """Have an integer convolution's ``call`` (of ``items`` contiguous outputs) take its stored results
+    through ``residual``, an ADD whose first operand they are; a run then places the ADD's other operand
+    between the input and the output."""
+    call.kept += (residual,)
+    if residual is None:
+        return
+    fits(residual.kind == 0 and residual.n == residual.period == items, "the residual ADD does not fit the outputs")
+    call.residual = ctypes.pointer(residual)
+    call.places = (call.places[0], "residual_b", call.places[1])
+
+
+def _placed_residual(call, arrays: tuple) -> np.ndarray:
+    """The output among a run's ``arrays`` (input, [residual operand,] output), the residual operand checked."""
+    if len(arrays) == 3:
+        fits(_contiguous(arrays[1], arrays[2].size, _I8), f"residual operand {arrays[1].shape} for {arrays[2].shape}")
+    fits(len(arrays) == len(call.places), f"{len(arrays)} arrays for {call.symbol}")
+    return arrays[-1]
+
+
+_RESIDUAL_FIELDS = [("residual_b", _PTR), ("residual", ctypes.POINTER(QBinaryCall))]
+
+
 class QProductCall(ctypes.Structure):
     """The arguments of native.c's qproduct: a (rows, depth) int8 input against a packed operand,
-    requantized into a (rows, units) int8 output; built once, a run places the input and output."""
+    requantized into a (rows, units) int8 output, optionally through a residual ADD; built once, a run
+    places the input (the residual operand) and output."""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("lda", _INT64), ("packed", _PTR),
-                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64),
+                *_RESIDUAL_FIELDS]
     symbol, places = "qproduct", ("a", "c")
 
-    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int):
+    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int, residual: "QBinaryCall | None" = None):
         fits(stage.channels == rhs.units, f"requantization of {stage.channels} channels for {rhs.units} units")
         self.kept = (rhs, stage)
         super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
                          None, rhs.units, ctypes.pointer(stage), threads)
+        _with_residual(self, residual, rows * rhs.units)
         self.reference = ctypes.byref(self)
 
-    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+    def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
+        out = _placed_residual(self, (lhs, *rest))
         fits(_contiguous(lhs, self.m * self.k, _I8) and _contiguous(out, self.m * self.n, _I8),
              f"integer product arrays {lhs.shape} -> {out.shape}")
 
 
 class QConvCall(ctypes.Structure):
     """The arguments of native.c's qconv: int8 images, as ``where`` says, against a packed (KH*KW*C,
-    units) filter, taps outside the image holding the input zero point ``zero``."""
+    units) filter, taps outside the image holding the input zero point ``zero``; a residual ADD as for
+    QProductCall (the output contiguous)."""
 
     _fields_ = [("images", _PTR), ("packed", _PTR), ("sums", _PTR), ("units", _INT64), ("out", _PTR),
                 ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(QStage)),
-                ("threads", _INT64)]
+                ("threads", _INT64), *_RESIDUAL_FIELDS]
     symbol, places = "qconv", ("images", "out")
 
-    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int):
+    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int,
+                 residual: "QBinaryCall | None" = None):
         fits(rhs.depth == where.kh * where.kw * where.c and rhs.units == where.out_layout[0][3] == stage.channels,
              f"packed weights ({rhs.units}, {rhs.depth}) do not fit the geometry")
+        contiguous = where.out_stride == where.ow * rhs.units and where.image_out == where.oh * where.out_stride
+        fits(residual is None or contiguous, "a residual ADD needs a contiguous output")
         self.kept = (rhs, where, stage)
         super().__init__(None, rhs.panels.ctypes.data, rhs.sums.ctypes.data, rhs.units, None, ctypes.pointer(where),
                          zero, ctypes.pointer(stage), threads)
+        _with_residual(self, residual, where.images * where.image_out)
         self.reference = ctypes.byref(self)
 
-    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        self.kept[1].placed(x, out, _I8)
+    def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
+        self.kept[1].placed(x, _placed_residual(self, (x, *rest)), _I8)
 
 
 class QDepthwiseCall(ctypes.Structure):
@@ -722,37 +785,6 @@ class QDepthwiseCall(ctypes.Structure):
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept[1].placed(x, out, self.dtype)
-
-
-class QBinaryCall(ctypes.Structure):
-    """The arguments of native.c's qbinary: int8 ADD / SUB or MUL of two operands of one shape (``size``
-    items; for MUL the second may be one row of ``period`` items along the first's rows), with the
-    stages and constants it describes; a run places a, b and out."""
-
-    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR),
-                *[(name, _INT64) for name in ("n", "period", "kind", "head", "zero_a", "zero_b")],
-                ("tables", _PTR), ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
-    symbol, places = "qbinary", ("a", "b", "out")
-
-    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
-                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None):
-        """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
-        (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
-        negated); MUL: the operands' ``zeros``."""
-        mul = kind == "MUL"
-        period = size if period is None else period
-        tables = None if mul else np.ascontiguousarray(tables, np.int32)
-        fits(0 <= head <= size and head % 16 == 0 and output.channels == 1 and period >= 1 and
-             size % period == 0 and (mul or period == size and tables.shape == (4, 256)),
-             "binary stages or operands do not fit")
-        self.kept = (output, tables)
-        super().__init__(None, None, None, size, period, int(mul), head, *zeros,
-                         None if mul else tables.ctypes.data, ctypes.pointer(output), threads)
-        self.reference = ctypes.byref(self)
-
-    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
-             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
 
 
 class QPoolCall(ctypes.Structure):
@@ -832,12 +864,14 @@ class QMeanCall(ctypes.Structure):
              f"mean arrays {x.shape} -> {out.shape}")
 
 
-def prepared_run(loops: NativeLoops, call, inputs: int = 1):
-    """run() of a kernel that is one prepared call on its first ``inputs`` inputs and its output, marked
-    (``prepared``, ``inputs``) for batched_steps."""
+def prepared_run(loops: NativeLoops, call, inputs: int | tuple[int, ...] = 1):
+    """run() of a kernel that is one prepared call on its first ``inputs`` inputs (or the inputs of those
+    slots) and its output, marked (``prepared``, ``inputs``: the slots) for batched_steps."""
+    slots = tuple(range(inputs)) if isinstance(inputs, int) else inputs
+
     def run(ins, outs):
-        loops.prepared(call, *(np.ascontiguousarray(x) for x in ins[:inputs]), outs[0])
-    run.prepared, run.inputs = call, inputs
+        loops.prepared(call, *(np.ascontiguousarray(ins[slot]) for slot in slots), outs[0])
+    run.prepared, run.inputs = call, slots
     return run
 
 
@@ -859,7 +893,7 @@ def batched_steps(steps: list[tuple]) -> list[tuple]:
     for step in steps:
         _, run, sources, outs = step
         call = getattr(run, "prepared", None)
-        arrays = None if call is None else [*sources[:run.inputs], outs[0]]
+        arrays = None if call is None else [*(sources[slot] for slot in run.inputs), outs[0]]
         if loops is not None and arrays is not None and \
                 all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             loops.bind(call, *arrays)
