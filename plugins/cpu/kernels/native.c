@@ -866,6 +866,27 @@ static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 #undef QLOAD
 }
 
+#if defined(__AVX512F__)
+/* qrequantize on the 16 channels j..j+15 at once (qrequantize8's steps, with masks). */
+static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+{
+#define QLOAD16(a) _mm512_loadu_si512((const void *)((a) + j))
+    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, QLOAD16(q->bias)), QLOAD16(q->left));
+    __m512i m = QLOAD16(q->multiplier), nudge = _mm512_set1_epi64(1 << 30);
+    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, m), nudge);
+    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(m, 32)), nudge);
+    x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
+    __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
+    __m512i threshold = QLOAD16(q->threshold);
+    threshold = _mm512_mask_sub_epi32(threshold, negative, threshold, QLOAD16(q->away));
+    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, QLOAD16(q->mask)), threshold);
+    x = _mm512_add_epi32(_mm512_srav_epi32(x, QLOAD16(q->right)), _mm512_set1_epi32(q->zero));
+    x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
+    return _mm512_min_epi32(_mm512_max_epi32(x, _mm512_set1_epi32(q->low)), _mm512_set1_epi32(q->high));
+#undef QLOAD16
+}
+#endif
+
 /* 16 int32 values (in the int8 range) as 16 bytes in order. */
 static inline __m128i narrow16(__m256i a, __m256i b)
 {
@@ -879,6 +900,12 @@ static inline __m128i narrow16(__m256i a, __m256i b)
 static inline void qstore(const int32_t *restrict acc, int64_t first, int64_t n, const qstage *q, int8_t *restrict out)
 {
     int64_t j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16) {
+        __m512i v = qrequantize16(_mm512_loadu_si512((const void *)(acc + j)), first + j, q);
+        _mm_storeu_si128((__m128i *)(out + j), _mm512_cvtepi32_epi8(v));
+    }
+#endif
 #if defined(__AVX2__)
     for (; j + 16 <= n; j += 16) {
         __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
@@ -1292,6 +1319,15 @@ static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t cou
 {
     int64_t k = 0;
     int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
+#if defined(__AVX512F__)
+    __m512i wa = _mm512_set1_epi32(zero_a), wb = _mm512_set1_epi32(zero_b);
+    for (; k + 16 <= count; k += 16) {
+        __m512i x = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + k))), wa);
+        __m512i y = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k))), wb);
+        __m512i v = qrequantize16(_mm512_mullo_epi32(x, y), 0, p->output);
+        _mm_storeu_si128((__m128i *)(out + k), _mm512_cvtepi32_epi8(v));
+    }
+#endif
 #if defined(__AVX2__)
     __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
     for (; k + 8 <= count; k += 8) {
@@ -1530,10 +1566,24 @@ int qlookup(const lookup_call *p)
 {
     int64_t parts = (p->n + 4095) / 4096;
     uint8_t flip = (uint8_t)p->flip;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    /* 64 bytes at a time: two 128-entry byte permutes, the index's top bit picking between them */
+    __m512i quarter[4], flips = _mm512_set1_epi8((char)flip);
+    for (int q = 0; q < 4; q++)
+        quarter[q] = _mm512_loadu_si512((const void *)(p->table + 64 * q));
+#endif
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
-        int64_t end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
-        for (int64_t i = part * 4096; i < end; i++)
+        int64_t i = part * 4096, end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+        for (; i + 64 <= end; i += 64) {
+            __m512i index = _mm512_xor_si512(_mm512_loadu_si512((const void *)(p->x + i)), flips);
+            __m512i low = _mm512_permutex2var_epi8(quarter[0], index, quarter[1]);
+            __m512i high = _mm512_permutex2var_epi8(quarter[2], index, quarter[3]);
+            _mm512_storeu_si512((void *)(p->out + i), _mm512_mask_blend_epi8(_mm512_movepi8_mask(index), low, high));
+        }
+#endif
+        for (; i < end; i++)
             p->out[i] = p->table[p->x[i] ^ flip];
     }
     return DONE;
