@@ -1157,9 +1157,14 @@ int qconv(const qconv_call *p)
                 int8_t *dst = windows + q * depth;
                 a[q] = dst;
                 for (int64_t ky = 0; ky < g->kh; ky++) {
-                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top, ix0 = (ox + q) * g->stride_w - g->left;
+                    if (g->dw == 1 && iy >= 0 && iy < g->h && ix0 >= 0 && ix0 + g->kw <= g->w) {
+                        memcpy(dst, x + (iy * g->w + ix0) * c, g->kw * c);  /* the row's taps are one run */
+                        dst += g->kw * c;
+                        continue;
+                    }
                     for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
-                        int64_t ix = (ox + q) * g->stride_w + kx * g->dw - g->left;
+                        int64_t ix = ix0 + kx * g->dw;
                         if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
                             memset(dst, (int)p->zero, c);
                         else
