@@ -1240,58 +1240,84 @@ static inline lanes32 widen8(const int8_t *p)
 }
 
 /* sums[j] for one output pixel whose taps inside the image are the input pixels at x + offsets[t]
- * (in items) weighted by taps row index[t]. */
-static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide,
-                                                                  const int64_t *offsets, const int64_t *index,
-                                                                  int64_t kept, const int16_t *taps, int64_t c,
-                                                                  int32_t zero, int32_t *restrict sums)
+ * (in items) weighted by taps row index[t]; with ``pixels`` 2, also sums[c + j] for the pixel ``step``
+ * items further on (the same taps: each weight vector loaded once for both). */
+static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide, const int pixels,
+                                                                  int64_t step, const int64_t *offsets,
+                                                                  const int64_t *index, int64_t kept,
+                                                                  const int16_t *taps, int64_t c, int32_t zero,
+                                                                  int32_t *restrict sums)
 {
     const int8_t *x8 = x;
     const int16_t *x16 = x;
     int64_t j = 0;
     for (; j + DW_LANES <= c; j += DW_LANES) {
-        lanes32 acc = {0};
+        lanes32 acc = {0}, next = {0};
         for (int64_t t = 0; t < kept; t++) {
-            lanes32 v = wide ? widen16(x16 + offsets[t] + j) : widen8(x8 + offsets[t] + j);
-            acc += (v - zero) * widen16(taps + index[t] * c + j);
+            lanes32 w = widen16(taps + index[t] * c + j);
+            int64_t at = offsets[t] + j;
+            acc += ((wide ? widen16(x16 + at) : widen8(x8 + at)) - zero) * w;
+            if (pixels == 2)
+                next += ((wide ? widen16(x16 + at + step) : widen8(x8 + at + step)) - zero) * w;
         }
         memcpy(sums + j, &acc, sizeof acc);
+        if (pixels == 2)
+            memcpy(sums + c + j, &next, sizeof next);
     }
-    for (; j < c; j++) {
-        int32_t acc = 0;
-        for (int64_t t = 0; t < kept; t++)
-            acc += ((wide ? x16[offsets[t] + j] : x8[offsets[t] + j]) - zero) * taps[index[t] * c + j];
-        sums[j] = acc;
-    }
+    for (; j < c; j++)
+        for (int q = 0; q < pixels; q++) {
+            int32_t acc = 0;
+            for (int64_t t = 0; t < kept; t++) {
+                int64_t at = offsets[t] + j + q * step;
+                acc += ((wide ? x16[at] : x8[at]) - zero) * taps[index[t] * c + j];
+            }
+            sums[q * c + j] = acc;
+        }
+}
+
+/* Output pixel ox of a qdepthwise row from its sums. */
+static inline __attribute__((always_inline)) void depthwise_store(const qdepthwise_call *p, const int wide,
+                                                                   const int32_t *sums, char *row, int64_t ox)
+{
+    int64_t c = p->where->c;
+    if (wide)
+        for (int64_t j = 0; j < c; j++)
+            ((int16_t *)row)[ox * c + j] = (int16_t)requantize(sums[j], j, p->wide_stage);
+    else
+        qstore(sums, 0, c, p->stage, (int8_t *)row + ox * c);
 }
 
 /* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
- * int64.  The row's taps (those on input rows inside the image) are listed once: pixels with all of them
- * inside the row read them at a shifted base, border pixels keep those inside. */
+ * int64, ``sums`` for 2 * c int32.  The row's taps (those on input rows inside the image) are listed once:
+ * pixels with all of them inside the row read them at a shifted base, two at a time, border pixels keep
+ * those inside. */
 static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwise_call *p, const int wide,
                                                                   const char *x, int64_t oy, char *row,
                                                                   int64_t *list, int32_t *sums)
 {
     const geometry *g = p->where;
-    int64_t c = g->c, window = g->kh * g->kw, size = wide ? 2 : 1, inner0, inner1;
+    int64_t c = g->c, window = g->kh * g->kw, size = wide ? 2 : 1, inner0, inner1, step = g->stride_w * c;
     int64_t *offsets = list, *index = list + window, *columns = index + window;
     int64_t *kept_offsets = columns + window, *kept_index = kept_offsets + window;
+    int32_t zero = (int32_t)p->zero;
     int64_t taps = row_taps(g, oy, columns, offsets, index);
     inner_columns(g->w, g->kw, g->stride_w, g->dw, g->left, g->ow, &inner0, &inner1);
     for (int64_t ox = 0; ox < g->ow; ox++) {
         int64_t base = ox * g->stride_w;
         const char *at = x + base * c * size;
+        if (ox >= inner0 && ox + 1 < inner1) {
+            depthwise_sums(at, wide, 2, step, offsets, index, taps, p->taps, c, zero, sums);
+            depthwise_store(p, wide, sums, row, ox);
+            depthwise_store(p, wide, sums + c, row, ++ox);
+            continue;
+        }
         if (ox >= inner0 && ox < inner1)
-            depthwise_sums(at, wide, offsets, index, taps, p->taps, c, (int32_t)p->zero, sums);
+            depthwise_sums(at, wide, 1, 0, offsets, index, taps, p->taps, c, zero, sums);
         else
-            depthwise_sums(at, wide, kept_offsets, kept_index,
+            depthwise_sums(at, wide, 1, 0, kept_offsets, kept_index,
                            taps_inside(columns, offsets, index, taps, base, g->w, kept_offsets, kept_index),
-                           p->taps, c, (int32_t)p->zero, sums);
-        if (wide)
-            for (int64_t j = 0; j < c; j++)
-                ((int16_t *)row)[ox * c + j] = (int16_t)requantize(sums[j], j, p->wide_stage);
-        else
-            qstore(sums, 0, c, p->stage, (int8_t *)row + ox * c);
+                           p->taps, c, zero, sums);
+        depthwise_store(p, wide, sums, row, ox);
     }
 }
 
@@ -1300,7 +1326,7 @@ int qdepthwise(const qdepthwise_call *p)
     const geometry *g = p->where;
     int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + (size_t)g->c * sizeof(int32_t);
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + 2 * (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
