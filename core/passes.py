@@ -4,8 +4,8 @@ the ops that run inside a neighbour's kernel, found as *groups*.
 A group is an anchor op and the ops that travel with it (ONNX Runtime's fusable subgraphs, ExecuTorch's
 op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make its constant operands, the
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
-applies while reading its input, and the activations and elementwise ops its kernel applies before
-storing.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
+applies while reading its input, the activations and elementwise ops its kernel applies before
+storing, and the residual ADD an integer convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
 
@@ -17,13 +17,13 @@ LiteRT folds constants itself).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
 from .ir import Op, Sparsity, Tensor
 
-FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise"})
+FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "residual"})
 
 # Activations that clamp: (low, high); with PRELU, what "activation" fuses into its producer.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -34,6 +34,8 @@ EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 EPILOGUE_UNARY = frozenset(CLAMPS) | {"LOGISTIC", "TANH", "HARD_SWISH", "ELU", "LEAKY_RELU", "GELU"}
 EPILOGUE_BINARY = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM"})
 CONVOLUTIONS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
+# Integer kernels adding a residual to their requantized results ("residual").
+RESIDUAL_HOSTS = frozenset({"CONV_2D"})
 
 
 # -- constants ---------------------------------------------------------------------
@@ -140,6 +142,7 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
         found.setdefault(id(anchor), [(anchor, "")]).append((op, kind))
         owner[id(op)] = owner[id(anchor)] = id(anchor)
 
+    position = {id(op): i for i, op in enumerate(ops)}
     for anchor in ops:
         if id(anchor) in owner:
             continue
@@ -158,11 +161,15 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
                 for op, inner in group:
                     take(anchor, op, inner or kind)
         value = anchor
-        while (follower := _follower(value, fusions, keep)) is not None and id(follower[0]) in members \
+
+        def ready(t: Tensor, before: int = position[id(anchor)]) -> bool:
+            """Whether ``t`` is computed before the anchor runs (or comes from outside ``ops``)."""
+            return t.producer is None or position.get(id(t.producer), -1) < before
+        while (follower := _follower(value, fusions, keep, ready)) is not None and id(follower[0]) in members \
                 and id(follower[0]) not in owner:
             take(anchor, *follower)
             value = follower[0]
-            if follower[1] == "activation":
+            if follower[1] in ("activation", "residual"):
                 break
         tail[id(anchor)] = value
     return [Group(entries[0][0], tuple(op for op, _ in entries[1:]), tuple(kind for _, kind in entries[1:]))
@@ -264,8 +271,10 @@ def gate_operands(op: Op) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def _follower(op: Op, fusions: Collection[str], keep: Collection[int]) -> tuple[Op, str] | None:
-    """The op applied to ``op``'s result inside ``op``'s kernel, with the fusion that does it."""
+def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
+              ready: Callable[[Tensor], bool]) -> tuple[Op, str] | None:
+    """The op applied to ``op``'s result inside ``op``'s kernel, with the fusion that does it (``ready``:
+    whether a tensor is computed before ``op``'s group runs)."""
     if op.custom or len(op.outputs) != 1:
         return None
     value = op.outputs[0]
@@ -273,6 +282,8 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int]) -> tuple[
     if follower is None or follower.inputs[0] is not value and follower.opcode not in EPILOGUE_BINARY:
         return None
     out = follower.outputs[0] if len(follower.outputs) == 1 else None
+    if "residual" in fusions and _residual(op, follower, ready):
+        return follower, "residual"
     if out is None or out.shape != value.shape or out.dtype != value.dtype or value.dtype.numpy != np.float32:
         return None
     if ("activation" in fusions and op.opcode in ACTIVATION_HOSTS and not is_quantized_op(op)
@@ -288,6 +299,20 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int]) -> tuple[
             follower.inputs[0] is value and follower.inputs[1] is value):
         return follower, "epilogue"
     return None
+
+
+def _residual(op: Op, follower: Op, ready: Callable[[Tensor], bool]) -> bool:
+    """An int8 ADD of an int8 convolution's result and another tensor of its shape, computed before it
+    (a residual connection), that the convolution's kernel adds as it stores."""
+    if op.opcode not in RESIDUAL_HOSTS or follower.opcode != "ADD" or len(follower.inputs) != 2 \
+            or len(follower.outputs) != 1 or follower.inputs[0] is follower.inputs[1]:
+        return False
+    value = op.outputs[0]
+    other = follower.inputs[1] if follower.inputs[0] is value else follower.inputs[0]
+    tensors = (value, other, follower.outputs[0])
+    return (other is not None and not other.is_constant and ready(other)
+            and all(t.dtype.numpy == np.int8 and t.quantization is not None and t.shape == value.shape
+                    for t in tensors))
 
 
 def channel_slope(slope: Tensor | None, value: Tensor) -> np.ndarray | None:

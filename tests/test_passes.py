@@ -97,6 +97,22 @@ def test_groups_follow_the_declared_fusions():
     assert find_groups(graph.ops, {"activation"}, keep={graph.ops[1].outputs[0].index}) == []
 
 
+def test_a_residual_add_folds_into_the_convolution_it_follows_when_its_other_operand_is_ready():
+    """Two int8 convolutions of one input, then their ADD: only the second convolution can add the
+    first's result as it stores (the first runs before the second's result exists)."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3), "int8", quant=(0.05, 0))
+    results = [b.op("CONV_2D", [x, b.const(f"w{i}", rng.integers(-127, 128, (3, 1, 1, 3)).astype(np.int8),
+                                            quant=(0.01, 0))], dtype="int8", quant=(0.1, 0),
+                    options={"padding": "VALID", "stride_h": 1, "stride_w": 1}) for i in range(2)]
+    b.output(b.op("ADD", results, dtype="int8", quant=(0.2, 0)))
+    graph = read_model(b.to_bytes()).main
+    groups = find_groups(graph.ops, {"residual"})
+    assert [(g.anchor.index, tuple(op.index for op in g.folded), g.kinds) for g in groups] == [(1, (2,), ("residual",))]
+    assert find_groups(graph.ops, {"epilogue"}) == []  # a float kind: not for int8
+
+
 class FusingTable:
     """Table backends of tests.test_planner that fold activations (the CPU) and epilogues too (the GPU)."""
 

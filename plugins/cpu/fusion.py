@@ -10,6 +10,11 @@ applied while the result is still in registers or cache; run as the convolution'
 pad costs nothing (its kernels read borders in place).  No separate op, no pass over memory, and
 the same values: a clamp or PReLU of each result, zeros at the borders.  XNNPACK, which the LiteRT
 engine runs, fuses the same pairs.
+
+An int8 residual ADD of a CONV_2D's result and a tensor computed before it runs inside that
+convolution too: the fused op reads the other operand as its last input and carries the ADD (option
+``residual``); its kernel requantizes each output row, then adds as the ADD would, while the row is in
+cache.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Collection, Sequence
 from delegate.plugin_api import Group, Op, channel_slope, constant, find_groups, folded_into
 
 # What the CPU backend's kernels fold (both engines; the numpy engine computes constants at compile time).
-FUSIONS = frozenset({"constant", "pad", "activation"})
+FUSIONS = frozenset({"constant", "pad", "activation", "residual"})
 
 
 def fuse_ops(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op], dict[int, int]]:
@@ -36,11 +41,15 @@ def fuse_ops(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op], dict[i
 
 
 def _merged(group: Group) -> Op:
-    """The group's anchor doing its folded pad and activation."""
+    """The group's anchor doing its folded pad, activation and residual ADD."""
     op = group.anchor
     inputs, outputs, options = list(op.inputs), list(op.outputs), dict(op.options)
     for folded, kind in zip(group.folded, group.kinds):
-        if kind == "pad":
+        if kind == "residual":
+            inputs.append(folded.inputs[1] if folded.inputs[0] is op.outputs[0] else folded.inputs[0])
+            options["residual"] = folded
+            outputs = list(folded.outputs)
+        elif kind == "pad":
             pads = constant(folded.input(1)).astype(int)
             inputs[0] = folded.inputs[0]
             options["explicit_padding"] = (int(pads[1, 0]), int(pads[1, 1]), int(pads[2, 0]), int(pads[2, 1]))

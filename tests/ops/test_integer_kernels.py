@@ -1,5 +1,5 @@
 """native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
-MEAN, table lookups; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
+MEAN, table lookups, SOFTMAX; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
 formulations: builder-made edge cases, every op of the converter's quantized fixtures, and the portable
 C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
 
@@ -28,12 +28,12 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "converter"
 INT8_FIXTURES = sorted(p.name for p in FIXTURES.glob("*int8*.tflite")
                        if any(op.opcode == "DEPTHWISE_CONV_2D" for op in read_model(p.read_bytes()).main.ops))
 INTEGER_SYMBOLS = {"qproduct", "qconv", "qdepthwise"}  # the convolutions'
-WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "wide_depthwise", "FULLY_CONNECTED": "wide_product"}
+WIDE = {"CONV_2D": "wide_conv", "DEPTHWISE_CONV_2D": "qdepthwise", "FULLY_CONNECTED": "wide_product"}
 # The symbols the fixtures' ops call, and the ops checked: every op of the int8 ones; the 16x8
 # convolutions of the int16x8 one (LiteRT cannot run the int16x8 transformer; its int16 ADD is a numpy
 # kernel one step off LiteRT's on rare ties).
 FIXTURE_CALLS = {**{name: ({"qconv", "qdepthwise", "qproduct", "qbinary"}, None) for name in INT8_FIXTURES},
-                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "wide_depthwise"}, set(WIDE))}
+                 "efficientnet_lite_blocks_int16x8.tflite": ({"wide_conv", "qdepthwise"}, set(WIDE))}
 seeds = st.integers(0, 2**16)
 zero_points = st.sampled_from([-128, -100, 0, 37, 127])
 
@@ -202,13 +202,31 @@ def test_table_lookups_are_bit_exact(dtype, opcode):
     rng = np.random.default_rng(5)
     b = GraphBuilder()
     zero = -5 if dtype == "int8" else 131
-    x = b.input("x", (3, 77), dtype, quant=(0.04, zero))
+    x = b.input("x", (4, 77), dtype, quant=(0.04, zero))
     out_quant = (1 / 256, -128 if dtype == "int8" else 0) if opcode == "LOGISTIC" else (1 / 128, zero)
     b.output(b.op(opcode, [x], dtype=dtype, quant=out_quant))
-    inputs = random_q(rng, (3, 77), dtype)
+    info = np.iinfo(dtype)  # every value once (vector blocks of 64 and the scalar tail), in random places
+    every = np.arange(info.min, info.max + 1).astype(dtype)
+    inputs = rng.permutation(np.concatenate([every, random_q(rng, 4 * 77 - every.size, dtype)])).reshape(4, 77)
     with native_calls() as called:
         exact(b, inputs)
     assert called == ["qlookup"]
+    exact(b, inputs, native=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, beta=st.sampled_from([1.0, 0.35, 2.0]), depth=st.integers(1, 70), rows=st.integers(1, 4),
+       in_zero=zero_points, in_scale=st.floats(0.01, 0.5))
+def test_softmax_is_bit_exact(seed, beta, depth, rows, in_zero, in_scale):
+    """int8 SOFTMAX (LiteRT's table kernel; its output is always 1/256 at -128) natively and in numpy."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (rows, depth), "int8", quant=(in_scale, in_zero))
+    b.output(b.op("SOFTMAX", [x], dtype="int8", quant=(1 / 256, -128), options={"beta": beta}))
+    inputs = random_q(rng, (rows, depth))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qsoftmax"]
     exact(b, inputs, native=False)
 
 
@@ -248,6 +266,60 @@ def test_16x8_layers_are_bit_exact(seed, opcode, bias_type, kernel, stride, padd
     reference_fc = opcode == "FULLY_CONNECTED" and bias_type == "INT64"
     assert called == ([] if reference_fc else [WIDE[opcode]])
     exact(b, inputs, native=False)
+
+
+def residual_block(rng, kernel: int, conv_first: bool, add_zero: int):
+    """x -> 1x1 CONV_2D (y) -> CONV_2D of ``kernel`` (z) -> ADD of z and y (z first or second): the
+    residual connection of MobileNetV2's blocks; the ADD on its own scales and zero point."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 6, 5), "int8", quant=(0.03, 7))
+    y, z = x, None
+    for name, k, c_in, c_out in (("y", 1, 5, 12), ("z", kernel, 12, 12)):
+        w, scales = weights(b, rng, (c_out, k, k, c_in), 0, "int8", True)
+        in_scale = 0.03 if name == "y" else 0.05
+        out = b.op("CONV_2D", [y if name == "z" else x, w, bias(b, rng, in_scale, scales)], dtype="int8",
+                   quant=(0.05 if name == "y" else 0.08, -3 if name == "y" else 11),
+                   options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
+        y, z = (out, z) if name == "y" else (y, out)
+    b.output(b.op("ADD", [z, y] if conv_first else [y, z], dtype="int8", quant=(0.1, add_zero),
+                  options={"fused_activation_function": "RELU"}))
+    return b
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("conv_first", [True, False])
+def test_residual_add_runs_in_the_convolution(kernel, conv_first):
+    """The ADD of a convolution's result and an earlier one is fused into that convolution (qproduct for
+    1x1, qconv else) and stays bit-exact, natively and through the numpy kernels in turn."""
+    rng = np.random.default_rng(kernel + 2 * conv_first)
+    b = residual_block(rng, kernel, conv_first, -20)
+    g = read_model(b.to_bytes()).main
+    compiled = default_manager().backend_info("cpu").factory({}).compile(make_partition(g, g.ops, "cpu", 0),
+                                                                         CompileOptions())
+    assert compiled.fused == {2: 1}
+    inputs = random_q(rng, (1, 7, 6, 5))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qproduct", "qproduct" if kernel == 1 else "qconv"]
+    exact(b, inputs, native=False)
+
+
+@pytest.mark.parametrize("window, symbols", [(22, ["qdepthwise"]), (23, [])])
+def test_16x8_depthwise_sums_stay_in_int32(window, symbols):
+    """qdepthwise sums in int32: a 22x22 window of extreme int16 inputs and weights still fits (native), a
+    23x23 one could overflow and takes the numpy formulation; both exact."""
+    rng = np.random.default_rng(window)
+    b = GraphBuilder()
+    in_scale, w_scale = 0.0002, 0.01
+    x = b.input("x", (1, 23, 23, 3), "int16", quant=(in_scale, 0))
+    w = b.const("w", rng.choice(np.array([-127, 127], np.int8), (1, window, window, 3)), quant=(w_scale, 0))
+    bias_tensor = b.const("bias", np.zeros(3, np.int64), quant=(in_scale * w_scale, 0))
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, w, bias_tensor], dtype="int16", quant=(in_scale * w_scale * 2e9 / 32767, 0),
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}))
+    inputs = rng.choice(np.array([-32768, 32767], np.int16), (1, 23, 23, 3))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == symbols
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_CALLS))

@@ -866,6 +866,27 @@ static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 #undef QLOAD
 }
 
+#if defined(__AVX512F__)
+/* qrequantize on the 16 channels j..j+15 at once (qrequantize8's steps, with masks). */
+static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+{
+#define QLOAD16(a) _mm512_loadu_si512((const void *)((a) + j))
+    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, QLOAD16(q->bias)), QLOAD16(q->left));
+    __m512i m = QLOAD16(q->multiplier), nudge = _mm512_set1_epi64(1 << 30);
+    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, m), nudge);
+    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(m, 32)), nudge);
+    x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
+    __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
+    __m512i threshold = QLOAD16(q->threshold);
+    threshold = _mm512_mask_sub_epi32(threshold, negative, threshold, QLOAD16(q->away));
+    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, QLOAD16(q->mask)), threshold);
+    x = _mm512_add_epi32(_mm512_srav_epi32(x, QLOAD16(q->right)), _mm512_set1_epi32(q->zero));
+    x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
+    return _mm512_min_epi32(_mm512_max_epi32(x, _mm512_set1_epi32(q->low)), _mm512_set1_epi32(q->high));
+#undef QLOAD16
+}
+#endif
+
 /* 16 int32 values (in the int8 range) as 16 bytes in order. */
 static inline __m128i narrow16(__m256i a, __m256i b)
 {
@@ -879,6 +900,12 @@ static inline __m128i narrow16(__m256i a, __m256i b)
 static inline void qstore(const int32_t *restrict acc, int64_t first, int64_t n, const qstage *q, int8_t *restrict out)
 {
     int64_t j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16) {
+        __m512i v = qrequantize16(_mm512_loadu_si512((const void *)(acc + j)), first + j, q);
+        _mm_storeu_si128((__m128i *)(out + j), _mm512_cvtepi32_epi8(v));
+    }
+#endif
 #if defined(__AVX2__)
     for (; j + 16 <= n; j += 16) {
         __m256i a = qrequantize8(_mm256_loadu_si256((const __m256i *)(acc + j)), first + j, q);
@@ -1002,9 +1029,51 @@ static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t 
     }
 }
 
+/* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
+ * ADD and SUB take each operand to a common scale by table (``tables``: for each int8 value, 256 int32,
+ * of a, then of b, for the first ``head`` elements, LiteRT's int8 ADD vector loop over whole blocks of
+ * 16; then of a and of b for the rest, its scalar loop; SUB's b negated), sum them and take the sums
+ * through the output stage, 16 at a time.  MUL multiplies the zero-point-centred operands (less zero_a,
+ * zero_b) and takes them through the output stage; its second operand may be one row of ``period``
+ * items repeated along the first's rows. */
+typedef struct {
+    const int8_t *a, *b;
+    int8_t *out;
+    int64_t n, period, kind, head, zero_a, zero_b;
+    const int32_t *tables;
+    const qstage *output;
+    int64_t threads;
+} qbinary_call;
+
+/* ADD or SUB of ``count`` items (at most 16, all in the head or all past it) of a and b into out. */
+static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, int head,
+                              const qbinary_call *p)
+{
+    const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
+    int32_t sums[16];
+    for (int64_t k = 0; k < count; k++)
+        sums[k] = ta[a[k]] + tb[b[k]];
+    qstore(sums, 0, count, p->output, out);
+}
+
+/* ADD or SUB of the ``count`` items at flat positions first.. of the operands (a, b and out pointing
+ * at item ``first``; out may be a). */
+static void qadd_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t first, int64_t count,
+                      const qbinary_call *p)
+{
+    for (int64_t k = 0; k < count;) {
+        int64_t i = first + k, head = i < p->head, n = count - k < 16 ? count - k : 16;
+        if (head && p->head - i < n)
+            n = p->head - i;
+        qadd_block(a + k, b + k, out + k, n, (int)head, p);
+        k += n;
+    }
+}
+
 /* out (m x n, rows ldc apart) = requantized a (m x k, rows lda apart) @ a packed operand: each thread
- * takes a share of the row tiles, or of the panels when there are too few tiles to go round.  Built
- * once by a kernel, which places a and c per run. */
+ * takes a share of the row tiles, or of the panels when there are too few tiles to go round; with a
+ * residual (ldc == n), each tile's stored part goes through the residual ADD while in cache.  Built
+ * once by a kernel, which places a, c (and residual_b) per run. */
 typedef struct {
     int64_t m, n, k;
     const int8_t *a;
@@ -1015,6 +1084,8 @@ typedef struct {
     int64_t ldc;
     const qstage *stage;
     int64_t threads;
+    const int8_t *residual_b;    /* with residual: the ADD's other operand, (m x n) as c */
+    const qbinary_call *residual;  /* NULL, or the residual ADD each stored row goes through (a: c itself) */
 } qproduct_call;
 
 int qproduct(const qproduct_call *p)
@@ -1034,6 +1105,13 @@ int qproduct(const qproduct_call *p)
             for (int r = 0; r < rows; r++)
                 a[r] = p->a + (row + r) * p->lda;
             qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
+            if (p->residual) {
+                int64_t c0 = p0 * QPANEL, c1 = p1 * QPANEL < p->n ? p1 * QPANEL : p->n;
+                for (int r = 0; r < rows; r++) {
+                    int64_t at = (row + r) * p->n + c0;
+                    qadd_span(p->c + at, p->residual_b + at, p->c + at, at, c1 - c0, p->residual);
+                }
+            }
         }
     }
     return DONE;
@@ -1041,7 +1119,8 @@ int qproduct(const qproduct_call *p)
 
 /* A CONV_2D of int8 (h, w, c) images (where: the geometry, in items): groups of up to QMR output pixels
  * of a row copy their windows into per-thread rows of depth kh*kw*c (taps outside the image hold the
- * input zero point, adding nothing once the zero point is folded in), then go against every panel. */
+ * input zero point, adding nothing once the zero point is folded in), then go against every panel; a
+ * residual as for qproduct. */
 typedef struct {
     const int8_t *images;
     const int8_t *packed;
@@ -1052,6 +1131,8 @@ typedef struct {
     int64_t zero;
     const qstage *stage;
     int64_t threads;
+    const int8_t *residual_b;    /* as qproduct_call's (the output contiguous) */
+    const qbinary_call *residual;
 } qconv_call;
 
 int qconv(const qconv_call *p)
@@ -1076,9 +1157,14 @@ int qconv(const qconv_call *p)
                 int8_t *dst = windows + q * depth;
                 a[q] = dst;
                 for (int64_t ky = 0; ky < g->kh; ky++) {
-                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+                    int64_t iy = oy * g->stride_h + ky * g->dh - g->top, ix0 = (ox + q) * g->stride_w - g->left;
+                    if (g->dw == 1 && iy >= 0 && iy < g->h && ix0 >= 0 && ix0 + g->kw <= g->w) {
+                        memcpy(dst, x + (iy * g->w + ix0) * c, g->kw * c);  /* the row's taps are one run */
+                        dst += g->kw * c;
+                        continue;
+                    }
                     for (int64_t kx = 0; kx < g->kw; kx++, dst += c) {
-                        int64_t ix = (ox + q) * g->stride_w + kx * g->dw - g->left;
+                        int64_t ix = ix0 + kx * g->dw;
                         if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
                             memset(dst, (int)p->zero, c);
                         else
@@ -1088,84 +1174,191 @@ int qconv(const qconv_call *p)
             }
             qrows(pixels, a, depth, p->packed, p->sums, p->units, 0, (p->units + QPANEL - 1) / QPANEL,
                   row + ox * p->units, p->units, p->stage);
+            if (p->residual) {
+                int64_t at = (r * ow + ox) * p->units;
+                qadd_span(p->out + at, p->residual_b + at, p->out + at, at, pixels * p->units, p->residual);
+            }
         }
     }
     free(all);
     return DONE;
 }
 
-/* A DEPTHWISE_CONV_2D of int8 (h, w, c) images: output pixel channel j sums (x - zero) * weights[tap][j]
- * (int16, exact) over the taps inside the image (TFLite leaves the others out), then requantizes. */
+/* An integer DEPTHWISE_CONV_2D (multiplier 1), one loop for both activation widths: int8 images (wide
+ * 0) or int16 ones (wide 1), against (kh*kw, c) int16 taps (their zero point taken out).  Output pixel
+ * channel j sums (x - zero) * taps[t][j] over the taps t inside the image (TFLite leaves the others
+ * out) in int32, exact for the sums the caller bounded (native.py's QDepthwiseCall), 16 channels held
+ * in registers over all taps; then requantizes: int8 through ``stage`` (qstage), int16 through
+ * ``wide_stage`` (requant, in int64). */
 typedef struct {
-    const int8_t *images;
-    const int16_t *weights;
-    int8_t *out;
+    const void *images;
+    const int16_t *taps;
+    void *out;
     const geometry *where;
-    int64_t zero;
+    int64_t zero, wide;
     const qstage *stage;
+    const requant *wide_stage;
     int64_t threads;
 } qdepthwise_call;
+
+/* The channels a depthwise sum keeps in one register: 16 with AVX-512, else 8. */
+#if defined(__AVX512F__)
+#define DW_LANES 16
+#else
+#define DW_LANES 8
+#endif
+typedef int32_t lanes32 __attribute__((vector_size(DW_LANES * 4)));
+typedef int16_t lanes16 __attribute__((vector_size(DW_LANES * 2)));
+typedef int8_t lanes8 __attribute__((vector_size(DW_LANES)));
+
+/* DW_LANES int8 or int16 values sign-extended to int32 (the compilers' generic conversion goes through
+ * scalars). */
+static inline lanes32 widen16(const int16_t *p)
+{
+#if defined(__AVX512F__)
+    return (lanes32)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__AVX2__)
+    return (lanes32)_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)p));
+#else
+    lanes16 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, lanes32);
+#endif
+}
+
+static inline lanes32 widen8(const int8_t *p)
+{
+#if defined(__AVX512F__)
+    return (lanes32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+#elif defined(__AVX2__)
+    return (lanes32)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    lanes8 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, lanes32);
+#endif
+}
+
+/* sums[j] for one output pixel whose taps inside the image are the input pixels at x + offsets[t]
+ * (in items) weighted by taps row index[t]; with ``pixels`` 2, also sums[c + j] for the pixel ``step``
+ * items further on (the same taps: each weight vector loaded once for both). */
+static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide, const int pixels,
+                                                                  int64_t step, const int64_t *offsets,
+                                                                  const int64_t *index, int64_t kept,
+                                                                  const int16_t *taps, int64_t c, int32_t zero,
+                                                                  int32_t *restrict sums)
+{
+    const int8_t *x8 = x;
+    const int16_t *x16 = x;
+    int64_t j = 0;
+    for (; j + DW_LANES <= c; j += DW_LANES) {
+        lanes32 acc = {0}, next = {0};
+        for (int64_t t = 0; t < kept; t++) {
+            lanes32 w = widen16(taps + index[t] * c + j);
+            int64_t at = offsets[t] + j;
+            acc += ((wide ? widen16(x16 + at) : widen8(x8 + at)) - zero) * w;
+            if (pixels == 2)
+                next += ((wide ? widen16(x16 + at + step) : widen8(x8 + at + step)) - zero) * w;
+        }
+        memcpy(sums + j, &acc, sizeof acc);
+        if (pixels == 2)
+            memcpy(sums + c + j, &next, sizeof next);
+    }
+    for (; j < c; j++)
+        for (int q = 0; q < pixels; q++) {
+            int32_t acc = 0;
+            for (int64_t t = 0; t < kept; t++) {
+                int64_t at = offsets[t] + j + q * step;
+                acc += ((wide ? x16[at] : x8[at]) - zero) * taps[index[t] * c + j];
+            }
+            sums[q * c + j] = acc;
+        }
+}
+
+/* Output pixel ox of a qdepthwise row from its sums. */
+static inline __attribute__((always_inline)) void depthwise_store(const qdepthwise_call *p, const int wide,
+                                                                   const int32_t *sums, char *row, int64_t ox)
+{
+    int64_t c = p->where->c;
+    if (wide)
+        for (int64_t j = 0; j < c; j++)
+            ((int16_t *)row)[ox * c + j] = (int16_t)requantize(sums[j], j, p->wide_stage);
+    else
+        qstore(sums, 0, c, p->stage, (int8_t *)row + ox * c);
+}
+
+/* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
+ * int64, ``sums`` for 2 * c int32.  The row's taps (those on input rows inside the image) are listed once:
+ * pixels with all of them inside the row read them at a shifted base, two at a time, border pixels keep
+ * those inside. */
+static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwise_call *p, const int wide,
+                                                                  const char *x, int64_t oy, char *row,
+                                                                  int64_t *list, int32_t *sums)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, window = g->kh * g->kw, size = wide ? 2 : 1, inner0, inner1, step = g->stride_w * c;
+    int64_t *offsets = list, *index = list + window, *columns = index + window;
+    int64_t *kept_offsets = columns + window, *kept_index = kept_offsets + window;
+    int32_t zero = (int32_t)p->zero;
+    int64_t taps = row_taps(g, oy, columns, offsets, index);
+    inner_columns(g->w, g->kw, g->stride_w, g->dw, g->left, g->ow, &inner0, &inner1);
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+        int64_t base = ox * g->stride_w;
+        const char *at = x + base * c * size;
+        if (ox >= inner0 && ox + 1 < inner1) {
+            depthwise_sums(at, wide, 2, step, offsets, index, taps, p->taps, c, zero, sums);
+            depthwise_store(p, wide, sums, row, ox);
+            depthwise_store(p, wide, sums + c, row, ++ox);
+            continue;
+        }
+        if (ox >= inner0 && ox < inner1)
+            depthwise_sums(at, wide, 1, 0, offsets, index, taps, p->taps, c, zero, sums);
+        else
+            depthwise_sums(at, wide, 1, 0, kept_offsets, kept_index,
+                           taps_inside(columns, offsets, index, taps, base, g->w, kept_offsets, kept_index),
+                           p->taps, c, zero, sums);
+        depthwise_store(p, wide, sums, row, ox);
+    }
+}
 
 int qdepthwise(const qdepthwise_call *p)
 {
     const geometry *g = p->where;
-    int64_t c = g->c, ow = g->ow, oh = g->oh;
+    int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    int16_t zero = (int16_t)p->zero;
-    size_t per_thread = (size_t)c * sizeof(int32_t);
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + 2 * (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
-        int64_t oy = r % oh;
-        const int8_t *x = p->images + r / oh * g->image_in;
-        int8_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
-        int32_t *restrict acc = (int32_t *)own_scratch(all, per_thread);
-        for (int64_t ox = 0; ox < ow; ox++) {
-            memset(acc, 0, per_thread);
-            for (int64_t ky = 0; ky < g->kh; ky++) {
-                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
-                if (iy < 0 || iy >= g->h)
-                    continue;
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
-                    if (ix < 0 || ix >= g->w)
-                        continue;
-                    const int8_t *restrict in = x + (iy * g->w + ix) * c;
-                    const int16_t *restrict w = p->weights + (ky * g->kw + kx) * c;
-                    for (int64_t j = 0; j < c; j++)
-                        acc[j] += (int16_t)(in[j] - zero) * w[j];
-                }
-            }
-            qstore(acc, 0, c, p->stage, row + ox * c);
-        }
+        const char *x = (const char *)p->images + r / oh * g->image_in * size;
+        char *row = (char *)p->out + (r / oh * g->image_out + r % oh * g->out_stride) * size;
+        int64_t *list = (int64_t *)own_scratch(all, per_thread);
+        int32_t *sums = (int32_t *)(list + 5 * window);
+        if (p->wide)
+            qdepthwise_row(p, 1, x, r % oh, row, list, sums);
+        else
+            qdepthwise_row(p, 0, x, r % oh, row, list, sums);
     }
     free(all);
     return DONE;
 }
-
-/* int8 ADD, SUB (kind 0, sign +1 or -1) and MUL (kind 1) of two operands of one shape, flat, as TFLite
- * computes them.  ADD and SUB take each operand to a common scale: the first ``head`` elements (LiteRT's
- * int8 ADD vector loop, whole blocks of 16) as floor((v * factor + offset) / 2**31), the input's zero
- * point in the offset; the rest (the scalar loop) through the operand's own stage (bias: less the zero
- * point; left shift: the 20 bits of headroom and the multiplier's); then both through the output stage.
- * MUL multiplies the zero-point-centred operands (less zero_a, zero_b) and takes them through the output
- * stage; its second operand may be one row of ``period`` items repeated along the first's rows. */
-typedef struct {
-    const int8_t *a, *b;
-    int8_t *out;
-    int64_t n, period, kind, sign, head;
-    int64_t factor_a, offset_a, factor_b, offset_b, zero_a, zero_b;
-    const qstage *stage_a, *stage_b, *output;
-    int64_t threads;
-} qbinary_call;
 
 /* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
 static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
 {
     int64_t k = 0;
     int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
+#if defined(__AVX512F__)
+    __m512i wa = _mm512_set1_epi32(zero_a), wb = _mm512_set1_epi32(zero_b);
+    for (; k + 16 <= count; k += 16) {
+        __m512i x = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + k))), wa);
+        __m512i y = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k))), wb);
+        __m512i v = qrequantize16(_mm512_mullo_epi32(x, y), 0, p->output);
+        _mm_storeu_si128((__m128i *)(out + k), _mm512_cvtepi32_epi8(v));
+    }
+#endif
 #if defined(__AVX2__)
     __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
     for (; k + 8 <= count; k += 8) {
@@ -1195,14 +1388,7 @@ int qbinary(const qbinary_call *p)
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
         int64_t first = part * 4096, end = first + 4096 < n ? first + 4096 : n;
-        for (int64_t i = first; i < end; i++) {
-            int32_t a = p->a[i], b = p->b[i], s;
-            if (i < p->head)
-                s = (int32_t)((a * p->factor_a + p->offset_a) >> 31) + (int32_t)((b * p->factor_b + p->offset_b) >> 31);
-            else
-                s = qrequantize(a, 0, p->stage_a) + (int32_t)p->sign * qrequantize(b, 0, p->stage_b);
-            p->out[i] = (int8_t)qrequantize(s, 0, p->output);
-        }
+        qadd_span(p->a + first, p->b + first, p->out + first, first, end - first, p);
     }
     return DONE;
 }
@@ -1342,46 +1528,6 @@ int wide_conv(const wide_call *p)
     return DONE;
 }
 
-/* A DEPTHWISE_CONV_2D of int16 images (weights: (kh*kw, c) int8 taps): per channel the int64 sum of
- * (x - zero) * w over the taps inside the image, requantized. */
-int wide_depthwise(const wide_call *p)
-{
-    const geometry *g = p->where;
-    int64_t c = g->c, oh = g->oh;
-    size_t per_thread = (size_t)c * sizeof(int64_t);
-    char *all = scratch((int)p->threads, per_thread);
-    if (!all)
-        return NO_MEMORY;
-    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
-    for (int64_t r = 0; r < g->images * oh; r++) {
-        int64_t oy = r % oh;
-        const int16_t *x = p->a + r / oh * g->image_in;
-        int16_t *row = p->out + r / oh * g->image_out + oy * g->out_stride;
-        int64_t *restrict acc = (int64_t *)own_scratch(all, per_thread);
-        for (int64_t ox = 0; ox < g->ow; ox++) {
-            memset(acc, 0, per_thread);
-            for (int64_t ky = 0; ky < g->kh; ky++) {
-                int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
-                if (iy < 0 || iy >= g->h)
-                    continue;
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
-                    if (ix < 0 || ix >= g->w)
-                        continue;
-                    const int16_t *restrict in = x + (iy * g->w + ix) * c;
-                    const int8_t *restrict w = p->weights + (ky * g->kw + kx) * c;
-                    for (int64_t j = 0; j < c; j++)
-                        acc[j] += (int32_t)(in[j] - p->zero) * w[j];
-                }
-            }
-            for (int64_t j = 0; j < c; j++)
-                row[ox * c + j] = (int16_t)requantize(acc[j], j, p->stage);
-        }
-    }
-    free(all);
-    return DONE;
-}
-
 /* A partition's consecutive prepared calls on buffers fixed at compile time, run as one call (native.py's
  * batched_steps): calls[i] by kernels[i] in turn; the first status other than DONE ends it. */
 typedef int (*prepared_kernel)(const void *);
@@ -1395,6 +1541,47 @@ int run_prepared(const prepared_kernel *kernels, const void *const *calls, int64
     }
     return DONE;
 }
+
+/* An int8 SOFTMAX over rows of ``depth`` as LiteRT's table kernel computes it, in float32 operation by
+ * operation: e = table[row max - x] (exp of the scaled distance), the row's e summed in order, p = e *
+ * (1 / (sum * scale)), rounded half away from zero (floor(p + 0.5): p >= 0), plus the zero point,
+ * clamped.  Nothing may fuse p's product with the rounding's addition (one rounding, not LiteRT's two). */
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    int64_t rows, depth;
+    const float *table;
+    float scale;
+    int32_t zero, low, high;
+} qsoftmax_call;
+
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+int qsoftmax(const qsoftmax_call *p)
+{
+    for (int64_t r = 0; r < p->rows; r++) {
+        const int8_t *x = p->x + r * p->depth;
+        int8_t *out = p->out + r * p->depth;
+        int32_t top = x[0];
+        for (int64_t i = 1; i < p->depth; i++)
+            top = x[i] > top ? x[i] : top;
+        float total = 0.0f;
+        for (int64_t i = 0; i < p->depth; i++)
+            total += p->table[top - x[i]];
+        float inverse = 1.0f / (total * p->scale);
+        for (int64_t i = 0; i < p->depth; i++) {
+            float probability = p->table[top - x[i]] * inverse, rounded = probability + 0.5f;
+            /* floor by truncation (rounded >= 0); from 1024 on the clamp gives high whatever the zero point */
+            int32_t q = rounded < 1024.0f ? (int32_t)rounded + p->zero : p->high;
+            out[i] = (int8_t)(q < p->low ? p->low : q > p->high ? p->high : q);
+        }
+    }
+    return DONE;
+}
+#pragma GCC pop_options
 
 /* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
  * table starts at the type's minimum). */
@@ -1410,10 +1597,24 @@ int qlookup(const lookup_call *p)
 {
     int64_t parts = (p->n + 4095) / 4096;
     uint8_t flip = (uint8_t)p->flip;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    /* 64 bytes at a time: two 128-entry byte permutes, the index's top bit picking between them */
+    __m512i quarter[4], flips = _mm512_set1_epi8((char)flip);
+    for (int q = 0; q < 4; q++)
+        quarter[q] = _mm512_loadu_si512((const void *)(p->table + 64 * q));
+#endif
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
-        int64_t end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
-        for (int64_t i = part * 4096; i < end; i++)
+        int64_t i = part * 4096, end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+        for (; i + 64 <= end; i += 64) {
+            __m512i index = _mm512_xor_si512(_mm512_loadu_si512((const void *)(p->x + i)), flips);
+            __m512i low = _mm512_permutex2var_epi8(quarter[0], index, quarter[1]);
+            __m512i high = _mm512_permutex2var_epi8(quarter[2], index, quarter[3]);
+            _mm512_storeu_si512((void *)(p->out + i), _mm512_mask_blend_epi8(_mm512_movepi8_mask(index), low, high));
+        }
+#endif
+        for (; i < end; i++)
             p->out[i] = p->table[p->x[i] ^ flip];
     }
     return DONE;

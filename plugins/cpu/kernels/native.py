@@ -277,7 +277,7 @@ class NativeLoops:
         library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
         library.packed_product.restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
-                                                         LookupCall, QMeanCall)]
+                                                         LookupCall, QMeanCall, QSoftmaxCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -603,28 +603,22 @@ _I16 = np.dtype(np.int16)
 
 
 class WideCall(ctypes.Structure):
-    """The arguments of native.c's 16x8 kernels (wide_call): int16 activations against int8 ``weights``
+    """The arguments of native.c's 16x8 products (wide_call): int16 activations against int8 ``weights``
     as stored, (units, depth) for a product (``rows`` of the input) or a CONV_2D (``where``; taps outside
-    the image hold ``zero``), (KH*KW, C) taps for a depthwise one (less ``zero``); a run places the input
-    and the output."""
+    the image hold ``zero``); a run places the input and the output.  (Depthwise: QDepthwiseCall.)"""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("weights", _PTR), ("out", _PTR),
                 ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(Requant)),
                 ("threads", _INT64)]
-    symbols = {"product": "wide_product", "conv": "wide_conv", "depthwise": "wide_depthwise"}
+    symbols = {"product": "wide_product", "conv": "wide_conv"}
     places = ("a", "out")
 
     def __init__(self, kind: str, weights: np.ndarray, stage: Requant, threads: int, rows: int = 0,
                  where: Geometry | None = None, zero: int = 0):
         weights = np.ascontiguousarray(weights, np.int8)
         units, depth = weights.shape
-        if kind == "depthwise":
-            fits(where is not None and weights.shape == (where.kh * where.kw, where.c) and
-                 where.out_layout[0][3] == where.c == stage.channels, "depthwise taps do not fit the geometry")
-            units, depth = where.c, where.kh * where.kw
         fits(stage.channels == units and (kind == "product" or where is not None and
-                                          (kind == "depthwise" or depth == where.kh * where.kw * where.c == depth
-                                                               and where.out_layout[0][3] == units)),
+                                          depth == where.kh * where.kw * where.c and where.out_layout[0][3] == units),
              f"16x8 {kind} of {weights.shape} weights does not fit its stage or geometry")
         self.symbol, self.kept = self.symbols[kind], (weights, stage, where)
         super().__init__(rows, units, depth, None, weights.ctypes.data, None,
@@ -656,96 +650,141 @@ class PackedInt8:
 _I8 = np.dtype(np.int8)
 
 
+class QBinaryCall(ctypes.Structure):
+    """The arguments of native.c's qbinary: int8 ADD / SUB or MUL of two operands of one shape (``size``
+    items; for MUL the second may be one row of ``period`` items along the first's rows), with the
+    stages and constants it describes; a run places a, b and out."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR),
+                *[(name, _INT64) for name in ("n", "period", "kind", "head", "zero_a", "zero_b")],
+                ("tables", _PTR), ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    symbol, places = "qbinary", ("a", "b", "out")
+
+    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
+                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None):
+        """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
+        (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
+        negated); MUL: the operands' ``zeros``."""
+        mul = kind == "MUL"
+        period = size if period is None else period
+        tables = None if mul else np.ascontiguousarray(tables, np.int32)
+        fits(0 <= head <= size and head % 16 == 0 and output.channels == 1 and period >= 1 and
+             size % period == 0 and (mul or period == size and tables.shape == (4, 256)),
+             "binary stages or operands do not fit")
+        self.kept = (output, tables)
+        super().__init__(None, None, None, size, period, int(mul), head, *zeros,
+                         None if mul else tables.ctypes.data, ctypes.pointer(output), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
+             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+def _with_residual(call, residual: "QBinaryCall | None", items: int) -> None:
+    """Have an integer convolution's ``call`` (of ``items`` contiguous outputs) take its stored results
+    through ``residual``, an ADD whose first operand they are; a run then places the ADD's other operand
+    between the input and the output."""
+    call.kept += (residual,)
+    if residual is None:
+        return
+    fits(residual.kind == 0 and residual.n == residual.period == items, "the residual ADD does not fit the outputs")
+    call.residual = ctypes.pointer(residual)
+    call.places = (call.places[0], "residual_b", call.places[1])
+
+
+def _placed_residual(call, arrays: tuple) -> np.ndarray:
+    """The output among a run's ``arrays`` (input, [residual operand,] output), the residual operand checked."""
+    if len(arrays) == 3:
+        fits(_contiguous(arrays[1], arrays[2].size, _I8), f"residual operand {arrays[1].shape} for {arrays[2].shape}")
+    fits(len(arrays) == len(call.places), f"{len(arrays)} arrays for {call.symbol}")
+    return arrays[-1]
+
+
+_RESIDUAL_FIELDS = [("residual_b", _PTR), ("residual", ctypes.POINTER(QBinaryCall))]
+
+
 class QProductCall(ctypes.Structure):
     """The arguments of native.c's qproduct: a (rows, depth) int8 input against a packed operand,
-    requantized into a (rows, units) int8 output; built once, a run places the input and output."""
+    requantized into a (rows, units) int8 output, optionally through a residual ADD; built once, a run
+    places the input (the residual operand) and output."""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("lda", _INT64), ("packed", _PTR),
-                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+                ("sums", _PTR), ("c", _PTR), ("ldc", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64),
+                *_RESIDUAL_FIELDS]
     symbol, places = "qproduct", ("a", "c")
 
-    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int):
+    def __init__(self, rows: int, rhs: PackedInt8, stage: QStage, threads: int, residual: "QBinaryCall | None" = None):
         fits(stage.channels == rhs.units, f"requantization of {stage.channels} channels for {rhs.units} units")
         self.kept = (rhs, stage)
         super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
                          None, rhs.units, ctypes.pointer(stage), threads)
+        _with_residual(self, residual, rows * rhs.units)
         self.reference = ctypes.byref(self)
 
-    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+    def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
+        out = _placed_residual(self, (lhs, *rest))
         fits(_contiguous(lhs, self.m * self.k, _I8) and _contiguous(out, self.m * self.n, _I8),
              f"integer product arrays {lhs.shape} -> {out.shape}")
 
 
 class QConvCall(ctypes.Structure):
     """The arguments of native.c's qconv: int8 images, as ``where`` says, against a packed (KH*KW*C,
-    units) filter, taps outside the image holding the input zero point ``zero``."""
+    units) filter, taps outside the image holding the input zero point ``zero``; a residual ADD as for
+    QProductCall (the output contiguous)."""
 
     _fields_ = [("images", _PTR), ("packed", _PTR), ("sums", _PTR), ("units", _INT64), ("out", _PTR),
                 ("where", ctypes.POINTER(Geometry)), ("zero", _INT64), ("stage", ctypes.POINTER(QStage)),
-                ("threads", _INT64)]
+                ("threads", _INT64), *_RESIDUAL_FIELDS]
     symbol, places = "qconv", ("images", "out")
 
-    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int):
+    def __init__(self, rhs: PackedInt8, where: Geometry, zero: int, stage: QStage, threads: int,
+                 residual: "QBinaryCall | None" = None):
         fits(rhs.depth == where.kh * where.kw * where.c and rhs.units == where.out_layout[0][3] == stage.channels,
              f"packed weights ({rhs.units}, {rhs.depth}) do not fit the geometry")
+        contiguous = where.out_stride == where.ow * rhs.units and where.image_out == where.oh * where.out_stride
+        fits(residual is None or contiguous, "a residual ADD needs a contiguous output")
         self.kept = (rhs, where, stage)
         super().__init__(None, rhs.panels.ctypes.data, rhs.sums.ctypes.data, rhs.units, None, ctypes.pointer(where),
                          zero, ctypes.pointer(stage), threads)
+        _with_residual(self, residual, where.images * where.image_out)
         self.reference = ctypes.byref(self)
 
-    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        self.kept[1].placed(x, out, _I8)
+    def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
+        self.kept[1].placed(x, _placed_residual(self, (x, *rest)), _I8)
 
 
 class QDepthwiseCall(ctypes.Structure):
-    """The arguments of native.c's qdepthwise: int8 images, as ``where`` says, against (KH*KW, C) int16
-    taps (their zero point taken out), less the input zero point ``zero``."""
+    """The arguments of native.c's qdepthwise: int8 images (``stage`` a QStage) or int16 ones (a Requant),
+    as ``where`` says, against (KH*KW, C) int16 taps (their zero point taken out), less the input zero
+    point ``zero``.  Its sums are int32: refused where they could overflow (see ``sums_fit``)."""
 
-    _fields_ = [("images", _PTR), ("weights", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
-                ("zero", _INT64), ("stage", ctypes.POINTER(QStage)), ("threads", _INT64)]
+    _fields_ = [("images", _PTR), ("taps", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
+                ("zero", _INT64), ("wide", _INT64), ("stage", ctypes.POINTER(QStage)),
+                ("wide_stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
     symbol, places = "qdepthwise", ("images", "out")
 
-    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: QStage, threads: int):
+    def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: "QStage | Requant", threads: int):
         taps = np.ascontiguousarray(taps, np.int16)
+        wide = isinstance(stage, Requant)
+        self.dtype = _I16 if wide else _I8
         fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
              f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
+        fits(self.sums_fit(taps, self.dtype, zero), "depthwise sums could overflow int32")
         self.kept = (taps, where, stage)
-        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
+        super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, int(wide),
+                         None if wide else ctypes.pointer(stage), ctypes.pointer(stage) if wide else None, threads)
         self.reference = ctypes.byref(self)
+
+    @staticmethod
+    def sums_fit(taps: np.ndarray, dtype, zero: int) -> bool:
+        """Whether every channel's sum of (x - zero) * taps over a window stays in int32 for any input."""
+        info = np.iinfo(dtype)
+        spread = max(info.max - zero, zero - info.min)
+        return spread * int(np.abs(taps.astype(np.int64)).sum(axis=0).max(initial=0)) < 2 ** 31
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        self.kept[1].placed(x, out, _I8)
-
-
-class QBinaryCall(ctypes.Structure):
-    """The arguments of native.c's qbinary: int8 ADD / SUB (``sign``) or MUL of two operands of one shape
-    (``size`` items; for MUL the second may be one row of ``period`` items along the first's rows), with
-    the stages and constants it describes; a run places a, b and out."""
-
-    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), *[(name, _INT64) for name in (
-        "n", "period", "kind", "sign", "head", "factor_a", "offset_a", "factor_b", "offset_b", "zero_a", "zero_b")],
-        *[(name, ctypes.POINTER(QStage)) for name in ("stage_a", "stage_b", "output")], ("threads", _INT64)]
-    symbol, places = "qbinary", ("a", "b", "out")
-
-    def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
-                 factors=((0, 0), (0, 0)), stages: tuple[QStage, QStage] | None = None, zeros=(0, 0),
-                 period: int | None = None):
-        """ADD / SUB: ``factors`` ((factor, offset) per operand) for the first ``head`` items, the operands'
-        ``stages`` for the rest; MUL: the operands' ``zeros``."""
-        mul = kind == "MUL"
-        stages = (output, output) if mul else stages
-        period = size if period is None else period
-        fits(0 <= head <= size and all(stage.channels == 1 for stage in (output, *stages)) and period >= 1 and
-             size % period == 0 and (mul or period == size), "binary stages or operands do not fit")
-        self.kept = (output, *stages)
-        super().__init__(None, None, None, size, period, int(mul), -1 if kind == "SUB" else 1, head, *factors[0],
-                         *factors[1],
-                         *zeros, *(ctypes.pointer(stage) for stage in stages), ctypes.pointer(output), threads)
-        self.reference = ctypes.byref(self)
-
-    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
-             f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+        self.kept[1].placed(x, out, self.dtype)
 
 
 class QPoolCall(ctypes.Structure):
@@ -784,6 +823,27 @@ class LookupCall(ctypes.Structure):
              f"lookup arrays {x.shape} -> {out.shape}")
 
 
+class QSoftmaxCall(ctypes.Structure):
+    """The arguments of native.c's qsoftmax: int8 rows of ``depth`` (``size`` items) through the 256-entry
+    float32 ``table`` of exp(-scale * beta * distance), onto the output's ``scale``, ``zero`` and
+    ``bounds``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("table", _PTR),
+                ("scale", ctypes.c_float), ("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
+    symbol, places = "qsoftmax", ("x", "out")
+
+    def __init__(self, table: np.ndarray, size: int, depth: int, scale: float, zero: int, bounds: tuple[int, int]):
+        fits(table.shape == (256,) and table.dtype == np.float32 and depth >= 1 and size % depth == 0,
+             f"softmax table {table.shape} {table.dtype} or rows of {depth} in {size} items")
+        self.kept = np.ascontiguousarray(table)
+        super().__init__(None, None, size // depth, depth, self.kept.ctypes.data, scale, zero, *bounds)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        size = self.rows * self.depth
+        fits(_contiguous(x, size, _I8) and _contiguous(out, size, _I8), f"softmax arrays {x.shape} -> {out.shape}")
+
+
 class QMeanCall(ctypes.Structure):
     """The arguments of native.c's qmean: the MEAN of int8 (N, H, W, C) images over their pixels through
     ``stage``; a run places the input and output."""
@@ -804,12 +864,14 @@ class QMeanCall(ctypes.Structure):
              f"mean arrays {x.shape} -> {out.shape}")
 
 
-def prepared_run(loops: NativeLoops, call, inputs: int = 1):
-    """run() of a kernel that is one prepared call on its first ``inputs`` inputs and its output, marked
-    (``prepared``, ``inputs``) for batched_steps."""
+def prepared_run(loops: NativeLoops, call, inputs: int | tuple[int, ...] = 1):
+    """run() of a kernel that is one prepared call on its first ``inputs`` inputs (or the inputs of those
+    slots) and its output, marked (``prepared``, ``inputs``: the slots) for batched_steps."""
+    slots = tuple(range(inputs)) if isinstance(inputs, int) else inputs
+
     def run(ins, outs):
-        loops.prepared(call, *(np.ascontiguousarray(x) for x in ins[:inputs]), outs[0])
-    run.prepared, run.inputs = call, inputs
+        loops.prepared(call, *(np.ascontiguousarray(ins[slot]) for slot in slots), outs[0])
+    run.prepared, run.inputs = call, slots
     return run
 
 
@@ -831,7 +893,7 @@ def batched_steps(steps: list[tuple]) -> list[tuple]:
     for step in steps:
         _, run, sources, outs = step
         call = getattr(run, "prepared", None)
-        arrays = None if call is None else [*sources[:run.inputs], outs[0]]
+        arrays = None if call is None else [*(sources[slot] for slot in run.inputs), outs[0]]
         if loops is not None and arrays is not None and \
                 all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             loops.bind(call, *arrays)

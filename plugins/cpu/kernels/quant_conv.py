@@ -20,11 +20,11 @@ import numpy as np
 
 from delegate.plugin_api import DType, Op, Tensor
 
-from ..registry import kernel
+from ..registry import find_kernel, kernel
 from .common import contiguous_layout, same_padding
 from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
-from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QConvCall, QDepthwiseCall, QProductCall, QStage,
-                     Requant, WideCall, kernel_loops, prepared_run, team_for)
+from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QBinaryCall, QConvCall, QDepthwiseCall, QProductCall,
+                     QStage, Requant, WideCall, kernel_loops, prepared_run, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
     multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
@@ -160,7 +160,12 @@ def _wide(op: Op, kind: str, bias: np.ndarray, reference: bool):
         kh, kw = stored.shape[1:3]
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape),
                             conv_pads(op, (h, width), (kh, kw), out.shape[1:3]))
-        call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
+        if kind == "depthwise":
+            if not QDepthwiseCall.sums_fit(matrix, np.int16, zx):
+                return None
+            call = QDepthwiseCall(matrix, where, zx, stage, team)
+        else:
+            call = WideCall(kind, matrix, stage, team, where=where, zero=zx)
     return prepared_run(loops, call)
 
 
@@ -203,9 +208,10 @@ def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray):
     return (None, None) if stage is None else (PackedInt8(matrix), stage)
 
 
-def _native_conv2d(op: Op, bias: np.ndarray):
+def _native_conv2d(op: Op, bias: np.ndarray, residual: QBinaryCall | None = None):
     """run() of an int8 CONV_2D in the integer kernels (a 1x1 filter of stride 1 one product on the
-    input in place); None where they do not serve."""
+    input in place), its results through ``residual`` (an ADD of the input after the last) when given;
+    None where they do not serve."""
     loops = _integer_loops(op)
     if loops is None:
         return None
@@ -219,11 +225,42 @@ def _native_conv2d(op: Op, bias: np.ndarray):
     team = team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
     pads = conv_pads(op, (h, w), (kh, kw), (oh, ow))
     if kh == kw == 1 and (op.options.get("stride_h", 1), op.options.get("stride_w", 1)) == (1, 1) and not any(pads):
-        call = QProductCall(n * h * w, packed, stage, team)
+        call = QProductCall(n * h * w, packed, stage, team, residual)
     else:
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(out.shape), pads)
-        call = QConvCall(packed, where, zero_point(x), stage, team)
-    return prepared_run(loops, call)
+        call = QConvCall(packed, where, zero_point(x), stage, team, residual)
+    return prepared_run(loops, call, 1 if residual is None else (0, len(op.inputs)))
+
+
+def _residual_parts(op: Op) -> tuple[Op, Op, int] | None:
+    """Of a CONV_2D with a residual ADD fused in (fusion.py: the ADD's other operand its last input): the
+    convolution alone, the ADD, and which of the ADD's inputs the convolution's result is."""
+    add = op.options.get("residual")
+    if add is None:
+        return None
+    first = 0 if add.inputs[0].producer is not None and add.inputs[0].producer.index == op.index else 1
+    options = {key: value for key, value in op.options.items() if key != "residual"}
+    conv = Op(op.index, op.opcode, op.inputs[:-1], [add.inputs[first]], version=op.version, options=options,
+              options_type=op.options_type)
+    return conv, add, first
+
+
+def _with_residual(conv: Op, add: Op, first: int):
+    """run() of an int8 CONV_2D whose results go through a residual ADD: in the integer kernel as it
+    stores each row where the native loops serve, else the convolution's kernel and the ADD's in turn."""
+    from .quantized import int8_add_call  # quantized imports this module to register its kernels
+
+    residual = int8_add_call(add, first)
+    native = None if residual is None else _native_conv2d(conv, _bias(conv, 2, conv.inputs[1].shape[0]), residual)
+    if native is not None:
+        return native
+    conv_run, add_run = conv2d(conv), find_kernel(add)(add)
+    result = np.empty(conv.outputs[0].shape, np.int8)
+
+    def run(ins, outs):
+        conv_run(ins[:-1], [result])
+        add_run([result, ins[-1]] if first == 0 else [ins[-1], result], outs)
+    return run
 
 
 def _reference_16x8(op: Op, x: Tensor) -> bool:
@@ -269,6 +306,9 @@ def _operand(op: Op, w: Tensor, matrix: np.ndarray, dtype):
 @kernel("CONV_2D", quantized=True)
 def conv2d(op: Op):
     """One exact float GEMM per block of output rows on the zero-point-centred input (see conv_gemm)."""
+    parts = _residual_parts(op)
+    if parts is not None:
+        return _with_residual(*parts)
     x, w = op.inputs[0], op.inputs[1]
     weights = _weights(w)
     out_c, kh, kw, in_c = weights.shape
@@ -297,7 +337,9 @@ def depthwise_conv2d(op: Op):
     _, kh, kw, out_c = weights.shape
     _, bound = _product_bound(op, weights.reshape(-1, out_c).T)
     away = ~vector_lanes(out_c, 8) if x.dtype.numpy == np.int8 else x.dtype.numpy == np.uint8
-    loops = _integer_loops(op) if x.shape[-1] == out_c else None
+    taps = weights.reshape(kh * kw, out_c)
+    fit = x.shape[-1] == out_c and QDepthwiseCall.sums_fit(taps, x.dtype.numpy, zero_point(x))
+    loops = _integer_loops(op) if fit else None
     stage = None if loops is None else _integer_stage(op, away, _bias(op, 2, out_c))
     if stage is not None:
         n, h, width, _ = x.shape
@@ -305,7 +347,7 @@ def depthwise_conv2d(op: Op):
         where = Geometry.of(op, contiguous_layout(x.shape), contiguous_layout(op.outputs[0].shape),
                             conv_pads(op, (h, width), (kh, kw), (oh, ow)))
         team = team_for(n * oh * ow * out_c * kh * kw, PER_THREAD_MACS)
-        return prepared_run(loops, QDepthwiseCall(weights.reshape(kh * kw, out_c), where, zero_point(x), stage, team))
+        return prepared_run(loops, QDepthwiseCall(taps, where, zero_point(x), stage, team))
     native = _wide(op, "depthwise", _bias(op, 2, out_c), True) if x.shape[-1] == out_c else None
     if native is not None:
         return native

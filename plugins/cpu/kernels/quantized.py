@@ -19,7 +19,8 @@ from delegate.plugin_api import Op
 from ..registry import kernel
 from .common import scratch
 from .elementwise import COMPARE, arithmetic
-from .native import PER_THREAD_ITEMS, LookupCall, QBinaryCall, QStage, kernel_loops, prepared_run, team_for
+from .native import (PER_THREAD_ITEMS, LookupCall, QBinaryCall, QSoftmaxCall, QStage, kernel_loops, prepared_run,
+                     team_for)
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -172,16 +173,12 @@ def add_sub(op: Op):
                 for v, zp, params in zip(values, offsets, to_common))
         output(x + sign * y, out)
 
-    combined = [left_shift + int(shift) for _, shift in to_common]
-    same = a.shape == b.shape and min(combined) >= 0
-    # Same shapes: one flat loop, vectorised on whole blocks of 16, whose high multiply of the
-    # left-shifted operand is floor((v * M * 2**combined + 2**30) / 2**31), zero point folded in.
+    factors = _head_factors(to_common, offsets, left_shift) if a.shape == b.shape else None
     head = out.size - out.size % 16 if vectorised else 0
-    factors = [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)] \
-        if same else None
-    native = _native_add_sub(op, to_common, output_real, offsets, head, factors) if same else None
-    if native is not None:
-        return native
+    call = int8_add_call(op) if factors is not None else None
+    if call is not None:
+        return prepared_run(_binary_loops(op), call, 2)
+    same = factors is not None
     if not vectorised or not same:
         return lambda ins, outs: combine(ins, outs[0], loops)
     final = Rescale(output_real, zero_point(out), activation_bounds(op), True, 0, 1 << 30)
@@ -197,9 +194,6 @@ def add_sub(op: Op):
         if head < out.size:
             combine([v[head:] for v in flat], outs[0].reshape(-1)[head:], None)
     return run
-
-
-_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
 def _binary_loops(op: Op, row: bool = False):
@@ -230,19 +224,40 @@ def _output_stage(real, op: Op) -> QStage:
                   activation_bounds(op))
 
 
-def _native_add_sub(op: Op, to_common, output_real, offsets, head: int, factors):
-    """run() of an int8 ADD / SUB of operands of one shape in native.c's qbinary (the first ``head``
-    items by ``factors``, the rest through each operand's common-scale stage); None where it does not
-    serve."""
-    loops = _binary_loops(op)
-    if loops is None:
+def _head_factors(to_common, offsets, left_shift: int) -> list[tuple[int, int]] | None:
+    """(factor, offset) of each operand in LiteRT's int8 ADD vector loop (whole blocks of 16 of a flat
+    loop over operands of one shape), whose high multiply of the left-shifted operand is floor((v *
+    M * 2**combined + 2**30) / 2**31), the zero point folded in; None where a combined shift is negative."""
+    combined = [left_shift + int(shift) for _, shift in to_common]
+    if min(combined) < 0:
         return None
-    stages = tuple(QStage(m, shift, np.array([-zp]), True, 0, _INT32_RANGE, 20)
-                   for (m, shift), zp in zip(to_common, offsets))
-    size = int(np.prod(op.outputs[0].shape))
-    call = QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head,
-                       factors, stages)
-    return prepared_run(loops, call, 2)
+    return [(int(m) << c, (1 << 30) - zp * (int(m) << c)) for (m, _), c, zp in zip(to_common, combined, offsets)]
+
+
+def int8_add_call(op: Op, first: int = 0) -> QBinaryCall | None:
+    """native.c's qbinary call of an int8 ADD / SUB of operands of one shape, input ``first`` taken as its
+    operand a (a residual ADD's convolution result): each operand on the common scale looked up in tables
+    of every int8 value, LiteRT's vector loop's formula for the first whole blocks of 16 (ADD only),
+    its scalar loop's after them; None where the native loops do not serve."""
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if _binary_loops(op) is None or a.shape != b.shape:
+        return None
+    to_common, twice_max = _common_scale(a, b)
+    offsets = (zero_point(a), zero_point(b))
+    factors = _head_factors(to_common, offsets, 20)
+    if factors is None:
+        return None
+    values = np.arange(-128, 128, dtype=np.int64)
+    vector = [(values * factor + offset) >> 31 for factor, offset in factors]
+    scalar = [multiply_by_quantized_multiplier((values - zp) << 20, m, shift)
+              for (m, shift), zp in zip(to_common, offsets)]
+    sign = -1 if op.opcode == "SUB" else 1
+    order = (first, 1 - first)
+    tables = np.stack([vector[order[0]], sign * vector[order[1]], scalar[order[0]], sign * scalar[order[1]]])
+    size = int(np.prod(out.shape))
+    head = size - size % 16 if op.opcode == "ADD" else 0
+    output_real = twice_max / np.float64(np.float32(1 << 20) * scale(out))
+    return QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head, tables)
 
 
 @kernel("SQUARED_DIFFERENCE", quantized=True)
@@ -489,6 +504,10 @@ def softmax(op: Op):
     out_scale, out_offset, bounds = scale(dst), zero_point(dst), qrange(dst)
     # LiteRT rounds uint8 probabilities by adding 0.5 and truncating (ignoring the zero point).
     truncate = dst.dtype.numpy == np.uint8
+    loops = kernel_loops() if src.dtype.numpy == dst.dtype.numpy == np.int8 and dst.shape else None
+    if loops is not None:
+        call = QSoftmaxCall(exp_table, int(np.prod(dst.shape)), dst.shape[-1], out_scale, out_offset, bounds)
+        return prepared_run(loops, call)
 
     def run(ins, outs):
         x = ins[0].astype(np.int64)
