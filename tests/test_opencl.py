@@ -515,6 +515,24 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
     assert compiled.describe()["kernels"] == 2
 
 
+def test_depthwise_over_many_channels_stays_its_own_kernel(backend):
+    """Past DEPTHWISE_FOLD_MAX_CHANNELS the product's kernel would recompute the depthwise convolution
+    channel after channel: it runs as its own kernel, before the product, with the same results."""
+    from delegate.passes import DEPTHWISE_FOLD_MAX_CHANNELS
+
+    rng = np.random.default_rng(3)
+    c = DEPTHWISE_FOLD_MAX_CHANNELS + 32
+    b = GraphBuilder()
+    x = b.input("x", (1, 9, 9, c))
+    dw = b.op("DEPTHWISE_CONV_2D", [x, b.const("dw", normal(rng, (1, 3, 3, c))), b.const("db", normal(rng, c))],
+              options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1})
+    b.output(b.op("CONV_2D", [dw, b.const("pw", normal(rng, (8, 1, 1, c))), b.const("pb", normal(rng, 8))],
+                  options={"padding": "VALID", "stride_h": 1, "stride_w": 1}))
+    _, compiled = compile_whole(backend, b)
+    assert compiled.describe()["kernels"] == 2
+    check(b, [normal(rng, (1, 9, 9, c))])
+
+
 @settings(max_examples=10)
 @given(shape=image(), units=st.integers(1, 9), per_image=st.booleans(), swapped=st.booleans(),
        const=st.booleans(), seed=st.integers(0, 2**16))

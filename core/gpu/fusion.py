@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
-from ..passes import gate_operands  # noqa: F401  (the gate test is the shared pass's)
+from ..passes import depthwise_fold_fits, gate_operands  # noqa: F401  (the gate test is the shared pass's)
 from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
 from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -245,7 +245,8 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     if (folds.gate and root.opcode == "MUL" and not group.fused and len(group.steps) == 1 and gate_operands(root)
             and folds.gate(reader)):
         return "gate"
-    if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and folds.depthwise(reader):
+    if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
+            and folds.depthwise(reader):
         return "depthwise"
     if folds.chain and pointwise(root) and unary_only and folds.chain(root) and folds.chain(reader):
         return "chain"
