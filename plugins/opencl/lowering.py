@@ -300,7 +300,7 @@ class Lowering(Values):
                  self.upload(pack_vector(bias, out.shape[3])), *self._window(op, weights.shape[1], weights.shape[2])]
         reduction = weights.shape[1] * weights.shape[2] * slices(x.shape[3])
         if columns[0] * columns[1] * columns[2] < SPLIT_ITEMS_PER_UNIT * self.compute_units \
-                and reduction >= SPLIT_GROUP * 4:
+                and reduction >= SPLIT_GROUP * 2:
             self.add("conv2d_split", g.steps, args, out.shape, (SPLIT_GROUP, phwc4_vectors(out.shape), 1),
                      self.absorbed(g.ops), defines=(("GROUP", SPLIT_GROUP),), local_size=(SPLIT_GROUP, 1, 1))
             return
