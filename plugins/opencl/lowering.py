@@ -23,13 +23,15 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_
                                  pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
                                  slice_ranges, slices, split_parts, transpose_axes, transpose_conv_geometry,
                                  unpack_parts, window_padding)
-from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec, Values
-from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+from delegate.gpu.lowering import (BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
+                                   epilogue_operands)
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
+from delegate.gpu.registry import declare_templates, handler, lowers
+from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.plugin_api import CompileError, Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
-from .program import Variant
+from .program import Variant, templates
 
 DIALECT = "opencl"
 
@@ -61,20 +63,15 @@ class Launch:
     global_size: tuple[int, int, int]
     ops: list[Op]
     local_size: tuple[int, int, int] | None = None
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
+    def __post_init__(self) -> None:
+        self.label = self.label or "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
 def conv_weights(op: Op, x: Tensor) -> np.ndarray:
     """A CONV_2D's weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
     return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
-
-
-def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
-    """A single-channel operand broadcast over all channels of the result."""
-    return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
 
 
 def i32(v) -> list:
@@ -105,7 +102,7 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-class Lowering(Values):
+class ClLowering(Lowering):
     """Turns a partition's groups into launches whose arguments name values, not device buffers.
 
     Values are tensor indices, packed constants (``("constant", n)``) and temporaries
@@ -170,17 +167,10 @@ class Lowering(Values):
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
             if self.storage == np.float32 and host_order(t.shape):
                 return found  # the host copies the NHWC bytes to or from the start of the buffer
-            n, h, w, c = as_nhwc(t.shape)
-            found.staging = len(buffers)
-            buffers.append(BufferSpec(max(n * h * w * c, 1) * 4, "staging"))
-            staging = ["buffer", found.staging]
-            if into_device:
-                args = [["buffer", found.buffer], self.dims(t.shape), i32(c), staging]
-                found.convert = LaunchSpec("nhwc_to_phwc4", args, list(grid(t.shape)))
-            else:
-                args = [staging, ["buffer", found.buffer], self.dims(t.shape), i32(c)]
-                found.convert = LaunchSpec("phwc4_to_nhwc", args, list(grid(t.shape)))
-            found.convert.params = {"epilogue": (), "defines": ()}
+            staging = ("staging", t.index)
+            buffer_of[staging] = found.staging = len(buffers)
+            buffers.append(BufferSpec(max(int(np.prod(as_nhwc(t.shape))), 1) * 4, "staging"))
+            found.convert = spec(self.spell(boundary_call(staging, t, into_device)))
             return found
 
         launches = [spec(launch) for launch in self.launches]
@@ -196,16 +186,34 @@ class Lowering(Values):
         return [buf, self.dims(shape), i32(as_nhwc(shape)[3])]
 
     def epilogue_args(self, steps: Sequence[Step], shape: Sequence[int]) -> list[Any]:
-        args: list[Any] = []
         for step in steps:
-            if step.kind == "quantize":
-                args.append(float4(*step.quant))
-            elif step.kind == "binary" and step.scalar:
-                args.append(f32(constant_value(step.operand).ravel()[0]))
-            elif step.kind == "binary":
-                operand = step.operand
-                args += [self.tensor(operand), self.dims(operand.shape), i32(splat_channel(operand.shape, shape))]
-        return args
+            if step.operand is not None:
+                self.tensor(step.operand)
+        return [part for arg in epilogue_operands(steps, shape).values() for part in self.argument(arg)]
+
+    def argument(self, arg) -> list[list]:
+        """The kernel arguments of one argument of the kit's parameter contract."""
+        if isinstance(arg, TensorArg):
+            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])]
+        if isinstance(arg, BroadcastArg):
+            return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
+        if isinstance(arg, HostArg):
+            return [["buffer", arg.value]]
+        assert isinstance(arg, ParamArg)
+        return [[arg.kind, list(arg.value) if arg.kind.endswith("4") else arg.value]]
+
+    def spell(self, call: Call) -> Launch:
+        """The launch of a kit call: the output's arguments, the call's, then the epilogue's."""
+        args = self.out_args(["buffer", call.output[0]], call.output[1]) if call.output else []
+        for arg in call.args:
+            args += self.argument(arg)
+        shape = call.output[1] if call.output else call.work
+        variant = Variant(call.template, tuple(s.signature() for s in call.steps))
+        return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
+                      label=call.label)
+
+    def emit(self, call: Call) -> None:
+        self.launches.append(self.spell(call))
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
@@ -264,13 +272,6 @@ class Lowering(Values):
         if found is None:
             raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
         found.lower(self, g)
-
-    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-    def elementwise(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             i32(splat_channel(x.shape, out.shape))]
-        self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
     def conv_2d(self, g: Group) -> None:
@@ -613,3 +614,6 @@ class Lowering(Values):
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), i32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
+
+
+declare_templates(DIALECT, templates())

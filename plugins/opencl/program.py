@@ -35,6 +35,12 @@ def template(name: str) -> str:
     return resources.files("delegate_opencl").joinpath("kernels", f"{name}.cl").read_text()
 
 
+def templates() -> list[str]:
+    """The kernel templates this dialect has (``kernels/<name>.cl``; the prelude is none)."""
+    return [entry.name[:-3] for entry in resources.files("delegate_opencl").joinpath("kernels").iterdir()
+            if entry.name.endswith(".cl") and entry.name != "prelude.cl"]
+
+
 @dataclass(frozen=True)
 class Variant:
     """A kernel template with the signature of its epilogue (see :meth:`delegate.gpu.Step.signature`)

@@ -23,12 +23,12 @@ from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_g
                                  reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
                                  transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.plan import Values
-from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg
+from delegate.gpu.registry import declare_templates, handler, lowers
+from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
 
-from .shaders import Kernel, dims, template
+from .shaders import Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
@@ -37,7 +37,7 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
-class KernelList(Values):
+class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
@@ -83,6 +83,9 @@ class KernelList(Values):
                 apply(variant, tiling)
                 kernel.variants.append(variant)
 
+    def emit(self, call: Call) -> None:
+        self.kernels.append(spell(call))
+
     def add(self, group: Group) -> None:
         self.groups.append(group)
         if group.output.index not in self.folded:  # else the reader's kernel does the group
@@ -115,13 +118,6 @@ FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on
 
 
 # -- kernels -------------------------------------------------------------------------------------
-
-@builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-def _elementwise(plan: KernelList, group: Group) -> None:
-    k = plan.kernel("elementwise", group)
-    src = group.root.inputs[0]
-    k.broadcast("src", src.index, src.shape, group.output.shape)
-
 
 def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
     """Two 1x1 convolutions of one pixel as one kernel (a "chain" fold)."""
@@ -398,21 +394,25 @@ def _arg(plan: KernelList, group: Group) -> None:
     k.param("sign", "f32", 1.0 if group.root.opcode == "ARG_MAX" else -1.0)
 
 
-# -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
-
-def host_to_phwc4(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
-    """Spread an input uploaded as the caller's NHWC float32 array into its PHWC4 buffer."""
-    k = Kernel("layout_in", f"to_phwc4#{index}").output(index, shape)
-    k.read("host", staging, "f32")
+def spell(call: Call) -> Kernel:
+    """The kernel of a kit call: bindings and uniforms in the call's order, the epilogue on the output."""
+    k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
+    if call.output is not None:
+        k.output(*call.output, call.steps)
+    else:
+        k.invocations = int(np.prod(dims(call.work)))
+        k.param("count", "i32", k.invocations)
+    for arg in call.args:
+        if isinstance(arg, TensorArg):
+            k.tensor(arg.name, arg.value, arg.shape)
+        elif isinstance(arg, BroadcastArg):
+            k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
+        elif isinstance(arg, HostArg):
+            (k.write if arg.writable else k.read)(arg.name, arg.value, "f32")
+        else:
+            assert isinstance(arg, ParamArg)
+            k.uniform(arg)
     return k
-
-
-def phwc4_to_host(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
-    """Gather an output into NHWC float32 for the host to read as is."""
-    k = Kernel("layout_out", f"to_host#{index}").tensor("src", index, shape)
-    k.write("host", staging, "f32")
-    k.invocations = int(np.prod(dims(shape)))
-    return k.param("count", "i32", k.invocations)
 
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------
@@ -588,3 +588,6 @@ def _lstm(plan: KernelList, group: Group) -> None:
     cell.tensor("gates", gates.index, gates.shape)
     cell.tensor("prev_state", prev_state.index, prev_state.shape)
     cell.tensor("state", state.index, state.shape, writable=True)
+
+
+declare_templates(DIALECT, templates())

@@ -1,0 +1,180 @@
+"""The kit's lowering: one handler per op family decides each launch, and each GPU dialect only spells it.
+
+A handler (registered with :func:`delegate.gpu.registry.lowers_shared`) turns a fused
+:class:`~delegate.gpu.fusion.Group` into :class:`Call` s on a :class:`Lowering`: the kernel
+template, its arguments in the order of the *parameter contract* below, the ops it computes
+and what it iterates over.  A GPU plugin subclasses :class:`Lowering` and implements
+:meth:`Lowering.emit`, spelling each call as its runtime launches it; its templates
+(``kernels/<name>.cl``, ``shaders/<name>.wgsl``) implement the contract, so the same call
+means the same computation in both dialects.
+
+The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bindings and uniforms):
+
+- the output, first when the call has one: ``(buffer, int4 dims, int channels)`` | binding ``dst``
+  with ``p.dst_d``, ``p.dst_c`` and ``p.count``; the group's epilogue is applied to every stored
+  vector, its operands (:func:`epilogue_operands`) following all other arguments.
+- :class:`TensorArg` a PHWC4 tensor: ``(buffer, int4 dims, int channels)`` | binding ``<name>``
+  with ``p.<name>_d``, ``p.<name>_c``.
+- :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and
+  a single channel splat over all of them when :func:`splat_channel`: ``(buffer, int4 dims, int
+  splat)`` | binding ``<name>`` read by ``broadcast_<name>(o)``.
+- :class:`HostArg` a flat NHWC float32 buffer (the host-order staging of a boundary tensor):
+  ``(buffer)`` | binding ``<name>: array<f32>``.
+- :class:`ParamArg` a number or a 4-vector (kind ``int``, ``float``, ``int4``, ``float4``): one
+  argument | one uniform field.
+
+Work is one item per PHWC4 vector of the output (or of ``over``), which each dialect maps onto
+its grid (OpenCL (W, H, N*S), WebGPU flat workgroups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence, Union
+
+from ..ir import Op, Tensor
+from .constants import constant_value
+from .fusion import Group, Step
+from .layout import as_nhwc
+from .plan import Values
+from .registry import lowers_shared
+from .support import BINARY, CONVERSIONS, UNARY
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    value: Hashable
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BroadcastArg:
+    name: str
+    value: Hashable
+    shape: tuple[int, ...]
+    splat: bool  # a single channel standing for every channel of the output
+
+
+@dataclass(frozen=True)
+class HostArg:
+    name: str
+    value: Hashable
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class ParamArg:
+    name: str
+    kind: str  # int | float | int4 | float4
+    value: Any
+
+
+Arg = Union[TensorArg, BroadcastArg, HostArg, ParamArg]
+PARAM_KINDS = ("int", "float", "int4", "float4")
+
+
+@dataclass
+class Call:
+    """One launch as the kit decides it: template, output (value, shape) and epilogue steps, the other
+    arguments in contract order, the ops computed (for labels and profiles) and the vectors iterated."""
+
+    template: str
+    args: list[Arg]
+    ops: list[Op]
+    output: tuple[Hashable, tuple[int, ...]] | None = None
+    steps: Sequence[Step] = ()
+    over: tuple[int, ...] | None = None  # the shape iterated, when not the output's
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        for arg in self.args:
+            if isinstance(arg, ParamArg) and arg.kind not in PARAM_KINDS:
+                raise ValueError(f"{self.template}: parameter kind {arg.kind!r} is not in the contract")
+        if not self.label:
+            self.label = "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
+
+    @property
+    def work(self) -> tuple[int, ...]:
+        """The shape whose PHWC4 vectors the launch iterates, one work item each."""
+        if self.over is not None:
+            return self.over
+        if self.output is None:
+            raise ValueError(f"{self.template}: a call without an output says what it iterates")
+        return self.output[1]
+
+
+def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
+    """A single-channel operand broadcast over all channels of the result."""
+    return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
+
+
+def epilogue_operands(steps: Sequence[Step], out_shape: Sequence[int]) -> dict[int, Arg]:
+    """The arguments the epilogue's steps take, by step index: a quantization grid (``float4``), a scalar
+    operand (``float``) or a tensor operand read at the output position (broadcast), named ``e<i>``."""
+    found: dict[int, Arg] = {}
+    for i, step in enumerate(steps):
+        if step.kind == "quantize":
+            found[i] = ParamArg(f"e{i}", "float4", tuple(float(q) for q in step.quant))
+        elif step.kind == "binary" and step.scalar:
+            found[i] = ParamArg(f"e{i}", "float", float(constant_value(step.operand).ravel()[0]))
+        elif step.kind == "binary":
+            found[i] = broadcast(f"e{i}", step.operand, out_shape)
+    return found
+
+
+def tensor(name: str, t: Tensor) -> TensorArg:
+    return TensorArg(name, t.index, tuple(t.shape))
+
+
+def broadcast(name: str, t: Tensor, out_shape: Sequence[int]) -> BroadcastArg:
+    return BroadcastArg(name, t.index, tuple(t.shape), splat_channel(t.shape, out_shape))
+
+
+class Lowering(Values):
+    """What every dialect's lowering of a partition keeps: its values, and the calls the handlers make.
+
+    Subclasses spell each call (:meth:`emit`) in their dialect.  :meth:`call` first records the tensors
+    the call's arguments can name (those of its ops and epilogue steps), so sizes and constant bytes are
+    known when buffers are assigned.
+    """
+
+    def call(self, call: Call) -> None:
+        for t in _tensors(call):
+            self.tensors[t.index] = t
+        self.emit(call)
+
+    def emit(self, call: Call) -> None:  # pragma: no cover - every dialect implements it
+        raise NotImplementedError
+
+
+def _tensors(call: Call) -> list[Tensor]:
+    found = [op_t for op in call.ops for op_t in (*op.inputs, *op.outputs) if op_t is not None]
+    found += [step.operand for step in call.steps if step.operand is not None]
+    return found
+
+
+# -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
+
+def boundary_call(staging: Hashable, t: Tensor, into_device: bool) -> Call:
+    """The conversion between ``t``'s PHWC4 buffer and its host-order staging buffer ``staging``:
+    ``layout_in`` spreads the caller's array into PHWC4, ``layout_out`` gathers an output for the host."""
+    if into_device:
+        return Call("layout_in", [HostArg("host", staging)], [], output=(t.index, tuple(t.shape)),
+                    label=f"to_phwc4#{t.index}")
+    return Call("layout_out", [tensor("src", t), HostArg("host", staging, writable=True)], [],
+                over=tuple(t.shape), label=f"to_host#{t.index}")
+
+
+# -- elementwise: the first input, broadcast to the output, through the group's epilogue ---------
+
+@lowers_shared(*UNARY, *BINARY, *CONVERSIONS, "ADD_N", templates=("elementwise",))
+def elementwise(lowering: Lowering, g: Group) -> None:
+    """The epilogue applies the ops themselves (a binary op's other operand is a step's)."""
+    x = g.root.inputs[0]
+    lowering.call(Call("elementwise", [broadcast("src", x, g.output.shape)], g.ops,
+                       output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+__all__ = ["Arg", "BroadcastArg", "Call", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
+           "broadcast", "epilogue_operands", "splat_channel", "tensor"]
