@@ -25,6 +25,11 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
 
 Work is one item per PHWC4 vector of the output (or of ``over``), which each dialect maps onto
 its grid (OpenCL (W, H, N*S), WebGPU flat workgroups).
+
+Data movement calls read their inputs as ``in0``, ``in1``... followed by ``aligned`` (``int``: the
+mapping moves whole vectors, channel offsets being multiples of 4) and the mapping's own
+parameters.  A dialect may implement such a template as a variant of a general one (WebGPU: its
+gather kernel with the mapping ``map_<name>.wgsl``); the call is the same.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any, Hashable, Sequence, Union
 from ..ir import Op, Tensor
 from .constants import constant_value
 from .fusion import Group, Step
-from .layout import as_nhwc
+from .layout import as_nhwc, resize_scales, same_storage, transpose_axes
 from .plan import Values
 from .registry import lowers_shared
 from .support import BINARY, CONVERSIONS, UNARY
@@ -176,5 +181,60 @@ def elementwise(lowering: Lowering, g: Group) -> None:
                        output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
+# -- data movement: every output element copied from the input element a mapping names ----------
+
+def _moved(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, g: Group,
+           *params: ParamArg) -> Call:
+    args: list[Arg] = [TensorArg(f"in{i}", value, tuple(shape)) for i, (value, shape) in enumerate(inputs)]
+    return Call(template, [*args, ParamArg("aligned", "int", int(aligned)), *params], g.ops,
+                output=(g.output.index, tuple(g.output.shape)), steps=g.steps)
+
+
+def relayout_call(src: Hashable, src_shape: Sequence[int], dst: Hashable, dst_shape: Sequence[int],
+                  ops: Sequence[Op]) -> Call:
+    """Move elements between slices in NHWC order: a reshape changing the channel count or batch."""
+    aligned = as_nhwc(src_shape)[3] == as_nhwc(dst_shape)[3]
+    return Call("reshape", [TensorArg("in0", src, tuple(src_shape)), ParamArg("aligned", "int", int(aligned))],
+                list(ops), output=(dst, tuple(dst_shape)))
+
+
+@lowers_shared("RESHAPE", "EXPAND_DIMS", "SQUEEZE", templates=("reshape",))
+def reshape(lowering: Lowering, g: Group) -> None:
+    """No kernel where the PHWC4 bytes stay the same: the output is stored in the input's buffer."""
+    x, out = g.root.inputs[0], g.root.outputs[0]
+    if not g.steps and same_storage(x.shape, out.shape):
+        lowering.tensors[x.index] = x
+        lowering.aliases[out.index] = x.index
+        return
+    lowering.call(_moved("reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(g.output.shape)[3], g))
+
+
+@lowers_shared("TRANSPOSE", templates=("transpose",))
+def transpose(lowering: Lowering, g: Group) -> None:
+    x, axes = g.root.inputs[0], transpose_axes(g.root)
+    lowering.call(_moved("transpose", [(x.index, x.shape)], axes[3] == 3, g, ParamArg("axes", "int4", axes)))
+
+
+@lowers_shared("DEPTH_TO_SPACE", templates=("depth_to_space",))
+def depth_to_space(lowering: Lowering, g: Group) -> None:
+    x = g.root.inputs[0]
+    lowering.call(_moved("depth_to_space", [(x.index, x.shape)], g.root.outputs[0].shape[3] % 4 == 0, g,
+                         ParamArg("block", "int", int(g.root.options["block_size"]))))
+
+
+@lowers_shared("SELECT", "SELECT_V2", templates=("select",))
+def select(lowering: Lowering, g: Group) -> None:
+    """Input 1 where the condition (input 0) holds, else input 2, each broadcast by its coordinates modulo its sizes."""
+    lowering.call(_moved("select", [(t.index, t.shape) for t in g.root.inputs], False, g))
+
+
+@lowers_shared("RESIZE_BILINEAR", templates=("resize_bilinear",))
+def resize_bilinear(lowering: Lowering, g: Group) -> None:
+    op, x = g.root, g.root.inputs[0]
+    lowering.call(Call("resize_bilinear", [tensor("src", x), ParamArg("scale", "float4", (*resize_scales(op), 0.0, 0.0)),
+                                           ParamArg("half_pixel", "int", int(bool(op.options.get("half_pixel_centers"))))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
 __all__ = ["Arg", "BroadcastArg", "Call", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
-           "broadcast", "epilogue_operands", "splat_channel", "tensor"]
+           "broadcast", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

@@ -21,10 +21,10 @@ from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matm
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
-                                 slice_ranges, slices, split_parts, transpose_axes, transpose_conv_geometry,
+                                 slice_ranges, slices, split_parts, transpose_conv_geometry,
                                  unpack_parts, window_padding)
 from delegate.gpu.lowering import (BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
-                                   epilogue_operands)
+                                   epilogue_operands, relayout_call)
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
@@ -225,8 +225,7 @@ class ClLowering(Lowering):
 
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
-        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape), i32(as_nhwc(src_shape)[3])]
-        self.add("reshape", (), args, dst_shape, grid(dst_shape), ops)
+        self.call(relayout_call(src[1], src_shape, dst[1], dst_shape, ops))
 
     def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
         """Output buffer for a kernel whose result has shape ``natural``, and what to run after it."""
@@ -498,14 +497,6 @@ class ClLowering(Lowering):
                                                                  int4(0, 0, index, 0)]
             self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
 
-    @lowers(DIALECT, "SELECT", "SELECT_V2")
-    def select(self, g: Group) -> None:
-        out = g.output
-        args = self.out_args(self.tensor(out), out.shape)
-        for t in g.root.inputs:
-            args += [self.tensor(t), self.dims(t.shape), i32(as_nhwc(t.shape)[3])]
-        self.add("select", g.steps, args, out.shape, grid(out.shape), g.ops)
-
     @lowers(DIALECT, "UNPACK")
     def unpack(self, g: Group) -> None:
         axis, parts = unpack_parts(g.root)
@@ -561,30 +552,6 @@ class ClLowering(Lowering):
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
 
-    @lowers(DIALECT, "TRANSPOSE")
-    def transpose(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             int4(*transpose_axes(g.root))]
-        self.add("transpose", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-    def reshape(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        if same_storage(x.shape, out.shape):
-            self.tensor(x)
-            self.aliases[out.index] = x.index  # same bytes: no kernel
-        else:
-            self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
-
-    @lowers(DIALECT, "RESIZE_BILINEAR")
-    def resize_bilinear(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), float2(*resize_scales(op)),
-            i32(bool(op.options.get("half_pixel_centers")))]
-        self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
-
     @lowers(DIALECT, "SOFTMAX")
     def softmax(self, g: Group) -> None:
         op, x, out = g.root, g.root.inputs[0], g.output
@@ -593,13 +560,6 @@ class ClLowering(Lowering):
         args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), f32(op.options.get("beta", 1.0))]
         self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
-
-    @lowers(DIALECT, "DEPTH_TO_SPACE")
-    def depth_to_space(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             i32(op.options["block_size"])]
-        self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:

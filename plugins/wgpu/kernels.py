@@ -20,15 +20,14 @@ from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
                                  pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before,
-                                 reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
-                                 transpose_conv_geometry, unpack_parts)
+                                 reduced_axes, resize_scales, split_parts, transpose_conv_geometry, unpack_parts)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg
+from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, relayout_call
 from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
 
-from .shaders import Kernel, dims, template, templates
+from .shaders import MAPPINGS, Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
@@ -229,8 +228,7 @@ def _fully_connected(plan: KernelList, group: Group) -> None:
     if x.shape[-1] != depth:  # the input is flattened into rows of `depth` values first
         shape = (x.size // depth, depth)
         source = plan.temporary(("rows", op.index), shape)
-        _gather(plan.part("gather", op, "rows", source, shape), "reshape", [(x.index, x.shape)],
-                _same_channels(x.shape, shape))
+        plan.call(relayout_call(x.index, x.shape, source, shape, [op]))
     _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
 
 
@@ -297,16 +295,6 @@ def _pool(plan: KernelList, group: Group) -> None:
     k.tensor("src", x.index, x.shape)
     _window(k, op.options, x.shape, (op.options["filter_height"], op.options["filter_width"]))
     k.param("is_max", "i32", int(op.opcode == "MAX_POOL_2D"))
-
-
-@builds("RESIZE_BILINEAR")
-def _resize(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    k = plan.kernel("resize_bilinear", group)
-    k.tensor("src", x.index, x.shape)
-    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
-    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
 
 
 @builds("SOFTMAX")
@@ -395,8 +383,12 @@ def _arg(plan: KernelList, group: Group) -> None:
 
 
 def spell(call: Call) -> Kernel:
-    """The kernel of a kit call: bindings and uniforms in the call's order, the epilogue on the output."""
+    """The kernel of a kit call: bindings and uniforms in the call's order, the epilogue on the output.
+    A data movement template this dialect writes as a mapping (``map_<name>.wgsl``) is the gather
+    kernel with that mapping."""
     k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
+    if call.template in MAPPINGS:
+        _gather_source(k, call.template, sum(isinstance(arg, TensorArg) for arg in call.args))
     if call.output is not None:
         k.output(*call.output, call.steps)
     else:
@@ -423,8 +415,13 @@ def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[i
     for i, (value, shape) in enumerate(inputs):
         k.tensor(f"in{i}", value, shape)
     k.param("aligned", "i32", int(aligned))
+    return _gather_source(k, mapping, len(inputs), substitutions)
+
+
+def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str, str] | None = None) -> Kernel:
+    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
     lanes, vectors = [], []
-    for i in range(len(inputs)):
+    for i in range(inputs):
         lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
@@ -432,29 +429,13 @@ def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[i
         "    default: { return 0.0; }", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
         "    default: { return V(0.0); }", "  }", "}"])
+    k.template = "gather"
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions or {}), "READ": read}
     return k
 
 
 def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
     return as_nhwc(a)[3] == as_nhwc(b)[3]
-
-
-@builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-def _reshape(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.root.outputs[0]
-    if not group.steps and same_storage(x.shape, out.shape):
-        plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
-        return
-    _gather(plan.kernel("gather", group), "reshape", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
-
-
-@builds("TRANSPOSE")
-def _transpose(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    axes = transpose_axes(group.root)
-    k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
-    k.param("axes", "vec4<i32>", axes)
 
 
 @builds("PAD")
@@ -505,11 +486,6 @@ def _pack(plan: KernelList, group: Group) -> None:
     k.param("axis", "i32", axis)
 
 
-@builds("SELECT", "SELECT_V2")
-def _select(plan: KernelList, group: Group) -> None:
-    _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
-
-
 @builds("UNPACK")
 def _unpack(plan: KernelList, group: Group) -> None:
     op = group.root
@@ -548,13 +524,6 @@ def _split(plan: KernelList, group: Group) -> None:
         k.param("start", "vec4<i32>", tuple(offset if a == axis else 0 for a in range(4)))
         k.param("step", "vec4<i32>", (1, 1, 1, 1))
         k.param("length", "vec4<i32>", length)
-
-
-@builds("DEPTH_TO_SPACE")
-def _depth_to_space(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.root.outputs[0]
-    k = _gather(plan.kernel("gather", group), "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
-    k.param("block", "i32", group.root.options["block_size"])
 
 
 def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:

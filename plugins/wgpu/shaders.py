@@ -34,10 +34,15 @@ def template(name: str) -> str:
     return resources.files("delegate_wgpu").joinpath("shaders", f"{name}.wgsl").read_text()
 
 
+_FILES = sorted(entry.name[:-5] for entry in resources.files("delegate_wgpu").joinpath("shaders").iterdir()
+                if entry.name.endswith(".wgsl"))
+MAPPINGS = frozenset(name[4:] for name in _FILES if name.startswith("map_"))  # data movement as gather mappings
+
+
 def templates() -> list[str]:
-    """The shader templates this dialect has (``shaders/<name>.wgsl``)."""
-    return [entry.name[:-5] for entry in resources.files("delegate_wgpu").joinpath("shaders").iterdir()
-            if entry.name.endswith(".wgsl")]
+    """The templates this dialect has: its shaders (``shaders/<name>.wgsl``) and the data movement it
+    writes as mappings of the gather kernel (``map_<name>.wgsl``)."""
+    return [name for name in _FILES if not name.startswith("map_")] + sorted(MAPPINGS)
 
 
 def dims(shape: Sequence[int]) -> tuple[int, int, int, int]:
