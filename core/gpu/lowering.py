@@ -38,9 +38,11 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Sequence, Union
 
 from ..ir import Op, Tensor
-from .constants import constant_value
+from ..strided import strided_slice_plan
+from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import as_nhwc, resize_scales, same_storage, transpose_axes
+from .layout import (as_nhwc, pad_before, resize_scales, same_storage, split_parts, transpose_axes,
+                     unpack_parts)
 from .plan import Values
 from .registry import lowers_shared
 from .support import BINARY, CONVERSIONS, UNARY
@@ -185,9 +187,23 @@ def elementwise(lowering: Lowering, g: Group) -> None:
 
 def _moved(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, g: Group,
            *params: ParamArg) -> Call:
+    return _part(template, inputs, aligned, g.ops, (g.output.index, tuple(g.output.shape)), *params, steps=g.steps)
+
+
+def _part(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, ops: Sequence[Op],
+          output: tuple[Hashable, tuple[int, ...]], *params: ParamArg, steps: Sequence[Step] = (),
+          label: str = "") -> Call:
     args: list[Arg] = [TensorArg(f"in{i}", value, tuple(shape)) for i, (value, shape) in enumerate(inputs)]
-    return Call(template, [*args, ParamArg("aligned", "int", int(aligned)), *params], g.ops,
-                output=(g.output.index, tuple(g.output.shape)), steps=g.steps)
+    return Call(template, [*args, ParamArg("aligned", "int", int(aligned)), *params], list(ops), output=output,
+                steps=steps, label=label)
+
+
+def _one(g: Group) -> list[tuple[Hashable, Sequence[int]]]:
+    return [(g.root.inputs[0].index, g.root.inputs[0].shape)]
+
+
+def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
+    return as_nhwc(a)[3] == as_nhwc(b)[3]
 
 
 def relayout_call(src: Hashable, src_shape: Sequence[int], dst: Hashable, dst_shape: Sequence[int],
@@ -226,6 +242,78 @@ def depth_to_space(lowering: Lowering, g: Group) -> None:
 def select(lowering: Lowering, g: Group) -> None:
     """Input 1 where the condition (input 0) holds, else input 2, each broadcast by its coordinates modulo its sizes."""
     lowering.call(_moved("select", [(t.index, t.shape) for t in g.root.inputs], False, g))
+
+
+@lowers_shared("PAD", templates=("pad",))
+def pad(lowering: Lowering, g: Group) -> None:
+    """Zeros around the input; a PAD of rows and columns read by a convolution is usually folded into it."""
+    before = pad_before(g.root)
+    lowering.call(_moved("pad", _one(g), before[3] % 4 == 0, g, ParamArg("before", "int4", before)))
+
+
+@lowers_shared("MIRROR_PAD", templates=("mirror_pad",))
+def mirror_pad(lowering: Lowering, g: Group) -> None:
+    x, symmetric = g.root.inputs[0], int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
+    lowering.call(_moved("mirror_pad", _one(g), _same_channels(x.shape, g.output.shape), g,
+                         ParamArg("before", "int4", pad_before(g.root)), ParamArg("symmetric", "int", symmetric)))
+
+
+@lowers_shared("TILE", templates=("tile",))
+def tile(lowering: Lowering, g: Group) -> None:
+    lowering.call(_moved("tile", _one(g), _same_channels(g.root.inputs[0].shape, g.output.shape), g))
+
+
+@lowers_shared("SPACE_TO_DEPTH", templates=("space_to_depth",))
+def space_to_depth(lowering: Lowering, g: Group) -> None:
+    lowering.call(_moved("space_to_depth", _one(g), g.root.inputs[0].shape[3] % 4 == 0, g,
+                         ParamArg("block", "int", int(g.root.options["block_size"]))))
+
+
+@lowers_shared("RESIZE_NEAREST_NEIGHBOR", templates=("resize_nearest",))
+def resize_nearest(lowering: Lowering, g: Group) -> None:
+    o = g.root.options
+    lowering.call(_moved("resize_nearest", _one(g), True, g,
+                         ParamArg("scale", "float4", (*resize_scales(g.root), 0.0, 0.0)),
+                         ParamArg("align", "int", int(bool(o.get("align_corners")))),
+                         ParamArg("half_pixel", "int", int(bool(o.get("half_pixel_centers"))))))
+
+
+@lowers_shared("STRIDED_SLICE", templates=("slice",))
+def strided_slice(lowering: Lowering, g: Group) -> None:
+    """Output elements in NHWC order walk the slice, so a slice shrinking axes needs no relayout after it."""
+    op, x = g.root, g.root.inputs[0]
+    sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
+    ranges = [range(size)[index] for size, index in zip(sliced.effective_shape, sliced.index)]
+    ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
+    aligned = ranges[3].step == 1 and ranges[3].start % 4 == 0 and as_nhwc(g.output.shape)[3] == len(ranges[3])
+    lowering.call(_moved("slice", _one(g), aligned, g, *_walk([r.start for r in ranges], [r.step for r in ranges],
+                                                              [len(r) for r in ranges])))
+
+
+def _walk(start: Sequence[int], step: Sequence[int], length: Sequence[int]) -> tuple[ParamArg, ...]:
+    return (ParamArg("start", "int4", tuple(start)), ParamArg("step", "int4", tuple(step)),
+            ParamArg("length", "int4", tuple(length)))
+
+
+@lowers_shared("SPLIT", "SPLIT_V", templates=("slice",))
+def split(lowering: Lowering, g: Group) -> None:
+    """One slice per output."""
+    x, axis, parts = split_parts(g.root)
+    for i, (out, offset) in enumerate(parts):
+        start = [offset if a == axis else 0 for a in range(4)]
+        lowering.call(_part("slice", [(x.index, x.shape)], axis != 3 or offset % 4 == 0, [g.root],
+                            (out.index, tuple(out.shape)), *_walk(start, (1, 1, 1, 1), as_nhwc(out.shape)),
+                            label=f"{g.root.opcode}#{g.root.index}:part{i}"))
+
+
+@lowers_shared("UNPACK", templates=("unpack",))
+def unpack(lowering: Lowering, g: Group) -> None:
+    """One gather per output: the input with the unpacked axis fixed at the output's index."""
+    axis, parts = unpack_parts(g.root)
+    for out, index in parts:
+        lowering.call(_part("unpack", _one(g), axis != 3, [g.root], (out.index, tuple(out.shape)),
+                            ParamArg("axis", "int", axis), ParamArg("index", "int", index),
+                            label=f"{g.root.opcode}#{g.root.index}:part{index}"))
 
 
 @lowers_shared("RESIZE_BILINEAR", templates=("resize_bilinear",))

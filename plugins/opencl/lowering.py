@@ -20,9 +20,8 @@ from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
-                                 slice_ranges, slices, split_parts, transpose_conv_geometry,
-                                 unpack_parts, window_padding)
+                                 pack_vector, phwc4_vectors, reduced_axes, same_storage, slices, transpose_conv_geometry,
+                                 window_padding)
 from delegate.gpu.lowering import (BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
                                    epilogue_operands, relayout_call)
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
@@ -32,6 +31,7 @@ from delegate.plugin_api import CompileError, Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
 from .program import Variant, templates
+from .program import variant as template_variant
 
 DIALECT = "opencl"
 
@@ -88,14 +88,6 @@ def int2(a, b) -> list:
 
 def int4(a, b, c, d) -> list:
     return ["int4", [int(a), int(b), int(c), int(d)]]
-
-
-def float2(a, b) -> list:
-    return ["float2", [float(a), float(b)]]
-
-
-def float4(a, b, c, d) -> list:
-    return ["float4", [float(a), float(b), float(c), float(d)]]
 
 
 def _plain(value):
@@ -203,12 +195,13 @@ class ClLowering(Lowering):
         return [[arg.kind, list(arg.value) if arg.kind.endswith("4") else arg.value]]
 
     def spell(self, call: Call) -> Launch:
-        """The launch of a kit call: the output's arguments, the call's, then the epilogue's."""
+        """The launch of a kit call: the output's arguments, the call's, then the epilogue's; a template
+        this dialect writes as a mapping of gather.cl is that variant of it."""
         args = self.out_args(["buffer", call.output[0]], call.output[1]) if call.output else []
         for arg in call.args:
             args += self.argument(arg)
         shape = call.output[1] if call.output else call.work
-        variant = Variant(call.template, tuple(s.signature() for s in call.steps))
+        variant = template_variant(call.template, tuple(s.signature() for s in call.steps))
         return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
                       label=call.label)
 
@@ -427,60 +420,6 @@ class ClLowering(Lowering):
             self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
             offset[axis] += as_nhwc(t.shape)[axis]
 
-    def affine(self, g: Group, src: Tensor, begin: Sequence[int], step: Sequence[int],
-               natural: Sequence[int]) -> None:
-        """Output coordinate o reads ``begin + o * step`` per NHWC axis (PAD, STRIDED_SLICE)."""
-        dst, after = self.into_natural(g, natural)
-        args = self.out_args(dst, natural) + [self.tensor(src), self.dims(src.shape), i32(as_nhwc(src.shape)[3]),
-                                              int4(begin[2], begin[1], begin[3], begin[0]),
-                                              int4(step[2], step[1], step[3], step[0])]
-        self.add("slice", g.steps, args, natural, grid(natural), g.ops)
-        after()
-
-    @lowers(DIALECT, "PAD")
-    def pad(self, g: Group) -> None:
-        x = g.root.inputs[0]
-        self.affine(g, x, [-b for b in pad_before(g.root)], [1, 1, 1, 1], g.output.shape)
-
-    @lowers(DIALECT, "STRIDED_SLICE")
-    def strided_slice(self, g: Group) -> None:
-        op, x = g.root, g.root.inputs[0]
-        picked = slice_ranges(op)
-        lead = 4 - len(x.shape)
-        self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
-                    natural_output_shape(op))
-
-    def gather(self, mapping: str, x: Tensor, out: Tensor, steps: Sequence[Step], ops: Sequence[Op],
-               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0),
-               f0: Sequence[float] = (0.0, 0.0, 0.0, 0.0)) -> None:
-        """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), int4(*p0), int4(*p1),
-            float4(*f0)]
-        self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
-
-    @lowers(DIALECT, "TILE")
-    def tile(self, g: Group) -> None:
-        self.gather("TILE", g.root.inputs[0], g.output, g.steps, g.ops)
-
-    @lowers(DIALECT, "SPACE_TO_DEPTH")
-    def space_to_depth(self, g: Group) -> None:
-        self.gather("SPACE_TO_DEPTH", g.root.inputs[0], g.output, g.steps, g.ops,
-                    (g.root.options["block_size"], 0, 0, 0))
-
-    @lowers(DIALECT, "MIRROR_PAD")
-    def mirror_pad(self, g: Group) -> None:
-        symmetric = int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
-        self.gather("MIRROR_PAD", g.root.inputs[0], g.output, g.steps, g.ops, pad_before(g.root),
-                    (symmetric, 0, 0, 0))
-
-    @lowers(DIALECT, "RESIZE_NEAREST_NEIGHBOR")
-    def resize_nearest(self, g: Group) -> None:
-        o = g.root.options
-        self.gather("RESIZE_NEAREST", g.root.inputs[0], g.output, g.steps, g.ops,
-                    (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
-                    f0=(*resize_scales(g.root), 0.0, 0.0))
-
     @lowers(DIALECT, "PACK")
     def pack(self, g: Group) -> None:
         """Along another axis than the channels each output vector comes from one input (gather.cl); along
@@ -488,7 +427,9 @@ class ClLowering(Lowering):
         axis, out = pack_axis(g.root), g.output
         for index, x in enumerate(g.root.inputs):
             if axis != 3:
-                self.gather("PACK", x, out, g.steps, g.ops, (axis, index, 0, 0))
+                self.call(Call("pack_part", [TensorArg("in0", x.index, tuple(x.shape)), ParamArg("aligned", "int", 1),
+                                             ParamArg("axis", "int", axis), ParamArg("index", "int", index)],
+                               g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
                 continue
             column = tuple(x.shape) + (1,)
             tmp = self.temp(column)
@@ -496,22 +437,6 @@ class ClLowering(Lowering):
             args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), i32(1),
                                                                  int4(0, 0, index, 0)]
             self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
-
-    @lowers(DIALECT, "UNPACK")
-    def unpack(self, g: Group) -> None:
-        axis, parts = unpack_parts(g.root)
-        for out, index in parts:
-            self.gather("UNPACK", g.root.inputs[0], out, (), [g.root], (axis, index, 0, 0))
-
-    @lowers(DIALECT, "SPLIT", "SPLIT_V")
-    def split(self, g: Group) -> None:
-        x, axis, parts = split_parts(g.root)
-        for out, offset in parts:
-            begin = [offset if a == axis else 0 for a in range(4)]
-            args = self.out_args(self.tensor(out), out.shape) + [
-                self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
-                int4(begin[2], begin[1], begin[3], begin[0]), int4(1, 1, 1, 1)]
-            self.add("slice", (), args, out.shape, grid(out.shape), [g.root])
 
     @lowers(DIALECT, "MEAN")
     def mean(self, g: Group) -> None:

@@ -16,6 +16,7 @@ stored as device binaries keyed by everything that could change them.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,10 +36,22 @@ def template(name: str) -> str:
     return resources.files("delegate_opencl").joinpath("kernels", f"{name}.cl").read_text()
 
 
+# Data movement templates written as mappings of gather.cl (MAP_<NAME>), by the kit's template name.
+MAPPINGS = frozenset(name.lower() for name in re.findall(r"defined\(MAP_(\w+)\)", template("gather")))
+
+
 def templates() -> list[str]:
-    """The kernel templates this dialect has (``kernels/<name>.cl``; the prelude is none)."""
+    """The kernel templates this dialect has: ``kernels/<name>.cl`` (the prelude is none) and the
+    mappings of the gather kernel."""
     return [entry.name[:-3] for entry in resources.files("delegate_opencl").joinpath("kernels").iterdir()
-            if entry.name.endswith(".cl") and entry.name != "prelude.cl"]
+            if entry.name.endswith(".cl") and entry.name != "prelude.cl"] + sorted(MAPPINGS)
+
+
+def variant(template_name: str, steps: tuple = ()) -> Variant:
+    """The variant running the kit's template ``template_name`` with the epilogue ``steps`` (signatures)."""
+    if template_name in MAPPINGS:
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),))
+    return Variant(template_name, steps)
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
 from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
-                                 pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before,
-                                 reduced_axes, resize_scales, split_parts, transpose_conv_geometry, unpack_parts)
+                                 pack_conv_weights, pack_depthwise_weights, pack_vector, padding_before,
+                                 reduced_axes, transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, relayout_call
 from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.gpu.support import TRANSPOSE_CONV_BIAS
-from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
+from delegate.plugin_api import CompileError, Op, Tensor
 
 from .shaders import MAPPINGS, Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
@@ -434,96 +434,12 @@ def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str
     return k
 
 
-def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
-    return as_nhwc(a)[3] == as_nhwc(b)[3]
-
-
-@builds("PAD")
-def _pad(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    before = pad_before(group.root)
-    k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
-    k.param("before", "vec4<i32>", before)
-
-
-@builds("MIRROR_PAD")
-def _mirror_pad(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.output
-    before = pad_before(group.root)
-    k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
-                as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
-    k.param("before", "vec4<i32>", before)
-    k.param("symmetric", "i32", int(group.root.options.get("mode", "REFLECT") == "SYMMETRIC"))
-
-
-@builds("TILE")
-def _tile(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.output
-    _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
-
-
-@builds("SPACE_TO_DEPTH")
-def _space_to_depth(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
-    k.param("block", "i32", group.root.options["block_size"])
-
-
-@builds("RESIZE_NEAREST_NEIGHBOR")
-def _resize_nearest(plan: KernelList, group: Group) -> None:
-    op, x = group.root, group.root.inputs[0]
-    k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
-    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
-    k.param("align", "i32", int(bool(op.options.get("align_corners"))))
-    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
-
-
 @builds("PACK")
 def _pack(plan: KernelList, group: Group) -> None:
     op = group.root
     axis = pack_axis(op)
     k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
     k.param("axis", "i32", axis)
-
-
-@builds("UNPACK")
-def _unpack(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    axis, parts = unpack_parts(op)
-    for out, index in parts:
-        k = _gather(plan.part("gather", op, f"part{index}", out.index, out.shape), "unpack", [(x.index, x.shape)],
-                    axis != 3)
-        k.param("axis", "i32", axis)
-        k.param("index", "i32", index)
-
-
-@builds("STRIDED_SLICE")
-def _strided_slice(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
-    ranges = [range(size)[index] for size, index in zip(sliced.effective_shape, sliced.index)]
-    ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
-    aligned = (ranges[3].step == 1 and ranges[3].start % 4 == 0
-               and as_nhwc(op.outputs[0].shape)[3] == len(ranges[3]))
-    k = _gather(plan.kernel("gather", group), "slice", [(x.index, x.shape)], aligned)
-    k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
-    k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
-    k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
-
-
-@builds("SPLIT", "SPLIT_V")
-def _split(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x, axis, parts = split_parts(op)
-    for i, (out, offset) in enumerate(parts):
-        length = as_nhwc(out.shape)
-        k = _gather(plan.part("gather", op, f"part{i}", out.index, out.shape), "slice", [(x.index, x.shape)],
-                    axis != 3 or offset % 4 == 0)
-        k.param("start", "vec4<i32>", tuple(offset if a == axis else 0 for a in range(4)))
-        k.param("step", "vec4<i32>", (1, 1, 1, 1))
-        k.param("length", "vec4<i32>", length)
 
 
 def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
