@@ -24,7 +24,8 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
   argument | one uniform field.
 
 Work is one item per PHWC4 vector of the output (or of ``over``), which each dialect maps onto
-its grid (OpenCL (W, H, N*S), WebGPU flat workgroups).
+its grid (OpenCL (W, H, N*S), WebGPU flat workgroups).  ``constants`` specialise a template at
+compile time (``("reduction", "SUM")``); each dialect spells them (OpenCL macros, WGSL substitutions).
 
 Data movement calls read their inputs as ``in0``, ``in1``... followed by ``aligned`` (``int``: the
 mapping moves whole vectors, channel offsets being multiples of 4) and the mapping's own
@@ -41,10 +42,11 @@ from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import (as_nhwc, pad_before, resize_scales, same_storage, split_parts, transpose_axes,
-                     unpack_parts)
+from .layout import (arg_axis, as_nhwc, pad_before, reduced_axes, resize_scales, same_storage, split_parts,
+                     transpose_axes, unpack_parts)
 from .plan import Values
 from .registry import lowers_shared
+from .dialect import REDUCE_CODE
 from .support import BINARY, CONVERSIONS, UNARY
 
 
@@ -93,6 +95,7 @@ class Call:
     steps: Sequence[Step] = ()
     over: tuple[int, ...] | None = None  # the shape iterated, when not the output's
     label: str = ""
+    constants: tuple[tuple[str, Any], ...] = ()  # compile-time specialisation, spelled by each dialect
 
     def __post_init__(self) -> None:
         for arg in self.args:
@@ -321,6 +324,30 @@ def resize_bilinear(lowering: Lowering, g: Group) -> None:
     op, x = g.root, g.root.inputs[0]
     lowering.call(Call("resize_bilinear", [tensor("src", x), ParamArg("scale", "float4", (*resize_scales(op), 0.0, 0.0)),
                                            ParamArg("half_pixel", "int", int(bool(op.options.get("half_pixel_centers"))))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+# -- reductions with one work item per output vector -------------------------------------------
+
+@lowers_shared(*REDUCE_CODE, templates=("reduce",))
+def reduce(lowering: Lowering, g: Group) -> None:
+    """Each output lane combines its region in fp32; keep = the output with reduced axes as 1, reduce = 1 per
+    reduced axis (NHWC view)."""
+    x = g.root.inputs[0]
+    keep, reduced = reduced_axes(g.root)
+    lowering.call(Call("reduce", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("reduce", "int4", reduced)],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps,
+                       constants=(("reduction", g.root.opcode),)))
+
+
+@lowers_shared("ARG_MAX", "ARG_MIN", templates=("arg",))
+def arg(lowering: Lowering, g: Group) -> None:
+    """Each output lane scans its line along the axis for the first largest value of sign * input."""
+    x = g.root.inputs[0]
+    axis, keep = arg_axis(g.root)
+    sign = 1.0 if g.root.opcode == "ARG_MAX" else -1.0
+    lowering.call(Call("arg", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("axis", "int", axis),
+                               ParamArg("length", "int", as_nhwc(x.shape)[axis]), ParamArg("sign", "float", sign)],
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 

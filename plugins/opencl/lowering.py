@@ -16,11 +16,11 @@ from typing import Any, Callable, Collection, Sequence
 import numpy as np
 
 from delegate.gpu.constants import constant_value, int_values
-from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
+from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
+from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, phwc4_vectors, reduced_axes, same_storage, slices, transpose_conv_geometry,
+                                 pack_vector, phwc4_vectors, same_storage, slices, transpose_conv_geometry,
                                  window_padding)
 from delegate.gpu.lowering import (BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
                                    epilogue_operands, relayout_call)
@@ -201,7 +201,7 @@ class ClLowering(Lowering):
         for arg in call.args:
             args += self.argument(arg)
         shape = call.output[1] if call.output else call.work
-        variant = template_variant(call.template, tuple(s.signature() for s in call.steps))
+        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants)
         return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
                       label=call.label)
 
@@ -443,27 +443,6 @@ class ClLowering(Lowering):
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
         self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
-
-    @lowers(DIALECT, *REDUCE_CODE)
-    def reduce(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        keep, reduce = reduced_axes(g.root)
-        init, combine = reduction(g.root.opcode, "(first)")
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
-            int4(*keep), int4(*(-r for r in reduce))]
-        self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
-                 defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
-
-    @lowers(DIALECT, "ARG_MAX", "ARG_MIN")
-    def arg(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        axis, keep = arg_axis(g.root)
-        sign = 1 if g.root.opcode == "ARG_MAX" else -1
-        line = int4(axis, as_nhwc(x.shape)[axis], sign, 0)
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             int4(*keep), line]
-        self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
         """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""

@@ -25,7 +25,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from delegate.plugin_api import CacheWarning, CompileError, EntryStore, cache_key
-from delegate.gpu.dialect import OPENCL, epilogue_lines
+from delegate.gpu.dialect import OPENCL, epilogue_lines, reduction
 from delegate.gpu.plan import LaunchSpec
 
 from . import __version__
@@ -47,11 +47,21 @@ def templates() -> list[str]:
             if entry.name.endswith(".cl") and entry.name != "prelude.cl"] + sorted(MAPPINGS)
 
 
-def variant(template_name: str, steps: tuple = ()) -> Variant:
-    """The variant running the kit's template ``template_name`` with the epilogue ``steps`` (signatures)."""
+def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str, Any]] = ()) -> Variant:
+    """The variant running the kit's template ``template_name`` with the epilogue ``steps`` (signatures) and
+    the call's compile-time ``constants`` as macros."""
+    defines = tuple(define for name, value in constants for define in SPECIALISE[name](value))
     if template_name in MAPPINGS:
-        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),))
-    return Variant(template_name, steps)
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + defines)
+    return Variant(template_name, steps, defines)
+
+
+def _reduction(name: str) -> tuple[tuple[str, str], ...]:
+    init, combine = reduction(name, "(first)")
+    return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine))
+
+
+SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the macros spelling it
 
 
 @dataclass(frozen=True)

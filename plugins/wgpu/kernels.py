@@ -17,10 +17,10 @@ import numpy as np
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
-from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
+from delegate.gpu.dialect import WGSL, reduction, unary_chain
+from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
                                  pack_conv_weights, pack_depthwise_weights, pack_vector, padding_before,
-                                 reduced_axes, transpose_conv_geometry)
+                                 transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, relayout_call
 from delegate.gpu.registry import declare_templates, handler, lowers
@@ -356,30 +356,15 @@ def _mean(plan: KernelList, group: Group) -> None:
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
 
 
-@builds(*REDUCE_CODE)
-def _reduce(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    keep, reduce = reduced_axes(group.root)
-    k = plan.kernel("reduce", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", keep)
-    k.param("reduce", "vec4<i32>", reduce)
-    init, combine = reduction(group.root.opcode, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
-    k.substitutions = {"INIT": init, "COMBINE": combine}
+LANE_TEMPLATES = frozenset({"arg", "reduce"})  # kit templates whose main is lanes.wgsl's (they define lane_value)
 
 
-@builds("ARG_MAX", "ARG_MIN")
-def _arg(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    axis, keep = arg_axis(group.root)
-    k = plan.kernel("arg", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", keep)
-    k.param("axis", "i32", axis)
-    k.param("length", "i32", as_nhwc(x.shape)[axis])
-    k.param("sign", "f32", 1.0 if group.root.opcode == "ARG_MAX" else -1.0)
+def _reduction(name: str) -> dict[str, str]:
+    init, combine = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    return {"INIT": init, "COMBINE": combine}
+
+
+SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the substitutions spelling it
 
 
 def spell(call: Call) -> Kernel:
@@ -389,6 +374,10 @@ def spell(call: Call) -> Kernel:
     k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
     if call.template in MAPPINGS:
         _gather_source(k, call.template, sum(isinstance(arg, TensorArg) for arg in call.args))
+    if call.template in LANE_TEMPLATES:
+        k.helpers.append(template("lanes"))
+    for name, value in call.constants:
+        k.substitutions.update(SPECIALISE[name](value))
     if call.output is not None:
         k.output(*call.output, call.steps)
     else:
