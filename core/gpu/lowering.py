@@ -42,8 +42,8 @@ from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import (arg_axis, as_nhwc, pad_before, reduced_axes, resize_scales, same_storage, split_parts,
-                     transpose_axes, unpack_parts)
+from .layout import (arg_axis, as_nhwc, pad_before, padding_before, reduced_axes, resize_scales, same_storage,
+                     split_parts, transpose_axes, unpack_parts, window_padding)
 from .plan import Values
 from .registry import lowers_shared
 from .dialect import REDUCE_CODE
@@ -156,6 +156,11 @@ class Lowering(Values):
 
     def emit(self, call: Call) -> None:  # pragma: no cover - every dialect implements it
         raise NotImplementedError
+
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """Lower a pooling whose window covers each image whole with the dialect's workgroup reduction;
+        False where the dialect has none for it (the windowed kernel computes it)."""
+        return False
 
 
 def _tensors(call: Call) -> list[Tensor]:
@@ -351,5 +356,32 @@ def arg(lowering: Lowering, g: Group) -> None:
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
+# -- pooling -----------------------------------------------------------------------------------
+
+def covers_image(op: Op) -> bool:
+    """A pooling window covering its whole input at the one output pixel of each image."""
+    o, (_, h, w, _) = op.options, op.inputs[0].shape
+    padding = o.get("padding", "VALID")
+    return tuple(op.outputs[0].shape[1:3]) == (1, 1) and all(
+        k - padding_before(padding, size, k, stride) >= size
+        for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
+
+
+@lowers_shared("AVERAGE_POOL_2D", "MAX_POOL_2D", templates=("pool2d",))
+def pool(lowering: Lowering, g: Group) -> None:
+    """The window clipped to the input (an average counts only the taps inside, as TFLite does); a window
+    covering the image is a reduction where the dialect has one."""
+    op, x, o = g.root, g.root.inputs[0], g.root.options
+    is_max = op.opcode == "MAX_POOL_2D"
+    if covers_image(op) and lowering.image_reduction(g, x, is_max):
+        return
+    kh, kw = o["filter_height"], o["filter_width"]
+    pad_x, pad_y = window_padding(op, x.shape, kh, kw, dilated=False)
+    lowering.call(Call("pool2d", [tensor("src", x), ParamArg("window", "int4", (kw, kh, o["stride_w"], o["stride_h"])),
+                                  ParamArg("spacing", "int4", (pad_x, pad_y, 1, 1)),
+                                  ParamArg("is_max", "int", int(is_max))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
 __all__ = ["Arg", "BroadcastArg", "Call", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
-           "broadcast", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]
+           "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

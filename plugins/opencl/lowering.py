@@ -18,7 +18,7 @@ import numpy as np
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
+from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, same_storage, slices, transpose_conv_geometry,
                                  window_padding)
@@ -295,17 +295,14 @@ class ClLowering(Lowering):
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
                 *self._window(op, weights.shape[1], weights.shape[2])]
 
-    def _window(self, op: Op, kh: int, kw: int, dilated: bool = True) -> list[Any]:
-        """Geometry and padding arguments of a windowed kernel, a fused PAD's included."""
+    def _window(self, op: Op, kh: int, kw: int) -> list[Any]:
+        """Geometry and padding arguments of a convolution's window, a fused PAD's included."""
         o = op.options
         sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw, dilated)
+        dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
+        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw)
         _, extra_x, extra_y, _ = self.padded.get(id(op), (None, 0, 0, None))
-        pad_x, pad_y = pad_x + extra_x, pad_y + extra_y
-        if dilated:
-            return [int4(kw, kh, sw, sh), int4(pad_x, pad_y, dw, dh)]
-        return [int4(kw, kh, sw, sh), int2(pad_x, pad_y)]
+        return [int4(kw, kh, sw, sh), int4(pad_x + extra_x, pad_y + extra_y, dw, dh)]
 
     @lowers(DIALECT, "FULLY_CONNECTED")
     def fully_connected(self, g: Group) -> None:
@@ -393,17 +390,11 @@ class ClLowering(Lowering):
             int2(pad_x, pad_y)]
         self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
-    @lowers(DIALECT, "AVERAGE_POOL_2D", "MAX_POOL_2D")
-    def pool(self, g: Group) -> None:
-        op, out, x = g.root, g.output, g.root.inputs[0]
-        o = op.options
-        if op.opcode == "AVERAGE_POOL_2D" and covers_input(op, x.shape, o["filter_height"], o["filter_width"]):
-            self.reduce_mean(g, x, out.shape, (True, True, False))
-            return
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
-        args += self._window(op, o["filter_height"], o["filter_width"], dilated=False)
-        args.append(i32(op.opcode == "MAX_POOL_2D"))
-        self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """An average over each whole image runs as mean.cl's work-group reduction."""
+        if not is_max:
+            self.reduce_mean(g, x, g.output.shape, (True, True, False))
+        return not is_max
 
     @lowers(DIALECT, "CONCATENATION")
     def concatenation(self, g: Group) -> None:

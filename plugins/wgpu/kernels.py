@@ -85,6 +85,11 @@ class KernelList(Lowering):
     def emit(self, call: Call) -> None:
         self.kernels.append(spell(call))
 
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """Pooling over each whole image runs as pool_global.wgsl's workgroup reduction."""
+        _global_pool(self, g, x, is_max)
+        return True
+
     def add(self, group: Group) -> None:
         self.groups.append(group)
         if group.output.index not in self.folded:  # else the reader's kernel does the group
@@ -284,19 +289,6 @@ def _transpose_conv(plan: KernelList, group: Group) -> None:
     _spatial(plan, k, out.shape, 4, most_pixels=1)
 
 
-@builds("AVERAGE_POOL_2D", "MAX_POOL_2D")
-def _pool(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    if _global_window(op):
-        _global_pool(plan, group, x, op.opcode == "MAX_POOL_2D")
-        return
-    k = plan.kernel("pool2d", group)
-    k.tensor("src", x.index, x.shape)
-    _window(k, op.options, x.shape, (op.options["filter_height"], op.options["filter_width"]))
-    k.param("is_max", "i32", int(op.opcode == "MAX_POOL_2D"))
-
-
 @builds("SOFTMAX")
 def _softmax(plan: KernelList, group: Group) -> None:
     op = group.root
@@ -319,15 +311,6 @@ def _workgroup_reduction(plan: KernelList, k: Kernel, length: int, workgroups: t
     """One workgroup per output of a reduction over ``length`` vectors."""
     k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
     k.tile((reduction_workgroup(length), 1, 1), (*workgroups, 1))
-
-
-def _global_window(op: Op) -> bool:
-    """Whether a pooling window covers its whole input at the one output pixel."""
-    o, (_, h, w, _) = op.options, op.inputs[0].shape
-    padding = o.get("padding", "VALID")
-    return tuple(op.outputs[0].shape[1:3]) == (1, 1) and all(
-        k - padding_before(padding, size, k, stride) >= size
-        for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
 
 
 def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> None:
