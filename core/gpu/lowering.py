@@ -383,5 +383,14 @@ def pool(lowering: Lowering, g: Group) -> None:
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
+@lowers_shared("SOFTMAX", templates=("softmax",))
+def softmax(lowering: Lowering, g: Group) -> None:
+    """Over the channels of each pixel, in fp32; how a pixel's slices share the work is the dialect's
+    (:meth:`Lowering.emit` shapes the launch: work groups sharing a pixel, or a pixel per item)."""
+    op, x = g.root, g.root.inputs[0]
+    lowering.call(Call("softmax", [tensor("src", x), ParamArg("beta", "float", float(op.options.get("beta", 1.0)))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
 __all__ = ["Arg", "BroadcastArg", "Call", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
            "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

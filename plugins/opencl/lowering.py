@@ -78,10 +78,6 @@ def i32(v) -> list:
     return ["int", int(v)]
 
 
-def f32(v) -> list:
-    return ["float", float(v)]
-
-
 def int2(a, b) -> list:
     return ["int2", [int(a), int(b)]]
 
@@ -92,6 +88,21 @@ def int4(a, b, c, d) -> list:
 
 def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
+
+
+SHARED_PIXEL = frozenset({"softmax"})  # templates whose work groups share each pixel's slices
+
+
+def share_pixel(launch: Launch, shape: Sequence[int]) -> None:
+    """Make ``launch`` a work-group reduction over each pixel's slices: GROUP items share a pixel,
+    REDUCTIONS pixels per group."""
+    n, h, w, c = as_nhwc(shape)
+    items, per_group = reduction_shape(slices(c))
+    launch.global_size = (items, round_to(n * h * w, per_group), 1)
+    launch.local_size = (items, per_group, 1)
+    variant = launch.variant
+    launch.variant = Variant(variant.template, variant.epilogue,
+                             variant.defines + (("GROUP", items), ("REDUCTIONS", per_group)))
 
 
 class ClLowering(Lowering):
@@ -206,7 +217,10 @@ class ClLowering(Lowering):
                       label=call.label)
 
     def emit(self, call: Call) -> None:
-        self.launches.append(self.spell(call))
+        launch = self.spell(call)
+        if call.template in SHARED_PIXEL:
+            share_pixel(launch, call.output[1])
+        self.launches.append(launch)
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
@@ -446,15 +460,6 @@ class ClLowering(Lowering):
         self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
-
-    @lowers(DIALECT, "SOFTMAX")
-    def softmax(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        n, h, w, c = as_nhwc(out.shape)
-        items, per_group = reduction_shape(slices(c))
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), f32(op.options.get("beta", 1.0))]
-        self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
-                 defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
 
     @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:

@@ -83,7 +83,10 @@ class KernelList(Lowering):
                 kernel.variants.append(variant)
 
     def emit(self, call: Call) -> None:
-        self.kernels.append(spell(call))
+        k = spell(call)
+        if call.template in SHAPED:
+            SHAPED[call.template](self, k, call)
+        self.kernels.append(k)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """Pooling over each whole image runs as pool_global.wgsl's workgroup reduction."""
@@ -289,18 +292,13 @@ def _transpose_conv(plan: KernelList, group: Group) -> None:
     _spatial(plan, k, out.shape, 4, most_pixels=1)
 
 
-@builds("SOFTMAX")
-def _softmax(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    n, h, w, c = as_nhwc(x.shape)
+def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """A pixel per invocation, or from WIDE_SOFTMAX_SLICES slices on a workgroup sharing each pixel."""
+    n, h, w, c = as_nhwc(call.output[1])
     pixels, depth = n * h * w, slices_of(c)
-    wide = depth >= WIDE_SOFTMAX_SLICES
-    k = plan.kernel("softmax_wide" if wide else "softmax", group)
-    k.tensor("src", x.index, x.shape)
     k.param("pixels", "i32", pixels)
-    k.param("beta", "f32", float(op.options.get("beta", 1.0)))
-    if wide:
+    if depth >= WIDE_SOFTMAX_SLICES:
+        k.template = "softmax_wide"
         most = plan.device.most_workgroups
         _workgroup_reduction(plan, k, depth, (min(pixels, most), -(-pixels // most)))
     else:
@@ -445,6 +443,9 @@ def _lstm(plan: KernelList, group: Group) -> None:
     cell.tensor("gates", gates.index, gates.shape)
     cell.tensor("prev_state", prev_state.index, prev_state.shape)
     cell.tensor("state", state.index, state.shape, writable=True)
+
+
+SHAPED = {"softmax": _softmax}  # kit templates whose launch this dialect shapes (its own algorithms)
 
 
 declare_templates(DIALECT, templates())
