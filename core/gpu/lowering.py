@@ -42,7 +42,7 @@ from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import (arg_axis, as_nhwc, pad_before, padding_before, reduced_axes, resize_scales, same_storage,
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pad_before, padding_before, reduced_axes, resize_scales, same_storage,
                      split_parts, transpose_axes, unpack_parts, window_padding)
 from .plan import Values
 from .registry import lowers_shared
@@ -353,6 +353,15 @@ def arg(lowering: Lowering, g: Group) -> None:
     sign = 1.0 if g.root.opcode == "ARG_MAX" else -1.0
     lowering.call(Call("arg", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("axis", "int", axis),
                                ParamArg("length", "int", as_nhwc(x.shape)[axis]), ParamArg("sign", "float", sign)],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+@lowers_shared("BATCH_MATMUL", templates=("batch_matmul",))
+def batch_matmul(lowering: Lowering, g: Group) -> None:
+    """Each output lane sums a row of a times a column of b over the depth, in fp32; batches broadcast."""
+    (a, b), (depth, axes) = g.root.inputs[:2], batch_matmul_layout(g.root)
+    lowering.call(Call("batch_matmul", [tensor("a", a), tensor("b", b), ParamArg("axes", "int4", axes),
+                                        ParamArg("depth", "int", depth)],
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 

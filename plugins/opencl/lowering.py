@@ -18,7 +18,7 @@ import numpy as np
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, dense_groups, host_order,
+from delegate.gpu.layout import (as_nhwc, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, same_storage, slices, transpose_conv_geometry,
                                  window_padding)
@@ -381,15 +381,6 @@ class ClLowering(Lowering):
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
-
-    @lowers(DIALECT, "BATCH_MATMUL")
-    def batch_matmul(self, g: Group) -> None:
-        (a, b), out = g.root.inputs[:2], g.output
-        depth, axes = batch_matmul_layout(g.root)
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), int4(*axes),
-            i32(depth)]
-        self.add("batch_matmul", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
     def transpose_conv(self, g: Group) -> None:

@@ -18,7 +18,7 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import (as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
+from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis,
                                  pack_conv_weights, pack_depthwise_weights, pack_vector, padding_before,
                                  transpose_conv_geometry)
 from delegate.gpu.layout import slices as slices_of
@@ -263,18 +263,6 @@ def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequen
     k.half = True
 
 
-@builds("BATCH_MATMUL")
-def _batch_matmul(plan: KernelList, group: Group) -> None:
-    a, b = group.root.inputs[:2]
-    depth, axes = batch_matmul_layout(group.root)
-    k = plan.kernel("batch_matmul", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("a", a.index, a.shape)
-    k.tensor("b", b.index, b.shape)
-    k.param("axes", "vec4<i32>", axes)
-    k.param("depth", "i32", depth)
-
-
 @builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
 def _transpose_conv(plan: KernelList, group: Group) -> None:
     op = group.root
@@ -337,7 +325,7 @@ def _mean(plan: KernelList, group: Group) -> None:
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
 
 
-LANE_TEMPLATES = frozenset({"arg", "reduce"})  # kit templates whose main is lanes.wgsl's (they define lane_value)
+LANE_TEMPLATES = frozenset({"arg", "batch_matmul", "reduce"})  # kit templates whose main is lanes.wgsl's (they define lane_value)
 
 
 def _reduction(name: str) -> dict[str, str]:
