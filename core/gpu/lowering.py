@@ -20,6 +20,8 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
   splat)`` | binding ``<name>`` read by ``broadcast_<name>(o)``.
 - :class:`HostArg` a flat NHWC float32 buffer (the host-order staging of a boundary tensor):
   ``(buffer)`` | binding ``<name>: array<f32>``.
+- :class:`ConstantArg` packed constants (weights, a bias), float32 in the template's layout, stored
+  in the storage type: ``(buffer)`` | binding ``<name>`` of vectors.
 - :class:`ParamArg` a number or a 4-vector (kind ``int``, ``float``, ``int4``, ``float4``): one
   argument | one uniform field.
 
@@ -38,16 +40,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence, Union
 
+import numpy as np
+
 from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pad_before, padding_before, reduced_axes, resize_scales, same_storage,
-                     split_parts, transpose_axes, unpack_parts, window_padding)
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pack_conv_weights, pack_vector, pad_before,
+                     padding_before, reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
+                     transpose_conv_geometry, unpack_parts, window_padding)
 from .plan import Values
 from .registry import lowers_shared
 from .dialect import REDUCE_CODE
-from .support import BINARY, CONVERSIONS, UNARY
+from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,13 @@ class HostArg:
     writable: bool = False
 
 
+@dataclass(frozen=True, eq=False)
+class ConstantArg:
+    name: str
+    key: Hashable
+    values: "np.ndarray"  # float32, already in the template's layout
+
+
 @dataclass(frozen=True)
 class ParamArg:
     name: str
@@ -79,7 +91,7 @@ class ParamArg:
     value: Any
 
 
-Arg = Union[TensorArg, BroadcastArg, HostArg, ParamArg]
+Arg = Union[TensorArg, BroadcastArg, HostArg, ConstantArg, ParamArg]
 PARAM_KINDS = ("int", "float", "int4", "float4")
 
 
@@ -152,6 +164,9 @@ class Lowering(Values):
     def call(self, call: Call) -> None:
         for t in _tensors(call):
             self.tensors[t.index] = t
+        for arg in call.args:
+            if isinstance(arg, ConstantArg):
+                self.constants[arg.key] = np.ascontiguousarray(arg.values, np.float32)
         self.emit(call)
 
     def emit(self, call: Call) -> None:  # pragma: no cover - every dialect implements it
@@ -365,6 +380,22 @@ def batch_matmul(lowering: Lowering, g: Group) -> None:
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
+@lowers_shared("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS, templates=("transpose_conv2d",))
+def transpose_conv(lowering: Lowering, g: Group) -> None:
+    """Each output vector gathers the input pixels whose strided taps reach it (weights packed in 4x4 blocks)."""
+    op, out = g.root, g.output
+    geometry = transpose_conv_geometry(op)
+    x, weights = geometry.x, constant_value(geometry.weights)
+    _, kh, kw, _ = weights.shape
+    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
+    bias = pack_vector(constant_value(geometry.bias), out.shape[3])
+    lowering.call(Call("transpose_conv2d", [
+        tensor("src", x), ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
+        ConstantArg("bias", ("bias", op.index), bias), ParamArg("window", "int4", (kw, kh, sw, sh)),
+        ParamArg("spacing", "int4", (pad_w, pad_h, 0, 0))],
+        g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
+
+
 # -- pooling -----------------------------------------------------------------------------------
 
 def covers_image(op: Op) -> bool:
@@ -401,5 +432,5 @@ def softmax(lowering: Lowering, g: Group) -> None:
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
-__all__ = ["Arg", "BroadcastArg", "Call", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
+__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
            "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

@@ -20,13 +20,11 @@ from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
 from delegate.gpu.layout import (as_nhwc, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, phwc4_vectors, same_storage, slices, transpose_conv_geometry,
-                                 window_padding)
-from delegate.gpu.lowering import (BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
+                                 pack_vector, phwc4_vectors, same_storage, slices, window_padding)
+from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
                                    epilogue_operands, relayout_call)
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 from delegate.gpu.registry import declare_templates, handler, lowers
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.plugin_api import CompileError, Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
@@ -202,6 +200,8 @@ class ClLowering(Lowering):
             return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
         if isinstance(arg, HostArg):
             return [["buffer", arg.value]]
+        if isinstance(arg, ConstantArg):
+            return [["buffer", arg.key]]
         assert isinstance(arg, ParamArg)
         return [[arg.kind, list(arg.value) if arg.kind.endswith("4") else arg.value]]
 
@@ -381,19 +381,6 @@ class ClLowering(Lowering):
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
-
-    @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-    def transpose_conv(self, g: Group) -> None:
-        out = g.output
-        geometry = transpose_conv_geometry(g.root)
-        x, weights = geometry.x, constant_value(geometry.weights)
-        (pad_y, pad_x), (sh, sw) = geometry.padding, geometry.strides
-        _, kh, kw, _ = weights.shape
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), int4(kw, kh, sw, sh),
-            int2(pad_x, pad_y)]
-        self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""

@@ -18,13 +18,11 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis,
-                                 pack_conv_weights, pack_depthwise_weights, pack_vector, padding_before,
-                                 transpose_conv_geometry)
+from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
+                                 pack_depthwise_weights, pack_vector, padding_before)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import BroadcastArg, Call, HostArg, Lowering, ParamArg, TensorArg, relayout_call
+from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, relayout_call
 from delegate.gpu.registry import declare_templates, handler, lowers
-from delegate.gpu.support import TRANSPOSE_CONV_BIAS
 from delegate.plugin_api import CompileError, Op, Tensor
 
 from .shaders import MAPPINGS, Kernel, dims, template, templates
@@ -263,23 +261,6 @@ def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequen
     k.half = True
 
 
-@builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-def _transpose_conv(plan: KernelList, group: Group) -> None:
-    op = group.root
-    out = op.outputs[0]
-    geometry = transpose_conv_geometry(op)
-    x, weights = geometry.x, constant_value(geometry.weights)
-    _, kh, kw, _ = weights.shape
-    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
-    k = plan.kernel("transpose_conv2d", group)
-    k.tensor("src", x.index, x.shape)
-    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
-    k.read("bias", plan.constant(("bias", op.index), pack_vector(constant_value(geometry.bias), out.shape[3])))
-    k.param("window", "vec4<i32>", (kw, kh, sw, sh))
-    k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
-    _spatial(plan, k, out.shape, 4, most_pixels=1)
-
-
 def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
     """A pixel per invocation, or from WIDE_SOFTMAX_SLICES slices on a workgroup sharing each pixel."""
     n, h, w, c = as_nhwc(call.output[1])
@@ -325,7 +306,9 @@ def _mean(plan: KernelList, group: Group) -> None:
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
 
 
-LANE_TEMPLATES = frozenset({"arg", "batch_matmul", "reduce"})  # kit templates whose main is lanes.wgsl's (they define lane_value)
+# The WGSL each kit template needs besides its own: lanes.wgsl's main (the template defines lane_value),
+# weight_blocks.wgsl (weights read as 4x4 matrices).
+HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",)}
 
 
 def _reduction(name: str) -> dict[str, str]:
@@ -343,8 +326,7 @@ def spell(call: Call) -> Kernel:
     k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
     if call.template in MAPPINGS:
         _gather_source(k, call.template, sum(isinstance(arg, TensorArg) for arg in call.args))
-    if call.template in LANE_TEMPLATES:
-        k.helpers.append(template("lanes"))
+    k.helpers.extend(template(helper) for helper in HELPERS.get(call.template, ()))
     for name, value in call.constants:
         k.substitutions.update(SPECIALISE[name](value))
     if call.output is not None:
@@ -359,6 +341,8 @@ def spell(call: Call) -> Kernel:
             k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
         elif isinstance(arg, HostArg):
             (k.write if arg.writable else k.read)(arg.name, arg.value, "f32")
+        elif isinstance(arg, ConstantArg):
+            k.read(arg.name, arg.key)
         else:
             assert isinstance(arg, ParamArg)
             k.uniform(arg)
@@ -433,7 +417,11 @@ def _lstm(plan: KernelList, group: Group) -> None:
     cell.tensor("state", state.index, state.shape, writable=True)
 
 
-SHAPED = {"softmax": _softmax}  # kit templates whose launch this dialect shapes (its own algorithms)
+def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
+    _spatial(plan, k, call.output[1], 4, most_pixels=1)
+
+
+SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv}  # kit templates whose launch this dialect shapes (its own algorithms)
 
 
 declare_templates(DIALECT, templates())
