@@ -31,8 +31,9 @@ compile time (``("reduction", "SUM")``); each dialect spells them (OpenCL macros
 
 Data movement calls read their inputs as ``in0``, ``in1``... followed by ``aligned`` (``int``: the
 mapping moves whole vectors, channel offsets being multiples of 4) and the mapping's own
-parameters.  A dialect may implement such a template as a variant of a general one (WebGPU: its
-gather kernel with the mapping ``map_<name>.wgsl``); the call is the same.
+parameters.  A dialect may implement such a template as a variant of a general one (its gather
+kernel with the mapping: OpenCL ``MAP_<NAME>`` in ``gather.cl``, WebGPU ``map_<name>.wgsl``); the
+call is the same.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ from .fusion import Group, Step
 from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pack_conv_weights, pack_vector, pad_before,
                      padding_before, reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
                      transpose_conv_geometry, unpack_parts, window_padding)
+from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import lowers_shared
-from .dialect import REDUCE_CODE
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 
@@ -232,9 +233,7 @@ def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
 def relayout_call(src: Hashable, src_shape: Sequence[int], dst: Hashable, dst_shape: Sequence[int],
                   ops: Sequence[Op]) -> Call:
     """Move elements between slices in NHWC order: a reshape changing the channel count or batch."""
-    aligned = as_nhwc(src_shape)[3] == as_nhwc(dst_shape)[3]
-    return Call("reshape", [TensorArg("in0", src, tuple(src_shape)), ParamArg("aligned", "int", int(aligned))],
-                list(ops), output=(dst, tuple(dst_shape)))
+    return _part("reshape", [(src, src_shape)], _same_channels(src_shape, dst_shape), ops, (dst, tuple(dst_shape)))
 
 
 @lowers_shared("RESHAPE", "EXPAND_DIMS", "SQUEEZE", templates=("reshape",))
@@ -245,7 +244,7 @@ def reshape(lowering: Lowering, g: Group) -> None:
         lowering.tensors[x.index] = x
         lowering.aliases[out.index] = x.index
         return
-    lowering.call(_moved("reshape", [(x.index, x.shape)], as_nhwc(x.shape)[3] == as_nhwc(g.output.shape)[3], g))
+    lowering.call(_moved("reshape", _one(g), _same_channels(x.shape, g.output.shape), g))
 
 
 @lowers_shared("TRANSPOSE", templates=("transpose",))
