@@ -104,8 +104,8 @@ def test_a_cached_plan_skips_the_lowering(name, tmp_path, monkeypatch):
     g, first = compile_whole(backend, name, model, options)
     assert first.describe()["plan_source"] == "planned"
     if name == "opencl":
-        from delegate_opencl.lowering import Lowering
-        monkeypatch.setattr(Lowering, "lower_all", lambda *args: pytest.fail("lowered again despite the cache"))
+        from delegate_opencl.lowering import ClLowering
+        monkeypatch.setattr(ClLowering, "lower_all", lambda *args: pytest.fail("lowered again despite the cache"))
     else:
         from delegate_wgpu import backend as wgpu_backend
         monkeypatch.setattr(wgpu_backend, "build_program", lambda *args: pytest.fail("planned again despite the cache"))

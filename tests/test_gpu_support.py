@@ -151,6 +151,45 @@ def test_support_is_derived_from_the_dialect_handlers():
         lowers("probe", "NOT_AN_OP")(lambda plan, group: None)
 
 
+def test_the_kits_handlers_lower_for_every_dialect_with_their_templates():
+    """A kit handler serves each dialect declaring its templates; lacking one, the op is refused with the
+    template's name; a dialect's own handler for an op the kit lowers is refused as lowered twice."""
+    from delegate.gpu import registry
+    from delegate.gpu.lowering import elementwise
+    relu = single_op("RELU", [(1, 4)])
+    try:
+        registry.declare_templates("probe_kit", ["elementwise"])
+        registry.declare_templates("probe_bare", [])
+        assert registry.handler("probe_kit", relu).lower is elementwise
+        assert supports_of("probe_kit", relu)
+        refusal = supports_of("probe_bare", relu)
+        assert not refusal and "needs the elementwise kernel template" in refusal.reason
+        assert "RELU" in registry.accepted("probe_kit") and "RELU" not in registry.accepted("probe_bare")
+        with pytest.raises(ValueError, match="lowered twice"):
+            registry.lowers("probe_kit", "RELU")(lambda plan, group: None)
+    finally:
+        registry._TEMPLATES.pop("probe_kit", None)
+        registry._TEMPLATES.pop("probe_bare", None)
+
+
+def test_both_gpu_dialects_take_the_elementwise_and_boundary_launches_from_the_kit():
+    """OpenCL and WebGPU run one handler for the elementwise family, and their templates have the same names."""
+    from delegate.gpu import registry
+    from delegate.gpu.lowering import elementwise
+    from importlib import import_module
+    for module in ("delegate_opencl.lowering", "delegate_wgpu.kernels"):  # each declares its dialect's templates
+        import_module(module)
+    add = single_op("ADD", [(1, 4, 4, 3), (1, 4, 4, 3)])
+    for dialect in ("opencl", "wgpu"):
+        assert registry.handler(dialect, add).lower is elementwise
+        assert {"elementwise", "layout_in", "layout_out"} <= registry._TEMPLATES[dialect]
+
+
+def supports_of(dialect, op):
+    from delegate.gpu.registry import supports
+    return supports(dialect, op, FLOAT)
+
+
 # -- float view ---------------------------------------------------------------------------
 def test_per_channel_dequantize_and_requantize():
     data = np.array([[10, -10], [4, 0]], np.int8)

@@ -262,9 +262,10 @@ class Values:
 
 @lru_cache(maxsize=None)
 def code_digest(package: str, definitions: str) -> str:
-    """Digest of a GPU plugin's code and templates (every file of ``package``) and its dialect's rendered
-    ``definitions``: a cached plan is only valid for the lowering and sources it was made from."""
+    """Digest of a GPU plugin's code and templates (every file of ``package``), the kit's lowering and the
+    dialect's rendered ``definitions``: a cached plan is only valid for the lowering and sources it was made from."""
     digest = hashlib.sha256(definitions.encode())
+    digest.update(resources.files(__package__).joinpath("lowering.py").read_bytes())
     pending = [resources.files(package)]
     while pending:
         for entry in sorted(pending.pop().iterdir(), key=lambda e: e.name):

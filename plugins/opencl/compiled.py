@@ -22,7 +22,7 @@ from delegate.gpu.precision import Precision
 from delegate.gpu.precision import choose_precision as kit_precision
 
 from .geometry import pow2_at_least
-from .lowering import Lowering
+from .lowering import ClLowering
 from .program import kernel_name, program_source, variant_of
 from .values import Boundary, ClValue, ReadbackBatch, fill_input
 
@@ -49,7 +49,7 @@ def build_defines(precision: Precision) -> tuple[str, ...]:
 def lower(partition: Partition, options: CompileOptions, precision: Precision, compute_units: int) -> KernelPlan:
     """The partition's kernel plan: fused groups lowered to launches, buffers shared by lifetime."""
     ops = sorted(partition.ops, key=lambda op: op.index)
-    lowering = Lowering(precision.dtype, compute_units)
+    lowering = ClLowering(precision.dtype, compute_units)
     keep = {t.index for t in partition.outputs}
     groups = plan_groups(ops, keep, float_view=options.allow_quantized)
     lowering.lower_all(groups, keep)

@@ -16,20 +16,20 @@ from typing import Any, Callable, Collection, Sequence
 import numpy as np
 
 from delegate.gpu.constants import constant_value, int_values
-from delegate.gpu.dialect import OPENCL, REDUCE_CODE, reduction, unary_chain
+from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, covers_input, dense_groups, host_order,
+from delegate.gpu.layout import (as_nhwc, dense_groups, host_order,
                                  natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, pad_before, phwc4_vectors, reduced_axes, resize_scales, same_storage,
-                                 slice_ranges, slices, split_parts, transpose_axes, transpose_conv_geometry,
-                                 unpack_parts, window_padding)
-from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec, Values
-from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+                                 pack_vector, phwc4_vectors, same_storage, slices, window_padding)
+from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
+                                   epilogue_operands, relayout_call)
+from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
+from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.plugin_api import CompileError, Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
-from .program import Variant
+from .program import Variant, templates
+from .program import variant as template_variant
 
 DIALECT = "opencl"
 
@@ -67,10 +67,10 @@ class Launch:
     global_size: tuple[int, int, int]
     ops: list[Op]
     local_size: tuple[int, int, int] | None = None
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        return "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
+    def __post_init__(self) -> None:
+        self.label = self.label or "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
 def conv_weights(op: Op, x: Tensor) -> np.ndarray:
@@ -78,17 +78,8 @@ def conv_weights(op: Op, x: Tensor) -> np.ndarray:
     return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
 
 
-def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
-    """A single-channel operand broadcast over all channels of the result."""
-    return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
-
-
 def i32(v) -> list:
     return ["int", int(v)]
-
-
-def f32(v) -> list:
-    return ["float", float(v)]
 
 
 def int2(a, b) -> list:
@@ -99,19 +90,26 @@ def int4(a, b, c, d) -> list:
     return ["int4", [int(a), int(b), int(c), int(d)]]
 
 
-def float2(a, b) -> list:
-    return ["float2", [float(a), float(b)]]
-
-
-def float4(a, b, c, d) -> list:
-    return ["float4", [float(a), float(b), float(c), float(d)]]
-
-
 def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-class Lowering(Values):
+SHARED_PIXEL = frozenset({"softmax"})  # templates whose work groups share each pixel's slices
+
+
+def share_pixel(launch: Launch, shape: Sequence[int]) -> None:
+    """Make ``launch`` a work-group reduction over each pixel's slices: GROUP items share a pixel,
+    REDUCTIONS pixels per group."""
+    n, h, w, c = as_nhwc(shape)
+    items, per_group = reduction_shape(slices(c))
+    launch.global_size = (items, round_to(n * h * w, per_group), 1)
+    launch.local_size = (items, per_group, 1)
+    variant = launch.variant
+    launch.variant = Variant(variant.template, variant.epilogue,
+                             variant.defines + (("GROUP", items), ("REDUCTIONS", per_group)))
+
+
+class ClLowering(Lowering):
     """Turns a partition's groups into launches whose arguments name values, not device buffers.
 
     Values are tensor indices, packed constants (``("constant", n)``) and temporaries
@@ -176,17 +174,10 @@ class Lowering(Values):
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
             if self.storage == np.float32 and host_order(t.shape):
                 return found  # the host copies the NHWC bytes to or from the start of the buffer
-            n, h, w, c = as_nhwc(t.shape)
-            found.staging = len(buffers)
-            buffers.append(BufferSpec(max(n * h * w * c, 1) * 4, "staging"))
-            staging = ["buffer", found.staging]
-            if into_device:
-                args = [["buffer", found.buffer], self.dims(t.shape), i32(c), staging]
-                found.convert = LaunchSpec("nhwc_to_phwc4", args, list(grid(t.shape)))
-            else:
-                args = [staging, ["buffer", found.buffer], self.dims(t.shape), i32(c)]
-                found.convert = LaunchSpec("phwc4_to_nhwc", args, list(grid(t.shape)))
-            found.convert.params = {"epilogue": (), "defines": ()}
+            staging = ("staging", t.index)
+            buffer_of[staging] = found.staging = len(buffers)
+            buffers.append(BufferSpec(max(int(np.prod(as_nhwc(t.shape))), 1) * 4, "staging"))
+            found.convert = spec(self.spell(boundary_call(staging, t, into_device)))
             return found
 
         launches = [spec(launch) for launch in self.launches]
@@ -202,16 +193,40 @@ class Lowering(Values):
         return [buf, self.dims(shape), i32(as_nhwc(shape)[3])]
 
     def epilogue_args(self, steps: Sequence[Step], shape: Sequence[int]) -> list[Any]:
-        args: list[Any] = []
         for step in steps:
-            if step.kind == "quantize":
-                args.append(float4(*step.quant))
-            elif step.kind == "binary" and step.scalar:
-                args.append(f32(constant_value(step.operand).ravel()[0]))
-            elif step.kind == "binary":
-                operand = step.operand
-                args += [self.tensor(operand), self.dims(operand.shape), i32(splat_channel(operand.shape, shape))]
-        return args
+            if step.operand is not None:
+                self.tensor(step.operand)
+        return [part for arg in epilogue_operands(steps, shape).values() for part in self.argument(arg)]
+
+    def argument(self, arg) -> list[list]:
+        """The kernel arguments of one argument of the kit's parameter contract."""
+        if isinstance(arg, TensorArg):
+            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])]
+        if isinstance(arg, BroadcastArg):
+            return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
+        if isinstance(arg, HostArg):
+            return [["buffer", arg.value]]
+        if isinstance(arg, ConstantArg):
+            return [["buffer", arg.key]]
+        assert isinstance(arg, ParamArg)
+        return [[arg.kind, list(arg.value) if arg.kind.endswith("4") else arg.value]]
+
+    def spell(self, call: Call) -> Launch:
+        """The launch of a kit call: the output's arguments, the call's, then the epilogue's; a template
+        this dialect writes as a mapping of gather.cl is that variant of it."""
+        args = self.out_args(["buffer", call.output[0]], call.output[1]) if call.output else []
+        for arg in call.args:
+            args += self.argument(arg)
+        shape = call.output[1] if call.output else call.work
+        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants)
+        return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
+                      label=call.label)
+
+    def emit(self, call: Call) -> None:
+        launch = self.spell(call)
+        if call.template in SHARED_PIXEL:
+            share_pixel(launch, call.output[1])
+        self.launches.append(launch)
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
@@ -223,8 +238,7 @@ class Lowering(Values):
 
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
-        args = self.out_args(dst, dst_shape) + [src, self.dims(src_shape), i32(as_nhwc(src_shape)[3])]
-        self.add("reshape", (), args, dst_shape, grid(dst_shape), ops)
+        self.call(relayout_call(src[1], src_shape, dst[1], dst_shape, ops))
 
     def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
         """Output buffer for a kernel whose result has shape ``natural``, and what to run after it."""
@@ -271,13 +285,6 @@ class Lowering(Values):
             raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
         found.lower(self, g)
 
-    @lowers(DIALECT, *UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-    def elementwise(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             i32(splat_channel(x.shape, out.shape))]
-        self.add("elementwise", g.steps, args, out.shape, grid(out.shape), g.ops)
-
     @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
     def conv_2d(self, g: Group) -> None:
         op, out = g.root, g.output
@@ -314,17 +321,14 @@ class Lowering(Values):
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
                 *self._window(op, weights.shape[1], weights.shape[2])]
 
-    def _window(self, op: Op, kh: int, kw: int, dilated: bool = True) -> list[Any]:
-        """Geometry and padding arguments of a windowed kernel, a fused PAD's included."""
+    def _window(self, op: Op, kh: int, kw: int) -> list[Any]:
+        """Geometry and padding arguments of a convolution's window, a fused PAD's included."""
         o = op.options
         sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        dh, dw = (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)) if dilated else (1, 1)
-        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw, dilated)
+        dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
+        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw)
         _, extra_x, extra_y, _ = self.padded.get(id(op), (None, 0, 0, None))
-        pad_x, pad_y = pad_x + extra_x, pad_y + extra_y
-        if dilated:
-            return [int4(kw, kh, sw, sh), int4(pad_x, pad_y, dw, dh)]
-        return [int4(kw, kh, sw, sh), int2(pad_x, pad_y)]
+        return [int4(kw, kh, sw, sh), int4(pad_x + extra_x, pad_y + extra_y, dw, dh)]
 
     @lowers(DIALECT, "FULLY_CONNECTED")
     def fully_connected(self, g: Group) -> None:
@@ -390,39 +394,11 @@ class Lowering(Values):
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
                  defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
 
-    @lowers(DIALECT, "BATCH_MATMUL")
-    def batch_matmul(self, g: Group) -> None:
-        (a, b), out = g.root.inputs[:2], g.output
-        depth, axes = batch_matmul_layout(g.root)
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(a), self.dims(a.shape), self.tensor(b), self.dims(b.shape), int4(*axes),
-            i32(depth)]
-        self.add("batch_matmul", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-    def transpose_conv(self, g: Group) -> None:
-        out = g.output
-        geometry = transpose_conv_geometry(g.root)
-        x, weights = geometry.x, constant_value(geometry.weights)
-        (pad_y, pad_x), (sh, sw) = geometry.padding, geometry.strides
-        _, kh, kw, _ = weights.shape
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-            self.upload(pack_vector(constant_value(geometry.bias), out.shape[3])), int4(kw, kh, sw, sh),
-            int2(pad_x, pad_y)]
-        self.add("transpose_conv2d", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "AVERAGE_POOL_2D", "MAX_POOL_2D")
-    def pool(self, g: Group) -> None:
-        op, out, x = g.root, g.output, g.root.inputs[0]
-        o = op.options
-        if op.opcode == "AVERAGE_POOL_2D" and covers_input(op, x.shape, o["filter_height"], o["filter_width"]):
-            self.reduce_mean(g, x, out.shape, (True, True, False))
-            return
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape)]
-        args += self._window(op, o["filter_height"], o["filter_width"], dilated=False)
-        args.append(i32(op.opcode == "MAX_POOL_2D"))
-        self.add("pool2d", g.steps, args, out.shape, grid(out.shape), g.ops)
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """An average over each whole image runs as mean.cl's work-group reduction."""
+        if not is_max:
+            self.reduce_mean(g, x, g.output.shape, (True, True, False))
+        return not is_max
 
     @lowers(DIALECT, "CONCATENATION")
     def concatenation(self, g: Group) -> None:
@@ -439,60 +415,6 @@ class Lowering(Values):
             self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
             offset[axis] += as_nhwc(t.shape)[axis]
 
-    def affine(self, g: Group, src: Tensor, begin: Sequence[int], step: Sequence[int],
-               natural: Sequence[int]) -> None:
-        """Output coordinate o reads ``begin + o * step`` per NHWC axis (PAD, STRIDED_SLICE)."""
-        dst, after = self.into_natural(g, natural)
-        args = self.out_args(dst, natural) + [self.tensor(src), self.dims(src.shape), i32(as_nhwc(src.shape)[3]),
-                                              int4(begin[2], begin[1], begin[3], begin[0]),
-                                              int4(step[2], step[1], step[3], step[0])]
-        self.add("slice", g.steps, args, natural, grid(natural), g.ops)
-        after()
-
-    @lowers(DIALECT, "PAD")
-    def pad(self, g: Group) -> None:
-        x = g.root.inputs[0]
-        self.affine(g, x, [-b for b in pad_before(g.root)], [1, 1, 1, 1], g.output.shape)
-
-    @lowers(DIALECT, "STRIDED_SLICE")
-    def strided_slice(self, g: Group) -> None:
-        op, x = g.root, g.root.inputs[0]
-        picked = slice_ranges(op)
-        lead = 4 - len(x.shape)
-        self.affine(g, x, [0] * lead + [r.start for r in picked], [1] * lead + [r.step for r in picked],
-                    natural_output_shape(op))
-
-    def gather(self, mapping: str, x: Tensor, out: Tensor, steps: Sequence[Step], ops: Sequence[Op],
-               p0: Sequence[int] = (0, 0, 0, 0), p1: Sequence[int] = (0, 0, 0, 0),
-               f0: Sequence[float] = (0.0, 0.0, 0.0, 0.0)) -> None:
-        """A gather.cl launch computing ``out`` from ``x`` through mapping ``MAP_<mapping>``."""
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), int4(*p0), int4(*p1),
-            float4(*f0)]
-        self.add("gather", steps, args, out.shape, grid(out.shape), ops, defines=((f"MAP_{mapping}", 1),))
-
-    @lowers(DIALECT, "TILE")
-    def tile(self, g: Group) -> None:
-        self.gather("TILE", g.root.inputs[0], g.output, g.steps, g.ops)
-
-    @lowers(DIALECT, "SPACE_TO_DEPTH")
-    def space_to_depth(self, g: Group) -> None:
-        self.gather("SPACE_TO_DEPTH", g.root.inputs[0], g.output, g.steps, g.ops,
-                    (g.root.options["block_size"], 0, 0, 0))
-
-    @lowers(DIALECT, "MIRROR_PAD")
-    def mirror_pad(self, g: Group) -> None:
-        symmetric = int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
-        self.gather("MIRROR_PAD", g.root.inputs[0], g.output, g.steps, g.ops, pad_before(g.root),
-                    (symmetric, 0, 0, 0))
-
-    @lowers(DIALECT, "RESIZE_NEAREST_NEIGHBOR")
-    def resize_nearest(self, g: Group) -> None:
-        o = g.root.options
-        self.gather("RESIZE_NEAREST", g.root.inputs[0], g.output, g.steps, g.ops,
-                    (int(bool(o.get("align_corners"))), int(bool(o.get("half_pixel_centers"))), 0, 0),
-                    f0=(*resize_scales(g.root), 0.0, 0.0))
-
     @lowers(DIALECT, "PACK")
     def pack(self, g: Group) -> None:
         """Along another axis than the channels each output vector comes from one input (gather.cl); along
@@ -500,7 +422,9 @@ class Lowering(Values):
         axis, out = pack_axis(g.root), g.output
         for index, x in enumerate(g.root.inputs):
             if axis != 3:
-                self.gather("PACK", x, out, g.steps, g.ops, (axis, index, 0, 0))
+                self.call(Call("pack_part", [TensorArg("in0", x.index, tuple(x.shape)), ParamArg("aligned", "int", 1),
+                                             ParamArg("axis", "int", axis), ParamArg("index", "int", index)],
+                               g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
                 continue
             column = tuple(x.shape) + (1,)
             tmp = self.temp(column)
@@ -509,56 +433,11 @@ class Lowering(Values):
                                                                  int4(0, 0, index, 0)]
             self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
 
-    @lowers(DIALECT, "SELECT", "SELECT_V2")
-    def select(self, g: Group) -> None:
-        out = g.output
-        args = self.out_args(self.tensor(out), out.shape)
-        for t in g.root.inputs:
-            args += [self.tensor(t), self.dims(t.shape), i32(as_nhwc(t.shape)[3])]
-        self.add("select", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "UNPACK")
-    def unpack(self, g: Group) -> None:
-        axis, parts = unpack_parts(g.root)
-        for out, index in parts:
-            self.gather("UNPACK", g.root.inputs[0], out, (), [g.root], (axis, index, 0, 0))
-
-    @lowers(DIALECT, "SPLIT", "SPLIT_V")
-    def split(self, g: Group) -> None:
-        x, axis, parts = split_parts(g.root)
-        for out, offset in parts:
-            begin = [offset if a == axis else 0 for a in range(4)]
-            args = self.out_args(self.tensor(out), out.shape) + [
-                self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
-                int4(begin[2], begin[1], begin[3], begin[0]), int4(1, 1, 1, 1)]
-            self.add("slice", (), args, out.shape, grid(out.shape), [g.root])
-
     @lowers(DIALECT, "MEAN")
     def mean(self, g: Group) -> None:
         op, x = g.root, g.root.inputs[0]
         axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
         self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
-
-    @lowers(DIALECT, *REDUCE_CODE)
-    def reduce(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        keep, reduce = reduced_axes(g.root)
-        init, combine = reduction(g.root.opcode, "(first)")
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
-            int4(*keep), int4(*(-r for r in reduce))]
-        self.add("reduce", g.steps, args, out.shape, grid(out.shape), g.ops,
-                 defines=(("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine)))
-
-    @lowers(DIALECT, "ARG_MAX", "ARG_MIN")
-    def arg(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        axis, keep = arg_axis(g.root)
-        sign = 1 if g.root.opcode == "ARG_MAX" else -1
-        line = int4(axis, as_nhwc(x.shape)[axis], sign, 0)
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             int4(*keep), line]
-        self.add("arg", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
         """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""
@@ -571,46 +450,6 @@ class Lowering(Values):
         self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         after()
-
-    @lowers(DIALECT, "TRANSPOSE")
-    def transpose(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             int4(*transpose_axes(g.root))]
-        self.add("transpose", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-    def reshape(self, g: Group) -> None:
-        x, out = g.root.inputs[0], g.output
-        if same_storage(x.shape, out.shape):
-            self.tensor(x)
-            self.aliases[out.index] = x.index  # same bytes: no kernel
-        else:
-            self.relayout(self.tensor(x), x.shape, self.tensor(out), out.shape, g.ops)
-
-    @lowers(DIALECT, "RESIZE_BILINEAR")
-    def resize_bilinear(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [
-            self.tensor(x), self.dims(x.shape), float2(*resize_scales(op)),
-            i32(bool(op.options.get("half_pixel_centers")))]
-        self.add("resize_bilinear", g.steps, args, out.shape, grid(out.shape), g.ops)
-
-    @lowers(DIALECT, "SOFTMAX")
-    def softmax(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        n, h, w, c = as_nhwc(out.shape)
-        items, per_group = reduction_shape(slices(c))
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), f32(op.options.get("beta", 1.0))]
-        self.add("softmax", g.steps, args, out.shape, (items, round_to(n * h * w, per_group), 1), g.ops,
-                 defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
-
-    @lowers(DIALECT, "DEPTH_TO_SPACE")
-    def depth_to_space(self, g: Group) -> None:
-        op, x, out = g.root, g.root.inputs[0], g.output
-        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape),
-                                                             i32(op.options["block_size"])]
-        self.add("depth_to_space", g.steps, args, out.shape, grid(out.shape), g.ops)
 
     @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:
@@ -625,3 +464,6 @@ class Lowering(Values):
         args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), i32(units),
                 self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
         self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
+
+
+declare_templates(DIALECT, templates())

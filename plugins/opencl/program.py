@@ -16,6 +16,7 @@ stored as device binaries keyed by everything that could change them.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from delegate.plugin_api import CacheWarning, CompileError, EntryStore, cache_key
-from delegate.gpu.dialect import OPENCL, epilogue_lines
+from delegate.gpu.dialect import OPENCL, epilogue_lines, reduction
 from delegate.gpu.plan import LaunchSpec
 
 from . import __version__
@@ -33,6 +34,34 @@ from . import __version__
 @lru_cache(maxsize=None)
 def template(name: str) -> str:
     return resources.files("delegate_opencl").joinpath("kernels", f"{name}.cl").read_text()
+
+
+# Data movement templates written as mappings of gather.cl (MAP_<NAME>), by the kit's template name.
+MAPPINGS = frozenset(name.lower() for name in re.findall(r"defined\(MAP_(\w+)\)", template("gather")))
+
+
+def templates() -> list[str]:
+    """The kernel templates this dialect has: ``kernels/<name>.cl`` (the prelude is none) and the
+    mappings of the gather kernel."""
+    return [entry.name[:-3] for entry in resources.files("delegate_opencl").joinpath("kernels").iterdir()
+            if entry.name.endswith(".cl") and entry.name != "prelude.cl"] + sorted(MAPPINGS)
+
+
+def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str, Any]] = ()) -> Variant:
+    """The variant running the kit's template ``template_name`` with the epilogue ``steps`` (signatures) and
+    the call's compile-time ``constants`` as macros."""
+    defines = tuple(define for name, value in constants for define in SPECIALISE[name](value))
+    if template_name in MAPPINGS:
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + defines)
+    return Variant(template_name, steps, defines)
+
+
+def _reduction(name: str) -> tuple[tuple[str, str], ...]:
+    init, combine = reduction(name, "(first)")
+    return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine))
+
+
+SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the macros spelling it
 
 
 @dataclass(frozen=True)

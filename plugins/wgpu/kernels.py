@@ -17,18 +17,15 @@ import numpy as np
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
-from delegate.gpu.dialect import REDUCE_CODE, WGSL, reduction, unary_chain
-from delegate.gpu.layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis,
-                                 pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before,
-                                 reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
-                                 transpose_conv_geometry, unpack_parts)
+from delegate.gpu.dialect import WGSL, reduction, unary_chain
+from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
+                                 pack_depthwise_weights, pack_vector, padding_before)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.plan import Values
-from delegate.gpu.registry import handler, lowers
-from delegate.gpu.support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
-from delegate.plugin_api import CompileError, Op, Tensor, strided_slice_plan
+from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, relayout_call
+from delegate.gpu.registry import declare_templates, handler, lowers
+from delegate.plugin_api import CompileError, Op, Tensor
 
-from .shaders import Kernel, dims, template
+from .shaders import MAPPINGS, Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
                      spatial_tiling)
 
@@ -37,7 +34,7 @@ WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
-class KernelList(Values):
+class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
@@ -83,6 +80,17 @@ class KernelList(Values):
                 apply(variant, tiling)
                 kernel.variants.append(variant)
 
+    def emit(self, call: Call) -> None:
+        k = spell(call)
+        if call.template in SHAPED:
+            SHAPED[call.template](self, k, call)
+        self.kernels.append(k)
+
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """Pooling over each whole image runs as pool_global.wgsl's workgroup reduction."""
+        _global_pool(self, g, x, is_max)
+        return True
+
     def add(self, group: Group) -> None:
         self.groups.append(group)
         if group.output.index not in self.folded:  # else the reader's kernel does the group
@@ -115,13 +123,6 @@ FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on
 
 
 # -- kernels -------------------------------------------------------------------------------------
-
-@builds(*UNARY, *BINARY, *CONVERSIONS, "ADD_N")
-def _elementwise(plan: KernelList, group: Group) -> None:
-    k = plan.kernel("elementwise", group)
-    src = group.root.inputs[0]
-    k.broadcast("src", src.index, src.shape, group.output.shape)
-
 
 def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
     """Two 1x1 convolutions of one pixel as one kernel (a "chain" fold)."""
@@ -233,8 +234,7 @@ def _fully_connected(plan: KernelList, group: Group) -> None:
     if x.shape[-1] != depth:  # the input is flattened into rows of `depth` values first
         shape = (x.size // depth, depth)
         source = plan.temporary(("rows", op.index), shape)
-        _gather(plan.part("gather", op, "rows", source, shape), "reshape", [(x.index, x.shape)],
-                _same_channels(x.shape, shape))
+        plan.call(relayout_call(x.index, x.shape, source, shape, [op]))
     _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
 
 
@@ -261,70 +261,13 @@ def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequen
     k.half = True
 
 
-@builds("BATCH_MATMUL")
-def _batch_matmul(plan: KernelList, group: Group) -> None:
-    a, b = group.root.inputs[:2]
-    depth, axes = batch_matmul_layout(group.root)
-    k = plan.kernel("batch_matmul", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("a", a.index, a.shape)
-    k.tensor("b", b.index, b.shape)
-    k.param("axes", "vec4<i32>", axes)
-    k.param("depth", "i32", depth)
-
-
-@builds("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS)
-def _transpose_conv(plan: KernelList, group: Group) -> None:
-    op = group.root
-    out = op.outputs[0]
-    geometry = transpose_conv_geometry(op)
-    x, weights = geometry.x, constant_value(geometry.weights)
-    _, kh, kw, _ = weights.shape
-    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
-    k = plan.kernel("transpose_conv2d", group)
-    k.tensor("src", x.index, x.shape)
-    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
-    k.read("bias", plan.constant(("bias", op.index), pack_vector(constant_value(geometry.bias), out.shape[3])))
-    k.param("window", "vec4<i32>", (kw, kh, sw, sh))
-    k.param("spacing", "vec4<i32>", (pad_w, pad_h, 0, 0))
-    _spatial(plan, k, out.shape, 4, most_pixels=1)
-
-
-@builds("AVERAGE_POOL_2D", "MAX_POOL_2D")
-def _pool(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    if _global_window(op):
-        _global_pool(plan, group, x, op.opcode == "MAX_POOL_2D")
-        return
-    k = plan.kernel("pool2d", group)
-    k.tensor("src", x.index, x.shape)
-    _window(k, op.options, x.shape, (op.options["filter_height"], op.options["filter_width"]))
-    k.param("is_max", "i32", int(op.opcode == "MAX_POOL_2D"))
-
-
-@builds("RESIZE_BILINEAR")
-def _resize(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    k = plan.kernel("resize_bilinear", group)
-    k.tensor("src", x.index, x.shape)
-    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
-    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
-
-
-@builds("SOFTMAX")
-def _softmax(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    n, h, w, c = as_nhwc(x.shape)
+def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """A pixel per invocation, or from WIDE_SOFTMAX_SLICES slices on a workgroup sharing each pixel."""
+    n, h, w, c = as_nhwc(call.output[1])
     pixels, depth = n * h * w, slices_of(c)
-    wide = depth >= WIDE_SOFTMAX_SLICES
-    k = plan.kernel("softmax_wide" if wide else "softmax", group)
-    k.tensor("src", x.index, x.shape)
     k.param("pixels", "i32", pixels)
-    k.param("beta", "f32", float(op.options.get("beta", 1.0)))
-    if wide:
+    if depth >= WIDE_SOFTMAX_SLICES:
+        k.template = "softmax_wide"
         most = plan.device.most_workgroups
         _workgroup_reduction(plan, k, depth, (min(pixels, most), -(-pixels // most)))
     else:
@@ -335,15 +278,6 @@ def _workgroup_reduction(plan: KernelList, k: Kernel, length: int, workgroups: t
     """One workgroup per output of a reduction over ``length`` vectors."""
     k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
     k.tile((reduction_workgroup(length), 1, 1), (*workgroups, 1))
-
-
-def _global_window(op: Op) -> bool:
-    """Whether a pooling window covers its whole input at the one output pixel."""
-    o, (_, h, w, _) = op.options, op.inputs[0].shape
-    padding = o.get("padding", "VALID")
-    return tuple(op.outputs[0].shape[1:3]) == (1, 1) and all(
-        k - padding_before(padding, size, k, stride) >= size
-        for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
 
 
 def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> None:
@@ -372,47 +306,47 @@ def _mean(plan: KernelList, group: Group) -> None:
     k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
 
 
-@builds(*REDUCE_CODE)
-def _reduce(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    keep, reduce = reduced_axes(group.root)
-    k = plan.kernel("reduce", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", keep)
-    k.param("reduce", "vec4<i32>", reduce)
-    init, combine = reduction(group.root.opcode, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
-    k.substitutions = {"INIT": init, "COMBINE": combine}
+# The WGSL each kit template needs besides its own: lanes.wgsl's main (the template defines lane_value),
+# weight_blocks.wgsl (weights read as 4x4 matrices).
+HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",)}
 
 
-@builds("ARG_MAX", "ARG_MIN")
-def _arg(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    axis, keep = arg_axis(group.root)
-    k = plan.kernel("arg", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", keep)
-    k.param("axis", "i32", axis)
-    k.param("length", "i32", as_nhwc(x.shape)[axis])
-    k.param("sign", "f32", 1.0 if group.root.opcode == "ARG_MAX" else -1.0)
+def _reduction(name: str) -> dict[str, str]:
+    init, combine = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    return {"INIT": init, "COMBINE": combine}
 
 
-# -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
+SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the substitutions spelling it
 
-def host_to_phwc4(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
-    """Spread an input uploaded as the caller's NHWC float32 array into its PHWC4 buffer."""
-    k = Kernel("layout_in", f"to_phwc4#{index}").output(index, shape)
-    k.read("host", staging, "f32")
+
+def spell(call: Call) -> Kernel:
+    """The kernel of a kit call: bindings and uniforms in the call's order, the epilogue on the output.
+    A data movement template this dialect writes as a mapping (``map_<name>.wgsl``) is the gather
+    kernel with that mapping."""
+    k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
+    if call.template in MAPPINGS:
+        _gather_source(k, call.template, sum(isinstance(arg, TensorArg) for arg in call.args))
+    k.helpers.extend(template(helper) for helper in HELPERS.get(call.template, ()))
+    for name, value in call.constants:
+        k.substitutions.update(SPECIALISE[name](value))
+    if call.output is not None:
+        k.output(*call.output, call.steps)
+    else:
+        k.invocations = int(np.prod(dims(call.work)))
+        k.param("count", "i32", k.invocations)
+    for arg in call.args:
+        if isinstance(arg, TensorArg):
+            k.tensor(arg.name, arg.value, arg.shape)
+        elif isinstance(arg, BroadcastArg):
+            k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
+        elif isinstance(arg, HostArg):
+            (k.write if arg.writable else k.read)(arg.name, arg.value, "f32")
+        elif isinstance(arg, ConstantArg):
+            k.read(arg.name, arg.key)
+        else:
+            assert isinstance(arg, ParamArg)
+            k.uniform(arg)
     return k
-
-
-def phwc4_to_host(staging: Hashable, index: int, shape: Sequence[int]) -> Kernel:
-    """Gather an output into NHWC float32 for the host to read as is."""
-    k = Kernel("layout_out", f"to_host#{index}").tensor("src", index, shape)
-    k.write("host", staging, "f32")
-    k.invocations = int(np.prod(dims(shape)))
-    return k.param("count", "i32", k.invocations)
 
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------
@@ -423,8 +357,13 @@ def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[i
     for i, (value, shape) in enumerate(inputs):
         k.tensor(f"in{i}", value, shape)
     k.param("aligned", "i32", int(aligned))
+    return _gather_source(k, mapping, len(inputs), substitutions)
+
+
+def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str, str] | None = None) -> Kernel:
+    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
     lanes, vectors = [], []
-    for i in range(len(inputs)):
+    for i in range(inputs):
         lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
@@ -432,69 +371,9 @@ def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[i
         "    default: { return 0.0; }", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
         "    default: { return V(0.0); }", "  }", "}"])
+    k.template = "gather"
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions or {}), "READ": read}
     return k
-
-
-def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
-    return as_nhwc(a)[3] == as_nhwc(b)[3]
-
-
-@builds("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
-def _reshape(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.root.outputs[0]
-    if not group.steps and same_storage(x.shape, out.shape):
-        plan.aliases[out.index] = x.index  # same bytes in PHWC4: no kernel at all
-        return
-    _gather(plan.kernel("gather", group), "reshape", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
-
-
-@builds("TRANSPOSE")
-def _transpose(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    axes = transpose_axes(group.root)
-    k = _gather(plan.kernel("gather", group), "transpose", [(x.index, x.shape)], axes[3] == 3)
-    k.param("axes", "vec4<i32>", axes)
-
-
-@builds("PAD")
-def _pad(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    before = pad_before(group.root)
-    k = _gather(plan.kernel("gather", group), "pad", [(x.index, x.shape)], before[3] % 4 == 0)
-    k.param("before", "vec4<i32>", before)
-
-
-@builds("MIRROR_PAD")
-def _mirror_pad(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.output
-    before = pad_before(group.root)
-    k = _gather(plan.kernel("gather", group), "mirror_pad", [(x.index, x.shape)],
-                as_nhwc(x.shape)[3] == as_nhwc(out.shape)[3])
-    k.param("before", "vec4<i32>", before)
-    k.param("symmetric", "i32", int(group.root.options.get("mode", "REFLECT") == "SYMMETRIC"))
-
-
-@builds("TILE")
-def _tile(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.output
-    _gather(plan.kernel("gather", group), "tile", [(x.index, x.shape)], _same_channels(x.shape, out.shape))
-
-
-@builds("SPACE_TO_DEPTH")
-def _space_to_depth(plan: KernelList, group: Group) -> None:
-    x = group.root.inputs[0]
-    k = _gather(plan.kernel("gather", group), "space_to_depth", [(x.index, x.shape)], x.shape[3] % 4 == 0)
-    k.param("block", "i32", group.root.options["block_size"])
-
-
-@builds("RESIZE_NEAREST_NEIGHBOR")
-def _resize_nearest(plan: KernelList, group: Group) -> None:
-    op, x = group.root, group.root.inputs[0]
-    k = _gather(plan.kernel("gather", group), "resize_nearest", [(x.index, x.shape)], True)
-    k.param("scale", "vec4<f32>", (*resize_scales(op), 0.0, 0.0))
-    k.param("align", "i32", int(bool(op.options.get("align_corners"))))
-    k.param("half_pixel", "i32", int(bool(op.options.get("half_pixel_centers"))))
 
 
 @builds("PACK")
@@ -503,58 +382,6 @@ def _pack(plan: KernelList, group: Group) -> None:
     axis = pack_axis(op)
     k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
     k.param("axis", "i32", axis)
-
-
-@builds("SELECT", "SELECT_V2")
-def _select(plan: KernelList, group: Group) -> None:
-    _gather(plan.kernel("gather", group), "select", [(t.index, t.shape) for t in group.root.inputs], False)
-
-
-@builds("UNPACK")
-def _unpack(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    axis, parts = unpack_parts(op)
-    for out, index in parts:
-        k = _gather(plan.part("gather", op, f"part{index}", out.index, out.shape), "unpack", [(x.index, x.shape)],
-                    axis != 3)
-        k.param("axis", "i32", axis)
-        k.param("index", "i32", index)
-
-
-@builds("STRIDED_SLICE")
-def _strided_slice(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
-    ranges = [range(size)[index] for size, index in zip(sliced.effective_shape, sliced.index)]
-    ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
-    aligned = (ranges[3].step == 1 and ranges[3].start % 4 == 0
-               and as_nhwc(op.outputs[0].shape)[3] == len(ranges[3]))
-    k = _gather(plan.kernel("gather", group), "slice", [(x.index, x.shape)], aligned)
-    k.param("start", "vec4<i32>", tuple(r.start for r in ranges))
-    k.param("step", "vec4<i32>", tuple(r.step for r in ranges))
-    k.param("length", "vec4<i32>", tuple(len(r) for r in ranges))
-
-
-@builds("SPLIT", "SPLIT_V")
-def _split(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x, axis, parts = split_parts(op)
-    for i, (out, offset) in enumerate(parts):
-        length = as_nhwc(out.shape)
-        k = _gather(plan.part("gather", op, f"part{i}", out.index, out.shape), "slice", [(x.index, x.shape)],
-                    axis != 3 or offset % 4 == 0)
-        k.param("start", "vec4<i32>", tuple(offset if a == axis else 0 for a in range(4)))
-        k.param("step", "vec4<i32>", (1, 1, 1, 1))
-        k.param("length", "vec4<i32>", length)
-
-
-@builds("DEPTH_TO_SPACE")
-def _depth_to_space(plan: KernelList, group: Group) -> None:
-    x, out = group.root.inputs[0], group.root.outputs[0]
-    k = _gather(plan.kernel("gather", group), "depth_to_space", [(x.index, x.shape)], out.shape[3] % 4 == 0)
-    k.param("block", "i32", group.root.options["block_size"])
 
 
 def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
@@ -588,3 +415,13 @@ def _lstm(plan: KernelList, group: Group) -> None:
     cell.tensor("gates", gates.index, gates.shape)
     cell.tensor("prev_state", prev_state.index, prev_state.shape)
     cell.tensor("state", state.index, state.shape, writable=True)
+
+
+def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
+    _spatial(plan, k, call.output[1], 4, most_pixels=1)
+
+
+SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv}  # kit templates whose launch this dialect shapes (its own algorithms)
+
+
+declare_templates(DIALECT, templates())

@@ -21,9 +21,10 @@ from delegate.gpu import Group, plan_groups
 from delegate.gpu.fusion import elementwise_steps, reader_folds
 from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import host_order
+from delegate.gpu.lowering import boundary_call
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 
-from .kernels import FOLDS, KernelList, host_to_phwc4, phwc4_to_host
+from .kernels import FOLDS, KernelList, spell
 from .shaders import Kernel
 from .tiling import DeviceShape
 
@@ -153,7 +154,7 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         staging = ("host order", index, host_in)
         buffer_of[staging] = spec.staging = len(buffers)
         buffers.append(BufferSpec(4 * max(int(np.prod(t.shape)), 1), "staging"))
-        spec.convert = dispatch((host_to_phwc4 if host_in else phwc4_to_host)(staging, index, t.shape))
+        spec.convert = dispatch(spell(boundary_call(staging, t, host_in)))
         return spec
 
     program_inputs = [boundary(t.index, True) for t in partition.inputs if planner.used(t.index)]

@@ -19,9 +19,12 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from delegate.gpu import Step, constant_value
+from delegate.gpu import Step
 from delegate.gpu.dialect import WGSL, epilogue_lines
 from delegate.gpu.layout import as_nhwc, phwc4_shape
+from delegate.gpu.lowering import BroadcastArg, ParamArg, epilogue_operands
+
+PARAM_KINDS = {"int": "i32", "float": "f32", "int4": "vec4<i32>", "float4": "vec4<f32>"}  # the kit's -> WGSL
 
 PARAM_TYPES = {"i32": ("i", 1, 4), "f32": ("f", 1, 4), "vec4<i32>": ("i", 4, 16), "vec4<f32>": ("f", 4, 16)}
 
@@ -29,6 +32,17 @@ PARAM_TYPES = {"i32": ("i", 1, 4), "f32": ("f", 1, 4), "vec4<i32>": ("i", 4, 16)
 @lru_cache(maxsize=None)
 def template(name: str) -> str:
     return resources.files("delegate_wgpu").joinpath("shaders", f"{name}.wgsl").read_text()
+
+
+_FILES = sorted(entry.name[:-5] for entry in resources.files("delegate_wgpu").joinpath("shaders").iterdir()
+                if entry.name.endswith(".wgsl"))
+MAPPINGS = frozenset(name[4:] for name in _FILES if name.startswith("map_"))  # data movement as gather mappings
+
+
+def templates() -> list[str]:
+    """The templates this dialect has: its shaders (``shaders/<name>.wgsl``) and the data movement it
+    writes as mappings of the gather kernel (``map_<name>.wgsl``)."""
+    return [name for name in _FILES if not name.startswith("map_")] + sorted(MAPPINGS)
 
 
 def dims(shape: Sequence[int]) -> tuple[int, int, int, int]:
@@ -92,17 +106,22 @@ class Kernel:
         self.params.append((name, wgsl_type, value))
         return self
 
+    def uniform(self, arg: ParamArg) -> str:
+        """Declare a parameter of the kit's contract as a uniform field; returns its expression."""
+        self.param(arg.name, PARAM_KINDS[arg.kind], arg.value)
+        return f"p.{arg.name}"
+
     def tensor(self, name: str, value: Hashable, shape: Sequence[int], writable: bool = False) -> "Kernel":
         """A PHWC4 tensor with its dims (``p.<name>_d``) and channel count (``p.<name>_c``)."""
         (self.write if writable else self.read)(name, value)
         self.param(f"{name}_d", "vec4<i32>", dims(shape))
         return self.param(f"{name}_c", "i32", as_nhwc(shape)[3])
 
-    def broadcast(self, name: str, value: Hashable, shape: Sequence[int], out_shape: Sequence[int]) -> str:
-        """Bind a tensor read at output positions, dimensions of size 1 broadcast; returns the read expression."""
+    def broadcast(self, name: str, value: Hashable, shape: Sequence[int], splat: bool) -> str:
+        """Bind a tensor read at output positions, dimensions of size 1 broadcast (and a single channel
+        splat over all when ``splat``); returns the read expression."""
         self.read(name, value)
         self.param(f"{name}_d", "vec4<i32>", dims(shape))
-        splat = as_nhwc(shape)[3] == 1 and as_nhwc(out_shape)[3] > 1
         self.helpers.append(
             f"fn broadcast_{name}(o: Pos) -> V {{\n"
             f"  let d = p.{name}_d;\n"
@@ -116,18 +135,16 @@ class Kernel:
         self.tensor(self.out, value, shape, writable=True)
         self.param("count", "i32", int(np.prod(dims(shape))))
         self.invocations = int(np.prod(dims(shape)))
-        out_nhwc = as_nhwc(shape)
+        operands = epilogue_operands(steps, shape)
 
         def operand(k: int, _signature: tuple) -> str:
-            step = steps[k]
-            if step.scalar:
-                self.param(f"e{k}", "f32", float(constant_value(step.operand).ravel()[0]))
-                return f"V(p.e{k})"
-            return self.broadcast(f"e{k}", step.operand.index, step.operand.shape, out_nhwc)
+            arg = operands[k]
+            if isinstance(arg, BroadcastArg):
+                return self.broadcast(arg.name, arg.value, arg.shape, arg.splat)
+            return f"V({self.uniform(arg)})"
 
         def grid(k: int) -> str:
-            self.param(f"e{k}", "vec4<f32>", steps[k].quant)
-            return f"p.e{k}"
+            return self.uniform(operands[k])
         self.epilogue = epilogue_lines(WGSL, [step.signature() for step in steps], operand, grid)
         return self
 

@@ -1,9 +1,9 @@
-// ARG_MAX and ARG_MIN: each output lane scans its line of the input along axis line.x (n, h, w, c of
-// the NHWC view; line.y values) and keeps the index of the first largest value of line.z * input
-// (line.z = -1: smallest).  keep = the input's shape with that axis as 1, matched to output lanes
+// ARG_MAX and ARG_MIN: each output lane scans its line of the input along `axis` (n, h, w, c of
+// the NHWC view; `length` values) and keeps the index of the first largest value of sign * input
+// (sign = -1: smallest).  keep = the input's shape with that axis as 1, matched to output lanes
 // through NHWC order.
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int4 keep, int4 line EPILOGUE_PARAMS) {
+                          int in_channels, int4 keep, int axis, int length, float sign EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -13,9 +13,9 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     int at[4] = {e / (keep.y * keep.z * keep.w), e / (keep.z * keep.w) % keep.y, e / keep.w % keep.z, e % keep.w};
     float best = 0.0f;
     int index = 0;
-    for (int i = 0; i < line.y; ++i) {
-      at[line.x] = i;
-      float value = line.z * (float)LOAD1(in, lane_index(id, at[0], at[1], at[2], at[3]));
+    for (int i = 0; i < length; ++i) {
+      at[axis] = i;
+      float value = sign * (float)LOAD1(in, lane_index(id, at[0], at[1], at[2], at[3]));
       if (i == 0 || value > best) {
         best = value;
         index = i;

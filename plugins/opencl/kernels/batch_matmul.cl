@@ -2,7 +2,8 @@
 // depth of a[row, k] * b[k, column], in fp32; batches broadcast (coordinates modulo each input's
 // batch sizes).  axes = (a's row axis, a's depth axis, b's depth axis, b's column axis).
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* a, int4 ad,
-                          __global const STORAGE* b, int4 bd, int4 axes, int depth EPILOGUE_PARAMS) {
+                          int a_channels, __global const STORAGE* b, int4 bd, int b_channels, int4 axes,
+                          int depth EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -1,6 +1,6 @@
 // SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY and REDUCE_ALL over any axes: each output
 // lane combines its region in fp32 (REDUCE_INIT(first), REDUCE(total, value) from delegate.gpu.dialect).
-// keep = the output shape with the reduced axes kept as 1 (n, h, w, c); reduce = -1 for each reduced
+// keep = the output shape with the reduced axes kept as 1 (n, h, w, c); reduce = 1 for each reduced
 // axis, else 0.  Lanes are matched to keep through their position in NHWC order.
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                           int in_channels, int4 keep, int4 reduce EPILOGUE_PARAMS) {
@@ -11,8 +11,8 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   for (int l = 0; l < 4 && s * 4 + l < out_channels; ++l) {
     int e = ((n * od.y + y) * od.x + x) * out_channels + s * 4 + l;
     int4 at = (int4)(e / (keep.y * keep.z * keep.w), e / (keep.z * keep.w) % keep.y, e / keep.w % keep.z, e % keep.w);
-    int4 first = select(at, (int4)(0), reduce);
-    int4 last = select(at + 1, (int4)(id.w, id.y, id.x, in_channels), reduce);
+    int4 first = select(at, (int4)(0), reduce != 0);
+    int4 last = select(at + 1, (int4)(id.w, id.y, id.x, in_channels), reduce != 0);
     float total = REDUCE_INIT((float)LOAD1(in, lane_index(id, first.x, first.y, first.z, first.w)));
     for (int a = first.x; a < last.x; ++a)
       for (int b = first.y; b < last.y; ++b)

@@ -2,7 +2,8 @@
 // (dst + 0.5) * scale - 0.5 with half-pixel centers; the lower neighbour is clamped
 // at 0 and the upper one at the last row/column.
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, float2 scale, int half_pixel EPILOGUE_PARAMS) {
+                          __global const STORAGE* in, int4 id, int in_channels, float4 scale,
+                          int half_pixel EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -1,0 +1,435 @@
+"""The kit's lowering: one handler per op family decides each launch, and each GPU dialect only spells it.
+
+A handler (registered with :func:`delegate.gpu.registry.lowers_shared`) turns a fused
+:class:`~delegate.gpu.fusion.Group` into :class:`Call` s on a :class:`Lowering`: the kernel
+template, its arguments in the order of the *parameter contract* below, the ops it computes
+and what it iterates over.  A GPU plugin subclasses :class:`Lowering` and implements
+:meth:`Lowering.emit`, spelling each call as its runtime launches it; its templates
+(``kernels/<name>.cl``, ``shaders/<name>.wgsl``) implement the contract, so the same call
+means the same computation in both dialects.
+
+The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bindings and uniforms):
+
+- the output, first when the call has one: ``(buffer, int4 dims, int channels)`` | binding ``dst``
+  with ``p.dst_d``, ``p.dst_c`` and ``p.count``; the group's epilogue is applied to every stored
+  vector, its operands (:func:`epilogue_operands`) following all other arguments.
+- :class:`TensorArg` a PHWC4 tensor: ``(buffer, int4 dims, int channels)`` | binding ``<name>``
+  with ``p.<name>_d``, ``p.<name>_c``.
+- :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and
+  a single channel splat over all of them when :func:`splat_channel`: ``(buffer, int4 dims, int
+  splat)`` | binding ``<name>`` read by ``broadcast_<name>(o)``.
+- :class:`HostArg` a flat NHWC float32 buffer (the host-order staging of a boundary tensor):
+  ``(buffer)`` | binding ``<name>: array<f32>``.
+- :class:`ConstantArg` packed constants (weights, a bias), float32 in the template's layout, stored
+  in the storage type: ``(buffer)`` | binding ``<name>`` of vectors.
+- :class:`ParamArg` a number or a 4-vector (kind ``int``, ``float``, ``int4``, ``float4``): one
+  argument | one uniform field.
+
+Work is one item per PHWC4 vector of the output (or of ``over``), which each dialect maps onto
+its grid (OpenCL (W, H, N*S), WebGPU flat workgroups).  ``constants`` specialise a template at
+compile time (``("reduction", "SUM")``); each dialect spells them (OpenCL macros, WGSL substitutions).
+
+Data movement calls read their inputs as ``in0``, ``in1``... followed by ``aligned`` (``int``: the
+mapping moves whole vectors, channel offsets being multiples of 4) and the mapping's own
+parameters.  A dialect may implement such a template as a variant of a general one (its gather
+kernel with the mapping: OpenCL ``MAP_<NAME>`` in ``gather.cl``, WebGPU ``map_<name>.wgsl``); the
+call is the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence, Union
+
+import numpy as np
+
+from ..ir import Op, Tensor
+from ..strided import strided_slice_plan
+from .constants import constant_value, int_values
+from .fusion import Group, Step
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pack_conv_weights, pack_vector, pad_before,
+                     padding_before, reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
+                     transpose_conv_geometry, unpack_parts, window_padding)
+from .dialect import REDUCE_CODE
+from .plan import Values
+from .registry import lowers_shared
+from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    value: Hashable
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BroadcastArg:
+    name: str
+    value: Hashable
+    shape: tuple[int, ...]
+    splat: bool  # a single channel standing for every channel of the output
+
+
+@dataclass(frozen=True)
+class HostArg:
+    name: str
+    value: Hashable
+    writable: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class ConstantArg:
+    name: str
+    key: Hashable
+    values: "np.ndarray"  # float32, already in the template's layout
+
+
+@dataclass(frozen=True)
+class ParamArg:
+    name: str
+    kind: str  # int | float | int4 | float4
+    value: Any
+
+
+Arg = Union[TensorArg, BroadcastArg, HostArg, ConstantArg, ParamArg]
+PARAM_KINDS = ("int", "float", "int4", "float4")
+
+
+@dataclass
+class Call:
+    """One launch as the kit decides it: template, output (value, shape) and epilogue steps, the other
+    arguments in contract order, the ops computed (for labels and profiles) and the vectors iterated."""
+
+    template: str
+    args: list[Arg]
+    ops: list[Op]
+    output: tuple[Hashable, tuple[int, ...]] | None = None
+    steps: Sequence[Step] = ()
+    over: tuple[int, ...] | None = None  # the shape iterated, when not the output's
+    label: str = ""
+    constants: tuple[tuple[str, Any], ...] = ()  # compile-time specialisation, spelled by each dialect
+
+    def __post_init__(self) -> None:
+        for arg in self.args:
+            if isinstance(arg, ParamArg) and arg.kind not in PARAM_KINDS:
+                raise ValueError(f"{self.template}: parameter kind {arg.kind!r} is not in the contract")
+        if not self.label:
+            self.label = "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
+
+    @property
+    def work(self) -> tuple[int, ...]:
+        """The shape whose PHWC4 vectors the launch iterates, one work item each."""
+        if self.over is not None:
+            return self.over
+        if self.output is None:
+            raise ValueError(f"{self.template}: a call without an output says what it iterates")
+        return self.output[1]
+
+
+def splat_channel(operand: Sequence[int], result: Sequence[int]) -> bool:
+    """A single-channel operand broadcast over all channels of the result."""
+    return as_nhwc(operand)[3] == 1 and as_nhwc(result)[3] > 1
+
+
+def epilogue_operands(steps: Sequence[Step], out_shape: Sequence[int]) -> dict[int, Arg]:
+    """The arguments the epilogue's steps take, by step index: a quantization grid (``float4``), a scalar
+    operand (``float``) or a tensor operand read at the output position (broadcast), named ``e<i>``."""
+    found: dict[int, Arg] = {}
+    for i, step in enumerate(steps):
+        if step.kind == "quantize":
+            found[i] = ParamArg(f"e{i}", "float4", tuple(float(q) for q in step.quant))
+        elif step.kind == "binary" and step.scalar:
+            found[i] = ParamArg(f"e{i}", "float", float(constant_value(step.operand).ravel()[0]))
+        elif step.kind == "binary":
+            found[i] = broadcast(f"e{i}", step.operand, out_shape)
+    return found
+
+
+def tensor(name: str, t: Tensor) -> TensorArg:
+    return TensorArg(name, t.index, tuple(t.shape))
+
+
+def broadcast(name: str, t: Tensor, out_shape: Sequence[int]) -> BroadcastArg:
+    return BroadcastArg(name, t.index, tuple(t.shape), splat_channel(t.shape, out_shape))
+
+
+class Lowering(Values):
+    """What every dialect's lowering of a partition keeps: its values, and the calls the handlers make.
+
+    Subclasses spell each call (:meth:`emit`) in their dialect.  :meth:`call` first records the tensors
+    the call's arguments can name (those of its ops and epilogue steps), so sizes and constant bytes are
+    known when buffers are assigned.
+    """
+
+    def call(self, call: Call) -> None:
+        for t in _tensors(call):
+            self.tensors[t.index] = t
+        for arg in call.args:
+            if isinstance(arg, ConstantArg):
+                self.constants[arg.key] = np.ascontiguousarray(arg.values, np.float32)
+        self.emit(call)
+
+    def emit(self, call: Call) -> None:  # pragma: no cover - every dialect implements it
+        raise NotImplementedError
+
+    def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
+        """Lower a pooling whose window covers each image whole with the dialect's workgroup reduction;
+        False where the dialect has none for it (the windowed kernel computes it)."""
+        return False
+
+
+def _tensors(call: Call) -> list[Tensor]:
+    found = [op_t for op in call.ops for op_t in (*op.inputs, *op.outputs) if op_t is not None]
+    found += [step.operand for step in call.steps if step.operand is not None]
+    return found
+
+
+# -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
+
+def boundary_call(staging: Hashable, t: Tensor, into_device: bool) -> Call:
+    """The conversion between ``t``'s PHWC4 buffer and its host-order staging buffer ``staging``:
+    ``layout_in`` spreads the caller's array into PHWC4, ``layout_out`` gathers an output for the host."""
+    if into_device:
+        return Call("layout_in", [HostArg("host", staging)], [], output=(t.index, tuple(t.shape)),
+                    label=f"to_phwc4#{t.index}")
+    return Call("layout_out", [tensor("src", t), HostArg("host", staging, writable=True)], [],
+                over=tuple(t.shape), label=f"to_host#{t.index}")
+
+
+# -- elementwise: the first input, broadcast to the output, through the group's epilogue ---------
+
+@lowers_shared(*UNARY, *BINARY, *CONVERSIONS, "ADD_N", templates=("elementwise",))
+def elementwise(lowering: Lowering, g: Group) -> None:
+    """The epilogue applies the ops themselves (a binary op's other operand is a step's)."""
+    x = g.root.inputs[0]
+    lowering.call(Call("elementwise", [broadcast("src", x, g.output.shape)], g.ops,
+                       output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+# -- data movement: every output element copied from the input element a mapping names ----------
+
+def _moved(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, g: Group,
+           *params: ParamArg) -> Call:
+    return _part(template, inputs, aligned, g.ops, (g.output.index, tuple(g.output.shape)), *params, steps=g.steps)
+
+
+def _part(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, ops: Sequence[Op],
+          output: tuple[Hashable, tuple[int, ...]], *params: ParamArg, steps: Sequence[Step] = (),
+          label: str = "") -> Call:
+    args: list[Arg] = [TensorArg(f"in{i}", value, tuple(shape)) for i, (value, shape) in enumerate(inputs)]
+    return Call(template, [*args, ParamArg("aligned", "int", int(aligned)), *params], list(ops), output=output,
+                steps=steps, label=label)
+
+
+def _one(g: Group) -> list[tuple[Hashable, Sequence[int]]]:
+    return [(g.root.inputs[0].index, g.root.inputs[0].shape)]
+
+
+def _same_channels(a: Sequence[int], b: Sequence[int]) -> bool:
+    return as_nhwc(a)[3] == as_nhwc(b)[3]
+
+
+def relayout_call(src: Hashable, src_shape: Sequence[int], dst: Hashable, dst_shape: Sequence[int],
+                  ops: Sequence[Op]) -> Call:
+    """Move elements between slices in NHWC order: a reshape changing the channel count or batch."""
+    return _part("reshape", [(src, src_shape)], _same_channels(src_shape, dst_shape), ops, (dst, tuple(dst_shape)))
+
+
+@lowers_shared("RESHAPE", "EXPAND_DIMS", "SQUEEZE", templates=("reshape",))
+def reshape(lowering: Lowering, g: Group) -> None:
+    """No kernel where the PHWC4 bytes stay the same: the output is stored in the input's buffer."""
+    x, out = g.root.inputs[0], g.root.outputs[0]
+    if not g.steps and same_storage(x.shape, out.shape):
+        lowering.tensors[x.index] = x
+        lowering.aliases[out.index] = x.index
+        return
+    lowering.call(_moved("reshape", _one(g), _same_channels(x.shape, g.output.shape), g))
+
+
+@lowers_shared("TRANSPOSE", templates=("transpose",))
+def transpose(lowering: Lowering, g: Group) -> None:
+    x, axes = g.root.inputs[0], transpose_axes(g.root)
+    lowering.call(_moved("transpose", [(x.index, x.shape)], axes[3] == 3, g, ParamArg("axes", "int4", axes)))
+
+
+@lowers_shared("DEPTH_TO_SPACE", templates=("depth_to_space",))
+def depth_to_space(lowering: Lowering, g: Group) -> None:
+    x = g.root.inputs[0]
+    lowering.call(_moved("depth_to_space", [(x.index, x.shape)], g.root.outputs[0].shape[3] % 4 == 0, g,
+                         ParamArg("block", "int", int(g.root.options["block_size"]))))
+
+
+@lowers_shared("SELECT", "SELECT_V2", templates=("select",))
+def select(lowering: Lowering, g: Group) -> None:
+    """Input 1 where the condition (input 0) holds, else input 2, each broadcast by its coordinates modulo its sizes."""
+    lowering.call(_moved("select", [(t.index, t.shape) for t in g.root.inputs], False, g))
+
+
+@lowers_shared("PAD", templates=("pad",))
+def pad(lowering: Lowering, g: Group) -> None:
+    """Zeros around the input; a PAD of rows and columns read by a convolution is usually folded into it."""
+    before = pad_before(g.root)
+    lowering.call(_moved("pad", _one(g), before[3] % 4 == 0, g, ParamArg("before", "int4", before)))
+
+
+@lowers_shared("MIRROR_PAD", templates=("mirror_pad",))
+def mirror_pad(lowering: Lowering, g: Group) -> None:
+    x, symmetric = g.root.inputs[0], int(g.root.options.get("mode", "REFLECT") == "SYMMETRIC")
+    lowering.call(_moved("mirror_pad", _one(g), _same_channels(x.shape, g.output.shape), g,
+                         ParamArg("before", "int4", pad_before(g.root)), ParamArg("symmetric", "int", symmetric)))
+
+
+@lowers_shared("TILE", templates=("tile",))
+def tile(lowering: Lowering, g: Group) -> None:
+    lowering.call(_moved("tile", _one(g), _same_channels(g.root.inputs[0].shape, g.output.shape), g))
+
+
+@lowers_shared("SPACE_TO_DEPTH", templates=("space_to_depth",))
+def space_to_depth(lowering: Lowering, g: Group) -> None:
+    lowering.call(_moved("space_to_depth", _one(g), g.root.inputs[0].shape[3] % 4 == 0, g,
+                         ParamArg("block", "int", int(g.root.options["block_size"]))))
+
+
+@lowers_shared("RESIZE_NEAREST_NEIGHBOR", templates=("resize_nearest",))
+def resize_nearest(lowering: Lowering, g: Group) -> None:
+    o = g.root.options
+    lowering.call(_moved("resize_nearest", _one(g), True, g,
+                         ParamArg("scale", "float4", (*resize_scales(g.root), 0.0, 0.0)),
+                         ParamArg("align", "int", int(bool(o.get("align_corners")))),
+                         ParamArg("half_pixel", "int", int(bool(o.get("half_pixel_centers"))))))
+
+
+@lowers_shared("STRIDED_SLICE", templates=("slice",))
+def strided_slice(lowering: Lowering, g: Group) -> None:
+    """Output elements in NHWC order walk the slice, so a slice shrinking axes needs no relayout after it."""
+    op, x = g.root, g.root.inputs[0]
+    sliced = strided_slice_plan(x.shape, *(int_values(op.input(i)) for i in (1, 2, 3)), op.options)
+    ranges = [range(size)[index] for size, index in zip(sliced.effective_shape, sliced.index)]
+    ranges = [range(0, 1)] * (4 - len(ranges)) + ranges
+    aligned = ranges[3].step == 1 and ranges[3].start % 4 == 0 and as_nhwc(g.output.shape)[3] == len(ranges[3])
+    lowering.call(_moved("slice", _one(g), aligned, g, *_walk([r.start for r in ranges], [r.step for r in ranges],
+                                                              [len(r) for r in ranges])))
+
+
+def _walk(start: Sequence[int], step: Sequence[int], length: Sequence[int]) -> tuple[ParamArg, ...]:
+    return (ParamArg("start", "int4", tuple(start)), ParamArg("step", "int4", tuple(step)),
+            ParamArg("length", "int4", tuple(length)))
+
+
+@lowers_shared("SPLIT", "SPLIT_V", templates=("slice",))
+def split(lowering: Lowering, g: Group) -> None:
+    """One slice per output."""
+    x, axis, parts = split_parts(g.root)
+    for i, (out, offset) in enumerate(parts):
+        start = [offset if a == axis else 0 for a in range(4)]
+        lowering.call(_part("slice", [(x.index, x.shape)], axis != 3 or offset % 4 == 0, [g.root],
+                            (out.index, tuple(out.shape)), *_walk(start, (1, 1, 1, 1), as_nhwc(out.shape)),
+                            label=f"{g.root.opcode}#{g.root.index}:part{i}"))
+
+
+@lowers_shared("UNPACK", templates=("unpack",))
+def unpack(lowering: Lowering, g: Group) -> None:
+    """One gather per output: the input with the unpacked axis fixed at the output's index."""
+    axis, parts = unpack_parts(g.root)
+    for out, index in parts:
+        lowering.call(_part("unpack", _one(g), axis != 3, [g.root], (out.index, tuple(out.shape)),
+                            ParamArg("axis", "int", axis), ParamArg("index", "int", index),
+                            label=f"{g.root.opcode}#{g.root.index}:part{index}"))
+
+
+@lowers_shared("RESIZE_BILINEAR", templates=("resize_bilinear",))
+def resize_bilinear(lowering: Lowering, g: Group) -> None:
+    op, x = g.root, g.root.inputs[0]
+    lowering.call(Call("resize_bilinear", [tensor("src", x), ParamArg("scale", "float4", (*resize_scales(op), 0.0, 0.0)),
+                                           ParamArg("half_pixel", "int", int(bool(op.options.get("half_pixel_centers"))))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+# -- reductions with one work item per output vector -------------------------------------------
+
+@lowers_shared(*REDUCE_CODE, templates=("reduce",))
+def reduce(lowering: Lowering, g: Group) -> None:
+    """Each output lane combines its region in fp32; keep = the output with reduced axes as 1, reduce = 1 per
+    reduced axis (NHWC view)."""
+    x = g.root.inputs[0]
+    keep, reduced = reduced_axes(g.root)
+    lowering.call(Call("reduce", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("reduce", "int4", reduced)],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps,
+                       constants=(("reduction", g.root.opcode),)))
+
+
+@lowers_shared("ARG_MAX", "ARG_MIN", templates=("arg",))
+def arg(lowering: Lowering, g: Group) -> None:
+    """Each output lane scans its line along the axis for the first largest value of sign * input."""
+    x = g.root.inputs[0]
+    axis, keep = arg_axis(g.root)
+    sign = 1.0 if g.root.opcode == "ARG_MAX" else -1.0
+    lowering.call(Call("arg", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("axis", "int", axis),
+                               ParamArg("length", "int", as_nhwc(x.shape)[axis]), ParamArg("sign", "float", sign)],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+@lowers_shared("BATCH_MATMUL", templates=("batch_matmul",))
+def batch_matmul(lowering: Lowering, g: Group) -> None:
+    """Each output lane sums a row of a times a column of b over the depth, in fp32; batches broadcast."""
+    (a, b), (depth, axes) = g.root.inputs[:2], batch_matmul_layout(g.root)
+    lowering.call(Call("batch_matmul", [tensor("a", a), tensor("b", b), ParamArg("axes", "int4", axes),
+                                        ParamArg("depth", "int", depth)],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+@lowers_shared("TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS, templates=("transpose_conv2d",))
+def transpose_conv(lowering: Lowering, g: Group) -> None:
+    """Each output vector gathers the input pixels whose strided taps reach it (weights packed in 4x4 blocks)."""
+    op, out = g.root, g.output
+    geometry = transpose_conv_geometry(op)
+    x, weights = geometry.x, constant_value(geometry.weights)
+    _, kh, kw, _ = weights.shape
+    (pad_h, pad_w), (sh, sw) = geometry.padding, geometry.strides
+    bias = pack_vector(constant_value(geometry.bias), out.shape[3])
+    lowering.call(Call("transpose_conv2d", [
+        tensor("src", x), ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
+        ConstantArg("bias", ("bias", op.index), bias), ParamArg("window", "int4", (kw, kh, sw, sh)),
+        ParamArg("spacing", "int4", (pad_w, pad_h, 0, 0))],
+        g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
+
+
+# -- pooling -----------------------------------------------------------------------------------
+
+def covers_image(op: Op) -> bool:
+    """A pooling window covering its whole input at the one output pixel of each image."""
+    o, (_, h, w, _) = op.options, op.inputs[0].shape
+    padding = o.get("padding", "VALID")
+    return tuple(op.outputs[0].shape[1:3]) == (1, 1) and all(
+        k - padding_before(padding, size, k, stride) >= size
+        for size, k, stride in ((h, o["filter_height"], o["stride_h"]), (w, o["filter_width"], o["stride_w"])))
+
+
+@lowers_shared("AVERAGE_POOL_2D", "MAX_POOL_2D", templates=("pool2d",))
+def pool(lowering: Lowering, g: Group) -> None:
+    """The window clipped to the input (an average counts only the taps inside, as TFLite does); a window
+    covering the image is a reduction where the dialect has one."""
+    op, x, o = g.root, g.root.inputs[0], g.root.options
+    is_max = op.opcode == "MAX_POOL_2D"
+    if covers_image(op) and lowering.image_reduction(g, x, is_max):
+        return
+    kh, kw = o["filter_height"], o["filter_width"]
+    pad_x, pad_y = window_padding(op, x.shape, kh, kw, dilated=False)
+    lowering.call(Call("pool2d", [tensor("src", x), ParamArg("window", "int4", (kw, kh, o["stride_w"], o["stride_h"])),
+                                  ParamArg("spacing", "int4", (pad_x, pad_y, 1, 1)),
+                                  ParamArg("is_max", "int", int(is_max))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+@lowers_shared("SOFTMAX", templates=("softmax",))
+def softmax(lowering: Lowering, g: Group) -> None:
+    """Over the channels of each pixel, in fp32; how a pixel's slices share the work is the dialect's
+    (:meth:`Lowering.emit` shapes the launch: work groups sharing a pixel, or a pixel per item)."""
+    op, x = g.root, g.root.inputs[0]
+    lowering.call(Call("softmax", [tensor("src", x), ParamArg("beta", "float", float(op.options.get("beta", 1.0)))],
+                       g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
+
+
+__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
+           "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]
