@@ -217,7 +217,7 @@ def arg_axis(op: Op) -> tuple[int, Shape4]:
 def batch_matmul_layout(op: Op) -> tuple[int, tuple[int, int, int, int]]:
     """(depth, axes) of a BATCH_MATMUL of a by b in the NHWC views of its inputs, where batches are (n, y) and
     each matrix is (x, c): axes = (a's row axis, a's depth axis, b's depth axis, b's column axis)."""
-    a, b = op.inputs[0].shape, op.inputs[1].shape
+    a = op.inputs[0].shape
     adj_x, adj_y = bool(op.options.get("adj_x")), bool(op.options.get("adj_y"))
     depth = a[-2] if adj_x else a[-1]
     return depth, ((3, 2) if adj_x else (2, 3)) + ((3, 2) if adj_y else (2, 3))  # type: ignore[return-value]
