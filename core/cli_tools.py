@@ -227,7 +227,8 @@ def cmd_bench(args) -> int:
         "estimated_ms": round(session.plan.estimated_ms, 4),
         "estimate_ratio": round(session.plan.estimated_ms / max(float(np.median(ours)), 1e-9), 3),
         "partition_times": [{"partition": t.index, "backend": t.backend, "estimated_ms": round(estimates[t.index], 4),
-                             "measured_ms": round(t.ms, 4), "op_times": t.op_source} for t in timings],
+                             "measured_ms": round(t.ms, 4), "host_ms": round(t.host_ms, 4),
+                             "op_times": t.op_source} for t in timings],
         "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
     }
     doc["profiles_saved"] = learn_from(session, session.executor, timings, args.profile)
@@ -265,10 +266,11 @@ def cmd_bench(args) -> int:
                     f"so the ratio flatters delegate")
     c.print(f"plan: estimated {doc['estimated_ms']:.3f} ms, measured p50 {doc['p50_ms']:.3f} ms "
             f"(estimate / measured {doc['estimate_ratio']:.2f})")
-    c.print(table("partitions (each timed alone: inputs staged on its device, outputs read back)",
-                  ["#", "backend", "estimated ms", "measured ms", "op times"],
-                  [[r["partition"], r["backend"], f"{r['estimated_ms']:.4f}", f"{r['measured_ms']:.4f}", r["op_times"]]
-                   for r in doc["partition_times"]]))
+    c.print(table("partitions (each timed alone: inputs staged on its device, outputs read back; host ms: until "
+                  "run() returns, i.e. a queued device's enqueue/encode time)",
+                  ["#", "backend", "estimated ms", "measured ms", "host ms", "op times"],
+                  [[r["partition"], r["backend"], f"{r['estimated_ms']:.4f}", f"{r['measured_ms']:.4f}",
+                    f"{r['host_ms']:.4f}", r["op_times"]] for r in doc["partition_times"]]))
     if doc["top_ops"]:
         c.print(table("top-5 ops by measured time", ["op", "code", "backend", "ms", "measured by"],
                       [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}", r["source"]] for r in doc["top_ops"]]))

@@ -2,9 +2,9 @@
 
 Everything a plugin needs from delegate is named here: the backend contract and hook marker,
 the IR it reads, the errors it raises, and the helpers the first-party plugins share (shape
-rules, arena planning, the kernel cache, partition export).  A name not listed here is
-delegate's own and may change without notice; ``tests/test_plugins.py`` fails when a plugin
-module imports anything else of delegate.
+rules, arena planning, the kernel cache, C libraries built and cached, partition export).  A
+name not listed here is delegate's own and may change without notice; ``tests/test_plugins.py``
+fails when a plugin module imports anything else of delegate.
 
 One sub-surface: the GPU kit, ``delegate.gpu`` and its modules (layout, lowering registry,
 fusion, dialect tables), is imported directly by GPU plugins.  It is not re-exported here
@@ -24,6 +24,7 @@ from .export import partition_model
 from .hookspecs import hookimpl
 from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
 from .memory import plan_arena
+from .native import NativeBuild, load_library
 from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, find_groups, folded_into,
                      is_quantized_op, known_at_compile_time)
 from .runtime import ModelState, active_state
@@ -46,7 +47,7 @@ __all__ = [
     # helpers the first-party plugins share
     "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
     "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "native_stderr",
-    "strided_slice_plan", "write_model", "available_cores", "GPU_KIT",
+    "strided_slice_plan", "write_model", "available_cores", "GPU_KIT", "NativeBuild", "load_library",
     # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
     "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",
     "is_quantized_op", "known_at_compile_time",

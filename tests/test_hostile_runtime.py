@@ -383,20 +383,23 @@ def test_one_interpreter_many_threads_each_get_their_own_answer():
 # -- the native library cache (finding 6) -----------------------------------------------------------
 
 def test_the_native_library_is_loaded_only_from_a_verified_entry(tmp_path, monkeypatch):
+    from delegate import native as native_build
     from delegate_cpu.kernels import native
     if native.native_loops() is None:
         pytest.skip("no C compiler: the native loops are not built here")
-    store = EntryStore(native.native_cache_dir(), "cpu", "native")
+    store = EntryStore(native_build.native_cache_dir(), "cpu", "native")
     # this build's entry (the cache may hold builds of other versions of the source)
-    key = native.entry_key(native.SOURCE.read_bytes(), native._compiler(), native.native_loops().flags)
+    key = native_build.entry_key(native.SOURCE.read_bytes(), native_build.find_compiler(), native.native_loops().flags)
     library = store.load(key, "so")
     assert library is not None
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     builds = []
-    monkeypatch.setattr(native, "_build", lambda compiler, flags: builds.append(flags) or library)
+    monkeypatch.setattr(native_build, "compile_library",
+                        lambda compiler, flags, source: builds.append(flags) or library)
     assert native._load() is not None and len(builds) == 1
-    planted = EntryStore(native.native_cache_dir(), "cpu", "native")
-    (key,) = [h["key"] for sub, _, h, _ in entries(native.native_cache_dir()) if sub == "cpu"]  # the one just built
+    planted = EntryStore(native_build.native_cache_dir(), "cpu", "native")
+    # the one just built
+    (key,) = [h["key"] for sub, _, h, _ in entries(native_build.native_cache_dir()) if sub == "cpu"]
     path = planted.path(key, "so")
     assert path.parent == tmp_path / "delegate" / "native-loops" / "cpu"
     raw = path.read_bytes()

@@ -575,3 +575,27 @@ def test_missing_wgpu_makes_the_backend_unavailable_not_broken(monkeypatch):
     assert not ok and "wgpu is not installed" in reason and "delegate[wgpu]" in reason
     with pytest.raises(PluginError, match="wgpu is not installed"):
         INFO.factory({})
+
+
+def test_dispatches_are_recorded_by_direct_calls_and_agree_with_the_methods(backend):
+    """run records the dispatches through wgpu-native's handles; profiling records them through wgpu-py's
+    methods (between timestamps): both give LiteRT's answer, bit for bit the same."""
+    rng = np.random.default_rng(23)
+    model = small_network(rng)
+    g = read_model(model).main
+    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
+    dispatches = len(compiled.launches)
+    assert compiled.describe()["encoding"] == f"direct wgpu-native calls ({dispatches} dispatches, one pass)"
+    assert len(compiled.launches) >= 2
+    inputs = [normal(rng, (1, 9, 10, 3))]
+    direct = run_compiled(backend, g, compiled, inputs)
+    assert_close(direct, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+    compiled.set_profiling(True)
+    try:
+        if compiled.profiler is not None:  # the adapter has timestamps (lavapipe does)
+            assert compiled.describe()["encoding"].startswith("wgpu-py methods")
+        stamped = run_compiled(backend, g, compiled, inputs)
+    finally:
+        compiled.set_profiling(False)
+    for a, b in zip(direct, stamped):
+        np.testing.assert_array_equal(a, b)

@@ -106,6 +106,9 @@ class PartitionTiming:
     index: int
     backend: str
     ms: float
+    # until run() returned, read-backs excluded: on a queued device (OpenCL, WebGPU) the host's enqueue or
+    # encode work alone, which sets the floor at batch 1 on a fast GPU; on the CPU the whole computation
+    host_ms: float = 0.0
     op_ms: dict[int, float] = field(default_factory=dict)  # per op, where the backend times ops
     op_source: str = ""  # how op_ms was measured, or why there is none
 
@@ -129,12 +132,16 @@ def profile_partitions(executor, indexed: dict[int, np.ndarray], runs: int = 5) 
     for part, compiled, args in zip(executor.partitions, executor.compiled, partition_inputs(executor, indexed)):
         backend = executor.backends[part.backend]
         staged = {i: backend.to_device(v) for i, v in args.items()}
+        host: list[float] = []
 
         def once():
-            for value in compiled.run(staged).values():
+            start = time.perf_counter()
+            outputs = compiled.run(staged)
+            host.append((time.perf_counter() - start) * 1e3)
+            for value in outputs.values():
                 backend.to_host(value)
         ms = float(np.median(samples_ms(once, runs, warmup=1)))
-        timing = PartitionTiming(part.index, part.backend, ms)
+        timing = PartitionTiming(part.index, part.backend, ms, float(np.median(host[1:])))
         source = compiled.op_timer()
         if source:
             compiled.set_profiling(True)

@@ -75,8 +75,10 @@ class OpenCLBackend(Backend):
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()
-        platform, device = select_device(cl, DeviceRequest.from_options(dict(options or {})))
+        options = dict(options or {})
+        platform, device = select_device(cl, DeviceRequest.from_options(options))
         self.state = device_state(cl, platform, device)
+        self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
@@ -106,7 +108,7 @@ class OpenCLBackend(Backend):
         if plan is None:
             plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
             cache.store_plan(plan)
-        return ClCompiled(self.state, partition, plan, precision, options, source)
+        return ClCompiled(self.state, partition, plan, precision, options, source, self.native_enqueue)
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

@@ -4,7 +4,8 @@ sizes chosen.
 ``run`` enqueues the uploads of the partition's inputs (the caller's NHWC
 arrays, converted to PHWC4 by a kernel) and every kernel on the device's
 in-order queue and returns at once; the only wait is the read of the
-outputs in ``to_host``.
+outputs in ``to_host``.  The kernels go in with one native call where
+enqueue.c builds (see enqueue.py), else through pyopencl one by one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
 from delegate.gpu.precision import Precision
 from delegate.gpu.precision import choose_precision as kit_precision
 
+from .enqueue import PreparedLaunches, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
 from .program import kernel_name, program_source, variant_of
@@ -62,7 +64,7 @@ class ClCompiled(CompiledPartition):
     """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
-                 plan_source: str = "planned"):
+                 plan_source: str = "planned", native: bool = True):
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
@@ -79,6 +81,18 @@ class ClCompiled(CompiledPartition):
                                None if t.staging is None else self.buffers[t.staging],
                                *(next(bound_converters) if t.convert else ())) for t in crossings]
         self.inputs, self.outputs = boundaries[:len(plan.inputs)], boundaries[len(plan.inputs):]
+        self.prepared, self.enqueue_reason = self._prepare(native)
+
+    def _prepare(self, native: bool) -> tuple[PreparedLaunches | None, str]:
+        """The launches ready for one native call, or None and why pyopencl's loop enqueues them."""
+        if not native:
+            return None, "native_enqueue: false"
+        if not self.launches:
+            return None, "no kernels"
+        loaded = native_enqueue(self.device.cl)
+        if isinstance(loaded, str):
+            return None, loaded
+        return PreparedLaunches(loaded, self.launches), ""
 
     def _buffer(self, spec: BufferSpec):
         """A device buffer for ``spec``: a constant's bytes copied in, anything else zero-filled."""
@@ -157,10 +171,12 @@ class ClCompiled(CompiledPartition):
         self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
                         for boundary in self.inputs]
         enqueue = cl.enqueue_nd_range_kernel
-        if self.profiled is None:
+        if self.profiled is None and self.prepared is not None:
+            self.prepared.enqueue(cl, queue)
+        elif self.profiled is None:
             for kernel, global_size, local_size in self.launches:
                 enqueue(queue, kernel, global_size, local_size)
-        else:
+        else:  # profiling events need pyopencl's Event per kernel
             self.profiled.append([enqueue(queue, kernel, global_size, local_size)
                                   for kernel, global_size, local_size in self.launches])
         values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
@@ -169,6 +185,14 @@ class ClCompiled(CompiledPartition):
         for value in values:
             value.batch = batch
         return {b.tensor.index: v for b, v in zip(self.outputs, values)}
+
+    def enqueue_path(self) -> str:
+        """How ``run`` enqueues the kernels now."""
+        if self.profiled is not None:
+            return "pyopencl loop (profiling: an event per kernel)"
+        if self.prepared is not None:
+            return f"native (one call for {len(self.launches)} kernels)"
+        return f"pyopencl loop ({self.enqueue_reason})"
 
     def op_timer(self) -> str:
         return "OpenCL profiling events"
@@ -199,6 +223,7 @@ class ClCompiled(CompiledPartition):
             "precision_reason": self.precision.reason,
             "ops": self.plan.facts["ops"],
             "kernels": len(self.launches),
+            "enqueue": self.enqueue_path(),
             "launches": [launch.label for launch in self.plan.launches],
             "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],
             "plan_source": self.plan_source,

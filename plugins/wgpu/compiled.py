@@ -4,8 +4,11 @@ Everything is created once here: buffers (constants uploaded), one uniform
 buffer with every dispatch's parameters, pipelines (shared per device by
 source), bind groups and read-back buffers.  A run records one command
 encoder with one compute pass holding every dispatch of the partition and
-submits it once; host data moves only for inputs arriving from the host
-(uploaded as the caller's array, converted on the device) and for outputs
+submits it once; the dispatches are recorded by calling wgpu-native directly
+with the handles kept at compile time (wgpu-py's methods cost about twice as
+much Python per dispatch: argument checks, a C array per bind group); host
+data moves only for inputs arriving from the host (uploaded as the caller's
+array, converted on the device) and for outputs
 read back by ``to_host`` (converted on the device, copied in the same
 submission once the host has asked for them).
 """
@@ -37,6 +40,14 @@ class HostTensor:
 
 
 Launch = tuple  # (pipeline, bind group, workgroups x, y, z)
+
+
+def native_pass_calls():
+    """wgpu-native's set-pipeline, set-bind-group and dispatch entry points (wgpu-py's own cffi library)."""
+    from wgpu.backends.wgpu_native._api import ffi, lib
+
+    return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+            lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
 
 def record(compute, launch: Launch) -> None:
@@ -159,6 +170,8 @@ class WgpuCompiled(CompiledPartition):
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
                                                        usage=wgpu.BufferUsage.UNIFORM)
         self.launches = [self.launch(d) for d in program.launches]
+        self.pass_calls = native_pass_calls()
+        self.prepare_encoding()
         self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
         self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self.launch(s.convert))
@@ -219,19 +232,10 @@ class WgpuCompiled(CompiledPartition):
         compute = encoder.begin_compute_pass()
         for launch in conversions:
             record(compute, launch)
-        stamp = self.profiler.stamp if self.profiler else None
-        set_pipeline, set_bind_group, dispatch = compute.set_pipeline, compute.set_bind_group, compute.dispatch_workgroups
-        current = None
-        for i, (pipeline, group, x, y, z) in enumerate(self.launches):
-            if stamp:
-                stamp(compute, i)
-            if pipeline is not current:
-                set_pipeline(pipeline)
-                current = pipeline
-            set_bind_group(0, group)
-            dispatch(x, y, z)
-        if stamp:
-            stamp(compute, len(self.launches))
+        if self.profiler:
+            self._record_stamped(compute, self.profiler.stamp)
+        else:
+            self._record(compute)
         for tensor in self.outputs:
             if tensor.wanted:
                 tensor.record_conversion(compute)
@@ -247,6 +251,29 @@ class WgpuCompiled(CompiledPartition):
             self.profiler.collect()
         return self.results
 
+    def prepare_encoding(self) -> None:
+        """The launches as wgpu-native handles for run's direct calls; again whenever ``launches`` change
+        (tuning): a handle outliving its object would be used after wgpu-py released it."""
+        self.handles = [(pipeline._internal, group._internal, x, y, z) for pipeline, group, x, y, z in self.launches]
+
+    def _record(self, compute) -> None:
+        """Every dispatch, by direct calls on the pass's handle (the pipeline set only where it changes)."""
+        set_pipeline, set_bind_group, dispatch, null = self.pass_calls
+        handle, current = compute._internal, None
+        for pipeline, group, x, y, z in self.handles:
+            if pipeline != current:
+                set_pipeline(handle, pipeline)
+                current = pipeline
+            set_bind_group(handle, 0, group, 0, null)
+            dispatch(handle, x, y, z)
+
+    def _record_stamped(self, compute, stamp) -> None:
+        """Every dispatch between timestamps (wgpu-py's methods, which the timestamp writes go through)."""
+        for i, launch in enumerate(self.launches):
+            stamp(compute, i)
+            record(compute, launch)
+        stamp(compute, len(self.launches))
+
     def op_timer(self) -> str:
         return "WebGPU timestamp queries" if self.context.timestamps else ""
 
@@ -259,7 +286,9 @@ class WgpuCompiled(CompiledPartition):
         return self.profiler.per_op() if self.profiler else {}
 
     def describe(self) -> dict[str, Any]:
-        return dict(self.facts)
+        encoding = ("wgpu-py methods (profiling: timestamps between dispatches)" if self.profiler else
+                    f"direct wgpu-native calls ({len(self.launches)} dispatches, one pass)")
+        return {**self.facts, "encoding": encoding}
 
 
 class Timestamps:

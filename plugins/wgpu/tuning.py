@@ -72,6 +72,7 @@ def tune(compiled: WgpuCompiled) -> None:
             best = min(best, (stopwatch(trial), candidate, trial), key=lambda b: b[0])
         _, program.launches[index], compiled.launches[index] = best
         program.facts["tilings"][spec.label] = program.launches[index].params["tiling"]
+    compiled.prepare_encoding()
     program.variants = {}
     _drop_unused_shaders(program)
     program.facts["shaders"] = len(program.shaders)

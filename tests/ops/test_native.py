@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from delegate import native as native_build
 from delegate_cpu.kernels import native
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -112,12 +113,12 @@ def test_packed_product_matches_numpy(loops, m, k, n, threads):
 
 
 def test_no_compiler_leaves_the_numpy_kernels(monkeypatch):
-    monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.setattr(native_build, "find_compiler", lambda: None)
     assert native._load() is None
 
 
 def test_failing_compiler_leaves_the_numpy_kernels(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "_compiler", lambda: ["false"])
+    monkeypatch.setattr(native_build, "find_compiler", lambda: ["false"])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert native._load() is None
     assert not list(tmp_path.rglob("*.so"))

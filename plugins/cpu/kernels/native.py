@@ -14,24 +14,17 @@ agree up to float rounding (sums run in another order).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import math
 import os
-import platform
 import shlex
-import shutil
-import subprocess
-import sysconfig
-import tempfile
 import threading
 import weakref
 from pathlib import Path
 
 import numpy as np
-import platformdirs
 
-from delegate.plugin_api import EntryStore, ExecutionError
+from delegate.plugin_api import ExecutionError, load_library
 
 from .parallel import available_cores, loaded_openblas, native_allowed, native_team
 
@@ -967,98 +960,14 @@ def native_loops() -> NativeLoops | None:
 
 
 def _load() -> NativeLoops | None:
-    compiler = _compiler()
-    if compiler is None:
-        log.info("cpu: no C compiler found; the numpy kernels run instead of native loops")
-        return None
-    try:
-        source = SOURCE.read_bytes()
-    except OSError as exc:
-        log.info("cpu: the native loops' source is missing (%s); the numpy kernels run instead", exc)
-        return None
-    store = EntryStore(native_cache_dir(), "cpu", "native")
     sanitize = os.environ.get(SANITIZE_ENV, "")
     if sanitize and sanitize not in SANITIZE_FLAGS:
         log.warning("cpu: %s=%s is not one of %s; building without a sanitizer", SANITIZE_ENV, sanitize,
                     ", ".join(SANITIZE_FLAGS))
-    for flags in FLAG_SETS:
-        flags = [*flags, *SANITIZE_FLAGS.get(sanitize, []), *shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))]
-        key = entry_key(source, compiler, flags)
-        library = store.load(key, "so")
-        if library is None:
-            library = _build(compiler, flags)
-            if library is None:
-                continue
-            store.store(key, "so", library)
-        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # read when libgomp loads, just below
-        try:
-            return NativeLoops(_open_library(library), flags)
-        except OSError as exc:
-            log.info("cpu: native loops did not load (%s); the numpy kernels run instead", exc)
-            return None
-    log.info("cpu: %s could not build the native loops; the numpy kernels run instead", " ".join(compiler))
-    return None
-
-
-def entry_key(source: bytes, compiler: list[str], flags: list[str]) -> str:
-    """The cache key of one build: source, compiler command, flags and machine."""
-    return hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
-
-
-def native_cache_dir() -> Path:
-    """Where built libraries are kept (a cache of delegate.cache, with its checks)."""
-    return Path(platformdirs.user_cache_dir("delegate")) / "native-loops"
-
-
-def _compiler() -> list[str] | None:
-    configured = os.environ.get("CC") or sysconfig.get_config_var("CC") or ""
-    for command in (shlex.split(configured), ["cc"], ["gcc"], ["clang"]):
-        if command and shutil.which(command[0]):
-            return command
-    return None
-
-
-def _build(compiler: list[str], flags: list[str]) -> bytes | None:
-    """The library built in a private temporary directory, or None when the compiler fails."""
-    with tempfile.TemporaryDirectory(prefix="delegate-native-") as tmp:
-        built = Path(tmp) / "native.so"
-        command = [*compiler, *flags, "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
-            log.debug("cpu: %s failed: %s", " ".join(command), done.stderr.strip())
-            return None
-        return built.read_bytes()
-
-
-def _open_library(library: bytes) -> ctypes.CDLL:
-    """Load the verified bytes themselves, never a path someone could swap after the check: from an
-    anonymous memory file where the system has one, else from a private temporary copy."""
-    if not library.startswith(b"\x7fELF") and platform.system() == "Linux":
-        raise OSError("not a shared library")
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("delegate-native", os.MFD_CLOEXEC)
-        try:
-            os.write(fd, library)
-            return ctypes.CDLL(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-    with tempfile.TemporaryDirectory(prefix="delegate-native-") as tmp:
-        copy = Path(tmp) / "native.so"
-        copy.write_bytes(library)
-        return ctypes.CDLL(str(copy))
-
-
-def _machine() -> str:
-    """What -march=native depends on: the architecture and the CPU's model and features."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            lines = [line for line in info if line.startswith(("model name", "flags", "Features", "CPU part"))]
-    except OSError:
-        lines = []
-    return platform.machine() + "".join(sorted(set(lines)))
+    extra = [*SANITIZE_FLAGS.get(sanitize, []), *shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))]
+    os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # read when libgomp loads with the library
+    built = load_library(SOURCE, [[*flags, *extra] for flags in FLAG_SETS], "cpu")
+    return None if built.library is None else NativeLoops(built.library, built.flags)
 
 
 def share_among(threads: int, work: int, per_thread: int) -> int:

@@ -1,0 +1,136 @@
+"""The OpenCL partition enqueue: one native call (enqueue.c) where it builds, pyopencl's loop otherwise.
+
+White-box checks of the runtime's own logic: the native path is the one that runs, gives the same
+results as pyopencl's loop and LiteRT, reports a failing launch with pyopencl's own error, and gives
+way to the loop without a compiler, with ``native_enqueue: false`` and while profiling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, read_model
+from delegate import native as native_build
+from delegate.partition import make_partition
+from delegate.tflite.builder import GraphBuilder
+from tests.models import normal
+from tests.oputil import assert_close, litert_run
+
+pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+from delegate_opencl import enqueue  # noqa: E402
+from delegate_opencl.device import probe  # noqa: E402
+
+_AVAILABLE, _WHY = probe()
+if not _AVAILABLE:
+    pytest.skip(f"no OpenCL device: {_WHY}", allow_module_level=True)
+
+needs_native = pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler on this machine")
+
+
+def chain() -> tuple[GraphBuilder, list[np.ndarray]]:
+    """Three kernels that cannot fuse (a pooling between convolutions) and their inputs."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 5))
+    v = b.op("CONV_2D", [x, b.const("w1", normal(rng, (6, 3, 3, 5))), b.const("b1", normal(rng, (6,)))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    v = b.op("MAX_POOL_2D", [v], options={"padding": "VALID", "stride_w": 2, "stride_h": 2, "filter_width": 2,
+                                          "filter_height": 2, "fused_activation_function": "NONE"})
+    b.output(b.op("CONV_2D", [v, b.const("w2", normal(rng, (4, 1, 1, 6))), b.const("b2", normal(rng, (4,)))],
+                  options={"padding": "VALID", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"}))
+    return b, [normal(rng, (1, 8, 8, 5))]
+
+
+def compiled_chain(options=None):
+    from delegate_opencl.backend import OpenCLBackend
+    backend = OpenCLBackend(options or {})
+    b, inputs = chain()
+    g = read_model(b.to_bytes()).main
+    return backend, g, backend.compile(make_partition(g, g.ops, "opencl", 0), CompileOptions()), b, inputs
+
+
+def outputs(backend, g, compiled, inputs):
+    values = compiled.run({t.index: backend.to_device(x) for t, x in zip(g.inputs, inputs)})
+    return [backend.to_host(values[t.index]) for t in g.outputs]
+
+
+@needs_native
+def test_the_native_call_enqueues_every_kernel_and_agrees_with_litert(monkeypatch):
+    backend, g, compiled, b, inputs = compiled_chain()
+    assert compiled.describe()["kernels"] >= 2
+    assert compiled.describe()["enqueue"] == f"native (one call for {compiled.describe()['kernels']} kernels)"
+    calls = []
+    native = compiled.prepared.native
+    real = native.call
+    monkeypatch.setattr(native, "call", lambda *args: calls.append(args[-2]) or real(*args))
+    got = outputs(backend, g, compiled, inputs)
+    assert calls == [len(compiled.launches)]  # one call, for all the kernels
+    for want, have in zip(litert_run(b.to_bytes(), inputs), got):
+        assert_close(have, want, rtol=1e-4, atol=1e-5)
+    _, _, looped, _, _ = compiled_chain({"native_enqueue": False})
+    assert looped.describe()["enqueue"] == "pyopencl loop (native_enqueue: false)"
+    for first, second in zip(got, outputs(backend, g, looped, inputs)):
+        np.testing.assert_array_equal(first, second)
+
+
+@needs_native
+def test_a_failing_launch_raises_what_pyopencl_raises():
+    backend, g, compiled, _, inputs = compiled_chain()
+    cl = backend.state.cl
+    kernel, global_size, _ = compiled.launches[0]
+    bad = (global_size[0] + 1, 1, 1) if global_size[0] > 1 else (2, 1, 1)  # a local size not dividing the global
+    with pytest.raises(cl.Error) as theirs:
+        cl.enqueue_nd_range_kernel(backend.state.queue, kernel, global_size, bad)
+    prepared = enqueue.PreparedLaunches(compiled.prepared.native, [(kernel, global_size, bad)])
+    with pytest.raises(cl.Error) as ours:
+        prepared.enqueue(cl, backend.state.queue)
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value) == str(theirs.value) and ours.value.code == theirs.value.code
+    assert ours.value.routine == "clEnqueueNDRangeKernel"
+    backend.state.queue.finish()
+    outputs(backend, g, compiled, inputs)  # the queue still runs
+
+
+def test_error_classes_follow_pyopencl():
+    import pyopencl as cl
+    assert type(enqueue.cl_error(cl, "clX", cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE)) is cl.MemoryError
+    assert type(enqueue.cl_error(cl, "clX", cl.status_code.INVALID_KERNEL_ARGS)) is cl.LogicError
+    assert type(enqueue.cl_error(cl, "clX", cl.status_code.OUT_OF_RESOURCES)) is cl.RuntimeError
+    assert str(enqueue.cl_error(cl, "clX", cl.status_code.INVALID_KERNEL_ARGS)) == "clX failed: INVALID_KERNEL_ARGS"
+
+
+def test_without_a_compiler_the_pyopencl_loop_runs(monkeypatch, tmp_path):
+    backend, g, compiled, b, inputs = compiled_chain()
+    expected = outputs(backend, g, compiled, inputs)
+    monkeypatch.setattr(native_build, "find_compiler", lambda: None)
+    monkeypatch.setattr(enqueue, "_LOADED", [])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _, _, looped, _, _ = compiled_chain()
+    assert looped.prepared is None
+    assert looped.describe()["enqueue"] == "pyopencl loop (no C compiler found)"
+    for want, have in zip(expected, outputs(backend, g, looped, inputs)):
+        np.testing.assert_array_equal(have, want)
+
+
+def test_a_failing_compiler_leaves_the_loop_and_no_library(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "find_compiler", lambda: ["false"])
+    monkeypatch.setattr(enqueue, "_LOADED", [])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _, _, looped, _, _ = compiled_chain()
+    assert looped.describe()["enqueue"] == "pyopencl loop (false could not build enqueue.c)"
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@needs_native
+def test_profiling_takes_the_loop_and_gives_it_back():
+    backend, g, compiled, _, inputs = compiled_chain()
+    compiled.set_profiling(True)
+    try:
+        assert compiled.describe()["enqueue"] == "pyopencl loop (profiling: an event per kernel)"
+        outputs(backend, g, compiled, inputs)
+        times = compiled.profile()
+        assert times and all(ms >= 0 for ms in times.values())
+    finally:
+        compiled.set_profiling(False)
+    assert compiled.describe()["enqueue"].startswith("native")
