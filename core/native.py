@@ -105,6 +105,9 @@ def compile_library(compiler: list[str], flags: list[str], source: Path) -> byte
         return built.read_bytes()
 
 
+_OPEN_LIBRARIES: list[int] = []  # descriptors of the anonymous files libraries were loaded from
+
+
 def open_library(library: bytes) -> ctypes.CDLL:
     """Load the verified bytes themselves, never a path someone could swap after the check: from an
     anonymous memory file where the system has one, else from a private temporary copy."""
@@ -114,9 +117,14 @@ def open_library(library: bytes) -> ctypes.CDLL:
         fd = os.memfd_create("delegate-native", os.MFD_CLOEXEC)
         try:
             os.write(fd, library)
-            return ctypes.CDLL(f"/proc/self/fd/{fd}")
-        finally:
+            loaded = ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except BaseException:
             os.close(fd)
+            raise
+        # the loader knows a library by its path: were the descriptor closed, the next library given the
+        # same number would be taken for this one, so each stays open while the process runs
+        _OPEN_LIBRARIES.append(fd)
+        return loaded
     with tempfile.TemporaryDirectory(prefix="delegate-native-") as tmp:
         copy = Path(tmp) / "native.so"
         copy.write_bytes(library)
