@@ -245,7 +245,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
         if klass == BY_CLASS:
-            continue
+            continue  # fitted after the one for all classes, which it is held to
         if klass == QUEUED:
             profile.launch_us, profile.partition_us = _queued_fit(points[klass])
             continue
@@ -253,8 +253,6 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         if klass == "partition":
             profile.partition_us = max(float(np.median(rows[:, 0])) * 1e3, 0.0)
             continue
-        if klass == BY_CLASS:
-            continue  # after the fit for all classes, which it is held to
         if klass == WHOLE:
             fixed, floor, scale = _whole_fit(rows, profile)
             profile.partition_us = fixed * 1e3
