@@ -56,14 +56,15 @@ class _Net:
                                   "dilation_w_factor": dilation, "dilation_h_factor": dilation,
                                   "fused_activation_function": act}, name=name)
 
-    def depthwise(self, x, k: int = 3, stride: int = 1, act: str = "RELU6", dilation: int = 1):
+    def depthwise(self, x, k: int = 3, stride: int = 1, act: str = "RELU6", dilation: int = 1,
+                  padding: str = "SAME"):
         name = self._name("depthwise")
         c = x.shape[-1]
         w = self.rng.standard_normal((1, k, k, c)) * np.sqrt(2.0 / (k * k))
         bias = self.rng.standard_normal(c) * 0.05
         return self.b.op("DEPTHWISE_CONV_2D",
                          [x, self.b.const(f"{name}/weights", w), self.b.const(f"{name}/bias", bias)],
-                         options={"padding": "SAME", "stride_w": stride, "stride_h": stride, "depth_multiplier": 1,
+                         options={"padding": padding, "stride_w": stride, "stride_h": stride, "depth_multiplier": 1,
                                   "dilation_w_factor": dilation, "dilation_h_factor": dilation,
                                   "fused_activation_function": act}, name=name)
 
@@ -113,6 +114,11 @@ class _Net:
     def leaky_relu(self, x, alpha: float = 0.1):
         return self.b.op("LEAKY_RELU", [x], options={"alpha": alpha}, name=self._name("leaky"))
 
+    def pad(self, x, before: int, after: int):
+        """Zero padding of the two spatial axes, as Keras' ZeroPadding2D converts."""
+        pads = np.array([[0, 0], [before, after], [before, after], [0, 0]], np.int32)
+        return self.b.op("PAD", [x, self.b.const(self._name("paddings"), pads)], name=self._name("pad"))
+
     def reshape(self, x, shape):
         return self.b.op("RESHAPE", [x, self.b.const(self._name("shape"), np.array(shape, np.int32))],
                          options={"new_shape": list(shape)}, name=self._name("reshape"))
@@ -135,6 +141,37 @@ def mobilenet_v1(alpha: float = 1.0, classes: int = 1001, size: int = 224, seed:
         y = net.conv(y, ch(out_c), k=1)
     y = net.global_pool(y)
     y = net.reshape(y, (1, y.shape[-1]))
+    logits = net.dense(y, classes, gain=4.0)
+    b.output(b.op("SOFTMAX", [logits], options={"beta": 1.0}, name="predictions"))
+    return b.to_bytes()
+
+
+@register("mobilenet_v2")
+def mobilenet_v2(classes: int = 1000, size: int = 224, seed: int = 6) -> bytes:
+    """MobileNetV2 (alpha 1.0) laid out as TFLite's converter emits Keras' model: inverted residual blocks
+    (1x1 expansion, depthwise, linear 1x1 projection, residual ADD where shapes allow), an explicit PAD before
+    each stride-2 depthwise, a 1280-channel head, global pooling and a softmax classifier."""
+    net = _Net(seed)
+    b = net.b
+    x = b.input("input", (1, size, size, 3))
+    y = net.conv(x, 32, stride=2)
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]  # expansion, output channels, repeats, first stride
+    for expansion, out_c, repeats, first_stride in settings:
+        for i in range(repeats):
+            stride = first_stride if i == 0 else 1
+            block_in = y
+            if expansion != 1:
+                y = net.conv(y, block_in.shape[-1] * expansion, k=1)
+            if stride == 2:
+                y = net.depthwise(net.pad(y, 0, 1), stride=2, padding="VALID")
+            else:
+                y = net.depthwise(y)
+            y = net.conv(y, out_c, k=1, act="NONE")
+            if stride == 1 and block_in.shape[-1] == out_c:
+                y = net.add(block_in, y)
+    y = net.conv(y, 1280, k=1)
+    y = net.reshape(net.global_pool(y), (1, 1280))
     logits = net.dense(y, classes, gain=4.0)
     b.output(b.op("SOFTMAX", [logits], options={"beta": 1.0}, name="predictions"))
     return b.to_bytes()
