@@ -89,10 +89,12 @@ def cmd_analyze(args) -> int:
 
 # -- bench -----------------------------------------------------------------------
 
+
 def cmd_suite(args) -> int:
     """The whole corpus on every configuration; see delegate.suite."""
     from . import zoo
-    from .cli import console, emit_json, read_model_arg
+    from .cli import console, emit_json, load_cli_config, read_model_arg
+    from .executor import ray_requested
     from .suite import CONFIGS, fresh_out, run_suite
 
     specs = args.models or [f"zoo:{name}" for name in sorted(zoo.ZOO)]
@@ -104,7 +106,7 @@ def cmd_suite(args) -> int:
     if unknown:
         raise DelegateError(f"unknown suite config(s) {sorted(unknown)}; known: {[c.name for c in CONFIGS]}")
     out = Path(args.out) if args.out else fresh_out()
-    if args.ray or args.ray_address:
+    if ray_requested(args, load_cli_config(args)):  # a fleet sweep: every node of the cluster
         from . import fleet
         command = "delegate " + " ".join(sys.argv[1:])
         return render_fleet_suite(args, fleet.suite(models, configs, args.runs, args.threads, args.preference, out,
@@ -446,11 +448,13 @@ def cmd_validate(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from .cli import console, emit_json, load_cli_config, table
+    from .executor import ray_requested
     from .session import run_settings
     from .tools.calibrate import calibrate_all
 
-    settings = run_settings(load_cli_config(args))
-    if args.ray or args.ray_address:
+    config = load_cli_config(args)
+    settings = run_settings(config)
+    if ray_requested(args, config):  # a fleet sweep: every node of the cluster
         from . import fleet
         return render_fleet_calibration(args, fleet.calibrate(settings, args.ray_address))
     report = calibrate_all(settings)

@@ -92,9 +92,14 @@ class RayOptions:
     actors: int | None = None  # None: one per free slot of the cluster
 
 
+def ray_requested(args, config) -> bool:
+    """``--ray``, ``--ray-address`` or the config's ``executor: ray``: the commands that can run on Ray do."""
+    return bool(args.ray or args.ray_address or config.executor == "ray")
+
+
 def ray_options(args, config) -> RayOptions | None:
-    """Ray when ``--ray``, ``--ray-address`` or ``executor: ray`` asks for it; else None (in-process)."""
-    if args.ray or args.ray_address or config.executor == "ray":
+    """Ray when :func:`ray_requested`; else None (in-process)."""
+    if ray_requested(args, config):
         return RayOptions(args.ray_address, args.workers)
     return None
 
