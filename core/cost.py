@@ -66,6 +66,11 @@ class DeviceProfile:
     gbytes_per_s: float  # memory bandwidth seen by kernels
     launch_us: float  # fixed cost per op (dispatch, Python overhead)
     partition_us: float = 0.0  # fixed cost per partition run: submission, queue drain, engine call
+    # inside a whole plan, beyond its partitions timed alone (``refit_plan``): the host's fixed cost of one
+    # run (the executor's checks and staging), and each partition's cost at its boundaries (uploads of its
+    # inputs, the wait for the device)
+    run_us: float = 0.0
+    boundary_us: float = 0.0
     transfer_latency_us: float = 0.0  # fixed cost per host<->device copy
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
@@ -200,6 +205,7 @@ QUEUED = "queued partition"  # whole partitions of an asynchronous device, with 
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 BY_CLASS = "* by class"  # the same partitions, their ops counted per cost class: a floor and scale per class
 CLASS_RIDGE = 0.01  # how strongly a class's fit is held to the one for all classes (few points: near it)
+PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
@@ -244,8 +250,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             added += 1
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
-        if klass == BY_CLASS:
-            continue  # fitted after the one for all classes, which it is held to
+        if klass in (BY_CLASS, PLAN):
+            continue  # fitted after the one for all classes, which it is held to; whole plans by refit_plan
         if klass == QUEUED:
             profile.launch_us, profile.partition_us = _queued_fit(points[klass])
             continue
@@ -264,9 +270,42 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
             profile.class_floor_us[key], profile.class_scale[key] = floor * 1e3, scale
     if added:
-        profile.fit_samples += added
-        profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        _fitted_now(profile, added)
     return added
+
+
+def _fitted_now(profile: DeviceProfile, added: int) -> None:
+    profile.fit_samples += added
+    profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+
+
+def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
+               partitions: Sequence[tuple[str, float]]) -> None:
+    """Learn what a whole plan costs beyond its partitions timed alone: ``plan_ms``, the plan's measured
+    time, against ``partitions``, (backend, ms) of each partition timed alone.  A plan on the host alone
+    gives the host's ``run_us``; one with accelerator partitions gives their ``boundary_us``, what is left
+    once the host's run cost is taken off, per partition of theirs.  Medians over the plans kept: one
+    disturbed timing does not move them."""
+    gap = plan_ms - sum(ms for _, ms in partitions)
+    counts: dict[str, int] = {}
+    for backend, _ in partitions:
+        counts[backend] = counts.get(backend, 0) + 1
+    accelerators = [b for b in counts if b != host]
+    if not accelerators:
+        profiles[host].fit_points.setdefault(PLAN, []).append([gap])
+    for backend in accelerators:
+        profiles[backend].fit_points.setdefault(PLAN, []).append([gap, counts[backend]])
+    for backend in accelerators or [host]:
+        _fitted_now(profiles[backend], 1)
+    run = profiles[host]
+    if run.fit_points.get(PLAN):
+        del run.fit_points[PLAN][:-MAX_POINTS]
+        run.run_us = max(float(np.median([r[0] for r in run.fit_points[PLAN]])), 0.0) * 1e3
+    for backend in accelerators:
+        rows = profiles[backend].fit_points[PLAN]
+        del rows[:-MAX_POINTS]
+        profiles[backend].boundary_us = max(float(np.median([(r[0] - run.run_us * 1e-3) / r[1] for r in rows])),
+                                            0.0) * 1e3
 
 
 def _queued_fit(partitions: list[list[float]]) -> tuple[float, float]:
@@ -395,7 +434,7 @@ def _check_figures(profile: DeviceProfile) -> None:
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} = {value!r}")
-    for name in ("partition_us", "transfer_latency_us"):
+    for name in ("partition_us", "transfer_latency_us", "run_us", "boundary_us"):
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             raise ValueError(f"{name} = {value!r}")
