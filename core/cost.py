@@ -204,7 +204,7 @@ MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first
 QUEUED = "queued partition"  # whole partitions of an asynchronous device, with their kernels' device times
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 BY_CLASS = "* by class"  # the same partitions, their ops counted per cost class: a floor and scale per class
-CLASS_RIDGE = 0.01  # how strongly a class's fit is held to the one for all classes (few points: near it)
+CLASS_PRIOR = 0.5  # the fit for all classes counts as this many partitions of each class (``_class_fit``)
 PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
 
 
@@ -356,8 +356,8 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
 def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple[float, float]]:
     """(floor ms, scale) per cost class from partitions timed whole, each row ``[own ms, class, ops, roofline
     ms, class, ...]``: time ~ partition + sum over classes (ops * floor + scale * roofline), least squares on
-    relative errors, every coefficient held towards the fit for all classes (a ridge, so that a class seen in
-    few partitions stays near it), none negative."""
+    relative errors, every coefficient held towards the fit for all classes (a ridge weighed as CLASS_PRIOR
+    partitions of the class: evidence outweighs it as it accumulates), none negative."""
     fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
     keys = sorted({row[i] for row in rows for i in range(1, len(row), 3)})
     column = {k: i for i, k in enumerate(keys)}
@@ -366,10 +366,15 @@ def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple
     for r, row in enumerate(rows):
         for i in range(1, len(row), 3):
             x[r, column[row[i]]], x[r, len(keys) + column[row[i]]] = row[i + 1], row[i + 2]
-    prior = np.array([max(floor, 1e-6)] * len(keys) + [scale] * len(keys))
+    prior = np.array([floor] * len(keys) + [scale] * len(keys))
     weight = 1.0 / np.maximum(times, 0.05)
-    a = np.vstack([x * weight[:, None], np.sqrt(CLASS_RIDGE) * np.diag(1.0 / prior)])
-    b = np.concatenate([(times - fixed) * weight, np.full(len(prior), np.sqrt(CLASS_RIDGE))])
+    x *= weight[:, None]
+    # one row of the prior per coefficient, as strong as CLASS_PRIOR partitions of its class: a class seen in
+    # one partition moves most of the way to what that partition says, one seen in many is held by them
+    typical = np.sqrt(np.array([np.mean(col[col > 0] ** 2) if (col > 0).any() else 1.0 for col in x.T]))
+    held = np.sqrt(CLASS_PRIOR) * typical
+    a = np.vstack([x, np.diag(held)])
+    b = np.concatenate([(times - fixed) * weight, held * prior])
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
     return {k: (max(float(coef[i]), 0.0), float(np.clip(coef[len(keys) + i], *SCALE_RANGE)))
             for i, k in enumerate(keys)}

@@ -463,3 +463,36 @@ def test_refit_of_partitions_timed_whole_fits_each_op_class():
     assert estimate == pytest.approx(took(unseen), rel=0.10)
     # an int8 convolution falls back to the convolutions' fit while none of its kind was measured
     assert profile.scale("conv/int8") == profile.class_scale["conv"]
+
+
+def test_refit_moves_a_class_seen_once_to_what_it_measured():
+    """LiteRT's int16x8 kernels ran tens of times further from the roofline than the float ones on the H200: one
+    partition of that kind is evidence enough to move its classes most of the way there, while the classes
+    measured in many partitions keep their fit."""
+    from pathlib import Path
+
+    from delegate.cost import cost_class
+
+    fixtures = Path(__file__).parent / "fixtures" / "converter"
+    floats = read_model((fixtures / "efficientnet_lite_blocks_fp32.tflite").read_bytes()).main.ops
+    slow = read_model((fixtures / "efficientnet_lite_blocks_int16x8.tflite").read_bytes()).main.ops
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+
+    def took(ops):
+        return 0.02 + sum(0.002 + (25.0 if cost_class(op).endswith("/int16") else 2.0)
+                          * profile.roofline_ms(op_flops(op), op_bytes(op)) for op in ops)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        start = int(rng.integers(0, len(floats) - 4))
+        part = floats[start:start + int(rng.integers(3, len(floats) - start + 1))]
+        refit(profile, [Observation(part, took(part))], lambda op: False)
+    refit(profile, [Observation(slow, took(slow))], lambda op: False)
+
+    def estimate(ops):
+        return profile.partition_us * 1e-3 + sum(profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+                                                 for op in ops)
+    once = estimate(slow)
+    assert once == pytest.approx(took(slow), rel=0.3)
+    assert estimate(floats) == pytest.approx(took(floats), rel=0.10)
+    refit(profile, [Observation(slow[len(slow) // 3:], took(slow[len(slow) // 3:]))], lambda op: False)
+    assert abs(estimate(slow) - took(slow)) < abs(once - took(slow))  # more evidence, nearer still
