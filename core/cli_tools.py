@@ -363,6 +363,7 @@ def _tune_one(spec: str, config, budget: float | None):
         estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in executor.partitions}
         doc["partitions"] += [{"plan": name, "partition": t.index, "backend": t.backend,
                                "ops": len(executor.partitions[t.index].ops),
+                               "op_indices": list(executor.partitions[t.index].op_indices),
                                "estimated_ms": round(estimates[t.index], 4), "measured_ms": round(t.ms, 4),
                                "ops_measured_ms": round(sum(t.op_ms.values()), 4) if t.op_ms else None,
                                "op_ms": {str(i): round(ms, 5) for i, ms in t.op_ms.items()}}

@@ -291,6 +291,9 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
     assert tuned["chosen"] == "cpu" and tuned["choice"] == "fastest measured now"
     measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"]}
     assert measured["greedy:fakegpu"] > 100 > measured["cpu"]
+    # the partitions timed alone, with their ops: an offline replay can rebuild each measured plan
+    cpu_rows = [p for p in tuned["partitions"] if p["plan"] == "cpu"]
+    assert sorted(i for p in cpu_rows for i in p["op_indices"]) == list(range(len(elementwise_model().main.ops)))
     plan = cli("plan")
     assert plan["chosen"] == "cpu" and plan["choice"].startswith("stored measured decision of")
     assert {c["name"] for c in plan["candidates"]} == set(measured)
