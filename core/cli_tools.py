@@ -355,7 +355,8 @@ def _tune_one(spec: str, config, budget: float | None):
     doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
            "estimated_pick": estimated_pick.name,
            "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles, "partitions": []}
-    measured = {c.name for c in plan.candidates if c.measured_ms is not None}
+    plan_ms = {c.name: c.measured_ms for c in plan.candidates if c.measured_ms is not None}
+    measured = set(plan_ms)
     executors = {plan.chosen: session.executor}
     executors.update({name: e for name, e in session.baseline_executors.items() if name in measured})
     inputs = session.normalize_inputs(session._random_inputs())
@@ -364,11 +365,12 @@ def _tune_one(spec: str, config, budget: float | None):
         estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in executor.partitions}
         doc["partitions"] += [{"plan": name, "partition": t.index, "backend": t.backend,
                                "ops": len(executor.partitions[t.index].ops),
+                               "op_indices": list(executor.partitions[t.index].op_indices),
                                "estimated_ms": round(estimates[t.index], 4), "measured_ms": round(t.ms, 4),
                                "ops_measured_ms": round(sum(t.op_ms.values()), 4) if t.op_ms else None,
                                "op_ms": {str(i): round(ms, 5) for i, ms in t.op_ms.items()}}
                               for t in timings]
-        learn_from(session, executor, timings)
+        learn_from(session, executor, timings, plan_ms=plan_ms[name])
     return doc, session
 
 

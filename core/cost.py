@@ -66,6 +66,11 @@ class DeviceProfile:
     gbytes_per_s: float  # memory bandwidth seen by kernels
     launch_us: float  # fixed cost per op (dispatch, Python overhead)
     partition_us: float = 0.0  # fixed cost per partition run: submission, queue drain, engine call
+    # inside a whole plan, beyond its partitions timed alone (``refit_plan``): the host's fixed cost of one
+    # run (the executor's checks and staging), and each partition's cost at its boundaries (uploads of its
+    # inputs, the wait for the device)
+    run_us: float = 0.0
+    boundary_us: float = 0.0
     transfer_latency_us: float = 0.0  # fixed cost per host<->device copy
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
@@ -199,7 +204,8 @@ MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first
 QUEUED = "queued partition"  # whole partitions of an asynchronous device, with their kernels' device times
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 BY_CLASS = "* by class"  # the same partitions, their ops counted per cost class: a floor and scale per class
-CLASS_RIDGE = 0.01  # how strongly a class's fit is held to the one for all classes (few points: near it)
+CLASS_PRIOR = 0.5  # the fit for all classes counts as this many partitions of each class (``_class_fit``)
+PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
@@ -244,8 +250,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             added += 1
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
-        if klass == BY_CLASS:
-            continue  # fitted after the one for all classes, which it is held to
+        if klass in (BY_CLASS, PLAN):
+            continue  # fitted after the one for all classes, which it is held to; whole plans by refit_plan
         if klass == QUEUED:
             profile.launch_us, profile.partition_us = _queued_fit(points[klass])
             continue
@@ -264,9 +270,42 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
             profile.class_floor_us[key], profile.class_scale[key] = floor * 1e3, scale
     if added:
-        profile.fit_samples += added
-        profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        _fitted_now(profile, added)
     return added
+
+
+def _fitted_now(profile: DeviceProfile, added: int) -> None:
+    profile.fit_samples += added
+    profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+
+
+def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
+               partitions: Sequence[tuple[str, float]]) -> None:
+    """Learn what a whole plan costs beyond its partitions timed alone: ``plan_ms``, the plan's measured
+    time, against ``partitions``, (backend, ms) of each partition timed alone.  A plan on the host alone
+    gives the host's ``run_us``; one with accelerator partitions gives their ``boundary_us``, what is left
+    once the host's run cost is taken off, per partition of theirs.  Medians over the plans kept: one
+    disturbed timing does not move them."""
+    gap = plan_ms - sum(ms for _, ms in partitions)
+    counts: dict[str, int] = {}
+    for backend, _ in partitions:
+        counts[backend] = counts.get(backend, 0) + 1
+    accelerators = [b for b in counts if b != host]
+    if not accelerators:
+        profiles[host].fit_points.setdefault(PLAN, []).append([gap])
+    for backend in accelerators:
+        profiles[backend].fit_points.setdefault(PLAN, []).append([gap, counts[backend]])
+    for backend in accelerators or [host]:
+        _fitted_now(profiles[backend], 1)
+    run = profiles[host]
+    if run.fit_points.get(PLAN):
+        del run.fit_points[PLAN][:-MAX_POINTS]
+        run.run_us = max(float(np.median([r[0] for r in run.fit_points[PLAN]])), 0.0) * 1e3
+    for backend in accelerators:
+        rows = profiles[backend].fit_points[PLAN]
+        del rows[:-MAX_POINTS]
+        profiles[backend].boundary_us = max(float(np.median([(r[0] - run.run_us * 1e-3) / r[1] for r in rows])),
+                                            0.0) * 1e3
 
 
 def _queued_fit(partitions: list[list[float]]) -> tuple[float, float]:
@@ -317,8 +356,8 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
 def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple[float, float]]:
     """(floor ms, scale) per cost class from partitions timed whole, each row ``[own ms, class, ops, roofline
     ms, class, ...]``: time ~ partition + sum over classes (ops * floor + scale * roofline), least squares on
-    relative errors, every coefficient held towards the fit for all classes (a ridge, so that a class seen in
-    few partitions stays near it), none negative."""
+    relative errors, every coefficient held towards the fit for all classes (a ridge weighed as CLASS_PRIOR
+    partitions of the class: evidence outweighs it as it accumulates), none negative."""
     fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
     keys = sorted({row[i] for row in rows for i in range(1, len(row), 3)})
     column = {k: i for i, k in enumerate(keys)}
@@ -327,10 +366,15 @@ def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple
     for r, row in enumerate(rows):
         for i in range(1, len(row), 3):
             x[r, column[row[i]]], x[r, len(keys) + column[row[i]]] = row[i + 1], row[i + 2]
-    prior = np.array([max(floor, 1e-6)] * len(keys) + [scale] * len(keys))
+    prior = np.array([floor] * len(keys) + [scale] * len(keys))
     weight = 1.0 / np.maximum(times, 0.05)
-    a = np.vstack([x * weight[:, None], np.sqrt(CLASS_RIDGE) * np.diag(1.0 / prior)])
-    b = np.concatenate([(times - fixed) * weight, np.full(len(prior), np.sqrt(CLASS_RIDGE))])
+    x *= weight[:, None]
+    # one row of the prior per coefficient, as strong as CLASS_PRIOR partitions of its class: a class seen in
+    # one partition moves most of the way to what that partition says, one seen in many is held by them
+    typical = np.sqrt(np.array([np.mean(col[col > 0] ** 2) if (col > 0).any() else 1.0 for col in x.T]))
+    held = np.sqrt(CLASS_PRIOR) * typical
+    a = np.vstack([x, np.diag(held)])
+    b = np.concatenate([(times - fixed) * weight, held * prior])
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
     return {k: (max(float(coef[i]), 0.0), float(np.clip(coef[len(keys) + i], *SCALE_RANGE)))
             for i, k in enumerate(keys)}
@@ -395,7 +439,7 @@ def _check_figures(profile: DeviceProfile) -> None:
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} = {value!r}")
-    for name in ("partition_us", "transfer_latency_us"):
+    for name in ("partition_us", "transfer_latency_us", "run_us", "boundary_us"):
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             raise ValueError(f"{name} = {value!r}")

@@ -320,12 +320,14 @@ class Planner:
     # -- assignment ------------------------------------------------------
     def evaluate(self, graph: Subgraph, assignment: Mapping[int, str],
                  costs: Mapping[int, Mapping[str, float]]) -> tuple[float, list[Copy]]:
-        """Total estimated time of an assignment and the copies it causes."""
+        """Total estimated time of an assignment (its ops, copies, partitions and one run's fixed cost) and
+        the copies it causes."""
         total = sum(costs[op.index].get(assignment[op.index], INF) for op in graph.ops)
         copies = [c for t in graph.tensors if not t.is_constant for c in self.tensor_copies(graph, t, assignment)]
         total += sum(c.ms for c in copies)
-        total += sum(self.partition_ms(assignment[ops[0].index]) for ops in self.form_partitions(graph, assignment))
-        return total, copies
+        total += sum(self.partition_ms(assignment[ops[0].index]) + self.boundary_ms(assignment[ops[0].index])
+                     for ops in self.form_partitions(graph, assignment))
+        return total + self.profiles[self.host].run_us * 1e-3, copies
 
     def tensor_copies(self, graph: Subgraph, t: Tensor, assignment: Mapping[int, str]) -> list[Copy]:
         """The copies of one value under an assignment: one per device reading it other than its producer's."""
@@ -347,6 +349,10 @@ class Planner:
     def partition_ms(self, backend: str) -> float:
         """Fixed cost of running one partition on ``backend`` (submission, queue drain, engine call)."""
         return self.profiles[backend].partition_us * 1e-3
+
+    def boundary_ms(self, backend: str) -> float:
+        """What a partition on ``backend`` costs inside a plan beyond its time alone (``cost.refit_plan``)."""
+        return self.profiles[backend].boundary_us * 1e-3
 
     def min_cut(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]],
                 boundary_scale: float = 1.0) -> dict[int, str]:
@@ -380,8 +386,8 @@ class Planner:
             if tensor.is_constant or (not tensor.uses and tensor.index not in outputs):
                 continue
             # a cut edge is a copy and a partition boundary on each side of it
-            ms = (self.transfer_cost(tensor, accel) + self.partition_ms(accel)
-                  + self.partition_ms(self.host)) * boundary_scale
+            ms = (self.transfer_cost(tensor, accel) + self.partition_ms(accel) + self.boundary_ms(accel)
+                  + self.partition_ms(self.host) + self.boundary_ms(self.host)) * boundary_scale
             producer = tensor.producer.index if tensor.producer is not None else None
             down, up = ("down", tensor.index), ("up", tensor.index)
             # download once when produced on the accelerator and needed on the host

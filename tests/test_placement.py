@@ -10,7 +10,7 @@ from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
 from delegate.backend import HOST
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, fingerprint, load_profile, op_bytes, \
-    op_flops, refit, save_profile
+    op_flops, refit, refit_plan, save_profile
 from delegate.errors import MeasurementError
 from delegate.planner import PlacementSettings, Planner
 from delegate.session import RunSettings, Session
@@ -291,10 +291,17 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
     assert tuned["chosen"] == "cpu" and tuned["choice"] == "fastest measured now"
     measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"]}
     assert measured["greedy:fakegpu"] > 100 > measured["cpu"]
+    # the partitions timed alone, with their ops: an offline replay can rebuild each measured plan
+    cpu_rows = [p for p in tuned["partitions"] if p["plan"] == "cpu"]
+    assert sorted(i for p in cpu_rows for i in p["op_indices"]) == list(range(len(elementwise_model().main.ops)))
     plan = cli("plan")
     assert plan["chosen"] == "cpu" and plan["choice"].startswith("stored measured decision of")
     assert {c["name"] for c in plan["candidates"]} == set(measured)
     assert set(plan["profiles"]) == {"fakegpu", "cpu"}
+    # tune learned what each measured plan cost beyond its partitions timed alone
+    stored = {d["device_info"]["backend"]: d for d in (json.loads(p.read_text()) for p in profile_dir.glob("*.json"))}
+    assert len(stored["cpu"]["fit_points"]["plan"][0]) == 1 and stored["cpu"]["run_us"] >= 0
+    assert stored["fakegpu"]["fit_points"]["plan"][0][1] == 1 and stored["fakegpu"]["boundary_us"] >= 0
 
 
 def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
@@ -315,6 +322,32 @@ def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
     measured = Session(elementwise_model(), settings("measure"))
     names = {c.name: c.precision for c in measured.plan.candidates}
     assert names["greedy:fakegpu fp16"] == "fp16" and names["greedy:fakegpu"] == ""
+
+
+def test_refit_of_whole_plans_learns_the_run_and_boundary_costs():
+    """A whole plan measured next to its partitions timed alone: what is left is the host's fixed cost of one
+    run (here 0.1 ms) and, per accelerator partition, its cost at the boundaries (0.08 ms); medians, so one
+    disturbed timing does not move them, and the plan's estimate then carries both."""
+    graph = chain_problem()
+    planner = make_planner({0, 1, 4, 5}, [1.0] * 6, [0.1] * 6, 0.0)
+    profiles = planner.profiles
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        alone = float(rng.uniform(0.2, 2.0))
+        refit_plan(profiles, "cpu", alone + 0.1, [("cpu", alone)])
+    refit_plan(profiles, "cpu", 9.0, [("cpu", 1.0)])  # disturbed
+    assert profiles["cpu"].run_us == pytest.approx(100.0) and profiles["cpu"].fit_points["plan"]
+    for n in (1, 2, 3, 1, 2):
+        parts = [("gpu", float(rng.uniform(0.1, 1.0))) for _ in range(n)] + [("cpu", 0.3)] * (n - 1)
+        refit_plan(profiles, "cpu", sum(ms for _, ms in parts) + 0.1 + 0.08 * n, parts)
+    assert profiles["gpu"].boundary_us == pytest.approx(80.0)
+    assert profiles["cpu"].run_us == pytest.approx(100.0)  # plans using the accelerator fit its figure only
+    costs, _ = planner.capabilities(graph)
+    split = {0: "gpu", 1: "gpu", 2: "cpu", 3: "cpu", 4: "gpu", 5: "gpu"}
+    total, copies = planner.evaluate(graph, split, costs)
+    partitions = 2 * planner.partition_ms("gpu") + planner.partition_ms("cpu")
+    assert total == pytest.approx(sum(costs[i][b] for i, b in split.items()) + sum(c.ms for c in copies) + partitions
+                                  + 0.1 + 2 * 0.08)
 
 
 def test_refit_of_a_queued_device_finds_its_host_launch_cost():
@@ -433,3 +466,36 @@ def test_refit_of_partitions_timed_whole_fits_each_op_class():
     assert estimate == pytest.approx(took(unseen), rel=0.10)
     # an int8 convolution falls back to the convolutions' fit while none of its kind was measured
     assert profile.scale("conv/int8") == profile.class_scale["conv"]
+
+
+def test_refit_moves_a_class_seen_once_to_what_it_measured():
+    """LiteRT's int16x8 kernels ran tens of times further from the roofline than the float ones on the H200: one
+    partition of that kind is evidence enough to move its classes most of the way there, while the classes
+    measured in many partitions keep their fit."""
+    from pathlib import Path
+
+    from delegate.cost import cost_class
+
+    fixtures = Path(__file__).parent / "fixtures" / "converter"
+    floats = read_model((fixtures / "efficientnet_lite_blocks_fp32.tflite").read_bytes()).main.ops
+    slow = read_model((fixtures / "efficientnet_lite_blocks_int16x8.tflite").read_bytes()).main.ops
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+
+    def took(ops):
+        return 0.02 + sum(0.002 + (25.0 if cost_class(op).endswith("/int16") else 2.0)
+                          * profile.roofline_ms(op_flops(op), op_bytes(op)) for op in ops)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        start = int(rng.integers(0, len(floats) - 4))
+        part = floats[start:start + int(rng.integers(3, len(floats) - start + 1))]
+        refit(profile, [Observation(part, took(part))], lambda op: False)
+    refit(profile, [Observation(slow, took(slow))], lambda op: False)
+
+    def estimate(ops):
+        return profile.partition_us * 1e-3 + sum(profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+                                                 for op in ops)
+    once = estimate(slow)
+    assert once == pytest.approx(took(slow), rel=0.3)
+    assert estimate(floats) == pytest.approx(took(floats), rel=0.10)
+    refit(profile, [Observation(slow[len(slow) // 3:], took(slow[len(slow) // 3:]))], lambda op: False)
+    assert abs(estimate(slow) - took(slow)) < abs(once - took(slow))  # more evidence, nearer still

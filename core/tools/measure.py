@@ -172,12 +172,18 @@ def estimate_report(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "pick_within_1_10": picks}
 
 
-def learn_from(session, executor, timings: list[PartitionTiming], store_ops: bool = False) -> list[str]:
+def learn_from(session, executor, timings: list[PartitionTiming], store_ops: bool = False,
+               plan_ms: float | None = None) -> list[str]:
     """Refit each backend's profile to measured partitions of ``executor`` (a plan of ``session``), and with
-    ``store_ops`` keep the exact op times for later plans; returns where profiles were saved."""
-    from ..cost import Observation, op_signature, refit, save_profile
+    ``plan_ms`` (the whole plan's measured time) to what the plan cost beyond them; with ``store_ops`` keep
+    the exact op times for later plans; returns where profiles were saved."""
+    from ..cost import Observation, op_signature, refit, refit_plan, save_profile
 
     saved = []
+    changed = set()
+    if plan_ms is not None and len(timings) == len(executor.partitions):
+        refit_plan(session.profiles, session.host, plan_ms, [(t.backend, t.ms) for t in timings])
+        changed = {t.backend for t in timings}
     ops = {op.index: op for op in session.graph.ops}
     parts = {p.index: p for p in executor.partitions}
     engines = {p.index: c.describe().get("engine") for p, c in zip(executor.partitions, executor.compiled)}
@@ -186,7 +192,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
         # a partition run by another engine than the one this profile describes (the numpy engine taking a
         # partition LiteRT refused) says nothing about it
         mine = [t for t in timings if t.backend == name and (engine is None or engines[t.index] in (None, engine))]
-        if not mine:
+        if not mine and name not in changed:
             continue
         profile = session.profiles[name]
         observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=backend.role == HOST,
@@ -200,6 +206,6 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
             for t in mine:
                 for i, ms in t.op_ms.items():
                     profile.measured_op_ms[op_signature(ops[i])] = ms
-        if used or store_ops:
+        if used or store_ops or name in changed:
             saved.append(str(save_profile(backend.device_info(), profile)))
     return saved
