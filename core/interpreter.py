@@ -15,7 +15,7 @@ import enum
 import os
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -309,13 +309,16 @@ class Interpreter:
             if ensure_safe:
                 self._ensure_safe()
             buffers = self._buffers.mine()[subgraph]
-            results = session.run_indexed({t.index: buffers[t.index] for t in self._io[subgraph][0]})
-            for index, value in results.items():
-                value, kept = np.asarray(value), buffers.get(index)
-                if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
-                    buffers[index] = np.array(value)  # backends reuse their buffers: keep a copy
-                elif kept is not value:
-                    np.copyto(kept, value)
+
+            def keep(results: Mapping[int, np.ndarray]) -> None:
+                """The run's outputs copied once, into this thread's output buffers (backends reuse theirs)."""
+                for index, value in results.items():
+                    value, kept = np.asarray(value), buffers.get(index)
+                    if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+                        buffers[index] = np.array(value)
+                    elif kept is not value:
+                        np.copyto(kept, value)
+            session.run_into({t.index: buffers[t.index] for t in self._io[subgraph][0]}, keep)
             self._buffers.wrote(subgraph)
 
     def reset_all_variables(self) -> None:

@@ -82,13 +82,39 @@ class Executor:
         self.compiled = list(compiled) if compiled is not None else [
             self.backends[p.backend].compile(p, options) for p in self.partitions]
         self.transfers_last_run = 0
+        self._hinted: dict[int, tuple[CompiledPartition, frozenset[int]]] = {}  # position -> what it was told
+        self._reads_key: tuple | None = None  # (wanted outputs, partitions) the host reads below were found for
+        self._reads: list[frozenset[int]] = []  # per partition: its outputs the host reads
 
-    def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Run once; ``inputs`` maps graph input tensor index -> host array."""
+    def run(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None = None) -> dict[int, np.ndarray]:
+        """Run once; ``inputs`` maps graph input tensor index -> host array.  ``outputs``: the graph outputs
+        to return (tensor indices; None: all): the others are neither returned nor read back from a device."""
         with running(self.state):
-            return self._run(inputs)
+            self._hint_reads(self.graph_outputs() if outputs is None else outputs)
+            return self._run(inputs, outputs)
 
-    def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def graph_outputs(self) -> frozenset[int]:
+        return frozenset(t.index for t in self.graph.outputs)
+
+    def _hint_reads(self, wanted: frozenset[int]) -> None:
+        """Tell each partition which of its outputs the host reads: the ``wanted`` graph outputs and what a
+        partition on another backend consumes (a value staying on one backend is never read back)."""
+        key = (wanted, tuple(map(id, self.partitions)))
+        if key != self._reads_key:
+            consumers: dict[int, set[str]] = {}
+            for part in self.partitions:
+                for t in part.inputs:
+                    consumers.setdefault(t.index, set()).add(part.backend)
+            self._reads = [frozenset(t.index for t in part.outputs
+                                     if t.index in wanted or consumers.get(t.index, set()) - {part.backend})
+                           for part in self.partitions]
+            self._reads_key = key
+        for i, (compiled, reads) in enumerate(zip(self.compiled, self._reads)):
+            if self._hinted.get(i) != (compiled, reads):
+                compiled.read_hint(reads)
+                self._hinted[i] = (compiled, reads)
+
+    def _run(self, inputs: Mapping[int, np.ndarray], wanted: frozenset[int] | None = None) -> dict[int, np.ndarray]:
         # location: tensor index -> {backend name: value}
         where: dict[int, dict[str, Any]] = {i: {self.host: np.asarray(v)} for i, v in inputs.items()}
         made_by: dict[int, Partition] = {}  # tensor index -> the partition that returned it
@@ -128,6 +154,8 @@ class Executor:
                 made_by[t.index] = part
         out = {}
         for t in self.graph.outputs:
+            if wanted is not None and t.index not in wanted:
+                continue
             copies = where.get(t.index)
             if copies is None:
                 if t.data is not None:
