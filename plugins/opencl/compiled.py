@@ -69,6 +69,8 @@ class ClCompiled(CompiledPartition):
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
+        self.boundary_profiled: list[list[Any]] = []  # per profiled run: its uploads', conversions' and reads' events
+        self.host_reads: frozenset[int] | None = None  # the outputs the host reads (None: all), see read_hint
         cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
         crossings = plan.inputs + plan.outputs
@@ -168,8 +170,24 @@ class ClCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         cl, queue, storage = self.device.cl, self.device.queue, self.precision.dtype
-        self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
-                        for boundary in self.inputs]
+        self.uploads = [event for boundary in self.inputs
+                        for event in fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)]
+        boundary_events = None
+        if self.profiled is not None:
+            boundary_events = list(self.uploads)
+            self.boundary_profiled.append(boundary_events)
+        self._enqueue_kernels()
+        values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
+                  for b in self.outputs]
+        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events)
+        for value in values:
+            value.batch = batch
+        return {b.tensor.index: v for b, v in zip(self.outputs, values)}
+
+    def _enqueue_kernels(self) -> None:
+        """Every kernel of the partition on the queue: one native call, pyopencl's loop, or (profiling)
+        the loop keeping an event per kernel."""
+        cl, queue = self.device.cl, self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         if self.profiled is None and self.prepared is not None:
             self.prepared.enqueue(cl, queue)
@@ -179,12 +197,18 @@ class ClCompiled(CompiledPartition):
         else:  # profiling events need pyopencl's Event per kernel
             self.profiled.append([enqueue(queue, kernel, global_size, local_size)
                                   for kernel, global_size, local_size in self.launches])
-        values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
-                  for b in self.outputs]
-        batch = ReadbackBatch(values)
-        for value in values:
-            value.batch = batch
-        return {b.tensor.index: v for b, v in zip(self.outputs, values)}
+
+    def read_hint(self, indices) -> None:
+        """Read back, with the first output the host asks for, only the outputs in ``indices`` (None: all);
+        any other output is still read when asked for, with a wait of its own."""
+        self.host_reads = None if indices is None else frozenset(indices)
+
+    def run_resident(self) -> bool:
+        """One run on the values already in the input buffers, outputs left on the device: the kernels
+        enqueued as ``run`` enqueues them, then the queue drained."""
+        self._enqueue_kernels()
+        self.device.queue.finish()
+        return True
 
     def enqueue_path(self) -> str:
         """How ``run`` enqueues the kernels now."""
@@ -198,10 +222,13 @@ class ClCompiled(CompiledPartition):
         return "OpenCL profiling events"
 
     def set_profiling(self, enabled: bool) -> None:
-        """Keep the events of the following runs' kernels, for :meth:`profile`."""
+        """Keep the events of the following runs' kernels, uploads and reads, for :meth:`profile` and
+        :meth:`boundary_ms`."""
         if enabled != (self.profiled is not None):
             self.device.set_profiling(enabled)
         self.profiled = [] if enabled else None
+        if enabled:
+            self.boundary_profiled = []
 
     def profile(self) -> dict[int, float]:
         """Median device milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
@@ -214,6 +241,15 @@ class ClCompiled(CompiledPartition):
             ns = [run[i].profile.end - run[i].profile.start for run in self.profiled]
             times[op_index] = times.get(op_index, 0.0) + float(np.median(ns)) / 1e6
         return times
+
+    def boundary_ms(self) -> float | None:
+        """Median device milliseconds per profiled run of the host copies and layout conversions at the
+        partition's edges (uploads, conversions to and from PHWC4, reads), from their profiling events."""
+        runs = [events for events in self.boundary_profiled if events]
+        if not runs:
+            return None
+        runs[-1][-1].wait()
+        return float(np.median([sum(e.profile.end - e.profile.start for e in events) for events in runs])) / 1e6
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -231,6 +267,7 @@ class ClCompiled(CompiledPartition):
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": sum(b.nbytes for b in self.plan.buffers),
+            "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
 
