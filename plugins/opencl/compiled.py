@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,6 +33,7 @@ from .values import Boundary, ClValue, ReadbackBatch, fill_input
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
+MIN_CHUNK = 4  # variants per program, at least, when a partition's kernels are built as several programs
 
 
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
@@ -64,8 +66,10 @@ class ClCompiled(CompiledPartition):
     """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
-                 plan_source: str = "planned", native: bool = True):
+                 plan_source: str = "planned", native: bool = True, build_threads: int = 1):
+        """``build_threads``: programs the kernels may be split into, built at once (1: one program)."""
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
+        self.build_threads, self.programs = build_threads, 0
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
@@ -124,12 +128,15 @@ class ClCompiled(CompiledPartition):
         cl = self.device.cl
         of_launch = [variant_of(launch) for launch in launches]
         variants = list(dict.fromkeys(of_launch))
-        names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
-        built = self.device.builder.build(program_source(variants, build_defines(self.precision)), cache)
-        self.build_origin, self.build_seconds = built.origin, built.seconds
+        chunks = build_chunks(variants, self.build_threads)
+        start = time.perf_counter()
+        built = self._build(chunks, cache)
+        self.build_seconds, self.programs = time.perf_counter() - start, len(built)
+        self.build_origin = "+".join(dict.fromkeys(b.origin for b in built))
+        names = {v: (b.program, kernel_name(v, i)) for chunk, b in zip(chunks, built) for i, v in enumerate(chunk)}
         kernels = []
         for launch, variant in zip(launches, of_launch):
-            kernel = cl.Kernel(built.program, names[variant])
+            kernel = cl.Kernel(*names[variant])
             kernel.set_args(*(self._argument(kind, value) for kind, value in launch.args))
             kernels.append(kernel)
         sizes = [tuple(launch.work) for launch in launches]
@@ -137,7 +144,7 @@ class ClCompiled(CompiledPartition):
                          for launch, size in zip(launches, sizes)]
         free = [i for i, launch in enumerate(launches) if launch.local is None]
         if tune and free:
-            key = cache_key({"program": built.key, "plan": self.plan.to_json()})
+            key = cache_key({"program": [b.key for b in built], "plan": self.plan.to_json()})
             stored = cache.load(key, "tune") if cache else None
             chosen = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
                 [self._fastest(kernels[i], sizes[i]) for i in free]
@@ -147,6 +154,16 @@ class ClCompiled(CompiledPartition):
                 locals_[i] = local
             self.tuned = True
         return [(k, _round_up(size, local), local) for k, size, local in zip(kernels, sizes, locals_)]
+
+    def _build(self, chunks: list[list], cache: EntryStore | None) -> list:
+        """One program per chunk of variants, built on as many threads as there are chunks (the driver's
+        compiler runs with the GIL released), in chunk order."""
+        defines = build_defines(self.precision)
+        build = lambda chunk: self.device.builder.build(program_source(chunk, defines), cache)  # noqa: E731
+        if len(chunks) == 1:
+            return [build(chunks[0])]
+        with ThreadPoolExecutor(len(chunks), thread_name_prefix="delegate-opencl-build") as pool:
+            return list(pool.map(build, chunks))
 
     def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
         """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
@@ -264,12 +281,21 @@ class ClCompiled(CompiledPartition):
             "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],
             "plan_source": self.plan_source,
             "program": self.build_origin,
+            "programs": self.programs,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": sum(b.nbytes for b in self.plan.buffers),
             "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
+
+
+def build_chunks(variants: list, threads: int) -> list[list]:
+    """``variants`` split, in order, into at most ``threads`` programs of at least MIN_CHUNK variants
+    each (every program repeats the prelude, so tiny ones cost more than they save)."""
+    count = max(1, min(threads, len(variants) // MIN_CHUNK))
+    size = -(-len(variants) // count)
+    return [variants[i:i + size] for i in range(0, len(variants), size)]
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:
