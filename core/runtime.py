@@ -243,3 +243,6 @@ def _serve(jobs: queue.SimpleQueue) -> None:
             done.put((True, fn(*args)))
         except BaseException as exc:  # handed to the caller, who raises it
             done.put((False, exc))
+        # nothing of this call stays referenced while waiting for the next: the caller's arrays among
+        # the arguments are the caller's again (the Interpreter refuses to run while its buffers are viewed)
+        del fn, args, done

@@ -174,3 +174,24 @@ def test_the_executor_reads_back_what_another_backend_consumes():
     np.testing.assert_allclose(out, np.tanh(np.maximum(data, 0)), rtol=1e-5, atol=1e-6)
     assert executor.compiled[0].host_reads == frozenset({g.ops[0].outputs[0].index})
     assert executor.run({g.inputs[0].index: data}, frozenset()) == {}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_interpreter_invokes_again_on_a_gpu_backend(name):
+    """Nothing keeps the Interpreter's input buffer referenced after invoke() (the run's thread, an upload's
+    event), so the next invoke() is not refused as if the caller held a view; each gives its own answer."""
+    require_backend(name)
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+    config = load_config(None, overrides=["partitioner=greedy", "precision=fp32"], backends=f"{name},cpu")
+    interpreter = Interpreter(model_content=two_outputs(), config=config)
+    interpreter.allocate_tensors()
+    (x,) = interpreter.get_input_details()
+    outputs = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        data = normal(rng, (1, 4, 5, 3))
+        interpreter.set_tensor(x["index"], data)
+        interpreter.invoke()
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(data)[0], rtol=1e-6)
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(data)[1], rtol=1e-6)

@@ -196,7 +196,7 @@ class ClCompiled(CompiledPartition):
         self._enqueue_kernels()
         values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
                   for b in self.outputs]
-        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events)
+        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events, self.uploads)
         for value in values:
             value.batch = batch
         return {b.tensor.index: v for b, v in zip(self.outputs, values)}

@@ -139,9 +139,11 @@ class ReadbackBatch:
     """The outputs of one run, converted and read back together with one wait: the one asked for and
     those in ``wanted`` (tensor indices the host is expected to read; None: every output)."""
 
-    def __init__(self, values: list[ClValue], context, wanted: frozenset[int] | None, events: list | None):
+    def __init__(self, values: list[ClValue], context, wanted: frozenset[int] | None, events: list | None,
+                 uploads: list):
         self.values, self.context, self.wanted = values, context, wanted
         self.events = events  # where a profiled run keeps the events of its reads
+        self.uploads = uploads  # the run's upload events, holding the caller's arrays until the copies are done
 
     def read(self, cl, queue, asked: ClValue) -> None:
         last = None
@@ -154,4 +156,5 @@ class ReadbackBatch:
                     self.events.extend(events)
                 last = events[-1]
         if last is not None:
-            last.wait()  # the queue is in order: the last read done means all are
+            last.wait()  # the queue is in order: the last read done means all are, the uploads too
+            self.uploads.clear()  # so the caller's input arrays are no longer referenced
