@@ -109,9 +109,14 @@ class Executor:
                                      if t.index in wanted or consumers.get(t.index, set()) - {part.backend})
                            for part in self.partitions]
             self._reads_key = key
-        for i, (compiled, reads) in enumerate(zip(self.compiled, self._reads)):
+        for i, (part, compiled, reads) in enumerate(zip(self.partitions, self.compiled, self._reads)):
             if self._hinted.get(i) != (compiled, reads):
-                compiled.read_hint(reads)
+                hint = getattr(compiled, "read_hint", None)  # a plugin's own class may not derive from the contract
+                try:
+                    if hint is not None:
+                        hint(reads)
+                except Exception as exc:
+                    raise partition_failure(part, f"read_hint() raised {type(exc).__name__}: {exc}") from exc
                 self._hinted[i] = (compiled, reads)
 
     def _run(self, inputs: Mapping[int, np.ndarray], wanted: frozenset[int] | None = None) -> dict[int, np.ndarray]:

@@ -195,3 +195,34 @@ def test_the_interpreter_invokes_again_on_a_gpu_backend(name):
         interpreter.invoke()
         np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(data)[0], rtol=1e-6)
         np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(data)[1], rtol=1e-6)
+
+
+def test_a_read_hint_that_raises_is_its_partitions_failure():
+    """The runtime calls read_hint on a plugin's compiled partition (skipping one that has none); what it
+    raises becomes an ExecutionError naming the partition, which the fallback acts on."""
+    from delegate import ExecutionError
+
+    class Raising:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, inputs):
+            return self.inner.run(inputs)
+
+        def read_hint(self, indices):
+            raise RuntimeError("boom")
+
+    class Plain(Raising):
+        read_hint = None
+
+    backends = {"cpu": backend_of("cpu")}
+    g = read_model(two_outputs()).main
+    part = make_partition(g, g.ops, "cpu", 0)
+    data = normal(np.random.default_rng(10), (1, 4, 5, 3))
+    inner = backends["cpu"].compile(part, CompileOptions())
+    executor = Executor(g, [part], backends, CompileOptions(), compiled=[Raising(inner)])
+    with pytest.raises(ExecutionError, match="partition 0 on cpu failed: read_hint\\(\\) raised RuntimeError: boom"):
+        executor.run({g.inputs[0].index: data})
+    executor = Executor(g, [part], backends, CompileOptions(), compiled=[Plain(inner)])
+    out = executor.run({g.inputs[0].index: data})
+    np.testing.assert_allclose(out[g.outputs[0].index], expected(data)[0])

@@ -146,15 +146,16 @@ def profile_partitions(executor, indexed: dict[int, np.ndarray], runs: int = 5) 
                 backend.to_host(value)
         ms = float(np.median(samples_ms(once, runs, warmup=1)))
         timing = PartitionTiming(part.index, part.backend, ms, float(np.median(host[1:])))
-        if compiled.run_resident():  # on the inputs the runs above left on the device
-            timing.resident_ms = float(np.median(samples_ms(compiled.run_resident, runs)))
+        resident = getattr(compiled, "run_resident", None)  # a plugin's class may predate it
+        if resident is not None and resident():  # on the inputs the runs above left on the device
+            timing.resident_ms = float(np.median(samples_ms(resident, runs)))
         source = compiled.op_timer()
         if source:
             compiled.set_profiling(True)
             try:
                 samples_ms(once, runs)
                 timing.op_ms = {int(k): float(v) for k, v in compiled.profile().items()}
-                timing.boundary_ms = compiled.boundary_ms()
+                timing.boundary_ms = compiled.boundary_ms() if hasattr(compiled, "boundary_ms") else None
             finally:
                 compiled.set_profiling(False)
         timing.op_source = source if timing.op_ms else f"partition timed as a whole: {part.backend} " + (
