@@ -85,11 +85,16 @@ class Executor:
         self._hinted: dict[int, tuple[CompiledPartition, frozenset[int]]] = {}  # position -> what it was told
         self._reads_key: tuple | None = None  # (wanted outputs, partitions) the host reads below were found for
         self._reads: list[frozenset[int]] = []  # per partition: its outputs the host reads
+        self.runs = 0  # runs started; the last one's outputs it did not return stay fetchable (fetch)
+        self._unread: dict[int, tuple[Tensor, dict[str, Any] | None]] = {}
+        self._made_by: Mapping[int, Partition] = {}
 
     def run(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None = None) -> dict[int, np.ndarray]:
         """Run once; ``inputs`` maps graph input tensor index -> host array.  ``outputs``: the graph outputs
         to return (tensor indices; None: all): the others are neither returned nor read back from a device."""
         with running(self.state):
+            self.runs += 1
+            self._unread = {}
             self._hint_reads(self.graph_outputs() if outputs is None else outputs)
             return self._run(inputs, outputs)
 
@@ -160,18 +165,29 @@ class Executor:
         out = {}
         for t in self.graph.outputs:
             if wanted is not None and t.index not in wanted:
+                self._unread[t.index] = (t, where.get(t.index))
                 continue
-            copies = where.get(t.index)
-            if copies is None:
-                if t.data is not None:
-                    out[t.index] = np.asarray(t.data)
-                    continue
-                raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
-            if self.host not in copies:
+            if self.host not in where.get(t.index, {self.host: None}):
                 transfers += 1
-            out[t.index] = self._to_host(t, copies, made_by)
+            out[t.index] = self._output(t, where.get(t.index), made_by)
+        self._made_by = made_by
         self.transfers_last_run = transfers
         return out
+
+    def _output(self, t: Tensor, copies: dict[str, Any] | None, made_by: Mapping[int, Partition]) -> np.ndarray:
+        if copies is None:
+            if t.data is not None:
+                return np.asarray(t.data)
+            raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
+        return self._to_host(t, copies, made_by)
+
+    def fetch(self, index: int) -> np.ndarray:
+        """Graph output ``index`` of the last run, which did not return it: read back now from where that run
+        left it (valid until the next run, like the outputs ``run`` returns)."""
+        if index not in self._unread:
+            raise ExecutionError(f"tensor {index} is not an output the last run left unread")
+        t, copies = self._unread.pop(index)
+        return self._output(t, copies, self._made_by)
 
     def _to_host(self, t: Tensor, copies: dict[str, Any], made_by: Mapping[int, Partition]) -> np.ndarray:
         if self.host in copies:

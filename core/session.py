@@ -480,11 +480,21 @@ class Session:
             return {k: np.array(v) for k, v in self._run_locked(inputs, self._wanted(outputs)).items()}
 
     def run_into(self, inputs: Mapping[int, np.ndarray], store: Callable[[Mapping[int, np.ndarray]], None],
-                 outputs: Iterable[int] | None = None) -> None:
+                 outputs: Iterable[int] | None = None) -> int:
         """Run and hand the outputs to ``store`` before the next run may start, uncopied: they can be the
-        backends' own buffers, so ``store`` copies what it keeps (the Interpreter's output buffers)."""
+        backends' own buffers, so ``store`` copies what it keeps (the Interpreter's output buffers).
+        Returns the run's number, for :meth:`fetch_into` of the outputs it left on the devices."""
         with self._lock:
             store(self._run_locked(inputs, self._wanted(outputs)))
+            return self.executor.runs
+
+    def fetch_into(self, index: int, run: int, store: Callable[[np.ndarray], None]) -> None:
+        """Hand ``store`` output ``index`` of run number ``run`` (one that did not return it), read back now
+        and uncopied as in :meth:`run_into`; ExecutionError once a later run has replaced it."""
+        with self._lock:
+            if run != self.executor.runs:
+                raise ExecutionError(f"output {index} of run {run} is gone: run {self.executor.runs} came after")
+            store(self.executor.fetch(index))
 
     def _wanted(self, outputs: Iterable[int] | None) -> frozenset[int] | None:
         """``outputs`` checked against the graph's outputs."""

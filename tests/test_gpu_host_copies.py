@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from delegate import CompileOptions, InputError, load, read_model
+from delegate import CompileOptions, ExecutionError, InputError, load, read_model
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
@@ -200,8 +200,6 @@ def test_the_interpreter_invokes_again_on_a_gpu_backend(name):
 def test_a_read_hint_that_raises_is_its_partitions_failure():
     """The runtime calls read_hint on a plugin's compiled partition (skipping one that has none); what it
     raises becomes an ExecutionError naming the partition, which the fallback acts on."""
-    from delegate import ExecutionError
-
     class Raising:
         def __init__(self, inner):
             self.inner = inner
@@ -226,3 +224,76 @@ def test_a_read_hint_that_raises_is_its_partitions_failure():
     executor = Executor(g, [part], backends, CompileOptions(), compiled=[Plain(inner)])
     out = executor.run({g.inputs[0].index: data})
     np.testing.assert_allclose(out[g.outputs[0].index], expected(data)[0])
+
+
+def gpu_interpreter(name: str):
+    require_backend(name)
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+    config = load_config(None, overrides=["partitioner=greedy", "precision=fp32"], backends=f"{name},cpu")
+    interpreter = Interpreter(model_content=two_outputs(), config=config)
+    interpreter.allocate_tensors()
+    outputs = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    return interpreter, interpreter.get_input_details()[0]["index"], outputs
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_interpreter_reads_back_the_outputs_read_after_the_last_invoke(name):
+    """After an invoke whose outputs the caller read only one of, the next invoke reads back only that one;
+    get_tensor of the other still gives this invoke's values, read from the device when asked for."""
+    interpreter, x, outputs = gpu_interpreter(name)
+    (compiled,) = interpreter._sessions[0].executor.compiled
+    rng = np.random.default_rng(11)
+    for step in range(4):
+        data = normal(rng, (1, 4, 5, 3))
+        interpreter.set_tensor(x, data)
+        interpreter.invoke()
+        reads = compiled.host_reads if name == "opencl" else frozenset(
+            t.index for t in compiled.program.outputs if compiled.results[t.index].wanted)
+        assert reads == (frozenset(outputs.values()) if step == 0 else frozenset({outputs["twice"]}))
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(data)[1], rtol=1e-6)
+        if step == 3:  # an output not read back with the run comes from the device now
+            np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(data)[0], rtol=1e-6)
+            np.testing.assert_allclose(interpreter.tensor(outputs["relu"])(), expected(data)[0], rtol=1e-6)
+
+
+def test_an_output_left_on_the_device_is_read_before_another_thread_runs():
+    """Thread A invokes and reads nothing; thread B's invoke first brings A's outputs into A's buffers, so A
+    still reads its own answer afterwards."""
+    import threading
+
+    interpreter, x, outputs = gpu_interpreter("opencl")
+    rng = np.random.default_rng(12)
+    first = normal(rng, (1, 4, 5, 3))
+    interpreter.set_tensor(x, first)
+    interpreter.invoke()
+    interpreter.get_tensor(outputs["twice"])  # from now on only "twice" is read back with a run
+    interpreter.set_tensor(x, first)
+    interpreter.invoke()  # leaves "relu" on the device
+    second = normal(rng, (1, 4, 5, 3))
+
+    def other():
+        interpreter.set_tensor(x, second)
+        interpreter.invoke()
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(second)[0], rtol=1e-6)
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(first)[0], rtol=1e-6)
+    np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(first)[1], rtol=1e-6)
+
+
+def test_an_output_of_a_replaced_run_is_refused():
+    require_backend("opencl")
+    session = load(two_outputs(), backends="[opencl, cpu]", partitioner="greedy", precision="fp32")
+    relu, twice = (t.index for t in session.graph.outputs)
+    inputs = session.normalize_inputs({"x": np.zeros((1, 4, 5, 3), np.float32)})
+    run = session.run_into(inputs, lambda results: None, [twice])
+    got = []
+    session.fetch_into(relu, run, got.append)
+    np.testing.assert_array_equal(got[0], np.zeros((1, 4, 5, 3), np.float32))
+    with pytest.raises(ExecutionError, match="not an output the last run left unread"):
+        session.fetch_into(relu, run, got.append)
+    later = session.run_into(inputs, lambda results: None, [twice])
+    with pytest.raises(ExecutionError, match=f"output {relu} of run {run} is gone: run {later} came after"):
+        session.fetch_into(relu, run, got.append)
