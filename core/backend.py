@@ -129,6 +129,22 @@ class CompiledPartition(abc.ABC):
         """Per-op measured milliseconds of the profiled runs (empty when ``op_timer`` is "")."""
         return {}
 
+    def read_hint(self, indices: frozenset[int] | None) -> None:
+        """The outputs (tensor indices; None: all) whose values the host will read after the following runs,
+        so a device backend reads back only those; an output outside them must still come back when asked
+        for, at its own cost.  The runtime says it before running; by default nothing changes."""
+
+    def run_resident(self) -> bool:
+        """Run once on the inputs already on the device (those of the last run), leave the outputs there and
+        wait until the device is done: the device-resident time ``bench`` reports.  False, doing nothing,
+        where the backend has no such run."""
+        return False
+
+    def boundary_ms(self) -> float | None:
+        """Device milliseconds per profiled run spent moving and converting the partition's inputs and
+        outputs between host and device (None where they are not timed)."""
+        return None
+
     def reset_state(self) -> None:
         """Put variable tensors back to their initial values (LiteRT's ``reset_all_variables``).
 
@@ -178,7 +194,8 @@ class Backend(abc.ABC):
         return array
 
     def to_host(self, value: DeviceValue) -> np.ndarray:
-        """Device value -> host array (identity on the host); the runtime checks its shape and dtype."""
+        """Device value -> host array (identity on the host); the runtime checks its shape and dtype.  It may be
+        the backend's own buffer, valid until the partition that made the value runs again."""
         return value
 
     def add_custom_kernels(self, kernels: Mapping[str, Any]) -> None:

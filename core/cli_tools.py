@@ -173,6 +173,10 @@ def _print_node_errors(c, nodes: list[dict[str, Any]]) -> None:
             c.print(f"node {node['node']} ({node['node_id'][:8]}) failed: {node['error']['message']}")
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def _fmt_ms(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -230,7 +234,11 @@ def cmd_bench(args) -> int:
         "estimate_ratio": round(session.plan.estimated_ms / max(float(np.median(ours)), 1e-9), 3),
         "partition_times": [{"partition": t.index, "backend": t.backend, "estimated_ms": round(estimates[t.index], 4),
                              "measured_ms": round(t.ms, 4), "host_ms": round(t.host_ms, 4),
+                             "resident_ms": _rounded(t.resident_ms), "boundary_ms": _rounded(t.boundary_ms),
                              "op_times": t.op_source} for t in timings],
+        # every partition run once with its inputs and outputs on its device, summed; None unless each has one
+        "resident_ms": (round(sum(t.resident_ms for t in timings), 4)
+                        if timings and all(t.resident_ms is not None for t in timings) else None),
         "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
     }
     doc["profiles_saved"] = learn_from(session, session.executor, timings, args.profile)
@@ -268,11 +276,17 @@ def cmd_bench(args) -> int:
                     f"so the ratio flatters delegate")
     c.print(f"plan: estimated {doc['estimated_ms']:.3f} ms, measured p50 {doc['p50_ms']:.3f} ms "
             f"(estimate / measured {doc['estimate_ratio']:.2f})")
+    if doc["resident_ms"] is not None:
+        c.print(f"device-resident: {doc['resident_ms']:.3f} ms per run with inputs and outputs left on the devices "
+                f"(enqueue + wait, partitions summed); host in -> host out above")
     c.print(table("partitions (each timed alone: inputs staged on its device, outputs read back; host ms: until "
-                  "run() returns, i.e. a queued device's enqueue/encode time)",
-                  ["#", "backend", "estimated ms", "measured ms", "host ms", "op times"],
+                  "run() returns, i.e. a queued device's enqueue/encode time; resident ms: a run on inputs already "
+                  "on the device, outputs left there; boundary ms: device time of the host copies and layout "
+                  "conversions)",
+                  ["#", "backend", "estimated ms", "measured ms", "host ms", "resident ms", "boundary ms", "op times"],
                   [[r["partition"], r["backend"], f"{r['estimated_ms']:.4f}", f"{r['measured_ms']:.4f}",
-                    f"{r['host_ms']:.4f}", r["op_times"]] for r in doc["partition_times"]]))
+                    f"{r['host_ms']:.4f}", _fmt_ms(r["resident_ms"], 4), _fmt_ms(r["boundary_ms"], 4),
+                    r["op_times"]] for r in doc["partition_times"]]))
     if doc["top_ops"]:
         c.print(table("top-5 ops by measured time", ["op", "code", "backend", "ms", "measured by"],
                       [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}", r["source"]] for r in doc["top_ops"]]))

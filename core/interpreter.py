@@ -15,7 +15,7 @@ import enum
 import os
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -158,6 +158,10 @@ class Interpreter:
         self._state = ModelState(self._model)  # resource variables, shared by every subgraph's session
         self._buffers = _ThreadBuffers()
         self._lock = threading.Lock()
+        # Outputs stay on their devices until read: per subgraph, the outputs its last invoke left unread
+        # (whose buffers, which run), and the outputs read since, which the next invoke reads back at once.
+        self._pending: dict[int, _Pending] = {}
+        self._read: dict[int, set[int]] = {}
 
     # -- set-up -------------------------------------------------------------
     def _graph(self, subgraph: int) -> Subgraph:
@@ -184,6 +188,8 @@ class Interpreter:
         self._graph(subgraph)
         self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph, state=self._state)
         self._buffers.allocate(subgraph, self._io[subgraph][0])
+        self._pending.pop(subgraph, None)
+        self._read.pop(subgraph, None)
 
     def _session(self, subgraph: int):
         session = self._sessions.get(subgraph)
@@ -274,6 +280,7 @@ class Interpreter:
             raise ExecutionError(str(exc)) from None
         self._sessions.pop(subgraph, None)
         self._buffers.drop(subgraph)
+        self._pending.pop(subgraph, None)
 
     def _input(self, subgraph: int, index: int) -> Tensor:
         inputs = self._io[subgraph][0]
@@ -289,6 +296,7 @@ class Interpreter:
 
     def _set(self, subgraph: int, tensor_index: int, value: Any) -> None:
         t = self._tensor(tensor_index, subgraph)
+        self._settle(subgraph)
         buffers = self._buffers.mine().get(subgraph)
         if buffers is None or t.index not in buffers:
             raise InputError(f"Cannot set tensor {t.index} ({t.name!r}): only allocated inputs can be set; "
@@ -306,17 +314,49 @@ class Interpreter:
     def _invoke(self, subgraph: int, ensure_safe: bool = False) -> None:
         session = self._session(subgraph)
         with self._lock:  # one run at a time; each thread reads and writes its own buffers
+            self._settle_locked(subgraph, superseded=True)
             if ensure_safe:
                 self._ensure_safe()
             buffers = self._buffers.mine()[subgraph]
-            results = session.run_indexed({t.index: buffers[t.index] for t in self._io[subgraph][0]})
-            for index, value in results.items():
-                value, kept = np.asarray(value), buffers.get(index)
-                if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
-                    buffers[index] = np.array(value)  # backends reuse their buffers: keep a copy
-                elif kept is not value:
-                    np.copyto(kept, value)
+
+            def keep(results: Mapping[int, np.ndarray]) -> None:
+                """The run's outputs copied once, into this thread's output buffers (backends reuse theirs)."""
+                for index, value in results.items():
+                    _keep(buffers, index, value)
+            outputs = [t.index for t in session.output_tensors()]
+            read = self._read.get(subgraph)  # None before the first invoke: every output
+            wanted = outputs if read is None else [i for i in outputs if i in read]
+            run = session.run_into({t.index: buffers[t.index] for t in self._io[subgraph][0]}, keep, wanted)
+            left = set(outputs) - set(wanted)
+            if left:
+                self._pending[subgraph] = _Pending(buffers, run, left)
+            self._read[subgraph] = set()
             self._buffers.wrote(subgraph)
+
+    def _settle(self, subgraph: int, index: int | None = None) -> None:
+        """Before a look at ``subgraph``'s buffers: its last invoke's outputs still on the devices read into
+        the buffers of the thread that invoked, all of them when another thread looks (the next run would
+        replace them), else ``index`` alone."""
+        if subgraph in self._pending:
+            with self._lock:
+                self._settle_locked(subgraph, index=index)
+
+    def _settle_locked(self, subgraph: int, index: int | None = None, superseded: bool = False) -> None:
+        pending = self._pending.get(subgraph)
+        if pending is None:
+            return
+        if pending.thread != threading.get_ident():
+            indices = sorted(pending.indices)
+        elif superseded:  # the same thread runs again: nobody can read those values any more
+            indices = []
+        else:
+            indices = [index] if index in pending.indices else []
+        session = self._sessions[subgraph]
+        for i in indices:
+            session.fetch_into(i, pending.run, lambda value, i=i: _keep(pending.buffers, i, value))
+            pending.indices.discard(i)
+        if superseded or not pending.indices or pending.thread != threading.get_ident():
+            del self._pending[subgraph]
 
     def reset_all_variables(self) -> None:
         """Variable tensors (and resource variables) back to their initial values, as after allocation."""
@@ -329,7 +369,12 @@ class Interpreter:
 
     def _value(self, tensor_index: int, subgraph_index: int) -> np.ndarray:
         t = self._tensor(tensor_index, subgraph_index)
-        buffers = self._buffers.mine().get(int(subgraph_index), {})
+        subgraph = int(subgraph_index)
+        self._settle(subgraph, t.index)
+        read = self._read.get(subgraph)
+        if read is not None:
+            read.add(t.index)
+        buffers = self._buffers.mine().get(subgraph, {})
         if t.index in buffers:
             return buffers[t.index]
         if t.data is not None and not t.is_variable:
@@ -354,6 +399,23 @@ class Interpreter:
                                  f"Signatures. None is only allowed when the model has 1 SignatureDef")
             signature_key = self._model.signatures[0].key
         return SignatureRunner(self, signature_key)
+
+
+def _keep(buffers: dict[int, np.ndarray], index: int, value: np.ndarray) -> None:
+    """``value`` copied into the output buffer ``index`` (made, or remade for a new shape, as needed)."""
+    value, kept = np.asarray(value), buffers.get(index)
+    if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+        buffers[index] = np.array(value)
+    elif kept is not value:
+        np.copyto(kept, value)
+
+
+class _Pending:
+    """The outputs an invoke left on the devices: whose buffers they go to, from which run."""
+
+    def __init__(self, buffers: dict[int, np.ndarray], run: int, indices: set[int]):
+        self.buffers, self.run, self.indices = buffers, run, indices
+        self.thread = threading.get_ident()
 
 
 def _refcount_unviewed() -> int:

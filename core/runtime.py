@@ -82,13 +82,49 @@ class Executor:
         self.compiled = list(compiled) if compiled is not None else [
             self.backends[p.backend].compile(p, options) for p in self.partitions]
         self.transfers_last_run = 0
+        self._hinted: dict[int, tuple[CompiledPartition, frozenset[int]]] = {}  # position -> what it was told
+        self._reads_key: tuple | None = None  # (wanted outputs, partitions) the host reads below were found for
+        self._reads: list[frozenset[int]] = []  # per partition: its outputs the host reads
+        self.runs = 0  # runs started; the last one's outputs it did not return stay fetchable (fetch)
+        self._unread: dict[int, tuple[Tensor, dict[str, Any] | None]] = {}
+        self._made_by: Mapping[int, Partition] = {}
 
-    def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Run once; ``inputs`` maps graph input tensor index -> host array."""
+    def run(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None = None) -> dict[int, np.ndarray]:
+        """Run once; ``inputs`` maps graph input tensor index -> host array.  ``outputs``: the graph outputs
+        to return (tensor indices; None: all): the others are neither returned nor read back from a device."""
         with running(self.state):
-            return self._run(inputs)
+            self.runs += 1
+            self._unread = {}
+            self._hint_reads(self.graph_outputs() if outputs is None else outputs)
+            return self._run(inputs, outputs)
 
-    def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def graph_outputs(self) -> frozenset[int]:
+        return frozenset(t.index for t in self.graph.outputs)
+
+    def _hint_reads(self, wanted: frozenset[int]) -> None:
+        """Tell each partition which of its outputs the host reads: the ``wanted`` graph outputs and what a
+        partition on another backend consumes (a value staying on one backend is never read back)."""
+        key = (wanted, tuple(map(id, self.partitions)))
+        if key != self._reads_key:
+            consumers: dict[int, set[str]] = {}
+            for part in self.partitions:
+                for t in part.inputs:
+                    consumers.setdefault(t.index, set()).add(part.backend)
+            self._reads = [frozenset(t.index for t in part.outputs
+                                     if t.index in wanted or consumers.get(t.index, set()) - {part.backend})
+                           for part in self.partitions]
+            self._reads_key = key
+        for i, (part, compiled, reads) in enumerate(zip(self.partitions, self.compiled, self._reads)):
+            if self._hinted.get(i) != (compiled, reads):
+                hint = getattr(compiled, "read_hint", None)  # a plugin's own class may not derive from the contract
+                try:
+                    if hint is not None:
+                        hint(reads)
+                except Exception as exc:
+                    raise partition_failure(part, f"read_hint() raised {type(exc).__name__}: {exc}") from exc
+                self._hinted[i] = (compiled, reads)
+
+    def _run(self, inputs: Mapping[int, np.ndarray], wanted: frozenset[int] | None = None) -> dict[int, np.ndarray]:
         # location: tensor index -> {backend name: value}
         where: dict[int, dict[str, Any]] = {i: {self.host: np.asarray(v)} for i, v in inputs.items()}
         made_by: dict[int, Partition] = {}  # tensor index -> the partition that returned it
@@ -128,17 +164,30 @@ class Executor:
                 made_by[t.index] = part
         out = {}
         for t in self.graph.outputs:
-            copies = where.get(t.index)
-            if copies is None:
-                if t.data is not None:
-                    out[t.index] = np.asarray(t.data)
-                    continue
-                raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
-            if self.host not in copies:
+            if wanted is not None and t.index not in wanted:
+                self._unread[t.index] = (t, where.get(t.index))
+                continue
+            if self.host not in where.get(t.index, {self.host: None}):
                 transfers += 1
-            out[t.index] = self._to_host(t, copies, made_by)
+            out[t.index] = self._output(t, where.get(t.index), made_by)
+        self._made_by = made_by
         self.transfers_last_run = transfers
         return out
+
+    def _output(self, t: Tensor, copies: dict[str, Any] | None, made_by: Mapping[int, Partition]) -> np.ndarray:
+        if copies is None:
+            if t.data is not None:
+                return np.asarray(t.data)
+            raise ExecutionError(f"graph output {t.index} ({t.name!r}) was never produced")
+        return self._to_host(t, copies, made_by)
+
+    def fetch(self, index: int) -> np.ndarray:
+        """Graph output ``index`` of the last run, which did not return it: read back now from where that run
+        left it (valid until the next run, like the outputs ``run`` returns)."""
+        if index not in self._unread:
+            raise ExecutionError(f"tensor {index} is not an output the last run left unread")
+        t, copies = self._unread.pop(index)
+        return self._output(t, copies, self._made_by)
 
     def _to_host(self, t: Tensor, copies: dict[str, Any], made_by: Mapping[int, Partition]) -> np.ndarray:
         if self.host in copies:
@@ -215,3 +264,6 @@ def _serve(jobs: queue.SimpleQueue) -> None:
             done.put((True, fn(*args)))
         except BaseException as exc:  # handed to the caller, who raises it
             done.put((False, exc))
+        # nothing of this call stays referenced while waiting for the next: the caller's arrays among
+        # the arguments are the caller's again (the Interpreter refuses to run while its buffers are viewed)
+        del fn, args, done

@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -470,16 +470,46 @@ class Session:
                 raise InputError(f"missing input(s): {', '.join(missing)}")
         return {t.index: checked_input(t, value) for t, value in pairs}
 
-    def run_indexed(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def run_indexed(self, inputs: Mapping[int, np.ndarray],
+                    outputs: Iterable[int] | None = None) -> dict[int, np.ndarray]:
         """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure).
+        ``outputs``: the output tensor indices wanted (None: all); the others are not read back.
 
         Runs take turns; the outputs are this run's own copies, whatever runs next."""
         with self._lock:
-            return {k: np.array(v) for k, v in self._run_locked(inputs).items()}
+            return {k: np.array(v) for k, v in self._run_locked(inputs, self._wanted(outputs)).items()}
 
-    def _run_locked(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def run_into(self, inputs: Mapping[int, np.ndarray], store: Callable[[Mapping[int, np.ndarray]], None],
+                 outputs: Iterable[int] | None = None) -> int:
+        """Run and hand the outputs to ``store`` before the next run may start, uncopied: they can be the
+        backends' own buffers, so ``store`` copies what it keeps (the Interpreter's output buffers).
+        Returns the run's number, for :meth:`fetch_into` of the outputs it left on the devices."""
+        with self._lock:
+            store(self._run_locked(inputs, self._wanted(outputs)))
+            return self.executor.runs
+
+    def fetch_into(self, index: int, run: int, store: Callable[[np.ndarray], None]) -> None:
+        """Hand ``store`` output ``index`` of run number ``run`` (one that did not return it), read back now
+        and uncopied as in :meth:`run_into`; ExecutionError once a later run has replaced it."""
+        with self._lock:
+            if run != self.executor.runs:
+                raise ExecutionError(f"output {index} of run {run} is gone: run {self.executor.runs} came after")
+            store(self.executor.fetch(index))
+
+    def _wanted(self, outputs: Iterable[int] | None) -> frozenset[int] | None:
+        """``outputs`` checked against the graph's outputs."""
+        if outputs is None:
+            return None
+        wanted = frozenset(int(i) for i in outputs)
+        unknown = wanted - self.executor.graph_outputs()
+        if unknown:
+            names = ", ".join(f"{t.index} ({t.name!r})" for t in self.graph.outputs)
+            raise InputError(f"tensor(s) {sorted(unknown)} are not outputs of the model; its outputs are {names}")
+        return wanted
+
+    def _run_locked(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None) -> dict[int, np.ndarray]:
         try:
-            return self.executor.run(inputs)
+            return self.executor.run(inputs, outputs)
         except ExecutionError as exc:
             failed = [i for i, p in enumerate(self.executor.partitions)
                       if p.index == exc.partition and p.backend == exc.backend != self.host]
@@ -488,12 +518,20 @@ class Session:
             i = failed[0]
             self.executor.compiled[i] = self._fall_back(self.executor.partitions[i], f"failed while running: {exc}")
             self._revised_executor_partition(i)
-            return self._run_locked(inputs)
+            return self._run_locked(inputs, outputs)
 
-    def run(self, inputs: Any) -> dict[str, np.ndarray]:
-        """Run once; returns outputs by tensor name (copies, safe to keep)."""
-        results = self.run_indexed(self.normalize_inputs(inputs))
-        return {t.name: results[t.index] for t in self.graph.outputs}
+    def run(self, inputs: Any, outputs: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Run once; returns outputs by tensor name (copies, safe to keep).  ``outputs``: the names wanted
+        (None: all); only those are read back from the devices."""
+        wanted = None
+        if outputs is not None:
+            by_name = {t.name: t.index for t in self.graph.outputs}
+            unknown = [name for name in outputs if name not in by_name]
+            if unknown:
+                raise InputError(f"unknown output(s) {unknown}; the model's outputs are {sorted(by_name)}")
+            wanted = [by_name[name] for name in outputs]
+        results = self.run_indexed(self.normalize_inputs(inputs), wanted)
+        return {t.name: results[t.index] for t in self.graph.outputs if t.index in results}
 
     def reset_state(self) -> None:
         """Variable tensors back to their initial values, as right after compiling."""

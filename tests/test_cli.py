@@ -119,6 +119,24 @@ def test_bench_per_op_rows_are_measured(tiny_model):
     assert sum(r["ms"] for r in doc["top_ops"]) <= part["measured_ms"] * 1.5 + 0.05
 
 
+@pytest.mark.parametrize("backend", ["opencl", "wgpu"])
+def test_bench_reports_the_device_resident_time_next_to_host_to_host(tiny_model, backend):
+    """A GPU partition has a resident run (inputs and outputs left on the device); OpenCL also times its host
+    copies and conversions by profiling events.  The CPU has neither, and says so with nulls."""
+    from tests.oputil import require_backend
+    require_backend(backend)
+    doc = as_json("bench", "--backends", f"{backend},cpu", "--set", "partitioner=greedy", "--set", "precision=fp32",
+                  tiny_model, "--runs", "3", "--warmup", "1")
+    (part,) = doc["partition_times"]
+    assert part["backend"] == backend and part["resident_ms"] > 0 and doc["resident_ms"] == part["resident_ms"]
+    assert (part["boundary_ms"] > 0) if backend == "opencl" else part["boundary_ms"] is None
+    text = delegate("bench", "--backends", f"{backend},cpu", "--set", "partitioner=greedy", tiny_model, "--runs",
+                    "2", "--warmup", "0").stdout
+    assert "device-resident:" in text and "resident ms" in text
+    cpu = as_json("bench", *CPU, tiny_model, "--runs", "2", "--warmup", "0")
+    assert cpu["resident_ms"] is None and cpu["partition_times"][0]["resident_ms"] is None
+
+
 def test_validate_against_litert_and_expected(tiny_model, tmp_path):
     doc = as_json("validate", *CPU, tiny_model, "--samples", "2")
     assert doc["passed"] and doc["outputs"]["scores"]["cosine"] > 0.9999

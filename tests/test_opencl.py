@@ -889,3 +889,39 @@ def test_mediapipe_models_match_litert(backend, name, deny):
     for actual, expected in zip(out, litert_run(data, inputs)):
         error = float(np.abs(actual.astype(np.float64) - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
         assert error <= MEDIAPIPE_TOLERANCE, f"{name}: error {error:.3g} of the output range"
+
+
+def test_build_chunks_split_in_order_with_enough_variants_each():
+    from delegate_opencl.compiled import MIN_CHUNK, build_chunks
+    variants = list(range(10))
+    assert build_chunks(variants, 1) == [variants]
+    assert build_chunks(variants, 2) == [variants[:5], variants[5:]]
+    assert build_chunks(variants, 16) == [variants[:5], variants[5:]]  # never under MIN_CHUNK each
+    assert build_chunks(variants[:MIN_CHUNK * 2 - 1], 4) == [variants[:MIN_CHUNK * 2 - 1]]
+    assert build_chunks(list(range(12)), 3) == [list(range(4)), list(range(4, 8)), list(range(8, 12))]
+
+
+def test_kernels_built_as_several_programs_at_once_give_the_same_results():
+    """zoo:mobilenet_v1's kernels as one program and as two built on two threads: the same outputs; a second
+    compile in the process takes every program from memory."""
+    from delegate import zoo
+    from delegate_opencl.backend import OpenCLBackend
+    g = read_model(zoo.from_spec("zoo:mobilenet_v1")).main
+    x = np.random.default_rng(8).random(g.inputs[0].shape, dtype=np.float32)
+    results, facts = [], []
+    for threads in (1, 2):
+        backend = OpenCLBackend({"build_threads": threads})
+        compiled = backend.compile(make_partition(g, g.ops, "opencl", 0), CompileOptions())
+        results.append(run_compiled(backend, g, compiled, [x])[0].copy())
+        facts.append(compiled.describe())
+        again = backend.compile(make_partition(g, g.ops, "opencl", 0), CompileOptions()).describe()
+        assert again["programs"] == facts[-1]["programs"] and again["program"] == "memory"
+    assert [f["programs"] for f in facts] == [1, 2]
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "2", True])
+def test_build_threads_must_be_a_positive_integer(threads):
+    from delegate_opencl.backend import OpenCLBackend
+    with pytest.raises(PluginError, match=f"build_threads must be a positive integer, got {threads!r}"):
+        OpenCLBackend({"build_threads": threads})

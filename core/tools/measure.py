@@ -111,6 +111,10 @@ class PartitionTiming:
     host_ms: float = 0.0
     op_ms: dict[int, float] = field(default_factory=dict)  # per op, where the backend times ops
     op_source: str = ""  # how op_ms was measured, or why there is none
+    # device time of the host copies and layout conversions at the partition's edges, where the backend times them
+    boundary_ms: float | None = None
+    # one run with inputs and outputs left on the device (enqueue + wait), where the backend has such a run
+    resident_ms: float | None = None
 
 
 def partition_inputs(executor, indexed: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
@@ -142,12 +146,16 @@ def profile_partitions(executor, indexed: dict[int, np.ndarray], runs: int = 5) 
                 backend.to_host(value)
         ms = float(np.median(samples_ms(once, runs, warmup=1)))
         timing = PartitionTiming(part.index, part.backend, ms, float(np.median(host[1:])))
+        resident = getattr(compiled, "run_resident", None)  # a plugin's class may predate it
+        if resident is not None and resident():  # on the inputs the runs above left on the device
+            timing.resident_ms = float(np.median(samples_ms(resident, runs)))
         source = compiled.op_timer()
         if source:
             compiled.set_profiling(True)
             try:
                 samples_ms(once, runs)
                 timing.op_ms = {int(k): float(v) for k, v in compiled.profile().items()}
+                timing.boundary_ms = compiled.boundary_ms() if hasattr(compiled, "boundary_ms") else None
             finally:
                 compiled.set_profiling(False)
         timing.op_source = source if timing.op_ms else f"partition timed as a whole: {part.backend} " + (

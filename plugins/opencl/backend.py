@@ -12,7 +12,8 @@ from delegate.gpu.dialect import OPENCL
 from delegate.gpu.fusion import runs_no_kernel
 from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
-from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
+from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
+                                 Support)
 
 from . import __version__
 from .compiled import ClCompiled, choose_precision, lower
@@ -79,6 +80,11 @@ class OpenCLBackend(Backend):
         platform, device = select_device(cl, DeviceRequest.from_options(options))
         self.state = device_state(cl, platform, device)
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
+        # a partition's kernels built as up to this many programs at once (default 1, one program: on PoCL
+        # with 2 cores two programs were not reliably faster; to measure on other drivers)
+        self.build_threads = options.get("build_threads", 1)
+        if isinstance(self.build_threads, bool) or not isinstance(self.build_threads, int) or self.build_threads < 1:
+            raise PluginError(f"opencl backend: build_threads must be a positive integer, got {self.build_threads!r}")
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
@@ -108,7 +114,8 @@ class OpenCLBackend(Backend):
         if plan is None:
             plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
             cache.store_plan(plan)
-        return ClCompiled(self.state, partition, plan, precision, options, source, self.native_enqueue)
+        return ClCompiled(self.state, partition, plan, precision, options, source, self.native_enqueue,
+                          self.build_threads)
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

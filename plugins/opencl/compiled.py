@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,6 +33,7 @@ from .values import Boundary, ClValue, ReadbackBatch, fill_input
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
+MIN_CHUNK = 4  # variants per program, at least, when a partition's kernels are built as several programs
 
 
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
@@ -64,11 +66,15 @@ class ClCompiled(CompiledPartition):
     """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
-                 plan_source: str = "planned", native: bool = True):
+                 plan_source: str = "planned", native: bool = True, build_threads: int = 1):
+        """``build_threads``: programs the kernels may be split into, built at once (1: one program)."""
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
+        self.build_threads, self.programs = build_threads, 0
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
+        self.boundary_profiled: list[list[Any]] = []  # per profiled run: its uploads', conversions' and reads' events
+        self.host_reads: frozenset[int] | None = None  # the outputs the host reads (None: all), see read_hint
         cache = EntryStore(options.cache_dir, "opencl", options.model_token) if options.cache_dir else None
         self.build_origin, self.build_seconds, self.tuned = "none", 0.0, False
         crossings = plan.inputs + plan.outputs
@@ -122,12 +128,15 @@ class ClCompiled(CompiledPartition):
         cl = self.device.cl
         of_launch = [variant_of(launch) for launch in launches]
         variants = list(dict.fromkeys(of_launch))
-        names = {v: kernel_name(v, i) for i, v in enumerate(variants)}
-        built = self.device.builder.build(program_source(variants, build_defines(self.precision)), cache)
-        self.build_origin, self.build_seconds = built.origin, built.seconds
+        chunks = build_chunks(variants, self.build_threads)
+        start = time.perf_counter()
+        built = self._build(chunks, cache)
+        self.build_seconds, self.programs = time.perf_counter() - start, len(built)
+        self.build_origin = "+".join(dict.fromkeys(b.origin for b in built))
+        names = {v: (b.program, kernel_name(v, i)) for chunk, b in zip(chunks, built) for i, v in enumerate(chunk)}
         kernels = []
         for launch, variant in zip(launches, of_launch):
-            kernel = cl.Kernel(built.program, names[variant])
+            kernel = cl.Kernel(*names[variant])
             kernel.set_args(*(self._argument(kind, value) for kind, value in launch.args))
             kernels.append(kernel)
         sizes = [tuple(launch.work) for launch in launches]
@@ -135,7 +144,7 @@ class ClCompiled(CompiledPartition):
                          for launch, size in zip(launches, sizes)]
         free = [i for i, launch in enumerate(launches) if launch.local is None]
         if tune and free:
-            key = cache_key({"program": built.key, "plan": self.plan.to_json()})
+            key = cache_key({"program": [b.key for b in built], "plan": self.plan.to_json()})
             stored = cache.load(key, "tune") if cache else None
             chosen = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
                 [self._fastest(kernels[i], sizes[i]) for i in free]
@@ -145,6 +154,16 @@ class ClCompiled(CompiledPartition):
                 locals_[i] = local
             self.tuned = True
         return [(k, _round_up(size, local), local) for k, size, local in zip(kernels, sizes, locals_)]
+
+    def _build(self, chunks: list[list], cache: EntryStore | None) -> list:
+        """One program per chunk of variants, built on as many threads as there are chunks (the driver's
+        compiler runs with the GIL released), in chunk order."""
+        defines = build_defines(self.precision)
+        build = lambda chunk: self.device.builder.build(program_source(chunk, defines), cache)  # noqa: E731
+        if len(chunks) == 1:
+            return [build(chunks[0])]
+        with ThreadPoolExecutor(len(chunks), thread_name_prefix="delegate-opencl-build") as pool:
+            return list(pool.map(build, chunks))
 
     def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
         """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
@@ -168,8 +187,24 @@ class ClCompiled(CompiledPartition):
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         cl, queue, storage = self.device.cl, self.device.queue, self.precision.dtype
-        self.uploads = [fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)
-                        for boundary in self.inputs]
+        self.uploads = [event for boundary in self.inputs
+                        for event in fill_input(cl, queue, boundary, inputs[boundary.tensor.index], storage)]
+        boundary_events = None
+        if self.profiled is not None:
+            boundary_events = list(self.uploads)
+            self.boundary_profiled.append(boundary_events)
+        self._enqueue_kernels()
+        values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
+                  for b in self.outputs]
+        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events, self.uploads)
+        for value in values:
+            value.batch = batch
+        return {b.tensor.index: v for b, v in zip(self.outputs, values)}
+
+    def _enqueue_kernels(self) -> None:
+        """Every kernel of the partition on the queue: one native call, pyopencl's loop, or (profiling)
+        the loop keeping an event per kernel."""
+        cl, queue = self.device.cl, self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         if self.profiled is None and self.prepared is not None:
             self.prepared.enqueue(cl, queue)
@@ -179,12 +214,18 @@ class ClCompiled(CompiledPartition):
         else:  # profiling events need pyopencl's Event per kernel
             self.profiled.append([enqueue(queue, kernel, global_size, local_size)
                                   for kernel, global_size, local_size in self.launches])
-        values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
-                  for b in self.outputs]
-        batch = ReadbackBatch(values)
-        for value in values:
-            value.batch = batch
-        return {b.tensor.index: v for b, v in zip(self.outputs, values)}
+
+    def read_hint(self, indices) -> None:
+        """Read back, with the first output the host asks for, only the outputs in ``indices`` (None: all);
+        any other output is still read when asked for, with a wait of its own."""
+        self.host_reads = None if indices is None else frozenset(indices)
+
+    def run_resident(self) -> bool:
+        """One run on the values already in the input buffers, outputs left on the device: the kernels
+        enqueued as ``run`` enqueues them, then the queue drained."""
+        self._enqueue_kernels()
+        self.device.queue.finish()
+        return True
 
     def enqueue_path(self) -> str:
         """How ``run`` enqueues the kernels now."""
@@ -198,10 +239,13 @@ class ClCompiled(CompiledPartition):
         return "OpenCL profiling events"
 
     def set_profiling(self, enabled: bool) -> None:
-        """Keep the events of the following runs' kernels, for :meth:`profile`."""
+        """Keep the events of the following runs' kernels, uploads and reads, for :meth:`profile` and
+        :meth:`boundary_ms`."""
         if enabled != (self.profiled is not None):
             self.device.set_profiling(enabled)
         self.profiled = [] if enabled else None
+        if enabled:
+            self.boundary_profiled = []
 
     def profile(self) -> dict[int, float]:
         """Median device milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
@@ -214,6 +258,15 @@ class ClCompiled(CompiledPartition):
             ns = [run[i].profile.end - run[i].profile.start for run in self.profiled]
             times[op_index] = times.get(op_index, 0.0) + float(np.median(ns)) / 1e6
         return times
+
+    def boundary_ms(self) -> float | None:
+        """Median device milliseconds per profiled run of the host copies and layout conversions at the
+        partition's edges (uploads, conversions to and from PHWC4, reads), from their profiling events."""
+        runs = [events for events in self.boundary_profiled if events]
+        if not runs:
+            return None
+        runs[-1][-1].wait()
+        return float(np.median([sum(e.profile.end - e.profile.start for e in events) for events in runs])) / 1e6
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -228,11 +281,21 @@ class ClCompiled(CompiledPartition):
             "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],
             "plan_source": self.plan_source,
             "program": self.build_origin,
+            "programs": self.programs,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": sum(b.nbytes for b in self.plan.buffers),
+            "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
+
+
+def build_chunks(variants: list, threads: int) -> list[list]:
+    """``variants`` split, in order, into at most ``threads`` programs of at least MIN_CHUNK variants
+    each (every program repeats the prelude, so tiny ones cost more than they save)."""
+    count = max(1, min(threads, len(variants) // MIN_CHUNK))
+    size = -(-len(variants) // count)
+    return [variants[i:i + size] for i in range(0, len(variants), size)]
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:

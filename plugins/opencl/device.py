@@ -18,7 +18,8 @@ from . import __version__
 DEVICE_TYPES = ("gpu", "cpu", "accelerator", "any")
 # The backend's options (JSON Schema of each; the config loader checks them against these)
 OPTIONS = {"platform": {"type": "string", "minLength": 1}, "device": {"type": "string", "minLength": 1},
-           "device_type": {"enum": list(DEVICE_TYPES)}, "native_enqueue": {"type": "boolean"}}
+           "device_type": {"enum": list(DEVICE_TYPES)}, "native_enqueue": {"type": "boolean"},
+           "build_threads": {"type": "integer", "minimum": 1, "maximum": 256}}
 OPTION_KEYS = tuple(OPTIONS)
 _PREFERENCE = ("gpu", "accelerator", "cpu")  # for device_type "any": the fastest kind first
 

@@ -1,16 +1,23 @@
 """Values of the opencl backend: what ``to_device`` gives and ``CompiledPartition.run`` returns.
 
 ``to_device`` only *stages* the caller's array: the partition that consumes
-it uploads the NHWC values as they are into a staging buffer bound at
-compile time and a kernel moves them into PHWC4, so an inference neither
-reshuffles on the host nor allocates device memory.  Partition outputs stay
-in their device buffers; the first ``to_host`` among the outputs of one run
-converts each back to NHWC on the device, enqueues the reads of all of them
-and waits once, so a run costs a single host sync.
+it writes the NHWC values as they are, from the caller's own array, into a
+staging buffer bound at compile time and a kernel moves them into PHWC4, so
+an inference neither reshuffles nor copies on the host nor allocates device
+memory.  Partition outputs stay in their device buffers; the first ``to_host``
+among the outputs of one run converts back to NHWC on the device, enqueues
+the reads of the outputs the host will read (all of them unless the runtime
+said which, see ``ClCompiled.read_hint``) and waits once, so a run costs a
+single host sync.  Each output is read into a host array made once per
+compiled partition, pinned where the driver gives such memory (a mapped
+``CL_MEM_ALLOC_HOST_PTR`` buffer: the copy is a DMA with no page faults and
+no bounce through the driver's own staging); a value read back is therefore
+valid until its partition runs again, as the CPU backend's arena outputs are.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,30 +26,57 @@ from delegate.gpu.constants import from_float_view, to_float_view
 from delegate.plugin_api import DType, Quantization, Tensor
 
 
-class Boundary:
-    """Where a partition input or output meets the host: its PHWC4 buffer, and the bound kernel that
-    converts between it and an NHWC float32 staging buffer (none when the bytes coincide)."""
+def host_array(cl, context, queue, shape: tuple[int, ...]) -> tuple[np.ndarray, Any, str]:
+    """A float32 host array of ``shape`` for reads from the device: (array, its OpenCL buffer or None, kind).
 
-    __slots__ = ("tensor", "buffer", "staging", "kernel", "global_size", "local_size")
+    Pinned where the driver can map an ``ALLOC_HOST_PTR`` buffer (it stays mapped for the array's life; no
+    kernel ever uses that buffer, so the mapping is never in the way); else ordinary pageable memory, and
+    the kind says why."""
+    if math.prod(shape) == 0:
+        return np.empty(shape, np.float32), None, "pageable (empty tensor)"
+    try:
+        buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                           4 * math.prod(shape))
+        array, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape,
+                                         np.float32, is_blocking=True)
+    except cl.Error as exc:
+        return np.empty(shape, np.float32), None, f"pageable (mapping a pinned buffer failed: {exc})"
+    return array, buffer, "pinned (mapped CL_MEM_ALLOC_HOST_PTR)"
+
+
+class Boundary:
+    """Where a partition input or output meets the host: its PHWC4 buffer, the bound kernel that converts
+    between it and an NHWC float32 staging buffer (none when the bytes coincide) and, for an output once
+    first read, the host array it is read into (made once, reused by every later run)."""
+
+    __slots__ = ("tensor", "buffer", "staging", "kernel", "global_size", "local_size", "host", "pinned",
+                 "host_kind")
 
     def __init__(self, tensor: Tensor, buffer, staging=None, kernel=None, global_size=None, local_size=None):
         self.tensor, self.buffer, self.staging = tensor, buffer, staging
         self.kernel, self.global_size, self.local_size = kernel, global_size, local_size
+        self.host: np.ndarray | None = None
+        self.pinned, self.host_kind = None, ""
 
-    def upload(self, cl, queue, floats: np.ndarray):
-        """Enqueue the copy of NHWC ``floats`` and their conversion (non-blocking); returns the copy's event."""
-        event = cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, floats,
-                                is_blocking=False)
+    def upload(self, cl, queue, floats: np.ndarray) -> list:
+        """Enqueue the copy of NHWC ``floats`` and their conversion (non-blocking); returns their events."""
+        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, floats,
+                                  is_blocking=False)]
         if self.kernel is not None:
-            cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size)
-        return event
+            events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
+        return events
 
-    def enqueue_read(self, cl, queue, host: np.ndarray):
-        """Enqueue the conversion to NHWC and the read into ``host`` (non-blocking)."""
-        if self.kernel is None:
-            return cl.enqueue_copy(queue, host, self.buffer, is_blocking=False)
-        cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size)
-        return cl.enqueue_copy(queue, host, self.staging, is_blocking=False)
+    def enqueue_read(self, cl, context, queue) -> list:
+        """Enqueue the conversion to NHWC and the read into this output's host array (non-blocking);
+        returns their events, the read's last."""
+        if self.host is None:
+            self.host, self.pinned, self.host_kind = host_array(cl, context, queue, self.tensor.shape)
+        events = []
+        if self.kernel is not None:
+            events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
+        events.append(cl.enqueue_copy(queue, self.host, self.buffer if self.kernel is None else self.staging,
+                                      is_blocking=False))
+        return events
 
 
 class ClValue:
@@ -74,7 +108,7 @@ class ClValue:
     def host_floats(self, cl, queue) -> np.ndarray:
         """The NHWC float view of a device-resident value (reads it back if needed)."""
         if self.floats is None:
-            self.batch.read(cl, queue)
+            self.batch.read(cl, queue, self)
         return self.floats
 
     def to_host(self, cl, queue) -> np.ndarray:
@@ -84,14 +118,16 @@ class ClValue:
         return floats if self.dtype is DType.float32 else from_float_view(floats, self.dtype, self.quant)
 
 
-def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype):
-    """Enqueue what puts ``value`` into a partition's input ``boundary``; returns the upload's event, if any."""
+def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype) -> list:
+    """Enqueue what puts ``value`` into a partition's input ``boundary``; returns the events of the upload
+    and its conversion (none for a device copy).  A float32 array in C order goes from the caller's own
+    memory to the device: no host copy, no conversion."""
     if not isinstance(value, ClValue):
         value = ClValue.stage(value)
     if value.boundary is not None and value.storage == storage:
         if value.buffer.int_ptr != boundary.buffer.int_ptr:
             cl.enqueue_copy(queue, boundary.buffer, value.buffer)
-        return None
+        return []
     if value.staged is not None:
         floats = np.ascontiguousarray(to_float_view(value.staged, boundary.tensor), np.float32)
     else:
@@ -100,16 +136,25 @@ def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype):
 
 
 class ReadbackBatch:
-    """The outputs of one run: converted and read back together, with one wait."""
+    """The outputs of one run, converted and read back together with one wait: the one asked for and
+    those in ``wanted`` (tensor indices the host is expected to read; None: every output)."""
 
-    def __init__(self, values: list[ClValue]):
-        self.values = values
+    def __init__(self, values: list[ClValue], context, wanted: frozenset[int] | None, events: list | None,
+                 uploads: list):
+        self.values, self.context, self.wanted = values, context, wanted
+        self.events = events  # where a profiled run keeps the events of its reads
+        self.uploads = uploads  # the run's upload events, holding the caller's arrays until the copies are done
 
-    def read(self, cl, queue) -> None:
-        event = None
+    def read(self, cl, queue, asked: ClValue) -> None:
+        last = None
         for value in self.values:
-            if value.floats is None:
-                value.floats = np.empty(value.shape, np.float32)
-                event = value.boundary.enqueue_read(cl, queue, value.floats)
-        if event is not None:
-            event.wait()  # the queue is in order: the last read done means all are
+            if value.floats is None and (value is asked or self.wanted is None
+                                         or value.boundary.tensor.index in self.wanted):
+                events = value.boundary.enqueue_read(cl, self.context, queue)
+                value.floats = value.boundary.host
+                if self.events is not None:
+                    self.events.extend(events)
+                last = events[-1]
+        if last is not None:
+            last.wait()  # the queue is in order: the last read done means all are, the uploads too
+            self.uploads.clear()  # so the caller's input arrays are no longer referenced

@@ -60,12 +60,15 @@ def record(compute, launch: Launch) -> None:
 class DeviceTensor:
     """A partition output resident on the device: its buffer, shape and how the host reads it.
 
-    The first read-back records its own copy; from then on every run of the partition records the
-    copy (and the conversion to NHWC float32) with its dispatches, so a read only maps the result.
+    The partition records the copy into its read-back buffer (and the conversion to NHWC float32) with
+    its dispatches for the outputs the host reads: those the runtime names (``WgpuCompiled.read_hint``),
+    and one the host asked for, whose first read records its own copy.  A read maps the result and
+    copies it into a host array made once, so a float32 value read back is valid until the partition
+    runs again (as the CPU backend's arena outputs are).
     """
 
     __slots__ = ("context", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "wanted", "fresh")
+                 "readback", "host", "wanted", "fresh")
 
     def __init__(self, context: DeviceContext, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None):
@@ -77,7 +80,8 @@ class DeviceTensor:
         self.nbytes = storage_nbytes(self.shape, storage)
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
         self.convert = convert
-        self.readback = None  # made on the first read: most outputs only ever feed other partitions
+        self.readback = None  # made when first wanted: most outputs only ever feed other partitions
+        self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
         self.wanted = self.fresh = False
 
     def record_conversion(self, compute) -> None:
@@ -85,15 +89,15 @@ class DeviceTensor:
             record(compute, self.convert)
 
     def record_copy(self, encoder) -> None:
+        if self.readback is None:
+            usage = import_wgpu().BufferUsage
+            self.readback = self.context.device.create_buffer(
+                size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
         encoder.copy_buffer_to_buffer(self.source, 0, self.readback, 0, self.readback.size)
 
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
-            if self.readback is None:
-                usage = import_wgpu().BufferUsage
-                self.readback = self.context.device.create_buffer(
-                    size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
             encoder = self.context.device.create_command_encoder()
             compute = encoder.begin_compute_pass()
             self.record_conversion(compute)
@@ -103,8 +107,14 @@ class DeviceTensor:
             self.wanted = self.fresh = True
         map_for_reading(self.readback)
         try:  # one copy: from the mapped bytes into the array returned
-            mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32, count=int(np.prod(self.shape)))
-            return from_float_view(mapped.reshape(self.shape), self.dtype, self.quant)
+            mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32,
+                                   count=int(np.prod(self.shape))).reshape(self.shape)
+            if self.dtype is not DType.float32:
+                return from_float_view(mapped, self.dtype, self.quant)
+            if self.host is None:
+                self.host = np.empty(self.shape, np.float32)
+            np.copyto(self.host, mapped)
+            return self.host
         finally:
             self.readback.unmap()
 
@@ -168,7 +178,8 @@ class WgpuCompiled(CompiledPartition):
             self.buffers.append(buffer)
         params = blob[program.params_start:]
         self.uniforms = device.create_buffer_with_data(data=params if len(params) else bytes(16),
-                                                       usage=wgpu.BufferUsage.UNIFORM)
+                                                       usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC)
+        self.fence = None  # made by the first run_resident
         self.launches = [self.launch(d) for d in program.launches]
         self.pass_calls = native_pass_calls()
         self.prepare_encoding()
@@ -250,6 +261,29 @@ class WgpuCompiled(CompiledPartition):
         if self.profiler:
             self.profiler.collect()
         return self.results
+
+    def read_hint(self, indices) -> None:
+        """Record the read-back copies of the outputs in ``indices`` (None: all) with every run, and of no
+        other (an output asked for anyway records its own copy first, as in ``DeviceTensor``)."""
+        for index, tensor in self.results.items():
+            tensor.wanted = indices is None or index in indices
+
+    def run_resident(self) -> bool:
+        """One submission of the partition's dispatches on the inputs already in its buffers, no uploads,
+        conversions or read-backs, and the wait for it (by mapping a 4-byte fence the submission writes)."""
+        device = self.context.device
+        if self.fence is None:
+            usage = import_wgpu().BufferUsage
+            self.fence = device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST, label="fence")
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        self._record(compute)
+        compute.end()
+        encoder.copy_buffer_to_buffer(self.uniforms, 0, self.fence, 0, 4)
+        device.queue.submit([encoder.finish()])
+        map_for_reading(self.fence)
+        self.fence.unmap()
+        return True
 
     def prepare_encoding(self) -> None:
         """The launches as wgpu-native handles for run's direct calls; again whenever ``launches`` change

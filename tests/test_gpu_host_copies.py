@@ -1,0 +1,299 @@
+"""How the GPU backends move values between host and device: outputs read into host arrays made once
+per compiled partition (pinned where OpenCL maps them), only the outputs the runtime says the host reads,
+the device-resident run ``bench`` times, and the Session / Executor asking for a subset of the outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from delegate import CompileOptions, ExecutionError, InputError, load, read_model
+from delegate.partition import make_partition
+from delegate.plugins import default_manager
+from delegate.runtime import Executor
+from delegate.tflite.builder import GraphBuilder
+from tests.models import normal
+from tests.oputil import require_backend
+
+BACKENDS = ("opencl", "wgpu")
+
+
+def backend_of(name: str):
+    require_backend(name)
+    return default_manager().create(name)
+
+
+def two_outputs() -> bytes:
+    """relu(x) and x * 2 (both float32, 4-channel-unaligned so each output has a conversion kernel)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 5, 3))
+    b.output(b.op("RELU", [x], name="relu"))
+    b.output(b.op("MUL", [x, b.const("two", np.full((3,), 2.0, np.float32))],
+                  options={"fused_activation_function": "NONE"}, name="twice"))
+    return b.to_bytes()
+
+
+def compiled_whole(name: str, model: bytes):
+    backend = backend_of(name)
+    g = read_model(model).main
+    return backend, g, backend.compile(make_partition(g, g.ops, name, 0), CompileOptions())
+
+
+def expected(data: np.ndarray) -> list[np.ndarray]:
+    return [np.maximum(data, 0), data * 2]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_outputs_are_read_into_host_arrays_made_once(name):
+    """Every run reads into the same host array per output (no allocation per run), each read holding that
+    run's values."""
+    backend, g, compiled = compiled_whole(name, two_outputs())
+    rng = np.random.default_rng(1)
+    seen = []
+    for _ in range(3):
+        data = normal(rng, (1, 4, 5, 3))
+        values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+        hosts = [backend.to_host(values[t.index]) for t in g.outputs]
+        for host, want in zip(hosts, expected(data)):
+            np.testing.assert_allclose(host, want, rtol=1e-6, atol=1e-6)
+        seen.append([id(h) for h in hosts])
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_opencl_reads_into_pinned_memory_and_falls_back_to_pageable(monkeypatch):
+    """PoCL maps ALLOC_HOST_PTR buffers: the outputs land there; where mapping fails, in ordinary memory,
+    with the reason in describe(), and the values are the same."""
+    backend, g, compiled = compiled_whole("opencl", two_outputs())
+    data = normal(np.random.default_rng(2), (1, 4, 5, 3))
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    backend.to_host(values[g.outputs[0].index])
+    assert compiled.describe()["host_outputs"] == ["pinned (mapped CL_MEM_ALLOC_HOST_PTR)"]
+
+    cl = backend.state.cl
+
+    def refuse(*args, **kwargs):
+        raise cl.LogicError(cl._cl._ErrorRecord(routine="clEnqueueMapBuffer", code=-12, msg=""))
+    monkeypatch.setattr(cl, "enqueue_map_buffer", refuse)
+    backend, g, compiled = compiled_whole("opencl", two_outputs())
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    hosts = [backend.to_host(values[t.index]) for t in g.outputs]
+    for host, want in zip(hosts, expected(data)):
+        np.testing.assert_allclose(host, want, rtol=1e-6, atol=1e-6)
+    (kind,) = compiled.describe()["host_outputs"]
+    assert kind.startswith("pageable (mapping a pinned buffer failed: clEnqueueMapBuffer failed")
+
+
+def test_opencl_reads_back_only_the_hinted_outputs():
+    """With the hint naming one output, the first read brings that one alone; the other still comes back
+    when asked for, correct."""
+    backend, g, compiled = compiled_whole("opencl", two_outputs())
+    relu, twice = (t.index for t in g.outputs)
+    compiled.read_hint(frozenset({relu}))
+    data = normal(np.random.default_rng(3), (1, 4, 5, 3))
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    np.testing.assert_allclose(backend.to_host(values[relu]), expected(data)[0], rtol=1e-6)
+    assert values[twice].floats is None
+    np.testing.assert_allclose(backend.to_host(values[twice]), expected(data)[1], rtol=1e-6)
+    compiled.read_hint(None)
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    backend.to_host(values[relu])
+    assert values[twice].floats is not None  # read with the first one
+
+
+def test_wgpu_records_read_backs_of_the_hinted_outputs_only():
+    backend, g, compiled = compiled_whole("wgpu", two_outputs())
+    relu, twice = (t.index for t in g.outputs)
+    compiled.read_hint(frozenset({twice}))
+    data = normal(np.random.default_rng(4), (1, 4, 5, 3))
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    assert values[twice].fresh and not values[relu].fresh
+    np.testing.assert_allclose(backend.to_host(values[twice]), expected(data)[1], rtol=1e-6)
+    np.testing.assert_allclose(backend.to_host(values[relu]), expected(data)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_resident_run_leaves_the_values_on_the_device(name):
+    """run_resident runs the kernels on the inputs of the last run and waits; a read after it gives that
+    run's outputs again (the kernels recomputed them from the same inputs)."""
+    backend, g, compiled = compiled_whole(name, two_outputs())
+    data = normal(np.random.default_rng(5), (1, 4, 5, 3))
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    for t in g.outputs:
+        backend.to_host(values[t.index])
+    assert compiled.run_resident() is True
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    for t, want in zip(g.outputs, expected(data)):
+        np.testing.assert_allclose(backend.to_host(values[t.index]), want, rtol=1e-6, atol=1e-6)
+
+
+def test_backends_without_a_resident_run_say_so():
+    backend = backend_of("cpu")
+    g = read_model(two_outputs()).main
+    assert backend.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions()).run_resident() is False
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_session_returns_and_reads_only_the_outputs_asked_for(name):
+    require_backend(name)
+    session = load(two_outputs(), backends=f"[{name}, cpu]", partitioner="greedy",
+                   precision="fp32")
+    data = normal(np.random.default_rng(6), (1, 4, 5, 3))
+    (compiled,) = session.executor.compiled
+    relu, twice = (t.index for t in session.graph.outputs)
+    out = session.run({"x": data}, outputs=["twice"])
+    assert list(out) == ["twice"]
+    np.testing.assert_allclose(out["twice"], expected(data)[1], rtol=1e-6)
+    if name == "opencl":
+        assert compiled.host_reads == frozenset({twice})
+    else:
+        assert [t.wanted for t in compiled.outputs] == [False, True]
+    full = session.run({"x": data})
+    assert sorted(full) == ["relu", "twice"]
+    np.testing.assert_allclose(full["relu"], expected(data)[0], rtol=1e-6)
+    assert session.run_indexed(session.normalize_inputs({"x": data}), [relu]).keys() == {relu}
+    with pytest.raises(InputError, match=r"unknown output\(s\) \['nope'\]"):
+        session.run({"x": data}, outputs=["nope"])
+    with pytest.raises(InputError, match="are not outputs of the model"):
+        session.run_indexed(session.normalize_inputs({"x": data}), [session.graph.inputs[0].index])
+
+
+def test_the_executor_reads_back_what_another_backend_consumes():
+    """An OpenCL partition feeding a CPU partition reads that value back even when the caller asks for no
+    output of its own; a value consumed only on OpenCL is not."""
+    require_backend("opencl")
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 5, 3))
+    a = b.op("RELU", [x])
+    b.output(b.op("TANH", [a], name="y"))
+    g = read_model(b.to_bytes()).main
+    backends = {"opencl": backend_of("opencl"), "cpu": backend_of("cpu")}
+    parts = [make_partition(g, [g.ops[0]], "opencl", 0), make_partition(g, [g.ops[1]], "cpu", 1)]
+    executor = Executor(g, parts, backends, CompileOptions())
+    data = normal(np.random.default_rng(7), (1, 4, 5, 3))
+    (out,) = executor.run({g.inputs[0].index: data}).values()
+    np.testing.assert_allclose(out, np.tanh(np.maximum(data, 0)), rtol=1e-5, atol=1e-6)
+    assert executor.compiled[0].host_reads == frozenset({g.ops[0].outputs[0].index})
+    assert executor.run({g.inputs[0].index: data}, frozenset()) == {}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_interpreter_invokes_again_on_a_gpu_backend(name):
+    """Nothing keeps the Interpreter's input buffer referenced after invoke() (the run's thread, an upload's
+    event), so the next invoke() is not refused as if the caller held a view; each gives its own answer."""
+    require_backend(name)
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+    config = load_config(None, overrides=["partitioner=greedy", "precision=fp32"], backends=f"{name},cpu")
+    interpreter = Interpreter(model_content=two_outputs(), config=config)
+    interpreter.allocate_tensors()
+    (x,) = interpreter.get_input_details()
+    outputs = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        data = normal(rng, (1, 4, 5, 3))
+        interpreter.set_tensor(x["index"], data)
+        interpreter.invoke()
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(data)[0], rtol=1e-6)
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(data)[1], rtol=1e-6)
+
+
+def test_a_read_hint_that_raises_is_its_partitions_failure():
+    """The runtime calls read_hint on a plugin's compiled partition (skipping one that has none); what it
+    raises becomes an ExecutionError naming the partition, which the fallback acts on."""
+    class Raising:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, inputs):
+            return self.inner.run(inputs)
+
+        def read_hint(self, indices):
+            raise RuntimeError("boom")
+
+    class Plain(Raising):
+        read_hint = None
+
+    backends = {"cpu": backend_of("cpu")}
+    g = read_model(two_outputs()).main
+    part = make_partition(g, g.ops, "cpu", 0)
+    data = normal(np.random.default_rng(10), (1, 4, 5, 3))
+    inner = backends["cpu"].compile(part, CompileOptions())
+    executor = Executor(g, [part], backends, CompileOptions(), compiled=[Raising(inner)])
+    with pytest.raises(ExecutionError, match="partition 0 on cpu failed: read_hint\\(\\) raised RuntimeError: boom"):
+        executor.run({g.inputs[0].index: data})
+    executor = Executor(g, [part], backends, CompileOptions(), compiled=[Plain(inner)])
+    out = executor.run({g.inputs[0].index: data})
+    np.testing.assert_allclose(out[g.outputs[0].index], expected(data)[0])
+
+
+def gpu_interpreter(name: str):
+    require_backend(name)
+    from delegate.config import load_config
+    from delegate.interpreter import Interpreter
+    config = load_config(None, overrides=["partitioner=greedy", "precision=fp32"], backends=f"{name},cpu")
+    interpreter = Interpreter(model_content=two_outputs(), config=config)
+    interpreter.allocate_tensors()
+    outputs = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    return interpreter, interpreter.get_input_details()[0]["index"], outputs
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_interpreter_reads_back_the_outputs_read_after_the_last_invoke(name):
+    """After an invoke whose outputs the caller read only one of, the next invoke reads back only that one;
+    get_tensor of the other still gives this invoke's values, read from the device when asked for."""
+    interpreter, x, outputs = gpu_interpreter(name)
+    (compiled,) = interpreter._sessions[0].executor.compiled
+    rng = np.random.default_rng(11)
+    for step in range(4):
+        data = normal(rng, (1, 4, 5, 3))
+        interpreter.set_tensor(x, data)
+        interpreter.invoke()
+        reads = compiled.host_reads if name == "opencl" else frozenset(
+            t.index for t in compiled.program.outputs if compiled.results[t.index].wanted)
+        assert reads == (frozenset(outputs.values()) if step == 0 else frozenset({outputs["twice"]}))
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(data)[1], rtol=1e-6)
+        if step == 3:  # an output not read back with the run comes from the device now
+            np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(data)[0], rtol=1e-6)
+            np.testing.assert_allclose(interpreter.tensor(outputs["relu"])(), expected(data)[0], rtol=1e-6)
+
+
+def test_an_output_left_on_the_device_is_read_before_another_thread_runs():
+    """Thread A invokes and reads nothing; thread B's invoke first brings A's outputs into A's buffers, so A
+    still reads its own answer afterwards."""
+    import threading
+
+    interpreter, x, outputs = gpu_interpreter("opencl")
+    rng = np.random.default_rng(12)
+    first = normal(rng, (1, 4, 5, 3))
+    interpreter.set_tensor(x, first)
+    interpreter.invoke()
+    interpreter.get_tensor(outputs["twice"])  # from now on only "twice" is read back with a run
+    interpreter.set_tensor(x, first)
+    interpreter.invoke()  # leaves "relu" on the device
+    second = normal(rng, (1, 4, 5, 3))
+
+    def other():
+        interpreter.set_tensor(x, second)
+        interpreter.invoke()
+        np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(second)[0], rtol=1e-6)
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    np.testing.assert_allclose(interpreter.get_tensor(outputs["relu"]), expected(first)[0], rtol=1e-6)
+    np.testing.assert_allclose(interpreter.get_tensor(outputs["twice"]), expected(first)[1], rtol=1e-6)
+
+
+def test_an_output_of_a_replaced_run_is_refused():
+    require_backend("opencl")
+    session = load(two_outputs(), backends="[opencl, cpu]", partitioner="greedy", precision="fp32")
+    relu, twice = (t.index for t in session.graph.outputs)
+    inputs = session.normalize_inputs({"x": np.zeros((1, 4, 5, 3), np.float32)})
+    run = session.run_into(inputs, lambda results: None, [twice])
+    got = []
+    session.fetch_into(relu, run, got.append)
+    np.testing.assert_array_equal(got[0], np.zeros((1, 4, 5, 3), np.float32))
+    with pytest.raises(ExecutionError, match="not an output the last run left unread"):
+        session.fetch_into(relu, run, got.append)
+    later = session.run_into(inputs, lambda results: None, [twice])
+    with pytest.raises(ExecutionError, match=f"output {relu} of run {run} is gone: run {later} came after"):
+        session.fetch_into(relu, run, got.append)
