@@ -18,13 +18,43 @@ static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
 /* A float kernel's bias (per column, or NULL) and fused activation, applied to rows just computed:
- * a clamp, or a PReLU with a slope per column (or NULL). */
+ * a clamp, or a PReLU with a slope per column (or NULL).  The products and convolutions also add a
+ * residual operand (a residual ADD fused in) when their call holds one: ``adds`` and the distance in
+ * bytes from each output to its operand are set by the kernel from the call, then the ADD's own clamp
+ * (``add_clamp``) applies. */
 typedef struct {
     const float *bias;
     int clamp;
     float low, high;
     const float *slope;
+    int add_clamp;
+    float add_low, add_high;
+    int64_t residual;
+    int64_t adds;
 } epilogue;
+
+/* The epilogue ``e`` adding, where ``residual`` is not NULL, that operand (laid out as ``out``). */
+static inline epilogue with_residual(const epilogue *e, const float *residual, const float *out)
+{
+    epilogue part = *e;
+    part.adds = residual != NULL;
+    part.residual = residual ? (const char *)residual - (const char *)out : 0;
+    return part;
+}
+
+/* The residual ADD of an epilogue that adds one, on ``n`` outputs just stored at ``out``. */
+static inline void add_residual(float *out, int64_t n, const epilogue *e)
+{
+    const float *residual = (const float *)((const char *)out + e->residual);
+    for (int64_t j = 0; j < n; j++) {
+        float v = out[j] + residual[j];
+        if (e->add_clamp) {
+            v = v < e->add_low ? e->add_low : v;
+            v = v > e->add_high ? e->add_high : v;
+        }
+        out[j] = v;
+    }
+}
 
 /* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
  * (oh, ow) outputs, rows out_stride and images image_out floats apart; the filter's window, strides,
@@ -310,13 +340,18 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
         }
     }
     for (int r = 0; r < rows; r++) {
-        if (width == PANEL) {
-            memcpy(out + r * ldc, acc[r], sizeof acc[r]);
-        } else {
-            float tile[PANEL];
-            memcpy(tile, acc[r], halves * sizeof(pvec));
-            memcpy(out + r * ldc, tile, width * sizeof(float));
+        float *o = out + r * ldc;
+        if (width == halves * PANEL_LANES) {
+            memcpy(o, acc[r], halves * sizeof(pvec));
+        } else {  /* a partial panel: its whole vectors, then the rest item by item */
+            int64_t j = 0;
+            for (int h = 0; h < halves && j + PANEL_LANES <= width; h++, j += PANEL_LANES)
+                memcpy(o + j, &acc[r][h], sizeof(pvec));
+            for (; j < width; j++)
+                o[j] = acc[r][j / PANEL_LANES][j % PANEL_LANES];
         }
+        if (e->adds)
+            add_residual(o, width, e);
     }
 }
 
@@ -360,12 +395,14 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
 /* A convolution of (H, W, C) images, read in place: output pixel (oy, ox) unit u sums, over the taps
  * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
  * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
- * epilogue (its bias padded to whole panels).  No im2col copy: groups of up to MR pixels with every
- * tap inside keep their sums in registers over all taps and channels; pixels at the borders go one
- * by one with the taps inside. */
+ * epilogue (its bias padded to whole panels), adding ``residual`` (laid out as out) where not NULL.
+ * No im2col copy: groups of up to MR pixels with every tap inside keep their sums in registers over
+ * all taps and channels; pixels at the borders go one by one with the taps inside. */
 int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
-              const geometry *g, const epilogue *finish, int threads)
+              const geometry *g, const epilogue *epilogue_in, const float *residual, int threads)
 {
+    epilogue adding = with_residual(epilogue_in, residual, out);
+    const epilogue *finish = &adding;
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1, window = kh * kw;
     size_t per_thread = (size_t)window * 5 * sizeof(int64_t);
@@ -403,6 +440,22 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     }
     free(all);
     return DONE;
+}
+
+/* conv_rows with its arguments in one struct, as depthwise_call. */
+typedef struct {
+    const float *images, *packed;
+    int64_t units;
+    float *out;
+    const geometry *where;
+    const epilogue *finish;
+    int64_t threads;
+    const float *residual;
+} conv_call;
+
+int conv_prepared(const conv_call *c)
+{
+    return conv_rows(c->images, c->packed, c->units, c->out, c->where, c->finish, c->residual, (int)c->threads);
 }
 
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
@@ -761,8 +814,9 @@ static const int64_t ZERO[1] = {0};  /* a plain product's one tap: no offset, th
 #define PASS_FLOATS (1 << 15)
 
 /* One product against a packed operand: c = a @ packed (a: m x k, a[r][p] at a[r * row_step +
- * p * column_step]; c: m x n, rows ldc apart), then the epilogue (its bias padded to whole panels).
- * Kernels build it once and set a and c per run (one argument is a cheaper call). */
+ * p * column_step]; c: m x n, rows ldc apart), then the epilogue (its bias padded to whole panels),
+ * adding ``residual`` (laid out as c) where not NULL.  Kernels build it once and set a and c (and
+ * residual) per run (one argument is a cheaper call). */
 typedef struct {
     int64_t m, n, k;
     const float *a;
@@ -772,6 +826,7 @@ typedef struct {
     int64_t ldc;
     const epilogue *finish;
     int64_t threads;
+    const float *residual;
 } product;
 
 /* The product, with the epilogue on each tile in registers: each thread takes a share of the row
@@ -784,6 +839,7 @@ int packed_product(const product *p)
     int threads = extent > 1 ? (int)p->threads : 1;
     int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
     pass = pass < 1 ? 1 : pass;
+    epilogue adding = with_residual(p->finish, p->residual, p->c);
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
@@ -792,7 +848,7 @@ int packed_product(const product *p)
             int64_t last = first + pass < t1 ? first + pass : t1;
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
-                epilogue part = panel_finish(p->finish, col);
+                epilogue part = panel_finish(&adding, col);
                 for (int64_t t = first; t < last; t++) {
                     int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
                     panel_rows((int)rows, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,

@@ -103,19 +103,23 @@ def _done(status: int, what: str) -> None:
 
 class Epilogue(ctypes.Structure):
     """What a float kernel's output rows get once computed: a bias (per column; None for none) and its
-    fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column)."""
+    fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column).  Where the
+    call of a product or convolution holds a residual operand (a residual ADD fused in), the kernel
+    adds it next, then clamps to ``add_bounds`` (the ADD's activation; None for none)."""
 
     _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
-                ("slope", _PTR)]
+                ("slope", _PTR), ("add_clamp", ctypes.c_int), ("add_low", ctypes.c_float),
+                ("add_high", ctypes.c_float), ("residual", _INT64), ("adds", _INT64)]
 
     def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None,
-                 slope: np.ndarray | None = None):
+                 slope: np.ndarray | None = None, add_bounds: tuple[float, float] | None = None):
         self.kept = None if bias is None else np.ascontiguousarray(bias, np.float32)
         self.kept_slope = None if slope is None else np.ascontiguousarray(slope, np.float32)
-        self.bounds = bounds
+        self.bounds, self.add_bounds = bounds, add_bounds
         low, high = bounds or (0.0, 0.0)
         super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high,
-                         None if self.kept_slope is None else self.kept_slope.ctypes.data)
+                         None if self.kept_slope is None else self.kept_slope.ctypes.data, add_bounds is not None,
+                         *(add_bounds or (0.0, 0.0)))
 
     def covers(self, columns: int) -> bool:
         """Whether its per-column arrays hold ``columns`` values (what the loops read of them)."""
@@ -125,7 +129,7 @@ class Epilogue(ctypes.Structure):
         """This epilogue with ``change`` applied to its per-column arrays."""
         def changed(values):
             return None if values is None else change(values)
-        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope))
+        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope), self.add_bounds)
 
     def columns(self, first: int, end: int) -> "Epilogue":
         """The epilogue of columns first..end (itself when that is all of them, or it has none)."""
@@ -238,8 +242,6 @@ class NativeLoops:
         self.flags = list(flags)  # what it was built with (a sanitizer, say)
         finish = ctypes.POINTER(Epilogue)
         where = ctypes.POINTER(Geometry)
-        library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
-        library.conv_rows.restype = ctypes.c_int
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
         library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
@@ -267,8 +269,9 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
-        library.packed_product.restype = ctypes.c_int
+        for call in (ProductCall, ConvCall):
+            getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
+            getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
                                                          LookupCall, QMeanCall, QSoftmaxCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
@@ -302,12 +305,7 @@ class NativeLoops:
              finish: Epilogue = NO_EPILOGUE) -> None:
         """A convolution read in place: ``weights`` its (KH*KW*C, units) matrix packed, ``finish`` padded
         to its panels, the rest as for depthwise."""
-        where.placed(x, out)
-        fits(weights.depth == where.kh * where.kw * where.c and weights.columns == out.shape[3],
-             f"packed weights ({weights.depth}, {weights.columns}) do not fit the geometry")
-        fits(finish.covers(weights.padded_columns), "the epilogue does not cover the packed columns")
-        _done(self.library.conv_rows(address(x), address(weights.panels), weights.columns, address(out),
-                                     ctypes.byref(where), ctypes.byref(finish), threads), "conv_rows")
+        self.prepared(ConvCall(weights, where, finish, threads), x, out)
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
@@ -431,29 +429,75 @@ class NativeLoops:
         return True
 
 
+def _adding(call, residual: bool) -> None:
+    """Have a float product or convolution ``call`` add a residual operand to its outputs (its epilogue's
+    ADD): a run then places that operand between the input and the output."""
+    if residual:
+        call.places = (call.places[0], "residual", call.places[1])
+
+
+def _placed_operand(call, arrays: tuple) -> np.ndarray:
+    """The output among a run's ``arrays`` (input, [residual operand,] output), a residual operand checked
+    to be laid out as the output (both contiguous, of one size)."""
+    fits(len(arrays) == len(call.places), f"{len(arrays)} arrays for {call.symbol}")
+    if len(arrays) == 3:
+        fits(_contiguous(arrays[1], arrays[2].size) and _contiguous(arrays[2]),
+             f"residual operand {arrays[1].shape} for {arrays[2].shape}")
+    return arrays[-1]
+
+
 class ProductCall(ctypes.Structure):
     """The arguments of native.c's packed_product, kept together so that a run sets only where the
-    matrices are (``a``, ``c``) and makes a one-argument call."""
+    matrices are (``a``, ``c``; with ``residual``, the operand the epilogue adds) and makes a
+    one-argument call."""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("row_step", _INT64),
                 ("column_step", _INT64), ("packed", _PTR), ("c", _PTR), ("ldc", _INT64),
-                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64), ("residual", _PTR)]
     symbol, places = "packed_product", ("a", "c")
 
     def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
-                 finish: Epilogue, threads: int):
+                 finish: Epilogue, threads: int, residual: bool = False):
         (m, k), (row_step, column_step) = shape, strides
         fits(k == rhs.depth and ldc >= rhs.columns and finish.covers(rhs.padded_columns),
              f"product ({m}, {k}) @ packed ({rhs.depth}, {rhs.columns}), ldc {ldc}")
         self.kept = (rhs, finish)
         super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
                          ldc, ctypes.pointer(finish), threads)
+        _adding(self, residual)
         self.reference = ctypes.byref(self)
 
-    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+    def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
         """Contiguous arrays of (m, k) and (m, n) items (a prepared call's rows are contiguous)."""
+        out = _placed_operand(self, (lhs, *rest))
         fits(_contiguous(lhs, self.m * self.k) and self.row_step == self.k and self.column_step == 1 and
              _contiguous(out, self.m * self.n) and self.ldc == self.n, f"product arrays {lhs.shape} -> {out.shape}")
+
+
+class ConvCall(ctypes.Structure):
+    """The arguments of native.c's conv_rows (conv_call): a convolution of the images read in place
+    against ``weights``, its (KH*KW*C, units) matrix packed, ``finish`` padded to its panels (with
+    ``residual``, adding the operand a run places between the images and the output); built once, a
+    run places the arrays."""
+
+    _fields_ = [("images", _PTR), ("packed", _PTR), ("units", _INT64), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64),
+                ("residual", _PTR)]
+    symbol, places = "conv_prepared", ("images", "out")
+
+    def __init__(self, weights: "PackedOperand", where: Geometry, finish: Epilogue, threads: int,
+                 residual: bool = False):
+        fits(weights.depth == where.kh * where.kw * where.c and weights.columns == where.out_layout[0][3],
+             f"packed weights ({weights.depth}, {weights.columns}) do not fit the geometry")
+        fits(finish.covers(weights.padded_columns), "the epilogue does not cover the packed columns")
+        self.kept = (weights, where, finish)
+        super().__init__(None, weights.panels.ctypes.data, weights.columns, None, ctypes.pointer(where),
+                         ctypes.pointer(finish), threads)
+        _adding(self, residual)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
+        self.kept[1].placed(x, _placed_operand(self, (x, *rest)))
 
 
 class DepthwiseCall(ctypes.Structure):
