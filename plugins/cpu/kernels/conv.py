@@ -137,9 +137,11 @@ class NativeProduct:
 
 
 def _packable(operand, loops) -> bool:
-    """Whether a GEMM operand is a constant float32 matrix at least a vector wide (narrower, BLAS
-    wastes less)."""
-    return isinstance(operand, np.ndarray) and operand.dtype == np.float32 and operand.shape[1] >= loops.panel_lanes
+    """Whether a GEMM operand is a constant float32 matrix at least half a vector wide (narrower, BLAS
+    wastes less).  Half a vector still gains: MobileNetV2-0.35's 8-unit projections as packed products
+    (prepared, batched, their residual ADD in the epilogue) ran the whole model 13% faster (AVX-512)."""
+    return isinstance(operand, np.ndarray) and operand.dtype == np.float32 and \
+        2 * operand.shape[1] >= loops.panel_lanes
 
 
 def operand_source(operand, native: NativeProduct | None):
