@@ -1667,6 +1667,19 @@ int wide_conv(const wide_call *p)
     return DONE;
 }
 
+/* A copy of ``bytes`` bytes: RESHAPE and its kin (the same values in another shape) as a prepared call. */
+typedef struct {
+    const void *x;
+    void *out;
+    int64_t bytes;
+} copy_call;
+
+int copy_prepared(const copy_call *c)
+{
+    memcpy(c->out, c->x, (size_t)c->bytes);
+    return DONE;
+}
+
 /* A partition's consecutive prepared calls on buffers fixed at compile time, run as one call (native.py's
  * batched_steps): calls[i] by kernels[i] in turn; the first status other than DONE ends it. */
 typedef int (*prepared_kernel)(const void *);

@@ -269,7 +269,7 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        for call in (ProductCall, ConvCall):
+        for call in (ProductCall, ConvCall, CopyCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -541,6 +541,22 @@ class BinaryCall(ctypes.Structure):
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
              f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+class CopyCall(ctypes.Structure):
+    """The arguments of native.c's copy_prepared: ``nbytes`` bytes from one contiguous array to another
+    (a RESHAPE's values in their new shape); a run places both."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("bytes", _INT64)]
+    symbol, places = "copy_prepared", ("x", "out")
+
+    def __init__(self, nbytes: int):
+        super().__init__(None, None, nbytes)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
+             and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
 
 
 class PackedOperand:
