@@ -206,78 +206,91 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
     }
 }
 
-/* Channels of the depthwise kernel's vectors (the widest the registers hold eight sums of and a
- * weight: AVX-512 16 floats, else 8), and output pixels summed at once along a row. */
-#if defined(__AVX512F__)
-#define DW_FLOAT_LANES 16
-#else
-#define DW_FLOAT_LANES 8
-#endif
+/* The depthwise kernel's pixel groups (depthwise_pixels) for one width of vectors: VEC of LANES floats
+ * (with MASK its comparison type), NAME_store applying the epilogue (its bias and slope per channel)
+ * in registers, NAME_group summing P output pixels' channels j.. over all taps, each tap's weights
+ * loaded once for them. */
 #define DW_PIXELS 8
-typedef float dvec __attribute__((vector_size(DW_FLOAT_LANES * sizeof(float))));
-
-typedef int32_t dmask __attribute__((vector_size(DW_FLOAT_LANES * sizeof(float))));
-
-static inline dvec dload(const float *p) { dvec v; memcpy(&v, p, sizeof v); return v; }
-static inline dvec dpick(dmask where, dvec yes, dvec no) { return (dvec)(((dmask)yes & where) | ((dmask)no & ~where)); }
-
-/* Sums of channels j.. through the epilogue (bias, slope per channel from j), stored at out. */
-static inline void dstore(float *out, dvec v, int64_t j, const epilogue *e)
-{
-    if (e->bias)
-        v += dload(e->bias + j);
-    if (e->clamp) {
-        dvec low = (dvec){0} + e->low, high = (dvec){0} + e->high;
-        v = dpick(v < low, low, v);
-        v = dpick(v > high, high, v);
-    }
-    if (e->slope)
-        v = dpick(v < (dvec){0}, v * dload(e->slope + j), v);
-    memcpy(out, &v, sizeof v);
+#define DEPTHWISE_VECTORS(NAME, VEC, MASK, LANES)                                                            \
+typedef float VEC __attribute__((vector_size(LANES * sizeof(float))));                                       \
+typedef int32_t MASK __attribute__((vector_size(LANES * sizeof(float))));                                    \
+static inline VEC NAME##_load(const float *p) { VEC v; memcpy(&v, p, sizeof v); return v; }                  \
+static inline VEC NAME##_pick(MASK where, VEC yes, VEC no)                                                   \
+{                                                                                                            \
+    return (VEC)(((MASK)yes & where) | ((MASK)no & ~where));                                                 \
+}                                                                                                            \
+static inline void NAME##_store(float *out, VEC v, int64_t j, const epilogue *e)                              \
+{                                                                                                            \
+    if (e->bias)                                                                                             \
+        v += NAME##_load(e->bias + j);                                                                       \
+    if (e->clamp) {                                                                                          \
+        VEC low = (VEC){0} + e->low, high = (VEC){0} + e->high;                                              \
+        v = NAME##_pick(v < low, low, v);                                                                    \
+        v = NAME##_pick(v > high, high, v);                                                                  \
+    }                                                                                                        \
+    if (e->slope)                                                                                            \
+        v = NAME##_pick(v < (VEC){0}, v * NAME##_load(e->slope + j), v);                                     \
+    memcpy(out, &v, sizeof v);                                                                               \
+}                                                                                                            \
+static inline __attribute__((always_inline)) void NAME##_group(const int P, const float *x,                   \
+                                                              const int64_t *offsets,                        \
+                                                              const float *const *weights, int64_t taps,     \
+                                                              int64_t c, int64_t step, int64_t q, int64_t j, \
+                                                              float *out, const epilogue *e)                 \
+{                                                                                                            \
+    VEC acc[DW_PIXELS];                                                                                      \
+    for (int k = 0; k < P; k++)                                                                              \
+        acc[k] = (VEC){0};                                                                                   \
+    for (int64_t t = 0; t < taps; t++) {                                                                     \
+        VEC w = NAME##_load(weights[t] + j);                                                                 \
+        const float *in = x + offsets[t] + q * step + j;                                                     \
+        for (int k = 0; k < P; k++)                                                                          \
+            acc[k] += NAME##_load(in + k * step) * w;                                                        \
+    }                                                                                                        \
+    for (int k = 0; k < P; k++)                                                                              \
+        NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
+}                                                                                                            \
+/* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
+ * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
+ * out is never the input), or one by one when fewer than 4 in all. */                                 \
+static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
+                          int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
+                          float *out, const epilogue *e)                                                     \
+{                                                                                                            \
+    for (int64_t j = j0; j < j1; j += LANES) {                                                               \
+        int64_t q = 0;                                                                                       \
+        for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
+            NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
+        for (; q + 4 <= pixels; q += 4)                                                                      \
+            NAME##_group(4, x, offsets, weights, taps, c, step, q, j, out, e);                               \
+        if (q < pixels && pixels >= 4) {                                                                     \
+            NAME##_group(4, x, offsets, weights, taps, c, step, pixels - 4, j, out, e);                      \
+            continue;                                                                                        \
+        }                                                                                                    \
+        for (; q < pixels; q++)                                                                              \
+            NAME##_group(1, x, offsets, weights, taps, c, step, q, j, out, e);                               \
+    }                                                                                                        \
 }
 
-/* Output pixels q.. q+P-1 of depthwise_pixels, channels j.. of one vector. */
-static inline __attribute__((always_inline)) void depthwise_group(const int P, const float *x, const int64_t *offsets,
-                                                                 const float *const *weights, int64_t taps,
-                                                                 int64_t c, int64_t step, int64_t q, int64_t j,
-                                                                 float *out, const epilogue *e)
-{
-    dvec acc[DW_PIXELS];
-    for (int k = 0; k < P; k++)
-        acc[k] = (dvec){0};
-    for (int64_t t = 0; t < taps; t++) {
-        dvec w = dload(weights[t] + j);
-        const float *in = x + offsets[t] + q * step + j;
-        for (int k = 0; k < P; k++)
-            acc[k] += dload(in + k * step) * w;
-    }
-    for (int k = 0; k < P; k++)
-        dstore(out + (q + k) * c + j, acc[k], j, e);
-}
+DEPTHWISE_VECTORS(dw8, dvec8, dmask8, 8)
+#if defined(__AVX512F__)
+DEPTHWISE_VECTORS(dw16, dvec16, dmask16, 16)
+#endif
 
 /* out[q * c + j] = sum over taps t of x[offsets[t] + q * step + j] * weights[t][j], for the ``pixels``
  * output pixels q of a run along a row (``step`` floats apart in the input) and channels j < c, c a
- * multiple of DW_FLOAT_LANES, then the epilogue (its bias and slope per channel) in registers: per
- * vector of channels, groups of DW_PIXELS pixels, then 4, keep their sums in registers over all taps,
- * each tap's weights loaded once for them; the last few pixels are a group of 4 again, overlapping
- * pixels already summed (the same sums again, from the input: out is never the input), or go one by
- * one when fewer than 4 in all.  The sums run over the taps in order, as sum_taps's do. */
+ * multiple of 8, then the epilogue in registers: per vector of channels (16 with AVX-512, then 8),
+ * groups of pixels keep their sums in registers over all taps.  The sums run over the taps in order,
+ * as sum_taps's do. */
 static void depthwise_pixels(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
                              int64_t c, int64_t step, int64_t pixels, float *out, const epilogue *e)
 {
-    for (int64_t j = 0; j < c; j += DW_FLOAT_LANES) {
-        int64_t q = 0;
-        for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)
-            depthwise_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);
-        for (; q + 4 <= pixels; q += 4)
-            depthwise_group(4, x, offsets, weights, taps, c, step, q, j, out, e);
-        if (q < pixels && pixels >= 4) {
-            depthwise_group(4, x, offsets, weights, taps, c, step, pixels - 4, j, out, e);
-            continue;
-        }
-        for (; q < pixels; q++)
-            depthwise_group(1, x, offsets, weights, taps, c, step, q, j, out, e);
-    }
+    int64_t wide = 0;
+#if defined(__AVX512F__)
+    wide = c / 16 * 16;
+    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, out, e);
+#endif
+    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, out, e);
 }
 
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
@@ -285,7 +298,7 @@ static void depthwise_pixels(const float *x, const int64_t *offsets, const float
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
  * taps that fall outside.  The pixels with every tap inside are one run along the row: channels
- * in whole vectors go by depthwise_pixels; others, without a column stride, by sum_taps with
+ * in whole vectors of 8 go by depthwise_pixels; others, without a column stride, by sum_taps with
  * ``repeated`` the weights as it takes them, with one, pixel by pixel. */
 int depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
                    int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
@@ -311,7 +324,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
             filters[t] = weights + index[t] * c;
         }
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
-        int pixels_finished = c % DW_FLOAT_LANES == 0;
+        int pixels_finished = c % 8 == 0;
         if (pixels_finished)
             depthwise_pixels(x + inner0 * stride_w * c, offsets, filters, taps, c, stride_w * c, inner1 - inner0,
                              row + inner0 * c, finish);
