@@ -968,6 +968,9 @@ int packed_product(const product *p)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QMR 8
 int integer_isa(void) { return 2; }
+#if defined(__AVX512VL__)
+#define QTILE_REQUANTIZED 1  /* tiles requantized in registers (qtile_requantized) */
+#endif
 #elif defined(__AVX2__)
 #define QMR 3
 int integer_isa(void) { return 1; }
@@ -1019,23 +1022,43 @@ static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 }
 
 #if defined(__AVX512F__)
-/* qrequantize on the 16 channels j..j+15 at once (qrequantize8's steps, with masks). */
-static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+/* A qstage's vectors for the 16 channels j..j+15, loaded once for every row of a tile. */
+typedef struct {
+    __m512i bias, left, multiplier, odd_multiplier, threshold, away, mask, right, zero, low, high;
+} qstage16;
+
+static inline qstage16 qstage_at(const qstage *q, int64_t j)
 {
 #define QLOAD16(a) _mm512_loadu_si512((const void *)((a) + j))
-    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, QLOAD16(q->bias)), QLOAD16(q->left));
-    __m512i m = QLOAD16(q->multiplier), nudge = _mm512_set1_epi64(1 << 30);
-    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, m), nudge);
-    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(m, 32)), nudge);
+    qstage16 v = {QLOAD16(q->bias), QLOAD16(q->left), QLOAD16(q->multiplier),
+                  _mm512_srli_epi64(QLOAD16(q->multiplier), 32), QLOAD16(q->threshold), QLOAD16(q->away),
+                  QLOAD16(q->mask), QLOAD16(q->right), _mm512_set1_epi32(q->zero), _mm512_set1_epi32(q->low),
+                  _mm512_set1_epi32(q->high)};
+    return v;
+#undef QLOAD16
+}
+
+/* qrequantize on 16 channels at once (qrequantize8's steps, with masks). */
+static inline __m512i qrequantize_with(__m512i acc, const qstage16 *v)
+{
+    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, v->bias), v->left);
+    __m512i nudge = _mm512_set1_epi64(1 << 30);
+    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, v->multiplier), nudge);
+    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), v->odd_multiplier), nudge);
     x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
     __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
-    __m512i threshold = QLOAD16(q->threshold);
-    threshold = _mm512_mask_sub_epi32(threshold, negative, threshold, QLOAD16(q->away));
-    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, QLOAD16(q->mask)), threshold);
-    x = _mm512_add_epi32(_mm512_srav_epi32(x, QLOAD16(q->right)), _mm512_set1_epi32(q->zero));
+    __m512i threshold = _mm512_mask_sub_epi32(v->threshold, negative, v->threshold, v->away);
+    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, v->mask), threshold);
+    x = _mm512_add_epi32(_mm512_srav_epi32(x, v->right), v->zero);
     x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
-    return _mm512_min_epi32(_mm512_max_epi32(x, _mm512_set1_epi32(q->low)), _mm512_set1_epi32(q->high));
-#undef QLOAD16
+    return _mm512_min_epi32(_mm512_max_epi32(x, v->low), v->high);
+}
+
+/* qrequantize on the 16 channels j..j+15 at once. */
+static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+{
+    qstage16 v = qstage_at(q, j);
+    return qrequantize_with(acc, &v);
 }
 #endif
 
@@ -1148,6 +1171,7 @@ static inline __attribute__((always_inline)) void qtile_rows(const int rows, con
 #endif
 }
 
+#if !defined(QTILE_REQUANTIZED)
 /* qtile_rows with its row count a constant, so that the sums live in registers. */
 static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
                   const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
@@ -1166,19 +1190,64 @@ static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t 
     }
 #undef QTILE
 }
+#endif
+
+#if defined(QTILE_REQUANTIZED)
+/* qtile_rows's VNNI sums of ``rows`` rows against the panel of columns col.., requantized in registers
+ * (the stage's vectors loaded once for the tile) and the first ``width`` bytes of each row stored. */
+static inline __attribute__((always_inline)) void qtile_requantized(const int rows, const int8_t *const *a,
+                                                                   int64_t depth, const int8_t *restrict panel,
+                                                                   const int32_t *restrict sums, int64_t col,
+                                                                   int64_t width, const qstage *stage,
+                                                                   int8_t *out, int64_t ldc)
+{
+    int64_t groups = (depth + 3) / 4;
+    __m512i s[QMR];
+    const __m512i unsigned_bias = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++)
+        s[r] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i w = _mm512_loadu_si512(panel + 64 * g);
+        for (int r = 0; r < rows; r++) {
+            __m512i x = _mm512_xor_si512(_mm512_set1_epi32(depth_group(a[r], g, depth)), unsigned_bias);
+            s[r] = _mm512_dpbusd_epi32(s[r], x, w);
+        }
+    }
+    __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums + col), 7);
+    qstage16 v = qstage_at(stage, col);
+    __mmask16 keep = width >= QPANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
+    for (int r = 0; r < rows; r++)
+        _mm_mask_storeu_epi8(out + r * ldc + col, keep,
+                             _mm512_cvtepi32_epi8(qrequantize_with(_mm512_sub_epi32(s[r], taken), &v)));
+}
+#endif
 
 /* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
 static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
                   int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage)
 {
-    int32_t acc[QMR][QPANEL];
     int64_t panel_bytes = 64 * ((depth + 3) / 4);
+#if defined(QTILE_REQUANTIZED)
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
+        const int8_t *panel = packed + p * panel_bytes;
+#define QTILE_CASE(R) \
+        case R: qtile_requantized(R, a, depth, panel, sums, col, width, stage, out, ldc); break;
+        switch (rows) {
+        QTILE_CASE(8) QTILE_CASE(7) QTILE_CASE(6) QTILE_CASE(5) QTILE_CASE(4) QTILE_CASE(3) QTILE_CASE(2)
+        QTILE_CASE(1)
+        }
+#undef QTILE_CASE
+    }
+#else
+    int32_t acc[QMR][QPANEL];
     for (int64_t p = p0; p < p1; p++) {
         int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
         qtile(rows, a, depth, packed + p * panel_bytes, sums + col, acc);
         for (int r = 0; r < rows; r++)
             qstore(acc[r], col, width, stage, out + r * ldc + col);
     }
+#endif
 }
 
 /* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
