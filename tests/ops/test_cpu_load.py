@@ -2,6 +2,8 @@
 larger than the cores the machine's load leaves it at each run."""
 
 import os
+import threading
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,19 @@ def test_free_cores_leave_out_other_runnable_tasks(monkeypatch):
     assert parallel.free_cores("unreadable") == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 16)  # others may run on cores outside the affinity
     assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 4
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
+def test_free_cores_read_the_load_each_time():
+    """/proc/loadavg is read through one kept descriptor, afresh each call: the last task id it names
+    is at least that of a thread started between two reads."""
+    before = parallel._read_loadavg().split()
+    thread = threading.Thread(target=time.sleep, args=(0.05,))
+    thread.start()
+    after = parallel._read_loadavg().split()
+    thread.join()
+    assert len(before) == len(after) == 5 and int(after[4]) >= thread.native_id
+    assert 1 <= parallel.free_cores() <= parallel.available_cores()
 
 
 def test_runs_share_the_team_by_load_or_run_alone(monkeypatch):
