@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -55,7 +56,6 @@ class CpuCompiled(CompiledPartition):
             computed = t.producer is not None and _computes_constants(t.producer)
             # strings are held as numpy object arrays of bytes
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
-        self.threading = ThreadChoice(limit_team) if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())
@@ -63,6 +63,11 @@ class CpuCompiled(CompiledPartition):
                        for slot, t in enumerate(op.inputs)]
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
         self.batched = batched_steps(self.steps)  # what runs unless each op is timed
+        # BLAS is held to one thread during runs (see parallel.py) unless every kernel is a native call,
+        # which never calls it (holding it costs ~5 us a run: two thread-count changes).
+        blas = not all(getattr(run, "prepared", None) is not None for _, run, _, _ in self.steps)
+        self.threading = ThreadChoice(limit_team, blas) if num_threads > 1 else \
+            (lambda: blas_threads(1)) if blas else contextlib.nullcontext
 
     @staticmethod
     def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool,

@@ -1,6 +1,7 @@
 """The CPU kernels under load: native teams no larger than the cores the process may use, and no
 larger than the cores the machine's load leaves it at each run."""
 
+import contextlib
 import os
 import threading
 import time
@@ -106,3 +107,33 @@ def test_team_follows_a_restricted_affinity(tmp_path):
     be = default_manager().backend_info("cpu").factory({})
     team = be.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions(num_threads=4)).describe()["native_team"]
     assert team == min(4, len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blas_is_held_to_one_thread_only_where_a_kernel_may_call_it(monkeypatch, threads):
+    """A partition whose kernels are all native calls leaves BLAS's thread count alone during runs (they
+    never call it); with a numpy kernel (a TRANSPOSE) each run holds it to one thread."""
+    import delegate_cpu.plugin as plugin
+    from delegate.partition import make_partition
+    from delegate.plugins import default_manager
+
+    held = []
+
+    @contextlib.contextmanager
+    def recording(count):
+        held.append(count)
+        yield
+    monkeypatch.setattr(plugin, "blas_threads", recording)
+    monkeypatch.setattr(parallel, "blas_threads", recording)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 16), "float32")
+    conv = b.op("CONV_2D", [x, b.const("w", np.ones((16, 1, 1, 16), np.float32))],
+                options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
+    b.output(conv, b.op("TRANSPOSE", [conv, b.const("perm", np.array([0, 2, 1, 3], np.int32))]))
+    g = read_model(b.to_bytes()).main
+    be = default_manager().backend_info("cpu").factory({})
+    for ops, holds in ((g.ops[:1], native.native_loops() is None), (g.ops, True)):
+        held.clear()
+        compiled = be.compile(make_partition(g, ops, "cpu", 0), CompileOptions(num_threads=threads))
+        compiled.run({g.inputs[0].index: np.ones((1, 8, 8, 16), np.float32)})
+        assert held == ([1] if holds else [])

@@ -219,10 +219,11 @@ class ThreadChoice:
     MODES = ("shared", "alone")
     PROBE_EVERY = 10
 
-    def __init__(self, limit_team: Callable[[int], None] | None = None) -> None:
+    def __init__(self, limit_team: Callable[[int], None] | None = None, blas: bool = True) -> None:
         self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
         self.runs = 0
         self.limit_team = limit_team
+        self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
 
     def _next(self) -> str:
         self.runs += 1
@@ -242,7 +243,7 @@ class ThreadChoice:
         token = _SHARING.set(mode == "shared")
         start = time.perf_counter()
         try:
-            with blas_threads(1):
+            with blas_threads(1) if self.blas else contextlib.nullcontext():
                 yield
         finally:
             _SHARING.reset(token)
