@@ -6,6 +6,7 @@
  * OpenMP team, whose threads wait spinning between the kernels of a run (briefly: see
  * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1746,6 +1747,45 @@ int wide_conv(const wide_call *p)
         }
     }
     free(all);
+    return DONE;
+}
+
+/* mean_pixels with its arguments in one struct, as depthwise_call. */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t images, pixels, c, threads;
+} mean_call;
+
+int mean_prepared(const mean_call *m)
+{
+    return mean_pixels(m->x, m->out, m->images, m->pixels, m->c, (int)m->threads);
+}
+
+/* A float SOFTMAX over rows of ``depth``, in numpy's formulation's steps: e = exp(beta * (x - row max))
+ * (beta applied only when not 1), the row's e summed, each e divided by the sum. */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, depth;
+    float beta;
+} softmax_call;
+
+int softmax_prepared(const softmax_call *p)
+{
+    for (int64_t r = 0; r < p->rows; r++) {
+        const float *x = p->x + r * p->depth;
+        float *out = p->out + r * p->depth, top = x[0], sum = 0;
+        for (int64_t k = 1; k < p->depth; k++)
+            top = x[k] > top ? x[k] : top;
+        for (int64_t k = 0; k < p->depth; k++) {
+            float v = x[k] - top;
+            out[k] = expf(p->beta != 1.0f ? v * p->beta : v);
+            sum += out[k];
+        }
+        for (int64_t k = 0; k < p->depth; k++)
+            out[k] /= sum;
+    }
     return DONE;
 }
 

@@ -255,8 +255,6 @@ class NativeLoops:
         library.rescale_rows.restype = None
         library.pad_rows.argtypes = [_PTR, _PTR, *[_INT64] * 4, ctypes.c_float, ctypes.c_int]
         library.pad_rows.restype = None
-        library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
-        library.mean_pixels.restype = ctypes.c_int
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
         library.resize_bilinear.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
@@ -269,7 +267,7 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        for call in (ProductCall, ConvCall, CopyCall):
+        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -361,12 +359,6 @@ class NativeLoops:
              f"pad of {x.shape} by ({before}, {after}) into {out.shape}")
         self.library.pad_rows(address(x), address(out), x.size // max(columns, 1), columns, before, after, value,
                               threads)
-
-    def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
-        n, h, w, c = x.shape
-        fits(_contiguous(x) and _contiguous(out, n * c) and h * w >= 1, f"mean of {x.shape} into {out.shape}")
-        _done(self.library.mean_pixels(address(x), address(out), n, h * w, c, threads), "mean_pixels")
 
     def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
         """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
@@ -557,6 +549,42 @@ class CopyCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
              and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
+
+
+class MeanCall(ctypes.Structure):
+    """The arguments of native.c's mean_pixels (mean_call): the mean of contiguous (N, H, W, C) float
+    images over their pixels into (N, C); a run places both arrays."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("images", _INT64), ("pixels", _INT64), ("c", _INT64),
+                ("threads", _INT64)]
+    symbol, places = "mean_prepared", ("x", "out")
+
+    def __init__(self, shape: tuple[int, int, int, int], threads: int):
+        n, h, w, c = shape
+        fits(h * w >= 1, f"mean of {shape}")
+        super().__init__(None, None, n, h * w, c, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.images * self.pixels * self.c) and _contiguous(out, self.images * self.c),
+             f"mean of {x.shape} into {out.shape}")
+
+
+class SoftmaxCall(ctypes.Structure):
+    """The arguments of native.c's softmax_prepared: a float SOFTMAX over rows of ``depth`` (``size``
+    items in all), with ``beta``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("beta", ctypes.c_float)]
+    symbol, places = "softmax_prepared", ("x", "out")
+
+    def __init__(self, size: int, depth: int, beta: float):
+        fits(depth >= 1 and size % depth == 0, f"softmax rows of {depth} in {size} items")
+        super().__init__(None, None, size // depth, depth, beta)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        size = self.rows * self.depth
+        fits(_contiguous(x, size) and _contiguous(out, size), f"softmax arrays {x.shape} -> {out.shape}")
 
 
 class PackedOperand:
