@@ -992,6 +992,7 @@ int integer_isa(void) { return 0; }
 typedef struct {
     const int32_t *bias, *multiplier, *left, *right, *mask, *threshold, *away;
     int32_t zero, low, high;
+    int32_t shifts_left, rounds_away;  /* whether any channel's left is not 0, any away not 0 */
 } qstage;
 
 static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
@@ -1039,20 +1040,32 @@ static inline qstage16 qstage_at(const qstage *q, int64_t j)
 #undef QLOAD16
 }
 
-/* qrequantize on 16 channels at once (qrequantize8's steps, with masks). */
-static inline __m512i qrequantize_with(__m512i acc, const qstage16 *v)
+/* qrequantize on 16 channels at once (qrequantize8's steps, with masks); without ``left`` the left
+ * shifts (all 0) are left out, without ``away`` the ties' adjustment (all ties up). */
+static inline __attribute__((always_inline)) __m512i qrequantize_steps(__m512i acc, const qstage16 *v,
+                                                                      const int left, const int away)
 {
-    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, v->bias), v->left);
+    __m512i x = _mm512_add_epi32(acc, v->bias);
+    if (left)
+        x = _mm512_sllv_epi32(x, v->left);
     __m512i nudge = _mm512_set1_epi64(1 << 30);
     __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, v->multiplier), nudge);
     __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), v->odd_multiplier), nudge);
     x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
-    __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
-    __m512i threshold = _mm512_mask_sub_epi32(v->threshold, negative, v->threshold, v->away);
+    __m512i threshold = v->threshold;
+    if (away) {
+        __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
+        threshold = _mm512_mask_sub_epi32(v->threshold, negative, v->threshold, v->away);
+    }
     __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, v->mask), threshold);
     x = _mm512_add_epi32(_mm512_srav_epi32(x, v->right), v->zero);
     x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
     return _mm512_min_epi32(_mm512_max_epi32(x, v->low), v->high);
+}
+
+static inline __m512i qrequantize_with(__m512i acc, const qstage16 *v)
+{
+    return qrequantize_steps(acc, v, 1, 1);
 }
 
 /* qrequantize on the 16 channels j..j+15 at once. */
@@ -1217,9 +1230,14 @@ static inline __attribute__((always_inline)) void qtile_requantized(const int ro
     __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums + col), 7);
     qstage16 v = qstage_at(stage, col);
     __mmask16 keep = width >= QPANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
-    for (int r = 0; r < rows; r++)
-        _mm_mask_storeu_epi8(out + r * ldc + col, keep,
-                             _mm512_cvtepi32_epi8(qrequantize_with(_mm512_sub_epi32(s[r], taken), &v)));
+    if (stage->shifts_left || stage->rounds_away)
+        for (int r = 0; r < rows; r++)
+            _mm_mask_storeu_epi8(out + r * ldc + col, keep,
+                                 _mm512_cvtepi32_epi8(qrequantize_with(_mm512_sub_epi32(s[r], taken), &v)));
+    else  /* the usual convolution's stage: multipliers below 1, ties up */
+        for (int r = 0; r < rows; r++)
+            _mm_mask_storeu_epi8(out + r * ldc + col, keep,
+                                 _mm512_cvtepi32_epi8(qrequantize_steps(_mm512_sub_epi32(s[r], taken), &v, 0, 0)));
 }
 #endif
 

@@ -643,7 +643,7 @@ class QStage(ctypes.Structure):
     shift (ADD's operands).  Padded to whole vectors of 16 channels."""
 
     _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
-        [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
+        [(name, ctypes.c_int32) for name in ("zero", "low", "high", "shifts_left", "rounds_away")]
 
     def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int], headroom: int = 0):
         self.channels = bias.size
@@ -658,7 +658,8 @@ class QStage(ctypes.Structure):
             column = np.full(padded, values[0], np.int32) if self.channels == 1 else np.zeros(padded, np.int32)
             column[:self.channels] = values
             self.kept.append(column)
-        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
+        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds, bool(self.kept[2].any()),
+                         bool(self.kept[6].any()))
 
 
 class Requant(ctypes.Structure):
