@@ -640,7 +640,8 @@ class QStage(ctypes.Structure):
     output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
     ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
     (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
-    shift (ADD's operands).  Padded to whole vectors of 16 channels."""
+    shift (ADD's operands).  Padded to whole vectors of 16 channels; with whether any channel shifts
+    left or rounds ties away (the products' register path leaves out the steps no channel needs)."""
 
     _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
         [(name, ctypes.c_int32) for name in ("zero", "low", "high", "shifts_left", "rounds_away")]
