@@ -1007,7 +1007,7 @@ static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
 
 #if defined(__AVX2__)
 /* qrequantize on the 8 channels j..j+7 at once. */
-static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
+static inline __attribute__((always_inline)) __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 {
 #define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
     __m256i x = _mm256_sllv_epi32(_mm256_add_epi32(acc, QLOAD(q->bias)), QLOAD(q->left));
@@ -1029,7 +1029,7 @@ typedef struct {
     __m512i bias, left, multiplier, odd_multiplier, threshold, away, mask, right, zero, low, high;
 } qstage16;
 
-static inline qstage16 qstage_at(const qstage *q, int64_t j)
+static inline __attribute__((always_inline)) qstage16 qstage_at(const qstage *q, int64_t j)
 {
 #define QLOAD16(a) _mm512_loadu_si512((const void *)((a) + j))
     qstage16 v = {QLOAD16(q->bias), QLOAD16(q->left), QLOAD16(q->multiplier),
@@ -1063,13 +1063,13 @@ static inline __attribute__((always_inline)) __m512i qrequantize_steps(__m512i a
     return _mm512_min_epi32(_mm512_max_epi32(x, v->low), v->high);
 }
 
-static inline __m512i qrequantize_with(__m512i acc, const qstage16 *v)
+static inline __attribute__((always_inline)) __m512i qrequantize_with(__m512i acc, const qstage16 *v)
 {
     return qrequantize_steps(acc, v, 1, 1);
 }
 
 /* qrequantize on the 16 channels j..j+15 at once. */
-static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+static inline __attribute__((always_inline)) __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
 {
     qstage16 v = qstage_at(q, j);
     return qrequantize_with(acc, &v);
