@@ -1479,9 +1479,13 @@ static inline lanes32 widen8(const int8_t *p)
 #endif
 }
 
+/* DW_PIXEL_GROUP: the most output pixels of a row depthwise_sums sums at once. */
+#define DW_PIXEL_GROUP 4
+
 /* sums[j] for one output pixel whose taps inside the image are the input pixels at x + offsets[t]
- * (in items) weighted by taps row index[t]; with ``pixels`` 2, also sums[c + j] for the pixel ``step``
- * items further on (the same taps: each weight vector loaded once for both). */
+ * (in items) weighted by taps row index[t]; with ``pixels`` up to DW_PIXEL_GROUP, also sums[q * c + j]
+ * for the pixels q ``step`` items further on each (the same taps: each weight vector loaded once for
+ * them all). */
 static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide, const int pixels,
                                                                   int64_t step, const int64_t *offsets,
                                                                   const int64_t *index, int64_t kept,
@@ -1492,17 +1496,17 @@ static inline __attribute__((always_inline)) void depthwise_sums(const void *x, 
     const int16_t *x16 = x;
     int64_t j = 0;
     for (; j + DW_LANES <= c; j += DW_LANES) {
-        lanes32 acc = {0}, next = {0};
+        lanes32 acc[DW_PIXEL_GROUP];
+        for (int q = 0; q < pixels; q++)
+            acc[q] = (lanes32){0};
         for (int64_t t = 0; t < kept; t++) {
             lanes32 w = widen16(taps + index[t] * c + j);
             int64_t at = offsets[t] + j;
-            acc += ((wide ? widen16(x16 + at) : widen8(x8 + at)) - zero) * w;
-            if (pixels == 2)
-                next += ((wide ? widen16(x16 + at + step) : widen8(x8 + at + step)) - zero) * w;
+            for (int q = 0; q < pixels; q++)
+                acc[q] += ((wide ? widen16(x16 + at + q * step) : widen8(x8 + at + q * step)) - zero) * w;
         }
-        memcpy(sums + j, &acc, sizeof acc);
-        if (pixels == 2)
-            memcpy(sums + c + j, &next, sizeof next);
+        for (int q = 0; q < pixels; q++)
+            memcpy(sums + q * c + j, &acc[q], sizeof acc[q]);
     }
     for (; j < c; j++)
         for (int q = 0; q < pixels; q++) {
@@ -1528,9 +1532,9 @@ static inline __attribute__((always_inline)) void depthwise_store(const qdepthwi
 }
 
 /* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
- * int64, ``sums`` for 2 * c int32.  The row's taps (those on input rows inside the image) are listed once:
- * pixels with all of them inside the row read them at a shifted base, two at a time, border pixels keep
- * those inside. */
+ * int64, ``sums`` for DW_PIXEL_GROUP * c int32.  The row's taps (those on input rows inside the image)
+ * are listed once: pixels with all of them inside the row read them at a shifted base, four (then two)
+ * at a time, border pixels keep those inside. */
 static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwise_call *p, const int wide,
                                                                   const char *x, int64_t oy, char *row,
                                                                   int64_t *list, int32_t *sums)
@@ -1545,6 +1549,13 @@ static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwis
     for (int64_t ox = 0; ox < g->ow; ox++) {
         int64_t base = ox * g->stride_w;
         const char *at = x + base * c * size;
+        if (ox >= inner0 && ox + 3 < inner1) {
+            depthwise_sums(at, wide, 4, step, offsets, index, taps, p->taps, c, zero, sums);
+            for (int q = 0; q < 4; q++)
+                depthwise_store(p, wide, sums + q * c, row, ox + q);
+            ox += 3;
+            continue;
+        }
         if (ox >= inner0 && ox + 1 < inner1) {
             depthwise_sums(at, wide, 2, step, offsets, index, taps, p->taps, c, zero, sums);
             depthwise_store(p, wide, sums, row, ox);
@@ -1566,7 +1577,7 @@ int qdepthwise(const qdepthwise_call *p)
     const geometry *g = p->where;
     int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + 2 * (size_t)g->c * sizeof(int32_t);
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + DW_PIXEL_GROUP * (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
