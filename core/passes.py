@@ -5,7 +5,7 @@ A group is an anchor op and the ops that travel with it (ONNX Runtime's fusable 
 op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make its constant operands, the
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
 applies while reading its input, the activations and elementwise ops its kernel applies before
-storing, and the residual ADD an integer convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
+storing, and the residual ADD a convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
 
@@ -34,7 +34,8 @@ EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 EPILOGUE_UNARY = frozenset(CLAMPS) | {"LOGISTIC", "TANH", "HARD_SWISH", "ELU", "LEAKY_RELU", "GELU"}
 EPILOGUE_BINARY = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM"})
 CONVOLUTIONS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
-# Integer kernels adding a residual to their requantized results ("residual").
+# Kernels adding a residual to their results ("residual"): int8 ones after requantizing, float ones
+# after their activation.
 RESIDUAL_HOSTS = frozenset({"CONV_2D"})
 
 
@@ -314,17 +315,20 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
 
 
 def _residual(op: Op, follower: Op, ready: Callable[[Tensor], bool]) -> bool:
-    """An int8 ADD of an int8 convolution's result and another tensor of its shape, computed before it
-    (a residual connection), that the convolution's kernel adds as it stores."""
+    """An ADD of a convolution's result and another tensor of its shape, computed before it (a residual
+    connection), that the convolution's kernel adds as it stores: all int8, or all float32 from a
+    float kernel."""
     if op.opcode not in RESIDUAL_HOSTS or follower.opcode != "ADD" or len(follower.inputs) != 2 \
             or len(follower.outputs) != 1 or follower.inputs[0] is follower.inputs[1]:
         return False
     value = op.outputs[0]
     other = follower.inputs[1] if follower.inputs[0] is value else follower.inputs[0]
     tensors = (value, other, follower.outputs[0])
-    return (other is not None and not other.is_constant and ready(other)
-            and all(t.dtype.numpy == np.int8 and t.quantization is not None and t.shape == value.shape
-                    for t in tensors))
+    if other is None or other.is_constant or not ready(other) or any(t.shape != value.shape for t in tensors):
+        return False
+    if all(t.dtype.numpy == np.int8 and t.quantization is not None for t in tensors):
+        return True
+    return _float_kernel(op) and all(t.dtype.numpy == np.float32 and t.quantization is None for t in tensors)
 
 
 def channel_slope(slope: Tensor | None, value: Tensor) -> np.ndarray | None:

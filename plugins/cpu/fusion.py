@@ -11,10 +11,11 @@ pad costs nothing (its kernels read borders in place).  No separate op, no pass 
 the same values: a clamp or PReLU of each result, zeros at the borders.  XNNPACK, which the LiteRT
 engine runs, fuses the same pairs.
 
-An int8 residual ADD of a CONV_2D's result and a tensor computed before it runs inside that
-convolution too: the fused op reads the other operand as its last input and carries the ADD (option
-``residual``); its kernel requantizes each output row, then adds as the ADD would, while the row is in
-cache.
+A residual ADD of a CONV_2D's result and a tensor computed before it (int8, or float32 from a float
+kernel) runs inside that convolution too: the fused op reads the other operand as its last input and
+carries the ADD (option ``residual``); its kernel requantizes each output row (int8) or applies bias
+and activation to each tile (float), then adds as the ADD would, with the ADD's activation, while the
+results are in cache.
 """
 
 from __future__ import annotations

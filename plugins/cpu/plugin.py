@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -37,6 +38,10 @@ class CpuCompiled(CompiledPartition):
         # Ops computing compile-time constants (DEQUANTIZE of float16 weights) do not run: their
         # consumers lay the values out themselves, or read them from one array computed here.
         ops = [op for op in partition.ops if not _computes_constants(op)]
+        # Shape arithmetic on static shapes is computed here, once (see _static_values).
+        left, self.static = _static_values(ops, outputs, custom)
+        self.static_ops = [op.index for op in ops if op not in left]
+        ops = left
         # Pads and activations around float kernels run inside them (see fusion.py).
         ops, self.fused = fuse_ops(ops, outputs)
         self.team = partition_team(ops, num_threads)
@@ -45,13 +50,12 @@ class CpuCompiled(CompiledPartition):
         # since callers read them after the run while the arena is reused by the next one.
         intermediates = [t for op in ops for t in op.outputs if t.index not in outputs]
         self.arena, views = plan_arena(ops, [t for t in intermediates if t.dtype.numpy is not None])
-        self.buffers: dict[int, np.ndarray] = dict(views)
+        self.buffers: dict[int, np.ndarray] = {**views, **self.static}
         self.variables: list[Tensor] = []
         for t in partition.outputs + [t for t in intermediates if t.dtype.numpy is None]:
             computed = t.producer is not None and _computes_constants(t.producer)
             # strings are held as numpy object arrays of bytes
             self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
-        self.threading = ThreadChoice(limit_team) if num_threads > 1 else (lambda: blas_threads(1))
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())
@@ -59,6 +63,11 @@ class CpuCompiled(CompiledPartition):
                        for slot, t in enumerate(op.inputs)]
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
         self.batched = batched_steps(self.steps)  # what runs unless each op is timed
+        # BLAS is held to one thread during runs (see parallel.py) unless every kernel is a native call,
+        # which never calls it (holding it costs ~5 us a run: two thread-count changes).
+        blas = not all(getattr(run, "prepared", None) is not None for _, run, _, _ in self.steps)
+        self.threading = ThreadChoice(limit_team, blas) if num_threads > 1 else \
+            (lambda: blas_threads(1)) if blas else contextlib.nullcontext
 
     @staticmethod
     def _kernel(op: Op, custom: dict[str, registry.Factory], num_threads: int, native: bool,
@@ -119,7 +128,8 @@ class CpuCompiled(CompiledPartition):
 
     def describe(self) -> dict[str, Any]:
         described = {"engine": "numpy", "arena_bytes": int(self.arena.nbytes), "native_team": self.team,
-                     "fused": {str(follower): host for follower, host in self.fused.items()}}
+                     "fused": {str(follower): host for follower, host in self.fused.items()},
+                     "computed_at_compile_time": self.static_ops}
         if self.litert_refused:
             described["litert_refused"] = self.litert_refused
         return described
@@ -132,6 +142,47 @@ def initial_state(t: Tensor) -> np.ndarray:
         return np.array(t.data, t.dtype.numpy).reshape(t.shape)
     zero = int(t.quantization.zero_point[0]) if t.dtype.numpy == np.int8 and t.quantization is not None else 0
     return np.full(t.shape, zero, t.dtype.numpy)
+
+
+# Ops of shape arithmetic: run once at compile time where every value they read is known then (see
+# _static_values).  Their results are small integer vectors (shapes, indices).
+SHAPE_ARITHMETIC = frozenset({"SHAPE", "STRIDED_SLICE", "SLICE", "PACK", "CONCATENATION", "GATHER", "RESHAPE",
+                              "SQUEEZE", "EXPAND_DIMS", "CAST", "ADD", "SUB", "MUL", "FLOOR_DIV", "MAXIMUM",
+                              "MINIMUM", "REDUCE_PROD", "FILL", "RANGE"})
+STATIC_VALUE_ITEMS = 64
+
+
+def _static_values(ops: list[Op], keep: set[int], custom) -> tuple[list[Op], dict[int, np.ndarray]]:
+    """``ops`` less the shape arithmetic computed at compile time, and the values it computed (tensor
+    index -> array): a SHAPE of a static shape, then the ops of SHAPE_ARITHMETIC whose inputs are all
+    such values or constants, with small integer results that no caller needs (``keep``).  Converters
+    leave such chains (SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE) where the source graph reshaped by a
+    shape it read at run time; each would otherwise cost a Python call per run."""
+    values: dict[int, np.ndarray] = {}
+    left = []
+    for op in ops:
+        if not _static_op(op, values, keep):
+            left.append(op)
+            continue
+        ins = [None if t is None else values[t.index] if t.index in values else constant(t) for t in op.inputs]
+        outs = [np.empty(t.shape, t.dtype.numpy) for t in op.outputs]
+        CpuCompiled._kernel(op, custom, 1, False, 1)(ins, outs)
+        values.update((t.index, out) for t, out in zip(op.outputs, outs))
+    return left, values
+
+
+def _static_op(op: Op, values: dict[int, np.ndarray], keep: set[int]) -> bool:
+    """Whether ``op`` is shape arithmetic on values known at compile time (see _static_values)."""
+    if op.custom or op.opcode not in SHAPE_ARITHMETIC or not op.outputs:
+        return False
+    for t in op.outputs:
+        if t.index in keep or t.dtype.numpy is None or t.dtype.numpy.kind not in "iu" \
+                or min(t.shape, default=1) < 0 or t.size > STATIC_VALUE_ITEMS:
+            return False
+    if op.opcode == "SHAPE":
+        x = op.input(0)
+        return x is not None and min(x.shape, default=0) >= 0  # the shape this partition is compiled for
+    return all(t is None or t.index in values or known_at_compile_time(t) for t in op.inputs)
 
 
 def _computes_constants(op: Op) -> bool:

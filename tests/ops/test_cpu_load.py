@@ -1,7 +1,10 @@
 """The CPU kernels under load: native teams no larger than the cores the process may use, and no
 larger than the cores the machine's load leaves it at each run."""
 
+import contextlib
 import os
+import threading
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +30,19 @@ def test_free_cores_leave_out_other_runnable_tasks(monkeypatch):
     assert parallel.free_cores("unreadable") == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 16)  # others may run on cores outside the affinity
     assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 4
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
+def test_free_cores_read_the_load_each_time():
+    """/proc/loadavg is read through one kept descriptor, afresh each call: the last task id it names
+    is at least that of a thread started between two reads."""
+    before = parallel._read_loadavg().split()
+    thread = threading.Thread(target=time.sleep, args=(0.05,))
+    thread.start()
+    after = parallel._read_loadavg().split()
+    thread.join()
+    assert len(before) == len(after) == 5 and int(after[4]) >= thread.native_id
+    assert 1 <= parallel.free_cores() <= parallel.available_cores()
 
 
 def test_runs_share_the_team_by_load_or_run_alone(monkeypatch):
@@ -91,3 +107,33 @@ def test_team_follows_a_restricted_affinity(tmp_path):
     be = default_manager().backend_info("cpu").factory({})
     team = be.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions(num_threads=4)).describe()["native_team"]
     assert team == min(4, len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blas_is_held_to_one_thread_only_where_a_kernel_may_call_it(monkeypatch, threads):
+    """A partition whose kernels are all native calls leaves BLAS's thread count alone during runs (they
+    never call it); with a numpy kernel (a TRANSPOSE) each run holds it to one thread."""
+    import delegate_cpu.plugin as plugin
+    from delegate.partition import make_partition
+    from delegate.plugins import default_manager
+
+    held = []
+
+    @contextlib.contextmanager
+    def recording(count):
+        held.append(count)
+        yield
+    monkeypatch.setattr(plugin, "blas_threads", recording)
+    monkeypatch.setattr(parallel, "blas_threads", recording)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 16), "float32")
+    conv = b.op("CONV_2D", [x, b.const("w", np.ones((16, 1, 1, 16), np.float32))],
+                options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
+    b.output(conv, b.op("TRANSPOSE", [conv, b.const("perm", np.array([0, 2, 1, 3], np.int32))]))
+    g = read_model(b.to_bytes()).main
+    be = default_manager().backend_info("cpu").factory({})
+    for ops, holds in ((g.ops[:1], native.native_loops() is None), (g.ops, True)):
+        held.clear()
+        compiled = be.compile(make_partition(g, ops, "cpu", 0), CompileOptions(num_threads=threads))
+        compiled.run({g.inputs[0].index: np.ones((1, 8, 8, 16), np.float32)})
+        assert held == ([1] if holds else [])

@@ -116,6 +116,26 @@ def test_fully_connected_is_bit_exact(seed, depth, units, rows, in_zero, out_zer
     exact(b, x, native=False)
 
 
+@pytest.mark.parametrize("spread", [0.3, 1.0, 3.0])  # output scales from all multipliers above 1 to all below
+def test_products_whose_rescale_shifts_left_are_bit_exact(spread):
+    """Per-channel rescale multipliers above 1 (a left shift before the fixed-point multiply) and below it
+    in one FULLY_CONNECTED: the products' output stage takes both (the register path leaves the left
+    shift out only where every channel's is 0)."""
+    rng = np.random.default_rng(int(spread * 10))
+    b = GraphBuilder()
+    in_scale, depth, units = 0.05, 24, 40
+    x = b.input("x", (9, depth), "int8", quant=(in_scale, 3))
+    w, scales = weights(b, rng, (units, depth), 0, "int8", True)
+    out_scale = spread * in_scale * float(np.median(scales))  # multipliers 1/spread x scales/median
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias(b, rng, in_scale, scales, True)], dtype="int8",
+                  quant=(out_scale, -5), options={"fused_activation_function": "NONE"}))
+    inputs = random_q(rng, (9, depth))
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == ["qproduct"]
+    exact(b, inputs, native=False)
+
+
 def test_extreme_inputs_and_weights_are_exact():
     """Every input at -128 or 127 and weights at -127 / 127: the largest products and sums."""
     rng = np.random.default_rng(7)

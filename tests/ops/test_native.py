@@ -62,6 +62,29 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
 
 
 @needs_compiler
+@pytest.mark.parametrize("width", [3, 5, 6, 13, 30])  # inner pixels: one by one, 4, 4 overlapping, 8 + 4 ...
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("c", [24, 32])  # vectors of 16 and one of 8 (AVX-512), vectors of 8 only
+def test_depthwise_pixel_groups_match_numpy(loops, width, stride, c):
+    """Channels in whole vectors: the pixels with every tap inside go in groups along the row, bias and
+    PReLU applied in registers, the border pixels one by one."""
+    rng = np.random.default_rng(width)
+    h = 4
+    x = rng.standard_normal((h, width, c)).astype(np.float32)
+    weights = rng.standard_normal((3, 3, c)).astype(np.float32)
+    bias, slope = rng.standard_normal(c).astype(np.float32), rng.uniform(-1, 2, c).astype(np.float32)
+    oh, ow = -(-h // stride), -(-width // stride)
+    out = np.full((1, oh, ow, c), np.nan, np.float32)
+    where = native.Geometry.around(x[None], out, (3, 3), (stride, stride, 1, 1), (1, 1))
+    finish = native.Epilogue(bias, slope=slope).tiled(ow)
+    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(9, c)), out, where, 1, finish)
+    expected = _reference(x, (oh, ow), (3, 3), (stride, stride, 1, 1), (1, 1),
+                          lambda pixel, ky, kx: pixel * weights[ky, kx], c) + bias
+    expected = np.where(expected < 0, expected * slope, expected)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
 @pytest.mark.parametrize("m, k, n, threads", [(300, 40, 70, 2), (5, 64, 1000, 2), (1, 8, 3, 4), (64, 16, 16, 1)])
 def test_shared_product_matches_numpy(loops, m, k, n, threads):
     if loops.sgemm is None:

@@ -281,3 +281,33 @@ def test_fill(dims, dtype):
     value = b.input("value", (), dtype)
     b.output(b.op("FILL", [b.const("dims", np.array(dims, np.int32)), value], dtype=dtype))
     check_against_litert(b.to_bytes(), [np.array(True if dtype == "bool" else 3.5).astype(dtype)], lsb=0)
+
+
+def test_shape_arithmetic_runs_at_compile_time():
+    """SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE (a converter's reshape by a shape read at run time): the
+    shape arithmetic is computed once when the partition compiles, only the RESHAPE runs; a SHAPE whose
+    result a caller reads still runs."""
+    from delegate import read_model
+    from delegate.partition import make_partition
+    from delegate.plugins import default_manager
+    from delegate.runtime import Executor
+
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4), "float32")
+    dims = b.op("SHAPE", [x], options={"out_type": 2}, dtype="int32")
+    batch = b.op("STRIDED_SLICE", [dims, *(b.const(name, np.array([v], np.int32)) for name, v in
+                                           (("begin", 0), ("end", 1), ("strides", 1)))],
+                 options={"shrink_axis_mask": 1}, dtype="int32")
+    shape = b.op("PACK", [batch, b.const("rest", np.array(12, np.int32))], options={"axis": 0, "values_count": 2},
+                 dtype="int32")
+    b.output(b.op("RESHAPE", [x, shape], shape=(2, 12)), b.op("SHAPE", [x], options={"out_type": 2}, dtype="int32"))
+    model = b.to_bytes()
+    values = _values(np.random.default_rng(0), (2, 3, 4), "float32")
+    check_against_litert(model, [values], lsb=0)
+    g = read_model(model).main
+    ex = Executor(g, [make_partition(g, g.ops, "cpu", 0)], {"cpu": default_manager().backend_info("cpu").factory({})},
+                  CompileOptions())
+    assert ex.compiled[0].describe()["computed_at_compile_time"] == [0, 1, 2]
+    out = ex.run({g.inputs[0].index: values})
+    np.testing.assert_array_equal(out[g.outputs[0].index], values.reshape(2, 12))
+    np.testing.assert_array_equal(out[g.outputs[1].index], [2, 3, 4])

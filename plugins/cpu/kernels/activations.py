@@ -10,7 +10,8 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, elementwise_loops, kernel_loops, team_for
+from .native import (NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, SoftmaxCall, elementwise_loops,
+                     kernel_loops, prepared_run, team_for)
 
 @kernel(*CLAMPS)
 def clip(op: Op):
@@ -169,7 +170,13 @@ def _shifted_exp(x: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
 
 @kernel("SOFTMAX")
 def softmax(op: Op):
+    """Along the last axis: in the native loops one prepared call (batched with its neighbours'), else
+    numpy's; the same steps (see _shifted_exp)."""
     beta = float(op.options.get("beta", 1.0))
+    x = op.inputs[0]
+    loops = kernel_loops() if x.dtype.numpy == np.float32 and x.shape and x.size else None
+    if loops is not None:
+        return prepared_run(loops, SoftmaxCall(x.size, x.shape[-1], beta))
 
     def run(ins, outs):
         outs[0] /= _shifted_exp(ins[0], beta, outs[0])

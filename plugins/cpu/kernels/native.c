@@ -6,6 +6,7 @@
  * OpenMP team, whose threads wait spinning between the kernels of a run (briefly: see
  * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,13 +19,43 @@ static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
 /* A float kernel's bias (per column, or NULL) and fused activation, applied to rows just computed:
- * a clamp, or a PReLU with a slope per column (or NULL). */
+ * a clamp, or a PReLU with a slope per column (or NULL).  The products and convolutions also add a
+ * residual operand (a residual ADD fused in) when their call holds one: ``adds`` and the distance in
+ * bytes from each output to its operand are set by the kernel from the call, then the ADD's own clamp
+ * (``add_clamp``) applies. */
 typedef struct {
     const float *bias;
     int clamp;
     float low, high;
     const float *slope;
+    int add_clamp;
+    float add_low, add_high;
+    int64_t residual;
+    int64_t adds;
 } epilogue;
+
+/* The epilogue ``e`` adding, where ``residual`` is not NULL, that operand (laid out as ``out``). */
+static inline epilogue with_residual(const epilogue *e, const float *residual, const float *out)
+{
+    epilogue part = *e;
+    part.adds = residual != NULL;
+    part.residual = residual ? (const char *)residual - (const char *)out : 0;
+    return part;
+}
+
+/* The residual ADD of an epilogue that adds one, on ``n`` outputs just stored at ``out``. */
+static inline void add_residual(float *out, int64_t n, const epilogue *e)
+{
+    const float *residual = (const float *)((const char *)out + e->residual);
+    for (int64_t j = 0; j < n; j++) {
+        float v = out[j] + residual[j];
+        if (e->add_clamp) {
+            v = v < e->add_low ? e->add_low : v;
+            v = v > e->add_high ? e->add_high : v;
+        }
+        out[j] = v;
+    }
+}
 
 /* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
  * (oh, ow) outputs, rows out_stride and images image_out floats apart; the filter's window, strides,
@@ -176,13 +207,100 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
     }
 }
 
+/* The depthwise kernel's pixel groups (depthwise_pixels) for one width of vectors: VEC of LANES floats
+ * (with MASK its comparison type), NAME_store applying the epilogue (its bias and slope per channel)
+ * in registers, NAME_group summing P output pixels' channels j.. over all taps, each tap's weights
+ * loaded once for them. */
+#define DW_PIXELS 8
+#define DEPTHWISE_VECTORS(NAME, VEC, MASK, LANES)                                                            \
+typedef float VEC __attribute__((vector_size(LANES * sizeof(float))));                                       \
+typedef int32_t MASK __attribute__((vector_size(LANES * sizeof(float))));                                    \
+static inline VEC NAME##_load(const float *p) { VEC v; memcpy(&v, p, sizeof v); return v; }                  \
+static inline VEC NAME##_pick(MASK where, VEC yes, VEC no)                                                   \
+{                                                                                                            \
+    return (VEC)(((MASK)yes & where) | ((MASK)no & ~where));                                                 \
+}                                                                                                            \
+static inline void NAME##_store(float *out, VEC v, int64_t j, const epilogue *e)                              \
+{                                                                                                            \
+    if (e->bias)                                                                                             \
+        v += NAME##_load(e->bias + j);                                                                       \
+    if (e->clamp) {                                                                                          \
+        VEC low = (VEC){0} + e->low, high = (VEC){0} + e->high;                                              \
+        v = NAME##_pick(v < low, low, v);                                                                    \
+        v = NAME##_pick(v > high, high, v);                                                                  \
+    }                                                                                                        \
+    if (e->slope)                                                                                            \
+        v = NAME##_pick(v < (VEC){0}, v * NAME##_load(e->slope + j), v);                                     \
+    memcpy(out, &v, sizeof v);                                                                               \
+}                                                                                                            \
+static inline __attribute__((always_inline)) void NAME##_group(const int P, const float *x,                   \
+                                                              const int64_t *offsets,                        \
+                                                              const float *const *weights, int64_t taps,     \
+                                                              int64_t c, int64_t step, int64_t q, int64_t j, \
+                                                              float *out, const epilogue *e)                 \
+{                                                                                                            \
+    VEC acc[DW_PIXELS];                                                                                      \
+    for (int k = 0; k < P; k++)                                                                              \
+        acc[k] = (VEC){0};                                                                                   \
+    for (int64_t t = 0; t < taps; t++) {                                                                     \
+        VEC w = NAME##_load(weights[t] + j);                                                                 \
+        const float *in = x + offsets[t] + q * step + j;                                                     \
+        for (int k = 0; k < P; k++)                                                                          \
+            acc[k] += NAME##_load(in + k * step) * w;                                                        \
+    }                                                                                                        \
+    for (int k = 0; k < P; k++)                                                                              \
+        NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
+}                                                                                                            \
+/* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
+ * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
+ * out is never the input), or one by one when fewer than 4 in all. */                                 \
+static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
+                          int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
+                          float *out, const epilogue *e)                                                     \
+{                                                                                                            \
+    for (int64_t j = j0; j < j1; j += LANES) {                                                               \
+        int64_t q = 0;                                                                                       \
+        for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
+            NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
+        for (; q + 4 <= pixels; q += 4)                                                                      \
+            NAME##_group(4, x, offsets, weights, taps, c, step, q, j, out, e);                               \
+        if (q < pixels && pixels >= 4) {                                                                     \
+            NAME##_group(4, x, offsets, weights, taps, c, step, pixels - 4, j, out, e);                      \
+            continue;                                                                                        \
+        }                                                                                                    \
+        for (; q < pixels; q++)                                                                              \
+            NAME##_group(1, x, offsets, weights, taps, c, step, q, j, out, e);                               \
+    }                                                                                                        \
+}
+
+DEPTHWISE_VECTORS(dw8, dvec8, dmask8, 8)
+#if defined(__AVX512F__)
+DEPTHWISE_VECTORS(dw16, dvec16, dmask16, 16)
+#endif
+
+/* out[q * c + j] = sum over taps t of x[offsets[t] + q * step + j] * weights[t][j], for the ``pixels``
+ * output pixels q of a run along a row (``step`` floats apart in the input) and channels j < c, c a
+ * multiple of 8, then the epilogue in registers: per vector of channels (16 with AVX-512, then 8),
+ * groups of pixels keep their sums in registers over all taps.  The sums run over the taps in order,
+ * as sum_taps's do. */
+static void depthwise_pixels(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
+                             int64_t c, int64_t step, int64_t pixels, float *out, const epilogue *e)
+{
+    int64_t wide = 0;
+#if defined(__AVX512F__)
+    wide = c / 16 * 16;
+    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, out, e);
+#endif
+    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, out, e);
+}
+
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
  * taps (ky, kx) that fall inside the image, at input row oy*stride_h + ky*dh - top and column
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
- * taps that fall outside.  Without a column stride the pixels with every tap inside are one run
- * along the row (sum_taps, with ``repeated`` the weights as it takes them); with one, pixel by
- * pixel. */
+ * taps that fall outside.  The pixels with every tap inside are one run along the row: channels
+ * in whole vectors of 8 go by depthwise_pixels; others, without a column stride, by sum_taps with
+ * ``repeated`` the weights as it takes them, with one, pixel by pixel. */
 int depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
                    int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
 {
@@ -207,7 +325,11 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
             filters[t] = weights + index[t] * c;
         }
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
-        if (stride_w == 1)
+        int pixels_finished = c % 8 == 0;
+        if (pixels_finished)
+            depthwise_pixels(x + inner0 * stride_w * c, offsets, filters, taps, c, stride_w * c, inner1 - inner0,
+                             row + inner0 * c, finish);
+        else if (stride_w == 1)
             sum_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
         else
             for (int64_t ox = inner0; ox < inner1; ox++)
@@ -222,7 +344,12 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
                 kept_filters[t] = weights + inside_index[t] * c;
             sum_taps(x + ox * stride_w * c, inside, kept_filters, c, kept, row + ox * c, c);
         }
-        finish_rows(row, 1, ow * c, ow * c, finish);
+        if (!pixels_finished)
+            finish_rows(row, 1, ow * c, ow * c, finish);
+        else {  /* the border pixels (the finish's bias and slope are tiled along the row) */
+            finish_rows(row, 1, inner0 * c, ow * c, finish);
+            finish_rows(row + inner1 * c, 1, (ow - inner1) * c, ow * c, finish);
+        }
     }
     free(all);
     return DONE;
@@ -310,13 +437,18 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
         }
     }
     for (int r = 0; r < rows; r++) {
-        if (width == PANEL) {
-            memcpy(out + r * ldc, acc[r], sizeof acc[r]);
-        } else {
-            float tile[PANEL];
-            memcpy(tile, acc[r], halves * sizeof(pvec));
-            memcpy(out + r * ldc, tile, width * sizeof(float));
+        float *o = out + r * ldc;
+        if (width == halves * PANEL_LANES) {
+            memcpy(o, acc[r], halves * sizeof(pvec));
+        } else {  /* a partial panel: its whole vectors, then the rest item by item */
+            int64_t j = 0;
+            for (int h = 0; h < halves && j + PANEL_LANES <= width; h++, j += PANEL_LANES)
+                memcpy(o + j, &acc[r][h], sizeof(pvec));
+            for (; j < width; j++)
+                o[j] = acc[r][j / PANEL_LANES][j % PANEL_LANES];
         }
+        if (e->adds)
+            add_residual(o, width, e);
     }
 }
 
@@ -360,12 +492,14 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
 /* A convolution of (H, W, C) images, read in place: output pixel (oy, ox) unit u sums, over the taps
  * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
  * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
- * epilogue (its bias padded to whole panels).  No im2col copy: groups of up to MR pixels with every
- * tap inside keep their sums in registers over all taps and channels; pixels at the borders go one
- * by one with the taps inside. */
+ * epilogue (its bias padded to whole panels), adding ``residual`` (laid out as out) where not NULL.
+ * No im2col copy: groups of up to MR pixels with every tap inside keep their sums in registers over
+ * all taps and channels; pixels at the borders go one by one with the taps inside. */
 int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
-              const geometry *g, const epilogue *finish, int threads)
+              const geometry *g, const epilogue *epilogue_in, const float *residual, int threads)
 {
+    epilogue adding = with_residual(epilogue_in, residual, out);
+    const epilogue *finish = &adding;
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1, window = kh * kw;
     size_t per_thread = (size_t)window * 5 * sizeof(int64_t);
@@ -403,6 +537,22 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     }
     free(all);
     return DONE;
+}
+
+/* conv_rows with its arguments in one struct, as depthwise_call. */
+typedef struct {
+    const float *images, *packed;
+    int64_t units;
+    float *out;
+    const geometry *where;
+    const epilogue *finish;
+    int64_t threads;
+    const float *residual;
+} conv_call;
+
+int conv_prepared(const conv_call *c)
+{
+    return conv_rows(c->images, c->packed, c->units, c->out, c->where, c->finish, c->residual, (int)c->threads);
 }
 
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
@@ -761,8 +911,9 @@ static const int64_t ZERO[1] = {0};  /* a plain product's one tap: no offset, th
 #define PASS_FLOATS (1 << 15)
 
 /* One product against a packed operand: c = a @ packed (a: m x k, a[r][p] at a[r * row_step +
- * p * column_step]; c: m x n, rows ldc apart), then the epilogue (its bias padded to whole panels).
- * Kernels build it once and set a and c per run (one argument is a cheaper call). */
+ * p * column_step]; c: m x n, rows ldc apart), then the epilogue (its bias padded to whole panels),
+ * adding ``residual`` (laid out as c) where not NULL.  Kernels build it once and set a and c (and
+ * residual) per run (one argument is a cheaper call). */
 typedef struct {
     int64_t m, n, k;
     const float *a;
@@ -772,6 +923,7 @@ typedef struct {
     int64_t ldc;
     const epilogue *finish;
     int64_t threads;
+    const float *residual;
 } product;
 
 /* The product, with the epilogue on each tile in registers: each thread takes a share of the row
@@ -784,6 +936,7 @@ int packed_product(const product *p)
     int threads = extent > 1 ? (int)p->threads : 1;
     int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
     pass = pass < 1 ? 1 : pass;
+    epilogue adding = with_residual(p->finish, p->residual, p->c);
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
@@ -792,7 +945,7 @@ int packed_product(const product *p)
             int64_t last = first + pass < t1 ? first + pass : t1;
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
-                epilogue part = panel_finish(p->finish, col);
+                epilogue part = panel_finish(&adding, col);
                 for (int64_t t = first; t < last; t++) {
                     int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
                     panel_rows((int)rows, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
@@ -816,6 +969,9 @@ int packed_product(const product *p)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QMR 8
 int integer_isa(void) { return 2; }
+#if defined(__AVX512VL__)
+#define QTILE_REQUANTIZED 1  /* tiles requantized in registers (qtile_requantized) */
+#endif
 #elif defined(__AVX2__)
 #define QMR 3
 int integer_isa(void) { return 1; }
@@ -836,6 +992,7 @@ int integer_isa(void) { return 0; }
 typedef struct {
     const int32_t *bias, *multiplier, *left, *right, *mask, *threshold, *away;
     int32_t zero, low, high;
+    int32_t shifts_left, rounds_away;  /* whether any channel's left is not 0, any away not 0 */
 } qstage;
 
 static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
@@ -850,7 +1007,7 @@ static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
 
 #if defined(__AVX2__)
 /* qrequantize on the 8 channels j..j+7 at once. */
-static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
+static inline __attribute__((always_inline)) __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 {
 #define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
     __m256i x = _mm256_sllv_epi32(_mm256_add_epi32(acc, QLOAD(q->bias)), QLOAD(q->left));
@@ -867,23 +1024,55 @@ static inline __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 }
 
 #if defined(__AVX512F__)
-/* qrequantize on the 16 channels j..j+15 at once (qrequantize8's steps, with masks). */
-static inline __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+/* A qstage's vectors for the 16 channels j..j+15, loaded once for every row of a tile. */
+typedef struct {
+    __m512i bias, left, multiplier, odd_multiplier, threshold, away, mask, right, zero, low, high;
+} qstage16;
+
+static inline __attribute__((always_inline)) qstage16 qstage_at(const qstage *q, int64_t j)
 {
 #define QLOAD16(a) _mm512_loadu_si512((const void *)((a) + j))
-    __m512i x = _mm512_sllv_epi32(_mm512_add_epi32(acc, QLOAD16(q->bias)), QLOAD16(q->left));
-    __m512i m = QLOAD16(q->multiplier), nudge = _mm512_set1_epi64(1 << 30);
-    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, m), nudge);
-    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(m, 32)), nudge);
-    x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
-    __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
-    __m512i threshold = QLOAD16(q->threshold);
-    threshold = _mm512_mask_sub_epi32(threshold, negative, threshold, QLOAD16(q->away));
-    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, QLOAD16(q->mask)), threshold);
-    x = _mm512_add_epi32(_mm512_srav_epi32(x, QLOAD16(q->right)), _mm512_set1_epi32(q->zero));
-    x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
-    return _mm512_min_epi32(_mm512_max_epi32(x, _mm512_set1_epi32(q->low)), _mm512_set1_epi32(q->high));
+    qstage16 v = {QLOAD16(q->bias), QLOAD16(q->left), QLOAD16(q->multiplier),
+                  _mm512_srli_epi64(QLOAD16(q->multiplier), 32), QLOAD16(q->threshold), QLOAD16(q->away),
+                  QLOAD16(q->mask), QLOAD16(q->right), _mm512_set1_epi32(q->zero), _mm512_set1_epi32(q->low),
+                  _mm512_set1_epi32(q->high)};
+    return v;
 #undef QLOAD16
+}
+
+/* qrequantize on 16 channels at once (qrequantize8's steps, with masks); without ``left`` the left
+ * shifts (all 0) are left out, without ``away`` the ties' adjustment (all ties up). */
+static inline __attribute__((always_inline)) __m512i qrequantize_steps(__m512i acc, const qstage16 *v,
+                                                                      const int left, const int away)
+{
+    __m512i x = _mm512_add_epi32(acc, v->bias);
+    if (left)
+        x = _mm512_sllv_epi32(x, v->left);
+    __m512i nudge = _mm512_set1_epi64(1 << 30);
+    __m512i even = _mm512_add_epi64(_mm512_mul_epi32(x, v->multiplier), nudge);
+    __m512i odd = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), v->odd_multiplier), nudge);
+    x = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 31), _mm512_slli_epi64(odd, 1));
+    __m512i threshold = v->threshold;
+    if (away) {
+        __mmask16 negative = _mm512_cmpgt_epi32_mask(_mm512_setzero_si512(), x);
+        threshold = _mm512_mask_sub_epi32(v->threshold, negative, v->threshold, v->away);
+    }
+    __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, v->mask), threshold);
+    x = _mm512_add_epi32(_mm512_srav_epi32(x, v->right), v->zero);
+    x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
+    return _mm512_min_epi32(_mm512_max_epi32(x, v->low), v->high);
+}
+
+static inline __attribute__((always_inline)) __m512i qrequantize_with(__m512i acc, const qstage16 *v)
+{
+    return qrequantize_steps(acc, v, 1, 1);
+}
+
+/* qrequantize on the 16 channels j..j+15 at once. */
+static inline __attribute__((always_inline)) __m512i qrequantize16(__m512i acc, int64_t j, const qstage *q)
+{
+    qstage16 v = qstage_at(q, j);
+    return qrequantize_with(acc, &v);
 }
 #endif
 
@@ -996,6 +1185,7 @@ static inline __attribute__((always_inline)) void qtile_rows(const int rows, con
 #endif
 }
 
+#if !defined(QTILE_REQUANTIZED)
 /* qtile_rows with its row count a constant, so that the sums live in registers. */
 static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t *restrict panel,
                   const int32_t *restrict sums, int32_t acc[QMR][QPANEL])
@@ -1014,19 +1204,69 @@ static void qtile(int rows, const int8_t *const *a, int64_t depth, const int8_t 
     }
 #undef QTILE
 }
+#endif
+
+#if defined(QTILE_REQUANTIZED)
+/* qtile_rows's VNNI sums of ``rows`` rows against the panel of columns col.., requantized in registers
+ * (the stage's vectors loaded once for the tile) and the first ``width`` bytes of each row stored. */
+static inline __attribute__((always_inline)) void qtile_requantized(const int rows, const int8_t *const *a,
+                                                                   int64_t depth, const int8_t *restrict panel,
+                                                                   const int32_t *restrict sums, int64_t col,
+                                                                   int64_t width, const qstage *stage,
+                                                                   int8_t *out, int64_t ldc)
+{
+    int64_t groups = (depth + 3) / 4;
+    __m512i s[QMR];
+    const __m512i unsigned_bias = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++)
+        s[r] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i w = _mm512_loadu_si512(panel + 64 * g);
+        for (int r = 0; r < rows; r++) {
+            __m512i x = _mm512_xor_si512(_mm512_set1_epi32(depth_group(a[r], g, depth)), unsigned_bias);
+            s[r] = _mm512_dpbusd_epi32(s[r], x, w);
+        }
+    }
+    __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums + col), 7);
+    qstage16 v = qstage_at(stage, col);
+    __mmask16 keep = width >= QPANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
+    if (stage->shifts_left || stage->rounds_away)
+        for (int r = 0; r < rows; r++)
+            _mm_mask_storeu_epi8(out + r * ldc + col, keep,
+                                 _mm512_cvtepi32_epi8(qrequantize_with(_mm512_sub_epi32(s[r], taken), &v)));
+    else  /* the usual convolution's stage: multipliers below 1, ties up */
+        for (int r = 0; r < rows; r++)
+            _mm_mask_storeu_epi8(out + r * ldc + col, keep,
+                                 _mm512_cvtepi32_epi8(qrequantize_steps(_mm512_sub_epi32(s[r], taken), &v, 0, 0)));
+}
+#endif
 
 /* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
 static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
                   int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage)
 {
-    int32_t acc[QMR][QPANEL];
     int64_t panel_bytes = 64 * ((depth + 3) / 4);
+#if defined(QTILE_REQUANTIZED)
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
+        const int8_t *panel = packed + p * panel_bytes;
+#define QTILE_CASE(R) \
+        case R: qtile_requantized(R, a, depth, panel, sums, col, width, stage, out, ldc); break;
+        switch (rows) {
+        QTILE_CASE(8) QTILE_CASE(7) QTILE_CASE(6) QTILE_CASE(5) QTILE_CASE(4) QTILE_CASE(3) QTILE_CASE(2)
+        QTILE_CASE(1)
+        }
+#undef QTILE_CASE
+    }
+#else
+    int32_t acc[QMR][QPANEL];
     for (int64_t p = p0; p < p1; p++) {
         int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
         qtile(rows, a, depth, packed + p * panel_bytes, sums + col, acc);
         for (int r = 0; r < rows; r++)
             qstore(acc[r], col, width, stage, out + r * ldc + col);
     }
+#endif
 }
 
 /* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
@@ -1239,9 +1479,13 @@ static inline lanes32 widen8(const int8_t *p)
 #endif
 }
 
+/* DW_PIXEL_GROUP: the most output pixels of a row depthwise_sums sums at once. */
+#define DW_PIXEL_GROUP 4
+
 /* sums[j] for one output pixel whose taps inside the image are the input pixels at x + offsets[t]
- * (in items) weighted by taps row index[t]; with ``pixels`` 2, also sums[c + j] for the pixel ``step``
- * items further on (the same taps: each weight vector loaded once for both). */
+ * (in items) weighted by taps row index[t]; with ``pixels`` up to DW_PIXEL_GROUP, also sums[q * c + j]
+ * for the pixels q ``step`` items further on each (the same taps: each weight vector loaded once for
+ * them all). */
 static inline __attribute__((always_inline)) void depthwise_sums(const void *x, const int wide, const int pixels,
                                                                   int64_t step, const int64_t *offsets,
                                                                   const int64_t *index, int64_t kept,
@@ -1252,17 +1496,17 @@ static inline __attribute__((always_inline)) void depthwise_sums(const void *x, 
     const int16_t *x16 = x;
     int64_t j = 0;
     for (; j + DW_LANES <= c; j += DW_LANES) {
-        lanes32 acc = {0}, next = {0};
+        lanes32 acc[DW_PIXEL_GROUP];
+        for (int q = 0; q < pixels; q++)
+            acc[q] = (lanes32){0};
         for (int64_t t = 0; t < kept; t++) {
             lanes32 w = widen16(taps + index[t] * c + j);
             int64_t at = offsets[t] + j;
-            acc += ((wide ? widen16(x16 + at) : widen8(x8 + at)) - zero) * w;
-            if (pixels == 2)
-                next += ((wide ? widen16(x16 + at + step) : widen8(x8 + at + step)) - zero) * w;
+            for (int q = 0; q < pixels; q++)
+                acc[q] += ((wide ? widen16(x16 + at + q * step) : widen8(x8 + at + q * step)) - zero) * w;
         }
-        memcpy(sums + j, &acc, sizeof acc);
-        if (pixels == 2)
-            memcpy(sums + c + j, &next, sizeof next);
+        for (int q = 0; q < pixels; q++)
+            memcpy(sums + q * c + j, &acc[q], sizeof acc[q]);
     }
     for (; j < c; j++)
         for (int q = 0; q < pixels; q++) {
@@ -1288,9 +1532,9 @@ static inline __attribute__((always_inline)) void depthwise_store(const qdepthwi
 }
 
 /* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
- * int64, ``sums`` for 2 * c int32.  The row's taps (those on input rows inside the image) are listed once:
- * pixels with all of them inside the row read them at a shifted base, two at a time, border pixels keep
- * those inside. */
+ * int64, ``sums`` for DW_PIXEL_GROUP * c int32.  The row's taps (those on input rows inside the image)
+ * are listed once: pixels with all of them inside the row read them at a shifted base, four (then two)
+ * at a time, border pixels keep those inside. */
 static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwise_call *p, const int wide,
                                                                   const char *x, int64_t oy, char *row,
                                                                   int64_t *list, int32_t *sums)
@@ -1305,6 +1549,13 @@ static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwis
     for (int64_t ox = 0; ox < g->ow; ox++) {
         int64_t base = ox * g->stride_w;
         const char *at = x + base * c * size;
+        if (ox >= inner0 && ox + 3 < inner1) {
+            depthwise_sums(at, wide, 4, step, offsets, index, taps, p->taps, c, zero, sums);
+            for (int q = 0; q < 4; q++)
+                depthwise_store(p, wide, sums + q * c, row, ox + q);
+            ox += 3;
+            continue;
+        }
         if (ox >= inner0 && ox + 1 < inner1) {
             depthwise_sums(at, wide, 2, step, offsets, index, taps, p->taps, c, zero, sums);
             depthwise_store(p, wide, sums, row, ox);
@@ -1326,7 +1577,7 @@ int qdepthwise(const qdepthwise_call *p)
     const geometry *g = p->where;
     int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + 2 * (size_t)g->c * sizeof(int32_t);
+    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + DW_PIXEL_GROUP * (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
@@ -1525,6 +1776,58 @@ int wide_conv(const wide_call *p)
         }
     }
     free(all);
+    return DONE;
+}
+
+/* mean_pixels with its arguments in one struct, as depthwise_call. */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t images, pixels, c, threads;
+} mean_call;
+
+int mean_prepared(const mean_call *m)
+{
+    return mean_pixels(m->x, m->out, m->images, m->pixels, m->c, (int)m->threads);
+}
+
+/* A float SOFTMAX over rows of ``depth``, in numpy's formulation's steps: e = exp(beta * (x - row max))
+ * (beta applied only when not 1), the row's e summed, each e divided by the sum. */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, depth;
+    float beta;
+} softmax_call;
+
+int softmax_prepared(const softmax_call *p)
+{
+    for (int64_t r = 0; r < p->rows; r++) {
+        const float *x = p->x + r * p->depth;
+        float *out = p->out + r * p->depth, top = x[0], sum = 0;
+        for (int64_t k = 1; k < p->depth; k++)
+            top = x[k] > top ? x[k] : top;
+        for (int64_t k = 0; k < p->depth; k++) {
+            float v = x[k] - top;
+            out[k] = expf(p->beta != 1.0f ? v * p->beta : v);
+            sum += out[k];
+        }
+        for (int64_t k = 0; k < p->depth; k++)
+            out[k] /= sum;
+    }
+    return DONE;
+}
+
+/* A copy of ``bytes`` bytes: RESHAPE and its kin (the same values in another shape) as a prepared call. */
+typedef struct {
+    const void *x;
+    void *out;
+    int64_t bytes;
+} copy_call;
+
+int copy_prepared(const copy_call *c)
+{
+    memcpy(c->out, c->x, (size_t)c->bytes);
     return DONE;
 }
 

@@ -103,19 +103,23 @@ def _done(status: int, what: str) -> None:
 
 class Epilogue(ctypes.Structure):
     """What a float kernel's output rows get once computed: a bias (per column; None for none) and its
-    fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column)."""
+    fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column).  Where the
+    call of a product or convolution holds a residual operand (a residual ADD fused in), the kernel
+    adds it next, then clamps to ``add_bounds`` (the ADD's activation; None for none)."""
 
     _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
-                ("slope", _PTR)]
+                ("slope", _PTR), ("add_clamp", ctypes.c_int), ("add_low", ctypes.c_float),
+                ("add_high", ctypes.c_float), ("residual", _INT64), ("adds", _INT64)]
 
     def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None,
-                 slope: np.ndarray | None = None):
+                 slope: np.ndarray | None = None, add_bounds: tuple[float, float] | None = None):
         self.kept = None if bias is None else np.ascontiguousarray(bias, np.float32)
         self.kept_slope = None if slope is None else np.ascontiguousarray(slope, np.float32)
-        self.bounds = bounds
+        self.bounds, self.add_bounds = bounds, add_bounds
         low, high = bounds or (0.0, 0.0)
         super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high,
-                         None if self.kept_slope is None else self.kept_slope.ctypes.data)
+                         None if self.kept_slope is None else self.kept_slope.ctypes.data, add_bounds is not None,
+                         *(add_bounds or (0.0, 0.0)))
 
     def covers(self, columns: int) -> bool:
         """Whether its per-column arrays hold ``columns`` values (what the loops read of them)."""
@@ -125,7 +129,7 @@ class Epilogue(ctypes.Structure):
         """This epilogue with ``change`` applied to its per-column arrays."""
         def changed(values):
             return None if values is None else change(values)
-        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope))
+        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope), self.add_bounds)
 
     def columns(self, first: int, end: int) -> "Epilogue":
         """The epilogue of columns first..end (itself when that is all of them, or it has none)."""
@@ -238,8 +242,6 @@ class NativeLoops:
         self.flags = list(flags)  # what it was built with (a sanitizer, say)
         finish = ctypes.POINTER(Epilogue)
         where = ctypes.POINTER(Geometry)
-        library.conv_rows.argtypes = [_PTR, _PTR, _INT64, _PTR, where, finish, ctypes.c_int]
-        library.conv_rows.restype = ctypes.c_int
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
         library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
@@ -253,8 +255,6 @@ class NativeLoops:
         library.rescale_rows.restype = None
         library.pad_rows.argtypes = [_PTR, _PTR, *[_INT64] * 4, ctypes.c_float, ctypes.c_int]
         library.pad_rows.restype = None
-        library.mean_pixels.argtypes = [_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_int]
-        library.mean_pixels.restype = ctypes.c_int
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
         library.resize_bilinear.restype = None
         library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
@@ -267,8 +267,9 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        library.packed_product.argtypes = [ctypes.POINTER(ProductCall)]
-        library.packed_product.restype = ctypes.c_int
+        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall):
+            getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
+            getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
                                                          LookupCall, QMeanCall, QSoftmaxCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
@@ -302,12 +303,7 @@ class NativeLoops:
              finish: Epilogue = NO_EPILOGUE) -> None:
         """A convolution read in place: ``weights`` its (KH*KW*C, units) matrix packed, ``finish`` padded
         to its panels, the rest as for depthwise."""
-        where.placed(x, out)
-        fits(weights.depth == where.kh * where.kw * where.c and weights.columns == out.shape[3],
-             f"packed weights ({weights.depth}, {weights.columns}) do not fit the geometry")
-        fits(finish.covers(weights.padded_columns), "the epilogue does not cover the packed columns")
-        _done(self.library.conv_rows(address(x), address(weights.panels), weights.columns, address(out),
-                                     ctypes.byref(where), ctypes.byref(finish), threads), "conv_rows")
+        self.prepared(ConvCall(weights, where, finish, threads), x, out)
 
     def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
                finish: Epilogue = NO_EPILOGUE) -> None:
@@ -363,12 +359,6 @@ class NativeLoops:
              f"pad of {x.shape} by ({before}, {after}) into {out.shape}")
         self.library.pad_rows(address(x), address(out), x.size // max(columns, 1), columns, before, after, value,
                               threads)
-
-    def mean_pixels(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out (N, C) = the mean of each contiguous (N, H, W, C) image over its pixels."""
-        n, h, w, c = x.shape
-        fits(_contiguous(x) and _contiguous(out, n * c) and h * w >= 1, f"mean of {x.shape} into {out.shape}")
-        _done(self.library.mean_pixels(address(x), address(out), n, h * w, c, threads), "mean_pixels")
 
     def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
         """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
@@ -431,29 +421,75 @@ class NativeLoops:
         return True
 
 
+def _adding(call, residual: bool) -> None:
+    """Have a float product or convolution ``call`` add a residual operand to its outputs (its epilogue's
+    ADD): a run then places that operand between the input and the output."""
+    if residual:
+        call.places = (call.places[0], "residual", call.places[1])
+
+
+def _placed_operand(call, arrays: tuple) -> np.ndarray:
+    """The output among a run's ``arrays`` (input, [residual operand,] output), a residual operand checked
+    to be laid out as the output (both contiguous, of one size)."""
+    fits(len(arrays) == len(call.places), f"{len(arrays)} arrays for {call.symbol}")
+    if len(arrays) == 3:
+        fits(_contiguous(arrays[1], arrays[2].size) and _contiguous(arrays[2]),
+             f"residual operand {arrays[1].shape} for {arrays[2].shape}")
+    return arrays[-1]
+
+
 class ProductCall(ctypes.Structure):
     """The arguments of native.c's packed_product, kept together so that a run sets only where the
-    matrices are (``a``, ``c``) and makes a one-argument call."""
+    matrices are (``a``, ``c``; with ``residual``, the operand the epilogue adds) and makes a
+    one-argument call."""
 
     _fields_ = [("m", _INT64), ("n", _INT64), ("k", _INT64), ("a", _PTR), ("row_step", _INT64),
                 ("column_step", _INT64), ("packed", _PTR), ("c", _PTR), ("ldc", _INT64),
-                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64), ("residual", _PTR)]
     symbol, places = "packed_product", ("a", "c")
 
     def __init__(self, shape: tuple[int, int], strides: tuple[int, int], rhs: "PackedOperand", ldc: int,
-                 finish: Epilogue, threads: int):
+                 finish: Epilogue, threads: int, residual: bool = False):
         (m, k), (row_step, column_step) = shape, strides
         fits(k == rhs.depth and ldc >= rhs.columns and finish.covers(rhs.padded_columns),
              f"product ({m}, {k}) @ packed ({rhs.depth}, {rhs.columns}), ldc {ldc}")
         self.kept = (rhs, finish)
         super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
                          ldc, ctypes.pointer(finish), threads)
+        _adding(self, residual)
         self.reference = ctypes.byref(self)
 
-    def placed(self, lhs: np.ndarray, out: np.ndarray) -> None:
+    def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
         """Contiguous arrays of (m, k) and (m, n) items (a prepared call's rows are contiguous)."""
+        out = _placed_operand(self, (lhs, *rest))
         fits(_contiguous(lhs, self.m * self.k) and self.row_step == self.k and self.column_step == 1 and
              _contiguous(out, self.m * self.n) and self.ldc == self.n, f"product arrays {lhs.shape} -> {out.shape}")
+
+
+class ConvCall(ctypes.Structure):
+    """The arguments of native.c's conv_rows (conv_call): a convolution of the images read in place
+    against ``weights``, its (KH*KW*C, units) matrix packed, ``finish`` padded to its panels (with
+    ``residual``, adding the operand a run places between the images and the output); built once, a
+    run places the arrays."""
+
+    _fields_ = [("images", _PTR), ("packed", _PTR), ("units", _INT64), ("out", _PTR),
+                ("where", ctypes.POINTER(Geometry)), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64),
+                ("residual", _PTR)]
+    symbol, places = "conv_prepared", ("images", "out")
+
+    def __init__(self, weights: "PackedOperand", where: Geometry, finish: Epilogue, threads: int,
+                 residual: bool = False):
+        fits(weights.depth == where.kh * where.kw * where.c and weights.columns == where.out_layout[0][3],
+             f"packed weights ({weights.depth}, {weights.columns}) do not fit the geometry")
+        fits(finish.covers(weights.padded_columns), "the epilogue does not cover the packed columns")
+        self.kept = (weights, where, finish)
+        super().__init__(None, weights.panels.ctypes.data, weights.columns, None, ctypes.pointer(where),
+                         ctypes.pointer(finish), threads)
+        _adding(self, residual)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
+        self.kept[1].placed(x, _placed_operand(self, (x, *rest)))
 
 
 class DepthwiseCall(ctypes.Structure):
@@ -497,6 +533,58 @@ class BinaryCall(ctypes.Structure):
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
              f"binary arrays {a.shape}, {b.shape} -> {out.shape}")
+
+
+class CopyCall(ctypes.Structure):
+    """The arguments of native.c's copy_prepared: ``nbytes`` bytes from one contiguous array to another
+    (a RESHAPE's values in their new shape); a run places both."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("bytes", _INT64)]
+    symbol, places = "copy_prepared", ("x", "out")
+
+    def __init__(self, nbytes: int):
+        super().__init__(None, None, nbytes)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
+             and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
+
+
+class MeanCall(ctypes.Structure):
+    """The arguments of native.c's mean_pixels (mean_call): the mean of contiguous (N, H, W, C) float
+    images over their pixels into (N, C); a run places both arrays."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("images", _INT64), ("pixels", _INT64), ("c", _INT64),
+                ("threads", _INT64)]
+    symbol, places = "mean_prepared", ("x", "out")
+
+    def __init__(self, shape: tuple[int, int, int, int], threads: int):
+        n, h, w, c = shape
+        fits(h * w >= 1, f"mean of {shape}")
+        super().__init__(None, None, n, h * w, c, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.images * self.pixels * self.c) and _contiguous(out, self.images * self.c),
+             f"mean of {x.shape} into {out.shape}")
+
+
+class SoftmaxCall(ctypes.Structure):
+    """The arguments of native.c's softmax_prepared: a float SOFTMAX over rows of ``depth`` (``size``
+    items in all), with ``beta``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("beta", ctypes.c_float)]
+    symbol, places = "softmax_prepared", ("x", "out")
+
+    def __init__(self, size: int, depth: int, beta: float):
+        fits(depth >= 1 and size % depth == 0, f"softmax rows of {depth} in {size} items")
+        super().__init__(None, None, size // depth, depth, beta)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        size = self.rows * self.depth
+        fits(_contiguous(x, size) and _contiguous(out, size), f"softmax arrays {x.shape} -> {out.shape}")
 
 
 class PackedOperand:
@@ -552,10 +640,11 @@ class QStage(ctypes.Structure):
     output channel: int32 ``bias`` added to the sums, the rescale's Q31 ``fixed`` significand and its
     ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
     (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
-    shift (ADD's operands).  Padded to whole vectors of 16 channels."""
+    shift (ADD's operands).  Padded to whole vectors of 16 channels; with whether any channel shifts
+    left or rounds ties away (the products' register path leaves out the steps no channel needs)."""
 
     _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
-        [("zero", ctypes.c_int32), ("low", ctypes.c_int32), ("high", ctypes.c_int32)]
+        [(name, ctypes.c_int32) for name in ("zero", "low", "high", "shifts_left", "rounds_away")]
 
     def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int], headroom: int = 0):
         self.channels = bias.size
@@ -570,7 +659,8 @@ class QStage(ctypes.Structure):
             column = np.full(padded, values[0], np.int32) if self.channels == 1 else np.zeros(padded, np.int32)
             column[:self.channels] = values
             self.kept.append(column)
-        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds)
+        super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds, bool(self.kept[2].any()),
+                         bool(self.kept[6].any()))
 
 
 class Requant(ctypes.Structure):

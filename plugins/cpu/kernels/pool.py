@@ -15,7 +15,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch
-from .native import PER_THREAD_ITEMS, Epilogue, Geometry, float_loops, team_for
+from .native import PER_THREAD_ITEMS, Epilogue, Geometry, MeanCall, float_loops, prepared_run, team_for
 from .reduce import MEAN_CHANNELS
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
@@ -90,9 +90,8 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     average, finish = op.opcode == "AVERAGE_POOL_2D", Epilogue(None, CLAMPS.get(activation))
     if average and activation == "NONE" and (where.kh, where.kw) == (where.h, where.w) \
             and (where.oh, where.ow) == (1, 1) and where.c <= MEAN_CHANNELS:
-        def run_global(ins, outs):  # one window over each whole image: its mean over the pixels
-            loops.mean_pixels(np.ascontiguousarray(ins[0]), outs[0], team)
-        return run_global
+        # one window over each whole image: its mean over the pixels
+        return prepared_run(loops, MeanCall(op.inputs[0].shape, team))
 
     def run(ins, outs):
         loops.pool(np.ascontiguousarray(ins[0]), outs[0], where, average, team, finish)

@@ -22,7 +22,8 @@ from delegate.plugin_api import DType, Op, Tensor
 
 from ..registry import find_kernel, kernel
 from .common import contiguous_layout, same_padding
-from .conv import STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm
+from .conv import (STORED_OPERAND_ROWS, StoredOperand, conv_gemm, conv_pads, depthwise_taps, matrix_gemm,
+                   residual_parts)
 from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QBinaryCall, QConvCall, QDepthwiseCall, QProductCall,
                      QStage, Requant, WideCall, kernel_loops, prepared_run, team_for)
 from .quant_util import (
@@ -232,19 +233,6 @@ def _native_conv2d(op: Op, bias: np.ndarray, residual: QBinaryCall | None = None
     return prepared_run(loops, call, 1 if residual is None else (0, len(op.inputs)))
 
 
-def _residual_parts(op: Op) -> tuple[Op, Op, int] | None:
-    """Of a CONV_2D with a residual ADD fused in (fusion.py: the ADD's other operand its last input): the
-    convolution alone, the ADD, and which of the ADD's inputs the convolution's result is."""
-    add = op.options.get("residual")
-    if add is None:
-        return None
-    first = 0 if add.inputs[0].producer is not None and add.inputs[0].producer.index == op.index else 1
-    options = {key: value for key, value in op.options.items() if key != "residual"}
-    conv = Op(op.index, op.opcode, op.inputs[:-1], [add.inputs[first]], version=op.version, options=options,
-              options_type=op.options_type)
-    return conv, add, first
-
-
 def _with_residual(conv: Op, add: Op, first: int):
     """run() of an int8 CONV_2D whose results go through a residual ADD: in the integer kernel as it
     stores each row where the native loops serve, else the convolution's kernel and the ADD's in turn."""
@@ -306,7 +294,7 @@ def _operand(op: Op, w: Tensor, matrix: np.ndarray, dtype):
 @kernel("CONV_2D", quantized=True)
 def conv2d(op: Op):
     """One exact float GEMM per block of output rows on the zero-point-centred input (see conv_gemm)."""
-    parts = _residual_parts(op)
+    parts = residual_parts(op)
     if parts is not None:
         return _with_residual(*parts)
     x, w = op.inputs[0], op.inputs[1]

@@ -10,7 +10,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import constant, normalize_axes
-from .native import PER_THREAD_ITEMS, float_loops, team_for
+from .native import PER_THREAD_ITEMS, MeanCall, float_loops, prepared_run, team_for
 
 
 def _mean(x, axis, out):
@@ -62,9 +62,7 @@ def _native_mean(op: Op, axes: tuple[int, ...]):
     if loops is None or len(shape) != 4 or axes != (1, 2) or shape[3] > MEAN_CHANNELS:
         return None
 
-    def run(ins, outs):
-        loops.mean_pixels(np.ascontiguousarray(ins[0]), outs[0], team)
-    return run
+    return prepared_run(loops, MeanCall(shape, team))
 
 
 @kernel("ARG_MAX", "ARG_MIN")
