@@ -223,6 +223,11 @@ for _code in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
         pool_model(c, 1, 7, 6, 5, 3, 3, 2, 2, "SAME", "NONE"), [normal(rng, (1, 7, 6, 5))], None))
 case("CONCATENATION", "channels")(lambda rng: one_op("CONCATENATION", [(1, 3, 4, 5), (1, 3, 4, 2)], rng,
                                                      options={"axis": 3}))
+case("CONCATENATION", "three_unaligned_channels")(lambda rng: one_op(
+    "CONCATENATION", [(1, 2, 3, 3), (1, 2, 3, 6), (1, 2, 3, 2)], rng, [normal(rng, (1, 2, 3, 1))],
+    options={"axis": -1}))
+case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
+    "CONCATENATION", [(2, 3, 2, 5), (2, 3, 4, 5)], rng, [normal(rng, (2, 3, 1, 5))], options={"axis": 2}))
 case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
 case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
 case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))
@@ -308,6 +313,10 @@ case("STRIDED_SLICE", "strided")(lambda rng: one_op(
     "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))
 case("MEAN", "pixels")(lambda rng: one_op("MEAN", [(1, 5, 4, 6)], rng, [np.array([1, 2], np.int32)],
                                           options={"keep_dims": True}))
+case("MEAN", "channels")(lambda rng: one_op("MEAN", [(1, 3, 4, 7)], rng, [np.array([3], np.int32)]))
+case("MEAN", "rows_batch2")(lambda rng: one_op("MEAN", [(2, 5, 4, 6)], rng, [np.array([1], np.int32)],
+                                               options={"keep_dims": True}))
+case("MEAN", "pixels_batch3")(lambda rng: one_op("MEAN", [(3, 4, 5, 9)], rng, [np.array([1, 2], np.int32)]))
 for _code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN"):
     case(_code, "batch_and_channels")(lambda rng, c=_code: one_op(
         c, [(2, 3, 4, 6)], rng, [np.array([0, 3], np.int32)], scale=0.8 if c == "REDUCE_PROD" else 1.0))

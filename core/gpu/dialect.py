@@ -101,6 +101,7 @@ BINARY_CODE: dict[str, Formula] = {
 # value a and the next element b).  REDUCE_ANY and REDUCE_ALL see bools as 1 and 0.
 REDUCE_CODE: dict[str, tuple[str | None, Callable[[str, str], str]]] = {
     "SUM": ("0", lambda a, b: f"({a} + {b})"),
+    "MEAN": ("0", lambda a, b: f"({a} + {b})"),
     "REDUCE_PROD": ("1", lambda a, b: f"({a} * {b})"),
     "REDUCE_MAX": (None, lambda a, b: f"max({a}, {b})"),
     "REDUCE_MIN": (None, lambda a, b: f"min({a}, {b})"),
@@ -109,11 +110,12 @@ REDUCE_CODE: dict[str, tuple[str | None, Callable[[str, str], str]]] = {
 }
 
 
-def reduction(name: str, first: str) -> tuple[str, str]:
-    """(initial value, combination of ``total`` and ``value``) of reduction ``name``; ``first`` spells the
-    region's first element."""
+def reduction(name: str, first: str) -> tuple[str, str, str]:
+    """(initial value, combination of ``total`` and ``value``, result from ``total`` and the region's element
+    ``count``, a float) of reduction ``name``; ``first`` spells the region's first element."""
     init, combine = REDUCE_CODE[name]
-    return (first if init is None else init), combine("total", "value")
+    return (first if init is None else init), combine("total", "value"), \
+        "(total / count)" if name == "MEAN" else "total"
 
 
 def _wgsl_pow(d: "Dialect", a: str, b: str) -> str:

@@ -47,7 +47,7 @@ from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
 from .constants import constant_value, int_values
 from .fusion import Group, Step
-from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pack_conv_weights, pack_vector, pad_before,
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, nhwc_axis, pack_axis, pack_conv_weights, pack_vector, pad_before,
                      padding_before, reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
                      transpose_conv_geometry, unpack_parts, window_padding)
 from .dialect import REDUCE_CODE
@@ -328,6 +328,32 @@ def split(lowering: Lowering, g: Group) -> None:
                             label=f"{g.root.opcode}#{g.root.index}:part{i}"))
 
 
+def concat_call(inputs: Sequence[Tensor], axis: int, output: tuple[Hashable, tuple[int, ...]], ops: Sequence[Op],
+                steps: Sequence[Step] = (), label: str = "") -> Call:
+    """Every output element from the input holding its range along ``axis`` (NHWC view): input k holds
+    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow."""
+    sizes = [as_nhwc(t.shape)[axis] for t in inputs]
+    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
+    ends = [ParamArg(f"end{i}", "int", int(end)) for i, end in enumerate(np.cumsum(sizes))]
+    return _part("concat", [(t.index, t.shape) for t in inputs], aligned, ops, output, ParamArg("axis", "int", axis),
+                 *ends, steps=steps, label=label)
+
+
+@lowers_shared("CONCATENATION", templates=("concat",))
+def concatenation(lowering: Lowering, g: Group) -> None:
+    op = g.root
+    axis = nhwc_axis(op.options.get("axis", 0), len(g.output.shape))
+    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), g.ops, g.steps))
+
+
+@lowers_shared("PACK", templates=("pack",))
+def pack(lowering: Lowering, g: Group) -> None:
+    """The output's axis ``axis`` (NHWC view) names the input; one launch for all inputs."""
+    axis = pack_axis(g.root)
+    lowering.call(_moved("pack", [(t.index, t.shape) for t in g.root.inputs], axis != 3, g,
+                         ParamArg("axis", "int", axis)))
+
+
 @lowers_shared("UNPACK", templates=("unpack",))
 def unpack(lowering: Lowering, g: Group) -> None:
     """One gather per output: the input with the unpacked axis fixed at the output's index."""
@@ -351,9 +377,13 @@ def resize_bilinear(lowering: Lowering, g: Group) -> None:
 @lowers_shared(*REDUCE_CODE, templates=("reduce",))
 def reduce(lowering: Lowering, g: Group) -> None:
     """Each output lane combines its region in fp32; keep = the output with reduced axes as 1, reduce = 1 per
-    reduced axis (NHWC view)."""
+    reduced axis (NHWC view).  A MEAN over the rows and columns is the dialect's image reduction where it has
+    one (which stores each image's result at its pixel (0, 0): the output must be stored as with kept axes)."""
     x = g.root.inputs[0]
     keep, reduced = reduced_axes(g.root)
+    if (g.root.opcode == "MEAN" and reduced == (0, 1, 1, 0) and same_storage(keep, g.output.shape)
+            and lowering.image_reduction(g, x, False)):
+        return
     lowering.call(Call("reduce", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("reduce", "int4", reduced)],
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps,
                        constants=(("reduction", g.root.opcode),)))
@@ -432,4 +462,4 @@ def softmax(lowering: Lowering, g: Group) -> None:
 
 
 __all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
-           "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]
+           "broadcast", "concat_call", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

@@ -11,18 +11,17 @@ is only enqueueing kernels.  Buffers are assigned by the kit's buffer planner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
 from delegate.gpu.constants import constant_value, int_values
 from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (as_nhwc, dense_groups, host_order,
-                                 natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, phwc4_vectors, same_storage, slices, window_padding)
+from delegate.gpu.layout import (as_nhwc, dense_groups, host_order, pack_conv_weights, pack_depthwise_weights,
+                                 pack_vector, phwc4_vectors, slices, window_padding)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
-                                   epilogue_operands, relayout_call)
+                                   concat_call, epilogue_operands, relayout_call)
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
 from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.plugin_api import CompileError, Op, Partition, Tensor
@@ -218,7 +217,8 @@ class ClLowering(Lowering):
         for arg in call.args:
             args += self.argument(arg)
         shape = call.output[1] if call.output else call.work
-        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants)
+        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants,
+                                   sum(isinstance(arg, TensorArg) for arg in call.args))
         return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
                       label=call.label)
 
@@ -239,14 +239,6 @@ class ClLowering(Lowering):
     def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
         """Move elements between slices when a reshape changes the channel count or batch."""
         self.call(relayout_call(src[1], src_shape, dst[1], dst_shape, ops))
-
-    def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
-        """Output buffer for a kernel whose result has shape ``natural``, and what to run after it."""
-        out = g.output
-        if same_storage(natural, out.shape):
-            return self.tensor(out), lambda: None
-        tmp = self.temp(natural)
-        return tmp, lambda: self.relayout(tmp, natural, self.tensor(out), out.shape, g.ops)
 
     # -- groups -------------------------------------------------------------
     def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
@@ -396,60 +388,16 @@ class ClLowering(Lowering):
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""
-        if not is_max:
-            self.reduce_mean(g, x, g.output.shape, (True, True, False))
-        return not is_max
-
-    @lowers(DIALECT, "CONCATENATION")
-    def concatenation(self, g: Group) -> None:
-        op, out = g.root, g.output
-        self.concat(op.inputs, op.options.get("axis", 0), self.tensor(out), out.shape, g.steps, g.ops)
-
-    def concat(self, inputs: Sequence[Tensor], axis: int, dst, dst_shape, steps, ops) -> None:
-        axis = nhwc_axis(axis, len(dst_shape))
-        offset = [0, 0, 0, 0]  # along n, h, w, c
-        for t in inputs:
-            args = self.out_args(dst, dst_shape) + [self.tensor(t), self.dims(t.shape),
-                                                    i32(as_nhwc(t.shape)[3]),
-                                                    int4(offset[2], offset[1], offset[3], offset[0])]
-            self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
-            offset[axis] += as_nhwc(t.shape)[axis]
-
-    @lowers(DIALECT, "PACK")
-    def pack(self, g: Group) -> None:
-        """Along another axis than the channels each output vector comes from one input (gather.cl); along
-        the channels each input becomes a column of one channel, concatenated at its lane."""
-        axis, out = pack_axis(g.root), g.output
-        for index, x in enumerate(g.root.inputs):
-            if axis != 3:
-                self.call(Call("pack_part", [TensorArg("in0", x.index, tuple(x.shape)), ParamArg("aligned", "int", 1),
-                                             ParamArg("axis", "int", axis), ParamArg("index", "int", index)],
-                               g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
-                continue
-            column = tuple(x.shape) + (1,)
-            tmp = self.temp(column)
-            self.relayout(self.tensor(x), x.shape, tmp, column, g.ops)
-            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), i32(1),
-                                                                 int4(0, 0, index, 0)]
-            self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
-
-    @lowers(DIALECT, "MEAN")
-    def mean(self, g: Group) -> None:
-        op, x = g.root, g.root.inputs[0]
-        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
-        self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
-
-    def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
-        """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""
-        dst, after = self.into_natural(g, natural)
+        if is_max:
+            return False
+        out = g.output
         _, h, w, c = as_nhwc(x.shape)
-        items, per_group = reduction_shape((w if flags[0] else 1) * (h if flags[1] else 1) *
-                                           (slices(c) if flags[2] else 1))
-        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), i32(c),
-                                              int4(*flags, 0)]
-        self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
+        items, per_group = reduction_shape(w * h)
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape), i32(c),
+                                                             int4(1, 1, 0, 0)]
+        self.add("mean", g.steps, args, out.shape, (items, round_to(phwc4_vectors(out.shape), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
-        after()
+        return True
 
     @lowers(DIALECT, "LSTM")
     def lstm(self, g: Group) -> None:
@@ -457,7 +405,7 @@ class ClLowering(Lowering):
         op = g.root
         x, prev_activ, weights, bias, prev_state = op.inputs
         activ, state, concat_out, gates = op.outputs
-        self.concat([x, prev_activ], -1, self.tensor(concat_out), concat_out.shape, (), [op])
+        self.call(concat_call([x, prev_activ], 3, (concat_out.index, tuple(concat_out.shape)), [op]))
         self.dense(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
                    self.tensor(gates), gates.shape, (), [op])
         units = activ.shape[-1]

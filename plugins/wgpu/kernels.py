@@ -18,10 +18,11 @@ from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
+from delegate.gpu.layout import (as_nhwc, dense_groups, pack_conv_weights,
                                  pack_depthwise_weights, pack_vector, padding_before)
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, relayout_call
+from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, concat_call,
+                                   relayout_call)
 from delegate.gpu.registry import declare_templates, handler, lowers
 from delegate.plugin_api import CompileError, Op, Tensor
 
@@ -289,31 +290,14 @@ def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> Non
     _workgroup_reduction(plan, k, h * w, (slices_of(c), n))
 
 
-@builds("MEAN")
-def _mean(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    rank = len(x.shape)
-    axes = {nhwc_axis(a, rank) for a in int_values(op.input(1))}
-    shape = as_nhwc(x.shape)
-    if axes == {1, 2} and shape[0] == 1:
-        _global_pool(plan, group, x, False)
-        return
-    k = plan.kernel("mean", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
-    k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
-
-
 # The WGSL each kit template needs besides its own: lanes.wgsl's main (the template defines lane_value),
 # weight_blocks.wgsl (weights read as 4x4 matrices).
 HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",)}
 
 
 def _reduction(name: str) -> dict[str, str]:
-    init, combine = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
-    return {"INIT": init, "COMBINE": combine}
+    init, combine, finish = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    return {"INIT": init, "COMBINE": combine, "FINISH": finish}
 
 
 SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the substitutions spelling it
@@ -351,16 +335,16 @@ def spell(call: Call) -> Kernel:
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------
 
-def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool,
-            substitutions: dict[str, str] | None = None) -> Kernel:
-    """Make ``k`` a gather kernel: ``map_<mapping>.wgsl`` says where each output element comes from."""
-    for i, (value, shape) in enumerate(inputs):
-        k.tensor(f"in{i}", value, shape)
-    k.param("aligned", "i32", int(aligned))
-    return _gather_source(k, mapping, len(inputs), substitutions)
+def _concat_cases(inputs: int) -> dict[str, str]:
+    """map_concat.wgsl's search for the input holding the coordinate along ``p.axis``."""
+    return {"CASES": "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
+                                f"  start = p.end{i};" for i in range(inputs))}
 
 
-def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str, str] | None = None) -> Kernel:
+MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
+
+
+def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
     """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
     lanes, vectors = [], []
     for i in range(inputs):
@@ -372,34 +356,9 @@ def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
         "    default: { return V(0.0); }", "  }", "}"])
     k.template = "gather"
-    k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions or {}), "READ": read}
+    substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
+    k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}
     return k
-
-
-@builds("PACK")
-def _pack(plan: KernelList, group: Group) -> None:
-    op = group.root
-    axis = pack_axis(op)
-    k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
-    k.param("axis", "i32", axis)
-
-
-def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
-    """Make ``k`` concatenate ``parts`` along ``axis`` of the NHWC view."""
-    sizes = [as_nhwc(t.shape)[axis] for t in parts]
-    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
-    cases = "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
-                      f"  start = p.end{i};" for i in range(len(parts)))
-    _gather(k, "concat", [(t.index, t.shape) for t in parts], aligned, {"CASES": cases})
-    k.param("axis", "i32", axis)
-    for i, end in enumerate(np.cumsum(sizes)):
-        k.param(f"end{i}", "i32", int(end))
-
-
-@builds("CONCATENATION")
-def _concatenation(plan: KernelList, group: Group) -> None:
-    op = group.root
-    _concat(plan.kernel("gather", group), op.inputs, nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape)))
 
 
 @builds("LSTM")
@@ -408,7 +367,8 @@ def _lstm(plan: KernelList, group: Group) -> None:
     op = group.root
     x, prev_activation, weights, _, prev_state = op.inputs
     activation, state, concat, gates = op.outputs
-    _concat(plan.part("gather", op, "concat", concat.index, concat.shape), [x, prev_activation], 3)
+    plan.call(concat_call([x, prev_activation], 3, (concat.index, tuple(concat.shape)), [op],
+                          label=f"{op.opcode}#{op.index}:concat"))
     _matmul(plan, plan.part("matmul", op, "matmul", gates.index, gates.shape), op, concat.index,
             concat.shape, constant_value(weights), 3)
     cell = plan.part("lstm_gates", op, "gates", activation.index, activation.shape)
