@@ -195,7 +195,7 @@ case("CONV_2D", "3x3_stride2_relu6")(lambda rng: conv(rng, (1, 7, 6, 5), 6, 3, {
 case("CONV_2D", "1x1")(lambda rng: conv(rng, (2, 4, 5, 9), 7, 1, {}))
 case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
     "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
-# few outputs and a long reduction: the OpenCL kernel shares each output's sum among a work group
+# few outputs and a long reduction: both dialects share each output's sum among a work group (conv2d_split)
 case("CONV_2D", "head_long_reduction")(lambda rng: conv(rng, (1, 3, 3, 256), 10, 3, {
     "fused_activation_function": "RELU"}))
 case("CONV_2D", "head_stride2_batch2")(lambda rng: conv(rng, (2, 5, 5, 130), 7, 3, {

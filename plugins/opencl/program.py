@@ -83,7 +83,8 @@ def _reduction(name: str) -> tuple[tuple[str, str], ...]:
     return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine), ("REDUCE_FINISH(total, count)", finish))
 
 
-SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the macros spelling it
+# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),)}
 
 
 @dataclass(frozen=True)
