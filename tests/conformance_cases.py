@@ -228,6 +228,10 @@ case("CONCATENATION", "three_unaligned_channels")(lambda rng: one_op(
     options={"axis": -1}))
 case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
     "CONCATENATION", [(2, 3, 2, 5), (2, 3, 4, 5)], rng, [normal(rng, (2, 3, 1, 5))], options={"axis": 2}))
+case("SPACE_TO_BATCH_ND", "padded_batch2")(lambda rng: one_op(
+    "SPACE_TO_BATCH_ND", [(2, 5, 6, 3)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 2]], np.int32)]))
+case("BATCH_TO_SPACE_ND", "cropped_batch2")(lambda rng: one_op(
+    "BATCH_TO_SPACE_ND", [(8, 3, 4, 5)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 1]], np.int32)]))
 case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
 case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
 case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))

@@ -351,6 +351,26 @@ def space_to_depth(lowering: Lowering, g: Group) -> None:
                          ParamArg("block", "int", int(g.root.options["block_size"]))))
 
 
+def _space_batch(lowering: Lowering, g: Group, template: str) -> None:
+    """Pixels moved between space and batch by blocks, output batch (or input batch) = block offset * images
+    + image as in TFLite; ``before`` = the padding (or crop) ahead of the rows and columns."""
+    op = g.root
+    bh, bw = int_values(op.input(1))
+    edges = np.asarray(int_values(op.input(2))).reshape(2, 2)
+    lowering.call(_moved(template, _one(g), True, g, ParamArg("block", "int4", (int(bh), int(bw), 0, 0)),
+                         ParamArg("before", "int4", (int(edges[0, 0]), int(edges[1, 0]), 0, 0))))
+
+
+@lowers_shared("SPACE_TO_BATCH_ND", templates=("space_to_batch",))
+def space_to_batch(lowering: Lowering, g: Group) -> None:
+    _space_batch(lowering, g, "space_to_batch")
+
+
+@lowers_shared("BATCH_TO_SPACE_ND", templates=("batch_to_space",))
+def batch_to_space(lowering: Lowering, g: Group) -> None:
+    _space_batch(lowering, g, "batch_to_space")
+
+
 @lowers_shared("RESIZE_NEAREST_NEIGHBOR", templates=("resize_nearest",))
 def resize_nearest(lowering: Lowering, g: Group) -> None:
     o = g.root.options

@@ -227,6 +227,15 @@ def _depth_to_space(op: Op) -> str | None:
     return _rank(op.inputs[0], 4, "input")
 
 
+def _space_batch(op: Op) -> str | None:
+    block, edges = int_values(op.input(1)), int_values(op.input(2))
+    if block is None or edges is None:
+        return "block shape and paddings or crops (inputs 1 and 2) must be constants"
+    if len(block) != 2:
+        return f"block shape {list(block)}: only blocks of rows and columns are implemented"
+    return _rank(op.inputs[0], 4, "input")
+
+
 def _tile(op: Op) -> str | None:
     multiples = int_values(op.input(1))
     if multiples is None or len(multiples) != len(op.inputs[0].shape):
@@ -462,6 +471,8 @@ RULES: dict[str, OpRule] = {
     **{code: OpRule(1, 1, _reduce, params=(1,), bools="all") for code in ("REDUCE_ANY", "REDUCE_ALL")},
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
+    "SPACE_TO_BATCH_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
+    "BATCH_TO_SPACE_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
     "TILE": OpRule(1, 2, _tile, params=(1,)),
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
     "SELECT": OpRule(1, 2, _select, bools="first"),

@@ -10,6 +10,10 @@
 //   MAP_UNPACK          the input axis `axis` set to `index`, the others from at (which has one axis fewer)
 //   MAP_PAD             at - before (zeros outside the input)
 //   MAP_SLICE           output elements in NHWC order walk the slice (length per axis) from start by step
+//   MAP_SPACE_TO_BATCH  output image b is block offset b / N (row offset, column offset) of input image b % N,
+//                       padded by `before` (rows, columns); block = (rows, columns)
+//   MAP_BATCH_TO_SPACE  pixel (y, x) + before of image n is pixel (y / block, x / block) of input image
+//                       ((y % block.x) * block.y + x % block.y) * N + n
 //   MAP_CONCAT          input k holds the range [end_{k-1}, end_k) of axis `axis`
 //   MAP_PACK            axis `axis` of the output names the input; its coordinate there is at without the axis
 // The mappings reading several inputs (in, in1, in2 ...: GATHER_INPUTS, their arguments) set `input`, and
@@ -28,6 +32,8 @@
 #define MAP_PARAMS , int4 before
 #elif defined(MAP_SLICE)
 #define MAP_PARAMS , int4 start, int4 step, int4 length
+#elif defined(MAP_SPACE_TO_BATCH) || defined(MAP_BATCH_TO_SPACE)
+#define MAP_PARAMS , int4 block, int4 before
 #elif defined(MAP_CONCAT)
 #define MAP_PARAMS , int axis CONCAT_ENDS
 #elif defined(MAP_PACK)
@@ -75,6 +81,13 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     int4 walked = (int4)(flat / (length.y * length.z * length.w), (flat / (length.z * length.w)) % length.y,
                          (flat / length.w) % length.z, flat % length.w);
     int4 src = start + walked * step;
+#elif defined(MAP_SPACE_TO_BATCH)
+    int offset = at.x / size.x;
+    int4 src = (int4)(at.x % size.x, at.y * block.x + offset / block.y - before.x,
+                      at.z * block.y + offset % block.y - before.y, at.w);
+#elif defined(MAP_BATCH_TO_SPACE)
+    int py = at.y + before.x, px = at.z + before.y;
+    int4 src = (int4)(((py % block.x) * block.y + px % block.y) * od.w + at.x, py / block.x, px / block.y, at.w);
 #elif defined(MAP_CONCAT)
     int c[4] = {at.x, at.y, at.z, at.w};
     int input = 0, start = 0;
