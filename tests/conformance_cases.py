@@ -143,6 +143,11 @@ def off_integers(rng, shape, scale):
 for _code in ("LOG", "SQRT", "RSQRT"):
     case(_code, "positive")(lambda rng, c=_code: positive_op(c, rng))
 case("FLOOR")(lambda rng: (one_op("FLOOR", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("CEIL")(lambda rng: (one_op("CEIL", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("ROUND", "off_ties")(lambda rng: (one_op("ROUND", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5) + 0.5], None))
+case("ROUND", "ties_to_even")(lambda rng: (one_op("ROUND", [(2, 6)], rng)[0],
+                                           [np.array([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5], [3.5, 4.5, -3.5, 0.0, 7.5, 8.5]],
+                                                     np.float32)], None))
 case("SIGN", "with_zeros")(lambda rng: (one_op("SIGN", [(4, 6)], rng)[0],
                                         [normal(rng, (4, 6)) * (rng.random((4, 6)) > 0.3)], None))
 case("DIV", "relu")(lambda rng: (one_op("DIV", [(2, 3, 5), (3, 5)], rng,
@@ -500,6 +505,7 @@ def _binary(op: str, a: tuple, b: tuple, dtype: str, constant: bool):
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC", "TANH", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "ABS", "NEG",
          "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "HARD_SWISH", "GELU", "ELU", "LEAKY_RELU")
 POSITIVE = ("LOG", "SQRT", "RSQRT")
+STEPS = ("FLOOR", "CEIL", "ROUND")  # jumps at the integers (ROUND: halfway between them)
 
 
 def _unary(op: str, shape: tuple):
@@ -508,6 +514,8 @@ def _unary(op: str, shape: tuple):
         x = g.input("x", shape)
         g.output(g.op(op, [x], options={"alpha": 0.2} if op == "LEAKY_RELU" else None))
         values = (rng.standard_normal(shape) * 3).astype(np.float32)
+        if op in STEPS:  # a tenth from every jump, which rounding the input to f16 cannot cross
+            values = off_integers(rng, shape, 8) + np.float32(0.5 if op == "ROUND" else 0.0)
         return g.to_bytes(), [np.abs(values) + np.float32(0.1) if op in POSITIVE else values]
     return build
 

@@ -49,7 +49,7 @@ CPU_BOUND = 1e-5
 # (op code or case kind, backend) -> words of the reason the backend must give when it refuses (op
 # codes first, then kinds); rank-5 and rank-6 operands do not fit the GPU layout.
 GPUS = ("opencl", "wgpu")
-NO_GPU_KERNEL = ("RFFT2D", "REAL", "IMAG", "CEIL", "ROUND", "BROADCAST_TO",
+NO_GPU_KERNEL = ("RFFT2D", "REAL", "IMAG", "BROADCAST_TO",
                  "CUMSUM", "FILL", "GATHER", "GATHER_ND", "SLICE", "PADV2", "SHAPE", "L2_NORMALIZATION", "L2_POOL_2D",
                  "LOG_SOFTMAX", "LOGICAL_NOT", "LOGICAL_OR", "UNIDIRECTIONAL_SEQUENCE_LSTM")
 REFUSALS = {**{(op, gpu): "no GPU kernel" for op in NO_GPU_KERNEL for gpu in GPUS},

@@ -57,6 +57,8 @@ UNARY_CODE: dict[str, Formula] = {
     "SIN": lambda d, v: f"sin({v})",
     "COS": lambda d, v: f"cos({v})",
     "FLOOR": lambda d, v: f"floor({v})",
+    "CEIL": lambda d, v: f"ceil({v})",
+    "ROUND": lambda d, v: f"{d.fn('round')}({v})",  # ties to even, as LiteRT's ROUND
     "SIGN": lambda d, v: f"sign({v})",
     "ELU": lambda d, v: f"(max({v}, {d.k(0)}) + (exp(min({v}, {d.k(0)})) - {d.k(1)}))",
     "NONZERO": lambda d, v: _select(d, d.k(0), d.k(1), f"({v}) != {d.k(0)}"),  # CAST to bool
@@ -206,7 +208,7 @@ OPENCL = Dialect(
     binary_call=lambda name, a, b: f"BIN_{name}({a}, {b})",
     fmod=lambda a, b: f"fmod({a}, {b})",
     pow=lambda d, a, b: f"pow({a}, {b})",
-    builtins={"abs": "fabs"},
+    builtins={"abs": "fabs", "round": "rint"},
 )
 
 WGSL = Dialect(

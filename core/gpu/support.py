@@ -32,7 +32,7 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
-         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
+         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "ELU", "GELU", "LEAKY_RELU")
 # Copies on the float view: QUANTIZE rounds onto its output grid, a CAST to bool tests for non-zero.
 CONVERSIONS = ("QUANTIZE", "DEQUANTIZE", "CAST")
 COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
@@ -443,6 +443,8 @@ RULES: dict[str, OpRule] = {
     "SIN": OpRule(1, 1),
     "COS": OpRule(1, 1),
     "FLOOR": OpRule(1, 1),
+    "CEIL": OpRule(1, 1),
+    "ROUND": OpRule(1, 1),
     "SIGN": OpRule(1, 1),
     "ELU": OpRule(1, 1),
     "GELU": OpRule(1, 2),
