@@ -392,6 +392,18 @@ def strided_slice(lowering: Lowering, g: Group) -> None:
                                                               [len(r) for r in ranges])))
 
 
+@lowers_shared("SLICE", templates=("slice",))
+def slice_op(lowering: Lowering, g: Group) -> None:
+    """STRIDED_SLICE's walk with steps of 1: ``size`` elements from ``begin`` along each axis (-1: to the end)."""
+    op, x = g.root, g.root.inputs[0]
+    begin = [int(b) for b in int_values(op.input(1))]
+    size = [d - b if int(n) == -1 else int(n) for d, b, n in zip(x.shape, begin, int_values(op.input(2)))]
+    length = [1] * (4 - len(size)) + size
+    start = (0,) * (4 - len(begin)) + tuple(begin)
+    aligned = start[3] % 4 == 0 and as_nhwc(g.output.shape)[3] == length[3]
+    lowering.call(_moved("slice", _one(g), aligned, g, *_walk(start, (1, 1, 1, 1), length)))
+
+
 def _walk(start: Sequence[int], step: Sequence[int], length: Sequence[int]) -> tuple[ParamArg, ...]:
     return (ParamArg("start", "int4", tuple(start)), ParamArg("step", "int4", tuple(step)),
             ParamArg("length", "int4", tuple(length)))

@@ -227,6 +227,13 @@ def _depth_to_space(op: Op) -> str | None:
     return _rank(op.inputs[0], 4, "input")
 
 
+def _slice(op: Op) -> str | None:
+    begin, size = int_values(op.input(1)), int_values(op.input(2))
+    if begin is None or size is None:
+        return "begin and size (inputs 1 and 2) must be constants"
+    return None
+
+
 def _space_batch(op: Op) -> str | None:
     block, edges = int_values(op.input(1)), int_values(op.input(2))
     if block is None or edges is None:
@@ -473,6 +480,7 @@ RULES: dict[str, OpRule] = {
     **{code: OpRule(1, 1, _reduce, params=(1,), bools="all") for code in ("REDUCE_ANY", "REDUCE_ALL")},
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
+    "SLICE": OpRule(1, 2, _slice, params=(1, 2)),
     "SPACE_TO_BATCH_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
     "BATCH_TO_SPACE_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
     "TILE": OpRule(1, 2, _tile, params=(1,)),
