@@ -405,6 +405,8 @@ case("SLICE", "to_the_end")(lambda rng: one_op("SLICE", [(3, 5, 6)], rng, [np.ar
                                                                          np.array([2, -1, 3], np.int32)]))
 case("SLICE", "channels_from_4")(lambda rng: one_op("SLICE", [(2, 4, 5, 11)], rng, [np.array([1, 1, 0, 4], np.int32),
                                                                                  np.array([1, 2, -1, 5], np.int32)]))
+case("PADV2", "channels_and_pixels")(lambda rng: one_op("PADV2", [(2, 3, 4, 5)], rng, [
+    np.array([[0, 1], [1, 0], [2, 1], [1, 2]], np.int32), np.array(-1.25, np.float32)]))
 case("PADV2", "constant_value")(lambda rng: one_op("PADV2", [(1, 3, 4, 2)], rng, [
     np.array([[0, 0], [1, 2], [0, 1], [0, 0]], np.int32), np.array(0.5, np.float32)]))
 case("L2_NORMALIZATION", "channels")(lambda rng: one_op("L2_NORMALIZATION", [(2, 3, 6)], rng))

@@ -326,11 +326,17 @@ def select(lowering: Lowering, g: Group) -> None:
     lowering.call(_moved("select", [(t.index, t.shape) for t in g.root.inputs], False, g))
 
 
-@lowers_shared("PAD", templates=("pad",))
+@lowers_shared("PAD", "PADV2", templates=("pad",))
 def pad(lowering: Lowering, g: Group) -> None:
-    """Zeros around the input; a PAD of rows and columns read by a convolution is usually folded into it."""
-    before = pad_before(g.root)
-    lowering.call(_moved("pad", _one(g), before[3] % 4 == 0, g, ParamArg("before", "int4", before)))
+    """``fill`` (zero, or PADV2's constant) around the input; a zero PAD of rows and columns read by a
+    convolution is usually folded into it.  Whole vectors move when the channel padding ahead is whole
+    vectors, and with a non-zero fill only without channel padding (a vector's padding lanes hold zero)."""
+    op, x = g.root, g.root.inputs[0]
+    before = pad_before(op)
+    value = constant_value(op.input(2)) if op.opcode == "PADV2" and op.input(2) is not None else None
+    fill = 0.0 if value is None else float(np.asarray(value).ravel()[0])
+    aligned = before[3] % 4 == 0 and (fill == 0.0 or _same_channels(x.shape, g.output.shape))
+    lowering.call(_moved("pad", _one(g), aligned, g, ParamArg("before", "int4", before), ParamArg("fill", "float", fill)))
 
 
 @lowers_shared("MIRROR_PAD", templates=("mirror_pad",))

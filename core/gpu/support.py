@@ -175,6 +175,12 @@ def _pad(op: Op) -> str | None:
     return None
 
 
+def _padv2(op: Op) -> str | None:
+    if op.input(2) is not None and constant_value(op.input(2)) is None:
+        return "the padding value (input 2) must be a constant"
+    return _pad(op)
+
+
 def _resize(op: Op) -> str | None:
     if int_values(op.input(1)) is None:
         return "size (input 1) must be a constant"
@@ -465,6 +471,7 @@ RULES: dict[str, OpRule] = {
     "MAX_POOL_2D": OpRule(1, 2, _pool),
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
+    "PADV2": OpRule(1, 2, _padv2, params=(1,)),
     "RESHAPE": OpRule(1, 1, params=(1,)),
     "SPLIT": OpRule(1, 2, _split, params=(0,)),
     "SPLIT_V": OpRule(1, 2, _split, params=(1, 2)),

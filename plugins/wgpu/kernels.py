@@ -272,6 +272,7 @@ def _concat_cases(inputs: int) -> dict[str, str]:
 
 
 MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
+FILL = {"pad": "p.fill"}  # what a mapping reads outside its inputs (input -1), when not zero
 
 
 def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
@@ -282,9 +283,9 @@ def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
         "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
-        "    default: { return 0.0; }", "  }", "}",
+        f"    default: {{ return {FILL.get(mapping, '0.0')}; }}", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
-        "    default: { return V(0.0); }", "  }", "}"])
+        f"    default: {{ return V({FILL.get(mapping, '0.0')}); }}", "  }", "}"])
     k.template = "gather"
     substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}

@@ -8,7 +8,7 @@
 //   MAP_RESIZE_NEAREST  the input pixel under the output pixel: scale = input pixels per output pixel (x, y),
 //                       rounding as LiteRT's kernel does
 //   MAP_UNPACK          the input axis `axis` set to `index`, the others from at (which has one axis fewer)
-//   MAP_PAD             at - before (zeros outside the input)
+//   MAP_PAD             at - before (fill outside the input)
 //   MAP_SLICE           output elements in NHWC order walk the slice (length per axis) from start by step
 //   MAP_SPACE_TO_BATCH  output image b is block offset b / N (row offset, column offset) of input image b % N,
 //                       padded by `before` (rows, columns); block = (rows, columns)
@@ -29,7 +29,7 @@
 #elif defined(MAP_UNPACK)
 #define MAP_PARAMS , int axis, int index
 #elif defined(MAP_PAD)
-#define MAP_PARAMS , int4 before
+#define MAP_PARAMS , int4 before, float fill
 #elif defined(MAP_SLICE)
 #define MAP_PARAMS , int4 start, int4 step, int4 length
 #elif defined(MAP_SPACE_TO_BATCH) || defined(MAP_BATCH_TO_SPACE)
@@ -107,6 +107,12 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     GATHER_SELECT
     int4 bound = (int4)(fd.w, fd.y, fd.x, fc);
     int inside = all(src >= 0) && all(src < bound);
+#if defined(MAP_PAD)
+    if (!inside) {
+      v = (FLT4)((FLT)fill);
+      lanes[l] = (FLT)fill;
+    }
+#endif
     if (aligned) {
       if (inside) v = LOAD4(from, vec_index(fd, src.x, src.y, src.z, src.w >> 2));
     } else if (inside) {
