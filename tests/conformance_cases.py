@@ -143,6 +143,11 @@ def off_integers(rng, shape, scale):
 for _code in ("LOG", "SQRT", "RSQRT"):
     case(_code, "positive")(lambda rng, c=_code: positive_op(c, rng))
 case("FLOOR")(lambda rng: (one_op("FLOOR", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("CEIL")(lambda rng: (one_op("CEIL", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5)], None))
+case("ROUND", "off_ties")(lambda rng: (one_op("ROUND", [(3, 11)], rng)[0], [off_integers(rng, (3, 11), 5) + 0.5], None))
+case("ROUND", "ties_to_even")(lambda rng: (one_op("ROUND", [(2, 6)], rng)[0],
+                                           [np.array([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5], [3.5, 4.5, -3.5, 0.0, 7.5, 8.5]],
+                                                     np.float32)], None))
 case("SIGN", "with_zeros")(lambda rng: (one_op("SIGN", [(4, 6)], rng)[0],
                                         [normal(rng, (4, 6)) * (rng.random((4, 6)) > 0.3)], None))
 case("DIV", "relu")(lambda rng: (one_op("DIV", [(2, 3, 5), (3, 5)], rng,
@@ -195,7 +200,7 @@ case("CONV_2D", "3x3_stride2_relu6")(lambda rng: conv(rng, (1, 7, 6, 5), 6, 3, {
 case("CONV_2D", "1x1")(lambda rng: conv(rng, (2, 4, 5, 9), 7, 1, {}))
 case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
     "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
-# few outputs and a long reduction: the OpenCL kernel shares each output's sum among a work group
+# few outputs and a long reduction: both dialects share each output's sum among a work group (conv2d_split)
 case("CONV_2D", "head_long_reduction")(lambda rng: conv(rng, (1, 3, 3, 256), 10, 3, {
     "fused_activation_function": "RELU"}))
 case("CONV_2D", "head_stride2_batch2")(lambda rng: conv(rng, (2, 5, 5, 130), 7, 3, {
@@ -223,6 +228,15 @@ for _code in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
         pool_model(c, 1, 7, 6, 5, 3, 3, 2, 2, "SAME", "NONE"), [normal(rng, (1, 7, 6, 5))], None))
 case("CONCATENATION", "channels")(lambda rng: one_op("CONCATENATION", [(1, 3, 4, 5), (1, 3, 4, 2)], rng,
                                                      options={"axis": 3}))
+case("CONCATENATION", "three_unaligned_channels")(lambda rng: one_op(
+    "CONCATENATION", [(1, 2, 3, 3), (1, 2, 3, 6), (1, 2, 3, 2)], rng, [normal(rng, (1, 2, 3, 1))],
+    options={"axis": -1}))
+case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
+    "CONCATENATION", [(2, 3, 2, 5), (2, 3, 4, 5)], rng, [normal(rng, (2, 3, 1, 5))], options={"axis": 2}))
+case("SPACE_TO_BATCH_ND", "padded_batch2")(lambda rng: one_op(
+    "SPACE_TO_BATCH_ND", [(2, 5, 6, 3)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 2]], np.int32)]))
+case("BATCH_TO_SPACE_ND", "cropped_batch2")(lambda rng: one_op(
+    "BATCH_TO_SPACE_ND", [(8, 3, 4, 5)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 1]], np.int32)]))
 case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
 case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
 case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))
@@ -308,6 +322,10 @@ case("STRIDED_SLICE", "strided")(lambda rng: one_op(
     "STRIDED_SLICE", [(1, 6, 7, 9)], rng, [np.array(v, np.int32) for v in ([0, 1, 0, 2], [1, 6, 7, 9], [1, 2, 3, 1])]))
 case("MEAN", "pixels")(lambda rng: one_op("MEAN", [(1, 5, 4, 6)], rng, [np.array([1, 2], np.int32)],
                                           options={"keep_dims": True}))
+case("MEAN", "channels")(lambda rng: one_op("MEAN", [(1, 3, 4, 7)], rng, [np.array([3], np.int32)]))
+case("MEAN", "rows_batch2")(lambda rng: one_op("MEAN", [(2, 5, 4, 6)], rng, [np.array([1], np.int32)],
+                                               options={"keep_dims": True}))
+case("MEAN", "pixels_batch3")(lambda rng: one_op("MEAN", [(3, 4, 5, 9)], rng, [np.array([1, 2], np.int32)]))
 for _code in ("SUM", "REDUCE_PROD", "REDUCE_MAX", "REDUCE_MIN"):
     case(_code, "batch_and_channels")(lambda rng, c=_code: one_op(
         c, [(2, 3, 4, 6)], rng, [np.array([0, 3], np.int32)], scale=0.8 if c == "REDUCE_PROD" else 1.0))
@@ -385,6 +403,10 @@ case("GATHER_ND", "rows")(lambda rng: one_op("GATHER_ND", [(4, 5, 3)], rng,
                                              [np.array([[0, 1], [3, 4], [2, 0]], np.int32)]))
 case("SLICE", "to_the_end")(lambda rng: one_op("SLICE", [(3, 5, 6)], rng, [np.array([1, 0, 2], np.int32),
                                                                          np.array([2, -1, 3], np.int32)]))
+case("SLICE", "channels_from_4")(lambda rng: one_op("SLICE", [(2, 4, 5, 11)], rng, [np.array([1, 1, 0, 4], np.int32),
+                                                                                 np.array([1, 2, -1, 5], np.int32)]))
+case("PADV2", "channels_and_pixels")(lambda rng: one_op("PADV2", [(2, 3, 4, 5)], rng, [
+    np.array([[0, 1], [1, 0], [2, 1], [1, 2]], np.int32), np.array(-1.25, np.float32)]))
 case("PADV2", "constant_value")(lambda rng: one_op("PADV2", [(1, 3, 4, 2)], rng, [
     np.array([[0, 0], [1, 2], [0, 1], [0, 0]], np.int32), np.array(0.5, np.float32)]))
 case("L2_NORMALIZATION", "channels")(lambda rng: one_op("L2_NORMALIZATION", [(2, 3, 6)], rng))
@@ -487,6 +509,7 @@ def _binary(op: str, a: tuple, b: tuple, dtype: str, constant: bool):
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC", "TANH", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "ABS", "NEG",
          "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "HARD_SWISH", "GELU", "ELU", "LEAKY_RELU")
 POSITIVE = ("LOG", "SQRT", "RSQRT")
+STEPS = ("FLOOR", "CEIL", "ROUND")  # jumps at the integers (ROUND: halfway between them)
 
 
 def _unary(op: str, shape: tuple):
@@ -495,6 +518,8 @@ def _unary(op: str, shape: tuple):
         x = g.input("x", shape)
         g.output(g.op(op, [x], options={"alpha": 0.2} if op == "LEAKY_RELU" else None))
         values = (rng.standard_normal(shape) * 3).astype(np.float32)
+        if op in STEPS:  # a tenth from every jump, which rounding the input to f16 cannot cross
+            values = off_integers(rng, shape, 8) + np.float32(0.5 if op == "ROUND" else 0.0)
         return g.to_bytes(), [np.abs(values) + np.float32(0.1) if op in POSITIVE else values]
     return build
 

@@ -49,8 +49,8 @@ CPU_BOUND = 1e-5
 # (op code or case kind, backend) -> words of the reason the backend must give when it refuses (op
 # codes first, then kinds); rank-5 and rank-6 operands do not fit the GPU layout.
 GPUS = ("opencl", "wgpu")
-NO_GPU_KERNEL = ("RFFT2D", "REAL", "IMAG", "CEIL", "ROUND", "SPACE_TO_BATCH_ND", "BATCH_TO_SPACE_ND", "BROADCAST_TO",
-                 "CUMSUM", "FILL", "GATHER", "GATHER_ND", "SLICE", "PADV2", "SHAPE", "L2_NORMALIZATION", "L2_POOL_2D",
+NO_GPU_KERNEL = ("RFFT2D", "REAL", "IMAG", "BROADCAST_TO",
+                 "CUMSUM", "FILL", "GATHER", "GATHER_ND", "SHAPE", "L2_NORMALIZATION", "L2_POOL_2D",
                  "LOG_SOFTMAX", "LOGICAL_NOT", "LOGICAL_OR", "UNIDIRECTIONAL_SEQUENCE_LSTM")
 REFUSALS = {**{(op, gpu): "no GPU kernel" for op in NO_GPU_KERNEL for gpu in GPUS},
             **{("quantized", gpu): "quantized" for gpu in GPUS}, **{("hybrid", gpu): "" for gpu in GPUS}}

@@ -113,3 +113,17 @@ def test_a_cached_plan_skips_the_lowering(name, tmp_path, monkeypatch):
     assert second.describe()["plan_source"] == "cache" and plan_of(second).key() == plan_of(first).key()
     inputs = [normal(rng, (1, 6, 5, 7)), normal(rng, (1, 6, 5, 6))]
     np.testing.assert_array_equal(run(backend, g, second, inputs)[0], run(backend, g, first, inputs)[0])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("shape, template", [((1, 3, 3, 256), "conv2d_split"), ((1, 24, 24, 8), "conv2d")])
+def test_a_convolution_with_few_outputs_and_long_sums_splits_them_on_both_dialects(name, shape, template):
+    """The convolution decision is the kit's: a 3x3 convolution over 256 channels into a 3x3x10 result (a
+    detector head) shares each output's sum among a work group (conv2d_split) on both dialects, a wide
+    one with short sums runs a work item per outputs (conv2d); both match LiteRT."""
+    from tests.conformance_cases import conv
+    backend = backend_of(name)
+    model, inputs, _ = conv(np.random.default_rng(7), shape, 10, 3, {"padding": "SAME"})
+    g, compiled = compile_whole(backend, name, model)
+    assert [launch.kernel for launch in plan_of(compiled).launches] == [template]
+    assert_close(run(backend, g, compiled, inputs), litert_run(model, inputs), rtol=1e-4, atol=1e-5)

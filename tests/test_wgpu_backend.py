@@ -231,7 +231,7 @@ def test_channel_gate_is_applied_by_the_next_1x1_convolution(backend, batch, gat
                   options={"padding": "VALID", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"}))
     data = b.to_bytes()
     g, compiled = compile_whole(backend, data)
-    assert compiled.describe()["kernels"] == 1 and compiled.describe()["launches"] == ["CONV_2D#1+MUL#0"]
+    assert compiled.describe()["kernels"] == 1 and compiled.describe()["launches"] == ["MUL#0+CONV_2D#1"]
     inputs = [normal(rng, (batch, 5, 6, 7)), normal(rng, (gate_batch, 1, 1, 7))]
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
@@ -262,6 +262,29 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=tolerance, atol=1e-5)
 
 
+@pytest.mark.parametrize("multiplier, stride, dilation, relu, channels, kernels", [
+    (1, 2, 1, True, 12, 1), (2, 1, 2, False, 10, 1), (1, 1, 1, False, 160, 2)])
+def test_depthwise_then_1x1_is_one_kernel_within_the_channel_limit(backend, multiplier, stride, dilation, relu,
+                                                                   channels, kernels):
+    """As on OpenCL: a depthwise convolution (its activation included) read only by a 1x1 convolution is
+    computed as the product reads each input vector, up to DEPTHWISE_FOLD_MAX_CHANNELS (128) channels."""
+    rng = np.random.default_rng(31)
+    c = channels // multiplier
+    b = GraphBuilder()
+    x = b.input("x", (1, 9, 8, c))
+    dw = b.op("DEPTHWISE_CONV_2D", [x, b.const("dw", normal(rng, (1, 3, 3, channels))), b.const("db", normal(rng, channels))],
+              options={"padding": "SAME", "stride_h": stride, "stride_w": stride, "depth_multiplier": multiplier,
+                       "dilation_h_factor": dilation, "dilation_w_factor": dilation,
+                       "fused_activation_function": "RELU6" if relu else "NONE"}, version=2 if dilation > 1 else 1)
+    b.output(b.op("CONV_2D", [dw, b.const("pw", normal(rng, (7, 1, 1, channels))), b.const("pb", normal(rng, 7))],
+                  options={"padding": "VALID", "stride_w": 1, "stride_h": 1}))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    assert compiled.describe()["kernels"] == kernels
+    inputs = [normal(rng, (1, 9, 8, c))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
 def test_chained_folds_are_done_once_each(backend):
     """Three 1x1 convolutions of one pixel behind a PAD: the PAD folds into the first, which then runs on
     its own; the second and third run as one pair."""
@@ -275,7 +298,7 @@ def test_chained_folds_are_done_once_each(backend):
     b.output(v)
     data = b.to_bytes()
     g, compiled = compile_whole(backend, data)
-    assert compiled.describe()["launches"] == ["CONV_2D#1+PAD#0", "CONV_2D#3+CONV_2D#2"]
+    assert compiled.describe()["launches"] == ["PAD#0+CONV_2D#1", "CONV_2D#2+CONV_2D#3"]
     inputs = [normal(rng, (1, 1, 1, 6))]
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
@@ -482,13 +505,15 @@ def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_pat
 
 
 def small_network(rng):
-    """One of each tiled kernel: a 3x3 convolution, a depthwise one, a 1x1 convolution, a dense layer."""
+    """One of each tiled kernel: a 3x3 convolution, a depthwise one (its bias added by an ADD, so that the
+    1x1 convolution after it does not compute it), a 1x1 convolution, a dense layer."""
     b = GraphBuilder()
     v = b.input("x", (1, 9, 10, 3))
     v = b.op("CONV_2D", [v, b.const("w0", normal(rng, (12, 3, 3, 3))), b.const("b0", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"})
     v = b.op("DEPTHWISE_CONV_2D", [v, b.const("w1", normal(rng, (1, 3, 3, 12))), b.const("b1", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
+    v = b.op("ADD", [v, b.const("c1", normal(rng, 12))])
     v = b.op("CONV_2D", [v, b.const("w2", normal(rng, (40, 1, 1, 12))), b.const("b2", normal(rng, 40))],
              options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
     v = b.op("RESHAPE", [v, b.const("s", np.array([1, 1000], np.int32))], options={"new_shape": [1, 1000]})

@@ -57,6 +57,8 @@ UNARY_CODE: dict[str, Formula] = {
     "SIN": lambda d, v: f"sin({v})",
     "COS": lambda d, v: f"cos({v})",
     "FLOOR": lambda d, v: f"floor({v})",
+    "CEIL": lambda d, v: f"ceil({v})",
+    "ROUND": lambda d, v: f"{d.fn('round')}({v})",  # ties to even, as LiteRT's ROUND
     "SIGN": lambda d, v: f"sign({v})",
     "ELU": lambda d, v: f"(max({v}, {d.k(0)}) + (exp(min({v}, {d.k(0)})) - {d.k(1)}))",
     "NONZERO": lambda d, v: _select(d, d.k(0), d.k(1), f"({v}) != {d.k(0)}"),  # CAST to bool
@@ -101,6 +103,7 @@ BINARY_CODE: dict[str, Formula] = {
 # value a and the next element b).  REDUCE_ANY and REDUCE_ALL see bools as 1 and 0.
 REDUCE_CODE: dict[str, tuple[str | None, Callable[[str, str], str]]] = {
     "SUM": ("0", lambda a, b: f"({a} + {b})"),
+    "MEAN": ("0", lambda a, b: f"({a} + {b})"),
     "REDUCE_PROD": ("1", lambda a, b: f"({a} * {b})"),
     "REDUCE_MAX": (None, lambda a, b: f"max({a}, {b})"),
     "REDUCE_MIN": (None, lambda a, b: f"min({a}, {b})"),
@@ -109,11 +112,12 @@ REDUCE_CODE: dict[str, tuple[str | None, Callable[[str, str], str]]] = {
 }
 
 
-def reduction(name: str, first: str) -> tuple[str, str]:
-    """(initial value, combination of ``total`` and ``value``) of reduction ``name``; ``first`` spells the
-    region's first element."""
+def reduction(name: str, first: str) -> tuple[str, str, str]:
+    """(initial value, combination of ``total`` and ``value``, result from ``total`` and the region's element
+    ``count``, a float) of reduction ``name``; ``first`` spells the region's first element."""
     init, combine = REDUCE_CODE[name]
-    return (first if init is None else init), combine("total", "value")
+    return (first if init is None else init), combine("total", "value"), \
+        "(total / count)" if name == "MEAN" else "total"
 
 
 def _wgsl_pow(d: "Dialect", a: str, b: str) -> str:
@@ -204,7 +208,7 @@ OPENCL = Dialect(
     binary_call=lambda name, a, b: f"BIN_{name}({a}, {b})",
     fmod=lambda a, b: f"fmod({a}, {b})",
     pow=lambda d, a, b: f"pow({a}, {b})",
-    builtins={"abs": "fabs"},
+    builtins={"abs": "fabs", "round": "rint"},
 )
 
 WGSL = Dialect(

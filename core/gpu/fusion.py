@@ -28,7 +28,7 @@ from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 # Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
 EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
                             "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "RESIZE_BILINEAR", "SOFTMAX", "STRIDED_SLICE",
-                            "MEAN", "DEPTH_TO_SPACE"} | set(UNARY) | set(BINARY))
+                            "MEAN", "DEPTH_TO_SPACE", "CONCATENATION", "PACK"} | set(UNARY) | set(BINARY))
 
 
 @dataclass(frozen=True)

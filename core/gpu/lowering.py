@@ -39,20 +39,22 @@ call is the same.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence, Union
+from typing import Any, Collection, Hashable, Sequence, Union
 
 import numpy as np
 
 from ..ir import Op, Tensor
 from ..strided import strided_slice_plan
+from ..errors import CompileError
 from .constants import constant_value, int_values
-from .fusion import Group, Step
-from .layout import (arg_axis, as_nhwc, batch_matmul_layout, pack_conv_weights, pack_vector, pad_before,
-                     padding_before, reduced_axes, resize_scales, same_storage, split_parts, transpose_axes,
-                     transpose_conv_geometry, unpack_parts, window_padding)
+from .fusion import Group, ReaderFolds, Step, is_matmul, pointwise, reader_folds
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
+                     pack_depthwise_weights, pack_vector, pad_before, padding_before, reduced_axes, resize_scales,
+                     same_storage, slices, split_parts, transpose_axes, transpose_conv_geometry, unpack_parts,
+                     window_padding)
 from .dialect import REDUCE_CODE
 from .plan import Values
-from .registry import lowers_shared
+from .registry import handler, lowers_shared
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
 
 
@@ -61,6 +63,7 @@ class TensorArg:
     name: str
     value: Hashable
     shape: tuple[int, ...]
+    writable: bool = False  # a second result the template stores (an LSTM's cell state)
 
 
 @dataclass(frozen=True)
@@ -154,23 +157,80 @@ def broadcast(name: str, t: Tensor, out_shape: Sequence[int]) -> BroadcastArg:
     return BroadcastArg(name, t.index, tuple(t.shape), splat_channel(t.shape, out_shape))
 
 
-class Lowering(Values):
-    """What every dialect's lowering of a partition keeps: its values, and the calls the handlers make.
+@dataclass
+class Product:
+    """Rows of ``src`` (of ``shape``) times OHWI weights ``window`` plus ``bias``, stored as ``output`` through
+    ``steps``: a 1x1 window (a row per pixel) or one covering the whole image (a row per image, where the
+    dialect's :attr:`Lowering.image_rows`).  ``staged`` = (fold kind, group) when the rows are the result of
+    a group folded into the product (a gate, a depthwise convolution, a one-pixel 1x1 convolution: a
+    "chain"), which the dialect computes where it stages its input; ``key`` names the packed constants.
+    The tiled algorithms are the dialect's (:meth:`Lowering.emit_product`)."""
 
-    Subclasses spell each call (:meth:`emit`) in their dialect.  :meth:`call` first records the tensors
-    the call's arguments can name (those of its ops and epilogue steps), so sizes and constant bytes are
-    known when buffers are assigned.
+    src: Hashable
+    shape: tuple[int, ...]
+    window: np.ndarray
+    bias: np.ndarray | None
+    output: tuple[Hashable, tuple[int, ...]]
+    steps: Sequence[Step]
+    ops: list[Op]
+    key: Hashable
+    staged: tuple[str, Group] | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
+
+
+class Lowering(Values):
+    """What every dialect's lowering of a partition keeps: its values, the groups folded into their
+    reader's kernel, and the calls the handlers make.
+
+    Subclasses spell each call (:meth:`emit`) and product (:meth:`emit_product`) in their dialect.
+    :meth:`call` and :meth:`product` first record the tensors the arguments can name (those of the ops
+    and epilogue steps), so sizes and constant bytes are known when buffers are assigned.
     """
 
+    dialect = ""
+    image_rows = False  # the dialect's product reads a row per image (a window covering the input)
+    busy_items = 1  # work items of 4 adjacent output vectors that keep the device busy (see conv_2d)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folded: dict[int, tuple[str, Group]] = {}  # result of a group its reader does -> (kind, group)
+
+    def fold(self, groups: Sequence[Group], keep: Collection[int], folds: ReaderFolds) -> None:
+        """Decide which of a partition's groups their reader's kernel does (the dialect's ``folds``)."""
+        self.folded = reader_folds(groups, keep, folds)
+
+    def lower(self, g: Group) -> None:
+        """Lower one group with its dialect's handler; a folded group adds nothing of its own."""
+        if g.output.index in self.folded:
+            return
+        found = handler(self.dialect, g.root)
+        if found is None:
+            raise CompileError(f"{g.root.describe()}: the {self.dialect} lowering has no kernel for it")
+        found.lower(self, g)
+
     def call(self, call: Call) -> None:
-        for t in _tensors(call):
-            self.tensors[t.index] = t
+        self._record(_tensors(call.ops, call.steps))
         for arg in call.args:
             if isinstance(arg, ConstantArg):
                 self.constants[arg.key] = np.ascontiguousarray(arg.values, np.float32)
         self.emit(call)
 
+    def product(self, product: Product) -> None:
+        staged = list(product.staged[1].ops) if product.staged else []
+        self._record(_tensors(staged + product.ops, product.steps))
+        self.emit_product(product)
+
+    def _record(self, tensors: Sequence[Tensor]) -> None:
+        for t in tensors:
+            self.tensors[t.index] = t
+
     def emit(self, call: Call) -> None:  # pragma: no cover - every dialect implements it
+        raise NotImplementedError
+
+    def emit_product(self, product: Product) -> None:  # pragma: no cover - every dialect implements it
         raise NotImplementedError
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
@@ -179,9 +239,9 @@ class Lowering(Values):
         return False
 
 
-def _tensors(call: Call) -> list[Tensor]:
-    found = [op_t for op in call.ops for op_t in (*op.inputs, *op.outputs) if op_t is not None]
-    found += [step.operand for step in call.steps if step.operand is not None]
+def _tensors(ops: Sequence[Op], steps: Sequence[Step]) -> list[Tensor]:
+    found = [op_t for op in ops for op_t in (*op.inputs, *op.outputs) if op_t is not None]
+    found += [step.operand for step in steps if step.operand is not None]
     return found
 
 
@@ -266,11 +326,17 @@ def select(lowering: Lowering, g: Group) -> None:
     lowering.call(_moved("select", [(t.index, t.shape) for t in g.root.inputs], False, g))
 
 
-@lowers_shared("PAD", templates=("pad",))
+@lowers_shared("PAD", "PADV2", templates=("pad",))
 def pad(lowering: Lowering, g: Group) -> None:
-    """Zeros around the input; a PAD of rows and columns read by a convolution is usually folded into it."""
-    before = pad_before(g.root)
-    lowering.call(_moved("pad", _one(g), before[3] % 4 == 0, g, ParamArg("before", "int4", before)))
+    """``fill`` (zero, or PADV2's constant) around the input; a zero PAD of rows and columns read by a
+    convolution is usually folded into it.  Whole vectors move when the channel padding ahead is whole
+    vectors, and with a non-zero fill only without channel padding (a vector's padding lanes hold zero)."""
+    op, x = g.root, g.root.inputs[0]
+    before = pad_before(op)
+    value = constant_value(op.input(2)) if op.opcode == "PADV2" and op.input(2) is not None else None
+    fill = 0.0 if value is None else float(np.asarray(value).ravel()[0])
+    aligned = before[3] % 4 == 0 and (fill == 0.0 or _same_channels(x.shape, g.output.shape))
+    lowering.call(_moved("pad", _one(g), aligned, g, ParamArg("before", "int4", before), ParamArg("fill", "float", fill)))
 
 
 @lowers_shared("MIRROR_PAD", templates=("mirror_pad",))
@@ -289,6 +355,26 @@ def tile(lowering: Lowering, g: Group) -> None:
 def space_to_depth(lowering: Lowering, g: Group) -> None:
     lowering.call(_moved("space_to_depth", _one(g), g.root.inputs[0].shape[3] % 4 == 0, g,
                          ParamArg("block", "int", int(g.root.options["block_size"]))))
+
+
+def _space_batch(lowering: Lowering, g: Group, template: str) -> None:
+    """Pixels moved between space and batch by blocks, output batch (or input batch) = block offset * images
+    + image as in TFLite; ``before`` = the padding (or crop) ahead of the rows and columns."""
+    op = g.root
+    bh, bw = int_values(op.input(1))
+    edges = np.asarray(int_values(op.input(2))).reshape(2, 2)
+    lowering.call(_moved(template, _one(g), True, g, ParamArg("block", "int4", (int(bh), int(bw), 0, 0)),
+                         ParamArg("before", "int4", (int(edges[0, 0]), int(edges[1, 0]), 0, 0))))
+
+
+@lowers_shared("SPACE_TO_BATCH_ND", templates=("space_to_batch",))
+def space_to_batch(lowering: Lowering, g: Group) -> None:
+    _space_batch(lowering, g, "space_to_batch")
+
+
+@lowers_shared("BATCH_TO_SPACE_ND", templates=("batch_to_space",))
+def batch_to_space(lowering: Lowering, g: Group) -> None:
+    _space_batch(lowering, g, "batch_to_space")
 
 
 @lowers_shared("RESIZE_NEAREST_NEIGHBOR", templates=("resize_nearest",))
@@ -312,6 +398,18 @@ def strided_slice(lowering: Lowering, g: Group) -> None:
                                                               [len(r) for r in ranges])))
 
 
+@lowers_shared("SLICE", templates=("slice",))
+def slice_op(lowering: Lowering, g: Group) -> None:
+    """STRIDED_SLICE's walk with steps of 1: ``size`` elements from ``begin`` along each axis (-1: to the end)."""
+    op, x = g.root, g.root.inputs[0]
+    begin = [int(b) for b in int_values(op.input(1))]
+    size = [d - b if int(n) == -1 else int(n) for d, b, n in zip(x.shape, begin, int_values(op.input(2)))]
+    length = [1] * (4 - len(size)) + size
+    start = (0,) * (4 - len(begin)) + tuple(begin)
+    aligned = start[3] % 4 == 0 and as_nhwc(g.output.shape)[3] == length[3]
+    lowering.call(_moved("slice", _one(g), aligned, g, *_walk(start, (1, 1, 1, 1), length)))
+
+
 def _walk(start: Sequence[int], step: Sequence[int], length: Sequence[int]) -> tuple[ParamArg, ...]:
     return (ParamArg("start", "int4", tuple(start)), ParamArg("step", "int4", tuple(step)),
             ParamArg("length", "int4", tuple(length)))
@@ -326,6 +424,32 @@ def split(lowering: Lowering, g: Group) -> None:
         lowering.call(_part("slice", [(x.index, x.shape)], axis != 3 or offset % 4 == 0, [g.root],
                             (out.index, tuple(out.shape)), *_walk(start, (1, 1, 1, 1), as_nhwc(out.shape)),
                             label=f"{g.root.opcode}#{g.root.index}:part{i}"))
+
+
+def concat_call(inputs: Sequence[Tensor], axis: int, output: tuple[Hashable, tuple[int, ...]], ops: Sequence[Op],
+                steps: Sequence[Step] = (), label: str = "") -> Call:
+    """Every output element from the input holding its range along ``axis`` (NHWC view): input k holds
+    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow."""
+    sizes = [as_nhwc(t.shape)[axis] for t in inputs]
+    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
+    ends = [ParamArg(f"end{i}", "int", int(end)) for i, end in enumerate(np.cumsum(sizes))]
+    return _part("concat", [(t.index, t.shape) for t in inputs], aligned, ops, output, ParamArg("axis", "int", axis),
+                 *ends, steps=steps, label=label)
+
+
+@lowers_shared("CONCATENATION", templates=("concat",))
+def concatenation(lowering: Lowering, g: Group) -> None:
+    op = g.root
+    axis = nhwc_axis(op.options.get("axis", 0), len(g.output.shape))
+    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), g.ops, g.steps))
+
+
+@lowers_shared("PACK", templates=("pack",))
+def pack(lowering: Lowering, g: Group) -> None:
+    """The output's axis ``axis`` (NHWC view) names the input; one launch for all inputs."""
+    axis = pack_axis(g.root)
+    lowering.call(_moved("pack", [(t.index, t.shape) for t in g.root.inputs], axis != 3, g,
+                         ParamArg("axis", "int", axis)))
 
 
 @lowers_shared("UNPACK", templates=("unpack",))
@@ -351,9 +475,13 @@ def resize_bilinear(lowering: Lowering, g: Group) -> None:
 @lowers_shared(*REDUCE_CODE, templates=("reduce",))
 def reduce(lowering: Lowering, g: Group) -> None:
     """Each output lane combines its region in fp32; keep = the output with reduced axes as 1, reduce = 1 per
-    reduced axis (NHWC view)."""
+    reduced axis (NHWC view).  A MEAN over the rows and columns is the dialect's image reduction where it has
+    one (which stores each image's result at its pixel (0, 0): the output must be stored as with kept axes)."""
     x = g.root.inputs[0]
     keep, reduced = reduced_axes(g.root)
+    if (g.root.opcode == "MEAN" and reduced == (0, 1, 1, 0) and same_storage(keep, g.output.shape)
+            and lowering.image_reduction(g, x, False)):
+        return
     lowering.call(Call("reduce", [tensor("src", x), ParamArg("keep", "int4", keep), ParamArg("reduce", "int4", reduced)],
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps,
                        constants=(("reduction", g.root.opcode),)))
@@ -431,5 +559,131 @@ def softmax(lowering: Lowering, g: Group) -> None:
                        g.ops, output=(g.output.index, tuple(g.output.shape)), steps=g.steps))
 
 
-__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "TensorArg", "boundary_call",
-           "broadcast", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]
+# -- convolutions and matrix products ------------------------------------------------------------
+
+# A windowed convolution giving fewer work items (of 4 adjacent output vectors) than keep the device busy
+# (Lowering.busy_items) while each output sums at least 2 x SPLIT_GROUP (tap, input slice) pairs leaves the
+# device waiting on memory, one tap after another: conv2d_split shares each output's sum among SPLIT_GROUP.
+SPLIT_GROUP = 64
+
+
+def conv_input(lowering: Lowering, op: Op) -> tuple[Tensor, tuple[int, int], list[Op]]:
+    """What a convolution's kernel reads: its input, or the input of the zero PAD folded into it with the
+    (columns, rows) of padding that adds before, and the PAD (for labels and profiles)."""
+    x = op.inputs[0]
+    folded = lowering.folded.get(x.index)
+    if folded is None or folded[0] != "pad":
+        return x, (0, 0), []
+    pad = folded[1].root
+    pads = int_values(pad.input(1))
+    return pad.inputs[0], (int(pads[4]), int(pads[2])), [pad]
+
+
+def window_params(op: Op, kh: int, kw: int, extra: tuple[int, int] = (0, 0)) -> tuple[ParamArg, ParamArg]:
+    """``window`` = (kernel w, kernel h, stride x, stride y) and ``spacing`` = (pad x, pad y, dilation x,
+    dilation y) of a convolution, ``extra`` (columns, rows) of a folded PAD included."""
+    o = op.options
+    pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw)
+    return (ParamArg("window", "int4", (kw, kh, o.get("stride_w", 1), o.get("stride_h", 1))),
+            ParamArg("spacing", "int4", (pad_x + extra[0], pad_y + extra[1], o.get("dilation_w_factor", 1),
+                                         o.get("dilation_h_factor", 1))))
+
+
+def conv_weights(op: Op, x: Tensor) -> np.ndarray:
+    """A CONV_2D's OHWI weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
+    return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
+
+
+def _output(g: Group) -> tuple[Hashable, tuple[int, ...]]:
+    return g.output.index, tuple(g.output.shape)
+
+
+@lowers_shared("CONV_2D", templates=("conv2d", "conv2d_split", "matmul"))
+def conv_2d(lowering: Lowering, g: Group) -> None:
+    """A product where the convolution is one (``is_matmul``) or reads a group folded into the product; else
+    each output vector sums its window, split among work items when the outputs are few and the sums long."""
+    op, out = g.root, g.output
+    bias = constant_value(op.input(2))
+    staged = lowering.folded.get(op.inputs[0].index)
+    if staged is not None and staged[0] != "pad":
+        source = staged[1]
+        _, _, pad = conv_input(lowering, source.root)
+        lowering.product(Product(source.output.index, tuple(source.output.shape), conv_weights(op, source.output),
+                                 bias, _output(g), g.steps, pad + source.ops + g.ops, op.index, staged))
+        return
+    x, extra, pad = conv_input(lowering, op)
+    weights = conv_weights(op, x)
+    if not pad and is_matmul(op) and (pointwise(op) or lowering.image_rows):
+        lowering.product(Product(x.index, tuple(x.shape), weights, bias, _output(g), g.steps, g.ops, op.index))
+        return
+    _, kh, kw, _ = weights.shape
+    n, h, w, c = as_nhwc(out.shape)
+    items = -(-w // 4) * h * n * slices(c)
+    split = items < lowering.busy_items and kh * kw * slices(as_nhwc(x.shape)[3]) >= 2 * SPLIT_GROUP
+    lowering.call(Call("conv2d_split" if split else "conv2d", [
+        tensor("src", x), ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
+        ConstantArg("bias", ("bias", op.index), pack_vector(bias, c)), *window_params(op, kh, kw, extra)],
+        pad + g.ops, output=_output(g), steps=g.steps, constants=(("group", SPLIT_GROUP),) if split else ()))
+
+
+@lowers_shared("DEPTHWISE_CONV_2D", templates=("depthwise_conv2d",))
+def depthwise_conv_2d(lowering: Lowering, g: Group) -> None:
+    """Output channel c filters input channel c / multiplier; a depthwise convolution folded into the 1x1
+    convolution reading it (the dialect's ``depthwise`` fold) is computed by that product instead."""
+    op, out = g.root, g.output
+    x, extra, pad = conv_input(lowering, op)
+    weights = constant_value(op.inputs[1])
+    lowering.call(Call("depthwise_conv2d", [
+        tensor("src", x), ParamArg("multiplier", "int", out.shape[3] // x.shape[3]),
+        ConstantArg("weights", ("weights", op.index), pack_depthwise_weights(weights)),
+        ConstantArg("bias", ("bias", op.index), pack_vector(constant_value(op.input(2)), out.shape[3])),
+        *window_params(op, weights.shape[1], weights.shape[2], extra)],
+        pad + g.ops, output=_output(g), steps=g.steps))
+
+
+def dense(lowering: Lowering, x: Tensor, weights: np.ndarray, bias: np.ndarray | None,
+          output: tuple[Hashable, tuple[int, ...]], steps: Sequence[Step], ops: list[Op], key: Hashable,
+          label: str = "") -> None:
+    """Rows of ``depth`` values of ``x`` times ``weights.T`` (+ bias): a row is a pixel's channels, or a whole
+    image where the dialect reads image rows; any other split is flattened by a relayout first."""
+    units, depth = weights.shape
+    n, h, w, c = as_nhwc(x.shape)
+    src, shape = x.index, tuple(x.shape)
+    if c == depth:
+        window = weights.reshape(units, 1, 1, depth)
+    elif lowering.image_rows and h * w * c == depth:
+        window = weights.reshape(units, h, w, c)
+    else:
+        src, shape = ("rows", key), (n * h * w * c // depth, depth)
+        lowering.temporaries[src] = shape
+        lowering.call(relayout_call(x.index, x.shape, src, shape, ops))
+        window = weights.reshape(units, 1, 1, depth)
+    lowering.product(Product(src, shape, window, bias, output, steps, ops, key, label=label))
+
+
+@lowers_shared("FULLY_CONNECTED", templates=("matmul",))
+def fully_connected(lowering: Lowering, g: Group) -> None:
+    op = g.root
+    dense(lowering, op.inputs[0], constant_value(op.inputs[1]), constant_value(op.input(2)), _output(g), g.steps,
+          g.ops, op.index)
+
+
+@lowers_shared("LSTM", templates=("concat", "matmul", "lstm_gates"))
+def lstm(lowering: Lowering, g: Group) -> None:
+    """The basic LSTM cell: [input, previous activation] -> matrix product -> gates (the new activation is
+    the output, the new cell state the template's second result)."""
+    op = g.root
+    x, prev_activation, weights, bias, prev_state = op.inputs
+    activation, state, concat, gates = op.outputs
+    label = f"{op.opcode}#{op.index}"
+    lowering.call(concat_call([x, prev_activation], 3, (concat.index, tuple(concat.shape)), [op],
+                              label=f"{label}:concat"))
+    dense(lowering, concat, constant_value(weights), constant_value(bias), (gates.index, tuple(gates.shape)), (),
+          [op], op.index, label=f"{label}:matmul")
+    lowering.call(Call("lstm_gates", [tensor("gates", gates), tensor("prev_state", prev_state),
+                                      TensorArg("state", state.index, tuple(state.shape), writable=True)],
+                       [op], output=(activation.index, tuple(activation.shape)), label=f"{label}:gates"))
+
+
+__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "Product", "SPLIT_GROUP",
+           "TensorArg", "boundary_call", "broadcast", "concat_call", "conv_input", "conv_weights", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

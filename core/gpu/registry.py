@@ -3,9 +3,9 @@
 The kit's own lowering (:mod:`delegate.gpu.lowering`) registers one handler per op family for every
 dialect (``@lowers_shared("ADD", templates=("elementwise",))``), naming the kernel templates it
 launches; a dialect declares the templates it has (:func:`declare_templates`), and lacking one
-refuses the op with that reason.  Ops the kit does not lower yet keep a handler of the plugin's own,
-registered under its dialect's name (``@lowers("opencl", "CONV_2D")``), with a constraint of its own
-where its kernel covers less than the kit's rule.  A backend supports an op exactly when
+refuses the op with that reason.  A dialect may add ops the kit has no handler for with a handler of
+its own, registered under its dialect's name (``@lowers("probe", "RELU")``), with a constraint of its
+own where its kernel covers less than the kit's rule.  A backend supports an op exactly when
 its dialect has a handler for the op, the op passes the kit's rule for it
 (:func:`delegate.gpu.support.check_op`: versions, tensors, the op's own
 constraint) and the handler's constraint passes; a refusal carries the reason of

@@ -32,7 +32,7 @@ from .constants import (constant_value, int_values, is_folded_dequantize, is_qua
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
-         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "SIGN", "ELU", "GELU", "LEAKY_RELU")
+         "RSQRT", "SQUARE", "ABS", "NEG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "SIGN", "ELU", "GELU", "LEAKY_RELU")
 # Copies on the float view: QUANTIZE rounds onto its output grid, a CAST to bool tests for non-zero.
 CONVERSIONS = ("QUANTIZE", "DEQUANTIZE", "CAST")
 COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
@@ -175,6 +175,12 @@ def _pad(op: Op) -> str | None:
     return None
 
 
+def _padv2(op: Op) -> str | None:
+    if op.input(2) is not None and constant_value(op.input(2)) is None:
+        return "the padding value (input 2) must be a constant"
+    return _pad(op)
+
+
 def _resize(op: Op) -> str | None:
     if int_values(op.input(1)) is None:
         return "size (input 1) must be a constant"
@@ -224,6 +230,22 @@ def _depth_to_space(op: Op) -> str | None:
     block = op.options.get("block_size", 0)
     if block < 1:
         return "block_size must be positive"
+    return _rank(op.inputs[0], 4, "input")
+
+
+def _slice(op: Op) -> str | None:
+    begin, size = int_values(op.input(1)), int_values(op.input(2))
+    if begin is None or size is None:
+        return "begin and size (inputs 1 and 2) must be constants"
+    return None
+
+
+def _space_batch(op: Op) -> str | None:
+    block, edges = int_values(op.input(1)), int_values(op.input(2))
+    if block is None or edges is None:
+        return "block shape and paddings or crops (inputs 1 and 2) must be constants"
+    if len(block) != 2:
+        return f"block shape {list(block)}: only blocks of rows and columns are implemented"
     return _rank(op.inputs[0], 4, "input")
 
 
@@ -434,6 +456,8 @@ RULES: dict[str, OpRule] = {
     "SIN": OpRule(1, 1),
     "COS": OpRule(1, 1),
     "FLOOR": OpRule(1, 1),
+    "CEIL": OpRule(1, 1),
+    "ROUND": OpRule(1, 1),
     "SIGN": OpRule(1, 1),
     "ELU": OpRule(1, 1),
     "GELU": OpRule(1, 2),
@@ -447,6 +471,7 @@ RULES: dict[str, OpRule] = {
     "MAX_POOL_2D": OpRule(1, 2, _pool),
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
+    "PADV2": OpRule(1, 2, _padv2, params=(1,)),
     "RESHAPE": OpRule(1, 1, params=(1,)),
     "SPLIT": OpRule(1, 2, _split, params=(0,)),
     "SPLIT_V": OpRule(1, 2, _split, params=(1, 2)),
@@ -462,6 +487,9 @@ RULES: dict[str, OpRule] = {
     **{code: OpRule(1, 1, _reduce, params=(1,), bools="all") for code in ("REDUCE_ANY", "REDUCE_ALL")},
     "DEPTH_TO_SPACE": OpRule(1, 2, _depth_to_space),
     "SPACE_TO_DEPTH": OpRule(1, 2, _depth_to_space),
+    "SLICE": OpRule(1, 2, _slice, params=(1, 2)),
+    "SPACE_TO_BATCH_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
+    "BATCH_TO_SPACE_ND": OpRule(1, 2, _space_batch, params=(1, 2)),
     "TILE": OpRule(1, 2, _tile, params=(1,)),
     "MIRROR_PAD": OpRule(1, 2, _mirror_pad, params=(1,)),
     "SELECT": OpRule(1, 2, _select, bools="first"),

@@ -11,21 +11,20 @@ is only enqueueing kernels.  Buffers are assigned by the kit's buffer planner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
-from delegate.gpu.constants import constant_value, int_values
+from delegate.gpu.constants import constant_value
 from delegate.gpu.dialect import OPENCL, unary_chain
-from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul, reader_folds
-from delegate.gpu.layout import (as_nhwc, dense_groups, host_order,
-                                 natural_output_shape, nhwc_axis, pack_axis, pack_conv_weights, pack_depthwise_weights,
-                                 pack_vector, phwc4_vectors, same_storage, slices, window_padding)
+from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul
+from delegate.gpu.layout import (as_nhwc, host_order, pack_conv_weights, pack_depthwise_weights,
+                                 pack_vector, phwc4_vectors, slices)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
-                                   epilogue_operands, relayout_call)
+                                   Product, conv_input, epilogue_operands, window_params)
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec, TensorSpec
-from delegate.gpu.registry import declare_templates, handler, lowers
-from delegate.plugin_api import CompileError, Op, Partition, Tensor
+from delegate.gpu.registry import declare_templates
+from delegate.plugin_api import Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
 from .program import Variant, templates
@@ -47,10 +46,9 @@ FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or n
                     gate=_stages_input, depthwise=_stages_input, nested=True)
 
 
-# A convolution giving fewer work items than this per compute unit leaves the device waiting on
-# memory, one tap after another: conv2d_split.cl shares each output's reduction among SPLIT_GROUP.
+# Work items per compute unit that keep the device busy: a convolution giving fewer shares each output's
+# reduction among a work group instead (the kit's decision, delegate.gpu.lowering.conv_2d).
 SPLIT_ITEMS_PER_UNIT = 16
-SPLIT_GROUP = 64
 
 
 @dataclass
@@ -73,11 +71,6 @@ class Launch:
         self.label = self.label or "+".join(f"{op.opcode}#{op.index}" for op in self.ops)
 
 
-def conv_weights(op: Op, x: Tensor) -> np.ndarray:
-    """A CONV_2D's weights as a dense convolution of all of ``x``'s channels (grouped ones zero across groups)."""
-    return dense_groups(constant_value(op.inputs[1]), as_nhwc(x.shape)[3])
-
-
 def i32(v) -> list:
     return ["int", int(v)]
 
@@ -94,34 +87,56 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-SHARED_PIXEL = frozenset({"softmax"})  # templates whose work groups share each pixel's slices
+def _define(launch: Launch, *defines: tuple[str, Any]) -> None:
+    variant = launch.variant
+    launch.variant = Variant(variant.template, variant.epilogue, variant.defines + tuple(defines))
 
 
-def share_pixel(launch: Launch, shape: Sequence[int]) -> None:
-    """Make ``launch`` a work-group reduction over each pixel's slices: GROUP items share a pixel,
-    REDUCTIONS pixels per group."""
-    n, h, w, c = as_nhwc(shape)
+def _share_pixel(launch: Launch, call: Call) -> None:
+    """A work-group reduction over each pixel's slices: GROUP items share a pixel, REDUCTIONS pixels per group."""
+    n, h, w, c = as_nhwc(call.output[1])
     items, per_group = reduction_shape(slices(c))
     launch.global_size = (items, round_to(n * h * w, per_group), 1)
     launch.local_size = (items, per_group, 1)
-    variant = launch.variant
-    launch.variant = Variant(variant.template, variant.epilogue,
-                             variant.defines + (("GROUP", items), ("REDUCTIONS", per_group)))
+    _define(launch, ("GROUP", items), ("REDUCTIONS", per_group))
+
+
+def _columns(launch: Launch, call: Call) -> None:
+    """Four adjacent output vectors per work item; the depthwise kernel unrolls its KH x KW taps."""
+    w, h, z = launch.global_size
+    launch.global_size = (-(-w // 4), h, z)
+    if call.template == "depthwise_conv2d":
+        kw, kh, _, _ = next(arg.value for arg in call.args if isinstance(arg, ParamArg) and arg.name == "window")
+        _define(launch, ("KH", kh), ("KW", kw))
+
+
+def _split(launch: Launch, call: Call) -> None:
+    """GROUP work items (local dimension 0) share each output vector (global dimension 1)."""
+    group = dict(call.constants)["group"]
+    launch.global_size = (group, phwc4_vectors(call.output[1]), 1)
+    launch.local_size = (group, 1, 1)
+
+
+# Kit templates whose launch this dialect shapes (its own work-group algorithms and unrolling).
+SHAPED = {"softmax": _share_pixel, "conv2d": _columns, "depthwise_conv2d": _columns, "conv2d_split": _split}
 
 
 class ClLowering(Lowering):
     """Turns a partition's groups into launches whose arguments name values, not device buffers.
 
-    Values are tensor indices, packed constants (``("constant", n)``) and temporaries
-    (``("temporary", n)``); :meth:`plan` assigns them buffers (:class:`delegate.gpu.plan.BufferPlanner`)
+    Values are tensor indices, packed constants (``("constant", n)``, the kit's keys) and temporaries
+    (the kit's keys); :meth:`plan` assigns them buffers (:class:`delegate.gpu.plan.BufferPlanner`)
     and returns the partition's :class:`delegate.gpu.plan.KernelPlan`.
     """
+
+    dialect = DIALECT
+    image_rows = True  # matmul.cl reads a row per image (plane 1)
 
     def __init__(self, storage: np.dtype, compute_units: int):
         super().__init__()
         self.storage = np.dtype(storage)
         self.compute_units = compute_units
-        self.padded: dict[int, tuple[Tensor, int, int, Op]] = {}  # conv op id -> (input, pad x, pad y, PAD op)
+        self.busy_items = SPLIT_ITEMS_PER_UNIT * compute_units
         self.launches: list[Launch] = []
 
     # -- values -------------------------------------------------------------
@@ -135,11 +150,6 @@ class ClLowering(Lowering):
         """The buffer argument of ``t`` (its constant value is uploaded once, in PHWC4)."""
         self.tensors[t.index] = t
         return ["buffer", t.index]
-
-    def temp(self, shape: Sequence[int]) -> list:
-        key = ("temporary", len(self.temporaries))
-        self.temporaries[key] = tuple(shape)
-        return ["buffer", key]
 
     def plan(self, partition: Partition, storage: str) -> KernelPlan:
         """The launches with buffers assigned, and the boundary tensors with their conversions.
@@ -218,143 +228,49 @@ class ClLowering(Lowering):
         for arg in call.args:
             args += self.argument(arg)
         shape = call.output[1] if call.output else call.work
-        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants)
+        variant = template_variant(call.template, tuple(s.signature() for s in call.steps), call.constants,
+                                   sum(isinstance(arg, TensorArg) for arg in call.args))
         return Launch(variant, args + self.epilogue_args(call.steps, shape), grid(call.work), list(call.ops),
                       label=call.label)
 
     def emit(self, call: Call) -> None:
         launch = self.spell(call)
-        if call.template in SHARED_PIXEL:
-            share_pixel(launch, call.output[1])
+        if call.template in SHAPED:
+            SHAPED[call.template](launch, call)
         self.launches.append(launch)
 
     def add(self, template: str, steps: Sequence[Step], args: list[Any], out_shape: Sequence[int],
             global_size: tuple[int, int, int], ops: Sequence[Op], defines: tuple = (),
-            local_size: tuple[int, int, int] | None = None) -> None:
+            local_size: tuple[int, int, int] | None = None, label: str = "") -> None:
         variant = Variant(template, tuple(s.signature() for s in steps),
                           tuple((name, _plain(value)) for name, value in defines))
         self.launches.append(Launch(variant, args + self.epilogue_args(steps, out_shape), global_size, list(ops),
-                                    local_size))
-
-    def relayout(self, src, src_shape, dst, dst_shape, ops: Sequence[Op]) -> None:
-        """Move elements between slices when a reshape changes the channel count or batch."""
-        self.call(relayout_call(src[1], src_shape, dst[1], dst_shape, ops))
-
-    def into_natural(self, g: Group, natural: Sequence[int]) -> tuple[Any, Callable[[], None]]:
-        """Output buffer for a kernel whose result has shape ``natural``, and what to run after it."""
-        out = g.output
-        if same_storage(natural, out.shape):
-            return self.tensor(out), lambda: None
-        tmp = self.temp(natural)
-        return tmp, lambda: self.relayout(tmp, natural, self.tensor(out), out.shape, g.ops)
+                                    local_size, label))
 
     # -- groups -------------------------------------------------------------
     def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
-        """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision,
-        :data:`FOLDS`) adds no launch of its own."""
-        folds = reader_folds(groups, keep, FOLDS)
-        staged: dict[int, Group] = {}  # groups computed in a product's staging, by the tensor they would store
-        for index, (kind, g) in folds.items():
-            if kind == "pad":
-                pads = np.asarray(int_values(g.root.inputs[1])).reshape(4, 2)
-                self.padded[id(g.output.uses[0])] = (g.root.inputs[0], int(pads[2, 0]), int(pads[1, 0]), g.root)
-            else:
-                staged[index] = g
+        """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision for this
+        dialect's :data:`FOLDS`) adds no launch of its own."""
+        self.fold(groups, keep, FOLDS)
         for g in groups:
-            if g.output.index in folds:
-                continue
-            source = staged.get(g.root.inputs[0].index) if g.root.opcode == "CONV_2D" else None
-            if source is None:
-                self.lower(g)
-                continue
-            op, x = g.root, source.output
-            self.matmul(None, x.shape, conv_weights(op, x), constant_value(op.input(2)),
-                        self.tensor(g.output), g.output.shape, g.steps, self.absorbed(source.ops) + g.ops, source)
-
-    def conv_input(self, op: Op) -> Tensor:
-        """What a convolution's kernel reads: its input, or the input of the PAD fused into it."""
-        return self.padded[id(op)][0] if id(op) in self.padded else op.inputs[0]
-
-    def absorbed(self, ops: Sequence[Op]) -> list[Op]:
-        """``ops`` with the PAD fused into the first one before them (for labels and profiles)."""
-        return ([self.padded[id(ops[0])][3]] if id(ops[0]) in self.padded else []) + list(ops)
-
-    def lower(self, g: Group) -> None:
-        found = handler(DIALECT, g.root)
-        if found is None:
-            raise CompileError(f"{g.root.describe()}: the opencl lowering has no kernel for it")
-        found.lower(self, g)
-
-    @lowers(DIALECT, "CONV_2D", "DEPTHWISE_CONV_2D")
-    def conv_2d(self, g: Group) -> None:
-        op, out = g.root, g.output
-        weights, bias = constant_value(op.inputs[1]), constant_value(op.input(2))
-        if op.opcode == "CONV_2D":
-            weights = conv_weights(op, self.conv_input(op))
-        if op.opcode == "CONV_2D" and is_matmul(op):
-            x = op.inputs[0]
-            self.matmul(self.tensor(x), x.shape, weights, bias, self.tensor(out), out.shape, g.steps, g.ops)
-            return
-        args = self.out_args(self.tensor(out), out.shape)
-        w, h, z = grid(out.shape)
-        columns = (-(-w // 4), h, z)  # both kernels compute 4 adjacent output vectors per work item
-        if op.opcode == "DEPTHWISE_CONV_2D":
-            self.add("depthwise_conv2d", g.steps, args + self.depthwise_args(op), out.shape, columns,
-                     self.absorbed(g.ops), defines=(("KH", weights.shape[1]), ("KW", weights.shape[2])))
-            return
-        x = self.conv_input(op)
-        args += [self.tensor(x), self.dims(x.shape), self.upload(pack_conv_weights(weights)),
-                 self.upload(pack_vector(bias, out.shape[3])), *self._window(op, weights.shape[1], weights.shape[2])]
-        reduction = weights.shape[1] * weights.shape[2] * slices(x.shape[3])
-        if columns[0] * columns[1] * columns[2] < SPLIT_ITEMS_PER_UNIT * self.compute_units \
-                and reduction >= SPLIT_GROUP * 2:
-            self.add("conv2d_split", g.steps, args, out.shape, (SPLIT_GROUP, phwc4_vectors(out.shape), 1),
-                     self.absorbed(g.ops), defines=(("GROUP", SPLIT_GROUP),), local_size=(SPLIT_GROUP, 1, 1))
-            return
-        self.add("conv2d", g.steps, args, out.shape, columns, self.absorbed(g.ops))
+            self.lower(g)
 
     def depthwise_args(self, op: Op) -> list[Any]:
-        """Input, weights and window of a depthwise convolution, as its kernel and fused users take them."""
-        x, out, weights = self.conv_input(op), op.outputs[0], constant_value(op.inputs[1])
+        """Input, weights and window of a depthwise convolution staged by matmul.cl."""
+        x, extra, _ = conv_input(self, op)
+        out, weights = op.outputs[0], constant_value(op.inputs[1])
         return [self.tensor(x), self.dims(x.shape), i32(out.shape[3] // x.shape[3]),
                 self.upload(pack_depthwise_weights(weights)),
                 self.upload(pack_vector(constant_value(op.input(2)), out.shape[3])),
-                *self._window(op, weights.shape[1], weights.shape[2])]
+                *(part for arg in window_params(op, weights.shape[1], weights.shape[2], extra)
+                  for part in self.argument(arg))]
 
-    def _window(self, op: Op, kh: int, kw: int) -> list[Any]:
-        """Geometry and padding arguments of a convolution's window, a fused PAD's included."""
-        o = op.options
-        sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-        pad_x, pad_y = window_padding(op, op.inputs[0].shape, kh, kw)
-        _, extra_x, extra_y, _ = self.padded.get(id(op), (None, 0, 0, None))
-        return [int4(kw, kh, sw, sh), int4(pad_x + extra_x, pad_y + extra_y, dw, dh)]
-
-    @lowers(DIALECT, "FULLY_CONNECTED")
-    def fully_connected(self, g: Group) -> None:
-        op = g.root
-        self.dense(self.tensor(op.inputs[0]), op.inputs[0].shape, constant_value(op.inputs[1]),
-                   constant_value(op.input(2)), self.tensor(g.output), g.output.shape, g.steps, g.ops)
-
-    def dense(self, src, src_shape, weights: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
-              steps: Sequence[Step], ops: Sequence[Op]) -> None:
-        """Each row of ``depth`` values of ``src`` times ``weights.T`` (+ bias): a row is a pixel's channels,
-        or a whole image; any other split is flattened by a relayout first."""
-        units, depth = weights.shape
-        n, h, w, c = as_nhwc(src_shape)
-        if c == depth:
-            window = weights.reshape(units, 1, 1, depth)
-        elif h * w * c == depth:
-            window = weights.reshape(units, h, w, c)
-        else:
-            flat = (n * h * w * c // depth, depth)
-            tmp = self.temp(flat)
-            self.relayout(src, src_shape, tmp, flat, ops)
-            src, src_shape, window = tmp, flat, weights.reshape(units, 1, 1, depth)
-        self.matmul(src, src_shape, window, bias, dst, dst_shape, steps, ops)
+    def emit_product(self, p: Product) -> None:
+        self.matmul(["buffer", p.src], p.shape, p.window, p.bias, ["buffer", p.output[0]], p.output[1], p.steps,
+                    p.ops, p.staged[1] if p.staged else None, p.label)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
-               steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None) -> None:
+               steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None, label: str = "") -> None:
         """Rows of ``src`` times OHWI weights ``window``: 1x1 (a row per pixel, its vectors a plane apart)
         or covering the whole image (a row per image, its vectors consecutive in PHWC4 order).  With
         ``source`` (a 1x1 window), the rows are that group's output (a depthwise convolution or a gate
@@ -372,7 +288,7 @@ class ClLowering(Lowering):
         if rows <= MATVEC_ROWS:
             items = min(pow2_at_least(depth), MATVEC_GROUP)
             self.add("matvec", steps, args + [src], dst_shape, (out_slices * items, 1, 1), ops,
-                     defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1))
+                     defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1), label=label)
             return
         defines: tuple = ()
         staging = 1.0  # loads to stage one input vector
@@ -392,78 +308,20 @@ class ClLowering(Lowering):
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
-                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)))
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)), label=label)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""
-        if not is_max:
-            self.reduce_mean(g, x, g.output.shape, (True, True, False))
-        return not is_max
-
-    @lowers(DIALECT, "CONCATENATION")
-    def concatenation(self, g: Group) -> None:
-        op, out = g.root, g.output
-        self.concat(op.inputs, op.options.get("axis", 0), self.tensor(out), out.shape, g.steps, g.ops)
-
-    def concat(self, inputs: Sequence[Tensor], axis: int, dst, dst_shape, steps, ops) -> None:
-        axis = nhwc_axis(axis, len(dst_shape))
-        offset = [0, 0, 0, 0]  # along n, h, w, c
-        for t in inputs:
-            args = self.out_args(dst, dst_shape) + [self.tensor(t), self.dims(t.shape),
-                                                    i32(as_nhwc(t.shape)[3]),
-                                                    int4(offset[2], offset[1], offset[3], offset[0])]
-            self.add("concat", steps, args, dst_shape, grid(t.shape), ops)
-            offset[axis] += as_nhwc(t.shape)[axis]
-
-    @lowers(DIALECT, "PACK")
-    def pack(self, g: Group) -> None:
-        """Along another axis than the channels each output vector comes from one input (gather.cl); along
-        the channels each input becomes a column of one channel, concatenated at its lane."""
-        axis, out = pack_axis(g.root), g.output
-        for index, x in enumerate(g.root.inputs):
-            if axis != 3:
-                self.call(Call("pack_part", [TensorArg("in0", x.index, tuple(x.shape)), ParamArg("aligned", "int", 1),
-                                             ParamArg("axis", "int", axis), ParamArg("index", "int", index)],
-                               g.ops, output=(out.index, tuple(out.shape)), steps=g.steps))
-                continue
-            column = tuple(x.shape) + (1,)
-            tmp = self.temp(column)
-            self.relayout(self.tensor(x), x.shape, tmp, column, g.ops)
-            args = self.out_args(self.tensor(out), out.shape) + [tmp, self.dims(column), i32(1),
-                                                                 int4(0, 0, index, 0)]
-            self.add("concat", g.steps, args, out.shape, grid(column), g.ops)
-
-    @lowers(DIALECT, "MEAN")
-    def mean(self, g: Group) -> None:
-        op, x = g.root, g.root.inputs[0]
-        axes = {nhwc_axis(a, len(x.shape)) for a in int_values(op.inputs[1])}
-        self.reduce_mean(g, x, natural_output_shape(op), (2 in axes, 1 in axes, 3 in axes))
-
-    def reduce_mean(self, g: Group, x: Tensor, natural: Sequence[int], flags: tuple[bool, bool, bool]) -> None:
-        """Mean of ``x`` over the axes flagged in (W, H, channels), into a result of shape ``natural``."""
-        dst, after = self.into_natural(g, natural)
+        if is_max:
+            return False
+        out = g.output
         _, h, w, c = as_nhwc(x.shape)
-        items, per_group = reduction_shape((w if flags[0] else 1) * (h if flags[1] else 1) *
-                                           (slices(c) if flags[2] else 1))
-        args = self.out_args(dst, natural) + [self.tensor(x), self.dims(x.shape), i32(c),
-                                              int4(*flags, 0)]
-        self.add("mean", g.steps, args, natural, (items, round_to(phwc4_vectors(natural), per_group), 1), g.ops,
+        items, per_group = reduction_shape(w * h)
+        args = self.out_args(self.tensor(out), out.shape) + [self.tensor(x), self.dims(x.shape), i32(c),
+                                                             int4(1, 1, 0, 0)]
+        self.add("mean", g.steps, args, out.shape, (items, round_to(phwc4_vectors(out.shape), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
-        after()
-
-    @lowers(DIALECT, "LSTM")
-    def lstm(self, g: Group) -> None:
-        """Basic LSTM cell: concat(input, previous output) -> fully connected -> gates."""
-        op = g.root
-        x, prev_activ, weights, bias, prev_state = op.inputs
-        activ, state, concat_out, gates = op.outputs
-        self.concat([x, prev_activ], -1, self.tensor(concat_out), concat_out.shape, (), [op])
-        self.dense(self.tensor(concat_out), concat_out.shape, constant_value(weights), constant_value(bias),
-                   self.tensor(gates), gates.shape, (), [op])
-        units = activ.shape[-1]
-        args = [self.tensor(activ), self.tensor(state), self.dims(activ.shape), i32(units),
-                self.tensor(gates), self.dims(gates.shape), self.tensor(prev_state)]
-        self.add("lstm_gates", (), args, activ.shape, (as_nhwc(activ.shape)[2], slices(units), 1), [op])
+        return True
 
 
 declare_templates(DIALECT, templates())

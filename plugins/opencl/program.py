@@ -47,21 +47,44 @@ def templates() -> list[str]:
             if entry.name.endswith(".cl") and entry.name != "prelude.cl"] + sorted(MAPPINGS)
 
 
-def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str, Any]] = ()) -> Variant:
+def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str, Any]] = (),
+            inputs: int = 1) -> Variant:
     """The variant running the kit's template ``template_name`` with the epilogue ``steps`` (signatures) and
-    the call's compile-time ``constants`` as macros."""
+    the call's compile-time ``constants`` as macros; a mapping of gather.cl reads ``inputs`` tensors."""
     defines = tuple(define for name, value in constants for define in SPECIALISE[name](value))
     if template_name in MAPPINGS:
-        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + defines)
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + _gather_inputs(inputs)
+                       + MAPPING_DEFINES.get(template_name, lambda inputs: ())(inputs) + defines)
     return Variant(template_name, steps, defines)
 
 
+def _gather_inputs(inputs: int) -> tuple[tuple[str, str], ...]:
+    """The arguments of gather.cl's inputs after the first, and the selection of the one a mapping names."""
+    if inputs == 1:
+        return ()
+    more = range(1, inputs)
+    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c" for i in more)),
+            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c; }}"
+                                       for i in more)))
+
+
+def _concat_ends(inputs: int) -> tuple[tuple[str, str], ...]:
+    """MAP_CONCAT's range ends, one per input, and the search for the input holding ``c[axis]``."""
+    return (("CONCAT_ENDS", "".join(f", int end{i}" for i in range(inputs))),
+            ("CONCAT_FIND", " ".join(f"if (c[axis] >= end{i}) {{ input = {i + 1}; start = end{i}; }}"
+                                     for i in range(inputs - 1))))
+
+
+MAPPING_DEFINES = {"concat": _concat_ends}  # mappings whose arguments depend on how many inputs they read
+
+
 def _reduction(name: str) -> tuple[tuple[str, str], ...]:
-    init, combine = reduction(name, "(first)")
-    return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine))
+    init, combine, finish = reduction(name, "(first)")
+    return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine), ("REDUCE_FINISH(total, count)", finish))
 
 
-SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the macros spelling it
+# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),)}
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ import numpy as np
 
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
-from delegate.gpu.constants import int_values
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import (as_nhwc, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
-                                 pack_depthwise_weights, pack_vector, padding_before)
+from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_depthwise_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, relayout_call
-from delegate.gpu.registry import declare_templates, handler, lowers
-from delegate.plugin_api import CompileError, Op, Tensor
+from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg,
+                                   conv_input, window_params)
+from delegate.gpu.registry import declare_templates
+from delegate.plugin_api import Op, Tensor
 
 from .shaders import MAPPINGS, Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
@@ -37,11 +36,13 @@ DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still mu
 class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
+    dialect = DIALECT
+
     def __init__(self, device: DeviceShape, tuning: bool = False):
         super().__init__()
         self.device, self.tuning = device, tuning
+        self.busy_items = device.invocations // 4  # the kit counts work items of 4 output vectors
         self.kernels: list[Kernel] = []
-        self.folded: dict[int, Group] = {}  # result of a group its reader does (FOLDS) -> the group
         self.groups: list[Group] = []
 
     def kernel(self, name: str, group: Group) -> Kernel:
@@ -51,18 +52,8 @@ class KernelList(Lowering):
         self.kernels.append(k)
         return k
 
-    def part(self, name: str, op: Op, role: str, value: Hashable, shape: Sequence[int]) -> Kernel:
-        """A kernel computing one stage of ``op`` into ``value`` (no epilogue): a flattening copy, an LSTM stage."""
-        k = Kernel(name, f"{op.opcode}#{op.index}:{role}", ops=[op.index]).output(value, shape)
-        self.kernels.append(k)
-        return k
-
     def constant(self, key: Hashable, vectors: np.ndarray) -> Hashable:
         self.constants[key] = np.ascontiguousarray(vectors, np.float32).reshape(-1, 4)
-        return key
-
-    def temporary(self, key: Hashable, shape: Sequence[int]) -> Hashable:
-        self.temporaries[key] = tuple(shape)
         return key
 
     def tile(self, kernel: Kernel, chosen, candidates: Sequence, *extent) -> None:
@@ -86,6 +77,15 @@ class KernelList(Lowering):
             SHAPED[call.template](self, k, call)
         self.kernels.append(k)
 
+    def emit_product(self, p: Product) -> None:
+        """matmul.wgsl's tiled product, or dense_pair.wgsl for a chain of two one-pixel 1x1 convolutions."""
+        k = Kernel("matmul", p.label, ops=[op.index for op in p.ops]).output(*p.output, p.steps)
+        self.kernels.append(k)
+        if p.staged is not None and p.staged[0] == "chain":
+            _dense_pair(self, k, p)
+        else:
+            _matmul(self, k, p)
+
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """Pooling over each whole image runs as pool_global.wgsl's workgroup reduction."""
         _global_pool(self, g, x, is_max)
@@ -93,20 +93,7 @@ class KernelList(Lowering):
 
     def add(self, group: Group) -> None:
         self.groups.append(group)
-        if group.output.index not in self.folded:  # else the reader's kernel does the group
-            found = handler(DIALECT, group.root)
-            if found is None:
-                raise CompileError(f"{group.root.describe()}: the wgpu lowering has no kernel for it")
-            found.lower(self, group)
-
-
-def builds(*codes: str):
-    """Register the decorated builder as the wgpu lowering of ``codes``."""
-    return lowers(DIALECT, *codes)
-
-
-def _bias(plan: KernelList, op: Op, index: int, channels: int) -> Hashable:
-    return plan.constant(("bias", op.index), pack_vector(constant_value(op.input(index)), channels))
+        self.lower(group)
 
 
 def _on_one_pixel(op: Op) -> bool:
@@ -117,78 +104,39 @@ def _on_one_pixel(op: Op) -> bool:
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
 # convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
-# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
-# kernel, ``_dense_pair``); a reader does one fold at most.
-FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
+# as it reads it), a depthwise convolution read by a 1x1 convolution (computed as each input vector is
+# read, within the kit's channel limit), and a squeeze-and-excitation bottleneck of two one-pixel 1x1
+# convolutions (one kernel, ``_dense_pair``); a reader does one fold at most.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, depthwise=lambda reader: True,
+                    chain=_on_one_pixel)
 
 
 # -- kernels -------------------------------------------------------------------------------------
 
-def _dense_pair(plan: KernelList, first: Group, second: Group) -> None:
-    """Two 1x1 convolutions of one pixel as one kernel (a "chain" fold)."""
-    conv1, conv2 = first.root, second.root
+def _dense_pair(plan: KernelList, k: Kernel, p: Product) -> None:
+    """Make ``k`` two 1x1 convolutions of one pixel: the staged one (``p.staged``), then ``p``'s."""
+    conv1 = p.staged[1].root
     x, hidden = conv1.inputs[0], as_nhwc(conv1.outputs[0].shape)[3]
     w1 = dense_groups(constant_value(conv1.inputs[1]), as_nhwc(x.shape)[3])
-    w2 = dense_groups(constant_value(conv2.inputs[1]), hidden)
-    k = plan.kernel("dense_pair", second)
-    _note_fold(k, conv1)
+    k.template = "dense_pair"
     k.tensor("src", x.index, x.shape)
-    blocks = [pack_conv_weights(w1).reshape(-1, 4), pack_conv_weights(w2).reshape(-1, 4)]
-    _weight_blocks(k, plan.constant(("weights", conv2.index), np.concatenate(blocks)))
-    k.read("bias", plan.constant(("bias", conv2.index), np.concatenate(
-        [pack_vector(constant_value(op.input(2)), len(w)) for op, w in ((conv1, w1), (conv2, w2))])))
+    blocks = [pack_conv_weights(w1).reshape(-1, 4), pack_conv_weights(p.window).reshape(-1, 4)]
+    _weight_blocks(k, plan.constant(("weights", p.key), np.concatenate(blocks)))
+    k.read("bias", plan.constant(("bias", p.key), np.concatenate(
+        [pack_vector(constant_value(conv1.input(2)), len(w1)), pack_vector(p.bias, len(p.window))])))
     k.param("hidden_c", "i32", hidden)
     k.param("second", "i32", len(blocks[0]))
-    chain = unary_chain(WGSL, [step.signature() for step in first.steps], "value")
+    chain = unary_chain(WGSL, [step.signature() for step in p.staged[1].steps], "value")
     k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  return {chain};\n}}")
     k.substitutions = {"HIDDEN": str(slices_of(hidden))}
     k.tile((WORKGROUP, 1, 1), (as_nhwc(x.shape)[0], 1, 1))
     k.half = True
 
 
-@builds("CONV_2D")
-def _conv(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x, out = op.inputs[0], op.outputs[0]
-    folded = plan.folded.get(x.index)
-    if folded is not None and folded.root.opcode == "CONV_2D":
-        _dense_pair(plan, folded, group)
-        return
-    weights = dense_groups(constant_value(op.inputs[1]), x.shape[3])
-    if pointwise(op) and (folded is None or folded.root.opcode == "MUL"):
-        _matmul(plan, plan.kernel("matmul", group), op, x.index, x.shape, weights.reshape(len(weights), -1), 2)
-        return
-    k = plan.kernel("conv2d", group)
-    shift = _source(plan, k, x)
-    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights)))
-    k.read("bias", _bias(plan, op, 2, out.shape[3]))
-    _window(k, op.options, x.shape, weights.shape[1:3], shift)
-    _spatial(plan, k, out.shape, 4)
-
-
 def _weight_blocks(k: Kernel, weights: Hashable) -> None:
     """Bind weights packed in 4x4 blocks, read by the kernel as matrices."""
     k.read("weights", weights)
     k.helpers.append(template("weight_blocks"))
-
-
-def _source(plan: KernelList, k: Kernel, x: Tensor) -> tuple[int, int]:
-    """Bind a convolution's input as ``src``; for a folded PAD, the PAD's input, and the (rows, columns)
-    of padding that shift the window."""
-    if x.index not in plan.folded:
-        k.tensor("src", x.index, x.shape)
-        return 0, 0
-    pad = plan.folded[x.index].root
-    k.tensor("src", pad.inputs[0].index, pad.inputs[0].shape)
-    _note_fold(k, pad)
-    pads = int_values(pad.input(1))
-    return pads[2], pads[4]
-
-
-def _note_fold(k: Kernel, op: Op) -> None:
-    """Record that ``k`` also does ``op`` (for labels and profiles)."""
-    k.label += f"+{op.opcode}#{op.index}"
-    k.ops.append(op.index)
 
 
 def _spatial(plan: KernelList, k: Kernel, shape: Sequence[int], most_slices: int, most_pixels: int = 4) -> None:
@@ -199,66 +147,46 @@ def _spatial(plan: KernelList, k: Kernel, shape: Sequence[int], most_slices: int
     k.half = True
 
 
-def _window(k: Kernel, o: dict, in_shape: Sequence[int], kernel: Sequence[int], shift=(0, 0)) -> None:
-    """Window parameters over an input of ``in_shape``, moved by ``shift`` (rows, columns) more padding."""
-    kh, kw = kernel
-    sh, sw = o.get("stride_h", 1), o.get("stride_w", 1)
-    dh, dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-    padding = o.get("padding", "VALID")
-    k.param("window", "vec4<i32>", (kw, kh, sw, sh))
-    k.param("spacing", "vec4<i32>", (padding_before(padding, in_shape[2], kw, sw, dw) + shift[1],
-                                     padding_before(padding, in_shape[1], kh, sh, dh) + shift[0], dw, dh))
-
-
-@builds("DEPTHWISE_CONV_2D")
-def _depthwise(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x, out = op.inputs[0], op.outputs[0]
-    weights = constant_value(op.inputs[1])
-    k = plan.kernel("depthwise_conv2d", group)
-    shift = _source(plan, k, x)
-    k.read("weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
-    k.read("bias", _bias(plan, op, 2, out.shape[3]))
-    _window(k, op.options, x.shape, weights.shape[1:3], shift)
-    k.substitutions["MULTIPLIER"] = str(out.shape[3] // x.shape[3])
-    _spatial(plan, k, out.shape, 1)
-
-
-@builds("FULLY_CONNECTED")
-def _fully_connected(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    weights = constant_value(op.inputs[1])
-    depth = weights.shape[1]
-    source, shape = x.index, x.shape
-    if x.shape[-1] != depth:  # the input is flattened into rows of `depth` values first
-        shape = (x.size // depth, depth)
-        source = plan.temporary(("rows", op.index), shape)
-        plan.call(relayout_call(x.index, x.shape, source, shape, [op]))
-    _matmul(plan, plan.kernel("matmul", group), op, source, shape, weights, 2)
-
-
-def _matmul(plan: KernelList, k: Kernel, op: Op, source: Hashable, shape: Sequence[int], weights: np.ndarray,
-            bias_input: int) -> None:
-    """Make ``k`` the product of the input's pixel rows and [units, depth] ``weights``, plus the bias."""
-    if source not in plan.folded:
-        k.tensor("src", source, shape)
+def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
+    """Make ``k`` the product of the input's pixel rows and ``p``'s 1x1 weights, plus the bias; a staged gate
+    scales each input vector as it is read."""
+    if p.staged is None:
+        k.tensor("src", p.src, p.shape)
         k.helpers.append(template("matmul_input"))
+    elif p.staged[0] == "depthwise":
+        _depthwise_input(plan, k, p.shape, p.staged[1])
     else:
-        gated = plan.folded[source].root
-        image, gate = gate_operands(gated)
+        image, gate = gate_operands(p.staged[1].root)
         k.tensor("src", image.index, image.shape)
         k.tensor("gate", gate.index, gate.shape)
         k.helpers.append(template("matmul_input_gated"))
-        _note_fold(k, gated)
-    _weight_blocks(k, plan.constant(("weights", op.index), pack_conv_weights(weights.reshape(len(weights), 1, 1, -1))))
-    k.read("bias", _bias(plan, op, bias_input, len(weights)))
-    n, h, w, depth = as_nhwc(shape)
-    rows, slices, depth = n * h * w, slices_of(len(weights)), slices_of(depth)
+    units = len(p.window)
+    _weight_blocks(k, plan.constant(("weights", p.key), pack_conv_weights(p.window.reshape(units, 1, 1, -1))))
+    k.read("bias", plan.constant(("bias", p.key), pack_vector(p.bias, units)))
+    n, h, w, depth = as_nhwc(p.shape)
+    rows, slices, depth = n * h * w, slices_of(units), slices_of(depth)
     k.param("rows", "i32", rows)
     plan.tile(k, matmul_tiling(plan.device, rows, slices, depth), matmul_candidates(plan.device, rows, slices, depth),
               rows, slices)
     k.half = True
+
+
+def _depthwise_input(plan: KernelList, k: Kernel, rows: Sequence[int], source: Group) -> None:
+    """Make ``k``'s input the depthwise convolution ``source`` computed as each row is read
+    (matmul_input_depthwise.wgsl): the rows are its output's pixels (``p.src_d`` without a buffer)."""
+    op = source.root
+    x, extra, _ = conv_input(plan, op)
+    weights, out = constant_value(op.inputs[1]), op.outputs[0]
+    k.param("src_d", "vec4<i32>", dims(rows))
+    k.tensor("dw_src", x.index, x.shape)
+    k.read("dw_weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
+    k.read("dw_bias", plan.constant(("bias", op.index), pack_vector(constant_value(op.input(2)), out.shape[3])))
+    for arg in (*window_params(op, weights.shape[1], weights.shape[2], extra),
+                ParamArg("multiplier", "int", out.shape[3] // x.shape[3])):
+        k.uniform(arg)
+    chain = unary_chain(WGSL, [step.signature() for step in source.steps], "value")
+    k.helpers.append(f"fn depthwise_steps(value: V) -> V {{\n  return {chain};\n}}")
+    k.helpers.append(template("matmul_input_depthwise"))
 
 
 def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
@@ -289,34 +217,20 @@ def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> Non
     _workgroup_reduction(plan, k, h * w, (slices_of(c), n))
 
 
-@builds("MEAN")
-def _mean(plan: KernelList, group: Group) -> None:
-    op = group.root
-    x = op.inputs[0]
-    rank = len(x.shape)
-    axes = {nhwc_axis(a, rank) for a in int_values(op.input(1))}
-    shape = as_nhwc(x.shape)
-    if axes == {1, 2} and shape[0] == 1:
-        _global_pool(plan, group, x, False)
-        return
-    k = plan.kernel("mean", group)
-    k.helpers.append(template("lanes"))
-    k.tensor("src", x.index, x.shape)
-    k.param("keep", "vec4<i32>", tuple(1 if a in axes else shape[a] for a in range(4)))
-    k.param("reduce", "vec4<i32>", tuple(int(a in axes) for a in range(4)))
-
-
 # The WGSL each kit template needs besides its own: lanes.wgsl's main (the template defines lane_value),
 # weight_blocks.wgsl (weights read as 4x4 matrices).
-HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",)}
+HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",),
+           "conv2d": ("weight_blocks",), "conv2d_split": ("weight_blocks",)}
 
 
 def _reduction(name: str) -> dict[str, str]:
-    init, combine = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
-    return {"INIT": init, "COMBINE": combine}
+    init, combine, finish = reduction(name, "src_lane(lidx(d, first.x, first.y, first.z, first.w))")
+    return {"INIT": init, "COMBINE": combine, "FINISH": finish}
 
 
-SPECIALISE = {"reduction": _reduction}  # a kit call's constant -> the substitutions spelling it
+# A kit call's constant -> the substitutions spelling it (the group is the workgroup size, set where
+# the launch is shaped: SHAPED).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: {}}
 
 
 def spell(call: Call) -> Kernel:
@@ -336,7 +250,7 @@ def spell(call: Call) -> Kernel:
         k.param("count", "i32", k.invocations)
     for arg in call.args:
         if isinstance(arg, TensorArg):
-            k.tensor(arg.name, arg.value, arg.shape)
+            k.tensor(arg.name, arg.value, arg.shape, arg.writable)
         elif isinstance(arg, BroadcastArg):
             k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
         elif isinstance(arg, HostArg):
@@ -351,16 +265,17 @@ def spell(call: Call) -> Kernel:
 
 # -- data movement: the gather kernel with one mapping per op ------------------------------------
 
-def _gather(k: Kernel, mapping: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool,
-            substitutions: dict[str, str] | None = None) -> Kernel:
-    """Make ``k`` a gather kernel: ``map_<mapping>.wgsl`` says where each output element comes from."""
-    for i, (value, shape) in enumerate(inputs):
-        k.tensor(f"in{i}", value, shape)
-    k.param("aligned", "i32", int(aligned))
-    return _gather_source(k, mapping, len(inputs), substitutions)
+def _concat_cases(inputs: int) -> dict[str, str]:
+    """map_concat.wgsl's search for the input holding the coordinate along ``p.axis``."""
+    return {"CASES": "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
+                                f"  start = p.end{i};" for i in range(inputs))}
 
 
-def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str, str] | None = None) -> Kernel:
+MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
+FILL = {"pad": "p.fill"}  # what a mapping reads outside its inputs (input -1), when not zero
+
+
+def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
     """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
     lanes, vectors = [], []
     for i in range(inputs):
@@ -368,60 +283,38 @@ def _gather_source(k: Kernel, mapping: str, inputs: int, substitutions: dict[str
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
         "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
-        "    default: { return 0.0; }", "  }", "}",
+        f"    default: {{ return {FILL.get(mapping, '0.0')}; }}", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
-        "    default: { return V(0.0); }", "  }", "}"])
+        f"    default: {{ return V({FILL.get(mapping, '0.0')}); }}", "  }", "}"])
     k.template = "gather"
-    k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions or {}), "READ": read}
+    substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
+    k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}
     return k
-
-
-@builds("PACK")
-def _pack(plan: KernelList, group: Group) -> None:
-    op = group.root
-    axis = pack_axis(op)
-    k = _gather(plan.kernel("gather", group), "pack", [(t.index, t.shape) for t in op.inputs], axis != 3)
-    k.param("axis", "i32", axis)
-
-
-def _concat(k: Kernel, parts: Sequence[Tensor], axis: int) -> None:
-    """Make ``k`` concatenate ``parts`` along ``axis`` of the NHWC view."""
-    sizes = [as_nhwc(t.shape)[axis] for t in parts]
-    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
-    cases = "\n".join(f"  if (along < p.end{i}) {{ var a = at; a[p.axis] = along - start; return Src({i}, a); }}\n"
-                      f"  start = p.end{i};" for i in range(len(parts)))
-    _gather(k, "concat", [(t.index, t.shape) for t in parts], aligned, {"CASES": cases})
-    k.param("axis", "i32", axis)
-    for i, end in enumerate(np.cumsum(sizes)):
-        k.param(f"end{i}", "i32", int(end))
-
-
-@builds("CONCATENATION")
-def _concatenation(plan: KernelList, group: Group) -> None:
-    op = group.root
-    _concat(plan.kernel("gather", group), op.inputs, nhwc_axis(op.options.get("axis", 0), len(op.outputs[0].shape)))
-
-
-@builds("LSTM")
-def _lstm(plan: KernelList, group: Group) -> None:
-    """The basic LSTM cell: [input, previous activation] -> matrix product -> gates."""
-    op = group.root
-    x, prev_activation, weights, _, prev_state = op.inputs
-    activation, state, concat, gates = op.outputs
-    _concat(plan.part("gather", op, "concat", concat.index, concat.shape), [x, prev_activation], 3)
-    _matmul(plan, plan.part("matmul", op, "matmul", gates.index, gates.shape), op, concat.index,
-            concat.shape, constant_value(weights), 3)
-    cell = plan.part("lstm_gates", op, "gates", activation.index, activation.shape)
-    cell.tensor("gates", gates.index, gates.shape)
-    cell.tensor("prev_state", prev_state.index, prev_state.shape)
-    cell.tensor("state", state.index, state.shape, writable=True)
 
 
 def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
     _spatial(plan, k, call.output[1], 4, most_pixels=1)
 
 
-SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv}  # kit templates whose launch this dialect shapes (its own algorithms)
+def _conv(plan: "KernelList", k: Kernel, call: Call) -> None:
+    _spatial(plan, k, call.output[1], 4)
+
+
+def _depthwise(plan: "KernelList", k: Kernel, call: Call) -> None:
+    _spatial(plan, k, call.output[1], 1)
+
+
+def _conv_split(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """One workgroup of the kit's group size per output vector, along x and wrapping into y."""
+    k.helpers.append(template("reduce_subgroup" if plan.device.subgroups else "reduce_shared"))
+    vectors, most = k.invocations, plan.device.most_workgroups
+    k.tile((dict(call.constants)["group"], 1, 1), (min(vectors, most), -(-vectors // most), 1))
+    k.half = True
+
+
+# Kit templates whose launch this dialect shapes (its own tilings and workgroup algorithms).
+SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv, "conv2d": _conv, "depthwise_conv2d": _depthwise,
+          "conv2d_split": _conv_split}
 
 
 declare_templates(DIALECT, templates())

@@ -18,7 +18,7 @@ import numpy as np
 
 from delegate.plugin_api import CompileError, CompileOptions, Partition
 from delegate.gpu import Group, plan_groups
-from delegate.gpu.fusion import elementwise_steps, reader_folds
+from delegate.gpu.fusion import elementwise_steps
 from delegate.gpu.constants import is_quantized
 from delegate.gpu.layout import host_order
 from delegate.gpu.lowering import boundary_call
@@ -63,7 +63,7 @@ def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelList(device, tuning)
         if fuse:
-            plan.folded = {index: group for index, (_, group) in reader_folds(groups, keep, FOLDS).items()}
+            plan.fold(groups, keep, FOLDS)
         for group in groups:
             first = len(plan.kernels)
             plan.add(group)

@@ -7,7 +7,7 @@
 #endif
 
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id,
+                          __global const STORAGE* in, int4 id, int in_channels,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);

@@ -5,7 +5,7 @@
 // round trip after another.  Same arguments and weight layout as conv2d.cl.
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                 __global const STORAGE* in, int4 id,
+                 __global const STORAGE* in, int4 id, int in_channels,
                  __global const STORAGE* weights, __global const STORAGE* bias,
                  int4 geometry, int4 spacing EPILOGUE_PARAMS) {
   __local float4 scratch[GROUP];

@@ -8,10 +8,16 @@
 //   MAP_RESIZE_NEAREST  the input pixel under the output pixel: scale = input pixels per output pixel (x, y),
 //                       rounding as LiteRT's kernel does
 //   MAP_UNPACK          the input axis `axis` set to `index`, the others from at (which has one axis fewer)
-//   MAP_PAD             at - before (zeros outside the input)
+//   MAP_PAD             at - before (fill outside the input)
 //   MAP_SLICE           output elements in NHWC order walk the slice (length per axis) from start by step
-//   MAP_PACK_PART       the output vectors whose axis `axis` is `index`, from that input (the coordinate
-//                       without the axis); `axis` is not the channel axis, so a vector comes from one input
+//   MAP_SPACE_TO_BATCH  output image b is block offset b / N (row offset, column offset) of input image b % N,
+//                       padded by `before` (rows, columns); block = (rows, columns)
+//   MAP_BATCH_TO_SPACE  pixel (y, x) + before of image n is pixel (y / block, x / block) of input image
+//                       ((y % block.x) * block.y + x % block.y) * N + n
+//   MAP_CONCAT          input k holds the range [end_{k-1}, end_k) of axis `axis`
+//   MAP_PACK            axis `axis` of the output names the input; its coordinate there is at without the axis
+// The mappings reading several inputs (in, in1, in2 ...: GATHER_INPUTS, their arguments) set `input`, and
+// GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.
 #if defined(MAP_TILE)
 #define MAP_PARAMS
 #elif defined(MAP_SPACE_TO_DEPTH)
@@ -23,22 +29,26 @@
 #elif defined(MAP_UNPACK)
 #define MAP_PARAMS , int axis, int index
 #elif defined(MAP_PAD)
-#define MAP_PARAMS , int4 before
+#define MAP_PARAMS , int4 before, float fill
 #elif defined(MAP_SLICE)
 #define MAP_PARAMS , int4 start, int4 step, int4 length
-#elif defined(MAP_PACK_PART)
-#define MAP_PARAMS , int axis, int index
+#elif defined(MAP_SPACE_TO_BATCH) || defined(MAP_BATCH_TO_SPACE)
+#define MAP_PARAMS , int4 block, int4 before
+#elif defined(MAP_CONCAT)
+#define MAP_PARAMS , int axis CONCAT_ENDS
+#elif defined(MAP_PACK)
+#define MAP_PARAMS , int axis
+#endif
+#if !defined(GATHER_INPUTS)
+#define GATHER_INPUTS
+#define GATHER_SELECT
 #endif
 
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int in_channels, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
+                          int in_channels GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
-#if defined(MAP_PACK_PART)
-  int here[4] = {n, y, x, s};
-  if (here[axis] != index) return;
-#endif
   int4 size = (int4)(id.w, id.y, id.x, in_channels);
   FLT lanes[4] = {0, 0, 0, 0};
   FLT4 v = (FLT4)(0);
@@ -71,17 +81,42 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     int4 walked = (int4)(flat / (length.y * length.z * length.w), (flat / (length.z * length.w)) % length.y,
                          (flat / length.w) % length.z, flat % length.w);
     int4 src = start + walked * step;
-#elif defined(MAP_PACK_PART)
+#elif defined(MAP_SPACE_TO_BATCH)
+    int offset = at.x / size.x;
+    int4 src = (int4)(at.x % size.x, at.y * block.x + offset / block.y - before.x,
+                      at.z * block.y + offset % block.y - before.y, at.w);
+#elif defined(MAP_BATCH_TO_SPACE)
+    int py = at.y + before.x, px = at.z + before.y;
+    int4 src = (int4)(((py % block.x) * block.y + px % block.y) * od.w + at.x, py / block.x, px / block.y, at.w);
+#elif defined(MAP_CONCAT)
+    int c[4] = {at.x, at.y, at.z, at.w};
+    int input = 0, start = 0;
+    CONCAT_FIND
+    c[axis] -= start;
+    int4 src = (int4)(c[0], c[1], c[2], c[3]);
+#elif defined(MAP_PACK)
     int c[4] = {at.x, at.y, at.z, at.w};
     int a[4] = {0, 0, 0, 0};
     for (int j = 0, k = 1; j < 4; ++j) if (j != axis) a[k++] = c[j];
+    int input = c[axis];
     int4 src = (int4)(a[0], a[1], a[2], a[3]);
 #endif
-    int inside = all(src >= 0) && all(src < size);
+    __global const STORAGE* from = in;
+    int4 fd = id;
+    int fc = in_channels;
+    GATHER_SELECT
+    int4 bound = (int4)(fd.w, fd.y, fd.x, fc);
+    int inside = all(src >= 0) && all(src < bound);
+#if defined(MAP_PAD)
+    if (!inside) {
+      v = (FLT4)((FLT)fill);
+      lanes[l] = (FLT)fill;
+    }
+#endif
     if (aligned) {
-      if (inside) v = LOAD4(in, vec_index(id, src.x, src.y, src.z, src.w >> 2));
+      if (inside) v = LOAD4(from, vec_index(fd, src.x, src.y, src.z, src.w >> 2));
     } else if (inside) {
-      lanes[l] = LOAD1(in, lane_index(id, src.x, src.y, src.z, src.w));
+      lanes[l] = LOAD1(from, lane_index(fd, src.x, src.y, src.z, src.w));
     }
   }
   if (!aligned) v = (FLT4)(lanes[0], lanes[1], lanes[2], lanes[3]);
@@ -89,3 +124,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
 }
 #undef MAP_PARAMS
+#undef GATHER_INPUTS
+#undef GATHER_SELECT

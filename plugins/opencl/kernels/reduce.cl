@@ -1,5 +1,6 @@
-// SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY and REDUCE_ALL over any axes: each output
-// lane combines its region in fp32 (REDUCE_INIT(first), REDUCE(total, value) from delegate.gpu.dialect).
+// SUM, MEAN, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY and REDUCE_ALL over any axes: each output
+// lane combines its region in fp32 (REDUCE_INIT(first), REDUCE(total, value), REDUCE_FINISH(total, count)
+// from delegate.gpu.dialect).
 // keep = the output shape with the reduced axes kept as 1 (n, h, w, c); reduce = 1 for each reduced
 // axis, else 0.  Lanes are matched to keep through their position in NHWC order.
 __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
@@ -21,7 +22,8 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
             float value = (float)LOAD1(in, lane_index(id, a, b, c, d));
             total = REDUCE(total, value);
           }
-    lanes[l] = total;
+    float count = (float)((last.x - first.x) * (last.y - first.y) * (last.z - first.z) * (last.w - first.w));
+    lanes[l] = REDUCE_FINISH(total, count);
   }
   FLT4 v = TO_FLT4((float4)(lanes[0], lanes[1], lanes[2], lanes[3]));
   EPILOGUE(v, n, y, x, s);

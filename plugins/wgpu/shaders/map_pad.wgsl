@@ -1,4 +1,4 @@
-// PAD with zeros: before = padding ahead of each axis (n, y, x, c).
+// PAD and PADV2: before = padding ahead of each axis (n, y, x, c); outside the input, fill (read_vec's default).
 fn source(at: vec4<i32>) -> Src {
   let input_at = at - p.before;
   let size = vec4<i32>(p.in0_d.w, p.in0_d.y, p.in0_d.x, p.in0_c);

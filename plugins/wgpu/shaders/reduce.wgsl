@@ -1,5 +1,5 @@
-// SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY and REDUCE_ALL: each output lane combines
-// its region in f32 (INIT, COMBINE from delegate.gpu.dialect).  keep = the output shape with the
+// SUM, MEAN, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY and REDUCE_ALL: each output lane combines
+// its region in f32 (INIT, COMBINE, FINISH from delegate.gpu.dialect).  keep = the output shape with the
 // reduced axes kept as 1 (n, h, w, c order), reduce = 1 for each reduced axis; lanes are matched
 // to keep through their position in NHWC order, which dropping axes does not change.
 fn lane_value(element: i32) -> f32 {
@@ -20,5 +20,6 @@ fn lane_value(element: i32) -> f32 {
       }
     }
   }
-  return total;
+  let count = f32((last.x - first.x) * (last.y - first.y) * (last.z - first.z) * (last.w - first.w));
+  return $FINISH;
 }
