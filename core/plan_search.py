@@ -30,7 +30,7 @@ from .stdio import progress
 MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped
 MAX_ROUNDS = 25
 STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
-DECISION_VERSION = 1  # bump when the candidate set or its naming changes
+DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 
 
 def model_fingerprint(graph: Subgraph) -> str:
@@ -77,20 +77,30 @@ def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) 
         "chosen": winner.name, "precision": winner.precision,
         "assignment": {str(k): v for k, v in winner.assignment.items()},
         "measured_at": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "candidates": [c.to_dict() for c in candidates]}, indent=1))
+        "candidates": [{**c.to_dict(), "assignment": {str(k): v for k, v in c.assignment.items()}}
+                       for c in candidates]}, indent=1))
     os.replace(tmp, path)
     return path
 
 
 def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) -> Candidate | None:
-    """The candidate a stored decision names, with the stored measurements copied onto every candidate."""
-    assignment = {int(k): v for k, v in doc["assignment"].items()}
-    measured = {c["name"]: c for c in doc.get("candidates", []) if isinstance(c, dict)}
+    """The candidate a stored decision names, with the stored measurements copied onto the candidates that
+    are the same plan (assignment and precision; names can change meaning when the cost profile is refitted).
+    A candidate the decision never timed says so."""
+    def same_plan(assignment: Mapping[str, str], precision: str) -> tuple:
+        return tuple(sorted((int(k), v) for k, v in assignment.items())), precision
+
+    measured = {same_plan(c["assignment"], c.get("precision", "")): c for c in doc.get("candidates", [])
+                if isinstance(c, dict) and isinstance(c.get("assignment"), dict)}
+    wanted = same_plan(doc["assignment"], doc.get("precision", ""))
     chosen = None
     for c in candidates:
-        if c.name in measured:
-            c.measured_ms, c.status = measured[c.name].get("measured_ms"), measured[c.name].get("status", "")
-        if c.assignment == assignment and c.precision == doc.get("precision", ""):
+        key = same_plan(c.assignment, c.precision)
+        if key in measured:
+            c.measured_ms, c.status = measured[key].get("measured_ms"), measured[key].get("status", "")
+        else:
+            c.status = "not timed by the stored decision (planned since)"
+        if key == wanted:
             chosen = c
     return chosen
 

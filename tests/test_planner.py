@@ -1,5 +1,6 @@
 """Placement properties over random DAGs with fake backends."""
 
+import copy
 import dataclasses
 import itertools
 
@@ -67,7 +68,8 @@ def make_planner(supported, cpu_cost, gpu_cost, transfer, settings=None, partiti
     n = len(cpu_cost)
     backends = {"gpu": TableBackend("gpu", supported, gpu_cost, transfer),
                 "cpu": TableBackend("cpu", set(range(n)), cpu_cost, 0.0, accelerator=False)}
-    profiles = {"gpu": ACCELERATOR_DEFAULT, "cpu": CPU_DEFAULTS["numpy"]}
+    # copies: a test that refits its planner's profiles must not change the defaults other tests plan with
+    profiles = {"gpu": copy.deepcopy(ACCELERATOR_DEFAULT), "cpu": copy.deepcopy(CPU_DEFAULTS["numpy"])}
     if not partition_costs:
         profiles = {k: dataclasses.replace(p, partition_us=0.0) for k, p in profiles.items()}
     return Planner(backends, profiles, CompileOptions(), settings or PlacementSettings())

@@ -342,3 +342,53 @@ def test_a_plugins_compile_error_is_told_its_partition():
     with pytest.raises(CompileError, match="^kernel did not build$") as caught:
         Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[Plugin()]))
     assert (caught.value.log, caught.value.partition, caught.value.backend) == ("error: line 3", 1, "broken")
+
+
+def test_opencl_passes_over_a_device_that_cannot_compile():
+    """A driver can list a device whose compiler fails on this host (a CPU driver whose LLVM does not know
+    the CPU): the backend chooses a device that builds, and with none says why, instead of failing later
+    on every partition."""
+    from delegate_opencl import device as cl_device
+
+    class BuildError(Exception):
+        pass
+
+    class Device:
+        def __init__(self, name, builds):
+            self.name, self.builds, self.type, self.int_ptr = name, builds, 2, id(self)
+
+    class Platform:
+        def __init__(self, name, devices):
+            self.name, self.devices = name, devices
+
+        def get_devices(self):
+            return self.devices
+
+    class FakeCl:
+        Error = BuildError
+        device_type = type("device_type", (), {"GPU": 4, "ACCELERATOR": 8})
+
+        def __init__(self, platforms):
+            self.platforms = platforms
+
+        def get_platforms(self):
+            return self.platforms
+
+        class Context:
+            def __init__(self, devices):
+                self.device = devices[0]
+
+        class Program:
+            def __init__(self, context, source):
+                self.device = context.device
+
+            def build(self):
+                if not self.device.builds:
+                    raise BuildError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\nerror: unknown target CPU 'generic'")
+
+    broken, working = Device("old-cpu", False), Device("new-cpu", True)
+    cl = FakeCl([Platform("first", [broken]), Platform("second", [working])])
+    platform, chosen = cl_device.select_device(cl, cl_device.DeviceRequest())
+    assert chosen is working and platform.name == "second"
+    with pytest.raises(PluginError, match="can compile OpenCL C.*old-cpu on first: error: unknown target CPU"):
+        cl_device.select_device(FakeCl([Platform("first", [broken])]), cl_device.DeviceRequest())

@@ -87,7 +87,33 @@ def select_device(cl, request: DeviceRequest) -> tuple[Any, Any]:
     if not matches:
         listing = "; ".join(f"{p.name.strip()} / {d.name.strip()} ({device_kind(cl, d)})" for p, d in found)
         raise PluginError(f"opencl backend: no device matches {request.describe()}; devices found: {listing}")
-    return min(matches, key=lambda pd: _PREFERENCE.index(device_kind(cl, pd[1])))
+    failures = []
+    for platform, device in sorted(matches, key=lambda pd: _PREFERENCE.index(device_kind(cl, pd[1]))):
+        error = compiler_error(cl, device)
+        if error is None:
+            return platform, device
+        failures.append(f"{device.name.strip()} on {platform.name.strip()}: {error}")
+    raise PluginError("opencl backend: no matching device can compile OpenCL C (" + "; ".join(failures) + ")")
+
+
+_COMPILER_ERRORS: dict[int, str | None] = {}
+
+
+def compiler_error(cl, device) -> str | None:
+    """None when ``device``'s OpenCL C compiler builds a trivial kernel, else the build log's first error
+    line.  A driver can list a device it cannot compile for (a CPU driver whose LLVM does not know this
+    host's CPU): such a device is passed over, not chosen and then failed on every partition."""
+    key = device.int_ptr
+    if key not in _COMPILER_ERRORS:
+        try:
+            context = cl.Context([device])
+            cl.Program(context, "__kernel void probe(__global float* x) { x[get_global_id(0)] = 1.0f; }").build()
+            _COMPILER_ERRORS[key] = None
+        except cl.Error as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and ln.strip()]
+            _COMPILER_ERRORS[key] = next((ln for ln in lines if not ln.startswith("clBuildProgram")),
+                                         lines[0] if lines else "build failed")
+    return _COMPILER_ERRORS[key]
 
 
 def device_names() -> list[str]:
