@@ -309,7 +309,7 @@ def _numpy_cpu_fingerprint():
     return fingerprint(default_manager().backend_info("cpu").factory({"engine": "numpy"}).device_info())
 
 
-def _fleet_json(capsys, argv):
+def fleet_json(capsys, argv):
     """The command's exit code and JSON document; a calibration the busy machine refused (exit 11) is retried."""
     for _ in range(3):
         code = main(argv + ["--json"])
@@ -322,7 +322,7 @@ def _fleet_json(capsys, argv):
 def test_fleet_calibration_stores_each_node_profile_by_fingerprint(local_ray, model, tmp_path, monkeypatch, capsys):
     here = tmp_path / "profiles"  # this machine's store; the node's task writes to the run's own (conftest)
     monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(here))
-    code, doc = _fleet_json(capsys, ["calibrate", "--ray", "--backends", "cpu", "--set", "cpu.engine=numpy"])
+    code, doc = fleet_json(capsys, ["calibrate", "--ray", "--backends", "cpu", "--set", "cpu.engine=numpy"])
     assert code == 0, doc
     (node,) = local_ray.nodes()
     assert doc["nodes"] == [{"node": node["NodeManagerHostname"], "node_id": node["NodeID"]}]
@@ -343,7 +343,7 @@ def test_fleet_calibration_stores_each_node_profile_by_fingerprint(local_ray, mo
 
 def test_fleet_suite_table_is_keyed_by_node_and_device(local_ray, model, tmp_path, capsys):
     out = tmp_path / "suite"
-    code, doc = _fleet_json(capsys, ["bench", "--suite", "--ray", "--models", model, "--configs", "cpu-numpy",
+    code, doc = fleet_json(capsys, ["bench", "--suite", "--ray", "--models", model, "--configs", "cpu-numpy",
                                      "--runs", "2", "--threads", "1", "--out", str(out)])
     assert code == 0, doc
     (node,) = local_ray.nodes()

@@ -1,13 +1,12 @@
 """Fleet sweeps on a Ray cluster of two nodes (a head and a second raylet on this machine): one task per node,
 pinned to it, a node's failure a row of the table, and ``executor: ray`` in the config asking for the sweep."""
 
-import json
 import logging
 
 import numpy as np
 import pytest
 
-from delegate.cli import main
+from tests.test_datasets import fleet_json
 from delegate.errors import DelegateError
 from delegate.tflite.builder import GraphBuilder
 
@@ -77,19 +76,9 @@ def tiny_model(tmp_path):
     return str(path)
 
 
-def _run_json(capsys, argv):
-    """Exit code and JSON; a calibration the busy machine refused (exit 11) is tried again."""
-    for _ in range(3):
-        code = main(argv + ["--json"])
-        out = capsys.readouterr().out
-        if code != 11:
-            break
-    return code, json.loads(out)
-
-
 def test_executor_ray_in_the_config_calibrates_every_node(two_nodes, ray_config, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path / "here"))
-    code, doc = _run_json(capsys, ["calibrate", "--config", ray_config])
+    code, doc = fleet_json(capsys, ["calibrate", "--config", ray_config])
     assert code == 0, doc
     assert sorted(n["node_id"] for n in doc["nodes"]) == sorted(two_nodes)
     rows = doc["profiles"]
@@ -100,7 +89,7 @@ def test_executor_ray_in_the_config_calibrates_every_node(two_nodes, ray_config,
 
 def test_executor_ray_in_the_config_runs_the_suite_on_every_node(two_nodes, ray_config, tiny_model, tmp_path,
                                                                  capsys):
-    code, doc = _run_json(capsys, ["bench", "--suite", "--config", ray_config, "--models", tiny_model,
+    code, doc = fleet_json(capsys, ["bench", "--suite", "--config", ray_config, "--models", tiny_model,
                                    "--configs", "cpu-numpy", "--runs", "2", "--threads", "1",
                                    "--out", str(tmp_path / "suite")])
     assert code == 0, doc
