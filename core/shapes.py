@@ -277,6 +277,13 @@ def _gather(op: Op) -> list[Shape]:
     return [shape[:axis] + idx[batch:] + shape[axis + 1:]]
 
 
+@rule("ONE_HOT")
+def _one_hot(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    axis = op.options.get("axis", -1) % (len(shape) + 1)
+    return [shape[:axis] + (int(const_values(op, 1).ravel()[0]),) + shape[axis:]]
+
+
 @rule("GATHER_ND")
 def _gather_nd(op: Op) -> list[Shape]:
     params, idx = op.inputs[0].shape, op.inputs[1].shape

@@ -549,6 +549,17 @@ def _gather(op: Op) -> None:
              f"index {values.min() if values.min() < 0 else values.max()} is out of range [0, {params.shape[axis]})")
 
 
+@operands("ONE_HOT", inputs=4)
+def _one_hot(op: Op) -> None:
+    indices, _, on, off = op.inputs
+    need(indices.dtype in (DType.int32, DType.int64), "indices must be int32 or int64")
+    _axis(int(op.options.get("axis", -1)), len(indices.shape) + 1)
+    depth = _const(op, 1)
+    need(depth is not None and depth.size == 1 and int(depth.ravel()[0]) >= 0, "depth must be a constant >= 0")
+    need(on.size == 1 and off.size == 1, "on_value and off_value must be scalars")
+    need(on.dtype == off.dtype == op.outputs[0].dtype, "on_value, off_value and the output must share a type")
+
+
 @operands("GATHER_ND", inputs=2, keeps_type=0)
 def _gather_nd(op: Op) -> None:
     params, indices = op.inputs

@@ -399,6 +399,40 @@ case("CUMSUM", "reverse")(lambda rng: one_op("CUMSUM", [(2, 3, 7)], rng, [np.arr
                                              options={"exclusive": False, "reverse": True}))
 case("GATHER", "axis1")(lambda rng: one_op("GATHER", [(5, 4, 3)], rng, [np.array([[0, 3], [2, 2]], np.int32)],
                                            options={"axis": 1}))
+case("GATHER", "channels_at_bounds")(lambda rng: one_op("GATHER", [(2, 3, 4, 9)], rng, [
+    np.array([8, 0, 8, 3, 5], np.int32)], options={"axis": -1}))
+case("GATHER", "rows_int64_scalar")(lambda rng: one_op("GATHER", [(6, 5, 7)], rng, [np.array(5, np.int64)]))
+case("GATHER", "pixels_of_images")(lambda rng: one_op("GATHER", [(2, 4, 6, 8)], rng, [
+    np.array([5, 0, 0, 5, 2, 3], np.int32)], options={"axis": 2}))
+
+
+@case("GATHER", "runtime_indices")
+def _gather_runtime(rng):
+    """Indices computed at run time: TFLite checks each against the axis, so the GPUs leave it to the CPU."""
+    b = GraphBuilder()
+    b.output(b.op("GATHER", [b.input("x", (5, 4)), b.input("i", (3,), "int32")], options={"axis": 0}))
+    return b.to_bytes(), [normal(rng, (5, 4)), np.array([4, 0, 2], np.int32)], None
+
+
+case("CUMSUM", "exclusive_negative_axis")(lambda rng: one_op("CUMSUM", [(2, 5, 3, 6)], rng, [np.array(-1, np.int32)],
+                                                             options={"exclusive": True, "reverse": False}))
+case("CUMSUM", "rows_reverse_exclusive")(lambda rng: one_op("CUMSUM", [(3, 6, 2, 5)], rng, [np.array(1, np.int32)],
+                                                            options={"exclusive": True, "reverse": True}))
+case("CUMSUM", "batch")(lambda rng: one_op("CUMSUM", [(4, 7)], rng, [np.array(0, np.int32)]))
+
+
+def one_hot(rng, shape, depth, axis, dtype="int32"):
+    """ONE_HOT of runtime indices, some outside [0, depth) (all off there)."""
+    b = GraphBuilder()
+    b.output(b.op("ONE_HOT", [b.input("i", shape, dtype), b.const("depth", np.array(depth, np.int32)),
+                              b.const("on", np.array(2.5, np.float32)), b.const("off", np.array(-0.5, np.float32))],
+                  dtype="float32", options={"axis": axis}))
+    return b.to_bytes(), [rng.integers(-1, depth + 2, shape).astype(dtype)], None
+
+
+case("ONE_HOT", "last_axis")(lambda rng: one_hot(rng, (2, 3, 5), 6, -1))
+case("ONE_HOT", "first_axis_int64")(lambda rng: one_hot(rng, (4, 3), 5, 0, "int64"))
+case("ONE_HOT", "middle_axis")(lambda rng: one_hot(rng, (3, 7), 9, 1))
 case("GATHER_ND", "rows")(lambda rng: one_op("GATHER_ND", [(4, 5, 3)], rng,
                                              [np.array([[0, 1], [3, 4], [2, 0]], np.int32)]))
 case("SLICE", "to_the_end")(lambda rng: one_op("SLICE", [(3, 5, 6)], rng, [np.array([1, 0, 2], np.int32),
