@@ -44,6 +44,7 @@ from typing import Any, Collection, Hashable, Sequence, Union
 import numpy as np
 
 from ..ir import Op, Tensor
+from ..shapes import max_unpooling_geometry, mediapipe_pool_params, pool_argmax_geometry
 from ..strided import strided_slice_plan
 from ..errors import CompileError
 from .constants import constant_value, int_values
@@ -55,7 +56,7 @@ from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_
 from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import handler, lowers_shared
-from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, MAX_UNPOOLING, MEDIAPIPE_CLAMPS, POOL_ARGMAX, TRANSPOSE_CONV_BIAS, UNARY
 
 
 @dataclass(frozen=True)
@@ -731,6 +732,40 @@ def one_hot(lowering: Lowering, g: Group) -> None:
     inner = int(np.prod(out.shape[axis + 1:], dtype=np.int64))
     lowering.call(Call("one_hot", [tensor("src", op.inputs[0]), ParamArg("walk", "int4", (depth, inner, 0, 0)),
                                    ParamArg("on_value", "float", on), ParamArg("off_value", "float", off)],
+                       g.ops, output=_output(g), steps=g.steps))
+
+
+# -- MediaPipe's pooling with indices ------------------------------------------------------------
+
+@lowers_shared(POOL_ARGMAX, templates=("pool_argmax",))
+def pool_argmax(lowering: Lowering, g: Group) -> None:
+    """MAX_POOL_2D whose kernel also stores each maximum's place in its window (ky * kernel w + kx, plus
+    0.1 as MediaPipe stores it) in the second output; the activation clamps the values to ``bounds``."""
+    op, x = g.root, g.root.inputs[0]
+    _, stride_w, stride_h, filter_w, filter_h, activation = mediapipe_pool_params(op.custom_options)
+    _, (pad_h, pad_w) = pool_argmax_geometry(x.shape, op.custom_options)
+    low, high = MEDIAPIPE_CLAMPS.get(activation) or (None, None)
+    most = float(np.finfo(np.float32).max)
+    places = op.outputs[1]
+    lowering.call(Call("pool_argmax", [
+        tensor("src", x), TensorArg("indices", places.index, tuple(places.shape), writable=True),
+        ParamArg("window", "int4", (filter_w, filter_h, stride_w, stride_h)),
+        ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1)),
+        ParamArg("bounds", "float4", (-most if low is None else low, most if high is None else high, 0.0, 0.0))],
+        g.ops, output=_output(g), steps=g.steps))
+
+
+@lowers_shared(MAX_UNPOOLING, templates=("max_unpool",))
+def max_unpooling(lowering: Lowering, g: Group) -> None:
+    """MediaPipe's scatter as a gather: each output lane takes the value of the last input pixel (in
+    row-major order) whose window holds it and whose index names its place there, zero where none does.
+    An index naming no place of its window (never one MaxPoolingWithArgmax2D gives) writes nothing."""
+    op, (x, places) = g.root, g.root.inputs
+    _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(op.custom_options)
+    _, (pad_h, pad_w) = max_unpooling_geometry(x.shape, op.custom_options)
+    lowering.call(Call("max_unpool", [tensor("src", x), tensor("indices", places),
+                                      ParamArg("window", "int4", (filter_w, filter_h, stride_w, stride_h)),
+                                      ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1))],
                        g.ops, output=_output(g), steps=g.steps))
 
 __all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "Product", "SPLIT_GROUP",

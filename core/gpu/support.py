@@ -26,6 +26,7 @@ import numpy as np
 
 from ..backend import CompileOptions, Support
 from ..ir import DType, Op, Tensor
+from ..shapes import mediapipe_pool_params
 from ..strided import strided_slice_plan
 from .constants import (constant_value, int_values, is_folded_dequantize, is_quantized,
                         needs_quantized_support)
@@ -477,6 +478,29 @@ def _one_hot(op: Op) -> str | None:
     return None
 
 
+# TfLiteFusedActivation values -> the clamp TFLite's CalculateActivationRange gives (MediaPipe's pools);
+# the others clamp nothing.
+MEDIAPIPE_CLAMPS = {0: None, 1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
+
+
+def _mediapipe_pool(op: Op) -> str | None:
+    try:
+        _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(op.custom_options)
+    except ValueError as exc:
+        return str(exc)
+    if min(stride_w, stride_h, filter_w, filter_h) < 1:
+        return "filter sizes and strides must be positive"
+    if filter_w * filter_h > ARG_LENGTH:
+        return f"a window of {filter_w * filter_h} places; indices are held as floats, exact up to {ARG_LENGTH}"
+    return _rank(op.inputs[0], 4, "input")
+
+
+def _max_unpooling(op: Op) -> str | None:
+    if tuple(op.inputs[1].shape) != tuple(op.inputs[0].shape):
+        return "the indices (input 1) must have the shape of the values"
+    return _mediapipe_pool(op)
+
+
 RULES: dict[str, OpRule] = {
     "ADD": OpRule(1, 2, _binary),
     "SUB": OpRule(1, 2, _binary),
@@ -560,8 +584,11 @@ RULES: dict[str, OpRule] = {
     "CUMSUM": OpRule(1, 1, _cumsum, params=(1,)),
     "ONE_HOT": OpRule(1, 1, _one_hot, params=(0, 1, 2, 3)),
 }
+POOL_ARGMAX, MAX_UNPOOLING = "MaxPoolingWithArgmax2D", "MaxUnpooling2D"
 CUSTOM_RULES: dict[str, OpRule] = {
     TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
+    POOL_ARGMAX: OpRule(1, 1, _mediapipe_pool),
+    MAX_UNPOOLING: OpRule(1, 1, _max_unpooling),
 }
 
 
