@@ -378,17 +378,25 @@ def _transpose_conv_bias(op: Op) -> list[Shape]:
     return [transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)[0]]
 
 
-def mediapipe_pool_params(custom_options: bytes | None) -> tuple[int, int, int, int, int, int]:
+# TfLiteFusedActivation, by value.
+FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6", "TANH", "SIGN_BIT", "SIGMOID")
+
+
+def mediapipe_pool_params(custom_options: bytes | None) -> tuple[int, int, int, int, int, str]:
     """MediaPipe's MaxPoolingWithArgmax2D and MaxUnpooling2D options: the raw C struct TfLitePoolParams, of
     which the first six int32 count: (padding 1 SAME 2 VALID, stride_w, stride_h, filter_w, filter_h,
-    activation as TfLiteFusedActivation)."""
+    activation), the activation given by name.  Its kernels clamp as TFLite's CalculateActivationRange
+    does: the RELU family (``passes.CLAMPS``), the other activations not at all."""
     import struct
 
     raw = custom_options or b""
     if len(raw) < 24:
         raise ValueError(f"custom options hold {len(raw)} bytes, not the 24 of (padding, stride_w, stride_h, "
                          "filter_w, filter_h, activation)")
-    return struct.unpack_from("<6i", raw)
+    *params, activation = struct.unpack_from("<6i", raw)
+    if not 0 <= activation < len(FUSED_ACTIVATIONS):
+        raise ValueError(f"activation {activation} is not a TfLiteFusedActivation")
+    return (*params, FUSED_ACTIVATIONS[activation])
 
 
 def _centred_padding(stride: int, in_size: int, kernel: int, out_size: int) -> int:

@@ -256,11 +256,10 @@ def _mediapipe_pool(op: Op) -> tuple[int, ...]:
         params = mediapipe_pool_params(op.custom_options)
     except ValueError as exc:
         raise Invalid(str(exc)) from None
-    padding, stride_w, stride_h, filter_w, filter_h, activation = params
+    padding, stride_w, stride_h, filter_w, filter_h, _ = params
     need(padding in (1, 2), f"padding {padding} is neither SAME (1) nor VALID (2)")
     need(min(stride_w, stride_h, filter_w, filter_h) >= 1,
          f"strides ({stride_h}, {stride_w}) and filter ({filter_h}, {filter_w}) must be >= 1")
-    need(0 <= activation <= 6, f"activation {activation} is not a TfLiteFusedActivation")
     for t in (*op.inputs, *op.outputs):
         _rank(t, 4, what="tensor")
         need(t.dtype == DType.float32, f"tensor {t.index} is {t.dtype.name}; MediaPipe's kernel takes float32")

@@ -44,6 +44,7 @@ from typing import Any, Collection, Hashable, Sequence, Union
 import numpy as np
 
 from ..ir import Op, Tensor
+from ..passes import CLAMPS
 from ..shapes import max_unpooling_geometry, mediapipe_pool_params, pool_argmax_geometry
 from ..strided import strided_slice_plan
 from ..errors import CompileError
@@ -56,7 +57,7 @@ from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_
 from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import handler, lowers_shared
-from .support import BINARY, CONVERSIONS, MAX_UNPOOLING, MEDIAPIPE_CLAMPS, POOL_ARGMAX, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, MAX_UNPOOLING, POOL_ARGMAX, TRANSPOSE_CONV_BIAS, UNARY
 
 
 @dataclass(frozen=True)
@@ -744,14 +745,15 @@ def pool_argmax(lowering: Lowering, g: Group) -> None:
     op, x = g.root, g.root.inputs[0]
     _, stride_w, stride_h, filter_w, filter_h, activation = mediapipe_pool_params(op.custom_options)
     _, (pad_h, pad_w) = pool_argmax_geometry(x.shape, op.custom_options)
-    low, high = MEDIAPIPE_CLAMPS.get(activation) or (None, None)
     most = float(np.finfo(np.float32).max)
+    low, high = (max(bound, -most) if i == 0 else min(bound, most)
+                 for i, bound in enumerate(CLAMPS.get(activation, (-most, most))))
     places = op.outputs[1]
     lowering.call(Call("pool_argmax", [
         tensor("src", x), TensorArg("indices", places.index, tuple(places.shape), writable=True),
         ParamArg("window", "int4", (filter_w, filter_h, stride_w, stride_h)),
         ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1)),
-        ParamArg("bounds", "float4", (-most if low is None else low, most if high is None else high, 0.0, 0.0))],
+        ParamArg("bounds", "float4", (low, high, 0.0, 0.0))],
         g.ops, output=_output(g), steps=g.steps))
 
 

@@ -478,11 +478,6 @@ def _one_hot(op: Op) -> str | None:
     return None
 
 
-# TfLiteFusedActivation values -> the clamp TFLite's CalculateActivationRange gives (MediaPipe's pools);
-# the others clamp nothing.
-MEDIAPIPE_CLAMPS = {0: None, 1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
-
-
 def _mediapipe_pool(op: Op) -> str | None:
     try:
         _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(op.custom_options)

@@ -120,8 +120,6 @@ def _reduce_axis(reduce, x: np.ndarray, axis: int, out: np.ndarray) -> None:
 
 
 # -- MediaPipe's pooling with indices (custom ops of its segmentation models) ---------------------
-# TfLiteFusedActivation -> the clamp CalculateActivationRange gives (the others clamp nothing).
-_MEDIAPIPE_CLAMPS = {1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
 
 
 @kernel("MaxPoolingWithArgmax2D")
@@ -131,7 +129,7 @@ def max_pool_argmax(op: Op):
     activation clamps the values only."""
     _, stride_w, stride_h, filter_w, filter_h, activation = mediapipe_pool_params(op.custom_options)
     (_, oh, ow, _), (pad_h, pad_w) = pool_argmax_geometry(op.inputs[0].shape, op.custom_options)
-    low, high = _MEDIAPIPE_CLAMPS.get(activation, (None, None))
+    clamp = CLAMPS.get(activation)
 
     def run(ins, outs):
         x = ins[0]
@@ -147,7 +145,7 @@ def max_pool_argmax(op: Op):
                 larger = inside[None, :, :, None] & (taps > best)
                 best = np.where(larger, taps, best)
                 place = np.where(larger, ky * filter_w + kx, place)
-        np.copyto(outs[0], best if low is None else np.clip(best, low, high))
+        np.copyto(outs[0], best if clamp is None else np.clip(best, *clamp))
         np.copyto(outs[1], place.astype(np.float32) + np.float32(0.1))
     return run
 
