@@ -28,7 +28,8 @@ from .native import NativeBuild, load_library
 from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, find_groups, folded_into,
                      is_quantized_op, known_at_compile_time)
 from .runtime import ModelState, active_state
-from .shapes import detection_postprocess_options, transpose_conv_bias_geometry
+from .shapes import (detection_postprocess_options, max_unpooling_geometry, mediapipe_pool_params,
+                     pool_argmax_geometry, transpose_conv_bias_geometry)
 from .stdio import native_stderr
 from .strided import strided_slice_plan
 from .tflite.writer import write_model
@@ -46,7 +47,8 @@ __all__ = [
     "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor",
     # helpers the first-party plugins share
     "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
-    "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "native_stderr",
+    "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "mediapipe_pool_params",
+    "pool_argmax_geometry", "max_unpooling_geometry", "native_stderr",
     "strided_slice_plan", "write_model", "available_cores", "GPU_KIT", "NativeBuild", "load_library",
     # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
     "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",

@@ -277,6 +277,13 @@ def _gather(op: Op) -> list[Shape]:
     return [shape[:axis] + idx[batch:] + shape[axis + 1:]]
 
 
+@rule("ONE_HOT")
+def _one_hot(op: Op) -> list[Shape]:
+    shape = op.inputs[0].shape
+    axis = op.options.get("axis", -1) % (len(shape) + 1)
+    return [shape[:axis] + (int(const_values(op, 1).ravel()[0]),) + shape[axis:]]
+
+
 @rule("GATHER_ND")
 def _gather_nd(op: Op) -> list[Shape]:
     params, idx = op.inputs[0].shape, op.inputs[1].shape
@@ -369,6 +376,62 @@ def transpose_conv_bias_geometry(in_shape: Shape, weight_shape: Shape, custom_op
 @rule("Convolution2DTransposeBias")
 def _transpose_conv_bias(op: Op) -> list[Shape]:
     return [transpose_conv_bias_geometry(op.inputs[0].shape, op.inputs[1].shape, op.custom_options)[0]]
+
+
+# TfLiteFusedActivation, by value.
+FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6", "TANH", "SIGN_BIT", "SIGMOID")
+
+
+def mediapipe_pool_params(custom_options: bytes | None) -> tuple[int, int, int, int, int, str]:
+    """MediaPipe's MaxPoolingWithArgmax2D and MaxUnpooling2D options: the raw C struct TfLitePoolParams, of
+    which the first six int32 count: (padding 1 SAME 2 VALID, stride_w, stride_h, filter_w, filter_h,
+    activation), the activation given by name.  Its kernels clamp as TFLite's CalculateActivationRange
+    does: the RELU family (``passes.CLAMPS``), the other activations not at all."""
+    import struct
+
+    raw = custom_options or b""
+    if len(raw) < 24:
+        raise ValueError(f"custom options hold {len(raw)} bytes, not the 24 of (padding, stride_w, stride_h, "
+                         "filter_w, filter_h, activation)")
+    *params, activation = struct.unpack_from("<6i", raw)
+    if not 0 <= activation < len(FUSED_ACTIVATIONS):
+        raise ValueError(f"activation {activation} is not a TfLiteFusedActivation")
+    return (*params, FUSED_ACTIVATIONS[activation])
+
+
+def _centred_padding(stride: int, in_size: int, kernel: int, out_size: int) -> int:
+    """TFLite's ComputePadding (dilation 1): half the overlap, never negative."""
+    return max(((out_size - 1) * stride + kernel - in_size) // 2, 0)
+
+
+def pool_argmax_geometry(in_shape: Shape, custom_options: bytes | None):
+    """MaxPoolingWithArgmax2D: (output shape, (top, left) padding) as TFLite's MAX_POOL_2D sizes it."""
+    padding, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(custom_options)
+    n, h, w, c = in_shape
+    same = padding == 1
+    oh = -(-h // stride_h) if same else (h - filter_h + stride_h) // stride_h
+    ow = -(-w // stride_w) if same else (w - filter_w + stride_w) // stride_w
+    return (n, oh, ow, c), (_centred_padding(stride_h, h, filter_h, oh), _centred_padding(stride_w, w, filter_w, ow))
+
+
+def max_unpooling_geometry(in_shape: Shape, custom_options: bytes | None):
+    """MaxUnpooling2D: (output shape, (top, left) padding); the output is the input times the filter size
+    (not the stride), as MediaPipe sizes it."""
+    _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(custom_options)
+    n, h, w, c = in_shape
+    oh, ow = h * filter_h, w * filter_w
+    return (n, oh, ow, c), (_centred_padding(stride_h, oh, filter_h, h), _centred_padding(stride_w, ow, filter_w, w))
+
+
+@rule("MaxPoolingWithArgmax2D")
+def _pool_argmax(op: Op) -> list[Shape]:
+    shape = pool_argmax_geometry(op.inputs[0].shape, op.custom_options)[0]
+    return [shape, shape]
+
+
+@rule("MaxUnpooling2D")
+def _max_unpooling(op: Op) -> list[Shape]:
+    return [max_unpooling_geometry(op.inputs[0].shape, op.custom_options)[0]]
 
 
 @rule("LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM")

@@ -23,8 +23,8 @@ import numpy as np
 
 from .errors import DelegateError, ModelFormatError, UnsupportedOpError
 from .ir import DType, Op, Subgraph, Tensor
-from .shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, detection_postprocess_options, has_rule, settle, \
-    shape_values
+from .shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, detection_postprocess_options, has_rule, \
+    mediapipe_pool_params, pool_argmax_geometry, settle, shape_values
 
 
 class Invalid(Exception):
@@ -249,6 +249,35 @@ def _transpose_conv_bias(op: Op) -> None:
     need(kh >= 1 and kw >= 1 and units >= 1, f"filter shape {list(w.shape)} has an empty dimension")
     need(depth == x.shape[3], f"filter input channels {depth} differ from the input's {x.shape[3]}")
     _bias(op, 2, units)
+
+
+def _mediapipe_pool(op: Op) -> tuple[int, ...]:
+    try:
+        params = mediapipe_pool_params(op.custom_options)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+    padding, stride_w, stride_h, filter_w, filter_h, _ = params
+    need(padding in (1, 2), f"padding {padding} is neither SAME (1) nor VALID (2)")
+    need(min(stride_w, stride_h, filter_w, filter_h) >= 1,
+         f"strides ({stride_h}, {stride_w}) and filter ({filter_h}, {filter_w}) must be >= 1")
+    for t in (*op.inputs, *op.outputs):
+        _rank(t, 4, what="tensor")
+        need(t.dtype == DType.float32, f"tensor {t.index} is {t.dtype.name}; MediaPipe's kernel takes float32")
+    return params
+
+
+@operands("MaxPoolingWithArgmax2D", inputs=1, outputs=2)
+def _pool_argmax(op: Op) -> None:
+    _, _, _, filter_w, filter_h, _ = _mediapipe_pool(op)
+    _, h, w, _ = op.inputs[0].shape
+    out = pool_argmax_geometry(op.inputs[0].shape, op.custom_options)[0]
+    need(out[1] >= 1 and out[2] >= 1, f"a {filter_h}x{filter_w} VALID window does not fit the {h}x{w} input")
+
+
+@operands("MaxUnpooling2D", inputs=2)
+def _max_unpooling(op: Op) -> None:
+    _mediapipe_pool(op)
+    need(op.inputs[1].shape == op.inputs[0].shape, "the indices must have the shape of the values")
 
 
 @operands("FULLY_CONNECTED", inputs=(2, 3), outputs=(1, 2), optional=(2,))
@@ -547,6 +576,17 @@ def _gather(op: Op) -> None:
     if values is not None and values.size:
         need(values.min() >= 0 and values.max() < params.shape[axis],
              f"index {values.min() if values.min() < 0 else values.max()} is out of range [0, {params.shape[axis]})")
+
+
+@operands("ONE_HOT", inputs=4)
+def _one_hot(op: Op) -> None:
+    indices, _, on, off = op.inputs
+    need(indices.dtype in (DType.int32, DType.int64), "indices must be int32 or int64")
+    _axis(int(op.options.get("axis", -1)), len(indices.shape) + 1)
+    depth = _const(op, 1)
+    need(depth is not None and depth.size == 1 and int(depth.ravel()[0]) >= 0, "depth must be a constant >= 0")
+    need(on.size == 1 and off.size == 1, "on_value and off_value must be scalars")
+    need(on.dtype == off.dtype == op.outputs[0].dtype, "on_value, off_value and the output must share a type")
 
 
 @operands("GATHER_ND", inputs=2, keeps_type=0)

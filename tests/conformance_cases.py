@@ -6,7 +6,9 @@ random seed, through its length), the op code it tests, its kind (with the op, t
 matrix's table of expected refusals), and ``build(rng)``, which gives (model, inputs) or
 (model, inputs, the model LiteRT runs instead where the two differ).  ``reference`` names
 LiteRT's kernel set it is compared with (the LiteRT engine is always compared with the default
-set, which it runs); ``allow_quantized`` lets the GPUs run quantized tensors on their float view.
+set, which it runs); ``allow_quantized`` lets the GPUs run quantized tensors on their float view;
+``numpy_reference`` stands in for LiteRT where its interpreter cannot run the op (MediaPipe's
+custom ops), computing the outputs from the op's definition.
 
 Add a case by appending a ``Case`` to ``CASES`` (or with the ``case`` decorator); the matrix picks
 it up on every backend.  An op that a GPU lowering accepts must have a case here.
@@ -31,6 +33,8 @@ class Case:
     build: Callable[[np.random.Generator], tuple]
     reference: str = "default"  # or "builtin": BUILTIN_WITHOUT_DEFAULT_DELEGATES
     allow_quantized: bool = False
+    # outputs from the inputs where LiteRT cannot run the op (MediaPipe's custom ops need MediaPipe's resolver)
+    numpy_reference: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
 
     def make(self) -> tuple[bytes, list[np.ndarray], bytes | None]:
         """(model, inputs, LiteRT's model or None), from the case's own seed."""
@@ -399,6 +403,130 @@ case("CUMSUM", "reverse")(lambda rng: one_op("CUMSUM", [(2, 3, 7)], rng, [np.arr
                                              options={"exclusive": False, "reverse": True}))
 case("GATHER", "axis1")(lambda rng: one_op("GATHER", [(5, 4, 3)], rng, [np.array([[0, 3], [2, 2]], np.int32)],
                                            options={"axis": 1}))
+case("GATHER", "channels_at_bounds")(lambda rng: one_op("GATHER", [(2, 3, 4, 9)], rng, [
+    np.array([8, 0, 8, 3, 5], np.int32)], options={"axis": -1}))
+case("GATHER", "rows_int64_scalar")(lambda rng: one_op("GATHER", [(6, 5, 7)], rng, [np.array(5, np.int64)]))
+case("GATHER", "pixels_of_images")(lambda rng: one_op("GATHER", [(2, 4, 6, 8)], rng, [
+    np.array([5, 0, 0, 5, 2, 3], np.int32)], options={"axis": 2}))
+
+
+@case("GATHER", "runtime_indices")
+def _gather_runtime(rng):
+    """Indices computed at run time: TFLite checks each against the axis, so the GPUs leave it to the CPU."""
+    b = GraphBuilder()
+    b.output(b.op("GATHER", [b.input("x", (5, 4)), b.input("i", (3,), "int32")], options={"axis": 0}))
+    return b.to_bytes(), [normal(rng, (5, 4)), np.array([4, 0, 2], np.int32)], None
+
+
+
+
+# -- MediaPipe's pooling with indices: LiteRT's interpreter has no kernel for them (MediaPipe's resolver
+# registers them), so these cases are checked against loops written from MediaPipe's definition ----------
+
+def mediapipe_pool_options(padding: str, stride: tuple[int, int], window: tuple[int, int], activation: int = 0) -> bytes:
+    """TfLitePoolParams as MediaPipe reads it: padding, stride w, stride h, filter w, filter h, activation,
+    then the computed padding it fills in itself."""
+    return np.array([1 if padding == "SAME" else 2, stride[1], stride[0], window[1], window[0], activation,
+                     0, 0, 0, 0], "<i4").tobytes()
+
+
+def _pooled_size(size: int, window: int, stride: int, same: bool) -> tuple[int, int]:
+    out = -(-size // stride) if same else (size - window + stride) // stride
+    return out, max(((out - 1) * stride + window - size) // 2, 0)
+
+
+def pool_argmax_reference(x: np.ndarray, padding: str, stride, window, activation: int = 0) -> list[np.ndarray]:
+    """MaxPoolingWithArgmax2D from its definition: the first largest value of each window clipped to the
+    input, its place ky * filter_w + kx plus 0.1, and the values clamped by RELU (1), RELU_N1_TO_1 (2), RELU6 (3)."""
+    n, h, w, c = x.shape
+    oh, top = _pooled_size(h, window[0], stride[0], padding == "SAME")
+    ow, left = _pooled_size(w, window[1], stride[1], padding == "SAME")
+    values = np.zeros((n, oh, ow, c), np.float32)
+    places = np.zeros((n, oh, ow, c), np.float32)
+    low, high = {1: (0, np.inf), 2: (-1, 1), 3: (0, 6)}.get(activation, (-np.inf, np.inf))
+    for b, oy, ox, ch in np.ndindex(n, oh, ow, c):
+        best, place = np.finfo(np.float32).min, 0
+        for ky, kx in np.ndindex(*window):
+            iy, ix = oy * stride[0] - top + ky, ox * stride[1] - left + kx
+            if 0 <= iy < h and 0 <= ix < w and x[b, iy, ix, ch] > best:
+                best, place = x[b, iy, ix, ch], ky * window[1] + kx
+        values[b, oy, ox, ch] = min(max(best, low), high)
+        places[b, oy, ox, ch] = np.float32(place) + np.float32(0.1)
+    return [values, places]
+
+
+def max_unpooling_reference(x: np.ndarray, places: np.ndarray, stride, window) -> list[np.ndarray]:
+    """MaxUnpooling2D from its definition: an output of the input's size times the window, zero but where
+    an input value's index (truncated) places it, input pixels in order (a later one wins)."""
+    n, h, w, c = x.shape
+    oh, ow = h * window[0], w * window[1]
+    top, left = (max(((size - 1) * s + k - out) // 2, 0) for size, s, k, out in
+                 ((h, stride[0], window[0], oh), (w, stride[1], window[1], ow)))
+    out = np.zeros((n, oh, ow, c), np.float32)
+    for b, iy, ix, ch in np.ndindex(n, h, w, c):
+        index = int(places[b, iy, ix, ch])
+        oy, ox = iy * stride[0] - top + index // window[1], ix * stride[1] - left + index % window[1]
+        if 0 <= oy < oh and 0 <= ox < ow:
+            out[b, oy, ox, ch] = x[b, iy, ix, ch]
+    return [out]
+
+
+def _pool_argmax_case(name: str, shape, padding: str, stride, window, activation: int = 0) -> None:
+    def build(rng):
+        b = GraphBuilder()
+        values, places = b.op("MaxPoolingWithArgmax2D", [b.input("x", shape)], custom=True, num_outputs=2,
+                              custom_options=mediapipe_pool_options(padding, stride, window, activation))
+        b.output(values, places)
+        x = normal(rng, shape)
+        x[..., 0] = np.round(x[..., 0])  # ties in a window: the first largest wins
+        return b.to_bytes(), [x], None
+    CASES.append(Case(f"MaxPoolingWithArgmax2D:{name}", "MaxPoolingWithArgmax2D", "op", build,
+                      numpy_reference=lambda inputs: pool_argmax_reference(inputs[0], padding, stride, window,
+                                                                           activation)))
+
+
+def _max_unpooling_case(name: str, shape, padding: str, stride, window) -> None:
+    """The segmentation models' pair: MaxUnpooling2D of MaxPoolingWithArgmax2D's values and indices."""
+    def build(rng):
+        b = GraphBuilder()
+        options = mediapipe_pool_options(padding, stride, window)
+        values, places = b.op("MaxPoolingWithArgmax2D", [b.input("x", shape)], custom=True, num_outputs=2,
+                              custom_options=options)
+        b.output(b.op("MaxUnpooling2D", [values, places], custom=True, custom_options=options))
+        return b.to_bytes(), [normal(rng, shape)], None
+
+    def reference(inputs):
+        values, places = pool_argmax_reference(inputs[0], padding, stride, window)
+        return max_unpooling_reference(values, places, stride, window)
+    CASES.append(Case(f"MaxUnpooling2D:{name}", "MaxUnpooling2D", "op", build, numpy_reference=reference))
+
+
+_pool_argmax_case("2x2_stride2", (1, 6, 8, 5), "SAME", (2, 2), (2, 2))
+_pool_argmax_case("3x3_stride2_same_relu6", (2, 7, 5, 6), "SAME", (2, 2), (3, 3), activation=3)
+_pool_argmax_case("3x2_valid_relu", (1, 8, 7, 4), "VALID", (2, 1), (3, 2), activation=1)
+_max_unpooling_case("2x2_stride2", (1, 6, 8, 5), "SAME", (2, 2), (2, 2))
+_max_unpooling_case("odd_same", (2, 5, 7, 3), "SAME", (2, 2), (2, 2))
+_max_unpooling_case("overlapping_3x3_stride2", (1, 7, 6, 4), "VALID", (2, 2), (3, 3))
+
+case("CUMSUM", "exclusive_negative_axis")(lambda rng: one_op("CUMSUM", [(2, 5, 3, 6)], rng, [np.array(-1, np.int32)],
+                                                             options={"exclusive": True, "reverse": False}))
+case("CUMSUM", "rows_reverse_exclusive")(lambda rng: one_op("CUMSUM", [(3, 6, 2, 5)], rng, [np.array(1, np.int32)],
+                                                            options={"exclusive": True, "reverse": True}))
+case("CUMSUM", "batch")(lambda rng: one_op("CUMSUM", [(4, 7)], rng, [np.array(0, np.int32)]))
+
+
+def one_hot(rng, shape, depth, axis, dtype="int32"):
+    """ONE_HOT of runtime indices, some outside [0, depth) (all off there)."""
+    b = GraphBuilder()
+    b.output(b.op("ONE_HOT", [b.input("i", shape, dtype), b.const("depth", np.array(depth, np.int32)),
+                              b.const("on", np.array(2.5, np.float32)), b.const("off", np.array(-0.5, np.float32))],
+                  dtype="float32", options={"axis": axis}))
+    return b.to_bytes(), [rng.integers(-1, depth + 2, shape).astype(dtype)], None
+
+
+case("ONE_HOT", "last_axis")(lambda rng: one_hot(rng, (2, 3, 5), 6, -1))
+case("ONE_HOT", "first_axis_int64")(lambda rng: one_hot(rng, (4, 3), 5, 0, "int64"))
+case("ONE_HOT", "middle_axis")(lambda rng: one_hot(rng, (3, 7), 9, 1))
 case("GATHER_ND", "rows")(lambda rng: one_op("GATHER_ND", [(4, 5, 3)], rng,
                                              [np.array([[0, 1], [3, 4], [2, 0]], np.int32)]))
 case("SLICE", "to_the_end")(lambda rng: one_op("SLICE", [(3, 5, 6)], rng, [np.array([1, 0, 2], np.int32),

@@ -72,7 +72,7 @@ def test_listed_float_versions(opcode, version, ok):
 
 
 def test_unknown_and_custom_ops_are_refused_with_reason():
-    assert "CUMSUM has no GPU kernel" in check_op(single_op("CUMSUM", [(1, 4)], [np.array(1, np.int32)]), FLOAT).reason
+    assert "LOG_SOFTMAX has no GPU kernel" in check_op(single_op("LOG_SOFTMAX", [(1, 4)]), FLOAT).reason
     op = single_op("MyOp", [(1, 4)], custom=True, shape=(1, 4))
     assert "custom op MyOp has no GPU kernel" in check_op(op, FLOAT).reason
 
@@ -338,3 +338,43 @@ def test_no_fusion_into_kernels_followed_by_a_relayout(axes, hosts):
     from delegate.gpu.fusion import hosts_epilogue
     op = single_op("MEAN", [(1, 4, 4, 8)], [np.array(axes, np.int32)], options={"keep_dims": False})
     assert hosts_epilogue(op) is hosts
+
+
+# -- gathers, scans and one-hot encodings --------------------------------------------------------
+@pytest.mark.parametrize("indices,options,needle", [
+    (None, {"axis": 0}, "runtime indices stay on the CPU"),
+    (np.array([0, 5], np.int32), {"axis": 0}, "index 5 is out of range [0, 5)"),
+    (np.array([-1], np.int32), {"axis": 0}, "index -1 is out of range"),
+    (np.array([[0], [1]], np.int32), {"axis": 1, "batch_dims": 1}, "batch_dims 1 is not implemented"),
+])
+def test_gather_refusals_keep_every_read_inside_the_input(indices, options, needle):
+    """The GPUs take GATHER only with constant indices inside the axis (TFLite refuses the others at run
+    time), so the mapping never reads outside its input."""
+    if indices is None:
+        b = GraphBuilder()
+        b.output(b.op("GATHER", [b.input("x", (5, 3)), b.input("i", (2,), "int32")], options=options))
+        op = b.build().main.ops[0]
+    else:
+        op = single_op("GATHER", [(5, 3) if "batch_dims" not in options else (2, 5, 3)], [indices], options=options)
+    answer = check_op(op, FLOAT)
+    assert not answer and needle in answer.reason, answer.reason
+
+
+def test_gather_of_constant_indices_inside_the_axis_is_accepted():
+    assert check_op(single_op("GATHER", [(5, 3)], [np.array([4, 0, 4], np.int32)], options={"axis": 0}), FLOAT)
+
+
+def test_one_hot_needs_a_constant_depth_and_values():
+    b = GraphBuilder()
+    b.output(b.op("ONE_HOT", [b.input("i", (3,), "int32"), b.input("depth", (), "int32"),
+                              b.const("on", np.array(1.0, np.float32)), b.const("off", np.array(0.0, np.float32))],
+                  dtype="float32", shape=(3, 4), options={"axis": -1}))
+    answer = check_op(b.build().main.ops[0], FLOAT)
+    assert not answer and "depth (input 1) must be a constant" in answer.reason
+
+
+def test_cumsum_needs_a_constant_axis():
+    b = GraphBuilder()
+    b.output(b.op("CUMSUM", [b.input("x", (2, 3)), b.input("axis", (), "int32")], shape=(2, 3)))
+    answer = check_op(b.build().main.ops[0], FLOAT)
+    assert not answer and "axis (input 1) must be a constant" in answer.reason

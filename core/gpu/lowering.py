@@ -44,6 +44,8 @@ from typing import Any, Collection, Hashable, Sequence, Union
 import numpy as np
 
 from ..ir import Op, Tensor
+from ..passes import CLAMPS
+from ..shapes import max_unpooling_geometry, mediapipe_pool_params, pool_argmax_geometry
 from ..strided import strided_slice_plan
 from ..errors import CompileError
 from .constants import constant_value, int_values
@@ -55,7 +57,7 @@ from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_
 from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import handler, lowers_shared
-from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, MAX_UNPOOLING, POOL_ARGMAX, TRANSPOSE_CONV_BIAS, UNARY
 
 
 @dataclass(frozen=True)
@@ -270,12 +272,12 @@ def elementwise(lowering: Lowering, g: Group) -> None:
 # -- data movement: every output element copied from the input element a mapping names ----------
 
 def _moved(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, g: Group,
-           *params: ParamArg) -> Call:
+           *params: Arg) -> Call:
     return _part(template, inputs, aligned, g.ops, (g.output.index, tuple(g.output.shape)), *params, steps=g.steps)
 
 
 def _part(template: str, inputs: Sequence[tuple[Hashable, Sequence[int]]], aligned: bool, ops: Sequence[Op],
-          output: tuple[Hashable, tuple[int, ...]], *params: ParamArg, steps: Sequence[Step] = (),
+          output: tuple[Hashable, tuple[int, ...]], *params: Arg, steps: Sequence[Step] = (),
           label: str = "") -> Call:
     args: list[Arg] = [TensorArg(f"in{i}", value, tuple(shape)) for i, (value, shape) in enumerate(inputs)]
     return Call(template, [*args, ParamArg("aligned", "int", int(aligned)), *params], list(ops), output=output,
@@ -684,6 +686,89 @@ def lstm(lowering: Lowering, g: Group) -> None:
                                       TensorArg("state", state.index, tuple(state.shape), writable=True)],
                        [op], output=(activation.index, tuple(activation.shape)), label=f"{label}:gates"))
 
+
+
+# -- gathers, scans and one-hot encodings --------------------------------------------------------
+# Output elements in NHWC order split as (outer, k, inner) around the op's axis: the flat walks of
+# these templates need no relayout for any rank up to 4.
+
+@lowers_shared("GATHER", templates=("take",))
+def gather(lowering: Lowering, g: Group) -> None:
+    """Constant indices make GATHER a mapping: output element (outer, k, inner) is the input's
+    (outer, table[k], inner); walk = (indices, inner size, axis length).  Whole vectors move unless the
+    axis is the last (the channels then come from different rows)."""
+    op, x = g.root, g.root.inputs[0]
+    rank = len(x.shape)
+    axis = op.options.get("axis", 0) % rank
+    table = np.asarray(int_values(op.input(1))).ravel()
+    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    lowering.call(_moved("take", _one(g), axis != rank - 1, g,
+                         ParamArg("walk", "int4", (len(table), inner, int(x.shape[axis]), 0)),
+                         ConstantArg("table", ("indices", op.index), pack_vector(table, len(table)))))
+
+
+@lowers_shared("CUMSUM", templates=("cumsum",))
+def cumsum(lowering: Lowering, g: Group) -> None:
+    """Each output lane sums its line along the axis (NHWC view) up to itself in fp32: from the start,
+    or from the end with ``reverse``, without itself with ``exclusive``."""
+    op, x = g.root, g.root.inputs[0]
+    axis = nhwc_axis(int(int_values(op.input(1))[0]), len(x.shape))
+    lowering.call(Call("cumsum", [tensor("src", x), ParamArg("axis", "int", axis),
+                                  ParamArg("length", "int", as_nhwc(x.shape)[axis]),
+                                  ParamArg("exclusive", "int", int(bool(op.options.get("exclusive")))),
+                                  ParamArg("reverse", "int", int(bool(op.options.get("reverse"))))],
+                       g.ops, output=_output(g), steps=g.steps))
+
+
+@lowers_shared("ONE_HOT", templates=("one_hot",))
+def one_hot(lowering: Lowering, g: Group) -> None:
+    """Output element (outer, d, inner) is ``on`` where index (outer, inner) equals d, else ``off`` (an
+    index outside [0, depth) matches nothing); walk = (depth, inner size).  The indices are read on the
+    float view, exact up to the depths the rule allows."""
+    op, out = g.root, g.output
+    rank = len(out.shape)
+    axis = op.options.get("axis", -1) % rank
+    depth = int(int_values(op.input(1))[0])
+    on, off = (float(np.asarray(constant_value(op.input(i))).ravel()[0]) for i in (2, 3))
+    inner = int(np.prod(out.shape[axis + 1:], dtype=np.int64))
+    lowering.call(Call("one_hot", [tensor("src", op.inputs[0]), ParamArg("walk", "int4", (depth, inner, 0, 0)),
+                                   ParamArg("on_value", "float", on), ParamArg("off_value", "float", off)],
+                       g.ops, output=_output(g), steps=g.steps))
+
+
+# -- MediaPipe's pooling with indices ------------------------------------------------------------
+
+@lowers_shared(POOL_ARGMAX, templates=("pool_argmax",))
+def pool_argmax(lowering: Lowering, g: Group) -> None:
+    """MAX_POOL_2D whose kernel also stores each maximum's place in its window (ky * kernel w + kx, plus
+    0.1 as MediaPipe stores it) in the second output; the activation clamps the values to ``bounds``."""
+    op, x = g.root, g.root.inputs[0]
+    _, stride_w, stride_h, filter_w, filter_h, activation = mediapipe_pool_params(op.custom_options)
+    _, (pad_h, pad_w) = pool_argmax_geometry(x.shape, op.custom_options)
+    most = float(np.finfo(np.float32).max)
+    low, high = (max(bound, -most) if i == 0 else min(bound, most)
+                 for i, bound in enumerate(CLAMPS.get(activation, (-most, most))))
+    places = op.outputs[1]
+    lowering.call(Call("pool_argmax", [
+        tensor("src", x), TensorArg("indices", places.index, tuple(places.shape), writable=True),
+        ParamArg("window", "int4", (filter_w, filter_h, stride_w, stride_h)),
+        ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1)),
+        ParamArg("bounds", "float4", (low, high, 0.0, 0.0))],
+        g.ops, output=_output(g), steps=g.steps))
+
+
+@lowers_shared(MAX_UNPOOLING, templates=("max_unpool",))
+def max_unpooling(lowering: Lowering, g: Group) -> None:
+    """MediaPipe's scatter as a gather: each output lane takes the value of the last input pixel (in
+    row-major order) whose window holds it and whose index names its place there, zero where none does.
+    An index naming no place of its window (never one MaxPoolingWithArgmax2D gives) writes nothing."""
+    op, (x, places) = g.root, g.root.inputs
+    _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(op.custom_options)
+    _, (pad_h, pad_w) = max_unpooling_geometry(x.shape, op.custom_options)
+    lowering.call(Call("max_unpool", [tensor("src", x), tensor("indices", places),
+                                      ParamArg("window", "int4", (filter_w, filter_h, stride_w, stride_h)),
+                                      ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1))],
+                       g.ops, output=_output(g), steps=g.steps))
 
 __all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "Product", "SPLIT_GROUP",
            "TensorArg", "boundary_call", "broadcast", "concat_call", "conv_input", "conv_weights", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]

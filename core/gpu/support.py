@@ -26,6 +26,7 @@ import numpy as np
 
 from ..backend import CompileOptions, Support
 from ..ir import DType, Op, Tensor
+from ..shapes import mediapipe_pool_params
 from ..strided import strided_slice_plan
 from .constants import (constant_value, int_values, is_folded_dequantize, is_quantized,
                         needs_quantized_support)
@@ -424,6 +425,77 @@ def _lstm(op: Op) -> str | None:
     return _first(_rank(op.inputs[0], 2, "input"), _constant(op, 2, "weights"), _constant(op, 3, "bias"))
 
 
+# -- gathers, scans and one-hot encodings ----------------------------------------------------------
+
+def _gather(op: Op) -> str | None:
+    x, indices = op.inputs[0], op.inputs[1]
+    values = int_values(indices)
+    if values is None:
+        return ("indices (input 1) must be a constant; runtime indices stay on the CPU, which checks each "
+                "against the axis as TFLite does")
+    rank = len(x.shape)
+    axis = op.options.get("axis", 0)
+    if not -rank <= axis < rank:
+        return f"axis {axis} out of range for rank {rank}"
+    if op.options.get("batch_dims", 0):
+        return f"batch_dims {op.options['batch_dims']} is not implemented (only 0)"
+    length = x.shape[axis]
+    if length > ARG_LENGTH:
+        return f"an axis of {length} values; indices are held as floats, exact up to {ARG_LENGTH}"
+    bad = [int(v) for v in np.asarray(values).ravel() if not 0 <= v < length]
+    if bad:
+        return f"index {bad[0]} is out of range [0, {length}) (TFLite refuses it)"
+    return None
+
+
+def _cumsum(op: Op) -> str | None:
+    axis = int_values(op.input(1))
+    rank = len(op.inputs[0].shape)
+    if axis is None or len(axis) != 1:
+        return "axis (input 1) must be a constant of one value"
+    if not -rank <= axis[0] < rank:
+        return f"axis {axis[0]} out of range for rank {rank}"
+    return None
+
+
+def _one_hot(op: Op) -> str | None:
+    indices, out = op.inputs[0], op.outputs[0]
+    depth = int_values(op.input(1))
+    if depth is None or len(depth) != 1:
+        return "depth (input 1) must be a constant of one value"
+    if any(constant_value(op.input(i)) is None or constant_value(op.input(i)).size != 1 for i in (2, 3)):
+        return "on_value and off_value (inputs 2 and 3) must be constant scalars"
+    if indices.dtype not in (DType.int32, DType.int64):
+        return f"indices (input 0) are {indices.dtype.name}; ONE_HOT takes int32 or int64 indices"
+    if out.dtype is not DType.float32:
+        return f"output is {out.dtype.name}; the GPU path computes float32 tensors"
+    if int(depth[0]) > ARG_LENGTH:
+        return f"depth {int(depth[0])}; indices are held as floats, exact up to {ARG_LENGTH}"
+    rank = len(out.shape)
+    axis = op.options.get("axis", -1)
+    if not -rank <= axis < rank:
+        return f"axis {axis} out of range for rank {rank}"
+    return None
+
+
+def _mediapipe_pool(op: Op) -> str | None:
+    try:
+        _, stride_w, stride_h, filter_w, filter_h, _ = mediapipe_pool_params(op.custom_options)
+    except ValueError as exc:
+        return str(exc)
+    if min(stride_w, stride_h, filter_w, filter_h) < 1:
+        return "filter sizes and strides must be positive"
+    if filter_w * filter_h > ARG_LENGTH:
+        return f"a window of {filter_w * filter_h} places; indices are held as floats, exact up to {ARG_LENGTH}"
+    return _rank(op.inputs[0], 4, "input")
+
+
+def _max_unpooling(op: Op) -> str | None:
+    if tuple(op.inputs[1].shape) != tuple(op.inputs[0].shape):
+        return "the indices (input 1) must have the shape of the values"
+    return _mediapipe_pool(op)
+
+
 RULES: dict[str, OpRule] = {
     "ADD": OpRule(1, 2, _binary),
     "SUB": OpRule(1, 2, _binary),
@@ -503,9 +575,15 @@ RULES: dict[str, OpRule] = {
     "DENSIFY": OpRule(1, 1, _densify),
     "QUANTIZE": OpRule(1, 3, _quantize),
     "CAST": OpRule(1, 1, _cast, bools="all"),
+    "GATHER": OpRule(1, 1, _gather, params=(1,)),
+    "CUMSUM": OpRule(1, 1, _cumsum, params=(1,)),
+    "ONE_HOT": OpRule(1, 1, _one_hot, params=(0, 1, 2, 3)),
 }
+POOL_ARGMAX, MAX_UNPOOLING = "MaxPoolingWithArgmax2D", "MaxUnpooling2D"
 CUSTOM_RULES: dict[str, OpRule] = {
     TRANSPOSE_CONV_BIAS: OpRule(1, 1, _transpose_conv_bias),
+    POOL_ARGMAX: OpRule(1, 1, _mediapipe_pool),
+    MAX_UNPOOLING: OpRule(1, 1, _max_unpooling),
 }
 
 

@@ -220,7 +220,7 @@ def _global_pool(plan: KernelList, group: Group, x: Tensor, is_max: bool) -> Non
 # The WGSL each kit template needs besides its own: lanes.wgsl's main (the template defines lane_value),
 # weight_blocks.wgsl (weights read as 4x4 matrices).
 HELPERS = {"arg": ("lanes",), "batch_matmul": ("lanes",), "reduce": ("lanes",), "transpose_conv2d": ("weight_blocks",),
-           "conv2d": ("weight_blocks",), "conv2d_split": ("weight_blocks",)}
+           "conv2d": ("weight_blocks",), "conv2d_split": ("weight_blocks",), "cumsum": ("lanes",), "one_hot": ("lanes",)}
 
 
 def _reduction(name: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Golden tests of the custom ops: TFLite_Detection_PostProcess (regular and fast NMS) and MediaPipe's
-Convolution2DTransposeBias."""
+Convolution2DTransposeBias and MaxUnpooling2D (indices of any value)."""
 
 from pathlib import Path
 
@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 from delegate import load
 from delegate.tflite.builder import GraphBuilder
 from tests.models import transpose_conv_bias_pair
-from tests.oputil import assert_close, delegate_run, litert_run
+from tests.conformance_cases import mediapipe_pool_options
+from tests.oputil import assert_close, delegate_run, litert_run, require_backend
 
 CPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
 
@@ -115,3 +116,43 @@ def test_detection_postprocess_outputs_sized_as_litert_sizes_them(declared):
     assert [a.shape for a in actual] == [e.shape for e in expected] == [(1, 5, 4), (1, 5), (1, 5), (1,)]
     count = int(expected[3][0])
     assert_close([a[:, :count] for a in actual[:3]] + actual[3:], [e[:, :count] for e in expected[:3]] + expected[3:])
+
+
+def _unpooling_loop(x, places, stride, window, top, left, in_window_only):
+    """MediaPipe's MaxUnpooling2D loop: C's truncating division decodes each index, destinations outside the
+    output are skipped, and a later input pixel overwrites; ``in_window_only`` keeps only indices naming a
+    place of their own window (what the GPUs write)."""
+    n, h, w, c = x.shape
+    oh, ow = h * window[0], w * window[1]
+    out = np.zeros((n, oh, ow, c), np.float32)
+    for b, iy, ix, ch in np.ndindex(n, h, w, c):
+        index = int(places[b, iy, ix, ch])
+        dy = int(index / window[1])
+        dx = index - dy * window[1]
+        if in_window_only and not (0 <= dy < window[0] and 0 <= dx < window[1]):
+            continue
+        oy, ox = iy * stride[0] - top + dy, ix * stride[1] - left + dx
+        if 0 <= oy < oh and 0 <= ox < ow:
+            out[b, oy, ox, ch] = x[b, iy, ix, ch]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl", "wgpu"])
+def test_max_unpooling_of_any_indices_stays_inside_its_tensors(backend):
+    """Indices from the model's input, negative, fractional, past the window and past the output: the CPU
+    follows MediaPipe's loop; the GPUs gather, so they read only their inputs' pixels and write only
+    the indices naming a place of their window, which is every index MaxPoolingWithArgmax2D gives."""
+    require_backend(backend)
+    rng = np.random.default_rng(7)
+    shape, stride, window = (2, 5, 4, 6), (2, 2), (3, 3)
+    b = GraphBuilder()
+    b.output(b.op("MaxUnpooling2D", [b.input("x", shape), b.input("places", shape)], custom=True,
+                  custom_options=mediapipe_pool_options("SAME", stride, window)))
+    x = rng.standard_normal(shape).astype(np.float32)
+    places = rng.uniform(-12, 40, shape).astype(np.float32)
+    places[0, :, :, :2] = rng.integers(0, 9, (5, 4, 2)) + np.float32(0.1)  # indices a pooling gives
+    top = max(((shape[1] - 1) * stride[0] + window[0] - shape[1] * window[0]) // 2, 0)
+    left = max(((shape[2] - 1) * stride[1] + window[1] - shape[2] * window[1]) // 2, 0)
+    expected = _unpooling_loop(x, places, stride, window, top, left, in_window_only=backend != "cpu")
+    (actual,) = delegate_run(b.to_bytes(), [x, places], backend)
+    np.testing.assert_array_equal(actual, expected)

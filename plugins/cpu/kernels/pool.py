@@ -1,4 +1,5 @@
-"""2-D pooling kernels (MAX_POOL_2D, AVERAGE_POOL_2D, L2_POOL_2D).
+"""2-D pooling kernels (MAX_POOL_2D, AVERAGE_POOL_2D, L2_POOL_2D, and MediaPipe's MaxPoolingWithArgmax2D and
+MaxUnpooling2D).
 
 Pooling windows are separable: reducing along W, then along H, costs
 KW + KH passes instead of KH * KW.  Tiling windows (stride == filter, no
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 
-from delegate.plugin_api import Op
+from delegate.plugin_api import Op, max_unpooling_geometry, mediapipe_pool_params, pool_argmax_geometry
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch
@@ -116,3 +117,62 @@ def _reduce_axis(reduce, x: np.ndarray, axis: int, out: np.ndarray) -> None:
     reduce(at(0), at(1), out=out)
     for i in range(2, size):
         reduce(out, at(i), out=out)
+
+
+# -- MediaPipe's pooling with indices (custom ops of its segmentation models) ---------------------
+
+
+@kernel("MaxPoolingWithArgmax2D")
+def max_pool_argmax(op: Op):
+    """MAX_POOL_2D that also gives each maximum's place in its window, ky * filter_w + kx, as a float plus
+    0.1 (so that truncating it back is exact); the first maximum in row-major window order wins, and the
+    activation clamps the values only."""
+    _, stride_w, stride_h, filter_w, filter_h, activation = mediapipe_pool_params(op.custom_options)
+    (_, oh, ow, _), (pad_h, pad_w) = pool_argmax_geometry(op.inputs[0].shape, op.custom_options)
+    clamp = CLAMPS.get(activation)
+
+    def run(ins, outs):
+        x = ins[0]
+        _, h, w, _ = x.shape
+        best = np.full(outs[0].shape, np.finfo(np.float32).min, np.float32)
+        place = np.zeros(outs[0].shape, np.int32)
+        for ky in range(filter_h):
+            rows = np.arange(oh) * stride_h - pad_h + ky
+            for kx in range(filter_w):
+                cols = np.arange(ow) * stride_w - pad_w + kx
+                inside = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
+                taps = x[:, np.clip(rows, 0, h - 1)][:, :, np.clip(cols, 0, w - 1)]
+                larger = inside[None, :, :, None] & (taps > best)
+                best = np.where(larger, taps, best)
+                place = np.where(larger, ky * filter_w + kx, place)
+        np.copyto(outs[0], best if clamp is None else np.clip(best, *clamp))
+        np.copyto(outs[1], place.astype(np.float32) + np.float32(0.1))
+    return run
+
+
+@kernel("MaxUnpooling2D")
+def max_unpooling(op: Op):
+    """Each input value written where its index (truncated, decoded as MediaPipe does with C's division)
+    places it in its window; zeros elsewhere, and a later input pixel wins where windows overlap.
+    Destinations outside the output are skipped."""
+    _, stride_w, stride_h, filter_w, _, _ = mediapipe_pool_params(op.custom_options)
+    (_, oh, ow, _), (pad_h, pad_w) = max_unpooling_geometry(op.inputs[0].shape, op.custom_options)
+
+    def run(ins, outs):
+        x, index = ins[0], np.trunc(ins[1]).astype(np.int64)
+        n, h, w, c = x.shape
+        dy = np.sign(index) * (np.abs(index) // filter_w)  # C's division truncates toward zero
+        dx = index - dy * filter_w
+        oy = (np.arange(h) * stride_h - pad_h)[None, :, None, None] + dy
+        ox = (np.arange(w) * stride_w - pad_w)[None, None, :, None] + dx
+        inside = ((oy >= 0) & (oy < oh) & (ox >= 0) & (ox < ow)).ravel()
+        image = np.arange(n)[:, None, None, None]
+        channel = np.arange(c)[None, None, None, :]
+        target = (((image * oh + oy) * ow + ox) * c + channel).ravel()[inside]
+        # in input order the last write to a destination stays: keep each destination's last source
+        last, first_reversed = np.unique(target[::-1], return_index=True)
+        sources = np.flatnonzero(inside)[::-1][first_reversed]
+        flat = outs[0].reshape(-1)
+        flat[:] = 0
+        flat[last] = x.reshape(-1)[sources]
+    return run

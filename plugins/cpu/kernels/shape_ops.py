@@ -155,6 +155,21 @@ def gather(op: Op):
     return run
 
 
+@kernel("ONE_HOT")
+def one_hot(op: Op):
+    """``on_value`` where the index equals the position along the new axis, else ``off_value`` (an index
+    outside [0, depth) matches nothing)."""
+    rank = len(op.inputs[0].shape)
+    axis = op.options.get("axis", -1) % (rank + 1)
+
+    def run(ins, outs):
+        depth = int(np.asarray(ins[1]).ravel()[0])
+        classes = np.arange(depth).reshape((depth,) + (1,) * (rank - axis))
+        hit = np.expand_dims(np.asarray(ins[0]), axis) == classes
+        np.copyto(outs[0], np.where(hit, np.asarray(ins[2]).ravel()[0], np.asarray(ins[3]).ravel()[0]))
+    return run
+
+
 @kernel("GATHER_ND")
 def gather_nd(op: Op):
     def run(ins, outs):

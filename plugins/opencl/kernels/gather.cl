@@ -16,6 +16,8 @@
 //                       ((y % block.x) * block.y + x % block.y) * N + n
 //   MAP_CONCAT          input k holds the range [end_{k-1}, end_k) of axis `axis`
 //   MAP_PACK            axis `axis` of the output names the input; its coordinate there is at without the axis
+//   MAP_TAKE            output elements in NHWC order are (outer, k, inner); the input's is (outer, table[k], inner),
+//                       walk = (indices, inner size, axis length)
 // The mappings reading several inputs (in, in1, in2 ...: GATHER_INPUTS, their arguments) set `input`, and
 // GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.
 #if defined(MAP_TILE)
@@ -38,6 +40,8 @@
 #define MAP_PARAMS , int axis CONCAT_ENDS
 #elif defined(MAP_PACK)
 #define MAP_PARAMS , int axis
+#elif defined(MAP_TAKE)
+#define MAP_PARAMS , int4 walk, __global const STORAGE* table
 #endif
 #if !defined(GATHER_INPUTS)
 #define GATHER_INPUTS
@@ -100,6 +104,13 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     for (int j = 0, k = 1; j < 4; ++j) if (j != axis) a[k++] = c[j];
     int input = c[axis];
     int4 src = (int4)(a[0], a[1], a[2], a[3]);
+#elif defined(MAP_TAKE)
+    int flat = ((at.x * od.y + at.y) * od.x + at.z) * out_channels + at.w;
+    int row = (int)LOAD1(table, (flat / walk.y) % walk.x);
+    int e = ((flat / (walk.y * walk.x)) * walk.z + row) * walk.y + flat % walk.y;
+    int4 src = (int4)(e / (size.y * size.z * size.w), (e / (size.z * size.w)) % size.y, (e / size.w) % size.z,
+                      e % size.w);
+    if (row < 0 || row >= walk.z) src = (int4)(-1);
 #endif
     __global const STORAGE* from = in;
     int4 fd = id;
