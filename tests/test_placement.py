@@ -416,6 +416,8 @@ def test_calibration_fits_the_profile_to_real_networks(tmp_path, monkeypatch):
     info = Session(read_model(zoo.build("posenet")), settings).backends["cpu"].device_info()
     profile = load_profile(info, "cpu")
     assert profile.fit_samples > 0 and profile.fitted_at and profile.class_scale
+    # each workload's measured plan against its partitions alone: the host's run cost
+    assert len(profile.fit_points["plan"]) == len(calibrate.WORKLOADS) and profile.run_us >= 0
 
 
 def test_measured_search_compiles_only_in_the_first_half_of_its_budget():
