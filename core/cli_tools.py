@@ -241,7 +241,9 @@ def cmd_bench(args) -> int:
                         if timings and all(t.resident_ms is not None for t in timings) else None),
         "top_ops": sorted(per_op, key=lambda r: -r["ms"])[:5],
     }
-    doc["profiles_saved"] = learn_from(session, session.executor, timings, args.profile)
+    # the plan as timed above against its partitions timed alone: what a whole run costs beyond them
+    doc["profiles_saved"] = learn_from(session, session.executor, timings, args.profile,
+                                       plan_ms=float(np.median(ours)))
     if reference:
         doc["reference"] = "litert"
         doc["reference_median_ms"] = round(float(np.median(theirs)), 4)

@@ -3,7 +3,7 @@
 Compute time is a roofline, ``launch + max(flops / throughput, bytes / bandwidth) * class scale``,
 against a :class:`DeviceProfile`; each partition adds its backend's fixed cost.  Profiles come from
 ``delegate calibrate`` (stored per device fingerprint in the user cache dir), are refitted by every
-measurement (``refit``: bench, tune) and fall back to the documented defaults below.  Measured
+measurement (``refit``: bench, tune, calibrate) and fall back to their backend's defaults.  Measured
 per-op times (``delegate bench --profile``) replace estimates for the ops they cover.
 """
 
@@ -22,9 +22,11 @@ import numpy as np
 from .ir import Op
 
 
-# Op classes the cost model fits a throughput correction for (see ``refit``).
+# Op classes the cost model fits a throughput correction for (see ``refit``): one per kind of kernel engines
+# run (a product of two activations is not a product by constant weights, packed once: LiteRT runs its int8
+# form through a reference loop).
 OP_CLASSES = {"CONV_2D": "conv", "TRANSPOSE_CONV": "conv", "Convolution2DTransposeBias": "conv",
-              "DEPTHWISE_CONV_2D": "depthwise", "FULLY_CONNECTED": "matmul", "BATCH_MATMUL": "matmul",
+              "DEPTHWISE_CONV_2D": "depthwise", "FULLY_CONNECTED": "matmul", "BATCH_MATMUL": "batch_matmul",
               "MAX_POOL_2D": "pool", "AVERAGE_POOL_2D": "pool", "MEAN": "reduce", "SUM": "reduce",
               "REDUCE_MAX": "reduce", "REDUCE_MIN": "reduce", "REDUCE_PROD": "reduce", "SOFTMAX": "reduce",
               "RESHAPE": "layout", "TRANSPOSE": "layout", "CONCATENATION": "layout", "SLICE": "layout",
@@ -75,6 +77,10 @@ class DeviceProfile:
     transfer_gbytes_per_s: float = float("inf")  # host<->device bandwidth
     class_scale: dict[str, float] = field(default_factory=dict)
     class_floor_us: dict[str, float] = field(default_factory=dict)
+    # how many times slower than its class's fitted figure an engine's kernel of one kind is, where no
+    # measurement of that kind was fitted ("conv/int16", or "int16" for every class): the backend's own
+    # knowledge of its kernels (LiteRT's int16x8 kernels are reference loops), never fitted or stored
+    kind_scale: dict[str, float] = field(default_factory=dict)
     fit_points: dict[str, list[list[Any]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
@@ -95,8 +101,16 @@ class DeviceProfile:
         return max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
 
     def scale(self, klass: str | None) -> float:
-        """The fitted correction of a class's roofline ("*": fitted on whole partitions, for all classes)."""
-        return _fitted(self.class_scale, klass, 1.0)
+        """The fitted correction of a class's roofline ("*": fitted on whole partitions, for all classes); a kind
+        not fitted itself ("conv/int16") costs its class's times the kind's ``kind_scale``."""
+        if klass in self.class_scale:
+            return self.class_scale[klass]
+        return _fitted(self.class_scale, klass, 1.0) * self.kind_factor(klass)
+
+    def kind_factor(self, klass: str | None) -> float:
+        if not klass or "/" not in klass:
+            return 1.0
+        return self.kind_scale.get(klass, self.kind_scale.get(klass.split("/", 1)[1], 1.0))
 
     def transfer_ms(self, nbytes: int) -> float:
         if self.transfer_gbytes_per_s == float("inf"):
@@ -199,7 +213,9 @@ class Observation:
     transfer_ms: float = 0.0
 
 
-SCALE_RANGE = (0.02, 50.0)  # a fitted correction beyond this is a broken measurement, not a device
+# a fitted correction beyond this is a broken measurement, not a device (scalar reference loops, LiteRT's
+# int16x8 kernels, run ~100x below a core's vector peak)
+SCALE_RANGE = (0.02, 200.0)
 MAX_POINTS = 300  # measurements kept per class for the fit (the oldest go first)
 QUEUED = "queued partition"  # whole partitions of an asynchronous device, with their kernels' device times
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
@@ -212,7 +228,9 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     """Add ``observations`` to the profile's measurements and refit ``class_floor_us``, ``class_scale`` and
     ``partition_us`` to all it keeps; returns how many new measurements there were.
 
-    Per op class, a line through the ops measured one by one: work = floor + scale * roofline.  Partitions
+    Per op class, a line through the ops measured one by one: work = floor + scale * roofline (on the host,
+    whose timers include each op's launch, the launch is the least of the classes' lines at zero work: the
+    figure the chains of ``calibrate`` measured is not what ops cost inside a network).  Partitions
     timed only as a whole (the LiteRT engine) give one line for every class: work = ops * floor + scale *
     roofline.  Least squares over everything kept, so each measurement improves estimates of models never
     measured.  ``free``: ops the backend never runs (folded), which carry no time."""
@@ -222,24 +240,32 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     for obs in observations:
         counted = [op for op in obs.ops if not free(op)]
         if obs.op_ms:
+            own = obs.ms - obs.transfer_ms
+            timed = sum(obs.op_ms.values())
+            # host timers that add up to more than the partition took disturbed what they timed (each op run
+            # and timed alone, outside the engine's batched call: up to 2x on the numpy engine's small ops):
+            # they give each op's share of the partition's own time
+            share = own / timed if obs.op_times_include_launch and timed > own > 0 else 1.0
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))
                 measured = obs.op_ms.get(op.index)
                 if measured is None or roof <= 0:
                     continue
-                work = measured - launch if obs.op_times_include_launch else measured
-                points.setdefault(op_class(op), []).append([1.0, roof, max(work, 0.0)])
+                # the host's times keep their launch: refit finds it (see above)
+                points.setdefault(cost_class(op), []).append([1.0, roof, measured * share])
                 added += 1
-            own = obs.ms - obs.transfer_ms
             if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
-                points.setdefault("partition", []).append([own - sum(obs.op_ms.values())])
+                points.setdefault("partition", []).append([own - timed * share])
             else:  # device events: the host's launches overlap the kernels, fitted over whole partitions
                 points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) for op in counted)])
             added += 1
         elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
             roofs = [profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted]
             own = max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)
-            points.setdefault(WHOLE, []).append([float(len(counted)), sum(roofs), own])
+            # the scale for all classes is the one of float kernels: the slow kinds' rooflines count as many
+            # times as their kernels are slower
+            kinds = sum(roof * profile.kind_factor(cost_class(op)) for op, roof in zip(counted, roofs))
+            points.setdefault(WHOLE, []).append([float(len(counted)), kinds, own])
             classes: dict[str, list[float]] = {}
             for op, roof in zip(counted, roofs):
                 entry = classes.setdefault(cost_class(op), [0.0, 0.0])
@@ -248,6 +274,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             points.setdefault(BY_CLASS, []).append([own, *(x for k, (n, r) in sorted(classes.items())
                                                            for x in (k, n, r))])
             added += 1
+    lines: dict[str, np.ndarray] = {}  # the host's ops timed one by one, per class: fitted after the loop
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
         if klass in (BY_CLASS, PLAN):
@@ -264,8 +291,19 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             profile.partition_us = fixed * 1e3
             profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
             continue
-        floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
-        profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
+        if profile.asynchronous:  # device events: the kernel alone
+            floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
+            profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
+        else:
+            lines[klass] = rows
+    if lines:  # the classes whose points draw a line set the launch; the others are fitted on top of it
+        fitted = {k: _line(r[:, 0], r[:, 1], r[:, 2], 0.0) for k, r in lines.items() if _spread(r[:, 1])}
+        launch = min((start for start, _ in fitted.values()), default=launch)
+        profile.launch_us = launch * 1e3
+        for klass, rows in lines.items():
+            start, scale = fitted.get(klass) or _line(rows[:, 0], rows[:, 1], rows[:, 2],
+                                                      launch + profile.floor_ms(klass))
+            profile.class_floor_us[klass], profile.class_scale[klass] = max(start - launch, 0.0) * 1e3, scale
     if points.get(BY_CLASS) and WHOLE in points:
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
             profile.class_floor_us[key], profile.class_scale[key] = floor * 1e3, scale
@@ -285,14 +323,15 @@ def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
     time, against ``partitions``, (backend, ms) of each partition timed alone.  A plan on the host alone
     gives the host's ``run_us``; one with accelerator partitions gives their ``boundary_us``, what is left
     once the host's run cost is taken off, per partition of theirs.  Medians over the plans kept: one
-    disturbed timing does not move them."""
+    disturbed timing does not move them; the host's weighs each plan by how small it is (a plan's jitter grows
+    with its time, and the run cost is a small part of a large plan's)."""
     gap = plan_ms - sum(ms for _, ms in partitions)
     counts: dict[str, int] = {}
     for backend, _ in partitions:
         counts[backend] = counts.get(backend, 0) + 1
     accelerators = [b for b in counts if b != host]
     if not accelerators:
-        profiles[host].fit_points.setdefault(PLAN, []).append([gap])
+        profiles[host].fit_points.setdefault(PLAN, []).append([gap, plan_ms])
     for backend in accelerators:
         profiles[backend].fit_points.setdefault(PLAN, []).append([gap, counts[backend]])
     for backend in accelerators or [host]:
@@ -300,12 +339,20 @@ def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
     run = profiles[host]
     if run.fit_points.get(PLAN):
         del run.fit_points[PLAN][:-MAX_POINTS]
-        run.run_us = max(float(np.median([r[0] for r in run.fit_points[PLAN]])), 0.0) * 1e3
+        rows = run.fit_points[PLAN]
+        run.run_us = max(_weighted_median([r[0] for r in rows], [1.0 / max(r[1] if len(r) > 1 else 1.0, 0.01)
+                                                                  for r in rows]), 0.0) * 1e3
     for backend in accelerators:
         rows = profiles[backend].fit_points[PLAN]
         del rows[:-MAX_POINTS]
         profiles[backend].boundary_us = max(float(np.median([(r[0] - run.run_us * 1e-3) / r[1] for r in rows])),
                                             0.0) * 1e3
+
+
+def _weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    order = np.argsort(values)
+    cumulative = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    return float(np.asarray(values, dtype=np.float64)[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
 
 def _queued_fit(partitions: list[list[float]]) -> tuple[float, float]:
@@ -356,8 +403,9 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
 def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple[float, float]]:
     """(floor ms, scale) per cost class from partitions timed whole, each row ``[own ms, class, ops, roofline
     ms, class, ...]``: time ~ partition + sum over classes (ops * floor + scale * roofline), least squares on
-    relative errors, every coefficient held towards the fit for all classes (a ridge weighed as CLASS_PRIOR
-    partitions of the class: evidence outweighs it as it accumulates), none negative."""
+    relative errors, every coefficient held towards the fit for all classes, a kind's scale towards that times
+    its ``kind_scale`` (a ridge weighed as CLASS_PRIOR partitions of the class: evidence outweighs it as it
+    accumulates), none negative."""
     fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
     keys = sorted({row[i] for row in rows for i in range(1, len(row), 3)})
     column = {k: i for i, k in enumerate(keys)}
@@ -366,7 +414,7 @@ def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple
     for r, row in enumerate(rows):
         for i in range(1, len(row), 3):
             x[r, column[row[i]]], x[r, len(keys) + column[row[i]]] = row[i + 1], row[i + 2]
-    prior = np.array([floor] * len(keys) + [scale] * len(keys))
+    prior = np.array([floor] * len(keys) + [scale * profile.kind_factor(k) for k in keys])
     weight = 1.0 / np.maximum(times, 0.05)
     x *= weight[:, None]
     # one row of the prior per coefficient, as strong as CLASS_PRIOR partitions of its class: a class seen in
@@ -380,10 +428,15 @@ def _class_fit(rows: list[list[Any]], profile: DeviceProfile) -> dict[str, tuple
             for i, k in enumerate(keys)}
 
 
+def _spread(roofs: np.ndarray) -> bool:
+    """Whether ops' rooflines are many and varied enough to draw a line through (a floor and a scale)."""
+    return len(roofs) >= 3 and roofs.max() > 4 * roofs.min()
+
+
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:
     """(floor per op, scale) with work ~ counts * floor + scale * roofs, both non-negative; with too few or too
     alike points, the scale alone (the floor kept)."""
-    if len(works) >= 3 and roofs.max() > 4 * roofs.min():
+    if _spread(roofs):
         # between absolute errors (the large ops dominate a sum) and relative ones (so do the many small)
         weight = 1.0 / np.sqrt(np.maximum(works, 1e-3))
         (f, k), *_ = np.linalg.lstsq(np.stack([counts, roofs], 1) * weight[:, None], works * weight, rcond=None)
@@ -426,20 +479,20 @@ def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceP
         data = json.loads(path.read_text())
         profile = DeviceProfile(**{k: v for k, v in data.items() if k in DeviceProfile.__dataclass_fields__})
         profile.source = str(path)
+        profile.kind_scale = dict(default.kind_scale)  # the backend's, never measured
         _check_figures(profile)
         return profile
     except (OSError, ValueError, TypeError):
-        return DeviceProfile(**{**asdict(default), "class_scale": {}, "class_floor_us": {}, "fit_points": {},
-                                "measured_op_ms": {}})
+        return DeviceProfile(**asdict(default))  # asdict copies: refits never touch the default
 
 
 def _check_figures(profile: DeviceProfile) -> None:
     """A stored profile whose figures are not positive numbers is not used (ValueError)."""
-    for name in ("gflops", "gbytes_per_s", "launch_us", "transfer_gbytes_per_s"):
+    for name in ("gflops", "gbytes_per_s", "transfer_gbytes_per_s"):
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} = {value!r}")
-    for name in ("partition_us", "transfer_latency_us", "run_us", "boundary_us"):
+    for name in ("launch_us", "partition_us", "transfer_latency_us", "run_us", "boundary_us"):
         value = getattr(profile, name)
         if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             raise ValueError(f"{name} = {value!r}")
@@ -458,6 +511,7 @@ def save_profile(device_info: dict[str, Any], profile: DeviceProfile) -> Path:
     data = asdict(profile)
     data["device_info"] = device_info
     data.pop("source", None)
+    data.pop("kind_scale", None)
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
     return path

@@ -238,6 +238,22 @@ def test_bench_profile_feeds_later_plans(tiny_model, tmp_path, monkeypatch):
     assert [op["estimates_ms"]["cpu"] for op in after["ops"]] != [op["estimates_ms"]["cpu"] for op in before["ops"]]
 
 
+def test_bench_teaches_the_whole_plan_cost_that_plan_then_uses(tiny_model, tmp_path, monkeypatch):
+    """bench times the plan and its partitions alone: the stored profile keeps the plan's point (what the run
+    cost beyond its partition) and the host's run cost fitted to it, which the next plan's estimate carries."""
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))
+    bench = as_json("bench", *CPU, "--set", "cpu.engine=numpy", tiny_model, "--runs", "5", "--warmup", "1")
+    (path,) = tmp_path.glob("*.json")
+    stored = json.loads(path.read_text())
+    (point,) = stored["fit_points"]["plan"]
+    gap = bench["median_ms"] - bench["partition_times"][0]["measured_ms"]
+    assert point[0] == pytest.approx(gap, abs=1e-3) and stored["run_us"] == pytest.approx(max(gap, 0.0) * 1e3, abs=1)
+    assert stored["run_us"] > 0, "a whole run costs the executor's checks and staging beyond its partition"
+    plan = as_json("plan", *CPU, "--set", "cpu.engine=numpy", tiny_model)
+    ops_ms = sum(op["estimates_ms"]["cpu"] for op in plan["ops"] if op["fused_into"] is None)
+    assert plan["estimated_ms"] == pytest.approx(ops_ms + (stored["partition_us"] + stored["run_us"]) * 1e-3, abs=2e-3)
+
+
 def test_test_plugin_is_registered_for_the_run_only():
     """conftest puts tests/fake_plugin on PYTHONPATH as an entry-point distribution; nothing is installed."""
     rows = {row["name"]: row for row in as_json("backends")["backends"]}

@@ -237,7 +237,8 @@ WORKLOAD_RUNS = 5
 
 def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
     """Run each workload with backend ``name`` taking every op it supports (the host the rest), time its
-    partitions alone and refit the profiles to them (``measure.learn_from``); then plan each workload again
+    partitions alone and refit the profiles to them and to the plan's measured time (``measure.learn_from``:
+    the whole-plan costs ``run_us`` and ``boundary_us`` too); then plan each workload again
     from the refitted profiles.  Rows: workload, the new plan's estimate and the measured time of the plan."""
     import dataclasses
 
@@ -258,7 +259,7 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
         session = Session(read_model(data), workload)
         inputs = session.normalize_inputs(make_inputs(session.graph, None))
         ms = float(np.median(samples_ms(lambda: session.run_indexed(inputs), WORKLOAD_RUNS, warmup=1)))
-        learn_from(session, session.executor, profile_partitions(session.executor, inputs))
+        learn_from(session, session.executor, profile_partitions(session.executor, inputs), plan_ms=ms)
         measured.append((net, kwargs, data, ms))
         session.close()
     rows = []

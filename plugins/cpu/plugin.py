@@ -339,10 +339,28 @@ def litert_installed() -> bool:
 # holds them for the host backend)
 OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "boolean"}}
 
-# Figures per thread (the session multiplies them by the thread count) until `delegate calibrate` runs.
+# Figures per thread (the session multiplies the throughput by the thread count) until `delegate calibrate`
+# runs: what calibrate measured and fitted at one thread on a 2-core AMD EPYC (AVX-512) VM, 2026-12-02, in its
+# least disturbed of several runs.  The kinds' factors (``DeviceProfile.kind_scale``: how many times slower
+# than the float kernel of its class) stand until a measurement of the kind is fitted; measured by
+# docs/benchmarks/cpu_kinds.py (chains of one op, and each op of a model timed alone): LiteRT runs int16x8
+# ops, int8 products of two activations and int8 softmax through reference loops.
 DEFAULT_PROFILES = {
-    "numpy": DeviceProfile(gflops=12.0, gbytes_per_s=8.0, launch_us=15.0, partition_us=5.0, source="default (cpu)"),
-    "litert": DeviceProfile(gflops=45.0, gbytes_per_s=15.0, launch_us=2.0, partition_us=20.0,
+    "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
+                           class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
+                                        "reduce": 6.3, "elementwise": 0.62, "resize": 1.41, "batch_matmul": 1.69},
+                           class_floor_us={"depthwise": 4.2, "pool": 5.2, "layout": 4.5, "matmul": 6.1, "reduce": 3.4,
+                                           "elementwise": 1.0, "resize": 28.9},
+                           kind_scale={"int16": 4.0, "matmul/int16": 15.0, "elementwise/int16": 10.0,
+                                       "batch_matmul/int8": 6.5},
+                           source="default (cpu)"),
+    "litert": DeviceProfile(gflops=225.0, gbytes_per_s=21.9, launch_us=0.05, partition_us=0.0, run_us=7.0,
+                            class_scale={"*": 0.88, "conv": 0.88, "depthwise": 0.78, "layout": 0.66, "matmul": 0.72,
+                                         "pool": 3.3, "reduce": 0.45, "elementwise": 0.98, "resize": 1.21,
+                                         "batch_matmul": 0.74},
+                            class_floor_us={"pool": 4.8, "resize": 12.6},
+                            kind_scale={"int16": 40.0, "batch_matmul/int8": 20.0, "reduce/int8": 15.0,
+                                        "elementwise/int8": 1.5, "depthwise/int8": 2.5},
                             source="default (cpu-litert)"),
 }
 
