@@ -109,11 +109,11 @@ def test_shared_product_declines_what_it_cannot_run(loops):
 
 
 # Widths around the panels (two vectors of lanes, the last one vector where the units left fit) and
-# row counts around the register tiles (6 rows), on one thread and shared.
+# row counts around the register tiles (6 rows; 12 in a panel one vector wide), on one thread and shared.
 @needs_compiler
 @pytest.mark.parametrize("m, k, n, threads", [
     (13, 40, 16, 1), (13, 40, 17, 2), (7, 3, 32, 2), (301, 70, 48, 2), (1, 512, 213, 2), (4, 64, 200, 4),
-    (64, 1, 9, 2), (6, 128, 8, 1)])
+    (64, 1, 9, 2), (6, 128, 8, 1), (25, 16, 8, 1), (31, 20, 40, 2), (11, 9, 5, 1)])
 def test_packed_product_matches_numpy(loops, m, k, n, threads):
     rng = np.random.default_rng(2)
     lhs = rng.standard_normal((m, k)).astype(np.float32)

@@ -7,6 +7,9 @@
  * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
 #include <math.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,20 +44,6 @@ static inline epilogue with_residual(const epilogue *e, const float *residual, c
     part.adds = residual != NULL;
     part.residual = residual ? (const char *)residual - (const char *)out : 0;
     return part;
-}
-
-/* The residual ADD of an epilogue that adds one, on ``n`` outputs just stored at ``out``. */
-static inline void add_residual(float *out, int64_t n, const epilogue *e)
-{
-    const float *residual = (const float *)((const char *)out + e->residual);
-    for (int64_t j = 0; j < n; j++) {
-        float v = out[j] + residual[j];
-        if (e->add_clamp) {
-            v = v < e->add_low ? e->add_low : v;
-            v = v > e->add_high ? e->add_high : v;
-        }
-        out[j] = v;
-    }
 }
 
 /* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
@@ -374,7 +363,8 @@ int depthwise_prepared(const depthwise_call *c)
 /* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
  * floats each, zero past the last column), the last one half as wide where the columns left fit
  * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
- * each panel row loaded once for the MR rows.  The vectors are the widest the machine's registers
+ * each panel row loaded once for the MR rows (MR_NARROW rows of a panel one vector wide, in products:
+ * a projection to 8 or 16 units keeps as many sums going as a wide one).  The vectors are the widest the machine's registers
  * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
 #if defined(__AVX512F__)
 #define PANEL_LANES 16
@@ -383,6 +373,7 @@ int depthwise_prepared(const depthwise_call *c)
 #endif
 #define PANEL (2 * PANEL_LANES)
 #define MR 6
+#define MR_NARROW (2 * MR)  /* rows of a tile one vector wide: as many sums in registers as a full tile's */
 typedef float pvec __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 int panel_lanes(void) { return PANEL_LANES; }
@@ -390,6 +381,40 @@ int panel_lanes(void) { return PANEL_LANES; }
 typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
+
+/* The first n (1 to PANEL_LANES) floats at p, the rest of the vector zero; and v's first n stored at p:
+ * a panel's last columns, masked where the machine has masked moves. */
+static inline pvec load_part(const float *p, int64_t n)
+{
+    pvec v = {0};
+    if (n == PANEL_LANES) {
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+#if defined(__AVX512F__)
+    return (pvec)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#elif defined(__AVX2__)
+    return (pvec)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+#else
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+#endif
+}
+
+static inline void store_part(float *p, pvec v, int64_t n)
+{
+    if (n == PANEL_LANES) {
+        memcpy(p, &v, sizeof v);
+        return;
+    }
+#if defined(__AVX512F__)
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#elif defined(__AVX2__)
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), (__m256)v);
+#else
+    memcpy(p, &v, (size_t)n * sizeof(float));
+#endif
+}
 
 /* Sums of ``rows`` pixels by one panel (``halves`` vectors wide) over taps and channels: pixel r,
  * tap t, channel p reads a[r * row_step + offsets[t] + p * column_step], weighted by the panel's
@@ -401,7 +426,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
                                                             int64_t taps, int64_t c, const float *panel, float *out,
                                                             int64_t ldc, int64_t width, const epilogue *e)
 {
-    pvec acc[MR][2];
+    pvec acc[MR_NARROW][2];
     for (int r = 0; r < rows; r++)
         acc[r][0] = acc[r][1] = (pvec){0};
     for (int64_t t = 0; t < taps; t++) {
@@ -436,19 +461,21 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             acc[r][h] = v;
         }
     }
+    pvec add_low = (pvec){0} + e->add_low, add_high = (pvec){0} + e->add_high;
     for (int r = 0; r < rows; r++) {
         float *o = out + r * ldc;
-        if (width == halves * PANEL_LANES) {
-            memcpy(o, acc[r], halves * sizeof(pvec));
-        } else {  /* a partial panel: its whole vectors, then the rest item by item */
-            int64_t j = 0;
-            for (int h = 0; h < halves && j + PANEL_LANES <= width; h++, j += PANEL_LANES)
-                memcpy(o + j, &acc[r][h], sizeof(pvec));
-            for (; j < width; j++)
-                o[j] = acc[r][j / PANEL_LANES][j % PANEL_LANES];
+        for (int h = 0; h < halves && h * PANEL_LANES < width; h++) {
+            int64_t j = h * PANEL_LANES, n = width - j < PANEL_LANES ? width - j : PANEL_LANES;
+            pvec v = acc[r][h];
+            if (e->adds) {  /* the residual ADD: the operand laid out as out, then the ADD's clamp */
+                v += load_part((const float *)((const char *)(o + j) + e->residual), n);
+                if (e->add_clamp) {
+                    v = pick(v < add_low, add_low, v);
+                    v = pick(v > add_high, add_high, v);
+                }
+            }
+            store_part(o + j, v, n);
         }
-        if (e->adds)
-            add_residual(o, width, e);
     }
 }
 
@@ -471,9 +498,18 @@ static void panel_rows(int rows, const float *a, int64_t row_step, int64_t colum
         else                                                                                 \
             PANEL_TILE(R, 1, column_step);                                                   \
         break;
+#define NARROW_CASE(R)                                                                       \
+    case R:                                                                                  \
+        if (column_step == 1)                                                                \
+            PANEL_TILE(R, 1, 1);                                                             \
+        else                                                                                 \
+            PANEL_TILE(R, 1, column_step);                                                   \
+        break;
     switch (rows) {
+    NARROW_CASE(12) NARROW_CASE(11) NARROW_CASE(10) NARROW_CASE(9) NARROW_CASE(8) NARROW_CASE(7)
     PANEL_CASE(6) PANEL_CASE(5) PANEL_CASE(4) PANEL_CASE(3) PANEL_CASE(2) PANEL_CASE(1)
     }
+#undef NARROW_CASE
 #undef PANEL_CASE
 #undef PANEL_TILE
 }
@@ -946,8 +982,9 @@ int packed_product(const product *p)
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
                 epilogue part = panel_finish(&adding, col);
-                for (int64_t t = first; t < last; t++) {
-                    int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
+                int64_t tile = width <= PANEL_LANES ? MR_NARROW : MR, end = last * MR < m ? last * MR : m;
+                for (int64_t row = first * MR; row < end; row += tile) {
+                    int64_t rows = end - row < tile ? end - row : tile;
                     panel_rows((int)rows, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
                                p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part);
                 }
