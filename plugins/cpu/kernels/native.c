@@ -427,7 +427,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
                                                             int64_t ldc, int64_t width, const epilogue *e)
 {
     pvec acc[MR_NARROW][2];
-    for (int r = 0; r < rows; r++)
+    _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++)
         acc[r][0] = acc[r][1] = (pvec){0};
     for (int64_t t = 0; t < taps; t++) {
         const float *at = a + offsets[t], *pt = panel + index[t] * c * halves * PANEL_LANES;
@@ -436,7 +436,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             memcpy(&b0, pt + p * halves * PANEL_LANES, sizeof b0);
             if (halves == 2)
                 memcpy(&b1, pt + p * PANEL + PANEL_LANES, sizeof b1);
-            for (int r = 0; r < rows; r++) {
+            _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
                 float s = at[r * row_step + p * column_step];
                 acc[r][0] += s * b0;
                 if (halves == 2)
@@ -444,13 +444,13 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             }
         }
     }
-    for (int h = 0; h < halves; h++) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < halves; h++) {
         pvec bias = {0}, slope = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high, zero = {0};
         if (e->bias)
             memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
         if (e->slope)
             memcpy(&slope, e->slope + h * PANEL_LANES, sizeof slope);
-        for (int r = 0; r < rows; r++) {
+        _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
             pvec v = acc[r][h] + bias;
             if (e->clamp) {
                 v = pick(v < low, low, v);
@@ -462,7 +462,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
         }
     }
     pvec add_low = (pvec){0} + e->add_low, add_high = (pvec){0} + e->add_high;
-    for (int r = 0; r < rows; r++) {
+    _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
         float *o = out + r * ldc;
         for (int h = 0; h < halves && h * PANEL_LANES < width; h++) {
             int64_t j = h * PANEL_LANES, n = width - j < PANEL_LANES ? width - j : PANEL_LANES;
@@ -529,7 +529,7 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
  * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
  * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
  * epilogue (its bias padded to whole panels), adding ``residual`` (laid out as out) where not NULL.
- * No im2col copy: groups of up to MR pixels with every tap inside keep their sums in registers over
+ * No im2col copy: groups of up to MR pixels (MR_NARROW for units of one vector) with every tap inside keep their sums in registers over
  * all taps and channels; pixels at the borders go one by one with the taps inside. */
 int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
               const geometry *g, const epilogue *epilogue_in, const float *residual, int threads)
@@ -538,6 +538,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     const epilogue *finish = &adding;
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1, window = kh * kw;
+    int group = units <= PANEL_LANES ? MR_NARROW : MR;  /* pixels of a tile */
     size_t per_thread = (size_t)window * 5 * sizeof(int64_t);
     char *all = scratch(threads, per_thread);
     if (!all)
@@ -556,7 +557,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
             int64_t pixel_taps = taps;
             int pixels = 1;
             if (ox >= inner0 && ox < inner1) {
-                pixels = inner1 - ox < MR ? (int)(inner1 - ox) : MR;
+                pixels = inner1 - ox < group ? (int)(inner1 - ox) : group;
             } else {  /* a border pixel: only the taps inside */
                 pixel_taps = taps_inside(columns, offsets, index, taps, ox * stride_w, w, inside, inside_index);
                 pixel_offsets = inside;

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from delegate.plugin_api import ExecutionError, load_library
+from delegate.plugin_api import ExecutionError, aligned_zeros, load_library
 
 from .parallel import available_cores, loaded_openblas, native_allowed, native_team
 
@@ -599,7 +599,7 @@ class PackedOperand:
         if left:
             widths.append(lanes if left <= lanes else 2 * lanes)
         self.padded_columns = sum(widths)
-        self.panels = np.zeros(self.depth * self.padded_columns, np.float32)
+        self.panels = aligned_zeros(self.depth * self.padded_columns, np.float32)
         start = 0
         for first, width in zip(np.cumsum([0, *widths[:-1]]), widths):
             block = matrix[:, first:first + width]
@@ -622,11 +622,11 @@ class DepthwiseTaps:
     the 64 values a group of outputs starting anywhere in it reads on."""
 
     def __init__(self, weights: np.ndarray):
-        self.weights = np.ascontiguousarray(weights, np.float32)
+        self.weights = aligned_copy(np.asarray(weights, np.float32))
         channels = self.weights.shape[1]
         self.period = math.lcm(channels, 16)
         repeats = -(-(self.period + 64) // channels)
-        self.repeated = np.ascontiguousarray(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
+        self.repeated = aligned_copy(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
 
     def check(self, where: "Geometry") -> None:
         """Whether these taps are the geometry's window over its channels."""
@@ -726,7 +726,7 @@ class PackedInt8:
         panels, groups = -(-self.units // 16), -(-self.depth // 4)
         padded = np.zeros((panels * 16, groups * 4), np.int8)
         padded[:self.units, :self.depth] = matrix
-        self.panels = np.ascontiguousarray(padded.reshape(panels, 16, groups, 4).transpose(0, 2, 1, 3)).reshape(-1)
+        self.panels = aligned_copy(padded.reshape(panels, 16, groups, 4).transpose(0, 2, 1, 3)).reshape(-1)
         self.sums = padded.sum(axis=1, dtype=np.int32)
 
 
@@ -999,6 +999,14 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
         _done(run_prepared(kernels, references, len(calls)), "run_prepared")
     run.kept = (calls, kernels, references)
     return stretch[0][0][0], run, [], []
+
+
+def aligned_copy(a: np.ndarray) -> np.ndarray:
+    """A contiguous copy of ``a`` starting on a cache line (see aligned_zeros): constants the loops read
+    a vector at a time."""
+    out = aligned_zeros(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def row_stride(a: np.ndarray) -> int | None:
