@@ -215,6 +215,12 @@ def test_calls_that_do_not_fit_their_arrays_are_refused(loops):
     where = native.Geometry.around(x, np.empty((1, 4, 4, 3), np.float32), (3, 3), (1, 1, 1, 1), (1, 1))
     with pytest.raises(ExecutionError, match="differ"):
         loops.pool(x, np.empty((1, 2, 4, 3), np.float32), where, True, 1)  # fewer rows than the geometry
+    with pytest.raises(ExecutionError, match="prelu"):
+        loops.prepared(native.PreluCall(np.ones(3, np.float32), (1, 4, 4, 3), 1), x,
+                       np.empty((1, 4, 4, 2), np.float32))  # an output of fewer channels
+    with pytest.raises(ExecutionError, match="unary"):
+        loops.prepared(native.UnaryCall("HARD_SWISH", x.size, native.NO_EPILOGUE, 1), x[..., :2].copy(),
+                       np.empty_like(x))  # an input smaller than the call's
     with pytest.raises(ExecutionError, match="taps"):
         loops.depthwise(x, native.DepthwiseTaps(np.ones((9, 5), np.float32)), np.empty((1, 4, 4, 3), np.float32),
                         where, 1)  # a filter of 5 channels over 3

@@ -655,8 +655,8 @@ int binary_prepared(const binary_call *c)
     return DONE;
 }
 
-void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
-                int threads)
+static void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
+                       int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
@@ -678,8 +678,8 @@ void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t 
 
 /* A constant pad of the last axis: each of ``rows`` rows of ``columns`` floats gets ``before`` and
  * ``after`` values of ``value`` around it. */
-void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_t columns, int64_t before,
-              int64_t after, float value, int threads)
+static void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_t columns, int64_t before,
+                     int64_t after, float value, int threads)
 {
     int64_t width = before + columns + after;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
@@ -766,8 +766,8 @@ void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t
 /* MAX_POOL_2D (average 0) or AVERAGE_POOL_2D (average 1, dividing by the taps inside the image) of
  * (h, w, c) images as the geometry says (dilations 1), then the epilogue's clamp; padding is left
  * out, as TFLite does. */
-void pool_rows(const float *restrict images, float *restrict out, const geometry *g, int average,
-               const epilogue *finish, int threads)
+static void pool_rows(const float *restrict images, float *restrict out, const geometry *g, int average,
+                      const epilogue *finish, int threads)
 {
     int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
@@ -871,8 +871,8 @@ void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *
 }
 
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
-void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
-                int64_t channels, int threads)
+static void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
+                       int64_t channels, int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -881,6 +881,64 @@ void prelu_rows(const float *restrict x, const float *restrict slope, float *res
         for (int64_t k = 0; k < channels; k++)
             o[k] = in[k] < 0 ? in[k] * slope[k] : in[k];
     }
+}
+
+/* unary_flat, pad_rows, pool_rows and prelu_rows with their arguments in one struct each, as depthwise_call:
+ * prepared calls, so that they join a partition's batched stretches (run_prepared). */
+typedef struct {
+    int64_t kind;
+    const float *x;
+    float *out;
+    int64_t n;
+    const epilogue *finish;
+    int64_t threads;
+} unary_call;
+
+int unary_prepared(const unary_call *c)
+{
+    unary_flat((int)c->kind, c->x, c->out, c->n, c->finish, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, columns, before, after;
+    float value;
+    int64_t threads;
+} pad_call;
+
+int pad_prepared(const pad_call *c)
+{
+    pad_rows(c->x, c->out, c->rows, c->columns, c->before, c->after, c->value, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    const geometry *where;
+    int64_t average;
+    const epilogue *finish;
+    int64_t threads;
+} pool_call;
+
+int pool_prepared(const pool_call *c)
+{
+    pool_rows(c->x, c->out, c->where, (int)c->average, c->finish, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x, *slope;
+    float *out;
+    int64_t rows, channels, threads;
+} prelu_call;
+
+int prelu_prepared(const prelu_call *c)
+{
+    prelu_rows(c->x, c->slope, c->out, c->rows, c->channels, (int)c->threads);
+    return DONE;
 }
 
 /* CBLAS sgemm, row-major, with 64-bit or 32-bit integers (as the BLAS numpy loaded was built). */

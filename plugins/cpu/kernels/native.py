@@ -241,24 +241,15 @@ class NativeLoops:
         self.library = library
         self.flags = list(flags)  # what it was built with (a sanitizer, say)
         finish = ctypes.POINTER(Epilogue)
-        where = ctypes.POINTER(Geometry)
         library.depthwise_prepared.argtypes = [ctypes.POINTER(DepthwiseCall)]
         library.depthwise_prepared.restype = ctypes.c_int
         library.binary_prepared.argtypes = [ctypes.POINTER(BinaryCall)]
         library.binary_prepared.restype = ctypes.c_int
-        library.unary_flat.argtypes = [ctypes.c_int, _PTR, _PTR, _INT64, finish, ctypes.c_int]
-        library.unary_flat.restype = None
-        library.pool_rows.argtypes = [_PTR, _PTR, where, ctypes.c_int, finish, ctypes.c_int]
-        library.pool_rows.restype = None
         library.rescale_rows.argtypes = [_PTR, ctypes.c_int, _INT64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR,
                                          _INT64, _INT64, _PTR, ctypes.c_int, *[_INT64] * 3, ctypes.c_int]
         library.rescale_rows.restype = None
-        library.pad_rows.argtypes = [_PTR, _PTR, *[_INT64] * 4, ctypes.c_float, ctypes.c_int]
-        library.pad_rows.restype = None
         library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
         library.resize_bilinear.restype = None
-        library.prelu_rows.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, ctypes.c_int]
-        library.prelu_rows.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
@@ -267,7 +258,7 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall):
+        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -312,20 +303,11 @@ class NativeLoops:
         of BINARY_KINDS."""
         self.prepared(BinaryCall(kind, out.shape, b.size != out.size, finish, threads), a, b, out)
 
-    def unary(self, kind: str, x: np.ndarray, out: np.ndarray, threads: int, finish: Epilogue = NO_EPILOGUE) -> None:
-        """out = kind(x) (COPY: x itself), then the epilogue's clamp; ``kind`` one of UNARY_KINDS."""
-        fits(_contiguous(x, out.size) and _contiguous(out), f"unary arrays {x.shape} -> {out.shape}")
-        self.library.unary_flat(UNARY_KINDS.index(kind), address(x), address(out), out.size,
-                                ctypes.byref(finish), threads)
-
     def pool(self, x: np.ndarray, out: np.ndarray, where: "Geometry", average: bool, threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
         """MAX_POOL_2D, or AVERAGE_POOL_2D when ``average``, of the images at x into out, as ``where``
-        says, padding left out; then ``finish``'s clamp."""
-        where.placed(x, out)
-        fits(out.shape[3] == where.c, f"pool output channels {out.shape[3]} differ from the input's {where.c}")
-        self.library.pool_rows(address(x), address(out), ctypes.byref(where), average, ctypes.byref(finish),
-                               threads)
+        says, padding left out; then ``finish``'s clamp (see PoolCall)."""
+        self.prepared(PoolCall(where, average, finish, threads), x, out)
 
     def rescale(self, acc: np.ndarray, constants: tuple, bounds: tuple[int, int], out: np.ndarray,
                 threads: int) -> bool:
@@ -352,13 +334,8 @@ class NativeLoops:
 
     def pad_rows(self, x: np.ndarray, out: np.ndarray, before: int, after: int, value: float, threads: int) -> None:
         """out = x with ``before`` and ``after`` values of ``value`` around each run along its last axis
-        (contiguous float32 arrays)."""
-        columns = x.shape[-1] if x.ndim else 1
-        rows = x.size // max(columns, 1)
-        fits(before >= 0 and after >= 0 and _contiguous(x) and _contiguous(out, rows * (before + columns + after)),
-             f"pad of {x.shape} by ({before}, {after}) into {out.shape}")
-        self.library.pad_rows(address(x), address(out), x.size // max(columns, 1), columns, before, after, value,
-                              threads)
+        (see PadCall)."""
+        self.prepared(PadCall(x.shape, before, after, value, threads), x, out)
 
     def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
         """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
@@ -375,15 +352,6 @@ class NativeLoops:
                  f"resize taps do not fit {extent} -> {size}")
         self.library.resize_bilinear(address(x), n, h, w, c, *map(address, rows), *map(address, columns),
                                      address(out), out.shape[1], out.shape[2], threads)
-
-    def prelu(self, x: np.ndarray, slope: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out = x where x >= 0, else x * slope: contiguous float32 arrays, ``slope`` one per channel
-        (the last axis)."""
-        channels = slope.shape[0]
-        fits(_contiguous(x) and _contiguous(out, x.size) and _contiguous(slope) and x.ndim and x.shape[-1] == channels,
-             f"prelu of {x.shape} by {slope.shape} into {out.shape}")
-        self.library.prelu_rows(address(x), address(slope), address(out), x.size // max(channels, 1),
-                                channels, threads)
 
     def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
                 finish: Epilogue = NO_EPILOGUE) -> bool:
@@ -549,6 +517,84 @@ class CopyCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
              and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
+
+
+class UnaryCall(ctypes.Structure):
+    """The arguments of native.c's unary_prepared: out = kind(x) (COPY: x itself; ``kind`` one of
+    UNARY_KINDS) over ``size`` floats, then the epilogue's clamp; a run places x and out."""
+
+    _fields_ = [("kind", _INT64), ("x", _PTR), ("out", _PTR), ("n", _INT64), ("finish", ctypes.POINTER(Epilogue)),
+                ("threads", _INT64)]
+    symbol, places = "unary_prepared", ("x", "out")
+
+    def __init__(self, kind: str, size: int, finish: Epilogue, threads: int):
+        fits(finish.bias is None and finish.slope is None, "a unary op's epilogue is a clamp")
+        self.kept = finish
+        super().__init__(UNARY_KINDS.index(kind), None, None, size, ctypes.pointer(finish), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.n) and _contiguous(out, self.n), f"unary arrays {x.shape} -> {out.shape}")
+
+
+class PadCall(ctypes.Structure):
+    """The arguments of native.c's pad_prepared: contiguous float32 ``shape`` with ``before`` and
+    ``after`` values of ``value`` around each run along its last axis; a run places x and out."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("columns", _INT64), ("before", _INT64),
+                ("after", _INT64), ("value", ctypes.c_float), ("threads", _INT64)]
+    symbol, places = "pad_prepared", ("x", "out")
+
+    def __init__(self, shape: tuple[int, ...], before: int, after: int, value: float, threads: int):
+        columns = shape[-1] if shape else 1
+        fits(before >= 0 and after >= 0 and columns >= 1, f"pad of {tuple(shape)} by ({before}, {after})")
+        super().__init__(None, None, math.prod(shape) // columns, columns, before, after, value, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.rows * self.columns) and
+             _contiguous(out, self.rows * (self.before + self.columns + self.after)),
+             f"pad of {x.shape} by ({self.before}, {self.after}) into {out.shape} {out.dtype}")
+
+
+class PoolCall(ctypes.Structure):
+    """The arguments of native.c's pool_prepared: MAX_POOL_2D, or AVERAGE_POOL_2D when ``average``, as
+    ``where`` says (padding left out), then ``finish``'s clamp; a run places the images and out."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)), ("average", _INT64),
+                ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+    symbol, places = "pool_prepared", ("x", "out")
+
+    def __init__(self, where: "Geometry", average: bool, finish: Epilogue, threads: int):
+        channels = where.out_layout[0][3]
+        fits(channels == where.c, f"pool output channels {channels} differ from the input's {where.c}")
+        fits(finish.bias is None and finish.slope is None, "a pool's epilogue is a clamp")
+        self.kept = (where, finish)
+        super().__init__(None, None, ctypes.pointer(where), average, ctypes.pointer(finish), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.kept[0].placed(x, out)
+
+
+class PreluCall(ctypes.Structure):
+    """The arguments of native.c's prelu_prepared: out = x where x >= 0, else x * slope, over contiguous
+    float32 ``shape``, ``slope`` one per channel (the last axis); a run places x and out."""
+
+    _fields_ = [("x", _PTR), ("slope", _PTR), ("out", _PTR), ("rows", _INT64), ("channels", _INT64),
+                ("threads", _INT64)]
+    symbol, places = "prelu_prepared", ("x", "out")
+
+    def __init__(self, slope: np.ndarray, shape: tuple[int, ...], threads: int):
+        slope = aligned_copy(np.asarray(slope, np.float32).reshape(-1))
+        fits(bool(shape) and shape[-1] == slope.size, f"prelu of {tuple(shape)} by {slope.size} slopes")
+        self.kept = slope
+        super().__init__(None, slope.ctypes.data, None, math.prod(shape) // slope.size, slope.size, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        size = self.rows * self.channels
+        fits(_contiguous(x, size) and _contiguous(out, size), f"prelu arrays {x.shape} -> {out.shape}")
 
 
 class MeanCall(ctypes.Structure):
