@@ -597,7 +597,49 @@ int conv_prepared(const conv_call *c)
  * the first's rows (shares of whole rows then, as for an epilogue with a slope per column),
  * unary_flat for a copy (a bare clamp) or hard swish. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
-enum { COPY = 0, HARD_SWISH };
+enum { COPY = 0, HARD_SWISH, LOGISTIC };
+
+typedef int32_t ivec __attribute__((vector_size(sizeof(vec))));
+
+/* e^x lane by lane (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, a degree-7 polynomial in r, 2^n
+ * through the exponent bits), within 2 ulp of expf; x clamped to [-88.38, 88.38], where e^x is a
+ * normal float (NaN stays NaN). */
+static inline vec exp_lanes(vec x)
+{
+    const vec high = (vec){0} + 88.3762626647949f, low = (vec){0} - 88.3762626647949f;
+    ivec above = x > high, below = x < low;
+    x = (vec)((above & (ivec)high) | (~above & (ivec)x));
+    x = (vec)((below & (ivec)low) | (~below & (ivec)x));
+    vec f = x * 1.44269504088896341f + 0.5f;
+    vec n = __builtin_convertvector(__builtin_convertvector(f, ivec), vec);
+    n += __builtin_convertvector(n > f, vec);  /* truncation made floor: -1 where it went up */
+    vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vec p = (vec){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    vec scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* LOGISTIC of n floats at x into out, as numpy's formulation: 1 / (1 + e^-x). */
+static void logistic_span(const float *restrict x, float *restrict out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        store(out + i, 1.0f / (1.0f + exp_lanes(-load(x + i))));
+    if (i < n) {
+        vec v = {0};
+        memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
+        v = 1.0f / (1.0f + exp_lanes(-v));
+        memcpy(out + i, &v, (size_t)(n - i) * sizeof(float));
+    }
+}
 
 static void share(int64_t n, int64_t unit, int part, int parts, int64_t *lo, int64_t *hi)
 {
@@ -662,7 +704,9 @@ static void unary_flat(int kind, const float *restrict x, float *restrict out, i
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, LANES, part, threads, &lo, &hi);
-        if (kind == HARD_SWISH)
+        if (kind == LOGISTIC)
+            logistic_span(x + lo, out + lo, hi - lo);
+        else if (kind == HARD_SWISH)
             for (int64_t i = lo; i < hi; i++) {
                 float gate = x[i] + 3.0f;
                 gate = gate < 0.0f ? 0.0f : gate;
@@ -741,10 +785,10 @@ int mean_pixels(const float *restrict x, float *restrict out, int64_t images, in
 /* RESIZE_BILINEAR of (h, w, c) images to (oh, ow): output row oy blends input rows y0[oy] and y1[oy]
  * by wy[oy], column ox input columns x0[ox] and x1[ox] by wx[ox]; columns first, like the numpy
  * kernel: a + (b - a) * weight. */
-void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t w, int64_t c,
-                     const int64_t *restrict y0, const int64_t *restrict y1, const float *restrict wy,
-                     const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
-                     float *restrict out, int64_t oh, int64_t ow, int threads)
+static void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t w, int64_t c,
+                            const int64_t *restrict y0, const int64_t *restrict y1, const float *restrict wy,
+                            const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
+                            float *restrict out, int64_t oh, int64_t ow, int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < images * oh; r++) {
@@ -883,7 +927,7 @@ static void prelu_rows(const float *restrict x, const float *restrict slope, flo
     }
 }
 
-/* unary_flat, pad_rows, pool_rows and prelu_rows with their arguments in one struct each, as depthwise_call:
+/* unary_flat, pad_rows, pool_rows, prelu_rows and resize_bilinear with their arguments in one struct each, as depthwise_call:
  * prepared calls, so that they join a partition's batched stretches (run_prepared). */
 typedef struct {
     int64_t kind;
@@ -938,6 +982,24 @@ typedef struct {
 int prelu_prepared(const prelu_call *c)
 {
     prelu_rows(c->x, c->slope, c->out, c->rows, c->channels, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t images, h, w, c;
+    const int64_t *y0, *y1;
+    const float *wy;
+    const int64_t *x0, *x1;
+    const float *wx;
+    int64_t oh, ow, threads;
+} resize_call;
+
+int resize_prepared(const resize_call *c)
+{
+    resize_bilinear(c->x, c->images, c->h, c->w, c->c, c->y0, c->y1, c->wy, c->x0, c->x1, c->wx, c->out, c->oh,
+                    c->ow, (int)c->threads);
     return DONE;
 }
 

@@ -61,7 +61,7 @@ MAX_TEAM = 16
 TEAM_SHARE = 1 << 18
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
-UNARY_KINDS = ("COPY", "HARD_SWISH")
+UNARY_KINDS = ("COPY", "HARD_SWISH", "LOGISTIC")
 
 # The integer products native.c was built with, by its integer_isa().
 INTEGER_ISAS = ("portable", "avx2", "avx512vnni")
@@ -248,8 +248,6 @@ class NativeLoops:
         library.rescale_rows.argtypes = [_PTR, ctypes.c_int, _INT64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR,
                                          _INT64, _INT64, _PTR, ctypes.c_int, *[_INT64] * 3, ctypes.c_int]
         library.rescale_rows.restype = None
-        library.resize_bilinear.argtypes = [_PTR, *[_INT64] * 4, *[_PTR] * 7, _INT64, _INT64, ctypes.c_int]
-        library.resize_bilinear.restype = None
         library.shared_product.argtypes = [_PTR, ctypes.c_int, ctypes.c_int, _INT64, _INT64, _INT64, _PTR, _INT64,
                                            _PTR, _INT64, _PTR, _INT64, finish, ctypes.c_int]
         library.shared_product.restype = None
@@ -258,7 +256,8 @@ class NativeLoops:
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
-        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall):
+        for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall,
+                     ResizeCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -336,22 +335,6 @@ class NativeLoops:
         """out = x with ``before`` and ``after`` values of ``value`` around each run along its last axis
         (see PadCall)."""
         self.prepared(PadCall(x.shape, before, after, value, threads), x, out)
-
-    def resize_bilinear(self, x: np.ndarray, rows: tuple, columns: tuple, out: np.ndarray, threads: int) -> None:
-        """out (N, OH, OW, C) blended from contiguous x (N, H, W, C): ``rows`` and ``columns`` are
-        (lower index, upper index, weight of the upper) per output row and column (int64, int64,
-        float32 arrays)."""
-        n, h, w, c = x.shape
-        oh, ow = out.shape[1:3] if out.ndim == 4 else (0, 0)
-        fits(_contiguous(x) and _contiguous(out, n * oh * ow * c) and out.shape[3] == c,
-             f"resize of {x.shape} into {out.shape}")
-        for (lower, upper, weight), extent, size in ((rows, h, oh), (columns, w, ow)):
-            fits(lower.dtype == upper.dtype == np.int64 and weight.dtype == _F32 and
-                 lower.size == upper.size == weight.size == size and
-                 (size == 0 or (min(lower.min(), upper.min()) >= 0 and max(lower.max(), upper.max()) < extent)),
-                 f"resize taps do not fit {extent} -> {size}")
-        self.library.resize_bilinear(address(x), n, h, w, c, *map(address, rows), *map(address, columns),
-                                     address(out), out.shape[1], out.shape[2], threads)
 
     def product(self, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray, threads: int,
                 finish: Epilogue = NO_EPILOGUE) -> bool:
@@ -595,6 +578,35 @@ class PreluCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         size = self.rows * self.channels
         fits(_contiguous(x, size) and _contiguous(out, size), f"prelu arrays {x.shape} -> {out.shape}")
+
+
+class ResizeCall(ctypes.Structure):
+    """The arguments of native.c's resize_prepared: RESIZE_BILINEAR of contiguous (N, H, W, C) ``shape``
+    to (N, OH, OW, C), ``rows`` and ``columns`` (lower index, upper index, weight of the upper) per output
+    row and column (int64, int64, float32 arrays); a run places x and out."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), *((name, _INT64) for name in ("images", "h", "w", "c")),
+                *((name, _PTR) for name in ("y0", "y1", "wy", "x0", "x1", "wx")), ("oh", _INT64), ("ow", _INT64),
+                ("threads", _INT64)]
+    symbol, places = "resize_prepared", ("x", "out")
+
+    def __init__(self, shape: tuple[int, int, int, int], rows: tuple, columns: tuple, threads: int):
+        n, h, w, c = shape
+        taps = []
+        for (lower, upper, weight), extent in ((rows, h), (columns, w)):
+            lower, upper = (np.ascontiguousarray(v, np.int64) for v in (lower, upper))
+            weight = np.ascontiguousarray(weight, np.float32)
+            fits(lower.size == upper.size == weight.size and
+                 (lower.size == 0 or (min(lower.min(), upper.min()) >= 0 and max(lower.max(), upper.max()) < extent)),
+                 f"resize taps do not fit {extent} -> {lower.size}")
+            taps += [lower, upper, weight]
+        self.kept = taps
+        super().__init__(None, None, n, h, w, c, *(t.ctypes.data for t in taps), taps[0].size, taps[3].size, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.images * self.h * self.w * self.c) and
+             _contiguous(out, self.images * self.oh * self.ow * self.c), f"resize of {x.shape} into {out.shape}")
 
 
 class MeanCall(ctypes.Structure):
