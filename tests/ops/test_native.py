@@ -185,8 +185,8 @@ def _conv_ops(sizes):
     return b.ops
 
 
-def test_partition_team_follows_the_typical_op(monkeypatch):
-    """One team per partition, from the op holding the middle of the work: big ops take every thread
+def test_partition_team_follows_the_large_ops(monkeypatch):
+    """One team per partition, from the op at the upper quartile of the work: big ops take every thread
     (up to MAX_TEAM), small ones fewer, none a partition with no convolutions or products; never more
     than the process's cores."""
     monkeypatch.setattr(native, "available_cores", lambda: 64)
@@ -196,6 +196,8 @@ def test_partition_team_follows_the_typical_op(monkeypatch):
     assert native.partition_team(_conv_ops([small] * 3), 16) == 4  # 1.05M / 2^18
     assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
     assert native.partition_team(_conv_ops([4]), 2) == 1
+    # many small ops (262k: the median) and one of 1.05M holding a third of the work: a team of two
+    assert native.partition_team(_conv_ops([8] * 8 + [small]), 2) == 2
     assert native.partition_team([], 6) == 6
     monkeypatch.setattr(native, "available_cores", lambda: 3)
     assert native.partition_team(_conv_ops([big, big]), 16) == 3

@@ -55,9 +55,10 @@ PER_THREAD_MACS = 1 << 15
 PER_THREAD_ITEMS = 1 << 12
 # Most threads a native loop runs on.
 MAX_TEAM = 16
-# Least multiply-adds a partition's typical op (see partition_team) gives each thread of its team.
-# Measured on 16 cores, 16 threads: iris_landmark (typical op 2.1M) ran 1.09-1.24 ms on a team of
-# 8 and 1.43 on 16; pose_landmark_full (8.0M) 4.9 ms on 8 and 4.2 on 16.
+# Least multiply-adds a partition's large ops (see partition_team) give each thread of its team.
+# Measured on 16 cores, 16 threads (teams then from the median op): iris_landmark (median and upper
+# quartile 2.1M) ran 1.09-1.24 ms on a team of 8 and 1.43 on 16; pose_landmark_full (median 8.0M) 4.9 ms
+# on 8 and 4.2 on 16.
 TEAM_SHARE = 1 << 18
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
@@ -1149,20 +1150,22 @@ def limit_team(threads: int) -> None:
 
 def partition_team(ops, threads: int) -> int:
     """At compile time: how many of ``threads`` a partition's native loops share (one team for all its
-    kernels, see share_among): enough for its typical op, the work-weighted median of its
-    convolutions and products (half their multiply-adds are in ops at least that big), to give
-    each TEAM_SHARE; all of them (up to MAX_TEAM) when it has none; never more than the cores of the
-    process's affinity (a team larger waits on threads without a core)."""
+    kernels, each op on all of it or on one thread, see share_among): enough for its large ops, the
+    work-weighted upper quartile of its convolutions and products (a quarter of their multiply-adds
+    are in ops at least that big), to give each TEAM_SHARE; all of them (up to MAX_TEAM) when it has
+    none; never more than the cores of the process's affinity (a team larger waits on threads without
+    a core).  The median op would leave models of many small ops and a few large ones (MobileNetV2 at
+    96x96: 221k multiply-adds, upper quartile 885k) on one thread while LiteRT splits every op."""
     threads = min(threads, available_cores())
     works = sorted(work for work in map(_multiply_adds, ops) if work)
     if not works:
         return min(threads, MAX_TEAM)
     total, running = sum(works), 0
-    for typical in works:
-        running += typical
-        if 2 * running >= total:
+    for large in works:
+        running += large
+        if 4 * running >= 3 * total:
             break
-    return max(1, min(threads, MAX_TEAM, typical // TEAM_SHARE))
+    return max(1, min(threads, MAX_TEAM, large // TEAM_SHARE))
 
 
 def _multiply_adds(op) -> int:
