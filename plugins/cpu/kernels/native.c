@@ -240,15 +240,46 @@ static inline __attribute__((always_inline)) void NAME##_group(const int P, cons
     for (int k = 0; k < P; k++)                                                                              \
         NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
 }                                                                                                            \
+/* NAME_group for a stride and dilation of 1 along the row, the taps whole filter rows of KW: each     \
+ * filter row's P + KW - 1 input pixels loaded once for its KW taps (pixel k, tap kx reads input        \
+ * k + kx), each tap's weights once; the same sums in the same order as NAME_group. */                   \
+static inline __attribute__((always_inline)) void NAME##_group_rows(const int P, const int KW,                \
+                                                                   const float *x, const int64_t *offsets,   \
+                                                                   const float *const *weights,              \
+                                                                   int64_t taps, int64_t c, int64_t q,       \
+                                                                   int64_t j, float *out, const epilogue *e) \
+{                                                                                                            \
+    VEC acc[DW_PIXELS], in[DW_PIXELS + 4], w[5];                                                             \
+    for (int k = 0; k < P; k++)                                                                              \
+        acc[k] = (VEC){0};                                                                                   \
+    for (int64_t t = 0; t < taps; t += KW) {                                                                 \
+        const float *row = x + offsets[t] + q * c + j;                                                       \
+        for (int i = 0; i < P + KW - 1; i++)                                                                 \
+            in[i] = NAME##_load(row + i * c);                                                                \
+        for (int kx = 0; kx < KW; kx++)                                                                      \
+            w[kx] = NAME##_load(weights[t + kx] + j);                                                        \
+        for (int kx = 0; kx < KW; kx++)                                                                      \
+            for (int k = 0; k < P; k++)                                                                      \
+                acc[k] += in[k + kx] * w[kx];                                                                \
+    }                                                                                                        \
+    for (int k = 0; k < P; k++)                                                                              \
+        NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
+}                                                                                                            \
 /* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
  * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
  * out is never the input), or one by one when fewer than 4 in all. */                                 \
 static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
                           int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
-                          float *out, const epilogue *e)                                                     \
+                          int rows_of, float *out, const epilogue *e)                                        \
 {                                                                                                            \
     for (int64_t j = j0; j < j1; j += LANES) {                                                               \
         int64_t q = 0;                                                                                       \
+        if (rows_of == 3)                                                                                    \
+            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
+                NAME##_group_rows(DW_PIXELS, 3, x, offsets, weights, taps, c, q, j, out, e);                 \
+        else if (rows_of == 5)                                                                               \
+            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
+                NAME##_group_rows(DW_PIXELS, 5, x, offsets, weights, taps, c, q, j, out, e);                 \
         for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
         for (; q + 4 <= pixels; q += 4)                                                                      \
@@ -273,14 +304,16 @@ DEPTHWISE_VECTORS(dw16, dvec16, dmask16, 16)
  * groups of pixels keep their sums in registers over all taps.  The sums run over the taps in order,
  * as sum_taps's do. */
 static void depthwise_pixels(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
-                             int64_t c, int64_t step, int64_t pixels, float *out, const epilogue *e)
+                             int64_t c, int64_t step, int64_t pixels, int rows_of, float *out, const epilogue *e)
 {
     int64_t wide = 0;
 #if defined(__AVX512F__)
     wide = c / 16 * 16;
-    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, out, e);
+    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, rows_of, out, e);
+#else
+    rows_of = 0;  /* 8 sums, 10 inputs and 3 weights want more than AVX2's 16 registers */
 #endif
-    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, out, e);
+    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, rows_of, out, e);
 }
 
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
@@ -317,6 +350,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
         int pixels_finished = c % 8 == 0;
         if (pixels_finished)
             depthwise_pixels(x + inner0 * stride_w * c, offsets, filters, taps, c, stride_w * c, inner1 - inner0,
+                             stride_w == 1 && g->dw == 1 && (kw == 3 || kw == 5) ? (int)kw : 0,
                              row + inner0 * c, finish);
         else if (stride_w == 1)
             sum_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
