@@ -1171,9 +1171,6 @@ int integer_isa(void) { return 1; }
 #define QMR 4
 int integer_isa(void) { return 0; }
 #endif
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 /* An integer kernel's output stage, TFLite's MultiplyByQuantizedMultiplier step by step on each channel
  * j's int32 sum: add bias[j], shift left by left[j], the rounding doubling high multiply by multiplier[j]
@@ -1483,7 +1480,24 @@ static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int
 {
     const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
     int32_t sums[16];
-    for (int64_t k = 0; k < count; k++)
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    if (count == 16) {  /* both lookups as gathers (the tables' entries for the bytes as signed indices) */
+        __m512i ia = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)a));
+        __m512i ib = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b));
+        _mm512_storeu_si512((void *)sums, _mm512_add_epi32(_mm512_i32gather_epi32(ia, (const void *)ta, 4),
+                                                           _mm512_i32gather_epi32(ib, (const void *)tb, 4)));
+        k = 16;
+    }
+#elif defined(__AVX2__)
+    for (; k + 8 <= count; k += 8) {
+        __m256i ia = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k)));
+        __m256i ib = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k)));
+        _mm256_storeu_si256((__m256i *)(sums + k), _mm256_add_epi32(_mm256_i32gather_epi32((const int *)ta, ia, 4),
+                                                                    _mm256_i32gather_epi32((const int *)tb, ib, 4)));
+    }
+#endif
+    for (; k < count; k++)
         sums[k] = ta[a[k]] + tb[b[k]];
     qstore(sums, 0, count, p->output, out);
 }
