@@ -398,8 +398,8 @@ int depthwise_prepared(const depthwise_call *c)
  * floats each, zero past the last column), the last one half as wide where the columns left fit
  * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
  * each panel row loaded once for the MR rows (MR_NARROW rows of a panel one vector wide, in products:
- * a projection to 8 or 16 units keeps as many sums going as a wide one).  The vectors are the widest the machine's registers
- * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
+ * a projection to 8 or 16 units keeps as many sums going as a wide one).  The vectors are the widest
+ * the machine's registers hold two rows of tiles for (AVX-512: 16 floats; else 8). */
 #if defined(__AVX512F__)
 #define PANEL_LANES 16
 #else
@@ -416,6 +416,14 @@ typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* AVX2's mask of the lanes below n. */
+static inline __m256i lanes_below(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 /* The first n (1 to PANEL_LANES) floats at p, the rest of the vector zero; and v's first n stored at p:
  * a panel's last columns, masked where the machine has masked moves. */
 static inline pvec load_part(const float *p, int64_t n)
@@ -428,7 +436,7 @@ static inline pvec load_part(const float *p, int64_t n)
 #if defined(__AVX512F__)
     return (pvec)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
 #elif defined(__AVX2__)
-    return (pvec)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    return (pvec)_mm256_maskload_ps(p, lanes_below(n));
 #else
     memcpy(&v, p, (size_t)n * sizeof(float));
     return v;
@@ -444,7 +452,7 @@ static inline void store_part(float *p, pvec v, int64_t n)
 #if defined(__AVX512F__)
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
 #elif defined(__AVX2__)
-    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), (__m256)v);
+    _mm256_maskstore_ps(p, lanes_below(n), (__m256)v);
 #else
     memcpy(p, &v, (size_t)n * sizeof(float));
 #endif
@@ -563,8 +571,8 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
  * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
  * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
  * epilogue (its bias padded to whole panels), adding ``residual`` (laid out as out) where not NULL.
- * No im2col copy: groups of up to MR pixels (MR_NARROW for units of one vector) with every tap inside keep their sums in registers over
- * all taps and channels; pixels at the borders go one by one with the taps inside. */
+ * No im2col copy: groups of up to MR pixels (MR_NARROW for units of one vector) with every tap inside
+ * keep their sums in registers over all taps and channels; pixels at the borders go one by one with the taps inside. */
 int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
               const geometry *g, const epilogue *epilogue_in, const float *residual, int threads)
 {
@@ -629,7 +637,7 @@ int conv_prepared(const conv_call *c)
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
  * binary_flat for operands of one shape, or a second operand of one row of ``columns`` broadcast along
  * the first's rows (shares of whole rows then, as for an epilogue with a slope per column),
- * unary_flat for a copy (a bare clamp) or hard swish. */
+ * unary_flat for a copy (a bare clamp), hard swish or logistic. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
 enum { COPY = 0, HARD_SWISH, LOGISTIC };
 
@@ -961,8 +969,8 @@ static void prelu_rows(const float *restrict x, const float *restrict slope, flo
     }
 }
 
-/* unary_flat, pad_rows, pool_rows, prelu_rows and resize_bilinear with their arguments in one struct each, as depthwise_call:
- * prepared calls, so that they join a partition's batched stretches (run_prepared). */
+/* unary_flat, pad_rows, pool_rows, prelu_rows and resize_bilinear with their arguments in one struct each, as
+ * depthwise_call: prepared calls, so that they join a partition's batched stretches (run_prepared). */
 typedef struct {
     int64_t kind;
     const float *x;
