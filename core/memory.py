@@ -57,7 +57,9 @@ def plan_offsets(sizes: dict[int, int], spans: dict[int, tuple[int, int]]) -> tu
 def aligned_zeros(shape, dtype) -> np.ndarray:
     """np.zeros starting on an ALIGNMENT-byte boundary (a cache line): numpy aligns to 16 bytes, and a
     vector of 64 bytes read across two cache lines costs two loads."""
-    dtype, shape = np.dtype(dtype), tuple(shape) if np.iterable(shape) else (int(shape),)
+    dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape) if np.iterable(shape) else (int(shape),)
+    if min(shape, default=0) < 0:
+        raise ValueError(f"negative dimensions are not allowed: {shape}")  # as np.zeros says
     count = math.prod(shape)
     raw = np.zeros(count * dtype.itemsize + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT

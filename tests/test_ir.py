@@ -1,6 +1,7 @@
 """The IR's textual form (golden), producer/use links, topological order and the arena planner."""
 
 import numpy as np
+import pytest
 
 from delegate import read_model
 from delegate.memory import ALIGNMENT, aligned_zeros, plan_arena
@@ -72,3 +73,5 @@ def test_aligned_zeros_start_on_a_cache_line():
         a = aligned_zeros(shape, dtype)
         assert a.shape == np.zeros(shape, dtype).shape and a.dtype == dtype and a.flags.c_contiguous
         assert (a.size == 0 or a.ctypes.data % ALIGNMENT == 0) and not a.any()
+    with pytest.raises(ValueError, match="negative"):
+        aligned_zeros((-1, 3), np.float32)  # as np.zeros: never a reshape that infers the -1
