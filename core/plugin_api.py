@@ -23,7 +23,7 @@ from .errors import (CacheError, CompileError, ConfigError, DelegateError, Execu
 from .export import partition_model
 from .hookspecs import hookimpl
 from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
-from .memory import plan_arena
+from .memory import aligned_zeros, plan_arena
 from .native import NativeBuild, load_library
 from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, find_groups, folded_into,
                      is_quantized_op, known_at_compile_time)
@@ -47,6 +47,7 @@ __all__ = [
     "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor",
     # helpers the first-party plugins share
     "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
+    "aligned_zeros",
     "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "mediapipe_pool_params",
     "pool_argmax_geometry", "max_unpooling_geometry", "native_stderr",
     "strided_slice_plan", "write_model", "available_cores", "GPU_KIT", "NativeBuild", "load_library",

@@ -1,9 +1,10 @@
 """The IR's textual form (golden), producer/use links, topological order and the arena planner."""
 
 import numpy as np
+import pytest
 
 from delegate import read_model
-from delegate.memory import plan_arena
+from delegate.memory import ALIGNMENT, aligned_zeros, plan_arena
 from delegate.tflite.builder import GraphBuilder
 
 GOLDEN = """\
@@ -63,3 +64,14 @@ def test_arena_reuses_memory_by_lifetime():
     assert arena.nbytes <= 2 * 256  # five 256-byte tensors, at most two alive at once
     for a, b_ in zip(g.ops[:-2], g.ops[1:-1]):  # producer and consumer never share memory
         assert not np.shares_memory(views[a.outputs[0].index], views[b_.outputs[0].index])
+    # every view starts on a cache line (64-byte vectors never straddle two)
+    assert all(view.ctypes.data % ALIGNMENT == 0 for view in views.values())
+
+
+def test_aligned_zeros_start_on_a_cache_line():
+    for shape, dtype in (((3, 5), np.float32), (7, np.int8), ((), np.float64), ((0,), np.int32)):
+        a = aligned_zeros(shape, dtype)
+        assert a.shape == np.zeros(shape, dtype).shape and a.dtype == dtype and a.flags.c_contiguous
+        assert (a.size == 0 or a.ctypes.data % ALIGNMENT == 0) and not a.any()
+    with pytest.raises(ValueError, match="negative"):
+        aligned_zeros((-1, 3), np.float32)  # as np.zeros: never a reshape that infers the -1

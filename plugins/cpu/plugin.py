@@ -13,7 +13,7 @@ import numpy as np
 
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Op, Partition, Subgraph, Support, Tensor, hookimpl,
-                                 native_stderr, plan_arena)
+                                 aligned_zeros, native_stderr, plan_arena)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
@@ -55,7 +55,8 @@ class CpuCompiled(CompiledPartition):
         for t in partition.outputs + [t for t in intermediates if t.dtype.numpy is None]:
             computed = t.producer is not None and _computes_constants(t.producer)
             # strings are held as numpy object arrays of bytes
-            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, t.dtype.numpy or object)
+            self.buffers[t.index] = np.array(constant(t)) if computed else np.empty(t.shape, object) \
+                if t.dtype.numpy is None else aligned_zeros(t.shape, t.dtype.numpy)
         self.steps = []
         for op, run in zip(ops, kernels):
             skip = getattr(run, "laid_out", frozenset())

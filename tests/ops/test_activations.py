@@ -26,13 +26,14 @@ def test_pointwise_activation(op, shape, scale, seed):
     check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * scale])
 
 
-@given(op=st.sampled_from(["RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "HARD_SWISH"]), native=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_large_pointwise_activation(op, native, seed):
-    """Tensors large enough for the native loops (on two threads), or numpy's with them off."""
+@given(op=st.sampled_from(["RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "HARD_SWISH", "LOGISTIC"]),
+       native=st.booleans(), scale=st.sampled_from([5.0, 60.0]), seed=st.integers(0, 2**16))
+def test_large_pointwise_activation(op, native, scale, seed):
+    """Tensors large enough for the native loops (on two threads), or numpy's with them off; LOGISTIC's
+    native e^x also past its clamp (scale 60: |x| > 88)."""
     rng = np.random.default_rng(seed)
     shape = (1, 48, 44, 32)  # shared between two threads
-    check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * 5],
+    check_against_litert(_unary_model(op, shape), [rng.standard_normal(shape) * scale],
                          options=CompileOptions(num_threads=2), backend_options={"native": native})
 
 

@@ -109,11 +109,11 @@ def test_shared_product_declines_what_it_cannot_run(loops):
 
 
 # Widths around the panels (two vectors of lanes, the last one vector where the units left fit) and
-# row counts around the register tiles (6 rows), on one thread and shared.
+# row counts around the register tiles (6 rows; 12 in a panel one vector wide), on one thread and shared.
 @needs_compiler
 @pytest.mark.parametrize("m, k, n, threads", [
     (13, 40, 16, 1), (13, 40, 17, 2), (7, 3, 32, 2), (301, 70, 48, 2), (1, 512, 213, 2), (4, 64, 200, 4),
-    (64, 1, 9, 2), (6, 128, 8, 1)])
+    (64, 1, 9, 2), (6, 128, 8, 1), (25, 16, 8, 1), (31, 20, 40, 2), (11, 9, 5, 1)])
 def test_packed_product_matches_numpy(loops, m, k, n, threads):
     rng = np.random.default_rng(2)
     lhs = rng.standard_normal((m, k)).astype(np.float32)
@@ -185,8 +185,8 @@ def _conv_ops(sizes):
     return b.ops
 
 
-def test_partition_team_follows_the_typical_op(monkeypatch):
-    """One team per partition, from the op holding the middle of the work: big ops take every thread
+def test_partition_team_follows_the_large_ops(monkeypatch):
+    """One team per partition, from the op at the upper quartile of the work: big ops take every thread
     (up to MAX_TEAM), small ones fewer, none a partition with no convolutions or products; never more
     than the process's cores."""
     monkeypatch.setattr(native, "available_cores", lambda: 64)
@@ -196,6 +196,8 @@ def test_partition_team_follows_the_typical_op(monkeypatch):
     assert native.partition_team(_conv_ops([small] * 3), 16) == 4  # 1.05M / 2^18
     assert native.partition_team(_conv_ops([small] * 9 + [big]), 16) == 16  # the big op holds most work
     assert native.partition_team(_conv_ops([4]), 2) == 1
+    # many small ops (262k: the median) and one of 1.05M holding a third of the work: a team of two
+    assert native.partition_team(_conv_ops([8] * 8 + [small]), 2) == 2
     assert native.partition_team([], 6) == 6
     monkeypatch.setattr(native, "available_cores", lambda: 3)
     assert native.partition_team(_conv_ops([big, big]), 16) == 3
@@ -215,6 +217,12 @@ def test_calls_that_do_not_fit_their_arrays_are_refused(loops):
     where = native.Geometry.around(x, np.empty((1, 4, 4, 3), np.float32), (3, 3), (1, 1, 1, 1), (1, 1))
     with pytest.raises(ExecutionError, match="differ"):
         loops.pool(x, np.empty((1, 2, 4, 3), np.float32), where, True, 1)  # fewer rows than the geometry
+    with pytest.raises(ExecutionError, match="prelu"):
+        loops.prepared(native.PreluCall(np.ones(3, np.float32), (1, 4, 4, 3), 1), x,
+                       np.empty((1, 4, 4, 2), np.float32))  # an output of fewer channels
+    with pytest.raises(ExecutionError, match="unary"):
+        loops.prepared(native.UnaryCall("HARD_SWISH", x.size, native.NO_EPILOGUE, 1), x[..., :2].copy(),
+                       np.empty_like(x))  # an input smaller than the call's
     with pytest.raises(ExecutionError, match="taps"):
         loops.depthwise(x, native.DepthwiseTaps(np.ones((9, 5), np.float32)), np.empty((1, 4, 4, 3), np.float32),
                         where, 1)  # a filter of 5 channels over 3

@@ -10,8 +10,8 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import (NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, SoftmaxCall, elementwise_loops,
-                     kernel_loops, prepared_run, team_for)
+from .native import (NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, PreluCall, SoftmaxCall, UnaryCall,
+                     elementwise_loops, kernel_loops, prepared_run, team_for)
 
 @kernel(*CLAMPS)
 def clip(op: Op):
@@ -65,12 +65,8 @@ def _native_prelu(op: Op, slope: np.ndarray | None):
     slope = np.asarray(slope, np.float32)
     if any(d != 1 for d in slope.shape[:-1]) or (slope.ndim and slope.shape[-1] not in (1, shape[-1])):
         return None
-    per_channel = np.ascontiguousarray(np.broadcast_to(slope.reshape(-1), (shape[-1],)))
-    team = team_for(math.prod(shape), PER_THREAD_ITEMS)
-
-    def run(ins, outs):
-        loops.prelu(np.ascontiguousarray(ins[0]), per_channel, outs[0], team)
-    return run
+    per_channel = np.broadcast_to(slope.reshape(-1), (shape[-1],))
+    return prepared_run(loops, PreluCall(per_channel, shape, team_for(math.prod(shape), PER_THREAD_ITEMS)))
 
 
 @kernel("LEAKY_RELU")
@@ -81,13 +77,10 @@ def leaky_relu(op: Op):
 def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE, least: int = SHARED_ITEMS):
     """The op in one pass through the native loops on all the kernel's threads, given at least
     ``least`` items; None where those do not serve."""
-    loops, team = elementwise_loops(op, least), team_for(math.prod(op.outputs[0].shape), PER_THREAD_ITEMS)
+    loops, size = elementwise_loops(op, least), math.prod(op.outputs[0].shape)
     if loops is None:
         return None
-
-    def run(ins, outs):
-        loops.unary(kind, np.ascontiguousarray(ins[0]), outs[0], team, finish)
-    return run
+    return prepared_run(loops, UnaryCall(kind, size, finish, team_for(size, PER_THREAD_ITEMS)))
 
 
 @kernel("HARD_SWISH")
@@ -107,6 +100,10 @@ def hard_swish(op: Op):
 
 @kernel("LOGISTIC")
 def logistic(op: Op):
+    native = _native_unary(op, "LOGISTIC", least=0)  # one pass (a polynomial e^x) where numpy takes four
+    if native is not None:
+        return native
+
     def run(ins, outs):
         out = outs[0]
         with np.errstate(over="ignore"):  # exp overflow gives inf, and 1/(1+inf) is the right 0

@@ -7,6 +7,9 @@
  * native.py's SPIN_COUNT), of no more threads than team_limit allows.
  */
 #include <math.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,20 +44,6 @@ static inline epilogue with_residual(const epilogue *e, const float *residual, c
     part.adds = residual != NULL;
     part.residual = residual ? (const char *)residual - (const char *)out : 0;
     return part;
-}
-
-/* The residual ADD of an epilogue that adds one, on ``n`` outputs just stored at ``out``. */
-static inline void add_residual(float *out, int64_t n, const epilogue *e)
-{
-    const float *residual = (const float *)((const char *)out + e->residual);
-    for (int64_t j = 0; j < n; j++) {
-        float v = out[j] + residual[j];
-        if (e->add_clamp) {
-            v = v < e->add_low ? e->add_low : v;
-            v = v > e->add_high ? e->add_high : v;
-        }
-        out[j] = v;
-    }
 }
 
 /* Where a convolution reads and writes: ``images`` inputs of (h, w, c), image_in floats apart; their
@@ -251,15 +240,46 @@ static inline __attribute__((always_inline)) void NAME##_group(const int P, cons
     for (int k = 0; k < P; k++)                                                                              \
         NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
 }                                                                                                            \
+/* NAME_group for a stride and dilation of 1 along the row, the taps whole filter rows of KW: each     \
+ * filter row's P + KW - 1 input pixels loaded once for its KW taps (pixel k, tap kx reads input        \
+ * k + kx), each tap's weights once; the same sums in the same order as NAME_group. */                   \
+static inline __attribute__((always_inline)) void NAME##_group_rows(const int P, const int KW,                \
+                                                                   const float *x, const int64_t *offsets,   \
+                                                                   const float *const *weights,              \
+                                                                   int64_t taps, int64_t c, int64_t q,       \
+                                                                   int64_t j, float *out, const epilogue *e) \
+{                                                                                                            \
+    VEC acc[DW_PIXELS], in[DW_PIXELS + 4], w[5];                                                             \
+    for (int k = 0; k < P; k++)                                                                              \
+        acc[k] = (VEC){0};                                                                                   \
+    for (int64_t t = 0; t < taps; t += KW) {                                                                 \
+        const float *row = x + offsets[t] + q * c + j;                                                       \
+        for (int i = 0; i < P + KW - 1; i++)                                                                 \
+            in[i] = NAME##_load(row + i * c);                                                                \
+        for (int kx = 0; kx < KW; kx++)                                                                      \
+            w[kx] = NAME##_load(weights[t + kx] + j);                                                        \
+        for (int kx = 0; kx < KW; kx++)                                                                      \
+            for (int k = 0; k < P; k++)                                                                      \
+                acc[k] += in[k + kx] * w[kx];                                                                \
+    }                                                                                                        \
+    for (int k = 0; k < P; k++)                                                                              \
+        NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
+}                                                                                                            \
 /* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
  * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
  * out is never the input), or one by one when fewer than 4 in all. */                                 \
 static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
                           int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
-                          float *out, const epilogue *e)                                                     \
+                          int rows_of, float *out, const epilogue *e)                                        \
 {                                                                                                            \
     for (int64_t j = j0; j < j1; j += LANES) {                                                               \
         int64_t q = 0;                                                                                       \
+        if (rows_of == 3)                                                                                    \
+            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
+                NAME##_group_rows(DW_PIXELS, 3, x, offsets, weights, taps, c, q, j, out, e);                 \
+        else if (rows_of == 5)                                                                               \
+            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
+                NAME##_group_rows(DW_PIXELS, 5, x, offsets, weights, taps, c, q, j, out, e);                 \
         for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
         for (; q + 4 <= pixels; q += 4)                                                                      \
@@ -284,14 +304,16 @@ DEPTHWISE_VECTORS(dw16, dvec16, dmask16, 16)
  * groups of pixels keep their sums in registers over all taps.  The sums run over the taps in order,
  * as sum_taps's do. */
 static void depthwise_pixels(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
-                             int64_t c, int64_t step, int64_t pixels, float *out, const epilogue *e)
+                             int64_t c, int64_t step, int64_t pixels, int rows_of, float *out, const epilogue *e)
 {
     int64_t wide = 0;
 #if defined(__AVX512F__)
     wide = c / 16 * 16;
-    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, out, e);
+    dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, rows_of, out, e);
+#else
+    rows_of = 0;  /* 8 sums, 10 inputs and 3 weights want more than AVX2's 16 registers */
 #endif
-    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, out, e);
+    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, rows_of, out, e);
 }
 
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
@@ -328,6 +350,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
         int pixels_finished = c % 8 == 0;
         if (pixels_finished)
             depthwise_pixels(x + inner0 * stride_w * c, offsets, filters, taps, c, stride_w * c, inner1 - inner0,
+                             stride_w == 1 && g->dw == 1 && (kw == 3 || kw == 5) ? (int)kw : 0,
                              row + inner0 * c, finish);
         else if (stride_w == 1)
             sum_taps(x + inner0 * c, offsets, repeats, period, taps, row + inner0 * c, (inner1 - inner0) * c);
@@ -374,8 +397,9 @@ int depthwise_prepared(const depthwise_call *c)
 /* Products against a constant operand packed once into panels of PANEL columns (k rows of PANEL
  * floats each, zero past the last column), the last one half as wide where the columns left fit
  * in that (as native.py's PackedOperand lays them out): register tiles of MR rows by one panel keep their sums over the whole depth,
- * each panel row loaded once for the MR rows.  The vectors are the widest the machine's registers
- * hold two rows of tiles for (AVX-512: 16 floats; else 8). */
+ * each panel row loaded once for the MR rows (MR_NARROW rows of a panel one vector wide, in products:
+ * a projection to 8 or 16 units keeps as many sums going as a wide one).  The vectors are the widest
+ * the machine's registers hold two rows of tiles for (AVX-512: 16 floats; else 8). */
 #if defined(__AVX512F__)
 #define PANEL_LANES 16
 #else
@@ -383,6 +407,7 @@ int depthwise_prepared(const depthwise_call *c)
 #endif
 #define PANEL (2 * PANEL_LANES)
 #define MR 6
+#define MR_NARROW (2 * MR)  /* rows of a tile one vector wide: as many sums in registers as a full tile's */
 typedef float pvec __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 int panel_lanes(void) { return PANEL_LANES; }
@@ -390,6 +415,48 @@ int panel_lanes(void) { return PANEL_LANES; }
 typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* AVX2's mask of the lanes below n. */
+static inline __m256i lanes_below(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+/* The first n (1 to PANEL_LANES) floats at p, the rest of the vector zero; and v's first n stored at p:
+ * a panel's last columns, masked where the machine has masked moves. */
+static inline pvec load_part(const float *p, int64_t n)
+{
+    pvec v = {0};
+    if (n == PANEL_LANES) {
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+#if defined(__AVX512F__)
+    return (pvec)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#elif defined(__AVX2__)
+    return (pvec)_mm256_maskload_ps(p, lanes_below(n));
+#else
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+#endif
+}
+
+static inline void store_part(float *p, pvec v, int64_t n)
+{
+    if (n == PANEL_LANES) {
+        memcpy(p, &v, sizeof v);
+        return;
+    }
+#if defined(__AVX512F__)
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#elif defined(__AVX2__)
+    _mm256_maskstore_ps(p, lanes_below(n), (__m256)v);
+#else
+    memcpy(p, &v, (size_t)n * sizeof(float));
+#endif
+}
 
 /* Sums of ``rows`` pixels by one panel (``halves`` vectors wide) over taps and channels: pixel r,
  * tap t, channel p reads a[r * row_step + offsets[t] + p * column_step], weighted by the panel's
@@ -401,8 +468,8 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
                                                             int64_t taps, int64_t c, const float *panel, float *out,
                                                             int64_t ldc, int64_t width, const epilogue *e)
 {
-    pvec acc[MR][2];
-    for (int r = 0; r < rows; r++)
+    pvec acc[MR_NARROW][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++)
         acc[r][0] = acc[r][1] = (pvec){0};
     for (int64_t t = 0; t < taps; t++) {
         const float *at = a + offsets[t], *pt = panel + index[t] * c * halves * PANEL_LANES;
@@ -411,7 +478,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             memcpy(&b0, pt + p * halves * PANEL_LANES, sizeof b0);
             if (halves == 2)
                 memcpy(&b1, pt + p * PANEL + PANEL_LANES, sizeof b1);
-            for (int r = 0; r < rows; r++) {
+            _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
                 float s = at[r * row_step + p * column_step];
                 acc[r][0] += s * b0;
                 if (halves == 2)
@@ -419,13 +486,13 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             }
         }
     }
-    for (int h = 0; h < halves; h++) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < halves; h++) {
         pvec bias = {0}, slope = {0}, low = (pvec){0} + e->low, high = (pvec){0} + e->high, zero = {0};
         if (e->bias)
             memcpy(&bias, e->bias + h * PANEL_LANES, sizeof bias);
         if (e->slope)
             memcpy(&slope, e->slope + h * PANEL_LANES, sizeof slope);
-        for (int r = 0; r < rows; r++) {
+        _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
             pvec v = acc[r][h] + bias;
             if (e->clamp) {
                 v = pick(v < low, low, v);
@@ -436,19 +503,21 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             acc[r][h] = v;
         }
     }
-    for (int r = 0; r < rows; r++) {
+    pvec add_low = (pvec){0} + e->add_low, add_high = (pvec){0} + e->add_high;
+    _Pragma("GCC unroll 12") for (int r = 0; r < rows; r++) {
         float *o = out + r * ldc;
-        if (width == halves * PANEL_LANES) {
-            memcpy(o, acc[r], halves * sizeof(pvec));
-        } else {  /* a partial panel: its whole vectors, then the rest item by item */
-            int64_t j = 0;
-            for (int h = 0; h < halves && j + PANEL_LANES <= width; h++, j += PANEL_LANES)
-                memcpy(o + j, &acc[r][h], sizeof(pvec));
-            for (; j < width; j++)
-                o[j] = acc[r][j / PANEL_LANES][j % PANEL_LANES];
+        for (int h = 0; h < halves && h * PANEL_LANES < width; h++) {
+            int64_t j = h * PANEL_LANES, n = width - j < PANEL_LANES ? width - j : PANEL_LANES;
+            pvec v = acc[r][h];
+            if (e->adds) {  /* the residual ADD: the operand laid out as out, then the ADD's clamp */
+                v += load_part((const float *)((const char *)(o + j) + e->residual), n);
+                if (e->add_clamp) {
+                    v = pick(v < add_low, add_low, v);
+                    v = pick(v > add_high, add_high, v);
+                }
+            }
+            store_part(o + j, v, n);
         }
-        if (e->adds)
-            add_residual(o, width, e);
     }
 }
 
@@ -471,9 +540,18 @@ static void panel_rows(int rows, const float *a, int64_t row_step, int64_t colum
         else                                                                                 \
             PANEL_TILE(R, 1, column_step);                                                   \
         break;
+#define NARROW_CASE(R)                                                                       \
+    case R:                                                                                  \
+        if (column_step == 1)                                                                \
+            PANEL_TILE(R, 1, 1);                                                             \
+        else                                                                                 \
+            PANEL_TILE(R, 1, column_step);                                                   \
+        break;
     switch (rows) {
+    NARROW_CASE(12) NARROW_CASE(11) NARROW_CASE(10) NARROW_CASE(9) NARROW_CASE(8) NARROW_CASE(7)
     PANEL_CASE(6) PANEL_CASE(5) PANEL_CASE(4) PANEL_CASE(3) PANEL_CASE(2) PANEL_CASE(1)
     }
+#undef NARROW_CASE
 #undef PANEL_CASE
 #undef PANEL_TILE
 }
@@ -493,8 +571,8 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
  * (ky, kx) inside the image and the channels, x[oy*stride_h + ky*dh - top, ox*stride_w + kx*dw - left, k]
  * times the weights of (ky, kx, k) and u, packed into panels as for packed_product; then the
  * epilogue (its bias padded to whole panels), adding ``residual`` (laid out as out) where not NULL.
- * No im2col copy: groups of up to MR pixels with every tap inside keep their sums in registers over
- * all taps and channels; pixels at the borders go one by one with the taps inside. */
+ * No im2col copy: groups of up to MR pixels (MR_NARROW for units of one vector) with every tap inside
+ * keep their sums in registers over all taps and channels; pixels at the borders go one by one with the taps inside. */
 int conv_rows(const float *restrict images, const float *restrict packed, int64_t units, float *restrict out,
               const geometry *g, const epilogue *epilogue_in, const float *residual, int threads)
 {
@@ -502,6 +580,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
     const epilogue *finish = &adding;
     int64_t w = g->w, c = g->c, oh = g->oh, ow = g->ow, kh = g->kh, kw = g->kw, stride_w = g->stride_w;
     int64_t depth = kh * kw * c, panels = (units + PANEL - 1) / PANEL, inner0, inner1, window = kh * kw;
+    int group = units <= PANEL_LANES ? MR_NARROW : MR;  /* pixels of a tile */
     size_t per_thread = (size_t)window * 5 * sizeof(int64_t);
     char *all = scratch(threads, per_thread);
     if (!all)
@@ -520,7 +599,7 @@ int conv_rows(const float *restrict images, const float *restrict packed, int64_
             int64_t pixel_taps = taps;
             int pixels = 1;
             if (ox >= inner0 && ox < inner1) {
-                pixels = inner1 - ox < MR ? (int)(inner1 - ox) : MR;
+                pixels = inner1 - ox < group ? (int)(inner1 - ox) : group;
             } else {  /* a border pixel: only the taps inside */
                 pixel_taps = taps_inside(columns, offsets, index, taps, ox * stride_w, w, inside, inside_index);
                 pixel_offsets = inside;
@@ -558,9 +637,51 @@ int conv_prepared(const conv_call *c)
 /* Elementwise kernels over flat arrays, each thread on a share (whole vectors of 16), then the epilogue:
  * binary_flat for operands of one shape, or a second operand of one row of ``columns`` broadcast along
  * the first's rows (shares of whole rows then, as for an epilogue with a slope per column),
- * unary_flat for a copy (a bare clamp) or hard swish. */
+ * unary_flat for a copy (a bare clamp), hard swish or logistic. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
-enum { COPY = 0, HARD_SWISH };
+enum { COPY = 0, HARD_SWISH, LOGISTIC };
+
+typedef int32_t ivec __attribute__((vector_size(sizeof(vec))));
+
+/* e^x lane by lane (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, a degree-7 polynomial in r, 2^n
+ * through the exponent bits), within 2 ulp of expf; x clamped to [-88.38, 88.38], where e^x is a
+ * normal float (NaN stays NaN). */
+static inline vec exp_lanes(vec x)
+{
+    const vec high = (vec){0} + 88.3762626647949f, low = (vec){0} - 88.3762626647949f;
+    ivec above = x > high, below = x < low;
+    x = (vec)((above & (ivec)high) | (~above & (ivec)x));
+    x = (vec)((below & (ivec)low) | (~below & (ivec)x));
+    vec f = x * 1.44269504088896341f + 0.5f;
+    vec n = __builtin_convertvector(__builtin_convertvector(f, ivec), vec);
+    n += __builtin_convertvector(n > f, vec);  /* truncation made floor: -1 where it went up */
+    vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vec p = (vec){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    vec scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* LOGISTIC of n floats at x into out, as numpy's formulation: 1 / (1 + e^-x). */
+static void logistic_span(const float *restrict x, float *restrict out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        store(out + i, 1.0f / (1.0f + exp_lanes(-load(x + i))));
+    if (i < n) {
+        vec v = {0};
+        memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
+        v = 1.0f / (1.0f + exp_lanes(-v));
+        memcpy(out + i, &v, (size_t)(n - i) * sizeof(float));
+    }
+}
 
 static void share(int64_t n, int64_t unit, int part, int parts, int64_t *lo, int64_t *hi)
 {
@@ -618,14 +739,16 @@ int binary_prepared(const binary_call *c)
     return DONE;
 }
 
-void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
-                int threads)
+static void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t n, const epilogue *finish,
+                       int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, LANES, part, threads, &lo, &hi);
-        if (kind == HARD_SWISH)
+        if (kind == LOGISTIC)
+            logistic_span(x + lo, out + lo, hi - lo);
+        else if (kind == HARD_SWISH)
             for (int64_t i = lo; i < hi; i++) {
                 float gate = x[i] + 3.0f;
                 gate = gate < 0.0f ? 0.0f : gate;
@@ -641,8 +764,8 @@ void unary_flat(int kind, const float *restrict x, float *restrict out, int64_t 
 
 /* A constant pad of the last axis: each of ``rows`` rows of ``columns`` floats gets ``before`` and
  * ``after`` values of ``value`` around it. */
-void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_t columns, int64_t before,
-              int64_t after, float value, int threads)
+static void pad_rows(const float *restrict x, float *restrict out, int64_t rows, int64_t columns, int64_t before,
+                     int64_t after, float value, int threads)
 {
     int64_t width = before + columns + after;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
@@ -704,10 +827,10 @@ int mean_pixels(const float *restrict x, float *restrict out, int64_t images, in
 /* RESIZE_BILINEAR of (h, w, c) images to (oh, ow): output row oy blends input rows y0[oy] and y1[oy]
  * by wy[oy], column ox input columns x0[ox] and x1[ox] by wx[ox]; columns first, like the numpy
  * kernel: a + (b - a) * weight. */
-void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t w, int64_t c,
-                     const int64_t *restrict y0, const int64_t *restrict y1, const float *restrict wy,
-                     const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
-                     float *restrict out, int64_t oh, int64_t ow, int threads)
+static void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t w, int64_t c,
+                            const int64_t *restrict y0, const int64_t *restrict y1, const float *restrict wy,
+                            const int64_t *restrict x0, const int64_t *restrict x1, const float *restrict wx,
+                            float *restrict out, int64_t oh, int64_t ow, int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < images * oh; r++) {
@@ -729,8 +852,8 @@ void resize_bilinear(const float *restrict x, int64_t images, int64_t h, int64_t
 /* MAX_POOL_2D (average 0) or AVERAGE_POOL_2D (average 1, dividing by the taps inside the image) of
  * (h, w, c) images as the geometry says (dilations 1), then the epilogue's clamp; padding is left
  * out, as TFLite does. */
-void pool_rows(const float *restrict images, float *restrict out, const geometry *g, int average,
-               const epilogue *finish, int threads)
+static void pool_rows(const float *restrict images, float *restrict out, const geometry *g, int average,
+                      const epilogue *finish, int threads)
 {
     int64_t h = g->h, w = g->w, c = g->c, oh = g->oh, ow = g->ow;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
@@ -834,8 +957,8 @@ void rescale_rows(const void *acc, int wide, int64_t acc_stride, const int64_t *
 }
 
 /* PReLU with a slope per channel: out = x where x >= 0, else x * slope[c], over rows of channels. */
-void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
-                int64_t channels, int threads)
+static void prelu_rows(const float *restrict x, const float *restrict slope, float *restrict out, int64_t rows,
+                       int64_t channels, int threads)
 {
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -844,6 +967,82 @@ void prelu_rows(const float *restrict x, const float *restrict slope, float *res
         for (int64_t k = 0; k < channels; k++)
             o[k] = in[k] < 0 ? in[k] * slope[k] : in[k];
     }
+}
+
+/* unary_flat, pad_rows, pool_rows, prelu_rows and resize_bilinear with their arguments in one struct each, as
+ * depthwise_call: prepared calls, so that they join a partition's batched stretches (run_prepared). */
+typedef struct {
+    int64_t kind;
+    const float *x;
+    float *out;
+    int64_t n;
+    const epilogue *finish;
+    int64_t threads;
+} unary_call;
+
+int unary_prepared(const unary_call *c)
+{
+    unary_flat((int)c->kind, c->x, c->out, c->n, c->finish, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, columns, before, after;
+    float value;
+    int64_t threads;
+} pad_call;
+
+int pad_prepared(const pad_call *c)
+{
+    pad_rows(c->x, c->out, c->rows, c->columns, c->before, c->after, c->value, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    const geometry *where;
+    int64_t average;
+    const epilogue *finish;
+    int64_t threads;
+} pool_call;
+
+int pool_prepared(const pool_call *c)
+{
+    pool_rows(c->x, c->out, c->where, (int)c->average, c->finish, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x, *slope;
+    float *out;
+    int64_t rows, channels, threads;
+} prelu_call;
+
+int prelu_prepared(const prelu_call *c)
+{
+    prelu_rows(c->x, c->slope, c->out, c->rows, c->channels, (int)c->threads);
+    return DONE;
+}
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t images, h, w, c;
+    const int64_t *y0, *y1;
+    const float *wy;
+    const int64_t *x0, *x1;
+    const float *wx;
+    int64_t oh, ow, threads;
+} resize_call;
+
+int resize_prepared(const resize_call *c)
+{
+    resize_bilinear(c->x, c->images, c->h, c->w, c->c, c->y0, c->y1, c->wy, c->x0, c->x1, c->wx, c->out, c->oh,
+                    c->ow, (int)c->threads);
+    return DONE;
 }
 
 /* CBLAS sgemm, row-major, with 64-bit or 32-bit integers (as the BLAS numpy loaded was built). */
@@ -946,8 +1145,9 @@ int packed_product(const product *p)
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
                 epilogue part = panel_finish(&adding, col);
-                for (int64_t t = first; t < last; t++) {
-                    int64_t row = t * MR, rows = m - row < MR ? m - row : MR;
+                int64_t tile = width <= PANEL_LANES ? MR_NARROW : MR, end = last * MR < m ? last * MR : m;
+                for (int64_t row = first * MR; row < end; row += tile) {
+                    int64_t rows = end - row < tile ? end - row : tile;
                     panel_rows((int)rows, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
                                p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part);
                 }
@@ -978,9 +1178,6 @@ int integer_isa(void) { return 1; }
 #else
 #define QMR 4
 int integer_isa(void) { return 0; }
-#endif
-#if defined(__AVX2__)
-#include <immintrin.h>
 #endif
 
 /* An integer kernel's output stage, TFLite's MultiplyByQuantizedMultiplier step by step on each channel
@@ -1291,7 +1488,24 @@ static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int
 {
     const int32_t *ta = p->tables + (head ? 128 : 2 * 256 + 128), *tb = ta + 256;
     int32_t sums[16];
-    for (int64_t k = 0; k < count; k++)
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    if (count == 16) {  /* both lookups as gathers (the tables' entries for the bytes as signed indices) */
+        __m512i ia = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)a));
+        __m512i ib = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b));
+        _mm512_storeu_si512((void *)sums, _mm512_add_epi32(_mm512_i32gather_epi32(ia, (const void *)ta, 4),
+                                                           _mm512_i32gather_epi32(ib, (const void *)tb, 4)));
+        k = 16;
+    }
+#elif defined(__AVX2__)
+    for (; k + 8 <= count; k += 8) {
+        __m256i ia = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k)));
+        __m256i ib = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k)));
+        _mm256_storeu_si256((__m256i *)(sums + k), _mm256_add_epi32(_mm256_i32gather_epi32((const int *)ta, ia, 4),
+                                                                    _mm256_i32gather_epi32((const int *)tb, ib, 4)));
+    }
+#endif
+    for (; k < count; k++)
         sums[k] = ta[a[k]] + tb[b[k]];
     qstore(sums, 0, count, p->output, out);
 }

@@ -16,7 +16,7 @@ from delegate.plugin_api import Op, max_unpooling_geometry, mediapipe_pool_param
 
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch
-from .native import PER_THREAD_ITEMS, Epilogue, Geometry, MeanCall, float_loops, prepared_run, team_for
+from .native import PER_THREAD_ITEMS, Epilogue, Geometry, MeanCall, PoolCall, float_loops, prepared_run, team_for
 from .reduce import MEAN_CHANNELS
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
@@ -93,10 +93,7 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
             and (where.oh, where.ow) == (1, 1) and where.c <= MEAN_CHANNELS:
         # one window over each whole image: its mean over the pixels
         return prepared_run(loops, MeanCall(op.inputs[0].shape, team))
-
-    def run(ins, outs):
-        loops.pool(np.ascontiguousarray(ins[0]), outs[0], where, average, team, finish)
-    return run
+    return prepared_run(loops, PoolCall(where, average, finish, team))
 
 
 def _reduce_axis(reduce, x: np.ndarray, axis: int, out: np.ndarray) -> None:

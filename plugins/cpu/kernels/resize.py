@@ -12,7 +12,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import along_rows, scratch
-from .native import PER_THREAD_ITEMS, float_loops, team_for
+from .native import PER_THREAD_ITEMS, ResizeCall, float_loops, prepared_run, team_for
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -68,11 +68,7 @@ def resize_bilinear(op: Op):
     # One native call (its tables built here) beats numpy's passes at any size.
     loops, team = float_loops(op, n * oh * ow * c, least=0), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
     if loops is not None:
-        rows, columns = (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags)
-
-        def run_native(ins, outs):
-            loops.resize_bilinear(np.ascontiguousarray(ins[0]), rows, columns, outs[0], team)
-        return run_native
+        return prepared_run(loops, ResizeCall((n, h, w, c), (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags), team))
 
     def run(ins, outs):
         # Columns first: the channel-strided gathers then run over the input's rows, not the output's.

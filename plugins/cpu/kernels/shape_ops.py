@@ -15,7 +15,7 @@ from delegate.plugin_api import Op, strided_slice_plan
 
 from ..registry import kernel, laid_out
 from .common import constant, fused
-from .native import PER_THREAD_ITEMS, CopyCall, float_loops, kernel_loops, prepared_run, team_for
+from .native import PER_THREAD_ITEMS, CopyCall, PadCall, float_loops, kernel_loops, prepared_run, team_for
 
 
 def _operand(fixed, ins, i):
@@ -231,11 +231,8 @@ def _native_channel_pad(op: Op, pads, fill_value):
         return None
     before, after = (int(v) for v in pads[-1])
     value = 0.0 if fill_value is None else float(np.asarray(fill_value).ravel()[0])
-    team = team_for(math.prod(shape), PER_THREAD_ITEMS)
-
-    def run(ins, outs):
-        loops.pad_rows(np.ascontiguousarray(ins[0]), outs[0], before, after, value, team)
-    return laid_out(run, 1, 2)
+    call = PadCall(op.inputs[0].shape, before, after, value, team_for(math.prod(shape), PER_THREAD_ITEMS))
+    return laid_out(prepared_run(loops, call), 1, 2)
 
 
 @kernel("MIRROR_PAD")
