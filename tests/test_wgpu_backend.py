@@ -262,12 +262,12 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=tolerance, atol=1e-5)
 
 
-@pytest.mark.parametrize("multiplier, stride, dilation, relu, channels, kernels", [
-    (1, 2, 1, True, 12, 1), (2, 1, 2, False, 10, 1), (1, 1, 1, False, 160, 2)])
-def test_depthwise_then_1x1_is_one_kernel_within_the_channel_limit(backend, multiplier, stride, dilation, relu,
-                                                                   channels, kernels):
-    """As on OpenCL: a depthwise convolution (its activation included) read only by a 1x1 convolution is
-    computed as the product reads each input vector, up to DEPTHWISE_FOLD_MAX_CHANNELS (128) channels."""
+@pytest.mark.parametrize("multiplier, stride, dilation, relu, channels", [
+    (1, 2, 1, True, 12), (2, 1, 2, False, 10), (1, 1, 1, False, 160)])
+def test_depthwise_then_1x1_runs_as_two_kernels(backend, multiplier, stride, dilation, relu, channels):
+    """Unlike OpenCL, whose product stages its input: a depthwise convolution read only by a 1x1 convolution
+    keeps its own kernel (matmul.wgsl would compute it once per group of output slices), and the pair
+    still matches LiteRT."""
     rng = np.random.default_rng(31)
     c = channels // multiplier
     b = GraphBuilder()
@@ -280,7 +280,7 @@ def test_depthwise_then_1x1_is_one_kernel_within_the_channel_limit(backend, mult
                   options={"padding": "VALID", "stride_w": 1, "stride_h": 1}))
     data = b.to_bytes()
     g, compiled = compile_whole(backend, data)
-    assert compiled.describe()["kernels"] == kernels
+    assert compiled.describe()["launches"] == ["DEPTHWISE_CONV_2D#0", "CONV_2D#1"]
     inputs = [normal(rng, (1, 9, 8, c))]
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
@@ -505,15 +505,13 @@ def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_pat
 
 
 def small_network(rng):
-    """One of each tiled kernel: a 3x3 convolution, a depthwise one (its bias added by an ADD, so that the
-    1x1 convolution after it does not compute it), a 1x1 convolution, a dense layer."""
+    """One of each tiled kernel: a 3x3 convolution, a depthwise one, a 1x1 convolution, a dense layer."""
     b = GraphBuilder()
     v = b.input("x", (1, 9, 10, 3))
     v = b.op("CONV_2D", [v, b.const("w0", normal(rng, (12, 3, 3, 3))), b.const("b0", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"})
     v = b.op("DEPTHWISE_CONV_2D", [v, b.const("w1", normal(rng, (1, 3, 3, 12))), b.const("b1", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
-    v = b.op("ADD", [v, b.const("c1", normal(rng, 12))])
     v = b.op("CONV_2D", [v, b.const("w2", normal(rng, (40, 1, 1, 12))), b.const("b2", normal(rng, 40))],
              options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
     v = b.op("RESHAPE", [v, b.const("s", np.array([1, 1000], np.int32))], options={"new_shape": [1, 1000]})

@@ -17,10 +17,9 @@ import numpy as np
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_depthwise_weights, pack_vector
+from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg,
-                                   conv_input, window_params)
+from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg
 from delegate.gpu.registry import declare_templates
 from delegate.plugin_api import Op, Tensor
 
@@ -104,11 +103,11 @@ def _on_one_pixel(op: Op) -> bool:
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
 # convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
-# as it reads it), a depthwise convolution read by a 1x1 convolution (computed as each input vector is
-# read, within the kit's channel limit), and a squeeze-and-excitation bottleneck of two one-pixel 1x1
-# convolutions (one kernel, ``_dense_pair``); a reader does one fold at most.
-FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, depthwise=lambda reader: True,
-                    chain=_on_one_pixel)
+# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
+# kernel, ``_dense_pair``); a reader does one fold at most.  A depthwise convolution keeps its own
+# kernel: matmul.wgsl reads each input vector once per slice group instead of staging it, so computing
+# the depthwise convolution there would repeat it for every group of output slices.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -153,8 +152,6 @@ def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
     if p.staged is None:
         k.tensor("src", p.src, p.shape)
         k.helpers.append(template("matmul_input"))
-    elif p.staged[0] == "depthwise":
-        _depthwise_input(plan, k, p.shape, p.staged[1])
     else:
         image, gate = gate_operands(p.staged[1].root)
         k.tensor("src", image.index, image.shape)
@@ -169,24 +166,6 @@ def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
     plan.tile(k, matmul_tiling(plan.device, rows, slices, depth), matmul_candidates(plan.device, rows, slices, depth),
               rows, slices)
     k.half = True
-
-
-def _depthwise_input(plan: KernelList, k: Kernel, rows: Sequence[int], source: Group) -> None:
-    """Make ``k``'s input the depthwise convolution ``source`` computed as each row is read
-    (matmul_input_depthwise.wgsl): the rows are its output's pixels (``p.src_d`` without a buffer)."""
-    op = source.root
-    x, extra, _ = conv_input(plan, op)
-    weights, out = constant_value(op.inputs[1]), op.outputs[0]
-    k.param("src_d", "vec4<i32>", dims(rows))
-    k.tensor("dw_src", x.index, x.shape)
-    k.read("dw_weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
-    k.read("dw_bias", plan.constant(("bias", op.index), pack_vector(constant_value(op.input(2)), out.shape[3])))
-    for arg in (*window_params(op, weights.shape[1], weights.shape[2], extra),
-                ParamArg("multiplier", "int", out.shape[3] // x.shape[3])):
-        k.uniform(arg)
-    chain = unary_chain(WGSL, [step.signature() for step in source.steps], "value")
-    k.helpers.append(f"fn depthwise_steps(value: V) -> V {{\n  return {chain};\n}}")
-    k.helpers.append(template("matmul_input_depthwise"))
 
 
 def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
