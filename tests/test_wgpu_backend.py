@@ -600,25 +600,30 @@ def test_missing_wgpu_makes_the_backend_unavailable_not_broken(monkeypatch):
         INFO.factory({})
 
 
-def test_dispatches_are_recorded_by_direct_calls_and_agree_with_the_methods(backend):
-    """run records the dispatches through wgpu-native's handles; profiling records them through wgpu-py's
-    methods (between timestamps): both give LiteRT's answer, bit for bit the same."""
+def test_each_run_records_a_fresh_encoder_by_direct_calls_with_or_without_timestamps(backend):
+    """run records encoder, pass, dispatches and submission through wgpu-native's handles, anew each run (a
+    command buffer is submitted once); profiling adds timestamps between the dispatches: every run gives
+    LiteRT's answer, bit for bit the same, and a profiled run times every op."""
     rng = np.random.default_rng(23)
     model = small_network(rng)
     g = read_model(model).main
     compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
     dispatches = len(compiled.launches)
-    assert compiled.describe()["encoding"] == f"direct wgpu-native calls ({dispatches} dispatches, one pass)"
+    assert compiled.describe()["encoding"] == f"direct wgpu-native calls ({dispatches} dispatches, one pass, one submission)"
     assert len(compiled.launches) >= 2
     inputs = [normal(rng, (1, 9, 10, 3))]
     direct = run_compiled(backend, g, compiled, inputs)
     assert_close(direct, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+    again = run_compiled(backend, g, compiled, inputs)
     compiled.set_profiling(True)
     try:
         if compiled.profiler is not None:  # the adapter has timestamps (lavapipe does)
-            assert compiled.describe()["encoding"].startswith("wgpu-py methods")
+            assert compiled.describe()["encoding"].endswith("one submission, timestamps between dispatches)")
         stamped = run_compiled(backend, g, compiled, inputs)
+        if compiled.profiler is not None:
+            assert set(compiled.profile()) == {d.ops[0] for d in compiled.program.launches if d.ops}
     finally:
         compiled.set_profiling(False)
-    for a, b in zip(direct, stamped):
+    for a, b, c in zip(direct, again, stamped):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
