@@ -280,6 +280,11 @@ def _conv(plan: "KernelList", k: Kernel, call: Call) -> None:
 
 
 def _depthwise(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """The kit's channel multiplier as a shader constant rather than a uniform: the lane gathers of a
+    multiplier above 1 then compile out of the inner loop where it is 1 (nearly every depthwise layer)."""
+    multiplier = next(arg.value for arg in call.args if isinstance(arg, ParamArg) and arg.name == "multiplier")
+    k.params = [param for param in k.params if param[0] != "multiplier"]
+    k.substitutions["MULTIPLIER"] = str(multiplier)
     _spatial(plan, k, call.output[1], 1)
 
 
