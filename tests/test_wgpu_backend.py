@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions, read_model
 from delegate.errors import CacheError, PluginError
+from delegate.native import find_compiler
 from delegate.cache import CacheWarning
 from delegate.partition import make_partition
 from delegate.planner import PlacementSettings
@@ -600,16 +601,19 @@ def test_missing_wgpu_makes_the_backend_unavailable_not_broken(monkeypatch):
         INFO.factory({})
 
 
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler on this machine")
 def test_each_run_records_a_fresh_encoder_by_direct_calls_with_or_without_timestamps(backend):
-    """run records encoder, pass, dispatches and submission through wgpu-native's handles, anew each run (a
-    command buffer is submitted once); profiling adds timestamps between the dispatches: every run gives
-    LiteRT's answer, bit for bit the same, and a profiled run times every op."""
+    """run records encoder, pass and submission through wgpu-native's handles and the dispatches in one
+    call into record.c (the machine has a C compiler), anew each run (a command buffer is submitted once);
+    profiling puts timestamps between the dispatches: every run gives LiteRT's answer, bit for bit the
+    same, and a profiled run times every op."""
     rng = np.random.default_rng(23)
     model = small_network(rng)
     g = read_model(model).main
     compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
     dispatches = len(compiled.launches)
-    assert compiled.describe()["encoding"] == f"direct wgpu-native calls ({dispatches} dispatches, one pass, one submission)"
+    calls = f"direct wgpu-native calls ({dispatches} dispatches, one pass, one submission); "
+    assert compiled.describe()["encoding"] == calls + "the dispatches by record.c"
     assert len(compiled.launches) >= 2
     inputs = [normal(rng, (1, 9, 10, 3))]
     direct = run_compiled(backend, g, compiled, inputs)
@@ -618,7 +622,7 @@ def test_each_run_records_a_fresh_encoder_by_direct_calls_with_or_without_timest
     compiled.set_profiling(True)
     try:
         if compiled.profiler is not None:  # the adapter has timestamps (lavapipe does)
-            assert compiled.describe()["encoding"].endswith("one submission, timestamps between dispatches)")
+            assert compiled.describe()["encoding"] == calls + "a Python loop with timestamps between the dispatches"
         stamped = run_compiled(backend, g, compiled, inputs)
         if compiled.profiler is not None:
             assert set(compiled.profile()) == {d.ops[0] for d in compiled.program.launches if d.ops}
@@ -627,3 +631,22 @@ def test_each_run_records_a_fresh_encoder_by_direct_calls_with_or_without_timest
     for a, b, c in zip(direct, again, stamped):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler on this machine")
+def test_without_a_compiler_a_python_loop_records_the_same_dispatches(backend, monkeypatch):
+    """Where record.c cannot be built, the dispatches go through the same entry points from a Python loop,
+    with the reason in the description, and give the same bits."""
+    from delegate_wgpu import compiled as compiled_module
+    rng = np.random.default_rng(24)
+    model = small_network(rng)
+    g = read_model(model).main
+    inputs = [normal(rng, (1, 9, 10, 3))]
+    native = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
+    monkeypatch.setattr(compiled_module, "_LOADED", ["no C compiler found"])
+    looped = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
+    assert looped.describe()["encoding"].endswith("; the dispatches by a Python loop (no C compiler found)")
+    assert native.describe()["encoding"].endswith("; the dispatches by record.c")
+    expected = run_compiled(backend, g, native, inputs)
+    for a, b in zip(expected, run_compiled(backend, g, looped, inputs)):
+        np.testing.assert_array_equal(a, b)

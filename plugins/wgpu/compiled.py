@@ -10,7 +10,9 @@ as little Python as that takes: encoder, pass, dispatches, copies and the
 submission are direct wgpu-native calls on the handles kept at compile time
 (:class:`NativeEncoding`; wgpu-py's methods cost several times as much
 Python per call: argument checks, descriptor structs, a wrapper object per
-encoder, pass and command buffer).  Host data moves only for inputs
+encoder, pass and command buffer), and the dispatches one call into
+record.c (:class:`Dispatches`; built like the CPU plugin's native loops, into
+the user cache; without a C compiler a Python loop makes the same calls).  Host data moves only for inputs
 arriving from the host (uploaded as the caller's array, converted on the
 device) and for outputs read back by ``to_host`` (converted on the device,
 copied in the same submission once the host has asked for them).
@@ -18,14 +20,17 @@ copied in the same submission once the host has asked for them).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from delegate.gpu import to_phwc4
 from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
-from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization
+from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
 from .device import DeviceContext, import_wgpu, map_for_reading
 from delegate.gpu.plan import LaunchSpec, TensorSpec
@@ -70,6 +75,10 @@ class NativeEncoding:
         self.descriptors = (ffi.new("WGPUCommandEncoderDescriptor *"), ffi.new("WGPUComputePassDescriptor *"),
                             ffi.new("WGPUCommandBufferDescriptor *"))
 
+    def address(self, handle) -> int:
+        """A handle (or entry point) as the integer record.c takes."""
+        return int(self.ffi.cast("uintptr_t", handle))
+
     def encoder(self):
         return self.libf.wgpuDeviceCreateCommandEncoder(self.device, self.descriptors[0])
 
@@ -103,6 +112,57 @@ class NativeEncoding:
 
     def release(self, encoder) -> None:
         self.lib.wgpuCommandEncoderRelease(encoder)
+
+
+SOURCE = Path(__file__).with_name("record.c")
+_LOCK = threading.Lock()
+_LOADED: list = []  # [the record_dispatches entry point | str (why there is none)] once tried
+
+
+def record_loop():
+    """record.c's entry point, built and loaded on the first call; else why it cannot be."""
+    with _LOCK:
+        if not _LOADED:
+            built = load_library(SOURCE, (["-O2"],), "wgpu")
+            if built.library is None:
+                _LOADED.append(built.reason)
+            else:
+                call = built.library.record_dispatches
+                call.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64]
+                call.restype = None
+                _LOADED.append(call)
+        return _LOADED[0]
+
+
+class Dispatches:
+    """A partition's dispatches (handles, in order) ready to record: as arrays for one record.c call,
+    made once, or, without it, the handles for :meth:`NativeEncoding.record`'s loop (``reason`` says why)."""
+
+    def __init__(self, native: NativeEncoding, launches: Sequence[tuple]):
+        self.native, self.launches = native, list(launches)
+        loop = record_loop()
+        self.reason = loop if isinstance(loop, str) else ""
+        self.loop = None if self.reason or not self.launches else loop
+        if self.loop is None:
+            return
+        address = native.address
+        count = self.count = len(self.launches)
+        self.functions = [address(native.ffi.addressof(native.lib, name)) for name in (
+            "wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSetBindGroup",
+            "wgpuComputePassEncoderDispatchWorkgroups")]
+        self.pipelines = (ctypes.c_void_p * count)(*(address(launch[0]) for launch in self.launches))
+        self.groups = (ctypes.c_void_p * count)(*(address(launch[1]) for launch in self.launches))
+        self.counts = (ctypes.c_uint32 * (3 * count))(*(n for launch in self.launches for n in launch[2:]))
+
+    def record(self, compute) -> None:
+        if self.loop is None:
+            self.native.record(compute, self.launches)
+        else:
+            self.loop(*self.functions, self.native.address(compute), self.pipelines, self.groups, self.counts,
+                      self.count)
+
+    def describe(self) -> str:
+        return "record.c" if self.loop is not None or not self.reason else f"a Python loop ({self.reason})"
 
 
 class DeviceTensor:
@@ -301,7 +361,7 @@ class WgpuCompiled(CompiledPartition):
                 if self.profiler:
                     self._record_stamped(compute, self.profiler.stamp)
                 else:
-                    native.record(compute, self.handles)
+                    self.dispatches.record(compute)
                 for tensor in self.outputs:
                     if tensor.wanted:
                         tensor.record_conversion(compute)
@@ -337,7 +397,7 @@ class WgpuCompiled(CompiledPartition):
         try:
             compute = native.begin_pass(encoder)
             try:
-                native.record(compute, self.handles)
+                self.dispatches.record(compute)
             finally:
                 native.end_pass(compute)
             native.copy(encoder, self.uniforms._internal, 0, self.fence._internal, 0, 4)
@@ -352,6 +412,7 @@ class WgpuCompiled(CompiledPartition):
         """The launches as wgpu-native handles for run's direct calls; again whenever ``launches`` change
         (tuning): a handle outliving its object would be used after wgpu-py released it."""
         self.handles = [handles(launch) for launch in self.launches]
+        self.dispatches = Dispatches(self.native, self.handles)
 
     def _record_stamped(self, compute, stamp) -> None:
         """Every dispatch between timestamps."""
@@ -372,8 +433,10 @@ class WgpuCompiled(CompiledPartition):
         return self.profiler.per_op() if self.profiler else {}
 
     def describe(self) -> dict[str, Any]:
-        stamps = ", timestamps between dispatches" if self.profiler else ""
-        encoding = f"direct wgpu-native calls ({len(self.launches)} dispatches, one pass, one submission{stamps})"
+        recording = ("a Python loop with timestamps between the dispatches" if self.profiler else
+                     f"the dispatches by {self.dispatches.describe()}")
+        encoding = (f"direct wgpu-native calls ({len(self.launches)} dispatches, one pass, one submission); "
+                    f"{recording}")
         return {**self.facts, "encoding": encoding}
 
 
