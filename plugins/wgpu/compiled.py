@@ -6,16 +6,17 @@ source), bind groups and read-back buffers.  A run records one command
 encoder with one compute pass holding every dispatch of the partition and
 submits it once.  WebGPU lets a command buffer be submitted only once
 (wgpu-native refuses a second submission), so each run records anew, with
-as little Python as that takes: encoder, pass, dispatches, copies and the
-submission are direct wgpu-native calls on the handles kept at compile time
+as little Python as that takes: encoder, pass, copies and the submission
+are direct wgpu-native calls on the handles kept at compile time
 (:class:`NativeEncoding`; wgpu-py's methods cost several times as much
 Python per call: argument checks, descriptor structs, a wrapper object per
 encoder, pass and command buffer), and the dispatches one call into
-record.c (:class:`Dispatches`; built like the CPU plugin's native loops, into
-the user cache; without a C compiler a Python loop makes the same calls).  Host data moves only for inputs
-arriving from the host (uploaded as the caller's array, converted on the
-device) and for outputs read back by ``to_host`` (converted on the device,
-copied in the same submission once the host has asked for them).
+record.c (:class:`Dispatches`; built like the CPU plugin's native loops,
+into the user cache; without a C compiler a Python loop makes the same
+calls).  Host data moves only for inputs arriving from the host (uploaded
+as the caller's array, converted on the device) and for outputs read back
+by ``to_host`` (converted on the device, copied in the same submission once
+the host has asked for them).
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class NativeEncoding:
 
     def submit(self, encoder) -> None:
         """Finish ``encoder`` and submit the command buffer (released after; the caller releases the encoder)."""
-        buffers = self.ffi.new("WGPUCommandBuffer[1]", [self.libf.wgpuCommandEncoderFinish(encoder, self.descriptors[2])])
+        finished = self.libf.wgpuCommandEncoderFinish(encoder, self.descriptors[2])
+        buffers = self.ffi.new("WGPUCommandBuffer[1]", [finished])
         try:
             self.libf.wgpuQueueSubmit(self.queue, 1, buffers)
         finally:
@@ -162,7 +164,7 @@ class Dispatches:
                       self.count)
 
     def describe(self) -> str:
-        return "record.c" if self.loop is not None or not self.reason else f"a Python loop ({self.reason})"
+        return f"a Python loop ({self.reason})" if self.reason else "record.c"
 
 
 class DeviceTensor:
@@ -426,7 +428,8 @@ class WgpuCompiled(CompiledPartition):
 
     def set_profiling(self, enabled: bool) -> None:
         """Time every dispatch of the following runs with GPU timestamps, where the adapter has them."""
-        self.profiler = _Profiler(self.context, self.native, self.program) if enabled and self.context.timestamps else None
+        timed = enabled and self.context.timestamps
+        self.profiler = _Profiler(self.context, self.native, self.program) if timed else None
 
     def profile(self) -> dict[int, float]:
         """Median milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
