@@ -251,24 +251,33 @@ def _concat_cases(inputs: int) -> dict[str, str]:
 
 
 MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
-FILL = {"pad": "p.fill"}  # what a mapping reads outside its inputs (input -1), when not zero
 
 
-def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
-    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
+def _gather_source(k: Kernel, mapping: str, inputs: int, fill: str = "0.0") -> Kernel:
+    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``, and
+    ``fill`` outside them (input -1)."""
     lanes, vectors = [], []
     for i in range(inputs):
         lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
         "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
-        f"    default: {{ return {FILL.get(mapping, '0.0')}; }}", "  }", "}",
+        f"    default: {{ return {fill}; }}", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
-        f"    default: {{ return V({FILL.get(mapping, '0.0')}); }}", "  }", "}"])
+        f"    default: {{ return V({fill}); }}", "  }", "}"])
     k.template = "gather"
     substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}
     return k
+
+
+def _pad(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """A PADV2's fill read from the kit's uniform; a zero fill (every PAD) is the shader's constant instead."""
+    fill = next(arg.value for arg in call.args if isinstance(arg, ParamArg) and arg.name == "fill")
+    if fill == 0.0:
+        k.params = [param for param in k.params if param[0] != "fill"]
+    else:
+        _gather_source(k, "pad", 1, "p.fill")
 
 
 def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
@@ -296,9 +305,10 @@ def _conv_split(plan: "KernelList", k: Kernel, call: Call) -> None:
     k.half = True
 
 
-# Kit templates whose launch this dialect shapes (its own tilings and workgroup algorithms).
+# Kit templates whose launch this dialect shapes or specialises (its own tilings and workgroup algorithms,
+# parameters that are shader constants here).
 SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv, "conv2d": _conv, "depthwise_conv2d": _depthwise,
-          "conv2d_split": _conv_split}
+          "conv2d_split": _conv_split, "pad": _pad}
 
 
 declare_templates(DIALECT, templates())
