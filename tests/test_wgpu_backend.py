@@ -286,6 +286,48 @@ def test_depthwise_then_1x1_runs_as_two_kernels(backend, multiplier, stride, dil
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
 
+def _shaders_of(compiled, template: str) -> list[str]:
+    program = compiled.program
+    return [program.shaders[d.params["shader"]] for d in program.launches if d.kernel == template]
+
+
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_the_depthwise_multiplier_is_a_shader_constant(backend, multiplier):
+    """The channel multiplier is compiled into the depthwise shader, not read from the uniform in the tap
+    loop (where it is 1 the lane gathers compile out), and the result matches LiteRT."""
+    rng = np.random.default_rng(32)
+    channels = 8 * multiplier
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 9, 8))
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, b.const("w", normal(rng, (1, 3, 3, channels))),
+                                        b.const("b", normal(rng, channels))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": multiplier}))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    (source,) = _shaders_of(compiled, "depthwise_conv2d")
+    assert f"const MULTIPLIER: i32 = {multiplier};" in source and "p.multiplier" not in source
+    inputs = [normal(rng, (1, 7, 9, 8))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [None, 0.0, 2.5])
+def test_a_zero_pad_fill_is_a_shader_constant(backend, fill):
+    """PAD (and PADV2 with a zero fill) pads with the shader's constant zero; another PADV2 fill is read
+    from the uniform; all match LiteRT."""
+    rng = np.random.default_rng(33)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 5, 6))
+    pads = b.const("p", np.array([[0, 0], [1, 2], [2, 1], [0, 0]], np.int32))
+    operands = [x, pads] if fill is None else [x, pads, b.const("v", np.array(fill, np.float32))]
+    b.output(b.op("PAD" if fill is None else "PADV2", operands))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    (source,) = _shaders_of(compiled, "gather")
+    assert ("p.fill" in source) == bool(fill)
+    inputs = [normal(rng, (1, 4, 5, 6))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
 def test_chained_folds_are_done_once_each(backend):
     """Three 1x1 convolutions of one pixel behind a PAD: the PAD folds into the first, which then runs on
     its own; the second and third run as one pair."""
