@@ -1,7 +1,7 @@
 """C libraries of the plugins, built on first use with the machine's C compiler and kept in the cache.
 
 One mechanism for every plugin that has a native part (the CPU kernels' loops, the OpenCL
-partition enqueue): find a compiler, build the source once per source, compiler, flags and
+partition enqueue, the WebGPU dispatch recording): find a compiler, build the source once per source, compiler, flags and
 machine in a private temporary directory, keep the library in the kernel cache (core/cache.py:
 HMAC-checked entries) and load the verified bytes themselves.  Without a compiler, or when no
 flag set builds, the caller gets the reason and runs its Python formulation instead.

@@ -354,19 +354,26 @@ for _code in ("ARG_MAX", "ARG_MIN"):
 case("DEPTH_TO_SPACE")(lambda rng: one_op("DEPTH_TO_SPACE", [(1, 2, 3, 12)], rng, options={"block_size": 2}))
 
 
-@case("LSTM", "basic")
-def _lstm(rng):
-    batch, inputs, units = 2, 5, 3
+def _basic_lstm(rng, units: int, scale: float):
+    """The basic LSTM cell on 2 rows of 5 inputs, weights and bias of ``scale`` (which sets how far the
+    gates' pre-activations reach)."""
+    batch, inputs = 2, 5
     b = GraphBuilder()
     xs = [b.input("x", (batch, inputs)), b.input("prev_activ", (batch, units))]
-    weights = b.const("w", normal(rng, (4 * units, inputs + units), 0.5))
-    bias = b.const("b", normal(rng, 4 * units, 0.5))
+    weights = b.const("w", normal(rng, (4 * units, inputs + units), scale))
+    bias = b.const("b", normal(rng, 4 * units, scale))
     prev_state = b.input("prev_state", (batch, units))
     outs = b.op("LSTM", [*xs, weights, bias, prev_state], version=2,
                 options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
                 shapes=[(batch, units), (batch, units), (batch, inputs + units), (batch, 4 * units)])
     b.output(*outs)
     return b.to_bytes(), [normal(rng, (batch, inputs)), normal(rng, (batch, units)), normal(rng, (batch, units))], None
+
+
+case("LSTM", "basic")(lambda rng: _basic_lstm(rng, 3, 0.5))
+# Gates far into saturation (pre-activations past +-10, where TANH clamps its input and LOGISTIC's exp
+# overflows or vanishes), over a second slice of units.
+case("LSTM", "saturated")(lambda rng: _basic_lstm(rng, 6, 6.0))
 
 
 @case("QUANTIZE", "int8")

@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions, read_model
 from delegate.errors import CacheError, PluginError
+from delegate.native import find_compiler
 from delegate.cache import CacheWarning
 from delegate.partition import make_partition
 from delegate.planner import PlacementSettings
@@ -262,12 +263,12 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=tolerance, atol=1e-5)
 
 
-@pytest.mark.parametrize("multiplier, stride, dilation, relu, channels, kernels", [
-    (1, 2, 1, True, 12, 1), (2, 1, 2, False, 10, 1), (1, 1, 1, False, 160, 2)])
-def test_depthwise_then_1x1_is_one_kernel_within_the_channel_limit(backend, multiplier, stride, dilation, relu,
-                                                                   channels, kernels):
-    """As on OpenCL: a depthwise convolution (its activation included) read only by a 1x1 convolution is
-    computed as the product reads each input vector, up to DEPTHWISE_FOLD_MAX_CHANNELS (128) channels."""
+@pytest.mark.parametrize("multiplier, stride, dilation, relu, channels", [
+    (1, 2, 1, True, 12), (2, 1, 2, False, 10), (1, 1, 1, False, 160)])
+def test_depthwise_then_1x1_runs_as_two_kernels(backend, multiplier, stride, dilation, relu, channels):
+    """Unlike OpenCL, whose product stages its input: a depthwise convolution read only by a 1x1 convolution
+    keeps its own kernel (matmul.wgsl would compute it once per group of output slices), and the pair
+    still matches LiteRT."""
     rng = np.random.default_rng(31)
     c = channels // multiplier
     b = GraphBuilder()
@@ -280,8 +281,50 @@ def test_depthwise_then_1x1_is_one_kernel_within_the_channel_limit(backend, mult
                   options={"padding": "VALID", "stride_w": 1, "stride_h": 1}))
     data = b.to_bytes()
     g, compiled = compile_whole(backend, data)
-    assert compiled.describe()["kernels"] == kernels
+    assert compiled.describe()["launches"] == ["DEPTHWISE_CONV_2D#0", "CONV_2D#1"]
     inputs = [normal(rng, (1, 9, 8, c))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
+def _shaders_of(compiled, template: str) -> list[str]:
+    program = compiled.program
+    return [program.shaders[d.params["shader"]] for d in program.launches if d.kernel == template]
+
+
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_the_depthwise_multiplier_is_a_shader_constant(backend, multiplier):
+    """The channel multiplier is compiled into the depthwise shader, not read from the uniform in the tap
+    loop (where it is 1 the lane gathers compile out), and the result matches LiteRT."""
+    rng = np.random.default_rng(32)
+    channels = 8 * multiplier
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 9, 8))
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, b.const("w", normal(rng, (1, 3, 3, channels))),
+                                        b.const("b", normal(rng, channels))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": multiplier}))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    (source,) = _shaders_of(compiled, "depthwise_conv2d")
+    assert f"const MULTIPLIER: i32 = {multiplier};" in source and "p.multiplier" not in source
+    inputs = [normal(rng, (1, 7, 9, 8))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [None, 0.0, 2.5])
+def test_a_zero_pad_fill_is_a_shader_constant(backend, fill):
+    """PAD (and PADV2 with a zero fill) pads with the shader's constant zero; another PADV2 fill is read
+    from the uniform; all match LiteRT."""
+    rng = np.random.default_rng(33)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 5, 6))
+    pads = b.const("p", np.array([[0, 0], [1, 2], [2, 1], [0, 0]], np.int32))
+    operands = [x, pads] if fill is None else [x, pads, b.const("v", np.array(fill, np.float32))]
+    b.output(b.op("PAD" if fill is None else "PADV2", operands))
+    data = b.to_bytes()
+    g, compiled = compile_whole(backend, data)
+    (source,) = _shaders_of(compiled, "gather")
+    assert ("p.fill" in source) == bool(fill)
+    inputs = [normal(rng, (1, 4, 5, 6))]
     assert_close(run_compiled(backend, g, compiled, inputs), litert_run(data, inputs), rtol=RTOL, atol=1e-5)
 
 
@@ -505,15 +548,13 @@ def test_cache_directory_is_private_and_unsafe_ones_are_refused(backend, tmp_pat
 
 
 def small_network(rng):
-    """One of each tiled kernel: a 3x3 convolution, a depthwise one (its bias added by an ADD, so that the
-    1x1 convolution after it does not compute it), a 1x1 convolution, a dense layer."""
+    """One of each tiled kernel: a 3x3 convolution, a depthwise one, a 1x1 convolution, a dense layer."""
     b = GraphBuilder()
     v = b.input("x", (1, 9, 10, 3))
     v = b.op("CONV_2D", [v, b.const("w0", normal(rng, (12, 3, 3, 3))), b.const("b0", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"})
     v = b.op("DEPTHWISE_CONV_2D", [v, b.const("w1", normal(rng, (1, 3, 3, 12))), b.const("b1", normal(rng, 12))],
              options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1})
-    v = b.op("ADD", [v, b.const("c1", normal(rng, 12))])
     v = b.op("CONV_2D", [v, b.const("w2", normal(rng, (40, 1, 1, 12))), b.const("b2", normal(rng, 40))],
              options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
     v = b.op("RESHAPE", [v, b.const("s", np.array([1, 1000], np.int32))], options={"new_shape": [1, 1000]})
@@ -602,25 +643,52 @@ def test_missing_wgpu_makes_the_backend_unavailable_not_broken(monkeypatch):
         INFO.factory({})
 
 
-def test_dispatches_are_recorded_by_direct_calls_and_agree_with_the_methods(backend):
-    """run records the dispatches through wgpu-native's handles; profiling records them through wgpu-py's
-    methods (between timestamps): both give LiteRT's answer, bit for bit the same."""
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler on this machine")
+def test_each_run_records_a_fresh_encoder_by_direct_calls_with_or_without_timestamps(backend):
+    """run records encoder, pass and submission through wgpu-native's handles and the dispatches in one
+    call into record.c (the machine has a C compiler), anew each run (a command buffer is submitted once);
+    profiling puts timestamps between the dispatches: every run gives LiteRT's answer, bit for bit the
+    same, and a profiled run times every op."""
     rng = np.random.default_rng(23)
     model = small_network(rng)
     g = read_model(model).main
     compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
     dispatches = len(compiled.launches)
-    assert compiled.describe()["encoding"] == f"direct wgpu-native calls ({dispatches} dispatches, one pass)"
+    calls = f"direct wgpu-native calls ({dispatches} dispatches, one pass, one submission); "
+    assert compiled.describe()["encoding"] == calls + "the dispatches by record.c"
     assert len(compiled.launches) >= 2
     inputs = [normal(rng, (1, 9, 10, 3))]
     direct = run_compiled(backend, g, compiled, inputs)
     assert_close(direct, litert_run(model, inputs), rtol=RTOL, atol=1e-5)
+    again = run_compiled(backend, g, compiled, inputs)
     compiled.set_profiling(True)
     try:
         if compiled.profiler is not None:  # the adapter has timestamps (lavapipe does)
-            assert compiled.describe()["encoding"].startswith("wgpu-py methods")
+            assert compiled.describe()["encoding"] == calls + "a Python loop with timestamps between the dispatches"
         stamped = run_compiled(backend, g, compiled, inputs)
+        if compiled.profiler is not None:
+            assert set(compiled.profile()) == {d.ops[0] for d in compiled.program.launches if d.ops}
     finally:
         compiled.set_profiling(False)
-    for a, b in zip(direct, stamped):
+    for a, b, c in zip(direct, again, stamped):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler on this machine")
+def test_without_a_compiler_a_python_loop_records_the_same_dispatches(backend, monkeypatch):
+    """Where record.c cannot be built, the dispatches go through the same entry points from a Python loop,
+    with the reason in the description, and give the same bits."""
+    from delegate_wgpu import compiled as compiled_module
+    rng = np.random.default_rng(24)
+    model = small_network(rng)
+    g = read_model(model).main
+    inputs = [normal(rng, (1, 9, 10, 3))]
+    native = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
+    monkeypatch.setattr(compiled_module, "_LOADED", ["no C compiler found"])
+    looped = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
+    assert looped.describe()["encoding"].endswith("; the dispatches by a Python loop (no C compiler found)")
+    assert native.describe()["encoding"].endswith("; the dispatches by record.c")
+    expected = run_compiled(backend, g, native, inputs)
+    for a, b in zip(expected, run_compiled(backend, g, looped, inputs)):
         np.testing.assert_array_equal(a, b)

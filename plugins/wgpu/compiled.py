@@ -4,25 +4,34 @@ Everything is created once here: buffers (constants uploaded), one uniform
 buffer with every dispatch's parameters, pipelines (shared per device by
 source), bind groups and read-back buffers.  A run records one command
 encoder with one compute pass holding every dispatch of the partition and
-submits it once; the dispatches are recorded by calling wgpu-native directly
-with the handles kept at compile time (wgpu-py's methods cost about twice as
-much Python per dispatch: argument checks, a C array per bind group); host
-data moves only for inputs arriving from the host (uploaded as the caller's
-array, converted on the device) and for outputs
-read back by ``to_host`` (converted on the device, copied in the same
-submission once the host has asked for them).
+submits it once.  WebGPU lets a command buffer be submitted only once
+(wgpu-native refuses a second submission), so each run records anew, with
+as little Python as that takes: encoder, pass, copies and the submission
+are direct wgpu-native calls on the handles kept at compile time
+(:class:`NativeEncoding`; wgpu-py's methods cost several times as much
+Python per call: argument checks, descriptor structs, a wrapper object per
+encoder, pass and command buffer), and the dispatches one call into
+record.c (:class:`Dispatches`; built like the CPU plugin's native loops,
+into the user cache; without a C compiler a Python loop makes the same
+calls).  Host data moves only for inputs arriving from the host (uploaded
+as the caller's array, converted on the device) and for outputs read back
+by ``to_host`` (converted on the device, copied in the same submission once
+the host has asked for them).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from delegate.gpu import to_phwc4
 from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
-from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization
+from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
 from .device import DeviceContext, import_wgpu, map_for_reading
 from delegate.gpu.plan import LaunchSpec, TensorSpec
@@ -42,19 +51,120 @@ class HostTensor:
 Launch = tuple  # (pipeline, bind group, workgroups x, y, z)
 
 
-def native_pass_calls():
-    """wgpu-native's set-pipeline, set-bind-group and dispatch entry points (wgpu-py's own cffi library)."""
-    from wgpu.backends.wgpu_native._api import ffi, lib
-
-    return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
-            lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
-
-
-def record(compute, launch: Launch) -> None:
+def handles(launch: Launch) -> tuple:
+    """A launch as the wgpu-native handles :class:`NativeEncoding` records (the wgpu-py objects must outlive them)."""
     pipeline, group, x, y, z = launch
-    compute.set_pipeline(pipeline)
-    compute.set_bind_group(0, group)
-    compute.dispatch_workgroups(x, y, z)
+    return pipeline._internal, group._internal, x, y, z
+
+
+class NativeEncoding:
+    """wgpu-native's entry points for recording and submitting one command encoder, called directly.
+
+    Creating, finishing and submitting go through wgpu-py's error-capturing wrappers of the library, so a
+    validation error still raises; the calls per dispatch go to the library itself."""
+
+    def __init__(self, device):
+        from wgpu.backends.wgpu_native._api import ffi, lib, libf
+
+        self.ffi, self.lib, self.libf = ffi, lib, libf
+        self.device, self.queue = device._internal, device.queue._internal
+        self.copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        self.stamp = lib.wgpuComputePassEncoderWriteTimestamp
+        self.resolve = lib.wgpuCommandEncoderResolveQuerySet
+        self.calls = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+                      lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+        self.descriptors = (ffi.new("WGPUCommandEncoderDescriptor *"), ffi.new("WGPUComputePassDescriptor *"),
+                            ffi.new("WGPUCommandBufferDescriptor *"))
+
+    def address(self, handle) -> int:
+        """A handle (or entry point) as the integer record.c takes."""
+        return int(self.ffi.cast("uintptr_t", handle))
+
+    def encoder(self):
+        return self.libf.wgpuDeviceCreateCommandEncoder(self.device, self.descriptors[0])
+
+    def begin_pass(self, encoder):
+        return self.libf.wgpuCommandEncoderBeginComputePass(encoder, self.descriptors[1])
+
+    def end_pass(self, compute) -> None:
+        try:
+            self.libf.wgpuComputePassEncoderEnd(compute)
+        finally:
+            self.lib.wgpuComputePassEncoderRelease(compute)
+
+    def record(self, compute, launches) -> None:
+        """Dispatch ``launches`` (handles) in order, setting the pipeline only where it changes."""
+        set_pipeline, set_bind_group, dispatch, null = self.calls
+        current = None
+        for pipeline, group, x, y, z in launches:
+            if pipeline != current:
+                set_pipeline(compute, pipeline)
+                current = pipeline
+            set_bind_group(compute, 0, group, 0, null)
+            dispatch(compute, x, y, z)
+
+    def submit(self, encoder) -> None:
+        """Finish ``encoder`` and submit the command buffer (released after; the caller releases the encoder)."""
+        finished = self.libf.wgpuCommandEncoderFinish(encoder, self.descriptors[2])
+        buffers = self.ffi.new("WGPUCommandBuffer[1]", [finished])
+        try:
+            self.libf.wgpuQueueSubmit(self.queue, 1, buffers)
+        finally:
+            self.lib.wgpuCommandBufferRelease(buffers[0])
+
+    def release(self, encoder) -> None:
+        self.lib.wgpuCommandEncoderRelease(encoder)
+
+
+SOURCE = Path(__file__).with_name("record.c")
+_LOCK = threading.Lock()
+_LOADED: list = []  # [the record_dispatches entry point | str (why there is none)] once tried
+
+
+def record_loop():
+    """record.c's entry point, built and loaded on the first call; else why it cannot be."""
+    with _LOCK:
+        if not _LOADED:
+            built = load_library(SOURCE, (["-O2"],), "wgpu")
+            if built.library is None:
+                _LOADED.append(built.reason)
+            else:
+                call = built.library.record_dispatches
+                call.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64]
+                call.restype = None
+                _LOADED.append(call)
+        return _LOADED[0]
+
+
+class Dispatches:
+    """A partition's dispatches (handles, in order) ready to record: as arrays for one record.c call,
+    made once, or, without it, the handles for :meth:`NativeEncoding.record`'s loop (``reason`` says why)."""
+
+    def __init__(self, native: NativeEncoding, launches: Sequence[tuple]):
+        self.native, self.launches = native, list(launches)
+        loop = record_loop()
+        self.reason = loop if isinstance(loop, str) else ""
+        self.loop = None if self.reason or not self.launches else loop
+        if self.loop is None:
+            return
+        address = native.address
+        count = self.count = len(self.launches)
+        self.functions = [address(native.ffi.addressof(native.lib, name)) for name in (
+            "wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSetBindGroup",
+            "wgpuComputePassEncoderDispatchWorkgroups")]
+        self.pipelines = (ctypes.c_void_p * count)(*(address(launch[0]) for launch in self.launches))
+        self.groups = (ctypes.c_void_p * count)(*(address(launch[1]) for launch in self.launches))
+        self.counts = (ctypes.c_uint32 * (3 * count))(*(n for launch in self.launches for n in launch[2:]))
+
+    def record(self, compute) -> None:
+        if self.loop is None:
+            self.native.record(compute, self.launches)
+        else:
+            self.loop(*self.functions, self.native.address(compute), self.pipelines, self.groups, self.counts,
+                      self.count)
+
+    def describe(self) -> str:
+        return f"a Python loop ({self.reason})" if self.reason else "record.c"
 
 
 class DeviceTensor:
@@ -67,43 +177,47 @@ class DeviceTensor:
     runs again (as the CPU backend's arena outputs are).
     """
 
-    __slots__ = ("context", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
+    __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
                  "readback", "host", "wanted", "fresh")
 
-    def __init__(self, context: DeviceContext, buffers: list, storage: str, spec: TensorSpec,
+    def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None):
-        self.context, self.buffer, self.storage = context, buffers[spec.buffer], storage
+        self.context, self.native, self.buffer, self.storage = context, native, buffers[spec.buffer], storage
         self.shape = tuple(spec.shape)
         self.dtype = DType[spec.dtype]
         self.quant = None if spec.quant is None else Quantization(np.array([spec.quant[0]], np.float32),
                                                                   np.array([spec.quant[1]], np.int64))
         self.nbytes = storage_nbytes(self.shape, storage)
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
-        self.convert = convert
+        self.convert = convert  # the wgpu-py objects, kept alive for their handles
         self.readback = None  # made when first wanted: most outputs only ever feed other partitions
         self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
         self.wanted = self.fresh = False
 
     def record_conversion(self, compute) -> None:
         if self.convert:
-            record(compute, self.convert)
+            self.native.record(compute, (handles(self.convert),))
 
     def record_copy(self, encoder) -> None:
         if self.readback is None:
             usage = import_wgpu().BufferUsage
             self.readback = self.context.device.create_buffer(
                 size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
-        encoder.copy_buffer_to_buffer(self.source, 0, self.readback, 0, self.readback.size)
+        self.native.copy(encoder, self.source._internal, 0, self.readback._internal, 0, self.readback.size)
 
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
-            encoder = self.context.device.create_command_encoder()
-            compute = encoder.begin_compute_pass()
-            self.record_conversion(compute)
-            compute.end()
-            self.record_copy(encoder)
-            self.context.device.queue.submit([encoder.finish()])
+            native = self.native
+            encoder = native.encoder()
+            try:
+                compute = native.begin_pass(encoder)
+                self.record_conversion(compute)
+                native.end_pass(compute)
+                self.record_copy(encoder)
+                native.submit(encoder)
+            finally:
+                native.release(encoder)
             self.wanted = self.fresh = True
         map_for_reading(self.readback)
         try:  # one copy: from the mapped bytes into the array returned
@@ -181,12 +295,12 @@ class WgpuCompiled(CompiledPartition):
                                                        usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC)
         self.fence = None  # made by the first run_resident
         self.launches = [self.launch(d) for d in program.launches]
-        self.pass_calls = native_pass_calls()
+        self.native = NativeEncoding(device)
         self.prepare_encoding()
         self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
-        self.outputs = [DeviceTensor(context, self.buffers, program.storage, s, s.convert and self.launch(s.convert))
-                        for s in program.outputs]
+        self.outputs = [DeviceTensor(context, self.native, self.buffers, program.storage, s,
+                                     s.convert and self.launch(s.convert)) for s in program.outputs]
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
@@ -227,37 +341,43 @@ class WgpuCompiled(CompiledPartition):
         return pipeline, layout[0]
 
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
-        device = self.context.device
-        encoder = device.create_command_encoder()
-        conversions = []
+        queue, native = self.context.device.queue, self.native
+        copies, conversions = [], []
         for slot in self.inputs:
             value = inputs[slot.index]
             if (isinstance(value, DeviceTensor) and value.context is self.context
                     and value.storage == self.program.storage):
                 if value.buffer is not slot.buffer:
-                    encoder.copy_buffer_to_buffer(value.buffer, 0, slot.buffer, 0, slot.nbytes)
+                    copies.append((value.buffer._internal, slot.buffer._internal, slot.nbytes))
             else:
-                slot.upload(device.queue, value)
+                slot.upload(queue, value)
                 if slot.convert:
-                    conversions.append(slot.convert)
-        compute = encoder.begin_compute_pass()
-        for launch in conversions:
-            record(compute, launch)
-        if self.profiler:
-            self._record_stamped(compute, self.profiler.stamp)
-        else:
-            self._record(compute)
-        for tensor in self.outputs:
-            if tensor.wanted:
-                tensor.record_conversion(compute)
-        compute.end()
-        for tensor in self.outputs:
-            tensor.fresh = tensor.wanted
-            if tensor.wanted:
-                tensor.record_copy(encoder)
-        if self.profiler:
-            self.profiler.resolve(encoder)
-        device.queue.submit([encoder.finish()])
+                    conversions.append(handles(slot.convert))
+        encoder = native.encoder()
+        try:
+            for source, target, nbytes in copies:
+                native.copy(encoder, source, 0, target, 0, nbytes)
+            compute = native.begin_pass(encoder)
+            try:
+                native.record(compute, conversions)
+                if self.profiler:
+                    self._record_stamped(compute, self.profiler.stamp)
+                else:
+                    self.dispatches.record(compute)
+                for tensor in self.outputs:
+                    if tensor.wanted:
+                        tensor.record_conversion(compute)
+            finally:
+                native.end_pass(compute)
+            for tensor in self.outputs:
+                tensor.fresh = tensor.wanted
+                if tensor.wanted:
+                    tensor.record_copy(encoder)
+            if self.profiler:
+                self.profiler.resolve(encoder)
+            native.submit(encoder)
+        finally:
+            native.release(encoder)
         if self.profiler:
             self.profiler.collect()
         return self.results
@@ -271,16 +391,21 @@ class WgpuCompiled(CompiledPartition):
     def run_resident(self) -> bool:
         """One submission of the partition's dispatches on the inputs already in its buffers, no uploads,
         conversions or read-backs, and the wait for it (by mapping a 4-byte fence the submission writes)."""
-        device = self.context.device
+        native = self.native
         if self.fence is None:
             usage = import_wgpu().BufferUsage
-            self.fence = device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST, label="fence")
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        self._record(compute)
-        compute.end()
-        encoder.copy_buffer_to_buffer(self.uniforms, 0, self.fence, 0, 4)
-        device.queue.submit([encoder.finish()])
+            self.fence = self.context.device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST, label="fence")
+        encoder = native.encoder()
+        try:
+            compute = native.begin_pass(encoder)
+            try:
+                self.dispatches.record(compute)
+            finally:
+                native.end_pass(compute)
+            native.copy(encoder, self.uniforms._internal, 0, self.fence._internal, 0, 4)
+            native.submit(encoder)
+        finally:
+            native.release(encoder)
         map_for_reading(self.fence)
         self.fence.unmap()
         return True
@@ -288,62 +413,56 @@ class WgpuCompiled(CompiledPartition):
     def prepare_encoding(self) -> None:
         """The launches as wgpu-native handles for run's direct calls; again whenever ``launches`` change
         (tuning): a handle outliving its object would be used after wgpu-py released it."""
-        self.handles = [(pipeline._internal, group._internal, x, y, z) for pipeline, group, x, y, z in self.launches]
-
-    def _record(self, compute) -> None:
-        """Every dispatch, by direct calls on the pass's handle (the pipeline set only where it changes)."""
-        set_pipeline, set_bind_group, dispatch, null = self.pass_calls
-        handle, current = compute._internal, None
-        for pipeline, group, x, y, z in self.handles:
-            if pipeline != current:
-                set_pipeline(handle, pipeline)
-                current = pipeline
-            set_bind_group(handle, 0, group, 0, null)
-            dispatch(handle, x, y, z)
+        self.handles = [handles(launch) for launch in self.launches]
+        self.dispatches = Dispatches(self.native, self.handles)
 
     def _record_stamped(self, compute, stamp) -> None:
-        """Every dispatch between timestamps (wgpu-py's methods, which the timestamp writes go through)."""
-        for i, launch in enumerate(self.launches):
+        """Every dispatch between timestamps."""
+        for i, launch in enumerate(self.handles):
             stamp(compute, i)
-            record(compute, launch)
-        stamp(compute, len(self.launches))
+            self.native.record(compute, (launch,))
+        stamp(compute, len(self.handles))
 
     def op_timer(self) -> str:
         return "WebGPU timestamp queries" if self.context.timestamps else ""
 
     def set_profiling(self, enabled: bool) -> None:
         """Time every dispatch of the following runs with GPU timestamps, where the adapter has them."""
-        self.profiler = _Profiler(self.context, self.program) if enabled and self.context.timestamps else None
+        timed = enabled and self.context.timestamps
+        self.profiler = _Profiler(self.context, self.native, self.program) if timed else None
 
     def profile(self) -> dict[int, float]:
         """Median milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
         return self.profiler.per_op() if self.profiler else {}
 
     def describe(self) -> dict[str, Any]:
-        encoding = ("wgpu-py methods (profiling: timestamps between dispatches)" if self.profiler else
-                    f"direct wgpu-native calls ({len(self.launches)} dispatches, one pass)")
+        recording = ("a Python loop with timestamps between the dispatches" if self.profiler else
+                     f"the dispatches by {self.dispatches.describe()}")
+        encoding = (f"direct wgpu-native calls ({len(self.launches)} dispatches, one pass, one submission); "
+                    f"{recording}")
         return {**self.facts, "encoding": encoding}
 
 
 class Timestamps:
-    """``count`` GPU timestamps written inside a compute pass, resolved into a buffer and read back."""
+    """``count`` GPU timestamps written inside a compute pass (a wgpu-native handle), resolved into a buffer
+    and read back."""
 
-    def __init__(self, context: DeviceContext, count: int):
+    def __init__(self, context: DeviceContext, native: NativeEncoding, count: int):
         wgpu = import_wgpu()
-        from wgpu.backends.wgpu_native.extras import write_timestamp
-
         device = context.device
-        self.count = count
+        self.native, self.count = native, count
         self.queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
         self.resolved = device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self.readback = device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self.stamp = lambda compute, index: write_timestamp(compute, self.queries, index)
+
+    def stamp(self, compute, index: int) -> None:
+        self.native.stamp(compute, self.queries._internal, index)
 
     def resolve(self, encoder) -> None:
-        encoder.resolve_query_set(self.queries, 0, self.count, self.resolved, 0)
-        encoder.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, 8 * self.count)
+        self.native.resolve(encoder, self.queries._internal, 0, self.count, self.resolved._internal, 0)
+        self.native.copy(encoder, self.resolved._internal, 0, self.readback._internal, 0, 8 * self.count)
 
     def read(self) -> np.ndarray:
         """Milliseconds between consecutive timestamps of the submission just made."""
@@ -358,8 +477,8 @@ class Timestamps:
 class _Profiler(Timestamps):
     """A timestamp before every dispatch and after the last, read back after each run."""
 
-    def __init__(self, context: DeviceContext, program: Program):
-        super().__init__(context, len(program.launches) + 1)
+    def __init__(self, context: DeviceContext, native: NativeEncoding, program: Program):
+        super().__init__(context, native, len(program.launches) + 1)
         self.program = program
         self.samples: dict[int, list[float]] = {}
 

@@ -17,10 +17,9 @@ import numpy as np
 from delegate.gpu import Group, constant_value
 from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
-from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_depthwise_weights, pack_vector
+from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
-from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg,
-                                   conv_input, window_params)
+from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg
 from delegate.gpu.registry import declare_templates
 from delegate.plugin_api import Op, Tensor
 
@@ -104,11 +103,11 @@ def _on_one_pixel(op: Op) -> bool:
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
 # convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
-# as it reads it), a depthwise convolution read by a 1x1 convolution (computed as each input vector is
-# read, within the kit's channel limit), and a squeeze-and-excitation bottleneck of two one-pixel 1x1
-# convolutions (one kernel, ``_dense_pair``); a reader does one fold at most.
-FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, depthwise=lambda reader: True,
-                    chain=_on_one_pixel)
+# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
+# kernel, ``_dense_pair``); a reader does one fold at most.  A depthwise convolution keeps its own
+# kernel: matmul.wgsl reads each input vector once per slice group instead of staging it, so computing
+# the depthwise convolution there would repeat it for every group of output slices.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -153,8 +152,6 @@ def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
     if p.staged is None:
         k.tensor("src", p.src, p.shape)
         k.helpers.append(template("matmul_input"))
-    elif p.staged[0] == "depthwise":
-        _depthwise_input(plan, k, p.shape, p.staged[1])
     else:
         image, gate = gate_operands(p.staged[1].root)
         k.tensor("src", image.index, image.shape)
@@ -169,24 +166,6 @@ def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
     plan.tile(k, matmul_tiling(plan.device, rows, slices, depth), matmul_candidates(plan.device, rows, slices, depth),
               rows, slices)
     k.half = True
-
-
-def _depthwise_input(plan: KernelList, k: Kernel, rows: Sequence[int], source: Group) -> None:
-    """Make ``k``'s input the depthwise convolution ``source`` computed as each row is read
-    (matmul_input_depthwise.wgsl): the rows are its output's pixels (``p.src_d`` without a buffer)."""
-    op = source.root
-    x, extra, _ = conv_input(plan, op)
-    weights, out = constant_value(op.inputs[1]), op.outputs[0]
-    k.param("src_d", "vec4<i32>", dims(rows))
-    k.tensor("dw_src", x.index, x.shape)
-    k.read("dw_weights", plan.constant(("weights", op.index), pack_depthwise_weights(weights)))
-    k.read("dw_bias", plan.constant(("bias", op.index), pack_vector(constant_value(op.input(2)), out.shape[3])))
-    for arg in (*window_params(op, weights.shape[1], weights.shape[2], extra),
-                ParamArg("multiplier", "int", out.shape[3] // x.shape[3])):
-        k.uniform(arg)
-    chain = unary_chain(WGSL, [step.signature() for step in source.steps], "value")
-    k.helpers.append(f"fn depthwise_steps(value: V) -> V {{\n  return {chain};\n}}")
-    k.helpers.append(template("matmul_input_depthwise"))
 
 
 def _softmax(plan: "KernelList", k: Kernel, call: Call) -> None:
@@ -272,24 +251,33 @@ def _concat_cases(inputs: int) -> dict[str, str]:
 
 
 MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
-FILL = {"pad": "p.fill"}  # what a mapping reads outside its inputs (input -1), when not zero
 
 
-def _gather_source(k: Kernel, mapping: str, inputs: int) -> Kernel:
-    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``."""
+def _gather_source(k: Kernel, mapping: str, inputs: int, fill: str = "0.0") -> Kernel:
+    """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``, and
+    ``fill`` outside them (input -1)."""
     lanes, vectors = [], []
     for i in range(inputs):
         lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
         "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
-        f"    default: {{ return {FILL.get(mapping, '0.0')}; }}", "  }", "}",
+        f"    default: {{ return {fill}; }}", "  }", "}",
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
-        f"    default: {{ return V({FILL.get(mapping, '0.0')}); }}", "  }", "}"])
+        f"    default: {{ return V({fill}); }}", "  }", "}"])
     k.template = "gather"
     substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}
     return k
+
+
+def _pad(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """A PADV2's fill read from the kit's uniform; a zero fill (every PAD) is the shader's constant instead."""
+    fill = next(arg.value for arg in call.args if isinstance(arg, ParamArg) and arg.name == "fill")
+    if fill == 0.0:
+        k.params = [param for param in k.params if param[0] != "fill"]
+    else:
+        _gather_source(k, "pad", 1, "p.fill")
 
 
 def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
@@ -301,6 +289,11 @@ def _conv(plan: "KernelList", k: Kernel, call: Call) -> None:
 
 
 def _depthwise(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """The kit's channel multiplier as a shader constant rather than a uniform: the lane gathers of a
+    multiplier above 1 then compile out of the inner loop where it is 1 (nearly every depthwise layer)."""
+    multiplier = next(arg.value for arg in call.args if isinstance(arg, ParamArg) and arg.name == "multiplier")
+    k.params = [param for param in k.params if param[0] != "multiplier"]
+    k.substitutions["MULTIPLIER"] = str(multiplier)
     _spatial(plan, k, call.output[1], 1)
 
 
@@ -312,9 +305,10 @@ def _conv_split(plan: "KernelList", k: Kernel, call: Call) -> None:
     k.half = True
 
 
-# Kit templates whose launch this dialect shapes (its own tilings and workgroup algorithms).
+# Kit templates whose launch this dialect shapes or specialises (its own tilings and workgroup algorithms,
+# parameters that are shader constants here).
 SHAPED = {"softmax": _softmax, "transpose_conv2d": _transpose_conv, "conv2d": _conv, "depthwise_conv2d": _depthwise,
-          "conv2d_split": _conv_split}
+          "conv2d_split": _conv_split, "pad": _pad}
 
 
 declare_templates(DIALECT, templates())

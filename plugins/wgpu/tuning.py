@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from .compiled import Launch, Timestamps, WgpuCompiled, record
+from .compiled import Launch, Timestamps, WgpuCompiled, handles
 from .device import import_wgpu, map_for_reading
 
 REPEATS = 8  # dispatches per timing, so launch overhead and clock granularity matter little
@@ -24,29 +24,33 @@ class _Stopwatch:
 
     def __init__(self, compiled: WgpuCompiled):
         usage = import_wgpu().BufferUsage
-        self.device = compiled.context.device
-        self.timestamps = Timestamps(compiled.context, 2) if compiled.context.timestamps else None
-        self.source = self.device.create_buffer(size=4, usage=usage.COPY_SRC)
-        self.done = self.device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST)
+        device, self.native = compiled.context.device, compiled.native
+        self.timestamps = Timestamps(compiled.context, self.native, 2) if compiled.context.timestamps else None
+        self.source = device.create_buffer(size=4, usage=usage.COPY_SRC)
+        self.done = device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST)
 
     def __call__(self, launch: Launch) -> float:
-        best = float("inf")
+        best, native = float("inf"), self.native
         for _ in range(TRIALS):
-            encoder = self.device.create_command_encoder()
-            compute = encoder.begin_compute_pass()
-            if self.timestamps:
-                self.timestamps.stamp(compute, 0)
-            for _ in range(REPEATS):
-                record(compute, launch)
-            if self.timestamps:
-                self.timestamps.stamp(compute, 1)
-            compute.end()
-            if self.timestamps:
-                self.timestamps.resolve(encoder)
-            else:
-                encoder.copy_buffer_to_buffer(self.source, 0, self.done, 0, 4)
-            started = time.perf_counter()
-            self.device.queue.submit([encoder.finish()])
+            encoder = native.encoder()
+            try:
+                compute = native.begin_pass(encoder)
+                try:
+                    if self.timestamps:
+                        self.timestamps.stamp(compute, 0)
+                    native.record(compute, (handles(launch),) * REPEATS)
+                    if self.timestamps:
+                        self.timestamps.stamp(compute, 1)
+                finally:
+                    native.end_pass(compute)
+                if self.timestamps:
+                    self.timestamps.resolve(encoder)
+                else:
+                    native.copy(encoder, self.source._internal, 0, self.done._internal, 0, 4)
+                started = time.perf_counter()
+                native.submit(encoder)
+            finally:
+                native.release(encoder)
             if self.timestamps:
                 best = min(best, float(self.timestamps.read()[0]))
             else:

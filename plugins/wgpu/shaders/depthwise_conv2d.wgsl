@@ -3,13 +3,14 @@
 // weights: [S_out][KH][KW] vectors of 4 output channels; window and spacing as for CONV_2D.
 // Grid: pixel groups along x, output rows along y, (image, slice) along z.
 const RM: i32 = ${RM};
+const MULTIPLIER: i32 = ${MULTIPLIER};
 
 fn input_vec(n: i32, y: i32, x: i32, s: i32) -> VA {
   let d = p.src_d;
-  if (p.multiplier == 1) {
+  if (MULTIPLIER == 1) {
     return VA(src[vidx(d, n, y, x, s)]);
   }
-  let c = min((vec4<i32>(s * 4) + vec4<i32>(0, 1, 2, 3)) / p.multiplier, vec4<i32>(p.src_c - 1));
+  let c = min((vec4<i32>(s * 4) + vec4<i32>(0, 1, 2, 3)) / MULTIPLIER, vec4<i32>(p.src_c - 1));
   return VA(V(src_lane(lidx(d, n, y, x, c.x)), src_lane(lidx(d, n, y, x, c.y)),
               src_lane(lidx(d, n, y, x, c.z)), src_lane(lidx(d, n, y, x, c.w))));
 }
