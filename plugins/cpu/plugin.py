@@ -328,6 +328,33 @@ def _ask_litert(op: Op) -> str | None:
     return None
 
 
+_LITERT_OWN_CUSTOM: dict[str, bool] = {}  # custom op name -> whether LiteRT's builtin resolver has a kernel
+
+
+def litert_lacks_custom(op: Op) -> bool:
+    """Whether ``op`` is a custom op LiteRT's own kernels cannot run (its builtin resolver alone refuses it).
+    Its XNNPACK delegate may still take some shapes of such an op, with conventions of its own (MediaPipe's
+    pooling indices as raw positions, not the op's window places): such an op runs on the project's kernel,
+    so that every backend and engine of a plan agree on what it computes."""
+    if not op.custom:
+        return False
+    if op.opcode not in _LITERT_OWN_CUSTOM:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+        from delegate.plugin_api import partition_model, write_model
+
+        inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant}.values())
+        probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
+        try:
+            with native_stderr(log):
+                Interpreter(model_content=write_model(partition_model(probe)),
+                            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+                            ).allocate_tensors()
+            _LITERT_OWN_CUSTOM[op.opcode] = True
+        except Exception:  # unresolved custom op (or the op's own refusal: then LiteRT does not run it either)
+            _LITERT_OWN_CUSTOM[op.opcode] = False
+    return not _LITERT_OWN_CUSTOM[op.opcode]
+
+
 def litert_installed() -> bool:
     try:
         import ai_edge_litert.interpreter  # noqa: F401
@@ -403,15 +430,23 @@ class CpuBackend(Backend):
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
 
-        With ``auto`` a partition LiteRT cannot take (a custom op it lacks) stays on numpy, its
-        refusal logged and kept in the compiled partition's description.  Either engine only ever
+        With ``auto`` a partition LiteRT cannot take stays on numpy, its refusal logged and kept in the
+        compiled partition's description; under either, a partition holding a custom op that LiteRT's own
+        kernels lack and the project has a kernel for runs on numpy (``litert_lacks_custom``).  Either engine only ever
         sees a model the session validated (delegate.validate) before planning.
         """
         engine = self.options.get("engine", "numpy")  # "auto" still falls back per partition
         if engine == "litert" and not litert_installed():
             raise CompileError("cpu engine 'litert' needs ai-edge-litert (pip install 'delegate[reference]')")
         refused = None
-        if engine in ("litert", "auto") and litert_installed():
+        lacking = sorted({op.opcode for op in partition.ops if op.custom and engine in ("litert", "auto")
+                          and litert_installed() and registry.find_kernel(op, self.custom) is not None
+                          and litert_lacks_custom(op)})
+        if lacking:
+            refused = (f"partition {partition.index} holds custom op {', '.join(lacking)}, which LiteRT's own "
+                       "kernels lack: the project's kernels run it")
+            log.info("cpu: %s", refused)
+        elif engine in ("litert", "auto") and litert_installed():
             try:
                 return LitertCompiled(partition, options.num_threads)
             except (RuntimeError, ValueError) as exc:
