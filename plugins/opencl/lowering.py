@@ -131,6 +131,7 @@ class ClLowering(Lowering):
 
     dialect = DIALECT
     image_rows = True  # matmul.cl reads a row per image (plane 1)
+    host_readers = frozenset({"conv2d"})  # conv2d.cl reads a partition input in host order (HOST_INPUT)
 
     def __init__(self, storage: np.dtype, compute_units: int):
         super().__init__()
@@ -182,12 +183,16 @@ class ClLowering(Lowering):
 
         def boundary(t: Tensor, into_device: bool) -> TensorSpec:
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
-            if self.storage == np.float32 and host_order(t.shape):
+            host = self.host_inputs.get(t.index) if into_device else None
+            if host is not None:
+                found.host_dtype, found.host_layout = host.dtype, t.index in self.host_bytes
+            if found.host_layout or (host is None and self.storage == np.float32 and host_order(t.shape)):
                 return found  # the host copies the NHWC bytes to or from the start of the buffer
             staging = ("staging", t.index)
             buffer_of[staging] = found.staging = len(buffers)
-            buffers.append(BufferSpec(max(int(np.prod(as_nhwc(t.shape))), 1) * 4, "staging"))
-            found.convert = spec(self.spell(boundary_call(staging, t, into_device)))
+            nbytes = host.nbytes if host is not None else max(int(np.prod(as_nhwc(t.shape))), 1) * 4
+            buffers.append(BufferSpec(nbytes, "staging"))
+            found.convert = spec(self.spell(boundary_call(staging, t, into_device, host)))
             return found
 
         launches = [spec(launch) for launch in self.launches]
@@ -211,7 +216,8 @@ class ClLowering(Lowering):
     def argument(self, arg) -> list[list]:
         """The kernel arguments of one argument of the kit's parameter contract."""
         if isinstance(arg, TensorArg):
-            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])]
+            dequant = [["float4", list(arg.host.dequant)]] if arg.host is not None else []
+            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])] + dequant
         if isinstance(arg, BroadcastArg):
             return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
         if isinstance(arg, HostArg):
@@ -248,9 +254,11 @@ class ClLowering(Lowering):
                                     local_size, label))
 
     # -- groups -------------------------------------------------------------
-    def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
+    def lower_all(self, groups: Sequence[Group], keep: Collection[int], inputs: Sequence[Tensor] = ()) -> None:
         """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision for this
-        dialect's :data:`FOLDS`) adds no launch of its own."""
+        dialect's :data:`FOLDS`) adds no launch of its own, nor does the conversion of an input (of
+        ``inputs``) that its one kernel reads in host order."""
+        self.receive(inputs, self.storage == np.float32)
         self.fold(groups, keep, FOLDS)
         for g in groups:
             self.lower(g)

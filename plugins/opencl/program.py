@@ -83,8 +83,12 @@ def _reduction(name: str) -> tuple[tuple[str, str], ...]:
     return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine), ("REDUCE_FINISH(total, count)", finish))
 
 
-# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum).
-SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),)}
+HOST_TYPES = {"float32": "float", "uint8": "uchar", "int8": "char"}
+
+# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum; the
+# element type of a partition input read in host order).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),),
+              "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),)}
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,20 @@
 // slice s of image n), so each weight vector it loads serves four outputs.
 // weights: [S_out][KH][KW][S_in][4 input lanes] vectors of 4 output channels.
 // geometry = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, dilation_x, dilation_y).
+// With HOST_INPUT the input is the partition's, read in host order from the caller's bytes (no
+// conversion kernel before this one; see host_vector in the prelude).
 #ifndef CONV_TAP  // once per program, however many variants of this template it holds
 #define CONV_TAP(acc, v, w0, w1, w2, w3) acc += (v).x * (w0) + (v).y * (w1) + (v).z * (w2) + (v).w * (w3)
 #endif
+#if defined(HOST_INPUT)
+#define CONV_INPUT __global const HOST_INPUT* in, int4 id, int in_channels, float4 dequant
+#define CONV_READ(row, c) HOST_READ(HOST_INPUT)(in, id, in_channels, dequant, n, iy, c, si)
+#else
+#define CONV_INPUT __global const STORAGE* in, int4 id, int in_channels
+#define CONV_READ(row, c) LOAD4(in, (row) + (c))
+#endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels,
+__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, CONV_INPUT,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);
@@ -31,10 +39,10 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
       for (int si = 0; si < id.z; ++si, row += plane, w += 4) {
         FLT4 w0 = LOAD4(weights, w), w1 = LOAD4(weights, w + 1), w2 = LOAD4(weights, w + 2),
              w3 = LOAD4(weights, w + 3);
-        CONV_TAP(a0, LOAD4(in, row + c0) * m0, w0, w1, w2, w3);
-        CONV_TAP(a1, LOAD4(in, row + c1) * m1, w0, w1, w2, w3);
-        CONV_TAP(a2, LOAD4(in, row + c2) * m2, w0, w1, w2, w3);
-        CONV_TAP(a3, LOAD4(in, row + c3) * m3, w0, w1, w2, w3);
+        CONV_TAP(a0, CONV_READ(row, c0) * m0, w0, w1, w2, w3);
+        CONV_TAP(a1, CONV_READ(row, c1) * m1, w0, w1, w2, w3);
+        CONV_TAP(a2, CONV_READ(row, c2) * m2, w0, w1, w2, w3);
+        CONV_TAP(a3, CONV_READ(row, c3) * m3, w0, w1, w2, w3);
       }
     }
   }
@@ -46,3 +54,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
     STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
   }
 }
+#undef CONV_INPUT
+#undef CONV_READ
