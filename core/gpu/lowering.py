@@ -222,16 +222,32 @@ class Lowering(Values):
     dialect = ""
     image_rows = False  # the dialect's product reads a row per image (a window covering the input)
     host_readers: frozenset[str] = frozenset()  # templates reading a partition input in host order (host_read)
+    host_writers: frozenset[str] = frozenset()  # templates storing a partition output in host order (host_write)
     busy_items = 1  # work items of 4 adjacent output vectors that keep the device busy (see conv_2d)
 
     def __init__(self) -> None:
         super().__init__()
         self.folded: dict[int, tuple[str, Group]] = {}  # result of a group its reader does -> (kind, group)
         self.host_inputs: dict[int, HostInput] = {}  # partition inputs whose host bytes are not PHWC4 (receive)
+        self.host_outputs: frozenset[int] = frozenset()  # partition outputs the host reads converted (receive)
 
-    def receive(self, inputs: Sequence[Tensor], storage_f32: bool) -> None:
-        """Note how the partition's ``inputs`` arrive from the host (:func:`host_input`)."""
+    def receive(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], ops: Collection[Op],
+                storage_f32: bool) -> None:
+        """Note how the partition's ``inputs`` arrive from the host (:func:`host_input`) and which of its
+        ``outputs`` the host reads through a conversion and no op of the partition (``ops``) reads."""
         self.host_inputs = {t.index: h for t in inputs if (h := host_input(t, storage_f32)) is not None}
+        members = {id(op) for op in ops}
+        self.host_outputs = frozenset(t.index for t in outputs if not (storage_f32 and host_order(t.shape))
+                                      and not any(id(use) in members for use in t.uses))
+
+    def host_write(self, key: Hashable, template: str) -> bool:
+        """Whether the kernel of ``template`` storing ``key`` stores it in host order (NHWC float32): a
+        partition output needing a conversion that no kernel of the partition reads, where the dialect's
+        template can (``host_writers``); the host then reads it without a conversion kernel."""
+        if key not in self.host_outputs or template not in self.host_writers:
+            return False
+        self.host_bytes[key] = 4 * max(int(np.prod(as_nhwc(self.tensors[key].shape))), 1)
+        return True
 
     def host_read(self, x: Tensor, template: str) -> HostInput | None:
         """The host bytes ``template`` reads for ``x``, when ``x`` is a partition input needing a conversion
@@ -258,6 +274,8 @@ class Lowering(Values):
 
     def call(self, call: Call) -> None:
         self._record(_tensors(call.ops, call.steps))
+        if call.output and self.host_write(call.output[0], call.template):
+            call.constants = (*call.constants, ("host_output", 1))
         for arg in call.args:
             if isinstance(arg, ConstantArg):
                 self.constants[arg.key] = np.ascontiguousarray(arg.values, np.float32)

@@ -57,7 +57,7 @@ def lower(partition: Partition, options: CompileOptions, precision: Precision, c
     lowering = ClLowering(precision.dtype, compute_units)
     keep = {t.index for t in partition.outputs}
     groups = plan_groups(ops, keep, float_view=options.allow_quantized)
-    lowering.lower_all(groups, keep, [t for t in partition.inputs if constant_value(t) is None])
+    lowering.lower_all(groups, keep, [t for t in partition.inputs if constant_value(t) is None], partition.outputs)
     plan = lowering.plan(partition, precision.storage)
     plan.facts["ops"] = sum(len(g.ops) for g in groups)
     return plan

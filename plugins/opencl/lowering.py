@@ -27,7 +27,7 @@ from delegate.gpu.registry import declare_templates
 from delegate.plugin_api import Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
-from .program import Variant, templates
+from .program import STORE_HOST, Variant, templates
 from .program import variant as template_variant
 
 DIALECT = "opencl"
@@ -132,6 +132,8 @@ class ClLowering(Lowering):
     dialect = DIALECT
     image_rows = True  # matmul.cl reads a row per image (plane 1)
     host_readers = frozenset({"conv2d"})  # conv2d.cl reads a partition input in host order (HOST_INPUT)
+    # every template storing its output through the prelude's STORE_OUT can store it in host order
+    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates"}
 
     def __init__(self, storage: np.dtype, compute_units: int):
         super().__init__()
@@ -184,8 +186,9 @@ class ClLowering(Lowering):
         def boundary(t: Tensor, into_device: bool) -> TensorSpec:
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
             host = self.host_inputs.get(t.index) if into_device else None
+            found.host_layout = t.index in self.host_bytes
             if host is not None:
-                found.host_dtype, found.host_layout = host.dtype, t.index in self.host_bytes
+                found.host_dtype = host.dtype
             if found.host_layout or (host is None and self.storage == np.float32 and host_order(t.shape)):
                 return found  # the host copies the NHWC bytes to or from the start of the buffer
             staging = ("staging", t.index)
@@ -254,11 +257,13 @@ class ClLowering(Lowering):
                                     local_size, label))
 
     # -- groups -------------------------------------------------------------
-    def lower_all(self, groups: Sequence[Group], keep: Collection[int], inputs: Sequence[Tensor] = ()) -> None:
+    def lower_all(self, groups: Sequence[Group], keep: Collection[int], inputs: Sequence[Tensor] = (),
+                  outputs: Sequence[Tensor] = ()) -> None:
         """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision for this
         dialect's :data:`FOLDS`) adds no launch of its own, nor does the conversion of an input (of
-        ``inputs``) that its one kernel reads in host order."""
-        self.receive(inputs, self.storage == np.float32)
+        ``inputs``) that its one kernel reads in host order or of an output (of ``outputs``) its kernel
+        stores in host order."""
+        self.receive(inputs, outputs, [op for g in groups for op in g.ops], self.storage == np.float32)
         self.fold(groups, keep, FOLDS)
         for g in groups:
             self.lower(g)
@@ -295,9 +300,11 @@ class ClLowering(Lowering):
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
             items = min(pow2_at_least(depth), MATVEC_GROUP)
+            stored = STORE_HOST if self.host_write(dst[1], "matvec") else ()
             self.add("matvec", steps, args + [src], dst_shape, (out_slices * items, 1, 1), ops,
-                     defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1), label=label)
+                     defines=(("ROWS", rows), ("GROUP", items)) + stored, local_size=(items, 1, 1), label=label)
             return
+        stored = STORE_HOST if self.host_write(dst[1], "matmul") else ()
         defines: tuple = ()
         staging = 1.0  # loads to stage one input vector
         if source is None:
@@ -316,7 +323,7 @@ class ClLowering(Lowering):
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
-                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)), label=label)
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)) + stored, label=label)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""

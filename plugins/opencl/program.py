@@ -85,10 +85,19 @@ def _reduction(name: str) -> tuple[tuple[str, str], ...]:
 
 HOST_TYPES = {"float32": "float", "uint8": "uchar", "int8": "char"}
 
+# How a template stores its output (the prelude's STORE_OUT): PHWC4 vectors in the storage type unless the
+# variant is specialised with "host_output" (the kit's Lowering.host_write), then NHWC float32 for the host.
+STORE_PHWC4 = (("OUT_STORAGE", "STORAGE"),
+               ("STORE_OUT(v, out, od, channels, n, y, x, s)",
+                "STORE4(mask_tail(v, s, channels), out, vec_index(od, n, y, x, s))"))
+STORE_HOST = (("OUT_STORAGE", "float"),
+              ("STORE_OUT(v, out, od, channels, n, y, x, s)", "host_store(TO_ACC4(v), out, od, channels, n, y, x, s)"))
+
 # A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum; the
-# element type of a partition input read in host order).
+# element type of a partition input read in host order; an output stored in host order).
 SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),),
-              "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),)}
+              "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),),
+              "host_output": lambda _: STORE_HOST}
 
 
 @dataclass(frozen=True)
@@ -139,9 +148,11 @@ def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
         params, body = epilogue_code(variant.epilogue)
         parts += [f"#define KERNEL_NAME {kernel_name(variant, i)}", f"#define EPILOGUE_PARAMS {params}",
                   f"#define EPILOGUE(v, n, y, x, s) {body}"]
-        parts += [f"#define {name} {value}" for name, value in variant.defines]
+        given = {name.split("(")[0] for name, _ in variant.defines}
+        defines = variant.defines + tuple(d for d in STORE_PHWC4 if d[0].split("(")[0] not in given)
+        parts += [f"#define {name} {value}" for name, value in defines]
         parts += [template(variant.template), "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
-        parts += [f"#undef {name.split('(')[0]}" for name, _ in variant.defines]
+        parts += [f"#undef {name.split('(')[0]}" for name, _ in defines]
     return "\n".join(parts) + "\n"
 
 

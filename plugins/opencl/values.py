@@ -128,7 +128,8 @@ def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype) -> 
     integers, goes from the caller's own memory to the device: no host copy, no conversion."""
     if not isinstance(value, ClValue):
         value = ClValue.stage(value)
-    if value.boundary is not None and value.storage == storage and not boundary.host_layout:
+    if value.boundary is not None and value.storage == storage and not (boundary.host_layout
+                                                                         or value.boundary.host_layout):
         if value.buffer.int_ptr != boundary.buffer.int_ptr:
             cl.enqueue_copy(queue, boundary.buffer, value.buffer)
         return []

@@ -15,7 +15,7 @@
 #define CONV_READ(row, c) LOAD4(in, (row) + (c))
 #endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, CONV_INPUT,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, CONV_INPUT,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);
@@ -51,7 +51,7 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, CONV
     int x = x0 + i;
     FLT4 v = results[i];
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }
 #undef CONV_INPUT

@@ -80,6 +80,21 @@ HOST_VECTOR(char)
 #define HOST_READ_(T) host_vector_##T
 #define HOST_READ(T) HOST_READ_(T)
 
+// A kernel's output vector at (n, y, x), slice s, stored by STORE_OUT (see delegate_opencl.program): as PHWC4
+// (OUT_STORAGE the storage type), or for a partition output no kernel of the partition reads (HOST_OUTPUT) its
+// channels in host order, NHWC float32 (OUT_STORAGE float), so the host reads them without a conversion kernel.
+inline void host_store(float4 v, __global float* out, int4 d, int channels, int n, int y, int x, int s) {
+  int c = s * 4, left = channels - c;
+  __global float* p = out + ((n * d.y + y) * d.x + x) * channels + c;
+  if (left >= 4) {
+    vstore4(v, 0, p);
+    return;
+  }
+  p[0] = v.x;
+  if (left > 1) p[1] = v.y;
+  if (left > 2) p[2] = v.z;
+}
+
 // Reads operand t (dimensions d) at an output position, broadcasting dimensions of size 1;
 // splat_channel is set when t has a single channel that stands for all of them.
 inline FLT4 read_bcast(__global const STORAGE* t, int4 d, int splat_channel, int n, int y, int x, int s) {
