@@ -234,10 +234,13 @@ class Lowering(Values):
     def receive(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], ops: Collection[Op],
                 storage_f32: bool) -> None:
         """Note how the partition's ``inputs`` arrive from the host (:func:`host_input`) and which of its
-        ``outputs`` the host reads through a conversion and no op of the partition (``ops``) reads."""
+        ``outputs`` the host reads through a conversion and no kernel of the partition reads: read by no op
+        of the partition (``ops``), the only result of its op (one of several may be read by the op's next
+        kernel, as an LSTM's gates are)."""
         self.host_inputs = {t.index: h for t in inputs if (h := host_input(t, storage_f32)) is not None}
         members = {id(op) for op in ops}
         self.host_outputs = frozenset(t.index for t in outputs if not (storage_f32 and host_order(t.shape))
+                                      and t.producer is not None and len(t.producer.outputs) == 1
                                       and not any(id(use) in members for use in t.uses))
 
     def host_write(self, key: Hashable, template: str) -> bool:
