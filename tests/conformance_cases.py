@@ -212,6 +212,24 @@ def _padded_input(rng):
     return b.to_bytes(), [normal(rng, (2, 6, 7, 3))]
 
 
+@case("CONV_2D", "squeeze_excite_batch2")
+def _squeeze_excite(rng):
+    """A squeeze-and-excitation block: global pooling, two one-pixel 1x1 convolutions (one kernel on both GPU
+    dialects), the sigmoid gate applied where the projection reads its input."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 5, 6, 10))
+    pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True})
+    valid = {**CONV, "padding": "VALID"}
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (3, 1, 1, 10), 0.5)), b.const("b1", normal(rng, (3,)))],
+                  options={**valid, "fused_activation_function": "RELU6"})
+    gate = b.op("LOGISTIC", [b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (10, 1, 1, 3), 0.5)),
+                                              b.const("b2", normal(rng, (10,)))], options=valid)])
+    gated = b.op("MUL", [x, gate], options={"fused_activation_function": "NONE"})
+    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (4, 1, 1, 10), 0.5)), b.const("b3", normal(rng, (4,)))],
+                  options=valid))
+    return b.to_bytes(), [normal(rng, (2, 5, 6, 10))]
+
+
 def quantized_conv(rng, opcode: str, dtype: str, x_quant, out_quant, shape=(1, 6, 7, 3), out=5):
     """A quantized convolution of a quantized model input: the GPUs' float view dequantizes the input on
     the device (in the convolution reading it, or in the input's conversion kernel)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
-from ..passes import depthwise_fold_fits, gate_operands  # noqa: F401  (the gate test is the shared pass's)
+from ..passes import chain_link, depthwise_fold_fits, gate_operands  # noqa: F401  (the shared pass's tests)
 from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
 from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -248,7 +248,8 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
             and folds.depthwise(reader):
         return "depthwise"
-    if folds.chain and pointwise(root) and unary_only and folds.chain(root) and folds.chain(reader):
+    if folds.chain and chain_link(root) and chain_link(reader) and unary_only and folds.chain(root) \
+            and folds.chain(reader):
         return "chain"
     return None
 
@@ -257,7 +258,7 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
     """The groups of a partition done by their reader's kernel: stored tensor index -> (kind, group).
 
     A group folds only when its result is not kept (a partition output) and its reader is in the
-    partition; without ``folds.nested`` a folded group reads no folded result.
+    partition; without ``folds.nested`` a folded group reads no folded result, and a chain never does.
     """
     members = {id(op) for g in groups for op in g.ops}
     found: dict[int, tuple[str, Group]] = {}
@@ -267,6 +268,8 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
         if not folds.nested and group.root.inputs[0].index in found:
             continue
         kind = fold_kind(group, folds)
+        if kind == "chain" and group.root.inputs[0].index in found:
+            continue  # the chain's kernel computes its first convolution from that convolution's own input
         if kind is not None:
             found[group.output.index] = (kind, group)
     return found

@@ -18,7 +18,7 @@ import numpy as np
 from delegate.gpu.constants import constant_value
 from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul
-from delegate.gpu.layout import (as_nhwc, host_order, pack_conv_weights, pack_depthwise_weights,
+from delegate.gpu.layout import (as_nhwc, dense_groups, host_order, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, slices)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
                                    Product, conv_input, epilogue_operands, window_params)
@@ -41,9 +41,10 @@ def _stages_input(reader: Op) -> bool:
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by a
 # windowed convolution (not a product, which reads no padding) as more padding; a depthwise
-# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input.
+# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input; two
+# one-pixel 1x1 convolutions (a squeeze-and-excitation bottleneck) as dense_pair.cl.
 FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or not is_matmul(reader),
-                    gate=_stages_input, depthwise=_stages_input, nested=True)
+                    gate=_stages_input, depthwise=_stages_input, chain=lambda reader: True, nested=True)
 
 
 # Work items per compute unit that keep the device busy: a convolution giving fewer shares each output's
@@ -279,8 +280,29 @@ class ClLowering(Lowering):
                   for part in self.argument(arg))]
 
     def emit_product(self, p: Product) -> None:
+        if p.staged is not None and p.staged[0] == "chain":
+            self.dense_pair(p)
+            return
         self.matmul(["buffer", p.src], p.shape, p.window, p.bias, ["buffer", p.output[0]], p.output[1], p.steps,
                     p.ops, p.staged[1] if p.staged else None, p.label)
+
+    def dense_pair(self, p: Product) -> None:
+        """Two 1x1 convolutions of one pixel in one launch (dense_pair.cl): the staged one, then ``p``'s."""
+        first = p.staged[1].root
+        x, hidden = first.inputs[0], as_nhwc(first.outputs[0].shape)[3]
+        w1 = dense_groups(constant_value(first.inputs[1]), as_nhwc(x.shape)[3])
+        weights = [pack_conv_weights(w).reshape(-1, 4) for w in (w1, p.window)]
+        bias = [pack_vector(constant_value(first.input(2)), len(w1)), pack_vector(p.bias, len(p.window))]
+        dst, out_slices, hidden_slices = ["buffer", p.output[0]], slices(len(p.window)), slices(hidden)
+        args = self.out_args(dst, p.output[1]) + [self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
+                                                 self.upload(np.concatenate(weights)), self.upload(np.concatenate(bias)),
+                                                 i32(hidden), i32(len(weights[0]))]
+        items = min(pow2_at_least(max(hidden_slices, out_slices)), MATVEC_GROUP)
+        act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)")
+        stored = STORE_HOST if self.host_write(dst[1], "dense_pair") else ()
+        self.add("dense_pair", p.steps, args, p.output[1], (items * as_nhwc(x.shape)[0], 1, 1), p.ops,
+                 defines=(("GROUP", items), ("HIDDEN", hidden_slices), ("HIDDEN_ACT(v)", act)) + stored,
+                 local_size=(items, 1, 1), label=p.label)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
                steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None, label: str = "") -> None:
