@@ -4,7 +4,8 @@ the ops that run inside a neighbour's kernel, found as *groups*.
 A group is an anchor op and the ops that travel with it (ONNX Runtime's fusable subgraphs, ExecuTorch's
 op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make its constant operands, the
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
-applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the activations and elementwise ops its kernel applies before
+applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
+reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
 storing, and the residual ADD a convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
@@ -24,7 +25,7 @@ import numpy as np
 from .ir import Op, Sparsity, Tensor
 
 FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
-                     "residual"})
+                     "reshape", "residual"})
 
 # Activations that clamp: (low, high); with PRELU, what "activation" fuses into its producer.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -152,6 +153,10 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
             for op in _constant_chains(anchor, keep):
                 if id(op) in members and id(op) not in owner:
                     take(anchor, op, "constant")
+        if "reshape" in fusions:
+            for op in _reshaped_inputs(anchor, keep):
+                if id(op) in members and id(op) not in owner:
+                    take(anchor, op, "reshape")
         source = _single_source(anchor, keep)
         if source is not None and id(source) in members:
             # a source already grouped comes with its group when that group stores what ``anchor`` reads
@@ -204,6 +209,16 @@ def _constant_chains(op: Op, keep: Collection[int]) -> list[Op]:
             t = t.producer.inputs[0]
         chain += reversed(links)
     return chain
+
+
+def _reshaped_inputs(op: Op, keep: Collection[int]) -> list[Op]:
+    """The float reshapes making inputs of concatenation ``op`` that only ``op`` reads: it reads their
+    inputs through their views."""
+    if op.opcode != "CONCATENATION" or op.custom:
+        return []
+    return [t.producer for t in op.inputs if t is not None and t.producer is not None
+            and t.producer.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") and not t.producer.custom
+            and not is_quantized_op(t.producer) and _sole_use(t, keep) is op]
 
 
 def _single_source(op: Op, keep: Collection[int]) -> Op | None:

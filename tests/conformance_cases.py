@@ -284,6 +284,22 @@ case("CONCATENATION", "three_unaligned_channels")(lambda rng: one_op(
     options={"axis": -1}))
 case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
     "CONCATENATION", [(2, 3, 2, 5), (2, 3, 4, 5)], rng, [normal(rng, (2, 3, 1, 5))], options={"axis": 2}))
+
+
+@case("CONCATENATION", "reshaped_inputs")
+def _reshaped_concat(rng):
+    """A detector's heads: per-pixel predictions of two feature maps reshaped to (boxes, values) and
+    concatenated along the boxes, one input computed (a RELU) and one straight from the model's input;
+    the OpenCL concatenation reads both through the reshapes (folded), WebGPU runs them."""
+    b = GraphBuilder()
+    x, y = b.input("x", (1, 3, 4, 12)), b.input("y", (1, 2, 2, 6))
+    a = b.op("RESHAPE", [b.op("RELU", [x]), b.const("sa", np.array([1, 24, 6], np.int32))],
+             options={"new_shape": [1, 24, 6]})
+    c = b.op("RESHAPE", [y, b.const("sc", np.array([1, 4, 6], np.int32))], options={"new_shape": [1, 4, 6]})
+    b.output(b.op("CONCATENATION", [a, c], options={"axis": 1}))
+    return b.to_bytes(), [normal(rng, (1, 3, 4, 12)), normal(rng, (1, 2, 2, 6))]
+
+
 case("SPACE_TO_BATCH_ND", "padded_batch2")(lambda rng: one_op(
     "SPACE_TO_BATCH_ND", [(2, 5, 6, 3)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 2]], np.int32)]))
 case("BATCH_TO_SPACE_ND", "cropped_batch2")(lambda rng: one_op(

@@ -199,6 +199,18 @@ def test_a_chain_of_two_one_pixel_convolutions_is_one_group():
     assert all("chain" not in g.kinds for g in find_groups(wide.ops, gpu))
 
 
+def test_reshapes_read_only_by_a_concatenation_travel_with_it():
+    """With OpenCL's fusions a concatenation's reshaped inputs are its group (``reshape``): it reads through
+    them; the RELU before one of them stays apart, and WebGPU's fusions group nothing there."""
+    from tests.conformance_cases import CASES
+    model, _, _ = next(c for c in CASES if c.id == "CONCATENATION:reshaped_inputs").make()
+    graph = read_model(model).main
+    opencl = {"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain", "reshape"}
+    described = {(g.anchor.index, tuple(op.index for op in g.folded), g.kinds) for g in find_groups(graph.ops, opencl)}
+    assert described == {(3, (1, 2), ("reshape", "reshape"))}
+    assert find_groups(graph.ops, opencl - {"reshape"}) == []
+
+
 @GPUS
 def test_a_chain_runs_as_one_kernel_and_matches_litert(backend):
     require_backend(backend)

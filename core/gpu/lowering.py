@@ -17,7 +17,8 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
   with ``p.<name>_d``, ``p.<name>_c``; with ``host`` (a partition input read by its one kernel in
   host order, see :meth:`Lowering.host_read`) the caller's NHWC bytes instead, followed by
   ``float4 dequant`` (OpenCL; no WGSL template reads one yet), the call's constant ``host_input``
-  naming their element type.
+  naming their element type; with ``view`` (the call's constant ``views``: a concatenation reading
+  through folded reshapes) followed by ``int4 view``, the NHWC shape the mapping reads it as.
 - :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and
   a single channel splat over all of them when :func:`splat_channel`: ``(buffer, int4 dims, int
   splat)`` | binding ``<name>`` read by ``broadcast_<name>(o)``.
@@ -93,6 +94,7 @@ class TensorArg:
     shape: tuple[int, ...]
     writable: bool = False  # a second result the template stores (an LSTM's cell state)
     host: HostInput | None = None  # a partition input read in host order from the caller's bytes
+    view: tuple[int, int, int, int] | None = None  # the NHWC shape a data movement reads it as (a folded reshape)
 
 
 @dataclass(frozen=True)
@@ -497,21 +499,33 @@ def split(lowering: Lowering, g: Group) -> None:
 
 
 def concat_call(inputs: Sequence[Tensor], axis: int, output: tuple[Hashable, tuple[int, ...]], ops: Sequence[Op],
-                steps: Sequence[Step] = (), label: str = "") -> Call:
+                steps: Sequence[Step] = (), label: str = "", sources: Sequence[Tensor] = ()) -> Call:
     """Every output element from the input holding its range along ``axis`` (NHWC view): input k holds
-    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow."""
+    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow.
+    ``sources``: what each input is read from, the input of a folded reshape (read through its view,
+    element by element) or the input itself."""
     sizes = [as_nhwc(t.shape)[axis] for t in inputs]
-    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
+    sources = list(sources) or list(inputs)
+    viewed = any(source is not t for source, t in zip(sources, inputs))
+    aligned = not viewed and (axis != 3 or all(size % 4 == 0 for size in sizes[:-1]))
     ends = [ParamArg(f"end{i}", "int", int(end)) for i, end in enumerate(np.cumsum(sizes))]
-    return _part("concat", [(t.index, t.shape) for t in inputs], aligned, ops, output, ParamArg("axis", "int", axis),
-                 *ends, steps=steps, label=label)
+    args = [TensorArg(f"in{i}", source.index, tuple(source.shape), view=as_nhwc(t.shape) if viewed else None)
+            for i, (source, t) in enumerate(zip(sources, inputs))]
+    return Call("concat", [*args, ParamArg("aligned", "int", int(aligned)), ParamArg("axis", "int", axis), *ends],
+                list(ops), output=output, steps=steps, label=label, constants=(("views", 1),) if viewed else ())
 
 
 @lowers_shared("CONCATENATION", templates=("concat",))
 def concatenation(lowering: Lowering, g: Group) -> None:
+    """One launch for all inputs; an input made by a reshape folded into it (the dialect's ``reshape``
+    fold) is read through the reshape's view of that reshape's own input."""
     op = g.root
     axis = nhwc_axis(op.options.get("axis", 0), len(g.output.shape))
-    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), g.ops, g.steps))
+    folded = [lowering.folded.get(t.index) for t in op.inputs]
+    reshapes = sorted((f[1].root for f in folded if f is not None and f[0] == "reshape"), key=lambda r: r.index)
+    sources = [f[1].root.inputs[0] if f is not None and f[0] == "reshape" else t for f, t in zip(folded, op.inputs)]
+    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), reshapes + g.ops, g.steps,
+                              sources=sources))
 
 
 @lowers_shared("PACK", templates=("pack",))

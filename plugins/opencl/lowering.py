@@ -42,9 +42,11 @@ def _stages_input(reader: Op) -> bool:
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by a
 # windowed convolution (not a product, which reads no padding) as more padding; a depthwise
 # convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input; two
-# one-pixel 1x1 convolutions (a squeeze-and-excitation bottleneck) as dense_pair.cl.
+# one-pixel 1x1 convolutions (a squeeze-and-excitation bottleneck) as dense_pair.cl; a reshape read by
+# a concatenation through its view (gather.cl's GATHER_VIEWS).
 FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or not is_matmul(reader),
-                    gate=_stages_input, depthwise=_stages_input, chain=lambda reader: True, nested=True)
+                    gate=_stages_input, depthwise=_stages_input, chain=lambda reader: True,
+                    reshape=lambda reader: True, nested=True)
 
 
 # Work items per compute unit that keep the device busy: a convolution giving fewer shares each output's
@@ -220,8 +222,9 @@ class ClLowering(Lowering):
     def argument(self, arg) -> list[list]:
         """The kernel arguments of one argument of the kit's parameter contract."""
         if isinstance(arg, TensorArg):
-            dequant = [["float4", list(arg.host.dequant)]] if arg.host is not None else []
-            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])] + dequant
+            extra = [["float4", list(arg.host.dequant)]] if arg.host is not None else []
+            extra += [int4(*arg.view)] if arg.view is not None else []
+            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])] + extra
         if isinstance(arg, BroadcastArg):
             return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
         if isinstance(arg, HostArg):

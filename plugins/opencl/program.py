@@ -53,18 +53,23 @@ def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str
     the call's compile-time ``constants`` as macros; a mapping of gather.cl reads ``inputs`` tensors."""
     defines = tuple(define for name, value in constants for define in SPECIALISE[name](value))
     if template_name in MAPPINGS:
-        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + _gather_inputs(inputs)
+        views = any(name == "views" for name, _ in constants)
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + _gather_inputs(inputs, views)
                        + MAPPING_DEFINES.get(template_name, lambda inputs: ())(inputs) + defines)
     return Variant(template_name, steps, defines)
 
 
-def _gather_inputs(inputs: int) -> tuple[tuple[str, str], ...]:
-    """The arguments of gather.cl's inputs after the first, and the selection of the one a mapping names."""
+def _gather_inputs(inputs: int, views: bool) -> tuple[tuple[str, str], ...]:
+    """The arguments of gather.cl's inputs after the first (each with its view when ``views``), and the
+    selection of the one a mapping names."""
     if inputs == 1:
         return ()
     more = range(1, inputs)
-    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c" for i in more)),
-            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c; }}"
+    view = (lambda i: f", int4 in{i}_v") if views else (lambda i: "")
+    select = (lambda i: f" fv = in{i}_v;") if views else (lambda i: "")
+    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c{view(i)}"
+                                      for i in more)),
+            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c;{select(i)} }}"
                                        for i in more)))
 
 
@@ -94,10 +99,11 @@ STORE_HOST = (("OUT_STORAGE", "float"),
               ("STORE_OUT(v, out, od, channels, n, y, x, s)", "host_store(TO_ACC4(v), out, od, channels, n, y, x, s)"))
 
 # A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum; the
-# element type of a partition input read in host order; an output stored in host order).
+# element type of a partition input read in host order; an output stored in host order; gather inputs
+# read through views).
 SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),),
               "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),),
-              "host_output": lambda _: STORE_HOST}
+              "host_output": lambda _: STORE_HOST, "views": lambda _: (("GATHER_VIEWS", 1),)}
 
 
 @dataclass(frozen=True)

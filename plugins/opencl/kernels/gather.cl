@@ -17,7 +17,9 @@
 //   MAP_CONCAT          input k holds the range [end_{k-1}, end_k) of axis `axis`
 //   MAP_PACK            axis `axis` of the output names the input; its coordinate there is at without the axis
 // The mappings reading several inputs (in, in1, in2 ...: GATHER_INPUTS, their arguments) set `input`, and
-// GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.
+// GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.  With GATHER_VIEWS
+// each input also has a view `fv` (N, H, W, C): the mapping's coordinate is in the view, an input as a
+// folded reshape's output sees it, and names the element of the same NHWC order in the input's storage.
 #if defined(MAP_TILE)
 #define MAP_PARAMS
 #elif defined(MAP_SPACE_TO_DEPTH)
@@ -43,9 +45,14 @@
 #define GATHER_INPUTS
 #define GATHER_SELECT
 #endif
+#if defined(GATHER_VIEWS)
+#define GATHER_VIEW , int4 in_v
+#else
+#define GATHER_VIEW
+#endif
 
 __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int in_channels GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
+                          int in_channels GATHER_VIEW GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -104,9 +111,17 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
     __global const STORAGE* from = in;
     int4 fd = id;
     int fc = in_channels;
+#if defined(GATHER_VIEWS)
+    int4 fv = in_v;
+    GATHER_SELECT
+    int inside = all(src >= 0) && all(src < fv);
+    int flat = ((src.x * fv.y + src.y) * fv.z + src.z) * fv.w + src.w;
+    src = (int4)(flat / (fd.y * fd.x * fc), flat / (fd.x * fc) % fd.y, flat / fc % fd.x, flat % fc);
+#else
     GATHER_SELECT
     int4 bound = (int4)(fd.w, fd.y, fd.x, fc);
     int inside = all(src >= 0) && all(src < bound);
+#endif
 #if defined(MAP_PAD)
     if (!inside) {
       v = (FLT4)((FLT)fill);
@@ -126,3 +141,4 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
 #undef MAP_PARAMS
 #undef GATHER_INPUTS
 #undef GATHER_SELECT
+#undef GATHER_VIEW
