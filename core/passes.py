@@ -262,8 +262,8 @@ def chain_link(conv: Op) -> bool:
     """Whether ``conv`` can be a layer of a chain: a float 1x1 convolution of one pixel per image with at
     most CHAIN_MAX_WEIGHTS weights."""
     x = conv.input(0)
-    return (conv.opcode == "CONV_2D" and not conv.custom and _pointwise(conv) and x is not None and len(x.shape) == 4
-            and tuple(x.shape[1:3]) == (1, 1) and conv.inputs[1].size <= CHAIN_MAX_WEIGHTS)
+    return (conv.opcode == "CONV_2D" and not conv.custom and _pointwise(conv) and x is not None
+            and len(x.shape) == 4 and tuple(x.shape[1:3]) == (1, 1) and conv.inputs[1].size <= CHAIN_MAX_WEIGHTS)
 
 
 # A depthwise convolution computed inside the 1x1 convolution reading it is worth it only over a short

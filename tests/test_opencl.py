@@ -498,7 +498,8 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     squeeze = channels // 4 + 1
     conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
     hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
-                              b.const("b1", normal(rng, squeeze))], options={**conv, "fused_activation_function": "RELU"})
+                              b.const("b1", normal(rng, squeeze))],
+                  options={**conv, "fused_activation_function": "RELU"})
     gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
                             b.const("b2", normal(rng, channels))], options=conv)
     gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])

@@ -16,8 +16,8 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
 - :class:`TensorArg` a PHWC4 tensor: ``(buffer, int4 dims, int channels)`` | binding ``<name>``
   with ``p.<name>_d``, ``p.<name>_c``; with ``host`` (a partition input read by its one kernel in
   host order, see :meth:`Lowering.host_read`) the caller's NHWC bytes instead, followed by
-  ``float4 dequant`` (OpenCL; no WGSL template reads one yet), the call's constant ``host_input``
-  naming their element type; with ``view`` (the call's constant ``views``: a concatenation reading
+  ``float4 dequant`` (OpenCL; no WGSL template reads one yet), the call's constants ``host_input``
+  naming their element type and ``host_channels`` their channels (so the reads unroll); with ``view`` (the call's constant ``views``: a concatenation reading
   through folded reshapes) followed by ``int4 view``, the NHWC shape the mapping reads it as.
 - :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and
   a single channel splat over all of them when :func:`splat_channel`: ``(buffer, int4 dims, int
@@ -53,10 +53,10 @@ from ..strided import strided_slice_plan
 from ..errors import CompileError
 from .constants import constant_value, int_values
 from .fusion import Group, ReaderFolds, Step, is_matmul, pointwise, reader_folds
-from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, host_order, nhwc_axis, pack_axis, pack_conv_weights,
-                     pack_depthwise_weights, pack_vector, pad_before, padding_before, reduced_axes, resize_scales,
-                     same_storage, slices, split_parts, transpose_axes, transpose_conv_geometry, unpack_parts,
-                     window_padding)
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, host_order, nhwc_axis, pack_axis,
+                     pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before, reduced_axes,
+                     resize_scales, same_storage, slices, split_parts, transpose_axes, transpose_conv_geometry,
+                     unpack_parts, window_padding)
 from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import handler, lowers_shared
@@ -705,9 +705,11 @@ def conv_2d(lowering: Lowering, g: Group) -> None:
     items = -(-w // 4) * h * n * slices(c)
     split = items < lowering.busy_items and kh * kw * slices(as_nhwc(x.shape)[3]) >= 2 * SPLIT_GROUP
     host = None if split else lowering.host_read(x, "conv2d")
-    constants = (("group", SPLIT_GROUP),) if split else (("host_input", host.dtype),) if host else ()
+    constants = (("group", SPLIT_GROUP),) if split else \
+        (("host_input", host.dtype), ("host_channels", as_nhwc(x.shape)[3])) if host else ()
     lowering.call(Call("conv2d_split" if split else "conv2d", [
-        TensorArg("src", x.index, tuple(x.shape), host=host), ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
+        TensorArg("src", x.index, tuple(x.shape), host=host),
+        ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
         ConstantArg("bias", ("bias", op.index), pack_vector(bias, c)), *window_params(op, kh, kw, extra)],
         pad + g.ops, output=_output(g), steps=g.steps, constants=constants))
 

@@ -297,9 +297,9 @@ class ClLowering(Lowering):
         weights = [pack_conv_weights(w).reshape(-1, 4) for w in (w1, p.window)]
         bias = [pack_vector(constant_value(first.input(2)), len(w1)), pack_vector(p.bias, len(p.window))]
         dst, out_slices, hidden_slices = ["buffer", p.output[0]], slices(len(p.window)), slices(hidden)
-        args = self.out_args(dst, p.output[1]) + [self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]),
-                                                 self.upload(np.concatenate(weights)), self.upload(np.concatenate(bias)),
-                                                 i32(hidden), i32(len(weights[0]))]
+        args = self.out_args(dst, p.output[1]) + [
+            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), self.upload(np.concatenate(weights)),
+            self.upload(np.concatenate(bias)), i32(hidden), i32(len(weights[0]))]
         items = min(pow2_at_least(max(hidden_slices, out_slices)), MATVEC_GROUP)
         act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)")
         stored = STORE_HOST if self.host_write(dst[1], "dense_pair") else ()

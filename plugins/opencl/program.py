@@ -99,10 +99,11 @@ STORE_HOST = (("OUT_STORAGE", "float"),
               ("STORE_OUT(v, out, od, channels, n, y, x, s)", "host_store(TO_ACC4(v), out, od, channels, n, y, x, s)"))
 
 # A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum; the
-# element type of a partition input read in host order; an output stored in host order; gather inputs
-# read through views).
+# element type and channels of a partition input read in host order; an output stored in host order;
+# gather inputs read through views).
 SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),),
               "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),),
+              "host_channels": lambda channels: (("HOST_CHANNELS", channels),),
               "host_output": lambda _: STORE_HOST, "views": lambda _: (("GATHER_VIEWS", 1),)}
 
 

@@ -7,12 +7,14 @@
 #ifndef CONV_TAP  // once per program, however many variants of this template it holds
 #define CONV_TAP(acc, v, w0, w1, w2, w3) acc += (v).x * (w0) + (v).y * (w1) + (v).z * (w2) + (v).w * (w3)
 #endif
-#if defined(HOST_INPUT)
+#if defined(HOST_INPUT)  // HOST_CHANNELS channels: the slice loop and each read's lanes unroll
 #define CONV_INPUT __global const HOST_INPUT* in, int4 id, int in_channels, float4 dequant
-#define CONV_READ(row, c) HOST_READ(HOST_INPUT)(in, id, in_channels, dequant, n, iy, c, si)
+#define CONV_READ(row, c) HOST_READ(HOST_INPUT)(in, id, HOST_CHANNELS, dequant, n, iy, c, si)
+#define CONV_SLICES ((HOST_CHANNELS + 3) / 4)
 #else
 #define CONV_INPUT __global const STORAGE* in, int4 id, int in_channels
 #define CONV_READ(row, c) LOAD4(in, (row) + (c))
+#define CONV_SLICES id.z
 #endif
 
 __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, CONV_INPUT,
@@ -36,7 +38,7 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
       int c2 = clamp(ix + 2 * sx, 0, id.x - 1), c3 = clamp(ix + 3 * sx, 0, id.x - 1);
       int row = vec_index(id, n, iy, 0, 0);
       int w = ((s * geometry.y + ky) * geometry.x + kx) * id.z * 4;
-      for (int si = 0; si < id.z; ++si, row += plane, w += 4) {
+      for (int si = 0; si < CONV_SLICES; ++si, row += plane, w += 4) {
         FLT4 w0 = LOAD4(weights, w), w1 = LOAD4(weights, w + 1), w2 = LOAD4(weights, w + 2),
              w3 = LOAD4(weights, w + 3);
         CONV_TAP(a0, CONV_READ(row, c0) * m0, w0, w1, w2, w3);
@@ -56,3 +58,4 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
 }
 #undef CONV_INPUT
 #undef CONV_READ
+#undef CONV_SLICES
