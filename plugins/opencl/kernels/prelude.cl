@@ -64,19 +64,19 @@ inline FLT4 mask_tail(FLT4 v, int s, int channels) {
 
 // Slice s at (n, y, x) of a partition input in host order (NHWC with `channels` channels, d = (W, H,
 // S, N)), read by the kernel needing it instead of a converted PHWC4 copy: float32, or a quantized
-// input's integers dequantized with q = (scale, zero point) (q = (1, 0) leaves floats exact); lanes
-// past the channels are zero.  HOST_READ(T) names the reader of element type T.
-#define HOST_VECTOR(T) \
+// input's integers dequantized with q = (scale, zero point) (floats ignore q); lanes past the channels
+// are zero.  HOST_READ(T) names the reader of element type T.
+#define HOST_VECTOR(T, DEQUANT) \
   inline FLT4 host_vector_##T(__global const T* in, int4 d, int channels, float4 q, int n, int y, int x, int s) { \
     int c = s * 4, left = channels - c; \
     __global const T* p = in + ((n * d.y + y) * d.x + x) * channels + c; \
     float4 v = left >= 4 ? convert_float4(vload4(0, p)) \
                          : (float4)((float)p[0], left > 1 ? (float)p[1] : 0.0f, left > 2 ? (float)p[2] : 0.0f, 0.0f); \
-    return mask_tail(TO_FLT4((v - q.y) * q.x), s, channels); \
+    return mask_tail(TO_FLT4(DEQUANT), s, channels); \
   }
-HOST_VECTOR(float)
-HOST_VECTOR(uchar)
-HOST_VECTOR(char)
+HOST_VECTOR(float, v)
+HOST_VECTOR(uchar, (v - q.y) * q.x)
+HOST_VECTOR(char, (v - q.y) * q.x)
 #define HOST_READ_(T) host_vector_##T
 #define HOST_READ(T) HOST_READ_(T)
 
