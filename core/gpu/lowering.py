@@ -238,12 +238,30 @@ class Lowering(Values):
         """Note how the partition's ``inputs`` arrive from the host (:func:`host_input`) and which of its
         ``outputs`` the host reads through a conversion and no kernel of the partition reads: read by no op
         of the partition (``ops``), the only result of its op (one of several may be read by the op's next
-        kernel, as an LSTM's gates are)."""
+        kernel, as an LSTM's gates are); for an output a reshape keeping the bytes made, the reshape's
+        input, which its kernel then stores in host order."""
         self.host_inputs = {t.index: h for t in inputs if (h := host_input(t, storage_f32)) is not None}
         members = {id(op) for op in ops}
-        self.host_outputs = frozenset(t.index for t in outputs if not (storage_f32 and host_order(t.shape))
-                                      and t.producer is not None and len(t.producer.outputs) == 1
-                                      and not any(id(use) in members for use in t.uses))
+        kept = {t.index for t in outputs}
+
+        def stored(t: Tensor) -> Tensor | None:
+            """The tensor whose kernel stores ``t``'s bytes: ``t``, or what a reshape keeping the PHWC4 bytes
+            (no kernel: ``t`` shares its buffer) made ``t`` from, when nothing else reads that."""
+            op = t.producer
+            if op is None or op.custom or op.opcode not in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") \
+                    or id(op) not in members:
+                return t
+            x = op.inputs[0]
+            if not same_storage(x.shape, t.shape) or len(x.uses) != 1 or x.index in kept or x.producer is None \
+                    or t.quantization is not None:  # a quantized reshape rounds onto its grid: a kernel of its own
+                return t
+            return x
+
+        self.host_outputs = frozenset(
+            x.index for t in outputs if not (storage_f32 and host_order(t.shape))
+            for x in [stored(t)] if x.producer is not None and len(x.producer.outputs) == 1
+            and not any(id(use) in members for use in t.uses) and (x is t or not any(
+                id(use) in members and use is not t.producer for use in x.uses)))
 
     def host_write(self, key: Hashable, template: str) -> bool:
         """Whether the kernel of ``template`` storing ``key`` stores it in host order (NHWC float32): a

@@ -189,7 +189,7 @@ class ClLowering(Lowering):
         def boundary(t: Tensor, into_device: bool) -> TensorSpec:
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
             host = self.host_inputs.get(t.index) if into_device else None
-            found.host_layout = t.index in self.host_bytes
+            found.host_layout = planner.root(t.index) in self.host_bytes
             if host is not None:
                 found.host_dtype = host.dtype
             if found.host_layout or (host is None and self.storage == np.float32 and host_order(t.shape)):
