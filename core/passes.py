@@ -4,7 +4,8 @@ the ops that run inside a neighbour's kernel, found as *groups*.
 A group is an anchor op and the ops that travel with it (ONNX Runtime's fusable subgraphs, ExecuTorch's
 op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make its constant operands, the
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
-applies while reading its input, the activations and elementwise ops its kernel applies before
+applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
+reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
 storing, and the residual ADD a convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
@@ -23,7 +24,8 @@ import numpy as np
 
 from .ir import Op, Sparsity, Tensor
 
-FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "residual"})
+FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
+                     "reshape", "residual"})
 
 # Activations that clamp: (low, high); with PRELU, what "activation" fuses into its producer.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -151,6 +153,10 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
             for op in _constant_chains(anchor, keep):
                 if id(op) in members and id(op) not in owner:
                     take(anchor, op, "constant")
+        if "reshape" in fusions:
+            for op in _reshaped_inputs(anchor, keep):
+                if id(op) in members and id(op) not in owner:
+                    take(anchor, op, "reshape")
         source = _single_source(anchor, keep)
         if source is not None and id(source) in members:
             # a source already grouped comes with its group when that group stores what ``anchor`` reads
@@ -205,6 +211,16 @@ def _constant_chains(op: Op, keep: Collection[int]) -> list[Op]:
     return chain
 
 
+def _reshaped_inputs(op: Op, keep: Collection[int]) -> list[Op]:
+    """The float reshapes making inputs of concatenation ``op`` that only ``op`` reads: it reads their
+    inputs through their views."""
+    if op.opcode != "CONCATENATION" or op.custom:
+        return []
+    return [t.producer for t in op.inputs if t is not None and t.producer is not None
+            and t.producer.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") and not t.producer.custom
+            and not is_quantized_op(t.producer) and _sole_use(t, keep) is op]
+
+
 def _single_source(op: Op, keep: Collection[int]) -> Op | None:
     """The producer of ``op``'s input 0 when ``op`` is its only reader."""
     t = op.input(0)
@@ -227,10 +243,27 @@ def _folds_into(group: list[tuple[Op, str]], conv: Op, fusions: Collection[str])
     if "gate" in fusions and len(group) == 1 and source.opcode == "MUL" and len(source.inputs) == 2 \
             and (source.options.get("fused_activation_function") or "NONE") == "NONE" and gate_operands(source):
         return "gate"
+    unary_after = all(op.opcode in EPILOGUE_UNARY or kind == "constant" for op, kind in group[1:])
     if "depthwise_pointwise" in fusions and source.opcode == "DEPTHWISE_CONV_2D" and depthwise_fold_fits(conv) \
-            and all(op.opcode in EPILOGUE_UNARY or kind == "constant" for op, kind in group[1:]):
+            and unary_after:
         return "depthwise_pointwise"
+    if "chain" in fusions and chain_link(source) and chain_link(conv) and unary_after:
+        return "chain"
     return None
+
+
+# Two 1x1 convolutions of one pixel per image (the bottleneck of a squeeze-and-excitation block) run as
+# one kernel of one work group per image, the first's result kept in local memory: worth a launch while
+# each layer's weights stay few enough for one work group to multiply quickly.
+CHAIN_MAX_WEIGHTS = 1 << 17
+
+
+def chain_link(conv: Op) -> bool:
+    """Whether ``conv`` can be a layer of a chain: a float 1x1 convolution of one pixel per image with at
+    most CHAIN_MAX_WEIGHTS weights."""
+    x = conv.input(0)
+    return (conv.opcode == "CONV_2D" and not conv.custom and _pointwise(conv) and x is not None
+            and len(x.shape) == 4 and tuple(x.shape[1:3]) == (1, 1) and conv.inputs[1].size <= CHAIN_MAX_WEIGHTS)
 
 
 # A depthwise convolution computed inside the 1x1 convolution reading it is worth it only over a short

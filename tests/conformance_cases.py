@@ -202,6 +202,57 @@ def conv(rng, shape, out, k, options, groups=1, opcode="CONV_2D"):
 case("CONV_2D", "3x3_stride2_relu6")(lambda rng: conv(rng, (1, 7, 6, 5), 6, 3, {
     "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}))
 case("CONV_2D", "1x1")(lambda rng: conv(rng, (2, 4, 5, 9), 7, 1, {}))
+
+
+@case("CONV_2D", "padded_input_batch2")
+def _padded_input(rng):
+    """A zero PAD of a 3-channel two-image input read by a VALID convolution: the PAD folds into the
+    convolution, which reads the partition input where the host wrote it (no conversion kernel)."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 6, 7, 3))
+    padded = b.op("PAD", [x, b.const("pads", np.array([[0, 0], [1, 1], [2, 1], [0, 0]], np.int32))])
+    b.output(b.op("CONV_2D", [padded, b.const("w", normal(rng, (5, 3, 3, 3), 0.5)), b.const("b", normal(rng, (5,)))],
+                  options={**CONV, "padding": "VALID"}))
+    return b.to_bytes(), [normal(rng, (2, 6, 7, 3))]
+
+
+@case("CONV_2D", "squeeze_excite_batch2")
+def _squeeze_excite(rng):
+    """A squeeze-and-excitation block: global pooling, two one-pixel 1x1 convolutions (one kernel on both GPU
+    dialects), the sigmoid gate applied where the projection reads its input."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 5, 6, 10))
+    pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True})
+    valid = {**CONV, "padding": "VALID"}
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (3, 1, 1, 10), 0.5)), b.const("b1", normal(rng, (3,)))],
+                  options={**valid, "fused_activation_function": "RELU6"})
+    gate = b.op("LOGISTIC", [b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (10, 1, 1, 3), 0.5)),
+                                              b.const("b2", normal(rng, (10,)))], options=valid)])
+    gated = b.op("MUL", [x, gate], options={"fused_activation_function": "NONE"})
+    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (4, 1, 1, 10), 0.5)), b.const("b3", normal(rng, (4,)))],
+                  options=valid))
+    return b.to_bytes(), [normal(rng, (2, 5, 6, 10))]
+
+
+def quantized_conv(rng, opcode: str, dtype: str, x_quant, out_quant, shape=(1, 6, 7, 3), out=5):
+    """A quantized convolution of a quantized model input: the GPUs' float view dequantizes the input on
+    the device (in the convolution reading it, or in the input's conversion kernel)."""
+    info = np.iinfo(dtype)
+    w_shape = (out, 3, 3, shape[3]) if opcode == "CONV_2D" else (1, 3, 3, shape[3])
+    w_quant = (0.01, 128) if dtype == "uint8" else (0.01, 0)
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype, quant=x_quant)
+    w = b.const("w", rng.integers(info.min + 1, info.max + 1, w_shape).astype(dtype), quant=w_quant)
+    channels = w_shape[0] if opcode == "CONV_2D" else w_shape[3]
+    bias = b.const("b", rng.integers(-2000, 2000, channels).astype(np.int32), quant=(x_quant[0] * w_quant[0], 0))
+    b.output(b.op(opcode, [x, w, bias], dtype=dtype, quant=out_quant,
+                  options={**CONV, **({"depth_multiplier": 1} if opcode == "DEPTHWISE_CONV_2D" else {})}))
+    return b.to_bytes(), [rng.integers(info.min, info.max + 1, shape).astype(dtype)]
+
+
+case("CONV_2D", "uint8_input")(lambda rng: quantized_conv(rng, "CONV_2D", "uint8", (0.02, 128), (0.05, 120)))
+case("DEPTHWISE_CONV_2D", "int8_input")(lambda rng: quantized_conv(rng, "DEPTHWISE_CONV_2D", "int8", (0.03, -4),
+                                                                   (0.02, 3), shape=(1, 5, 6, 6)))
 case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
     "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
 # few outputs and a long reduction: both dialects share each output's sum among a work group (conv2d_split)
@@ -237,6 +288,22 @@ case("CONCATENATION", "three_unaligned_channels")(lambda rng: one_op(
     options={"axis": -1}))
 case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
     "CONCATENATION", [(2, 3, 2, 5), (2, 3, 4, 5)], rng, [normal(rng, (2, 3, 1, 5))], options={"axis": 2}))
+
+
+@case("CONCATENATION", "reshaped_inputs")
+def _reshaped_concat(rng):
+    """A detector's heads: per-pixel predictions of two feature maps reshaped to (boxes, values) and
+    concatenated along the boxes, one input computed (a RELU) and one straight from the model's input;
+    the OpenCL concatenation reads both through the reshapes (folded), WebGPU runs them."""
+    b = GraphBuilder()
+    x, y = b.input("x", (1, 3, 4, 12)), b.input("y", (1, 2, 2, 6))
+    a = b.op("RESHAPE", [b.op("RELU", [x]), b.const("sa", np.array([1, 24, 6], np.int32))],
+             options={"new_shape": [1, 24, 6]})
+    c = b.op("RESHAPE", [y, b.const("sc", np.array([1, 4, 6], np.int32))], options={"new_shape": [1, 4, 6]})
+    b.output(b.op("CONCATENATION", [a, c], options={"axis": 1}))
+    return b.to_bytes(), [normal(rng, (1, 3, 4, 12)), normal(rng, (1, 2, 2, 6))]
+
+
 case("SPACE_TO_BATCH_ND", "padded_batch2")(lambda rng: one_op(
     "SPACE_TO_BATCH_ND", [(2, 5, 6, 3)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 2]], np.int32)]))
 case("BATCH_TO_SPACE_ND", "cropped_batch2")(lambda rng: one_op(

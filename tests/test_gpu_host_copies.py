@@ -297,3 +297,57 @@ def test_an_output_of_a_replaced_run_is_refused():
     later = session.run_into(inputs, lambda results: None, [twice])
     with pytest.raises(ExecutionError, match=f"output {relu} of run {run} is gone: run {later} came after"):
         session.fetch_into(relu, run, got.append)
+
+
+def test_opencl_reads_an_input_and_writes_an_output_in_host_order():
+    """A convolution of a 3-channel input, then RELU in a second partition: the convolution reads the caller's
+    NHWC floats and stores its 3-channel output as NHWC floats (no conversion kernel either side); the second
+    partition, handed that device value, takes it through the host into its input's conversion (RELU's kernel
+    reads PHWC4, and stores its output for the host too), and both match LiteRT."""
+    from tests.oputil import litert_run
+    rng = np.random.default_rng(11)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 3))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (3, 3, 3, 3))), b.const("b", normal(rng, (3,)))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="conv")
+    b.output(y, b.op("RELU", [y], name="relu"))
+    model = b.to_bytes()
+    backend = backend_of("opencl")
+    g = read_model(model).main
+    first, second = (backend.compile(make_partition(g, [op], "opencl", i), CompileOptions())
+                     for i, op in enumerate(g.ops))
+    assert (first.describe()["kernels"], first.describe()["conversions"]) == (1, 0)
+    assert [t.host_layout for t in first.plan.inputs + first.plan.outputs] == [True, True]
+    assert second.describe()["conversions"] == 1
+    assert [t.host_layout for t in second.plan.inputs + second.plan.outputs] == [False, True]
+    data = normal(rng, (1, 6, 5, 3))
+    conv = first.run({g.inputs[0].index: backend.to_device(data)})[g.ops[0].outputs[0].index]
+    relu = second.run({g.ops[0].outputs[0].index: conv})[g.outputs[1].index]
+    want = litert_run(model, [data])
+    np.testing.assert_allclose(backend.to_host(conv), want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(backend.to_host(relu), want[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_opencl_stores_for_the_host_an_output_a_free_reshape_makes(precision):
+    """A 1x1 convolution of one pixel reshaped to (1, 10) (the same PHWC4 bytes: no kernel) as the output: the
+    fp16 convolution stores its result in host order, which is the reshape's, so the output needs no
+    conversion kernel (fp32's PHWC4 bytes are the host's already; fp16 converts the input, read by a product);
+    the values match LiteRT."""
+    from tests.oputil import litert_run
+    rng = np.random.default_rng(12)
+    b = GraphBuilder()
+    x = b.input("x", (1, 1, 1, 6))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (10, 1, 1, 6))), b.const("b", normal(rng, (10,)))],
+             options={"padding": "VALID", "stride_w": 1, "stride_h": 1})
+    b.output(b.op("RESHAPE", [y, b.const("shape", np.array([1, 10], np.int32))], options={"new_shape": [1, 10]}))
+    model = b.to_bytes()
+    backend = backend_of("opencl")
+    g = read_model(model).main
+    compiled = backend.compile(make_partition(g, g.ops, "opencl", 0), CompileOptions(precision=precision))
+    assert (compiled.describe()["kernels"], compiled.describe()["conversions"]) == (1, int(precision == "fp16"))
+    assert [t.host_layout for t in compiled.plan.outputs] == [precision == "fp16"]
+    data = normal(rng, (1, 1, 1, 6))
+    out = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    np.testing.assert_allclose(backend.to_host(out[g.outputs[0].index]), litert_run(model, [data])[0],
+                               rtol=1e-2 if precision == "fp16" else 1e-5, atol=1e-2 if precision == "fp16" else 1e-5)

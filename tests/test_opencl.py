@@ -486,6 +486,49 @@ def test_elementwise_chain_is_one_kernel(backend):
     check(b, [normal(rng, (1, 3, 4, 5)), normal(rng, (1, 1, 1, 5))])
 
 
+@pytest.mark.parametrize("batch, channels, precision", [(1, 16, "fp32"), (2, 37, "fp32"), (1, 96, "fp16")])
+def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, precision):
+    """As on WebGPU: global pooling; both bottleneck convolutions in one work group (dense_pair.cl, its
+    LOGISTIC the epilogue); the gate applied where the projection stages its input."""
+    rng = np.random.default_rng(21)
+    b = GraphBuilder()
+    x = b.input("x", (batch, 6, 7, channels))
+    pooled = b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "filter_height": 6, "filter_width": 7,
+                                                   "stride_h": 1, "stride_w": 1})
+    squeeze = channels // 4 + 1
+    conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
+                              b.const("b1", normal(rng, squeeze))],
+                  options={**conv, "fused_activation_function": "RELU"})
+    gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
+                            b.const("b2", normal(rng, channels))], options=conv)
+    gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])
+    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (5, 1, 1, channels))), b.const("b3", normal(rng, 5))],
+                  options=conv))
+    g, compiled = compile_whole(backend, b, CompileOptions(precision=precision))
+    assert compiled.describe()["launches"][1] == "CONV_2D#1+CONV_2D#2+LOGISTIC#3"
+    assert compiled.describe()["kernels"] == 3
+    inputs = [normal(rng, (batch, 6, 7, channels))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(b.to_bytes(), inputs),
+                 rtol=2e-2 if precision == "fp16" else RTOL, atol=1e-5)
+
+
+def test_a_chain_of_three_one_pixel_convolutions_pairs_the_first_two(backend):
+    """A one-pixel 1x1 convolution reading the first of a pair is not folded into the next: the first two run
+    as one dense_pair.cl launch, the third as its own product."""
+    rng = np.random.default_rng(23)
+    b = GraphBuilder()
+    v = b.input("x", (1, 1, 1, 6))
+    for i, (cin, cout) in enumerate([(6, 5), (5, 7), (7, 3)]):
+        v = b.op("CONV_2D", [v, b.const(f"w{i}", normal(rng, (cout, 1, 1, cin))), b.const(f"b{i}", normal(rng, cout))],
+                 options={"padding": "VALID", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    b.output(v)
+    g, compiled = compile_whole(backend, b)
+    assert compiled.describe()["launches"] == ["CONV_2D#0+CONV_2D#1", "CONV_2D#2"]
+    inputs = [normal(rng, (1, 1, 1, 6))]
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(b.to_bytes(), inputs), rtol=RTOL, atol=1e-5)
+
+
 @settings(max_examples=10)
 @given(case=conv_case().filter(_fits), multiplier=st.sampled_from([1, 2]), units=st.integers(1, 9),
        relu=st.booleans(), fp16=st.booleans(), seed=st.integers(0, 2**16))
@@ -902,11 +945,11 @@ def test_build_chunks_split_in_order_with_enough_variants_each():
 
 
 def test_kernels_built_as_several_programs_at_once_give_the_same_results():
-    """zoo:mobilenet_v1's kernels as one program and as two built on two threads: the same outputs; a second
-    compile in the process takes every program from memory."""
+    """zoo:mobilenet_v2's kernels (14 variants) as one program and as two built on two threads: the same
+    outputs; a second compile in the process takes every program from memory."""
     from delegate import zoo
     from delegate_opencl.backend import OpenCLBackend
-    g = read_model(zoo.from_spec("zoo:mobilenet_v1")).main
+    g = read_model(zoo.from_spec("zoo:mobilenet_v2")).main
     x = np.random.default_rng(8).random(g.inputs[0].shape, dtype=np.float32)
     results, facts = [], []
     for threads in (1, 2):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from delegate import CompileOptions, read_model
-from delegate.passes import find_groups
+from delegate.passes import CHAIN_MAX_WEIGHTS, find_groups
 from delegate.planner import PlacementSettings, Rule
 from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
@@ -170,6 +170,56 @@ def test_gate_depthwise_pointwise_and_epilogue_groups():
                          (4, (3,), ("gate",))}
     cpu = {(g.anchor.index, tuple(op.index for op in g.folded)) for g in find_groups(graph.ops, {"activation"})}
     assert cpu == {(0, (1,)), (5, (6,))}
+
+
+def bottleneck(rng, units: int = 3) -> bytes:
+    """MEAN over the image -> 1x1 convolution -> RELU -> 1x1 convolution -> LOGISTIC, one pixel: the
+    bottleneck of a squeeze-and-excitation block."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 5, 5, 12))
+    pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": True})
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (units, 1, 1, 12))), b.const("b1", normal(rng, units))],
+                  options=CONV)
+    gate = b.op("CONV_2D", [b.op("RELU", [hidden]), b.const("w2", normal(rng, (12, 1, 1, units))),
+                            b.const("b2", normal(rng, 12))], options=CONV)
+    b.output(b.op("LOGISTIC", [gate]))
+    return b.to_bytes()
+
+
+def test_a_chain_of_two_one_pixel_convolutions_is_one_group():
+    """With the GPU backends' fusions the first bottleneck convolution and its RELU fold into the second
+    (``chain``), whose epilogue takes the LOGISTIC; not without the fusion, nor past CHAIN_MAX_WEIGHTS
+    weights in a layer."""
+    gpu = {"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain"}
+    graph = read_model(bottleneck(np.random.default_rng(5))).main
+    described = {(g.anchor.index, tuple(op.index for op in g.folded), g.kinds) for g in find_groups(graph.ops, gpu)}
+    assert described == {(3, (1, 2, 4), ("chain", "activation", "epilogue"))}
+    assert all("chain" not in g.kinds for g in find_groups(graph.ops, gpu - {"chain"}))
+    wide = read_model(bottleneck(np.random.default_rng(5), units=CHAIN_MAX_WEIGHTS // 12 + 1)).main
+    assert all("chain" not in g.kinds for g in find_groups(wide.ops, gpu))
+
+
+def test_reshapes_read_only_by_a_concatenation_travel_with_it():
+    """With OpenCL's fusions a concatenation's reshaped inputs are its group (``reshape``): it reads through
+    them; the RELU before one of them stays apart, and WebGPU's fusions group nothing there."""
+    from tests.conformance_cases import CASES
+    model, _, _ = next(c for c in CASES if c.id == "CONCATENATION:reshaped_inputs").make()
+    graph = read_model(model).main
+    opencl = {"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain", "reshape"}
+    described = {(g.anchor.index, tuple(op.index for op in g.folded), g.kinds) for g in find_groups(graph.ops, opencl)}
+    assert described == {(3, (1, 2), ("reshape", "reshape"))}
+    assert find_groups(graph.ops, opencl - {"reshape"}) == []
+
+
+@GPUS
+def test_a_chain_runs_as_one_kernel_and_matches_litert(backend):
+    require_backend(backend)
+    rng = np.random.default_rng(6)
+    model = bottleneck(rng)
+    s = session(model, backend)
+    assert [p.backend for p in s.plan.partitions] == [backend]
+    assert s.executor.compiled[0].describe()["launches"] == ["MEAN#0", "CONV_2D#1+RELU#2+CONV_2D#3+LOGISTIC#4"]
+    check(s, model, [normal(rng, t.shape) for t in s.graph.inputs])
 
 
 @GPUS

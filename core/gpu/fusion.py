@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
-from ..passes import depthwise_fold_fits, gate_operands  # noqa: F401  (the gate test is the shared pass's)
+from ..passes import chain_link, depthwise_fold_fits, gate_operands  # noqa: F401  (the shared pass's tests)
 from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
 from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
 from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
@@ -183,14 +183,16 @@ class ReaderFolds:
     by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it;
     ``depthwise`` a depthwise convolution (activations only after it) computed where a 1x1
     convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations,
-    run in one kernel with the 1x1 convolution reading it.  ``nested``: a folded group may itself
-    read the result of another folded group.
+    run in one kernel with the 1x1 convolution reading it; ``reshape`` a reshape moving elements
+    between slices, read by a concatenation through the reshape's view of its input.  ``nested``: a
+    folded group may itself read the result of another folded group.
     """
 
     pad: Callable[[Op], bool] | None = None
     gate: Callable[[Op], bool] | None = None
     depthwise: Callable[[Op], bool] | None = None
     chain: Callable[[Op], bool] | None = None
+    reshape: Callable[[Op], bool] | None = None
     nested: bool = False
 
 
@@ -230,12 +232,23 @@ def zero_pad_of_rows_and_columns(op: Op) -> bool:
     return pads is not None and pads[0] == pads[1] == pads[6] == pads[7] == 0
 
 
+RESHAPES = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
+
+
+def moves_elements(op: Op) -> bool:
+    """A reshape whose kernel moves elements between slices (one keeping the PHWC4 bytes runs none)."""
+    return op.opcode in RESHAPES and not op.custom and not same_storage(op.inputs[0].shape, op.outputs[0].shape)
+
+
 def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     """How ``group`` is done by the kernel of the one op reading its result ("pad", "gate",
-    "depthwise", "chain"), or None when it runs its own kernel."""
+    "depthwise", "chain", "reshape"), or None when it runs its own kernel."""
     root, unary_only = group.root, all(step.kind == "unary" for step in group.steps)
     if root.custom:
         return None
+    if folds.reshape and not group.fused and not group.steps and moves_elements(root) and len(group.output.uses) == 1:
+        reader = group.output.uses[0]
+        return "reshape" if reader.opcode == "CONCATENATION" and not reader.custom and folds.reshape(reader) else None
     if folds.pad and not group.fused and not group.steps and zero_pad_of_rows_and_columns(root):
         reader = read_by(group.output, ("CONV_2D", "DEPTHWISE_CONV_2D"))
         return "pad" if reader is not None and folds.pad(reader) else None
@@ -248,7 +261,8 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
             and folds.depthwise(reader):
         return "depthwise"
-    if folds.chain and pointwise(root) and unary_only and folds.chain(root) and folds.chain(reader):
+    if folds.chain and chain_link(root) and chain_link(reader) and unary_only and folds.chain(root) \
+            and folds.chain(reader):
         return "chain"
     return None
 
@@ -257,7 +271,7 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
     """The groups of a partition done by their reader's kernel: stored tensor index -> (kind, group).
 
     A group folds only when its result is not kept (a partition output) and its reader is in the
-    partition; without ``folds.nested`` a folded group reads no folded result.
+    partition; without ``folds.nested`` a folded group reads no folded result, and a chain never does.
     """
     members = {id(op) for g in groups for op in g.ops}
     found: dict[int, tuple[str, Group]] = {}
@@ -267,6 +281,8 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
         if not folds.nested and group.root.inputs[0].index in found:
             continue
         kind = fold_kind(group, folds)
+        if kind == "chain" and group.root.inputs[0].index in found:
+            continue  # the chain's kernel computes its first convolution from that convolution's own input
         if kind is not None:
             found[group.output.index] = (kind, group)
     return found
@@ -274,11 +290,12 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
 
 def runs_no_kernel(op: Op, folds: ReaderFolds) -> bool:
     """Whether ``op`` costs no kernel of its own: a folded DEQUANTIZE, a reshape keeping the PHWC4
-    bytes, or a PAD or gate product its reader's kernel does (as its own group)."""
+    bytes or read by a concatenation that reads through it, or a PAD or gate product its reader's
+    kernel does (as its own group)."""
     if is_folded_dequantize(op):
         return True
-    if op.opcode in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") and not op.custom:
-        return same_storage(op.inputs[0].shape, op.outputs[0].shape)
+    if op.opcode in RESHAPES and not op.custom:
+        return not moves_elements(op) or fold_kind(plan_groups([op], set())[0], folds) == "reshape"
     if op.opcode not in ("PAD", "MUL") or len(op.outputs) != 1:
         return False
     return fold_kind(plan_groups([op], set())[0], folds) in ("pad", "gate")

@@ -14,12 +14,17 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
   with ``p.dst_d``, ``p.dst_c`` and ``p.count``; the group's epilogue is applied to every stored
   vector, its operands (:func:`epilogue_operands`) following all other arguments.
 - :class:`TensorArg` a PHWC4 tensor: ``(buffer, int4 dims, int channels)`` | binding ``<name>``
-  with ``p.<name>_d``, ``p.<name>_c``.
+  with ``p.<name>_d``, ``p.<name>_c``; with ``host`` (a partition input read by its one kernel in
+  host order, see :meth:`Lowering.host_read`) the caller's NHWC bytes instead, followed by
+  ``float4 dequant`` (OpenCL; no WGSL template reads one yet), the call's constants ``host_input``
+  naming their element type and ``host_channels`` their channels (so the reads unroll); with ``view`` (the call's constant ``views``: a concatenation reading
+  through folded reshapes) followed by ``int4 view``, the NHWC shape the mapping reads it as.
 - :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and
   a single channel splat over all of them when :func:`splat_channel`: ``(buffer, int4 dims, int
   splat)`` | binding ``<name>`` read by ``broadcast_<name>(o)``.
 - :class:`HostArg` a flat NHWC float32 buffer (the host-order staging of a boundary tensor):
-  ``(buffer)`` | binding ``<name>: array<f32>``.
+  ``(buffer)`` | binding ``<name>: array<f32>``; a quantized input's integers instead, with the
+  ``dequant`` parameter and the ``host_input`` constant (see :func:`boundary_call`).
 - :class:`ConstantArg` packed constants (weights, a bias), float32 in the template's layout, stored
   in the storage type: ``(buffer)`` | binding ``<name>`` of vectors.
 - :class:`ParamArg` a number or a 4-vector (kind ``int``, ``float``, ``int4``, ``float4``): one
@@ -50,14 +55,38 @@ from ..strided import strided_slice_plan
 from ..errors import CompileError
 from .constants import constant_value, int_values
 from .fusion import Group, ReaderFolds, Step, is_matmul, pointwise, reader_folds
-from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, nhwc_axis, pack_axis, pack_conv_weights,
-                     pack_depthwise_weights, pack_vector, pad_before, padding_before, reduced_axes, resize_scales,
-                     same_storage, slices, split_parts, transpose_axes, transpose_conv_geometry, unpack_parts,
-                     window_padding)
+from .layout import (arg_axis, as_nhwc, batch_matmul_layout, dense_groups, host_order, nhwc_axis, pack_axis,
+                     pack_conv_weights, pack_depthwise_weights, pack_vector, pad_before, padding_before, reduced_axes,
+                     resize_scales, same_storage, slices, split_parts, transpose_axes, transpose_conv_geometry,
+                     unpack_parts, window_padding)
 from .dialect import REDUCE_CODE
 from .plan import Values
 from .registry import handler, lowers_shared
 from .support import BINARY, CONVERSIONS, MAX_UNPOOLING, POOL_ARGMAX, TRANSPOSE_CONV_BIAS, UNARY
+
+
+@dataclass(frozen=True)
+class HostInput:
+    """A partition input as the host writes it when its bytes are not its PHWC4 bytes: NHWC, float32, or
+    the caller's integers of a per-tensor quantized input, which the device dequantizes with ``dequant``
+    = (scale, zero point, 0, 0) instead of the host; ``nbytes`` of them."""
+
+    dtype: str  # float32 | uint8 | int8
+    nbytes: int
+    dequant: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 0.0)
+
+
+def host_input(t: Tensor, storage_f32: bool) -> HostInput | None:
+    """How partition input ``t`` arrives from the host, or None when the host writes its float32 values
+    straight into the PHWC4 buffer (float32 storage and :func:`host_order`)."""
+    q = t.quantization
+    quantized = t.dtype.name in ("uint8", "int8") and q is not None and len(q.scale) == 1 and not q.per_channel
+    if not quantized and storage_f32 and host_order(t.shape):
+        return None
+    values = max(int(np.prod(as_nhwc(t.shape))), 1)
+    if not quantized:
+        return HostInput("float32", 4 * values)
+    return HostInput(t.dtype.name, values, (float(q.scale[0]), float(q.zero_point[0]), 0.0, 0.0))
 
 
 @dataclass(frozen=True)
@@ -66,6 +95,8 @@ class TensorArg:
     value: Hashable
     shape: tuple[int, ...]
     writable: bool = False  # a second result the template stores (an LSTM's cell state)
+    host: HostInput | None = None  # a partition input read in host order from the caller's bytes
+    view: tuple[int, int, int, int] | None = None  # the NHWC shape a data movement reads it as (a folded reshape)
 
 
 @dataclass(frozen=True)
@@ -194,11 +225,64 @@ class Lowering(Values):
 
     dialect = ""
     image_rows = False  # the dialect's product reads a row per image (a window covering the input)
+    host_readers: frozenset[str] = frozenset()  # templates reading a partition input in host order (host_read)
+    host_writers: frozenset[str] = frozenset()  # templates storing a partition output in host order (host_write)
     busy_items = 1  # work items of 4 adjacent output vectors that keep the device busy (see conv_2d)
 
     def __init__(self) -> None:
         super().__init__()
         self.folded: dict[int, tuple[str, Group]] = {}  # result of a group its reader does -> (kind, group)
+        self.host_inputs: dict[int, HostInput] = {}  # partition inputs whose host bytes are not PHWC4 (receive)
+        self.host_outputs: frozenset[int] = frozenset()  # partition outputs the host reads converted (receive)
+
+    def receive(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], ops: Collection[Op],
+                storage_f32: bool) -> None:
+        """Note how the partition's ``inputs`` arrive from the host (:func:`host_input`) and which of its
+        ``outputs`` the host reads through a conversion and no kernel of the partition reads: read by no op
+        of the partition (``ops``), the only result of its op (one of several may be read by the op's next
+        kernel, as an LSTM's gates are); for an output a reshape keeping the bytes made, the reshape's
+        input, which its kernel then stores in host order."""
+        self.host_inputs = {t.index: h for t in inputs if (h := host_input(t, storage_f32)) is not None}
+        members = {id(op) for op in ops}
+        kept = {t.index for t in outputs}
+
+        def stored(t: Tensor) -> Tensor | None:
+            """The tensor whose kernel stores ``t``'s bytes: ``t``, or what a reshape keeping the PHWC4 bytes
+            (no kernel: ``t`` shares its buffer) made ``t`` from, when nothing else reads that."""
+            op = t.producer
+            if op is None or op.custom or op.opcode not in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") \
+                    or id(op) not in members:
+                return t
+            x = op.inputs[0]
+            if not same_storage(x.shape, t.shape) or len(x.uses) != 1 or x.index in kept or x.producer is None \
+                    or t.quantization is not None:  # a quantized reshape rounds onto its grid: a kernel of its own
+                return t
+            return x
+
+        self.host_outputs = frozenset(
+            x.index for t in outputs if not (storage_f32 and host_order(t.shape))
+            for x in [stored(t)] if x.producer is not None and len(x.producer.outputs) == 1
+            and not any(id(use) in members for use in t.uses) and (x is t or not any(
+                id(use) in members and use is not t.producer for use in x.uses)))
+
+    def host_write(self, key: Hashable, template: str) -> bool:
+        """Whether the kernel of ``template`` storing ``key`` stores it in host order (NHWC float32): a
+        partition output needing a conversion that no kernel of the partition reads, where the dialect's
+        template can (``host_writers``); the host then reads it without a conversion kernel."""
+        if key not in self.host_outputs or template not in self.host_writers:
+            return False
+        self.host_bytes[key] = 4 * max(int(np.prod(as_nhwc(self.tensors[key].shape))), 1)
+        return True
+
+    def host_read(self, x: Tensor, template: str) -> HostInput | None:
+        """The host bytes ``template`` reads for ``x``, when ``x`` is a partition input needing a conversion
+        and read by this kernel alone, which the dialect's ``template`` does in host order: the partition
+        then uploads the caller's bytes into ``x``'s buffer and runs no conversion kernel."""
+        found = self.host_inputs.get(x.index)
+        if found is None or template not in self.host_readers or len(x.uses) != 1:
+            return None
+        self.host_bytes[x.index] = found.nbytes
+        return found
 
     def fold(self, groups: Sequence[Group], keep: Collection[int], folds: ReaderFolds) -> None:
         """Decide which of a partition's groups their reader's kernel does (the dialect's ``folds``)."""
@@ -215,6 +299,8 @@ class Lowering(Values):
 
     def call(self, call: Call) -> None:
         self._record(_tensors(call.ops, call.steps))
+        if call.output and self.host_write(call.output[0], call.template):
+            call.constants = (*call.constants, ("host_output", 1))
         for arg in call.args:
             if isinstance(arg, ConstantArg):
                 self.constants[arg.key] = np.ascontiguousarray(arg.values, np.float32)
@@ -249,12 +335,16 @@ def _tensors(ops: Sequence[Op], steps: Sequence[Step]) -> list[Tensor]:
 
 # -- the partition boundary: host order (NHWC float32) <-> PHWC4, on the device ----------------
 
-def boundary_call(staging: Hashable, t: Tensor, into_device: bool) -> Call:
+def boundary_call(staging: Hashable, t: Tensor, into_device: bool, host: HostInput | None = None) -> Call:
     """The conversion between ``t``'s PHWC4 buffer and its host-order staging buffer ``staging``:
-    ``layout_in`` spreads the caller's array into PHWC4, ``layout_out`` gathers an output for the host."""
+    ``layout_in`` spreads the caller's array into PHWC4 (``host``: integers it dequantizes), ``layout_out``
+    gathers an output for the host."""
     if into_device:
-        return Call("layout_in", [HostArg("host", staging)], [], output=(t.index, tuple(t.shape)),
-                    label=f"to_phwc4#{t.index}")
+        quantized = host is not None and host.dtype != "float32"
+        return Call("layout_in", [HostArg("host", staging)] + ([ParamArg("dequant", "float4", host.dequant)]
+                                                               if quantized else []), [],
+                    output=(t.index, tuple(t.shape)), label=f"to_phwc4#{t.index}",
+                    constants=(("host_input", host.dtype),) if quantized else ())
     return Call("layout_out", [tensor("src", t), HostArg("host", staging, writable=True)], [],
                 over=tuple(t.shape), label=f"to_host#{t.index}")
 
@@ -429,21 +519,33 @@ def split(lowering: Lowering, g: Group) -> None:
 
 
 def concat_call(inputs: Sequence[Tensor], axis: int, output: tuple[Hashable, tuple[int, ...]], ops: Sequence[Op],
-                steps: Sequence[Step] = (), label: str = "") -> Call:
+                steps: Sequence[Step] = (), label: str = "", sources: Sequence[Tensor] = ()) -> Call:
     """Every output element from the input holding its range along ``axis`` (NHWC view): input k holds
-    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow."""
+    [end_{k-1}, end_k).  One launch for all inputs, whole vectors where the channel offsets allow.
+    ``sources``: what each input is read from, the input of a folded reshape (read through its view,
+    element by element) or the input itself."""
     sizes = [as_nhwc(t.shape)[axis] for t in inputs]
-    aligned = axis != 3 or all(size % 4 == 0 for size in sizes[:-1])
+    sources = list(sources) or list(inputs)
+    viewed = any(source is not t for source, t in zip(sources, inputs))
+    aligned = not viewed and (axis != 3 or all(size % 4 == 0 for size in sizes[:-1]))
     ends = [ParamArg(f"end{i}", "int", int(end)) for i, end in enumerate(np.cumsum(sizes))]
-    return _part("concat", [(t.index, t.shape) for t in inputs], aligned, ops, output, ParamArg("axis", "int", axis),
-                 *ends, steps=steps, label=label)
+    args = [TensorArg(f"in{i}", source.index, tuple(source.shape), view=as_nhwc(t.shape) if viewed else None)
+            for i, (source, t) in enumerate(zip(sources, inputs))]
+    return Call("concat", [*args, ParamArg("aligned", "int", int(aligned)), ParamArg("axis", "int", axis), *ends],
+                list(ops), output=output, steps=steps, label=label, constants=(("views", 1),) if viewed else ())
 
 
 @lowers_shared("CONCATENATION", templates=("concat",))
 def concatenation(lowering: Lowering, g: Group) -> None:
+    """One launch for all inputs; an input made by a reshape folded into it (the dialect's ``reshape``
+    fold) is read through the reshape's view of that reshape's own input."""
     op = g.root
     axis = nhwc_axis(op.options.get("axis", 0), len(g.output.shape))
-    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), g.ops, g.steps))
+    folded = [lowering.folded.get(t.index) for t in op.inputs]
+    reshapes = sorted((f[1].root for f in folded if f is not None and f[0] == "reshape"), key=lambda r: r.index)
+    sources = [f[1].root.inputs[0] if f is not None and f[0] == "reshape" else t for f, t in zip(folded, op.inputs)]
+    lowering.call(concat_call(op.inputs, axis, (g.output.index, tuple(g.output.shape)), reshapes + g.ops, g.steps,
+                              sources=sources))
 
 
 @lowers_shared("PACK", templates=("pack",))
@@ -622,10 +724,14 @@ def conv_2d(lowering: Lowering, g: Group) -> None:
     n, h, w, c = as_nhwc(out.shape)
     items = -(-w // 4) * h * n * slices(c)
     split = items < lowering.busy_items and kh * kw * slices(as_nhwc(x.shape)[3]) >= 2 * SPLIT_GROUP
+    host = None if split else lowering.host_read(x, "conv2d")
+    constants = (("group", SPLIT_GROUP),) if split else \
+        (("host_input", host.dtype), ("host_channels", as_nhwc(x.shape)[3])) if host else ()
     lowering.call(Call("conv2d_split" if split else "conv2d", [
-        tensor("src", x), ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
+        TensorArg("src", x.index, tuple(x.shape), host=host),
+        ConstantArg("weights", ("weights", op.index), pack_conv_weights(weights)),
         ConstantArg("bias", ("bias", op.index), pack_vector(bias, c)), *window_params(op, kh, kw, extra)],
-        pad + g.ops, output=_output(g), steps=g.steps, constants=(("group", SPLIT_GROUP),) if split else ()))
+        pad + g.ops, output=_output(g), steps=g.steps, constants=constants))
 
 
 @lowers_shared("DEPTHWISE_CONV_2D", templates=("depthwise_conv2d",))
@@ -770,5 +876,7 @@ def max_unpooling(lowering: Lowering, g: Group) -> None:
                                       ParamArg("spacing", "int4", (pad_w, pad_h, 1, 1))],
                        g.ops, output=_output(g), steps=g.steps))
 
-__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "Lowering", "ParamArg", "Product", "SPLIT_GROUP",
-           "TensorArg", "boundary_call", "broadcast", "concat_call", "conv_input", "conv_weights", "covers_image", "epilogue_operands", "relayout_call", "splat_channel", "tensor"]
+
+__all__ = ["Arg", "BroadcastArg", "Call", "ConstantArg", "HostArg", "HostInput", "Lowering", "ParamArg", "Product",
+           "SPLIT_GROUP", "TensorArg", "boundary_call", "broadcast", "concat_call", "conv_input", "conv_weights",
+           "covers_image", "epilogue_operands", "host_input", "relayout_call", "splat_channel", "tensor"]

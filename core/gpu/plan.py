@@ -71,7 +71,10 @@ class TensorSpec:
 
     ``staging`` holds the tensor in host order (NHWC float32) and ``convert`` moves it between there
     and ``buffer`` on the device, so the host never reorders data; neither is set when the host
-    bytes are the buffer's (one slice or one pixel, float32 storage) or when the host converts.
+    bytes are the buffer's (one slice or one pixel, float32 storage), when the host converts, or
+    when ``host_layout``: the input's one kernel reads ``buffer`` in host order.  ``host_dtype`` is the
+    element type the host writes: float32, or a quantized input's own integers, which the device
+    dequantizes (the conversion or the reading kernel).
     """
 
     index: int
@@ -81,6 +84,8 @@ class TensorSpec:
     quant: list[float] | None = None  # (scale, zero point) of a quantized tensor in the float view
     staging: int | None = None
     convert: LaunchSpec | None = None
+    host_dtype: str = "float32"
+    host_layout: bool = False
 
 
 @dataclass
@@ -230,8 +235,11 @@ class Values:
         self.constants: dict[Hashable, np.ndarray] = {}
         self.temporaries: dict[Hashable, tuple[int, ...]] = {}
         self.aliases: dict[Hashable, Hashable] = {}
+        self.host_bytes: dict[Hashable, int] = {}  # partition inputs kept in host order (the caller's bytes)
 
     def nbytes(self, key: Hashable, itemsize: int) -> int:
+        if key in self.host_bytes:
+            return self.host_bytes[key]
         if key in self.constants:
             return self.constants[key].size * itemsize
         shape = self.temporaries[key] if key in self.temporaries else self.tensors[key].shape

@@ -72,7 +72,8 @@ class OpenCLBackend(Backend):
     # what the lowering folds into a neighbour's kernel (delegate.passes groups; the lowering's epilogue
     # planning, delegate.gpu.fusion, fuses at least those)
     precisions = ("fp32", "fp16")
-    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise"})
+    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
+                         "reshape"})
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.plugin_api import CompileOptions, CompiledPartition, EntryStore, Partition, cache_key
+from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
 from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
 from delegate.gpu.precision import Precision
@@ -56,7 +57,7 @@ def lower(partition: Partition, options: CompileOptions, precision: Precision, c
     lowering = ClLowering(precision.dtype, compute_units)
     keep = {t.index for t in partition.outputs}
     groups = plan_groups(ops, keep, float_view=options.allow_quantized)
-    lowering.lower_all(groups, keep)
+    lowering.lower_all(groups, keep, [t for t in partition.inputs if constant_value(t) is None], partition.outputs)
     plan = lowering.plan(partition, precision.storage)
     plan.facts["ops"] = sum(len(g.ops) for g in groups)
     return plan
@@ -85,7 +86,8 @@ class ClCompiled(CompiledPartition):
         tensors = {t.index: t for t in partition.graph.tensors}
         boundaries = [Boundary(tensors[t.index], self.buffers[t.buffer],
                                None if t.staging is None else self.buffers[t.staging],
-                               *(next(bound_converters) if t.convert else ())) for t in crossings]
+                               *(next(bound_converters) if t.convert else ()), host_dtype=np.dtype(t.host_dtype),
+                               host_layout=t.host_layout) for t in crossings]
         self.inputs, self.outputs = boundaries[:len(plan.inputs)], boundaries[len(plan.inputs):]
         self.prepared, self.enqueue_reason = self._prepare(native)
 
@@ -276,6 +278,7 @@ class ClCompiled(CompiledPartition):
             "precision_reason": self.precision.reason,
             "ops": self.plan.facts["ops"],
             "kernels": len(self.launches),
+            "conversions": len([b for b in self.inputs + self.outputs if b.kernel is not None]),
             "enqueue": self.enqueue_path(),
             "launches": [launch.label for launch in self.plan.launches],
             "fused": [launch.label for launch in self.plan.launches if "+" in launch.label],

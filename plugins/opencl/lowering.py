@@ -18,7 +18,7 @@ import numpy as np
 from delegate.gpu.constants import constant_value
 from delegate.gpu.dialect import OPENCL, unary_chain
 from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul
-from delegate.gpu.layout import (as_nhwc, host_order, pack_conv_weights, pack_depthwise_weights,
+from delegate.gpu.layout import (as_nhwc, dense_groups, host_order, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, slices)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
                                    Product, conv_input, epilogue_operands, window_params)
@@ -27,7 +27,7 @@ from delegate.gpu.registry import declare_templates
 from delegate.plugin_api import Op, Partition, Tensor
 
 from .geometry import MATVEC_GROUP, MATVEC_ROWS, grid, matmul_shape, pow2_at_least, reduction_shape, round_to
-from .program import Variant, templates
+from .program import STORE_HOST, Variant, templates
 from .program import variant as template_variant
 
 DIALECT = "opencl"
@@ -41,9 +41,12 @@ def _stages_input(reader: Op) -> bool:
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by a
 # windowed convolution (not a product, which reads no padding) as more padding; a depthwise
-# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input.
+# convolution or a gate product computed where matmul.cl stages a 1x1 convolution's input; two
+# one-pixel 1x1 convolutions (a squeeze-and-excitation bottleneck) as dense_pair.cl; a reshape read by
+# a concatenation through its view (gather.cl's GATHER_VIEWS).
 FOLDS = ReaderFolds(pad=lambda reader: reader.opcode == "DEPTHWISE_CONV_2D" or not is_matmul(reader),
-                    gate=_stages_input, depthwise=_stages_input, nested=True)
+                    gate=_stages_input, depthwise=_stages_input, chain=lambda reader: True,
+                    reshape=lambda reader: True, nested=True)
 
 
 # Work items per compute unit that keep the device busy: a convolution giving fewer shares each output's
@@ -131,6 +134,9 @@ class ClLowering(Lowering):
 
     dialect = DIALECT
     image_rows = True  # matmul.cl reads a row per image (plane 1)
+    host_readers = frozenset({"conv2d"})  # conv2d.cl reads a partition input in host order (HOST_INPUT)
+    # every template storing its output through the prelude's STORE_OUT can store it in host order
+    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates"}
 
     def __init__(self, storage: np.dtype, compute_units: int):
         super().__init__()
@@ -182,12 +188,17 @@ class ClLowering(Lowering):
 
         def boundary(t: Tensor, into_device: bool) -> TensorSpec:
             found = TensorSpec(t.index, buffer_of[t.index], list(t.shape), t.dtype.name)
-            if self.storage == np.float32 and host_order(t.shape):
+            host = self.host_inputs.get(t.index) if into_device else None
+            found.host_layout = planner.root(t.index) in self.host_bytes
+            if host is not None:
+                found.host_dtype = host.dtype
+            if found.host_layout or (host is None and self.storage == np.float32 and host_order(t.shape)):
                 return found  # the host copies the NHWC bytes to or from the start of the buffer
             staging = ("staging", t.index)
             buffer_of[staging] = found.staging = len(buffers)
-            buffers.append(BufferSpec(max(int(np.prod(as_nhwc(t.shape))), 1) * 4, "staging"))
-            found.convert = spec(self.spell(boundary_call(staging, t, into_device)))
+            nbytes = host.nbytes if host is not None else max(int(np.prod(as_nhwc(t.shape))), 1) * 4
+            buffers.append(BufferSpec(nbytes, "staging"))
+            found.convert = spec(self.spell(boundary_call(staging, t, into_device, host)))
             return found
 
         launches = [spec(launch) for launch in self.launches]
@@ -211,7 +222,9 @@ class ClLowering(Lowering):
     def argument(self, arg) -> list[list]:
         """The kernel arguments of one argument of the kit's parameter contract."""
         if isinstance(arg, TensorArg):
-            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])]
+            extra = [["float4", list(arg.host.dequant)]] if arg.host is not None else []
+            extra += [int4(*arg.view)] if arg.view is not None else []
+            return [["buffer", arg.value], self.dims(arg.shape), i32(as_nhwc(arg.shape)[3])] + extra
         if isinstance(arg, BroadcastArg):
             return [["buffer", arg.value], self.dims(arg.shape), i32(arg.splat)]
         if isinstance(arg, HostArg):
@@ -248,9 +261,13 @@ class ClLowering(Lowering):
                                     local_size, label))
 
     # -- groups -------------------------------------------------------------
-    def lower_all(self, groups: Sequence[Group], keep: Collection[int]) -> None:
+    def lower_all(self, groups: Sequence[Group], keep: Collection[int], inputs: Sequence[Tensor] = (),
+                  outputs: Sequence[Tensor] = ()) -> None:
         """Lower ``groups`` in order; a group its reader's kernel does (the kit's decision for this
-        dialect's :data:`FOLDS`) adds no launch of its own."""
+        dialect's :data:`FOLDS`) adds no launch of its own, nor does the conversion of an input (of
+        ``inputs``) that its one kernel reads in host order or of an output (of ``outputs``) its kernel
+        stores in host order."""
+        self.receive(inputs, outputs, [op for g in groups for op in g.ops], self.storage == np.float32)
         self.fold(groups, keep, FOLDS)
         for g in groups:
             self.lower(g)
@@ -266,8 +283,29 @@ class ClLowering(Lowering):
                   for part in self.argument(arg))]
 
     def emit_product(self, p: Product) -> None:
+        if p.staged is not None and p.staged[0] == "chain":
+            self.dense_pair(p)
+            return
         self.matmul(["buffer", p.src], p.shape, p.window, p.bias, ["buffer", p.output[0]], p.output[1], p.steps,
                     p.ops, p.staged[1] if p.staged else None, p.label)
+
+    def dense_pair(self, p: Product) -> None:
+        """Two 1x1 convolutions of one pixel in one launch (dense_pair.cl): the staged one, then ``p``'s."""
+        first = p.staged[1].root
+        x, hidden = first.inputs[0], as_nhwc(first.outputs[0].shape)[3]
+        w1 = dense_groups(constant_value(first.inputs[1]), as_nhwc(x.shape)[3])
+        weights = [pack_conv_weights(w).reshape(-1, 4) for w in (w1, p.window)]
+        bias = [pack_vector(constant_value(first.input(2)), len(w1)), pack_vector(p.bias, len(p.window))]
+        dst, out_slices, hidden_slices = ["buffer", p.output[0]], slices(len(p.window)), slices(hidden)
+        args = self.out_args(dst, p.output[1]) + [
+            self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), self.upload(np.concatenate(weights)),
+            self.upload(np.concatenate(bias)), i32(hidden), i32(len(weights[0]))]
+        items = min(pow2_at_least(max(hidden_slices, out_slices)), MATVEC_GROUP)
+        act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)")
+        stored = STORE_HOST if self.host_write(dst[1], "dense_pair") else ()
+        self.add("dense_pair", p.steps, args, p.output[1], (items * as_nhwc(x.shape)[0], 1, 1), p.ops,
+                 defines=(("GROUP", items), ("HIDDEN", hidden_slices), ("HIDDEN_ACT(v)", act)) + stored,
+                 local_size=(items, 1, 1), label=p.label)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
                steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None, label: str = "") -> None:
@@ -287,9 +325,11 @@ class ClLowering(Lowering):
         out_slices = slices(units)
         if rows <= MATVEC_ROWS:
             items = min(pow2_at_least(depth), MATVEC_GROUP)
+            stored = STORE_HOST if self.host_write(dst[1], "matvec") else ()
             self.add("matvec", steps, args + [src], dst_shape, (out_slices * items, 1, 1), ops,
-                     defines=(("ROWS", rows), ("GROUP", items)), local_size=(items, 1, 1), label=label)
+                     defines=(("ROWS", rows), ("GROUP", items)) + stored, local_size=(items, 1, 1), label=label)
             return
+        stored = STORE_HOST if self.host_write(dst[1], "matmul") else ()
         defines: tuple = ()
         staging = 1.0  # loads to stage one input vector
         if source is None:
@@ -308,7 +348,7 @@ class ClLowering(Lowering):
         wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
         self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
-                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)), label=label)
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)) + stored, label=label)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""

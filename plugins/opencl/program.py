@@ -53,18 +53,23 @@ def variant(template_name: str, steps: tuple = (), constants: Sequence[tuple[str
     the call's compile-time ``constants`` as macros; a mapping of gather.cl reads ``inputs`` tensors."""
     defines = tuple(define for name, value in constants for define in SPECIALISE[name](value))
     if template_name in MAPPINGS:
-        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + _gather_inputs(inputs)
+        views = any(name == "views" for name, _ in constants)
+        return Variant("gather", steps, ((f"MAP_{template_name.upper()}", 1),) + _gather_inputs(inputs, views)
                        + MAPPING_DEFINES.get(template_name, lambda inputs: ())(inputs) + defines)
     return Variant(template_name, steps, defines)
 
 
-def _gather_inputs(inputs: int) -> tuple[tuple[str, str], ...]:
-    """The arguments of gather.cl's inputs after the first, and the selection of the one a mapping names."""
+def _gather_inputs(inputs: int, views: bool) -> tuple[tuple[str, str], ...]:
+    """The arguments of gather.cl's inputs after the first (each with its view when ``views``), and the
+    selection of the one a mapping names."""
     if inputs == 1:
         return ()
     more = range(1, inputs)
-    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c" for i in more)),
-            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c; }}"
+    view = (lambda i: f", int4 in{i}_v") if views else (lambda i: "")
+    select = (lambda i: f" fv = in{i}_v;") if views else (lambda i: "")
+    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c{view(i)}"
+                                      for i in more)),
+            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c;{select(i)} }}"
                                        for i in more)))
 
 
@@ -83,8 +88,23 @@ def _reduction(name: str) -> tuple[tuple[str, str], ...]:
     return (("REDUCE_INIT(first)", init), ("REDUCE(total, value)", combine), ("REDUCE_FINISH(total, count)", finish))
 
 
-# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum).
-SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),)}
+HOST_TYPES = {"float32": "float", "uint8": "uchar", "int8": "char"}
+
+# How a template stores its output (the prelude's STORE_OUT): PHWC4 vectors in the storage type unless the
+# variant is specialised with "host_output" (the kit's Lowering.host_write), then NHWC float32 for the host.
+STORE_PHWC4 = (("OUT_STORAGE", "STORAGE"),
+               ("STORE_OUT(v, out, od, channels, n, y, x, s)",
+                "STORE4(mask_tail(v, s, channels), out, vec_index(od, n, y, x, s))"))
+STORE_HOST = (("OUT_STORAGE", "float"),
+              ("STORE_OUT(v, out, od, channels, n, y, x, s)", "host_store(TO_ACC4(v), out, od, channels, n, y, x, s)"))
+
+# A kit call's constant -> the macros spelling it (the group: work items sharing one output's sum; the
+# element type and channels of a partition input read in host order; an output stored in host order;
+# gather inputs read through views).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: (("GROUP", group),),
+              "host_input": lambda dtype: (("HOST_INPUT", HOST_TYPES[dtype]),),
+              "host_channels": lambda channels: (("HOST_CHANNELS", channels),),
+              "host_output": lambda _: STORE_HOST, "views": lambda _: (("GATHER_VIEWS", 1),)}
 
 
 @dataclass(frozen=True)
@@ -135,9 +155,11 @@ def program_source(variants: Sequence[Variant], defines: Sequence[str]) -> str:
         params, body = epilogue_code(variant.epilogue)
         parts += [f"#define KERNEL_NAME {kernel_name(variant, i)}", f"#define EPILOGUE_PARAMS {params}",
                   f"#define EPILOGUE(v, n, y, x, s) {body}"]
-        parts += [f"#define {name} {value}" for name, value in variant.defines]
+        given = {name.split("(")[0] for name, _ in variant.defines}
+        defines = variant.defines + tuple(d for d in STORE_PHWC4 if d[0].split("(")[0] not in given)
+        parts += [f"#define {name} {value}" for name, value in defines]
         parts += [template(variant.template), "#undef KERNEL_NAME", "#undef EPILOGUE_PARAMS", "#undef EPILOGUE"]
-        parts += [f"#undef {name.split('(')[0]}" for name, _ in variant.defines]
+        parts += [f"#undef {name.split('(')[0]}" for name, _ in defines]
     return "\n".join(parts) + "\n"
 
 

@@ -46,21 +46,25 @@ def host_array(cl, context, queue, shape: tuple[int, ...]) -> tuple[np.ndarray, 
 
 class Boundary:
     """Where a partition input or output meets the host: its PHWC4 buffer, the bound kernel that converts
-    between it and an NHWC float32 staging buffer (none when the bytes coincide) and, for an output once
-    first read, the host array it is read into (made once, reused by every later run)."""
+    between it and an NHWC staging buffer (none when the bytes coincide) and, for an output once first
+    read, the host array it is read into (made once, reused by every later run).  An input's host values
+    are float32 or, ``host_dtype`` an integer type, a quantized input's own integers (the device
+    dequantizes); ``host_layout``: the buffer holds them in host order, read so by the input's kernel."""
 
     __slots__ = ("tensor", "buffer", "staging", "kernel", "global_size", "local_size", "host", "pinned",
-                 "host_kind")
+                 "host_kind", "host_dtype", "host_layout")
 
-    def __init__(self, tensor: Tensor, buffer, staging=None, kernel=None, global_size=None, local_size=None):
+    def __init__(self, tensor: Tensor, buffer, staging=None, kernel=None, global_size=None, local_size=None,
+                 host_dtype: np.dtype = np.dtype(np.float32), host_layout: bool = False):
         self.tensor, self.buffer, self.staging = tensor, buffer, staging
         self.kernel, self.global_size, self.local_size = kernel, global_size, local_size
+        self.host_dtype, self.host_layout = host_dtype, host_layout
         self.host: np.ndarray | None = None
         self.pinned, self.host_kind = None, ""
 
-    def upload(self, cl, queue, floats: np.ndarray) -> list:
-        """Enqueue the copy of NHWC ``floats`` and their conversion (non-blocking); returns their events."""
-        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, floats,
+    def upload(self, cl, queue, values: np.ndarray) -> list:
+        """Enqueue the copy of NHWC ``values`` and their conversion (non-blocking); returns their events."""
+        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, values,
                                   is_blocking=False)]
         if self.kernel is not None:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
@@ -120,14 +124,18 @@ class ClValue:
 
 def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype) -> list:
     """Enqueue what puts ``value`` into a partition's input ``boundary``; returns the events of the upload
-    and its conversion (none for a device copy).  A float32 array in C order goes from the caller's own
-    memory to the device: no host copy, no conversion."""
+    and its conversion (none for a device copy).  A float32 array in C order, or a quantized input's
+    integers, goes from the caller's own memory to the device: no host copy, no conversion."""
     if not isinstance(value, ClValue):
         value = ClValue.stage(value)
-    if value.boundary is not None and value.storage == storage:
+    if value.boundary is not None and value.storage == storage and not (boundary.host_layout
+                                                                         or value.boundary.host_layout):
         if value.buffer.int_ptr != boundary.buffer.int_ptr:
             cl.enqueue_copy(queue, boundary.buffer, value.buffer)
         return []
+    if boundary.host_dtype.kind != "f":  # dequantized on the device
+        host = value.staged if value.staged is not None else value.to_host(cl, queue)
+        return boundary.upload(cl, queue, np.ascontiguousarray(host, boundary.host_dtype))
     if value.staged is not None:
         floats = np.ascontiguousarray(to_float_view(value.staged, boundary.tensor), np.float32)
     else:

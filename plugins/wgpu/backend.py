@@ -53,7 +53,7 @@ class WgpuBackend(Backend):
     layout = "PHWC4"
     # what the kernels fold into a neighbour's (delegate.passes groups; kernels.py fuses at least those)
     precisions = ("fp32", "fp16")
-    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate"})
+    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "chain"})
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         self.request = AdapterRequest.from_options(dict(options or {}))

@@ -15,13 +15,13 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from delegate.gpu import Group, constant_value
-from delegate.gpu.fusion import ReaderFolds, gate_operands, pointwise
+from delegate.gpu.fusion import ReaderFolds, gate_operands
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
 from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
 from delegate.gpu.lowering import BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, Product, TensorArg
 from delegate.gpu.registry import declare_templates
-from delegate.plugin_api import Op, Tensor
+from delegate.plugin_api import Tensor
 
 from .shaders import MAPPINGS, Kernel, dims, template, templates
 from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, reduction_workgroup, spatial_candidates,
@@ -29,7 +29,6 @@ from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, r
 
 DIALECT = "wgpu"
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
-DENSE_PAIR_WEIGHTS = 1 << 17  # weights of one layer that one workgroup still multiplies quickly
 
 
 class KernelList(Lowering):
@@ -95,19 +94,13 @@ class KernelList(Lowering):
         self.lower(group)
 
 
-def _on_one_pixel(op: Op) -> bool:
-    """A 1x1 convolution of an input with one pixel per image, small enough for one workgroup."""
-    return (pointwise(op) and len(op.inputs[0].shape) == 4 and tuple(op.inputs[0].shape[1:3]) == (1, 1)
-            and op.inputs[1].size <= DENSE_PAIR_WEIGHTS)
-
-
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
 # convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
 # as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
-# kernel, ``_dense_pair``); a reader does one fold at most.  A depthwise convolution keeps its own
-# kernel: matmul.wgsl reads each input vector once per slice group instead of staging it, so computing
-# the depthwise convolution there would repeat it for every group of output slices.
-FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=_on_one_pixel)
+# kernel, ``_dense_pair``, within the kit's chain_link); a reader does one fold at most.  A depthwise
+# convolution keeps its own kernel: matmul.wgsl reads each input vector once per slice group instead of
+# staging it, so computing the depthwise convolution there would repeat it for every group of output slices.
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=lambda reader: True)
 
 
 # -- kernels -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // BATCH_MATMUL: output lane (batches n, y; row x; column c of the NHWC view) is the sum over the
 // depth of a[row, k] * b[k, column], in fp32; batches broadcast (coordinates modulo each input's
 // batch sizes).  axes = (a's row axis, a's depth axis, b's depth axis, b's column axis).
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* a, int4 ad,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* a, int4 ad,
                           int a_channels, __global const STORAGE* b, int4 bd, int b_channels, int4 axes,
                           int depth EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -23,5 +23,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   }
   FLT4 v = TO_FLT4((float4)(lanes[0], lanes[1], lanes[2], lanes[3]));
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

@@ -2,12 +2,22 @@
 // slice s of image n), so each weight vector it loads serves four outputs.
 // weights: [S_out][KH][KW][S_in][4 input lanes] vectors of 4 output channels.
 // geometry = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, dilation_x, dilation_y).
+// With HOST_INPUT the input is the partition's, read in host order from the caller's bytes (no
+// conversion kernel before this one; see host_vector in the prelude).
 #ifndef CONV_TAP  // once per program, however many variants of this template it holds
 #define CONV_TAP(acc, v, w0, w1, w2, w3) acc += (v).x * (w0) + (v).y * (w1) + (v).z * (w2) + (v).w * (w3)
 #endif
+#if defined(HOST_INPUT)  // HOST_CHANNELS channels: the slice loop and each read's lanes unroll
+#define CONV_INPUT __global const HOST_INPUT* in, int4 id, int in_channels, float4 dequant
+#define CONV_READ(row, c) HOST_READ(HOST_INPUT)(in, id, HOST_CHANNELS, dequant, n, iy, c, si)
+#define CONV_SLICES ((HOST_CHANNELS + 3) / 4)
+#else
+#define CONV_INPUT __global const STORAGE* in, int4 id, int in_channels
+#define CONV_READ(row, c) LOAD4(in, (row) + (c))
+#define CONV_SLICES id.z
+#endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, CONV_INPUT,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);
@@ -28,13 +38,13 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
       int c2 = clamp(ix + 2 * sx, 0, id.x - 1), c3 = clamp(ix + 3 * sx, 0, id.x - 1);
       int row = vec_index(id, n, iy, 0, 0);
       int w = ((s * geometry.y + ky) * geometry.x + kx) * id.z * 4;
-      for (int si = 0; si < id.z; ++si, row += plane, w += 4) {
+      for (int si = 0; si < CONV_SLICES; ++si, row += plane, w += 4) {
         FLT4 w0 = LOAD4(weights, w), w1 = LOAD4(weights, w + 1), w2 = LOAD4(weights, w + 2),
              w3 = LOAD4(weights, w + 3);
-        CONV_TAP(a0, LOAD4(in, row + c0) * m0, w0, w1, w2, w3);
-        CONV_TAP(a1, LOAD4(in, row + c1) * m1, w0, w1, w2, w3);
-        CONV_TAP(a2, LOAD4(in, row + c2) * m2, w0, w1, w2, w3);
-        CONV_TAP(a3, LOAD4(in, row + c3) * m3, w0, w1, w2, w3);
+        CONV_TAP(a0, CONV_READ(row, c0) * m0, w0, w1, w2, w3);
+        CONV_TAP(a1, CONV_READ(row, c1) * m1, w0, w1, w2, w3);
+        CONV_TAP(a2, CONV_READ(row, c2) * m2, w0, w1, w2, w3);
+        CONV_TAP(a3, CONV_READ(row, c3) * m3, w0, w1, w2, w3);
       }
     }
   }
@@ -43,6 +53,9 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
     int x = x0 + i;
     FLT4 v = results[i];
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }
+#undef CONV_INPUT
+#undef CONV_READ
+#undef CONV_SLICES

@@ -4,7 +4,7 @@
 // conv2d.cl would give each of a handful of work items the whole reduction, one memory
 // round trip after another.  Same arguments and weight layout as conv2d.cl.
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                  __global const STORAGE* in, int4 id, int in_channels,
                  __global const STORAGE* weights, __global const STORAGE* bias,
                  int4 geometry, int4 spacing EPILOGUE_PARAMS) {
@@ -30,5 +30,5 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   if (t > 0 || !valid) return;
   FLT4 v = TO_FLT4(scratch[0]) + LOAD4(bias, s);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

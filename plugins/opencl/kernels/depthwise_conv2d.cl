@@ -9,7 +9,7 @@
                            (FLT)((ix) >= 0 && (ix) < id.x))
 #endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels, int multiplier,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
@@ -35,6 +35,6 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
     int x = x0 + i;
     FLT4 v = results[i];
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }

@@ -19,7 +19,9 @@
 //   MAP_TAKE            output elements in NHWC order are (outer, k, inner); the input's is (outer, table[k], inner),
 //                       walk = (indices, inner size, axis length)
 // The mappings reading several inputs (in, in1, in2 ...: GATHER_INPUTS, their arguments) set `input`, and
-// GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.
+// GATHER_SELECT points `from`, `fd` and `fc` at that input's buffer, dims and channels.  With GATHER_VIEWS
+// each input also has a view `fv` (N, H, W, C): the mapping's coordinate is in the view, an input as a
+// folded reshape's output sees it, and names the element of the same NHWC order in the input's storage.
 #if defined(MAP_TILE)
 #define MAP_PARAMS
 #elif defined(MAP_SPACE_TO_DEPTH)
@@ -47,9 +49,14 @@
 #define GATHER_INPUTS
 #define GATHER_SELECT
 #endif
+#if defined(GATHER_VIEWS)
+#define GATHER_VIEW , int4 in_v
+#else
+#define GATHER_VIEW
+#endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int in_channels GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+                          int in_channels GATHER_VIEW GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -115,9 +122,17 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
     __global const STORAGE* from = in;
     int4 fd = id;
     int fc = in_channels;
+#if defined(GATHER_VIEWS)
+    int4 fv = in_v;
+    GATHER_SELECT
+    int inside = all(src >= 0) && all(src < fv);
+    int flat = ((src.x * fv.y + src.y) * fv.z + src.z) * fv.w + src.w;
+    src = (int4)(flat / (fd.y * fd.x * fc), flat / (fd.x * fc) % fd.y, flat / fc % fd.x, flat % fc);
+#else
     GATHER_SELECT
     int4 bound = (int4)(fd.w, fd.y, fd.x, fc);
     int inside = all(src >= 0) && all(src < bound);
+#endif
 #if defined(MAP_PAD)
     if (!inside) {
       v = (FLT4)((FLT)fill);
@@ -132,8 +147,9 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   }
   if (!aligned) v = (FLT4)(lanes[0], lanes[1], lanes[2], lanes[3]);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }
 #undef MAP_PARAMS
 #undef GATHER_INPUTS
 #undef GATHER_SELECT
+#undef GATHER_VIEW

@@ -1,16 +1,22 @@
-// A partition input arrives as the caller's NHWC float32 array, uploaded as is; this
-// moves it into PHWC4 storage on the device (zero padding lanes, half when stored so).
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const float* in) {
+// A partition input arrives as the caller's NHWC array (float32, or with HOST_INPUT a quantized
+// input's integers, dequantized here with `dequant`), uploaded as is; this moves it into PHWC4
+// storage on the device (zero padding lanes, half when stored so).
+#if defined(HOST_INPUT)
+#define LAYOUT_IN_T HOST_INPUT
+#define LAYOUT_IN_DEQUANT , float4 dequant
+#define LAYOUT_IN_Q dequant
+#else
+#define LAYOUT_IN_T float
+#define LAYOUT_IN_DEQUANT
+#define LAYOUT_IN_Q (float4)(1.0f, 0.0f, 0.0f, 0.0f)
+#endif
+__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+                          __global const LAYOUT_IN_T* in LAYOUT_IN_DEQUANT) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
-  int s = z % od.z, n = z / od.z, c = s * 4;
-  __global const float* src = in + ((n * od.y + y) * od.x + x) * out_channels + c;
-  float4 v;
-  if (c + 4 <= out_channels) {
-    v = vload4(0, src);
-  } else {
-    int left = out_channels - c;
-    v = (float4)(src[0], left > 1 ? src[1] : 0.0f, left > 2 ? src[2] : 0.0f, 0.0f);
-  }
-  STORE4(TO_FLT4(v), out, vec_index(od, n, y, x, s));
+  int s = z % od.z, n = z / od.z;
+  STORE4(HOST_READ(LAYOUT_IN_T)(in, od, out_channels, LAYOUT_IN_Q, n, y, x, s), out, vec_index(od, n, y, x, s));
 }
+#undef LAYOUT_IN_T
+#undef LAYOUT_IN_DEQUANT
+#undef LAYOUT_IN_Q

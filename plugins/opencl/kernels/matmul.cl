@@ -35,7 +35,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_P, WG_S, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
+void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
                  __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
                  __global const STORAGE* in INPUT_PARAMS EPILOGUE_PARAMS) {
   __local FLT4 a_tile[CHUNK][TILE_P];
@@ -89,7 +89,7 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
     int n = row / out_plane, p = row % out_plane, y = p / od.x, x = p % od.x;
     FLT4 v = results[i];
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, (n * od.z + s) * out_plane + p);
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }
 

@@ -5,7 +5,7 @@
 // items' partial sums in local memory.  Same arguments and weight layout as matmul.cl.
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
+void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
                  __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
                  __global const STORAGE* in EPILOGUE_PARAMS) {
   __local ACC4 partial[ROWS][GROUP];
@@ -37,6 +37,6 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
     int n = r / out_plane, p = r % out_plane, y = p / od.x, x = p % od.x;
     FLT4 v = TO_FLT4(partial[r][0]) + LOAD4(bias, s);
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, (n * od.z + s) * out_plane + p);
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }

@@ -3,7 +3,7 @@
 // the reduced axes with size 1.  GROUP items (local dimension 0) compute one output vector
 // (local dimension 1 picks it): they share the reduced positions and add their partial sums.
 __kernel __attribute__((reqd_work_group_size(GROUP, REDUCTIONS, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                  int in_channels, int4 reduce EPILOGUE_PARAMS) {
   __local float4 scratch[REDUCTIONS][GROUP];
   int t = get_local_id(0), o = get_global_id(1);
@@ -24,5 +24,5 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   if (reduce.z) sum = (ACC4)(sum.x + sum.y + sum.z + sum.w, 0.0f, 0.0f, 0.0f);  // padding lanes hold zero
   FLT4 v = TO_FLT4(sum / (float)(ex * ey * (reduce.z ? in_channels : 1)));
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

@@ -2,7 +2,7 @@
 // only the taps inside the image).  The average accumulates in fp32.
 // window = (filter_w, filter_h, stride_x, stride_y); spacing = (pad_x, pad_y, 1, 1), as for a
 // convolution without dilation.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels,
                           int4 window, int4 spacing, int is_max EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -23,5 +23,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   int count = max((y_end - y_begin) * (x_end - x_begin), 1);
   FLT4 v = is_max ? best : TO_FLT4(sum / (float)count);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

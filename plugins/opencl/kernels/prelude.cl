@@ -62,6 +62,39 @@ inline FLT4 mask_tail(FLT4 v, int s, int channels) {
   return (FLT4)(v.x, keep > 1 ? v.y : (FLT)0, keep > 2 ? v.z : (FLT)0, (FLT)0);
 }
 
+// Slice s at (n, y, x) of a partition input in host order (NHWC with `channels` channels, d = (W, H,
+// S, N)), read by the kernel needing it instead of a converted PHWC4 copy: float32, or a quantized
+// input's integers dequantized with q = (scale, zero point) (floats ignore q); lanes past the channels
+// are zero.  HOST_READ(T) names the reader of element type T.
+#define HOST_VECTOR(T, DEQUANT) \
+  inline FLT4 host_vector_##T(__global const T* in, int4 d, int channels, float4 q, int n, int y, int x, int s) { \
+    int c = s * 4, left = channels - c; \
+    __global const T* p = in + ((n * d.y + y) * d.x + x) * channels + c; \
+    float4 v = left >= 4 ? convert_float4(vload4(0, p)) \
+                         : (float4)((float)p[0], left > 1 ? (float)p[1] : 0.0f, left > 2 ? (float)p[2] : 0.0f, 0.0f); \
+    return mask_tail(TO_FLT4(DEQUANT), s, channels); \
+  }
+HOST_VECTOR(float, v)
+HOST_VECTOR(uchar, (v - q.y) * q.x)
+HOST_VECTOR(char, (v - q.y) * q.x)
+#define HOST_READ_(T) host_vector_##T
+#define HOST_READ(T) HOST_READ_(T)
+
+// A kernel's output vector at (n, y, x), slice s, stored by STORE_OUT (see delegate_opencl.program): as PHWC4
+// (OUT_STORAGE the storage type), or for a partition output no kernel of the partition reads (HOST_OUTPUT) its
+// channels in host order, NHWC float32 (OUT_STORAGE float), so the host reads them without a conversion kernel.
+inline void host_store(float4 v, __global float* out, int4 d, int channels, int n, int y, int x, int s) {
+  int c = s * 4, left = channels - c;
+  __global float* p = out + ((n * d.y + y) * d.x + x) * channels + c;
+  if (left >= 4) {
+    vstore4(v, 0, p);
+    return;
+  }
+  p[0] = v.x;
+  if (left > 1) p[1] = v.y;
+  if (left > 2) p[2] = v.z;
+}
+
 // Reads operand t (dimensions d) at an output position, broadcasting dimensions of size 1;
 // splat_channel is set when t has a single channel that stands for all of them.
 inline FLT4 read_bcast(__global const STORAGE* t, int4 d, int splat_channel, int n, int y, int x, int s) {

@@ -3,7 +3,7 @@
 // from delegate.gpu.dialect).
 // keep = the output shape with the reduced axes kept as 1 (n, h, w, c); reduce = 1 for each reduced
 // axis, else 0.  Lanes are matched to keep through their position in NHWC order.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                           int in_channels, int4 keep, int4 reduce EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
@@ -27,5 +27,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   }
   FLT4 v = TO_FLT4((float4)(lanes[0], lanes[1], lanes[2], lanes[3]));
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

@@ -1,6 +1,6 @@
 // RESHAPE that moves elements between slices: each output lane finds its element by
 // its position in NHWC order.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels, int aligned EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
@@ -14,5 +14,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   }
   FLT4 v = (FLT4)(lanes[0], lanes[1], lanes[2], lanes[3]);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

@@ -1,7 +1,7 @@
 // RESIZE_BILINEAR with TFLite's source coordinates: src = dst * scale, or
 // (dst + 0.5) * scale - 0.5 with half-pixel centers; the lower neighbour is clamped
 // at 0 and the upper one at the last row/column.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels, float4 scale,
                           int half_pixel EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -18,5 +18,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
                 TO_ACC4(LOAD4(in, vec_index(id, n, y1, x1, s))) * dx;
   FLT4 v = TO_FLT4(top * (1.0f - dy) + bottom * dy);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

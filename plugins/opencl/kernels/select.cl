@@ -8,7 +8,7 @@ inline int select_lane(int4 d, int channels, int4 at) {
 }
 #endif
 
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* cond, int4 cd, int cond_channels,
                           __global const STORAGE* a, int4 ad, int a_channels,
                           __global const STORAGE* b, int4 bd, int b_channels, int aligned EPILOGUE_PARAMS) {
@@ -23,5 +23,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   }
   FLT4 v = (FLT4)(lanes[0], lanes[1], lanes[2], lanes[3]);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

@@ -2,7 +2,7 @@
 // items (local dimension 0) share a pixel's slices and combine its max and sum in local
 // memory; local dimension 1 picks the pixel.
 __kernel __attribute__((reqd_work_group_size(GROUP, REDUCTIONS, 1)))
-void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                  int in_channels, float beta EPILOGUE_PARAMS) {
   __local float4 scratch[REDUCTIONS][GROUP];
   int t = get_local_id(0), pixel = get_global_id(1);
@@ -32,6 +32,6 @@ void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global cons
   for (int s = t; s < slices; s += GROUP) {
     FLT4 v = TO_FLT4(exp((TO_ACC4(LOAD4(in, vec_index(od, n, y, x, s))) - top) * beta) / sum);
     EPILOGUE(v, n, y, x, s);
-    STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+    STORE_OUT(v, out, od, out_channels, n, y, x, s);
   }
 }

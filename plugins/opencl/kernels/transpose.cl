@@ -1,6 +1,6 @@
 // TRANSPOSE: input axis j (n, y, x, c of its NHWC view) is output axis axes[j]; each output
 // lane reads its element from the input coordinate those axes give.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels, int aligned,
                           int4 axes EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -13,5 +13,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   }
   FLT4 v = (FLT4)(lanes[0], lanes[1], lanes[2], lanes[3]);
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }

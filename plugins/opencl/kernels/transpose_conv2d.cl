@@ -2,7 +2,7 @@
 // sums the inputs (ix, iy) with ix * stride - pad + kx == x for the kernel taps kx.
 // weights: [S_out][KH][KW][S_in][4 input lanes] vectors of 4 output channels.
 // window = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, 0, 0).
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
                           __global const STORAGE* in, int4 id, int in_channels,
                           __global const STORAGE* weights, __global const STORAGE* bias,
                           int4 window, int4 spacing EPILOGUE_PARAMS) {
@@ -28,5 +28,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
   }
   FLT4 v = acc;
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }
