@@ -134,3 +134,19 @@ def test_a_convolution_with_few_outputs_and_long_sums_splits_them_on_both_dialec
     g, compiled = compile_whole(backend, name, model)
     assert [launch.kernel for launch in plan_of(compiled).launches] == [template]
     assert_close(run(backend, g, compiled, inputs), litert_run(model, inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_every_opencl_template_storing_in_host_order_stores_through_store_out():
+    """The kit may ask any template OpenCL lists as a host writer to store its output in host order (NHWC
+    float32, a smaller buffer than PHWC4): a template writing its output with STORE4 instead would write past
+    that buffer.  Each one declares its output as OUT_STORAGE and stores it through STORE_OUT."""
+    from importlib import resources
+
+    from delegate_opencl.lowering import ClLowering
+    from delegate_opencl.program import MAPPINGS
+
+    kernels = resources.files("delegate_opencl").joinpath("kernels")
+    for name in sorted(ClLowering.host_writers - set(MAPPINGS)):
+        source = kernels.joinpath(f"{name}.cl").read_text()
+        assert "__global OUT_STORAGE* out" in source and "STORE_OUT(" in source, name
+        assert not any(line.strip().startswith("STORE4(") and ", out, " in line for line in source.splitlines()), name

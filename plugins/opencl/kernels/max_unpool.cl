@@ -1,7 +1,7 @@
 // MediaPipe's MaxUnpooling2D as a gather: each output lane takes the value of the last input pixel (in
 // row-major order) whose window holds it and whose index (truncated) is its place there, ky * kernel w + kx;
 // zero where none is.  window = (kernel w, kernel h, stride x, stride y), spacing = (pad x, pad y).
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                           int in_channels, __global const STORAGE* indices, int4 xd, int indices_channels,
                           int4 window, int4 spacing EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -21,5 +21,5 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   }
   FLT4 r = TO_FLT4(v);
   EPILOGUE(r, n, y, x, s);
-  STORE4(mask_tail(r, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(r, out, od, out_channels, n, y, x, s);
 }

@@ -2,7 +2,7 @@
 // clipped to the input (window = (kernel w, kernel h, stride x, stride y), spacing = (pad x, pad y)),
 // clamped to bounds = (low, high); `indices` gets its place in the window, ky * kernel w + kx, plus 0.1
 // as MediaPipe stores it (truncating it back is exact).
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                           int in_channels, __global STORAGE* indices, int4 xd, int indices_channels, int4 window,
                           int4 spacing, float4 bounds EPILOGUE_PARAMS) {
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
@@ -21,6 +21,6 @@ __kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels, __gl
   }
   FLT4 v = TO_FLT4(clamp(best, bounds.x, bounds.y));
   EPILOGUE(v, n, y, x, s);
-  STORE4(mask_tail(v, s, out_channels), out, vec_index(od, n, y, x, s));
+  STORE_OUT(v, out, od, out_channels, n, y, x, s);
   STORE4(mask_tail(TO_FLT4(place + 0.1f), s, indices_channels), indices, vec_index(xd, n, y, x, s));
 }
