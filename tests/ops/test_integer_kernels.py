@@ -18,6 +18,7 @@ from delegate import CompileOptions, read_model
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
+from delegate_cpu.kernels import native as native_module
 from delegate_cpu.kernels.native import NativeLoops, native_loops
 from tests.oputil import check_against_litert, litert, litert_run
 from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weights
@@ -44,12 +45,21 @@ def native_calls():
     if native_loops() is None:
         pytest.skip("no C compiler with OpenMP here: the native loops do not build")
     called = []
-    prepared = NativeLoops.prepared
+    prepared, one_call = NativeLoops.prepared, native_module._one_call
 
     def spy(self, call, *arrays):
         called.append(call.symbol)
         return prepared(self, call, *arrays)
-    with mock.patch.object(NativeLoops, "prepared", spy):
+
+    def batch_spy(loops, stretch):  # a stretch of calls run as one native call (see batched_steps)
+        op, run, sources, outs = one_call(loops, stretch)
+        symbols = [call.symbol for _, call, _ in stretch]
+
+        def counted(ins, outs):
+            called.extend(symbols)
+            run(ins, outs)
+        return op, counted, sources, outs
+    with mock.patch.object(NativeLoops, "prepared", spy), mock.patch.object(native_module, "_one_call", batch_spy):
         yield called
 
 

@@ -1019,27 +1019,24 @@ def prepared_run(loops: NativeLoops, call, inputs: int | tuple[int, ...] = 1):
 
 def batched_steps(steps: list[tuple]) -> list[tuple]:
     """A partition's (op, run, sources, outputs) steps with each stretch of consecutive prepared calls
-    (see prepared_run) on buffers of its own (no partition input: those change from run to run) made
-    one step: one native call runs their list (native.c's run_prepared), every array bound once here.
-    A native op costs ~5 us of Python a call; small models run dozens of them."""
+    (see prepared_run) made one step: one native call runs their list (native.c's run_prepared), every
+    array bound once here but the partition inputs, which change from run to run: the step's sources
+    are those, bound per run (see _one_call).  A native op costs ~5 us of Python a call; small models
+    run dozens of them."""
     loops = _LOADED[0] if _LOADED else None
     batched, stretch = [], []
 
     def close() -> None:
-        if len(stretch) > 1:
+        if stretch:
             batched.append(_one_call(loops, stretch))
-        else:
-            batched.extend(step for step, _ in stretch)
         stretch.clear()
 
     for step in steps:
-        _, run, sources, outs = step
+        op, run, sources, outs = step
         call = getattr(run, "prepared", None)
-        arrays = None if call is None else [*(sources[slot] for slot in run.inputs), outs[0]]
-        if loops is not None and arrays is not None and \
-                all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
-            loops.bind(call, *arrays)
-            stretch.append((step, call))
+        bound = None if loops is None or call is None else _bound(loops, call, op, run.inputs, sources, outs[0])
+        if bound is not None:
+            stretch.append((step, call, bound))
         else:
             close()
             batched.append(step)
@@ -1047,17 +1044,54 @@ def batched_steps(steps: list[tuple]) -> list[tuple]:
     return batched
 
 
+def _bound(loops: NativeLoops, call, op, slots: tuple[int, ...], sources: list, out: np.ndarray) -> list | None:
+    """Bind prepared ``call`` to its arrays: its contiguous buffers, and in place of each partition input
+    (an int source) a contiguous stand-in of the input's shape and dtype, checked by the call as it checks
+    arrays (dtype, shape, contiguity: any such array passes as the stand-in did).  Returns the partition
+    inputs as (tensor index, field, shape, dtype) for _one_call to place per run; None where the call
+    cannot be bound here."""
+    arrays, inputs = [], []
+    for position, slot in enumerate(slots):
+        a = sources[slot]
+        if isinstance(a, int):
+            t = op.inputs[slot]
+            if t.dtype.numpy is None or min(t.shape, default=0) < 0:
+                return None
+            inputs.append((a, call.places[position], tuple(t.shape), np.dtype(t.dtype.numpy)))
+            a = np.zeros(t.shape, t.dtype.numpy)
+        elif not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
+            return None
+        arrays.append(a)
+    if not out.flags.c_contiguous:
+        return None
+    try:
+        loops.bind(call, *arrays, out)
+    except ExecutionError:
+        return None
+    return inputs
+
+
 def _one_call(loops: NativeLoops, stretch: list) -> tuple:
-    """The step running a stretch of bound prepared calls in one native call."""
-    calls = [call for _, call in stretch]
+    """The step running a stretch of bound prepared calls in one native call.  Its sources are the
+    partition inputs the calls read (see _bound): a run sets their addresses, of contiguous copies
+    where they are not contiguous."""
+    calls = [call for _, call, _ in stretch]
+    placing = [(call, field, shape, dtype) for _, call, inputs in stretch for _, field, shape, dtype in inputs]
     kernels = (_PTR * len(calls))(*(ctypes.cast(getattr(loops.library, c.symbol), _PTR).value for c in calls))
     references = (_PTR * len(calls))(*(ctypes.addressof(c) for c in calls))
     run_prepared = loops.library.run_prepared
 
     def run(ins, outs):
+        kept = []  # copies made contiguous, alive until the native call returns
+        for x, (call, field, shape, dtype) in zip(ins, placing):
+            if not (isinstance(x, np.ndarray) and x.flags.c_contiguous):
+                x = np.ascontiguousarray(x)
+                kept.append(x)
+            fits(x.dtype == dtype and x.shape == shape, f"input {x.shape} {x.dtype} for {shape} {dtype}")
+            setattr(call, field, x.ctypes.data)
         _done(run_prepared(kernels, references, len(calls)), "run_prepared")
     run.kept = (calls, kernels, references)
-    return stretch[0][0][0], run, [], []
+    return stretch[0][0][0], run, [index for _, _, inputs in stretch for index, *_ in inputs], []
 
 
 def aligned_copy(a: np.ndarray) -> np.ndarray:
