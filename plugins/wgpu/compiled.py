@@ -178,7 +178,7 @@ class DeviceTensor:
     """
 
     __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "host", "wanted", "fresh")
+                 "readback", "host", "wanted", "fresh", "host_layout")
 
     def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None):
@@ -189,6 +189,7 @@ class DeviceTensor:
                                                                   np.array([spec.quant[1]], np.int64))
         self.nbytes = storage_nbytes(self.shape, storage)
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
+        self.host_layout = spec.host_layout  # the buffer holds NHWC float32: another partition reads it via the host
         self.convert = convert  # the wgpu-py objects, kept alive for their handles
         self.readback = None  # made when first wanted: most outputs only ever feed other partitions
         self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
@@ -346,7 +347,7 @@ class WgpuCompiled(CompiledPartition):
         for slot in self.inputs:
             value = inputs[slot.index]
             if (isinstance(value, DeviceTensor) and value.context is self.context
-                    and value.storage == self.program.storage):
+                    and value.storage == self.program.storage and not value.host_layout):
                 if value.buffer is not slot.buffer:
                     copies.append((value.buffer._internal, slot.buffer._internal, slot.nbytes))
             else:

@@ -35,6 +35,9 @@ class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     dialect = DIALECT
+    # every template storing its output through emit (shaders.Kernel) can store it in host order; a
+    # conversion and the templates with a second result store in PHWC4
+    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates", "pool_argmax"}
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
         super().__init__()
@@ -46,7 +49,7 @@ class KernelList(Lowering):
     def kernel(self, name: str, group: Group) -> Kernel:
         """A kernel from template ``name`` storing the group's output through the group's epilogue."""
         k = Kernel(name, "+".join(f"{op.opcode}#{op.index}" for op in group.ops), ops=[op.index for op in group.ops])
-        k.output(group.output.index, group.output.shape, group.steps)
+        k.output(group.output.index, group.output.shape, group.steps, self.host_write(group.output.index, name))
         self.kernels.append(k)
         return k
 
@@ -77,7 +80,8 @@ class KernelList(Lowering):
 
     def emit_product(self, p: Product) -> None:
         """matmul.wgsl's tiled product, or dense_pair.wgsl for a chain of two one-pixel 1x1 convolutions."""
-        k = Kernel("matmul", p.label, ops=[op.index for op in p.ops]).output(*p.output, p.steps)
+        k = Kernel("matmul", p.label, ops=[op.index for op in p.ops]).output(
+            *p.output, p.steps, self.host_write(p.output[0], "matmul"))
         self.kernels.append(k)
         if p.staged is not None and p.staged[0] == "chain":
             _dense_pair(self, k, p)
@@ -201,8 +205,8 @@ def _reduction(name: str) -> dict[str, str]:
 
 
 # A kit call's constant -> the substitutions spelling it (the group is the workgroup size, set where
-# the launch is shaped: SHAPED).
-SPECIALISE = {"reduction": _reduction, "group": lambda group: {}}
+# the launch is shaped: SHAPED; an output in host order is emit's, see spell).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: {}, "host_output": lambda _: {}}
 
 
 def spell(call: Call) -> Kernel:
@@ -216,7 +220,7 @@ def spell(call: Call) -> Kernel:
     for name, value in call.constants:
         k.substitutions.update(SPECIALISE[name](value))
     if call.output is not None:
-        k.output(*call.output, call.steps)
+        k.output(*call.output, call.steps, dict(call.constants).get("host_output", False))
     else:
         k.invocations = int(np.prod(dims(call.work)))
         k.param("count", "i32", k.invocations)
