@@ -150,3 +150,24 @@ def test_every_opencl_template_storing_in_host_order_stores_through_store_out():
         source = kernels.joinpath(f"{name}.cl").read_text()
         assert "__global OUT_STORAGE* out" in source and "STORE_OUT(" in source, name
         assert not any(line.strip().startswith("STORE4(") and ", out, " in line for line in source.splitlines()), name
+
+
+def test_every_wgsl_template_storing_in_host_order_stores_through_emit():
+    """The kit may ask any template WebGPU lists as a host writer to store its output in host order (NHWC
+    float32, a smaller buffer than PHWC4): a template writing its output binding itself would write past
+    that buffer.  Each one (with the helpers it is assembled with) stores through ``emit`` only, and a
+    kernel asked to store in host order binds its output as floats that ``emit`` writes lane by lane."""
+    from delegate.gpu.lowering import Call, TensorArg
+    from delegate_wgpu.kernels import HELPERS, KernelList, spell
+    from delegate_wgpu.shaders import MAPPINGS, template
+
+    for name in sorted(KernelList.host_writers - set(MAPPINGS)):
+        source = "\n".join([template(name), *(template(helper) for helper in HELPERS.get(name, ()))])
+        assert "emit(" in source, name
+        assert "dst[" not in source and "dst_store(" not in source, name
+    call = Call("elementwise", [TensorArg("src", 1, (1, 2, 2, 3))], [], output=(2, (1, 2, 2, 3)),
+                constants=(("host_output", 1),))
+    k = spell(call)
+    assert [(b.name, b.element) for b in k.bindings if b.writable] == [("dst", "f32")]
+    rendered = k.source("f16", 64)
+    assert "dst[first + lane] = v[lane];" in rendered and "dst_store(" not in rendered

@@ -28,6 +28,10 @@ from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, r
                      spatial_tiling)
 
 DIALECT = "wgpu"
+# Shader files that are parts of kernels, no template of their own: the prelude, the helpers templates are
+# assembled with (HELPERS, a product's input reads, the workgroup reductions) and the subgroup probe.
+PARTS = frozenset({"common", "lanes", "weight_blocks", "matmul_input", "matmul_input_gated", "reduce_shared",
+                   "reduce_subgroup", "subgroup_probe"})
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 
 
@@ -35,9 +39,9 @@ class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     dialect = DIALECT
-    # every template storing its output through emit (shaders.Kernel) can store it in host order; a
-    # conversion and the templates with a second result store in PHWC4
-    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates", "pool_argmax"}
+    # every template storing its output through emit (shaders.Kernel) can store it in host order; the
+    # conversions and the templates with a second result store in PHWC4, and PARTS store nothing
+    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates", "pool_argmax"} - PARTS
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
         super().__init__()
@@ -49,6 +53,7 @@ class KernelList(Lowering):
     def kernel(self, name: str, group: Group) -> Kernel:
         """A kernel from template ``name`` storing the group's output through the group's epilogue."""
         k = Kernel(name, "+".join(f"{op.opcode}#{op.index}" for op in group.ops), ops=[op.index for op in group.ops])
+        self._record([group.output])
         k.output(group.output.index, group.output.shape, group.steps, self.host_write(group.output.index, name))
         self.kernels.append(k)
         return k
