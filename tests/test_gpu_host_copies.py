@@ -425,3 +425,30 @@ def test_wgpu_stores_for_the_host_an_output_a_free_reshape_makes():
     out = compiled.run({g.inputs[0].index: backend.to_device(data)})
     np.testing.assert_allclose(backend.to_host(out[g.outputs[0].index]), litert_run(model, [data])[0],
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype, shape", [("float32", (2, 6, 5, 3)), ("uint8", (1, 6, 7, 3)), ("int8", (1, 5, 7, 3))])
+def test_wgpu_reads_a_convolutions_input_in_host_order(dtype, shape):
+    """The one convolution reading a partition input reads the caller's NHWC values (float32, or uint8 / int8
+    integers, 126 and 105 bytes: not whole words, which it dequantizes) where the host wrote them: no
+    layout_in and no host dequantization; the result matches LiteRT."""
+    from tests.conformance_cases import conv, quantized_conv
+    from tests.oputil import assert_close, litert_run
+    rng = np.random.default_rng(14)
+    if dtype == "float32":
+        model, inputs, _ = conv(rng, shape, 5, 3, {})
+    else:
+        model, inputs = quantized_conv(rng, "CONV_2D", dtype, (0.02, 128 if dtype == "uint8" else -4), (0.05, 3),
+                                       shape=shape)
+    backend = backend_of("wgpu")
+    g = read_model(model).main
+    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions(allow_quantized=True))
+    assert [launch.kernel for launch in compiled.program.launches] == ["conv2d"]
+    assert [(t.host_layout, t.host_dtype, t.convert) for t in compiled.program.inputs] == [(True, dtype, None)]
+    out = compiled.run({g.inputs[0].index: backend.to_device(inputs[0])})[g.outputs[0].index]
+    want = litert_run(model, inputs)[0]
+    got = backend.to_host(out)
+    if dtype == "float32":
+        assert_close([got], [want], rtol=1e-4, atol=1e-5)
+    else:  # the float view rounds onto the output's grid: at most one step from LiteRT's integers
+        assert got.dtype == want.dtype and np.max(np.abs(got.astype(np.int32) - want.astype(np.int32))) <= 1

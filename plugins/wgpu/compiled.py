@@ -248,7 +248,9 @@ class _InputSlot:
         self.convert = convert
         self.shape = tuple(spec.shape)
         self.nbytes = storage_nbytes(self.shape, storage)
-        self.quant = spec.quant
+        self.host_layout = spec.host_layout  # the input's one kernel reads the caller's bytes (host_dtype)
+        self.host_dtype = np.dtype(spec.host_dtype)
+        self.quant = None if self.host_layout else spec.quant
         if self.quant:  # the float view is made on the host, with scratch arrays made once
             vectors = phwc4_vectors(self.shape)
             self.work = np.empty((vectors, 4), np.float32)
@@ -261,7 +263,10 @@ class _InputSlot:
             value = value.to_host()
         array = value.array if isinstance(value, HostTensor) else value
         if not self.quant:
-            queue.write_buffer(self.target, 0, np.ascontiguousarray(array, np.float32))
+            data = np.ascontiguousarray(array, self.host_dtype).reshape(-1)
+            if data.nbytes % 4:  # a quantized input's integers, read by its kernel in words of 4
+                data = np.concatenate([data, np.zeros(-data.nbytes % 4, data.dtype)])
+            queue.write_buffer(self.target, 0, data)
             return
         scale, zero = self.quant
         np.subtract(to_phwc4(array, np.float32).reshape(-1, 4), zero, out=self.work)
@@ -286,7 +291,7 @@ class WgpuCompiled(CompiledPartition):
         blob = memoryview(program.blob)
         self.buffers = []
         for i, spec in enumerate(program.buffers):
-            buffer = device.create_buffer(size=spec.nbytes, usage=usage, label=f"{spec.role}{i}")
+            buffer = device.create_buffer(size=-(-spec.nbytes // 4) * 4, usage=usage, label=f"{spec.role}{i}")
             if spec.data is not None:
                 offset, size = spec.data
                 device.queue.write_buffer(buffer, 0, blob[offset:offset + size])
@@ -347,7 +352,7 @@ class WgpuCompiled(CompiledPartition):
         for slot in self.inputs:
             value = inputs[slot.index]
             if (isinstance(value, DeviceTensor) and value.context is self.context
-                    and value.storage == self.program.storage and not value.host_layout):
+                    and value.storage == self.program.storage and not (value.host_layout or slot.host_layout)):
                 if value.buffer is not slot.buffer:
                     copies.append((value.buffer._internal, slot.buffer._internal, slot.nbytes))
             else:

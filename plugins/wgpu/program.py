@@ -153,7 +153,9 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         spec = TensorSpec(index, buffer_of[index], list(t.shape), t.dtype.name)
         if is_quantized(t):
             spec.quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
-        spec.host_layout = not host_in and planner.root(index) in plan.host_bytes  # stored so by its kernel
+        spec.host_layout = planner.root(index) in plan.host_bytes  # read or stored so by its kernel
+        if host_in and spec.host_layout:
+            spec.host_dtype = plan.host_inputs[index].dtype
         if spec.host_layout or (host_in and spec.quant) or (storage == "f32" and host_order(t.shape)):
             return spec
         staging = ("host order", index, host_in)
