@@ -14,9 +14,10 @@ encoder, pass and command buffer), and the dispatches one call into
 record.c (:class:`Dispatches`; built like the CPU plugin's native loops,
 into the user cache; without a C compiler a Python loop makes the same
 calls).  Host data moves only for inputs arriving from the host (uploaded
-as the caller's array, converted on the device) and for outputs read back
-by ``to_host`` (converted on the device, copied in the same submission once
-the host has asked for them).
+as the caller's array, which the reading convolution reads as it is or the
+device converts) and for outputs read back by ``to_host`` (stored in host
+order by their kernel or converted on the device, copied in the same
+submission once the host has asked for them).
 """
 
 from __future__ import annotations
@@ -239,7 +240,8 @@ def storage_nbytes(shape, storage: str) -> int:
 
 
 class _InputSlot:
-    """Where one partition input goes: its buffer, or host-order staging the device converts from."""
+    """Where one partition input goes: its buffer (in host order where its one kernel reads it so), or
+    host-order staging the device converts from."""
 
     def __init__(self, spec: TensorSpec, buffers: list, storage: str, convert: Launch | None):
         self.index = spec.index
