@@ -251,6 +251,8 @@ def quantized_conv(rng, opcode: str, dtype: str, x_quant, out_quant, shape=(1, 6
 
 
 case("CONV_2D", "uint8_input")(lambda rng: quantized_conv(rng, "CONV_2D", "uint8", (0.02, 128), (0.05, 120)))
+case("CONV_2D", "int8_input_odd_bytes")(lambda rng: quantized_conv(rng, "CONV_2D", "int8", (0.03, -4), (0.04, 2),
+                                                                   shape=(1, 5, 7, 3), out=6))
 case("DEPTHWISE_CONV_2D", "int8_input")(lambda rng: quantized_conv(rng, "DEPTHWISE_CONV_2D", "int8", (0.03, -4),
                                                                    (0.02, 3), shape=(1, 5, 6, 6)))
 case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {

@@ -24,7 +24,7 @@ def backend_of(name: str):
 
 
 def two_outputs() -> bytes:
-    """relu(x) and x * 2 (both float32, 4-channel-unaligned so each output has a conversion kernel)."""
+    """relu(x) and x * 2 (both float32, 4-channel-unaligned: not PHWC4 in host order)."""
     b = GraphBuilder()
     x = b.input("x", (1, 4, 5, 3))
     b.output(b.op("RELU", [x], name="relu"))
@@ -351,3 +351,104 @@ def test_opencl_stores_for_the_host_an_output_a_free_reshape_makes(precision):
     out = compiled.run({g.inputs[0].index: backend.to_device(data)})
     np.testing.assert_allclose(backend.to_host(out[g.outputs[0].index]), litert_run(model, [data])[0],
                                rtol=1e-2 if precision == "fp16" else 1e-5, atol=1e-2 if precision == "fp16" else 1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_wgpu_writes_an_output_in_host_order(precision):
+    """A convolution into 3 channels, then RELU in a second partition: the convolution's kernel stores its
+    output as NHWC floats (no layout_out), at fp32 and fp16 storage alike; the second partition, handed that
+    device value, takes it through the host into its input (no device copy of host-order bytes into PHWC4),
+    its RELU stores for the host too, and both match LiteRT."""
+    from tests.oputil import litert_run
+    rng = np.random.default_rng(11)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 3))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (3, 3, 3, 3))), b.const("b", normal(rng, (3,)))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="conv")
+    b.output(y, b.op("RELU", [y], name="relu"))
+    model = b.to_bytes()
+    backend = backend_of("wgpu")
+    g = read_model(model).main
+    first, second = (backend.compile(make_partition(g, [op], "wgpu", i), CompileOptions(precision=precision))
+                     for i, op in enumerate(g.ops))
+    for compiled, template in ((first, "conv2d"), (second, "elementwise")):
+        assert [launch.kernel for launch in compiled.program.launches] == [template]
+        assert [(t.host_layout, t.convert) for t in compiled.program.outputs] == [(True, None)]
+    data = normal(rng, (1, 6, 5, 3))
+    conv = first.run({g.inputs[0].index: backend.to_device(data)})[g.ops[0].outputs[0].index]
+    relu = second.run({g.ops[0].outputs[0].index: conv})[g.outputs[1].index]
+    want = litert_run(model, [data])
+    tolerance = 1e-2 if precision == "fp16" else 1e-5
+    np.testing.assert_allclose(backend.to_host(conv), want[0], rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(backend.to_host(relu), want[1], rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_outputs_of_a_multi_output_op_are_converted_for_the_host(name):
+    """SPLIT into two 3-channel outputs: an op with several results stores none in host order (its
+    kernels are written for PHWC4), so each output keeps its conversion kernel; both match LiteRT."""
+    from tests.oputil import litert_run
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 5, 6))
+    parts = b.op("SPLIT", [b.const("axis", np.array(3, np.int32)), x], options={"num_splits": 2},
+                 name="split", num_outputs=2, dtype=np.float32)
+    b.output(*parts)
+    model = b.to_bytes()
+    backend, g, compiled = compiled_whole(name, model)
+    plan = compiled.plan if name == "opencl" else compiled.program
+    assert [t.host_layout for t in plan.outputs] == [False, False]
+    assert all(t.convert is not None for t in plan.outputs)
+    data = normal(np.random.default_rng(13), (1, 4, 5, 6))
+    values = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    for t, want in zip(g.outputs, litert_run(model, [data])):
+        np.testing.assert_allclose(backend.to_host(values[t.index]), want, rtol=1e-6, atol=1e-6)
+
+
+def test_wgpu_stores_for_the_host_an_output_a_free_reshape_makes():
+    """A 3x3 convolution into 6 channels reshaped to (1, 30, 6) (the same PHWC4 bytes: no kernel) as the output,
+    at fp16: the convolution stores its result in host order, which is the reshape's, so the output needs no
+    conversion kernel; the values match LiteRT."""
+    from tests.oputil import litert_run
+    rng = np.random.default_rng(12)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 4))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 4))), b.const("b", normal(rng, (6,)))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    b.output(b.op("RESHAPE", [y, b.const("shape", np.array([1, 30, 6], np.int32))], options={"new_shape": [1, 30, 6]}))
+    model = b.to_bytes()
+    backend = backend_of("wgpu")
+    g = read_model(model).main
+    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions(precision="fp16"))
+    assert [launch.kernel for launch in compiled.program.launches] == ["conv2d"]
+    assert [(t.convert, t.host_layout) for t in compiled.program.outputs] == [(None, True)]
+    data = normal(rng, (1, 6, 5, 4))
+    out = compiled.run({g.inputs[0].index: backend.to_device(data)})
+    np.testing.assert_allclose(backend.to_host(out[g.outputs[0].index]), litert_run(model, [data])[0],
+                               rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype, shape", [("float32", (2, 6, 5, 3)), ("uint8", (1, 6, 7, 3)), ("int8", (1, 5, 7, 3))])
+def test_wgpu_reads_a_convolutions_input_in_host_order(dtype, shape):
+    """The one convolution reading a partition input reads the caller's NHWC values (float32, or uint8 / int8
+    integers, 126 and 105 bytes: not whole words, which it dequantizes) where the host wrote them: no
+    layout_in and no host dequantization; the result matches LiteRT."""
+    from tests.conformance_cases import conv, quantized_conv
+    from tests.oputil import assert_close, litert_run
+    rng = np.random.default_rng(14)
+    if dtype == "float32":
+        model, inputs, _ = conv(rng, shape, 5, 3, {})
+    else:
+        model, inputs = quantized_conv(rng, "CONV_2D", dtype, (0.02, 128 if dtype == "uint8" else -4), (0.05, 3),
+                                       shape=shape)
+    backend = backend_of("wgpu")
+    g = read_model(model).main
+    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions(allow_quantized=True))
+    assert [launch.kernel for launch in compiled.program.launches] == ["conv2d"]
+    assert [(t.host_layout, t.host_dtype, t.convert) for t in compiled.program.inputs] == [(True, dtype, None)]
+    out = compiled.run({g.inputs[0].index: backend.to_device(inputs[0])})[g.outputs[0].index]
+    want = litert_run(model, inputs)[0]
+    got = backend.to_host(out)
+    if dtype == "float32":
+        assert_close([got], [want], rtol=1e-4, atol=1e-5)
+    else:  # the float view rounds onto the output's grid: at most one step from LiteRT's integers
+        assert got.dtype == want.dtype and np.max(np.abs(got.astype(np.int32) - want.astype(np.int32))) <= 1

@@ -367,15 +367,17 @@ def test_device_layout_round_trip(backend, shape, seed):
 def test_boundary_layouts_are_converted_on_the_device(backend, shape, fp32_converts):
     """NHWC in, NHWC out: uploaded as the caller's array and read back as the host's, in fp32 and fp16
     storage; only fp32 tensors whose NHWC values start their PHWC4 storage (four channels, whole slices
-    of one pixel, one pixel of one image) skip the conversion kernels."""
+    of one pixel, one pixel of one image) skip the input's conversion kernel, and the output of any other
+    is stored in host order by the RELU kernel itself (no conversion kernel either)."""
     b = GraphBuilder()
     x = b.input("x", shape)
     b.output(b.op("RELU", [x]))
     data = normal(np.random.default_rng(11), shape, 4)
     for precision, tolerance in (("fp32", 0), ("fp16", 4e-3)):
         g, compiled = compile_whole(backend, b.to_bytes(), CompileOptions(precision=precision))
-        converted = [spec.convert is not None for spec in compiled.program.inputs + compiled.program.outputs]
-        assert converted == [compiled.program.storage == "f16" or fp32_converts] * 2
+        needed = compiled.program.storage == "f16" or fp32_converts
+        assert [spec.convert is not None for spec in compiled.program.inputs] == [needed]
+        assert [(spec.convert, spec.host_layout) for spec in compiled.program.outputs] == [(None, needed)]
         out = run_compiled(backend, g, compiled, [data])[0]
         np.testing.assert_allclose(out, np.maximum(data, 0), rtol=tolerance, atol=tolerance)
 

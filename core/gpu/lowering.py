@@ -16,7 +16,8 @@ The parameter contract, argument by argument (OpenCL kernel arguments | WGSL bin
 - :class:`TensorArg` a PHWC4 tensor: ``(buffer, int4 dims, int channels)`` | binding ``<name>``
   with ``p.<name>_d``, ``p.<name>_c``; with ``host`` (a partition input read by its one kernel in
   host order, see :meth:`Lowering.host_read`) the caller's NHWC bytes instead, followed by
-  ``float4 dequant`` (OpenCL; no WGSL template reads one yet), the call's constants ``host_input``
+  ``float4 dequant`` | the binding as ``f32`` values or ``u32`` words of four integers with
+  ``p.<name>_dequant``, the call's constants ``host_input``
   naming their element type and ``host_channels`` their channels (so the reads unroll); with ``view`` (the call's constant ``views``: a concatenation reading
   through folded reshapes) followed by ``int4 view``, the NHWC shape the mapping reads it as.
 - :class:`BroadcastArg` an operand read at the output position, dimensions of size 1 broadcast and

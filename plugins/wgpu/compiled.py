@@ -14,9 +14,10 @@ encoder, pass and command buffer), and the dispatches one call into
 record.c (:class:`Dispatches`; built like the CPU plugin's native loops,
 into the user cache; without a C compiler a Python loop makes the same
 calls).  Host data moves only for inputs arriving from the host (uploaded
-as the caller's array, converted on the device) and for outputs read back
-by ``to_host`` (converted on the device, copied in the same submission once
-the host has asked for them).
+as the caller's array, which the reading convolution reads as it is or the
+device converts) and for outputs read back by ``to_host`` (stored in host
+order by their kernel or converted on the device, copied in the same
+submission once the host has asked for them).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class DeviceTensor:
     """
 
     __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "host", "wanted", "fresh")
+                 "readback", "host", "wanted", "fresh", "host_layout")
 
     def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None):
@@ -189,6 +190,7 @@ class DeviceTensor:
                                                                   np.array([spec.quant[1]], np.int64))
         self.nbytes = storage_nbytes(self.shape, storage)
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
+        self.host_layout = spec.host_layout  # the buffer holds NHWC float32: another partition reads it via the host
         self.convert = convert  # the wgpu-py objects, kept alive for their handles
         self.readback = None  # made when first wanted: most outputs only ever feed other partitions
         self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
@@ -238,7 +240,8 @@ def storage_nbytes(shape, storage: str) -> int:
 
 
 class _InputSlot:
-    """Where one partition input goes: its buffer, or host-order staging the device converts from."""
+    """Where one partition input goes: its buffer (in host order where its one kernel reads it so), or
+    host-order staging the device converts from."""
 
     def __init__(self, spec: TensorSpec, buffers: list, storage: str, convert: Launch | None):
         self.index = spec.index
@@ -247,7 +250,9 @@ class _InputSlot:
         self.convert = convert
         self.shape = tuple(spec.shape)
         self.nbytes = storage_nbytes(self.shape, storage)
-        self.quant = spec.quant
+        self.host_layout = spec.host_layout  # the input's one kernel reads the caller's bytes (host_dtype)
+        self.host_dtype = np.dtype(spec.host_dtype)
+        self.quant = None if self.host_layout else spec.quant
         if self.quant:  # the float view is made on the host, with scratch arrays made once
             vectors = phwc4_vectors(self.shape)
             self.work = np.empty((vectors, 4), np.float32)
@@ -260,7 +265,10 @@ class _InputSlot:
             value = value.to_host()
         array = value.array if isinstance(value, HostTensor) else value
         if not self.quant:
-            queue.write_buffer(self.target, 0, np.ascontiguousarray(array, np.float32))
+            data = np.ascontiguousarray(array, self.host_dtype).reshape(-1)
+            if data.nbytes % 4:  # a quantized input's integers, read by its kernel in words of 4
+                data = np.concatenate([data, np.zeros(-data.nbytes % 4, data.dtype)])
+            queue.write_buffer(self.target, 0, data)
             return
         scale, zero = self.quant
         np.subtract(to_phwc4(array, np.float32).reshape(-1, 4), zero, out=self.work)
@@ -285,7 +293,7 @@ class WgpuCompiled(CompiledPartition):
         blob = memoryview(program.blob)
         self.buffers = []
         for i, spec in enumerate(program.buffers):
-            buffer = device.create_buffer(size=spec.nbytes, usage=usage, label=f"{spec.role}{i}")
+            buffer = device.create_buffer(size=-(-spec.nbytes // 4) * 4, usage=usage, label=f"{spec.role}{i}")
             if spec.data is not None:
                 offset, size = spec.data
                 device.queue.write_buffer(buffer, 0, blob[offset:offset + size])
@@ -346,7 +354,7 @@ class WgpuCompiled(CompiledPartition):
         for slot in self.inputs:
             value = inputs[slot.index]
             if (isinstance(value, DeviceTensor) and value.context is self.context
-                    and value.storage == self.program.storage):
+                    and value.storage == self.program.storage and not (value.host_layout or slot.host_layout)):
                 if value.buffer is not slot.buffer:
                     copies.append((value.buffer._internal, slot.buffer._internal, slot.nbytes))
             else:

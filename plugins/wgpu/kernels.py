@@ -28,6 +28,10 @@ from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, r
                      spatial_tiling)
 
 DIALECT = "wgpu"
+# Shader files that are parts of kernels, no template of their own: the prelude, the helpers templates are
+# assembled with (HELPERS, a product's input reads, the workgroup reductions) and the subgroup probe.
+PARTS = frozenset({"common", "lanes", "weight_blocks", "matmul_input", "matmul_input_gated", "reduce_shared",
+                   "reduce_subgroup", "subgroup_probe"})
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 
 
@@ -35,6 +39,10 @@ class KernelList(Lowering):
     """Kernels of one partition in launch order, with the values (constants, temporaries) they use."""
 
     dialect = DIALECT
+    # every template storing its output through emit (shaders.Kernel) can store it in host order; the
+    # conversions and the templates with a second result store in PHWC4, and PARTS store nothing
+    host_writers = frozenset(templates()) - {"layout_in", "layout_out", "lstm_gates", "pool_argmax"} - PARTS
+    host_readers = frozenset({"conv2d"})  # conv2d.wgsl reads a partition input in host order (_host_tensor)
 
     def __init__(self, device: DeviceShape, tuning: bool = False):
         super().__init__()
@@ -46,7 +54,8 @@ class KernelList(Lowering):
     def kernel(self, name: str, group: Group) -> Kernel:
         """A kernel from template ``name`` storing the group's output through the group's epilogue."""
         k = Kernel(name, "+".join(f"{op.opcode}#{op.index}" for op in group.ops), ops=[op.index for op in group.ops])
-        k.output(group.output.index, group.output.shape, group.steps)
+        self._record([group.output])
+        k.output(group.output.index, group.output.shape, group.steps, self.host_write(group.output.index, name))
         self.kernels.append(k)
         return k
 
@@ -77,7 +86,8 @@ class KernelList(Lowering):
 
     def emit_product(self, p: Product) -> None:
         """matmul.wgsl's tiled product, or dense_pair.wgsl for a chain of two one-pixel 1x1 convolutions."""
-        k = Kernel("matmul", p.label, ops=[op.index for op in p.ops]).output(*p.output, p.steps)
+        k = Kernel("matmul", p.label, ops=[op.index for op in p.ops]).output(
+            *p.output, p.steps, self.host_write(p.output[0], "matmul"))
         self.kernels.append(k)
         if p.staged is not None and p.staged[0] == "chain":
             _dense_pair(self, k, p)
@@ -201,8 +211,32 @@ def _reduction(name: str) -> dict[str, str]:
 
 
 # A kit call's constant -> the substitutions spelling it (the group is the workgroup size, set where
-# the launch is shaped: SHAPED).
-SPECIALISE = {"reduction": _reduction, "group": lambda group: {}}
+# the launch is shaped: SHAPED; an output in host order is emit's, see spell).
+SPECIALISE = {"reduction": _reduction, "group": lambda group: {}, "host_output": lambda _: {},
+              "host_input": lambda _: {}, "host_channels": lambda channels: {"SRC_SLICES": str(slices_of(channels))}}
+
+# How a host-order input's element i reads as a float: float32 as it is, uint8 / int8 from words of four.
+HOST_VALUES = {"float32": ("f32", "f32({name}[i])"),
+               "uint8": ("u32", "f32(extractBits({name}[i >> 2u], u32(i & 3) * 8u, 8u))"),
+               "int8": ("u32", "f32(extractBits(bitcast<i32>({name}[i >> 2u]), u32(i & 3) * 8u, 8u))")}
+
+
+def _host_tensor(k: Kernel, arg: TensorArg) -> None:
+    """A partition input its one kernel reads in host order (the kit's ``TensorArg.host``): the caller's NHWC
+    values, dequantized by ``p.<name>_dequant`` = (scale, zero point) when integers; ``<name>_pixel`` is
+    where a pixel's values start and ``<name>_slice`` reads one slice of them, lanes past the channels zero."""
+    name, host = arg.name, arg.host
+    element, value = HOST_VALUES[host.dtype]
+    k.tensor(name, arg.value, arg.shape, element=element)
+    k.param(f"{name}_dequant", "vec4<f32>", host.dequant)
+    scaled = "v" if host.dtype == "float32" else f"(v - p.{name}_dequant.y) * p.{name}_dequant.x"
+    k.helpers.append(
+        f"fn {name}_value(i: i32) -> f32 {{ return {value.format(name=name)}; }}\n"
+        f"fn {name}_pixel(n: i32, y: i32, x: i32) -> i32 {{\n"
+        f"  return ((n * p.{name}_d.y + y) * p.{name}_d.x + x) * p.{name}_c;\n}}\n"
+        f"fn {name}_slice(first: i32, s: i32) -> V {{\n  var out = V(0.0);\n"
+        f"  for (var lane = 0; lane < min(4, p.{name}_c - s * 4); lane++) {{\n"
+        f"    let v = {name}_value(first + s * 4 + lane);\n    out[lane] = {scaled};\n  }}\n  return out;\n}}")
 
 
 def spell(call: Call) -> Kernel:
@@ -216,12 +250,14 @@ def spell(call: Call) -> Kernel:
     for name, value in call.constants:
         k.substitutions.update(SPECIALISE[name](value))
     if call.output is not None:
-        k.output(*call.output, call.steps)
+        k.output(*call.output, call.steps, dict(call.constants).get("host_output", False))
     else:
         k.invocations = int(np.prod(dims(call.work)))
         k.param("count", "i32", k.invocations)
     for arg in call.args:
-        if isinstance(arg, TensorArg):
+        if isinstance(arg, TensorArg) and arg.host is not None:
+            _host_tensor(k, arg)
+        elif isinstance(arg, TensorArg):
             k.tensor(arg.name, arg.value, arg.shape, arg.writable)
         elif isinstance(arg, BroadcastArg):
             k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
@@ -278,6 +314,11 @@ def _transpose_conv(plan: "KernelList", k: Kernel, call: Call) -> None:
 
 
 def _conv(plan: "KernelList", k: Kernel, call: Call) -> None:
+    """conv2d.wgsl reads its input in PHWC4 unless it is a partition input read in host order (_host_tensor)."""
+    if "SRC_SLICES" not in k.substitutions:
+        k.substitutions["SRC_SLICES"] = "p.src_d.z"
+        k.helpers.append("fn src_pixel(n: i32, y: i32, x: i32) -> i32 { return vidx(p.src_d, n, y, x, 0); }\n"
+                         "fn src_slice(first: i32, s: i32) -> V { return src_at(first + s * p.src_d.x * p.src_d.y); }")
     _spatial(plan, k, call.output[1], 4)
 
 

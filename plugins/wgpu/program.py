@@ -56,12 +56,15 @@ class Program(KernelPlan):
 
 
 def plan_kernels(partition: Partition, options: CompileOptions, fuse: bool, max_buffers: int,
-                 device: DeviceShape, tuning: bool = False) -> KernelList:
-    """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers."""
+                 device: DeviceShape, storage_f32: bool, tuning: bool = False) -> KernelList:
+    """Kernels of the partition, fusing as far as each kernel stays within ``max_buffers`` storage buffers;
+    an output no kernel of the partition reads is stored in host order by its own kernel (the kit's
+    :meth:`~delegate.gpu.lowering.Lowering.host_write`)."""
     keep = {t.index for t in partition.outputs}
     while True:
         groups = plan_groups(partition.ops, keep, float_view=options.allow_quantized, can_host=lambda op: fuse)
         plan = KernelList(device, tuning)
+        plan.receive(partition.inputs, partition.outputs, partition.ops, storage_f32)
         if fuse:
             plan.fold(groups, keep, FOLDS)
         for group in groups:
@@ -100,7 +103,8 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
                   limits: dict[str, int], device: DeviceShape, fuse: bool = True, tuning: bool = False) -> Program:
     """Plan ``partition`` for a device with ``limits``; raises CompileError when it cannot fit.  With
     ``tuning`` the tiled kernels bring the variants :mod:`.tuning` chooses from."""
-    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"], device, tuning)
+    plan = plan_kernels(partition, options, fuse, limits["max-storage-buffers-per-shader-stage"], device,
+                        storage == "f32", tuning)
     tensors = {t.index: t for t in partition.graph.tensors}
     itemsize = np.dtype(STORAGE_DTYPES[storage]).itemsize
 
@@ -149,7 +153,10 @@ def build_program(partition: Partition, options: CompileOptions, storage: str, w
         spec = TensorSpec(index, buffer_of[index], list(t.shape), t.dtype.name)
         if is_quantized(t):
             spec.quant = [float(t.quantization.scale[0]), float(t.quantization.zero_point[0])]
-        if (host_in and spec.quant) or (storage == "f32" and host_order(t.shape)):
+        spec.host_layout = planner.root(index) in plan.host_bytes  # read or stored so by its kernel
+        if host_in and spec.host_layout:
+            spec.host_dtype = plan.host_inputs[index].dtype
+        if spec.host_layout or (host_in and spec.quant) or (storage == "f32" and host_order(t.shape)):
             return spec
         staging = ("host order", index, host_in)
         buffer_of[staging] = spec.staging = len(buffers)

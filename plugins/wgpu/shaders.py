@@ -111,9 +111,11 @@ class Kernel:
         self.param(arg.name, PARAM_KINDS[arg.kind], arg.value)
         return f"p.{arg.name}"
 
-    def tensor(self, name: str, value: Hashable, shape: Sequence[int], writable: bool = False) -> "Kernel":
-        """A PHWC4 tensor with its dims (``p.<name>_d``) and channel count (``p.<name>_c``)."""
-        (self.write if writable else self.read)(name, value)
+    def tensor(self, name: str, value: Hashable, shape: Sequence[int], writable: bool = False,
+               element: str = "vec4<S>") -> "Kernel":
+        """A PHWC4 tensor (``element`` f32: the same values in host order) with its dims (``p.<name>_d``)
+        and channel count (``p.<name>_c``)."""
+        (self.write if writable else self.read)(name, value, element)
         self.param(f"{name}_d", "vec4<i32>", dims(shape))
         return self.param(f"{name}_c", "i32", as_nhwc(shape)[3])
 
@@ -130,9 +132,10 @@ class Kernel:
             f"  return {'V(v.x)' if splat else 'v'};\n}}")
         return f"broadcast_{name}(o)"
 
-    def output(self, value: Hashable, shape: Sequence[int], steps: Sequence[Step] = ()) -> "Kernel":
-        """The stored tensor; work items default to one per output vector; ``steps`` form the epilogue."""
-        self.tensor(self.out, value, shape, writable=True)
+    def output(self, value: Hashable, shape: Sequence[int], steps: Sequence[Step] = (), host: bool = False) -> "Kernel":
+        """The stored tensor, in host order (NHWC float32) with ``host``; work items default to one per
+        output vector; ``steps`` form the epilogue."""
+        self.tensor(self.out, value, shape, writable=True, element="f32" if host else "vec4<S>")
         self.param("count", "i32", int(np.prod(dims(shape))))
         self.invocations = int(np.prod(dims(shape)))
         operands = epilogue_operands(steps, shape)
@@ -157,13 +160,23 @@ class Kernel:
             ARITH="f16" if self.half and storage == "f16" else "f32")
         parts = [prelude, WGSL.definitions(), self._declarations()]
         parts.extend(self.helpers)
-        if any(b.name == self.out and b.writable for b in self.bindings):
-            body = "\n  ".join(self.epilogue)
-            parts.append(f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n"
-                         f"  {self.out}_store(vidx(p.{self.out}_d, o.n, o.y, o.x, o.s), "
-                         f"mask_tail(v, o.s, p.{self.out}_c));\n}}")
+        out = next((b for b in self.bindings if b.name == self.out and b.writable), None)
+        if out is not None:
+            parts.append(self._emit(out.element != "vec4<S>"))
         parts.append(Template(template(self.template)).substitute(self.substitutions))
         return "\n\n".join(parts) + "\n"
+
+    def _emit(self, host: bool) -> str:
+        """``emit``, the one store of every template's output: the epilogue, then the vector stored in
+        PHWC4, or (``host``) its channels in host order, NHWC float32, for the host to read as they are."""
+        out, body = self.out, "\n  ".join(self.epilogue)
+        if host:
+            store = (f"let first = ((o.n * p.{out}_d.y + o.y) * p.{out}_d.x + o.x) * p.{out}_c + o.s * 4;\n"
+                     f"  for (var lane = 0; lane < min(4, p.{out}_c - o.s * 4); lane++) {{\n"
+                     f"    {out}[first + lane] = v[lane];\n  }}")
+        else:
+            store = f"{out}_store(vidx(p.{out}_d, o.n, o.y, o.x, o.s), mask_tail(v, o.s, p.{out}_c));"
+        return f"fn emit(value: V, o: Pos) {{\n  var v = value;\n  {body}\n  {store}\n}}"
 
     def _declarations(self) -> str:
         lines = []

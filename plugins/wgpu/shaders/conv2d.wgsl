@@ -4,6 +4,8 @@
 // delegate.gpu.layout.pack_conv_weights lays them out; window = (kernel w, kernel h,
 // stride x, stride y), spacing = (pad x, pad y, dilation x, dilation y).
 // Grid: pixel groups along x, output rows along y, (image, slice group) along z.
+// The input is read through src_pixel / src_slice (kernels.py): PHWC4, or a partition input in host
+// order from the caller's bytes, SRC_SLICES then its slices at compile time.
 const RM: i32 = ${RM};
 const RN: i32 = ${RN};
 
@@ -16,7 +18,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let slice0 = (i32(gid.z) % groups) * RN;
   if (x0 >= p.dst_d.x || y >= p.dst_d.y || n >= p.dst_d.w) { return; }
   let d = p.src_d;
-  let plane = d.x * d.y;
   let taps = p.window.x * p.window.y;
   var first: array<i32, RN>;  // weight block of each slice's first tap and input slice
   for (var j = 0; j < RN; j++) {
@@ -32,13 +33,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
       for (var r = 0; r < RM; r++) {
         let ix = (x0 + r) * p.window.z - p.spacing.x + kx * p.spacing.z;
         inside[r] = ix >= 0 && ix < d.x;
-        at[r] = vidx(d, n, iy, clamp(ix, 0, d.x - 1), 0);
+        at[r] = src_pixel(n, iy, clamp(ix, 0, d.x - 1));
       }
       let tap = (ky * p.window.x + kx) * d.z * 4;
-      for (var si = 0; si < d.z; si++) {
+      for (var si = 0; si < ${SRC_SLICES}; si++) {
         var v: array<VA, RM>;
         for (var r = 0; r < RM; r++) {
-          v[r] = select(VA(0.0), VA(src[at[r] + si * plane]), inside[r]);
+          v[r] = select(VA(0.0), VA(src_slice(at[r], si)), inside[r]);
         }
         for (var j = 0; j < RN; j++) {
           let block = weight_block(first[j] + tap + si * 4);
