@@ -118,3 +118,35 @@ def sparse_conv_model(rng, shape=(1, 5, 5, 16), units=6) -> bytes:
     b.output(b.op("CONV_2D", [x, w, b.const("b", normal(rng, units))],
                   options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "NONE"}))
     return b.to_bytes()
+
+
+def squeeze_excitation(rng, batch: int, channels: int, fused_relu: bool) -> GraphBuilder:
+    """Global pooling, a one-pixel 1x1 bottleneck (RELU fused or a separate op) and its expansion, the LOGISTIC
+    gate applied to the input, then a 1x1 projection to 5 channels."""
+    b = GraphBuilder()
+    x = b.input("x", (batch, 6, 7, channels))
+    pooled = b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "filter_height": 6, "filter_width": 7,
+                                                   "stride_h": 1, "stride_w": 1})
+    squeeze = channels // 4 + 1
+    conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
+    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
+                              b.const("b1", normal(rng, squeeze))],
+                  options={**conv, "fused_activation_function": "RELU"} if fused_relu else conv)
+    if not fused_relu:
+        hidden = b.op("RELU", [hidden])
+    gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
+                            b.const("b2", normal(rng, channels))], options=conv)
+    gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])
+    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (5, 1, 1, channels))), b.const("b3", normal(rng, 5))],
+                  options=conv))
+    return b
+
+
+def conv_then_relu(rng) -> bytes:
+    """A 3x3 convolution of a 3-channel input into 3 channels, both it and the RELU reading it model outputs."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 3))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (3, 3, 3, 3))), b.const("b", normal(rng, (3,)))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="conv")
+    b.output(y, b.op("RELU", [y], name="relu"))
+    return b.to_bytes()

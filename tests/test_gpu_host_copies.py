@@ -12,7 +12,7 @@ from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.tflite.builder import GraphBuilder
-from tests.models import normal
+from tests.models import conv_then_relu, normal
 from tests.oputil import require_backend
 
 BACKENDS = ("opencl", "wgpu")
@@ -306,12 +306,7 @@ def test_opencl_reads_an_input_and_writes_an_output_in_host_order():
     reads PHWC4, and stores its output for the host too), and both match LiteRT."""
     from tests.oputil import litert_run
     rng = np.random.default_rng(11)
-    b = GraphBuilder()
-    x = b.input("x", (1, 6, 5, 3))
-    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (3, 3, 3, 3))), b.const("b", normal(rng, (3,)))],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="conv")
-    b.output(y, b.op("RELU", [y], name="relu"))
-    model = b.to_bytes()
+    model = conv_then_relu(rng)
     backend = backend_of("opencl")
     g = read_model(model).main
     first, second = (backend.compile(make_partition(g, [op], "opencl", i), CompileOptions())
@@ -361,12 +356,7 @@ def test_wgpu_writes_an_output_in_host_order(precision):
     its RELU stores for the host too, and both match LiteRT."""
     from tests.oputil import litert_run
     rng = np.random.default_rng(11)
-    b = GraphBuilder()
-    x = b.input("x", (1, 6, 5, 3))
-    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (3, 3, 3, 3))), b.const("b", normal(rng, (3,)))],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="conv")
-    b.output(y, b.op("RELU", [y], name="relu"))
-    model = b.to_bytes()
+    model = conv_then_relu(rng)
     backend = backend_of("wgpu")
     g = read_model(model).main
     first, second = (backend.compile(make_partition(g, [op], "wgpu", i), CompileOptions(precision=precision))

@@ -25,7 +25,7 @@ from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.tflite.builder import GraphBuilder
-from tests.models import normal, residual_block
+from tests.models import normal, residual_block, squeeze_excitation
 from tests.oputil import assert_close, check_against_litert, litert_run
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
@@ -491,20 +491,7 @@ def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, preci
     """As on WebGPU: global pooling; both bottleneck convolutions in one work group (dense_pair.cl, its
     LOGISTIC the epilogue); the gate applied where the projection stages its input."""
     rng = np.random.default_rng(21)
-    b = GraphBuilder()
-    x = b.input("x", (batch, 6, 7, channels))
-    pooled = b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "filter_height": 6, "filter_width": 7,
-                                                   "stride_h": 1, "stride_w": 1})
-    squeeze = channels // 4 + 1
-    conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
-    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
-                              b.const("b1", normal(rng, squeeze))],
-                  options={**conv, "fused_activation_function": "RELU"})
-    gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
-                            b.const("b2", normal(rng, channels))], options=conv)
-    gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])
-    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (5, 1, 1, channels))), b.const("b3", normal(rng, 5))],
-                  options=conv))
+    b = squeeze_excitation(rng, batch, channels, fused_relu=True)
     g, compiled = compile_whole(backend, b, CompileOptions(precision=precision))
     assert compiled.describe()["launches"][1] == "CONV_2D#1+CONV_2D#2+LOGISTIC#3"
     assert compiled.describe()["kernels"] == 3

@@ -19,7 +19,7 @@ from delegate.plugins import default_manager
 from delegate.runtime import Executor
 from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
-from tests.models import normal, residual_block
+from tests.models import normal, residual_block, squeeze_excitation
 from tests.oputil import assert_close, litert_run
 
 INFO = default_manager().backend_info("wgpu")
@@ -241,20 +241,7 @@ def test_channel_gate_is_applied_by_the_next_1x1_convolution(backend, batch, gat
 def test_squeeze_and_excitation_in_three_kernels(backend, batch, channels, precision):
     """Global pooling; both bottleneck convolutions in one workgroup; the gate applied by the projection."""
     rng = np.random.default_rng(21)
-    b = GraphBuilder()
-    x = b.input("x", (batch, 6, 7, channels))
-    pooled = b.op("AVERAGE_POOL_2D", [x], options={"padding": "VALID", "filter_height": 6, "filter_width": 7,
-                                                   "stride_h": 1, "stride_w": 1})
-    squeeze = channels // 4 + 1
-    conv = {"padding": "VALID", "stride_w": 1, "stride_h": 1}
-    hidden = b.op("CONV_2D", [pooled, b.const("w1", normal(rng, (squeeze, 1, 1, channels))),
-                              b.const("b1", normal(rng, squeeze))], options=conv)
-    hidden = b.op("RELU", [hidden])
-    gate = b.op("CONV_2D", [hidden, b.const("w2", normal(rng, (channels, 1, 1, squeeze))),
-                            b.const("b2", normal(rng, channels))], options=conv)
-    gated = b.op("MUL", [x, b.op("LOGISTIC", [gate])])
-    b.output(b.op("CONV_2D", [gated, b.const("w3", normal(rng, (5, 1, 1, channels))), b.const("b3", normal(rng, 5))],
-                  options=conv))
+    b = squeeze_excitation(rng, batch, channels, fused_relu=False)
     data = b.to_bytes()
     g, compiled = compile_whole(backend, data, CompileOptions(precision=precision))
     assert compiled.describe()["kernels"] == 3
