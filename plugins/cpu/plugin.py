@@ -313,16 +313,20 @@ def _op_signature(op: Op) -> tuple:
             tuple(operand(t) for t in op.inputs), tuple(operand(t) for t in op.outputs))
 
 
-def _ask_litert(op: Op) -> str | None:
-    from ai_edge_litert.interpreter import Interpreter
+def _ask_litert(op: Op, builtin_only: bool = False) -> str | None:
+    """LiteRT's refusal of ``op`` alone as a one-op model, or None when it allocates; ``builtin_only``: asked
+    of its builtin kernels without the default delegates (XNNPACK)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
     from delegate.plugin_api import partition_model, write_model
 
     inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant
                    and not t.is_variable}.values())
     probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
+    resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin_only else OpResolverType.AUTO
     try:
         with native_stderr(log):
-            Interpreter(model_content=write_model(partition_model(probe))).allocate_tensors()
+            Interpreter(model_content=write_model(partition_model(probe)),
+                        experimental_op_resolver_type=resolver).allocate_tensors()
     except Exception as exc:  # LiteRT reports refusals as RuntimeError/ValueError; the writer may refuse too
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
@@ -339,19 +343,8 @@ def litert_lacks_custom(op: Op) -> bool:
     if not op.custom:
         return False
     if op.opcode not in _LITERT_OWN_CUSTOM:
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
-        from delegate.plugin_api import partition_model, write_model
-
-        inputs = list({t.index: t for t in op.inputs if t is not None and not t.is_constant}.values())
-        probe = Partition(0, "cpu", [op], inputs, list(op.outputs), Subgraph(f"probe of {op.opcode}", [], [], [], []))
-        try:
-            with native_stderr(log):
-                Interpreter(model_content=write_model(partition_model(probe)),
-                            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-                            ).allocate_tensors()
-            _LITERT_OWN_CUSTOM[op.opcode] = True
-        except Exception:  # unresolved custom op (or the op's own refusal: then LiteRT does not run it either)
-            _LITERT_OWN_CUSTOM[op.opcode] = False
+        # a refusal is an unresolved custom op, or the op's own: either way LiteRT's kernels do not run it
+        _LITERT_OWN_CUSTOM[op.opcode] = _ask_litert(op, builtin_only=True) is None
     return not _LITERT_OWN_CUSTOM[op.opcode]
 
 
