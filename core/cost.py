@@ -463,7 +463,14 @@ def profile_dir() -> Path:
 
 # The facts that identify a device and driver and do not change while it runs (free memory does).
 STABLE_FACTS = ("backend", "engine", "platform", "device", "adapter", "vendor", "device_type", "backend_type",
-                "adapter_type", "driver", "driver_version", "compute_units", "cpu_model", "cores")
+                "adapter_type", "driver", "driver_version", "compute_units", "cpu_model", "cores", "threads")
+
+
+def profile_info(backend: Any, threads: int) -> dict[str, Any]:
+    """The facts a backend's profile is keyed by: the host's figures hold for one thread count only (a
+    profile fitted at one thread is not the one of a plan at sixteen)."""
+    info = backend.device_info()
+    return {**info, "threads": max(int(threads or 1), 1)} if backend.role == "host" else info
 
 
 def fingerprint(device_info: dict[str, Any]) -> str:

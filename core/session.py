@@ -25,7 +25,7 @@ import numpy as np
 
 from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .config import Limits
-from .cost import DeviceProfile, load_profile
+from .cost import DeviceProfile, load_profile, profile_info
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .memory import peak_bytes
@@ -158,13 +158,18 @@ def _probe(info) -> tuple[bool, str]:
 
 
 def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
-    """Each backend's stored profile, or its own default; the host's default throughput is per thread."""
+    """Each backend's stored profile for this thread count, or its own default; the host's default
+    throughput is per thread (a stored host profile was measured at ``threads`` and is used as it is)."""
     profiles = {}
     for name, be in backends.items():
-        profiles[name] = load_profile(be.device_info(), be.default_profile())
-        if be.role == HOST and not profiles[name].calibrated_at and threads > 1:
-            profiles[name].gflops *= threads
-            profiles[name].source += f" x {threads} threads"
+        default = be.default_profile()
+        profiles[name] = load_profile(profile_info(be, threads), default)
+        if be.role == HOST:
+            if profiles[name].source != default.source:
+                profiles[name].source += f" at {threads} thread(s)"
+            elif threads > 1:
+                profiles[name].gflops *= threads
+                profiles[name].source += f" x {threads} threads"
     return profiles
 
 

@@ -10,7 +10,7 @@ from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
 from delegate.backend import HOST
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, cost_class, fingerprint, load_profile, \
-    op_bytes, op_flops, refit, refit_plan, save_profile
+    op_bytes, op_flops, profile_info, refit, refit_plan, save_profile
 from delegate.errors import MeasurementError
 from delegate.planner import PlacementSettings, Planner
 from delegate.session import RunSettings, Session
@@ -433,11 +433,36 @@ def test_calibration_fits_the_profile_to_real_networks(tmp_path, monkeypatch, en
     ratios = [r["estimated_ms"] / r["measured_ms"] for r in rows]
     (low, high), (least, most) = WORKLOAD_TOLERANCE[engine]
     assert low <= float(np.median(ratios)) <= high and least <= min(ratios) and max(ratios) <= most, rows
-    info = Session(read_model(zoo.build("posenet")), settings).backends["cpu"].device_info()
+    info = profile_info(Session(read_model(zoo.build("posenet")), settings).backends["cpu"],
+                        settings.compile.num_threads)
     profile = load_profile(info, CPU_DEFAULTS[engine])
     assert profile.fit_samples > 0 and profile.fitted_at and profile.class_scale
     # each workload's measured plan against its partitions alone: the host's run cost
     assert len(profile.fit_points["plan"]) == len(calibrate.WORKLOADS) and profile.run_us >= 0
+
+
+def test_host_profiles_are_kept_per_thread_count(profile_dir):
+    """A host profile fitted at one thread is not the one of a plan at two: each thread count has its own
+    file, a count never measured gets the per-thread defaults times the count, and the plan says which."""
+    model = read_model(zoo.build("posenet"))
+    one, two = (RunSettings(compile=CompileOptions(num_threads=n)) for n in (1, 2))
+    session = Session(model, one)
+    backend = session.backends["cpu"]
+    default = backend.default_profile()
+    save_profile(profile_info(backend, 1), DeviceProfile(gflops=3.0, gbytes_per_s=4.0, launch_us=1.0,
+                                                         fitted_at="now", fit_samples=5))
+    session.close()
+    at_one, at_two = Session(model, one), Session(model, two)
+    assert at_one.profiles["cpu"].gflops == 3.0 and at_one.profiles["cpu"].source.endswith(" at 1 thread(s)")
+    assert at_two.profiles["cpu"].gflops == pytest.approx(2 * default.gflops)
+    assert at_two.profiles["cpu"].source == default.source + " x 2 threads"
+    assert fingerprint(profile_info(backend, 1)) != fingerprint(profile_info(backend, 2))
+    save_profile(profile_info(backend, 2), DeviceProfile(gflops=5.0, gbytes_per_s=4.0, launch_us=1.0,
+                                                         fitted_at="now", fit_samples=5))
+    again = Session(model, two)
+    assert again.profiles["cpu"].gflops == 5.0  # stored at this count: used as measured, never multiplied
+    for s in (at_one, at_two, again):
+        s.close()
 
 
 def test_kinds_an_engine_runs_through_slow_kernels_cost_as_such(profile_dir):

@@ -291,7 +291,7 @@ def calibrate_all(settings) -> dict[str, Any]:
     profile refitted to the example networks (the host's first).  ``profiles``: a row per stored profile;
     ``workloads``: per backend, the refitted plans' estimates against their measured times; ``skipped``:
     backends that did not start; ``refused``: backends whose figures were refused, with why."""
-    from ..cost import save_profile
+    from ..cost import profile_info, save_profile
     from ..errors import DelegateError
     from ..plugins import default_manager
     from ..session import instantiate_backends
@@ -308,7 +308,7 @@ def calibrate_all(settings) -> dict[str, Any]:
                 continue
             finally:
                 advance()
-            path = save_profile(backend.device_info(), profile)
+            path = save_profile(profile_info(backend, settings.compile.num_threads), profile)
             rows.append({"backend": name, "gflops": round(profile.gflops, 2),
                          "gbytes_per_s": round(profile.gbytes_per_s, 2), "launch_us": round(profile.launch_us, 2),
                          "partition_us": round(profile.partition_us, 2),

@@ -185,7 +185,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
     """Refit each backend's profile to measured partitions of ``executor`` (a plan of ``session``), and with
     ``plan_ms`` (the whole plan's measured time) to what the plan cost beyond them; with ``store_ops`` keep
     the exact op times for later plans; returns where profiles were saved."""
-    from ..cost import Observation, op_signature, refit, refit_plan, save_profile
+    from ..cost import Observation, op_signature, profile_info, refit, refit_plan, save_profile
 
     saved = []
     changed = set()
@@ -215,5 +215,5 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                 for i, ms in t.op_ms.items():
                     profile.measured_op_ms[op_signature(ops[i])] = ms
         if used or store_ops or name in changed:
-            saved.append(str(save_profile(backend.device_info(), profile)))
+            saved.append(str(save_profile(profile_info(backend, session.settings.compile.num_threads), profile)))
     return saved
