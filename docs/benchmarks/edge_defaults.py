@@ -16,9 +16,20 @@ CONFIG = ROOT / "configs" / "edge.yaml"
 ZOO = ("mobilenet_v1", "mobilenet_v2", "deeplab_v3", "mobilenet_ssd", "posenet", "yolo_tiny", "transformer_block")
 
 
+def litert_runs(path: Path) -> bool:
+    """Whether LiteRT itself loads the model (one MediaPipe model needs MediaPipe's custom ops)."""
+    from ai_edge_litert.interpreter import Interpreter
+    try:
+        Interpreter(model_path=str(path)).allocate_tensors()
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
 def corpus() -> list[str]:
-    """MediaPipe models, the zoo, the converter fixtures."""
-    mediapipe = sorted(str(p) for p in (Path.home() / ".cache/delegate-tests/mediapipe-0.10.21").glob("*.tflite"))
+    """MediaPipe models LiteRT runs, the zoo, the converter fixtures."""
+    mediapipe = sorted(str(p) for p in (Path.home() / ".cache/delegate-tests/mediapipe-0.10.21").glob("*.tflite")
+                       if litert_runs(p))
     fixtures = sorted(str(p) for p in (ROOT / "tests/fixtures/converter").glob("*.tflite"))
     return mediapipe + [f"zoo:{name}" for name in ZOO] + fixtures
 
