@@ -226,17 +226,19 @@ def _on_ray(dataset, worker, args, options: RayOptions, threads, gpu, advance, r
         actors = options.actors or max(1, slots - (not num_gpus))
         source = ray.data.read_parquet(dataset.spec)
         batch_size = dataset.batch
-    else:  # one row per chunk: actors run exactly the batches an in-process run does
+    else:  # one chunk per row and per block: actors run exactly the batches an in-process run does, and each
+        # result comes back when its chunk is done (a block's results come back only with its last chunk's)
         actors = options.actors or max(1, slots)
         source = ray.data.from_items([{"chunk": i} for i in range(dataset.chunks)],
-                                     override_num_blocks=min(dataset.chunks, 4 * actors))
+                                     override_num_blocks=dataset.chunks)
         batch_size = 1
     results = source.map_batches(RayActor, fn_constructor_args=(worker, args), batch_size=batch_size,
                                  batch_format="numpy",
                                  compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
                                  num_gpus=num_gpus)
     try:
-        for out in results.iter_batches(batch_size=None, batch_format="numpy"):
+        for out in results.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
+            # no prefetch: it holds each result back until the next one is also done
             if FAILED in out:
                 raise raised(str(out[FAILED][0]), str(out["message"][0]))
             out = clock.take(out)
