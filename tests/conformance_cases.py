@@ -262,6 +262,21 @@ case("CONV_2D", "head_long_reduction")(lambda rng: conv(rng, (1, 3, 3, 256), 10,
     "fused_activation_function": "RELU"}))
 case("CONV_2D", "head_stride2_batch2")(lambda rng: conv(rng, (2, 5, 5, 130), 7, 3, {
     "stride_h": 2, "stride_w": 2}))
+
+
+@case("CONV_2D", "head_padded_dilated_residual")
+def _split_head_padded(rng):
+    """A split-reduction convolution (9 taps x 24 input slices into 3x3x12) reading a zero PAD folded into
+    it, dilated, its epilogue adding a residual and clamping (RELU6)."""
+    b = GraphBuilder()
+    x, r = b.input("x", (1, 5, 5, 96)), b.input("r", (1, 3, 3, 12))
+    padded = b.op("PAD", [x, b.const("pads", np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))])
+    y = b.op("CONV_2D", [padded, b.const("w", normal(rng, (12, 3, 3, 96), 0.2)), b.const("b", normal(rng, (12,)))],
+             options={**CONV, "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2})
+    b.output(b.op("ADD", [y, r], options={"fused_activation_function": "RELU6"}))
+    return b.to_bytes(), [normal(rng, (1, 5, 5, 96)), normal(rng, (1, 3, 3, 12))]
+
+
 case("CONV_2D", "grouped")(lambda rng: conv(rng, (1, 5, 5, 8), 6, 3, {}, groups=2))
 case("DEPTHWISE_CONV_2D", "multiplier2")(lambda rng: conv(rng, (1, 6, 7, 3), 6, 3, {
     "depth_multiplier": 2, "fused_activation_function": "RELU"}, opcode="DEPTHWISE_CONV_2D"))
@@ -296,7 +311,7 @@ case("CONCATENATION", "width_with_constant")(lambda rng: one_op(
 def _reshaped_concat(rng):
     """A detector's heads: per-pixel predictions of two feature maps reshaped to (boxes, values) and
     concatenated along the boxes, one input computed (a RELU) and one straight from the model's input;
-    the OpenCL concatenation reads both through the reshapes (folded), WebGPU runs them."""
+    on both GPU dialects the concatenation reads the computed one through its reshape (folded)."""
     b = GraphBuilder()
     x, y = b.input("x", (1, 3, 4, 12)), b.input("y", (1, 2, 2, 6))
     a = b.op("RESHAPE", [b.op("RELU", [x]), b.const("sa", np.array([1, 24, 6], np.int32))],
@@ -304,6 +319,25 @@ def _reshaped_concat(rng):
     c = b.op("RESHAPE", [y, b.const("sc", np.array([1, 4, 6], np.int32))], options={"new_shape": [1, 4, 6]})
     b.output(b.op("CONCATENATION", [a, c], options={"axis": 1}))
     return b.to_bytes(), [normal(rng, (1, 3, 4, 12)), normal(rng, (1, 2, 2, 6))]
+
+
+@case("CONCATENATION", "reshaped_channels_epilogue")
+def _reshaped_channels(rng):
+    """Channels concatenated from two reshapes moving elements between slices (3 and 5 channels, folded:
+    read through their views), an input read as it is between them, and a RELU6 on the result (the
+    concatenation's epilogue); a third reshape's result is also a model output, so it is stored and read."""
+    b = GraphBuilder()
+    x, z, w, u = (b.input("x", (1, 4, 3, 6)), b.input("z", (1, 4, 6, 5)), b.input("w", (1, 2, 6, 10)),
+                  b.input("u", (1, 2, 3, 8)))
+    a = b.op("RESHAPE", [b.op("LOGISTIC", [x]), b.const("sa", np.array([1, 4, 6, 3], np.int32))],
+             options={"new_shape": [1, 4, 6, 3]})
+    d = b.op("RESHAPE", [b.op("TANH", [w]), b.const("sd", np.array([1, 4, 6, 5], np.int32))],
+             options={"new_shape": [1, 4, 6, 5]})
+    e = b.op("RESHAPE", [b.op("RELU", [u]), b.const("se", np.array([1, 4, 6, 2], np.int32))],
+             options={"new_shape": [1, 4, 6, 2]})
+    b.output(b.op("RELU6", [b.op("CONCATENATION", [a, z, d, e], options={"axis": 3})]), e)
+    return b.to_bytes(), [normal(rng, (1, 4, 3, 6), 4.0), normal(rng, (1, 4, 6, 5), 4.0), normal(rng, (1, 2, 6, 10)),
+                          normal(rng, (1, 2, 3, 8))]
 
 
 case("SPACE_TO_BATCH_ND", "padded_batch2")(lambda rng: one_op(

@@ -196,6 +196,19 @@ class ReaderFolds:
     nested: bool = False
 
 
+# The fusion kinds of the shared graph passes (delegate.passes.FUSIONS) each reader fold is, so that
+# placement groups exactly what a dialect's lowering folds (fusions_of).
+PASS_KINDS = {"pad": "pad", "gate": "gate", "depthwise": "depthwise_pointwise", "chain": "chain", "reshape": "reshape"}
+
+
+def fusions_of(folds: ReaderFolds) -> frozenset[str]:
+    """The fusions a GPU backend declares to the planner (``Backend.fusions``) for a lowering with
+    ``folds``: every kit kernel folds constant DEQUANTIZEs and applies activations and elementwise
+    epilogues; the ops done inside a reader's kernel are the dialect's folds."""
+    return frozenset({"constant", "activation", "epilogue"} |
+                     {kind for name, kind in PASS_KINDS.items() if getattr(folds, name) is not None})
+
+
 def pointwise(op: Op) -> bool:
     """A 1x1 convolution with stride 1 and constant weights: a matrix product over pixels."""
     if op.opcode != "CONV_2D" or op.custom:

@@ -9,7 +9,7 @@ import numpy as np
 
 from delegate.gpu.profile import default_profile
 from delegate.gpu.dialect import OPENCL
-from delegate.gpu.fusion import runs_no_kernel
+from delegate.gpu.fusion import fusions_of, runs_no_kernel
 from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
@@ -69,11 +69,8 @@ class OpenCLBackend(Backend):
 
     name = "opencl"
     layout = "PHWC4"
-    # what the lowering folds into a neighbour's kernel (delegate.passes groups; the lowering's epilogue
-    # planning, delegate.gpu.fusion, fuses at least those)
     precisions = ("fp32", "fp16")
-    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
-                         "reshape"})
+    fusions = fusions_of(FOLDS)  # the groups placement keeps together: what the lowering folds
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         cl = import_pyopencl()

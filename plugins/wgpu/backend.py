@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.gpu.dialect import WGSL
-from delegate.gpu.fusion import runs_no_kernel
+from delegate.gpu.fusion import fusions_of, runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.profile import default_profile
 from delegate.gpu.plan import PlanCache, code_digest
@@ -51,9 +51,8 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
     layout = "PHWC4"
-    # what the kernels fold into a neighbour's (delegate.passes groups; kernels.py fuses at least those)
     precisions = ("fp32", "fp16")
-    fusions = frozenset({"constant", "pad", "activation", "epilogue", "gate", "chain"})
+    fusions = fusions_of(FOLDS)  # the groups placement keeps together: what the lowering folds
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         self.request = AdapterRequest.from_options(dict(options or {}))

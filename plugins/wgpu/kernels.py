@@ -106,11 +106,13 @@ class KernelList(Lowering):
 
 # The groups the kernels do inside their reader's kernel: a zero PAD of rows and columns read by any
 # convolution (its window shifted), a gate product read by a 1x1 convolution (scaling each input vector
-# as it reads it), and a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
-# kernel, ``_dense_pair``, within the kit's chain_link); a reader does one fold at most.  A depthwise
+# as it reads it), a squeeze-and-excitation bottleneck of two one-pixel 1x1 convolutions (one
+# kernel, ``_dense_pair``, within the kit's chain_link), and a reshape read by a concatenation through
+# its view (the gather kernel's view_lidx); a convolution does one fold at most.  A depthwise
 # convolution keeps its own kernel: matmul.wgsl reads each input vector once per slice group instead of
 # staging it, so computing the depthwise convolution there would repeat it for every group of output slices.
-FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=lambda reader: True)
+FOLDS = ReaderFolds(pad=lambda reader: True, gate=lambda reader: True, chain=lambda reader: True,
+                    reshape=lambda reader: True)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def _reduction(name: str) -> dict[str, str]:
 
 # A kit call's constant -> the substitutions spelling it (the group is the workgroup size, set where
 # the launch is shaped: SHAPED; an output in host order is emit's, see spell).
-SPECIALISE = {"reduction": _reduction, "group": lambda group: {}, "host_output": lambda _: {},
+SPECIALISE = {"reduction": _reduction, "group": lambda group: {}, "host_output": lambda _: {}, "views": lambda _: {},
               "host_input": lambda _: {}, "host_channels": lambda channels: {"SRC_SLICES": str(slices_of(channels))}}
 
 # How a host-order input's element i reads as a float: float32 as it is, uint8 / int8 from words of four.
@@ -245,7 +247,8 @@ def spell(call: Call) -> Kernel:
     kernel with that mapping."""
     k = Kernel(call.template, call.label, ops=[op.index for op in call.ops])
     if call.template in MAPPINGS:
-        _gather_source(k, call.template, sum(isinstance(arg, TensorArg) for arg in call.args))
+        inputs = [arg for arg in call.args if isinstance(arg, TensorArg)]
+        _gather_source(k, call.template, len(inputs), views=any(arg.view is not None for arg in inputs))
     k.helpers.extend(template(helper) for helper in HELPERS.get(call.template, ()))
     for name, value in call.constants:
         k.substitutions.update(SPECIALISE[name](value))
@@ -259,6 +262,8 @@ def spell(call: Call) -> Kernel:
             _host_tensor(k, arg)
         elif isinstance(arg, TensorArg):
             k.tensor(arg.name, arg.value, arg.shape, arg.writable)
+            if arg.view is not None:
+                k.param(f"{arg.name}_v", "vec4<i32>", arg.view)
         elif isinstance(arg, BroadcastArg):
             k.broadcast(arg.name, arg.value, arg.shape, arg.splat)
         elif isinstance(arg, HostArg):
@@ -282,12 +287,17 @@ def _concat_cases(inputs: int) -> dict[str, str]:
 MAPPING_CODE = {"concat": _concat_cases}  # mappings whose code depends on how many inputs they read
 
 
-def _gather_source(k: Kernel, mapping: str, inputs: int, fill: str = "0.0") -> Kernel:
+def _gather_source(k: Kernel, mapping: str, inputs: int, fill: str = "0.0", views: bool = False) -> Kernel:
     """The gather template with mapping ``mapping`` reading inputs ``in0`` .. ``in<inputs - 1>``, and
-    ``fill`` outside them (input -1)."""
+    ``fill`` outside them (input -1).  With ``views`` (the kit's ``TensorArg.view``: a concatenation reading
+    through folded reshapes) the mapping's coordinate is in input i's view ``p.in<i>_v`` (N, H, W, C) and
+    names the element of the same NHWC order in the input's storage; the call then moves lanes only."""
     lanes, vectors = [], []
     for i in range(inputs):
-        lanes.append(f"    case {i}: {{ return in{i}_lane(lidx(p.in{i}_d, a.x, a.y, a.z, a.w)); }}")
+        v = f"p.in{i}_v"
+        at = (f"view_lidx(p.in{i}_d, p.in{i}_c, ((a.x * {v}.y + a.y) * {v}.z + a.z) * {v}.w + a.w)" if views
+              else f"lidx(p.in{i}_d, a.x, a.y, a.z, a.w)")
+        lanes.append(f"    case {i}: {{ return in{i}_lane({at}); }}")
         vectors.append(f"    case {i}: {{ return in{i}_at(vidx(p.in{i}_d, a.x, a.y, a.z, a.w >> 2u)); }}")
     read = "\n".join([
         "fn read_lane(src: Src) -> f32 {", "  let a = src.at;", "  switch src.input {", *lanes,
@@ -295,9 +305,18 @@ def _gather_source(k: Kernel, mapping: str, inputs: int, fill: str = "0.0") -> K
         "fn read_vec(src: Src) -> V {", "  let a = src.at;", "  switch src.input {", *vectors,
         f"    default: {{ return V({fill}); }}", "  }", "}"])
     k.template = "gather"
+    if views:
+        k.helpers.append(VIEW_LANE)
     substitutions = MAPPING_CODE.get(mapping, lambda inputs: {})(inputs)
     k.substitutions = {"MAP": Template(template(f"map_{mapping}")).substitute(substitutions), "READ": read}
     return k
+
+
+# A view's element (flat: its position in NHWC order) in the storage of an input of dims d = (W, H, S, N)
+# and c channels: the element of the same NHWC position there.
+VIEW_LANE = """fn view_lidx(d: vec4<i32>, c: i32, flat: i32) -> i32 {
+  return lidx(d, flat / (d.y * d.x * c), flat / (d.x * c) % d.y, flat / c % d.x, flat % c);
+}"""
 
 
 def _pad(plan: "KernelList", k: Kernel, call: Call) -> None:
