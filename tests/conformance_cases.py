@@ -236,15 +236,20 @@ def _squeeze_excite(rng):
 
 def quantized_conv(rng, opcode: str, dtype: str, x_quant, out_quant, shape=(1, 6, 7, 3), out=5):
     """A quantized convolution of a quantized model input: the GPUs' float view dequantizes the input on
-    the device (in the convolution reading it, or in the input's conversion kernel)."""
+    the device (in the convolution reading it, or in the input's conversion kernel), or on the host
+    where the device reads no such integers (int16 activations, int8 weights and int64 biases: the
+    converter's int16x8)."""
     info = np.iinfo(dtype)
+    w_dtype = "int8" if dtype == "int16" else dtype
+    w_info = np.iinfo(w_dtype)
     w_shape = (out, 3, 3, shape[3]) if opcode == "CONV_2D" else (1, 3, 3, shape[3])
     w_quant = (0.01, 128) if dtype == "uint8" else (0.01, 0)
     b = GraphBuilder()
     x = b.input("x", shape, dtype, quant=x_quant)
-    w = b.const("w", rng.integers(info.min + 1, info.max + 1, w_shape).astype(dtype), quant=w_quant)
+    w = b.const("w", rng.integers(w_info.min + 1, w_info.max + 1, w_shape).astype(w_dtype), quant=w_quant)
     channels = w_shape[0] if opcode == "CONV_2D" else w_shape[3]
-    bias = b.const("b", rng.integers(-2000, 2000, channels).astype(np.int32), quant=(x_quant[0] * w_quant[0], 0))
+    bias = b.const("b", rng.integers(-2000, 2000, channels).astype(np.int64 if dtype == "int16" else np.int32),
+                   quant=(x_quant[0] * w_quant[0], 0))
     b.output(b.op(opcode, [x, w, bias], dtype=dtype, quant=out_quant,
                   options={**CONV, **({"depth_multiplier": 1} if opcode == "DEPTHWISE_CONV_2D" else {})}))
     return b.to_bytes(), [rng.integers(info.min, info.max + 1, shape).astype(dtype)]
@@ -255,6 +260,9 @@ case("CONV_2D", "int8_input_odd_bytes")(lambda rng: quantized_conv(rng, "CONV_2D
                                                                    shape=(1, 5, 7, 3), out=6))
 case("DEPTHWISE_CONV_2D", "int8_input")(lambda rng: quantized_conv(rng, "DEPTHWISE_CONV_2D", "int8", (0.03, -4),
                                                                    (0.02, 3), shape=(1, 5, 6, 6)))
+case("CONV_2D", "int16x8_input")(lambda rng: quantized_conv(rng, "CONV_2D", "int16", (0.0002, 0), (0.002, 0)))
+case("DEPTHWISE_CONV_2D", "int16x8_input")(lambda rng: quantized_conv(rng, "DEPTHWISE_CONV_2D", "int16", (0.0002, 0),
+                                                                      (0.001, 0), shape=(1, 5, 6, 6)))
 case("CONV_2D", "dilated_valid")(lambda rng: conv(rng, (1, 9, 8, 3), 5, 3, {
     "padding": "VALID", "dilation_h_factor": 2, "dilation_w_factor": 2}))
 # few outputs and a long reduction: both dialects share each output's sum among a work group (conv2d_split)

@@ -253,6 +253,8 @@ class _InputSlot:
         self.host_layout = spec.host_layout  # the input's one kernel reads the caller's bytes (host_dtype)
         self.host_dtype = np.dtype(spec.host_dtype)
         self.quant = None if self.host_layout else spec.quant
+        # integers its kernel reads as float32 in host order (int16): their float view, made on the host
+        self.dequant = spec.quant if self.host_layout and self.host_dtype.kind == "f" else None
         if self.quant:  # the float view is made on the host, with scratch arrays made once
             vectors = phwc4_vectors(self.shape)
             self.work = np.empty((vectors, 4), np.float32)
@@ -266,6 +268,9 @@ class _InputSlot:
         array = value.array if isinstance(value, HostTensor) else value
         if not self.quant:
             data = np.ascontiguousarray(array, self.host_dtype).reshape(-1)
+            if self.dequant is not None and np.asarray(array).dtype.kind in "iu":
+                scale, zero = self.dequant
+                data = (data - np.float32(zero)) * np.float32(scale)
             if data.nbytes % 4:  # a quantized input's integers, read by its kernel in words of 4
                 data = np.concatenate([data, np.zeros(-data.nbytes % 4, data.dtype)])
             queue.write_buffer(self.target, 0, data)
