@@ -152,17 +152,20 @@ def _suite_here(models, configs, runs, threads, preference, command) -> dict[str
         rows, written = run_suite(models, configs, runs, threads, Path(tmp), lambda label: None, preference,
                                   command)
         files = {p.name: p.read_bytes() for p in written}
-    devices = {c.name: _device_of(*c.backends[0]) for c in CONFIGS if not configs or c.name in configs}
+    devices = {c.name: _device_of(*c.backends[0], threads) for c in CONFIGS if not configs or c.name in configs}
     devices["litert-gpu"] = LITERT_GPU
     return {"rows": [r.__dict__ for r in rows], "devices": devices, "files": files}
 
 
-def _device_of(name: str, options: dict[str, Any]) -> dict[str, Any]:
+def _device_of(name: str, options: dict[str, Any], threads: int) -> dict[str, Any]:
+    """The device a configuration's rows ran on, keyed as its profile is at the suite's thread count."""
+    from .config import available_cores
+    from .cost import profile_info
     from .plugins import default_manager
 
     try:
-        backend = default_manager().backend_info(name).factory(options)
-        info = backend.device_info()
+        backend = default_manager().create(name, options)
+        info = profile_info(backend, threads or available_cores())
         backend.close()
     except Exception as exc:  # not on this node: its rows say why they failed
         return {"backend": name, "device": f"unavailable ({str(exc).splitlines()[0][:80]})", "fingerprint": None}

@@ -303,10 +303,14 @@ def test_ray_actor_errors_come_back_as_one_line(local_ray, model, tmp_path, conf
 
 # -- fleet sweeps: one task per node of the local Ray (one node) ------------------------------------
 
-def _numpy_cpu_fingerprint():
-    from delegate.cost import fingerprint
+def _numpy_cpu_fingerprint(threads=None):
+    """The key of the numpy CPU profile a session at ``threads`` (default: every usable core) loads: the
+    host's profile is keyed by its thread count too."""
+    from delegate.config import available_cores
+    from delegate.cost import fingerprint, profile_info
     from delegate.plugins import default_manager
-    return fingerprint(default_manager().backend_info("cpu").factory({"engine": "numpy"}).device_info())
+    backend = default_manager().create("cpu", {"engine": "numpy"})
+    return fingerprint(profile_info(backend, threads or available_cores()))
 
 
 def fleet_json(capsys, argv):
@@ -351,7 +355,7 @@ def test_fleet_suite_table_is_keyed_by_node_and_device(local_ray, model, tmp_pat
     assert set(rows) == {"cpu-numpy", "litert-gpu"}  # LiteRT's accelerator: a row whether it runs here or not
     ours = rows["cpu-numpy"]
     assert (ours["node"], ours["node_id"], ours["backend"], ours["fingerprint"]) == \
-        (node["NodeManagerHostname"], node["NodeID"], "cpu", _numpy_cpu_fingerprint())
+        (node["NodeManagerHostname"], node["NodeID"], "cpu", _numpy_cpu_fingerprint(threads=1))
     assert ours["status"] == "ok" and ours["p50_ms"] > 0 and ours["max_error"] < 1e-4
     reports = out / f"{node['NodeManagerHostname']}-{node['NodeID'][:8]}"
     assert sorted(doc["files"])[:2] == [str(reports / "suite.csv"), str(reports / "suite.md")]
