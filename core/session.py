@@ -28,7 +28,7 @@ from .config import Limits
 from .cost import DeviceProfile, load_profile, profile_info
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
-from .memory import peak_bytes
+from .memory import keep_freed_host_memory, peak_bytes
 from .planner import Plan, PlacementSettings, Planner
 from .plugins import HOST_WORD, PluginManager, default_manager
 from .runtime import Executor, ModelState, Watchdog, running
@@ -181,6 +181,7 @@ class Session:
                  remeasure: bool = False):
         """``state`` is shared by sessions of several subgraphs of one model instance (an Interpreter's);
         ``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``)."""
+        keep_freed_host_memory()  # each run's fresh outputs reuse the last run's freed pages
         self.model = model
         self.state = state if state is not None else ModelState(model)
         self.settings = settings or RunSettings()

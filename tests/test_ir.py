@@ -75,3 +75,17 @@ def test_aligned_zeros_start_on_a_cache_line():
         assert (a.size == 0 or a.ctypes.data % ALIGNMENT == 0) and not a.any()
     with pytest.raises(ValueError, match="negative"):
         aligned_zeros((-1, 3), np.float32)  # as np.zeros: never a reshape that infers the -1
+
+
+def test_sessions_have_glibc_keep_freed_memory():
+    """A session sets glibc's thresholds once, so a run's dropped outputs are reused, not unmapped."""
+    import platform
+
+    from delegate import memory
+    from delegate.session import Session
+    from tests.models import conv_then_relu
+
+    Session(read_model(conv_then_relu(np.random.default_rng(0)))).close()
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert memory._allocator_set is glibc
+    assert memory.keep_freed_host_memory() is glibc
