@@ -2,6 +2,7 @@
 stored decisions, calibration that refuses what it cannot measure, and profiles refitted to measurements."""
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -216,6 +217,30 @@ def test_calibration_refuses_unstable_or_impossible_figures():
                                transfer_gbytes_per_s=5)
     with pytest.raises(MeasurementError, match="transfer_latency_us"):
         calibrate.check_bounds("opencl", no_latency, calibrate.bounds_for({"device_type": "gpu"}))
+
+
+def test_calibration_tries_a_larger_size_when_a_small_one_is_drowned_in_jitter(monkeypatch):
+    """A device so fast that the small chains' difference is noise (WebGPU on an H200): the next size is
+    measured instead of refusing the whole calibration; the largest size's instability is still refused."""
+    sizes_tried = []
+    monkeypatch.setattr(calibrate.Runner, "resident_pair", staticmethod(lambda b, o, *chains: (chains[0], chains[1])))
+
+    def difference(what, backend, long, short, per=1.0):
+        size = sizes_tried[-1]
+        if size < 300:
+            raise MeasurementError(f"calibrating {backend}: {what} did not come out stable")
+        return 1e-3
+
+    def make(n, size, small):
+        if n > 1:
+            sizes_tried.append(size)
+        return size
+    monkeypatch.setattr(calibrate, "stable_difference", difference)
+    backend = types.SimpleNamespace(name="wgpu")
+    assert calibrate.work_per_op("x", backend, None, make, (100, 200, 400), 1e-6)[:2] == (1e-3, 400)
+    assert sizes_tried == [100, 200, 400]
+    with pytest.raises(MeasurementError, match="stable"):
+        calibrate.work_per_op("x", backend, None, make, (100, 200), 1e-6)
 
 
 def test_calibrated_cpu_profile_is_measured():

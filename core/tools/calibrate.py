@@ -181,13 +181,21 @@ def work_per_op(what: str, backend, options, make: Callable[[int, int, bool], An
     """Seconds of one op's work, from chains of 1 and 1 + ``STEP`` ops built by ``make(length, size,
     small_output=True)``, at the first size whose op lasts ``WORK_OVER_LAUNCH`` launches (so that launch
     jitter cannot drown it), else the largest; also the size used and the one-op runner (for the transfer
-    figures).  Their input comes from ``make(1, size, False)``, whose output has the chain's input shape."""
+    figures).  Their input comes from ``make(1, size, False)``, whose output has the chain's input shape.
+    A size whose difference is not stable is too small for this device's timer and queue jitter: the next
+    size is tried, and only the largest one's instability is an error."""
     for i, size in enumerate(sizes):
+        last = i == len(sizes) - 1
         one, more = Runner.resident_pair(backend, options, make(1, size, True), make(1 + STEP, size, True),
                                          make(1, size, False))
-        value = stable_difference(what, backend.name, lambda: per_run_seconds(more.resident),
-                                  lambda: per_run_seconds(one.resident), STEP)
-        if value >= WORK_OVER_LAUNCH * launch_s or i == len(sizes) - 1:
+        try:
+            value = stable_difference(what, backend.name, lambda: per_run_seconds(more.resident),
+                                      lambda: per_run_seconds(one.resident), STEP)
+        except MeasurementError:
+            if last:
+                raise
+            continue
+        if value >= WORK_OVER_LAUNCH * launch_s or last:
             return value, size, one
     raise AssertionError("sizes is empty")
 
