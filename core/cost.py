@@ -221,6 +221,7 @@ QUEUED = "queued partition"  # whole partitions of an asynchronous device, with 
 WHOLE = "*"  # the class of partitions timed only as a whole: one floor per op and one scale for all classes
 BY_CLASS = "* by class"  # the same partitions, their ops counted per cost class: a floor and scale per class
 CLASS_PRIOR = 0.5  # the fit for all classes counts as this many partitions of each class (``_class_fit``)
+FIXED_SHARE = 0.1  # ops whose roofline is less than this share of their time are timed at their fixed cost
 PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
 
 
@@ -379,7 +380,7 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
     fixed, floor, scale = profile.partition_us * 1e-3, profile.floor_ms(WHOLE), profile.scale(WHOLE)
     # only partitions whose roofline (at the device's peak) is a fair share of their time say anything
     # about the scale; a tiny model's time is all fixed costs
-    telling = roofs >= 0.1 * times
+    telling = roofs >= FIXED_SHARE * times
     if len(times) < 4:
         if not telling.any():
             return fixed, floor, scale
@@ -435,7 +436,9 @@ def _spread(roofs: np.ndarray) -> bool:
 
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:
     """(floor per op, scale) with work ~ counts * floor + scale * roofs, both non-negative; with too few or too
-    alike points, the scale alone (the floor kept)."""
+    alike points, one of the two: the floor where the roofline is a sliver of the time (a GPU's 6 us for an
+    elementwise op whose bytes take 0.01 us is its least kernel time, not a 600x slower memory), else the
+    scale (the floor kept)."""
     if _spread(roofs):
         # between absolute errors (the large ops dominate a sum) and relative ones (so do the many small)
         weight = 1.0 / np.sqrt(np.maximum(works, 1e-3))
@@ -446,6 +449,8 @@ def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float
             k = SCALE_RANGE[0]
             f = float(np.median((works - k * roofs) / counts))
         return max(float(f), 0.0), float(np.clip(k, *SCALE_RANGE))
+    if np.median(roofs) < FIXED_SHARE * np.median(works):
+        return max(float(np.median((works - roofs) / counts)), 0.0), 1.0
     return floor, float(np.clip(np.median(np.maximum(works - counts * floor, 0.0) / roofs), *SCALE_RANGE))
 
 

@@ -626,6 +626,24 @@ def test_refit_moves_a_class_seen_once_to_what_it_measured():
     assert abs(estimate(slow) - took(slow)) < abs(once - took(slow))  # more evidence, nearer still
 
 
+def test_refit_of_ops_at_a_kernels_least_time_fits_a_floor_not_a_scale():
+    """On a fast GPU (the H200) an elementwise kernel takes its least time, ~6 us, whatever its bytes
+    (0.005-0.01 us at the roofline): rooflines too alike for a line are a floor, not a 600x slower memory,
+    so an op with ten times the bytes costs its floor and ten rooflines, not ten times its time."""
+    from delegate.cost import cost_class
+
+    graph = elementwise_model().main
+    profile = DeviceProfile(gflops=2000.0, gbytes_per_s=3000.0, launch_us=2.0, asynchronous=True)
+    kernels = {op.index: 0.006 + 0.0001 * (op.index % 3) for op in graph.ops}
+    refit(profile, [Observation(graph.ops, 0.2, kernels, op_times_include_launch=False)], lambda op: False)
+    op = graph.ops[0]
+    klass = cost_class(op)
+    roof_us = profile.roofline_ms(op_flops(op), op_bytes(op)) * 1e3
+    assert profile.class_floor_us[klass] == pytest.approx(6.1 - roof_us, abs=0.1) and profile.class_scale[klass] == 1.0
+    ten_times = profile.floor_ms(klass) + 10 * profile.roofline_ms(op_flops(op), op_bytes(op)) * profile.scale(klass)
+    assert ten_times < 0.012  # a pure scale would say ~0.06
+
+
 def test_stored_measurements_follow_the_plan_not_its_name():
     """A refitted profile can give a candidate name a different assignment than the one a stored decision
     timed: the measurement stays with the assignment, and the new plan says it was never timed."""
