@@ -81,6 +81,9 @@ class DeviceProfile:
     # measurement of that kind was fitted ("conv/int16", or "int16" for every class): the backend's own
     # knowledge of its kernels (LiteRT's int16x8 kernels are reference loops), never fitted or stored
     kind_scale: dict[str, float] = field(default_factory=dict)
+    # the kinds whose kernels run on one thread whatever the thread count (LiteRT's reference loops): at n
+    # threads they are n times further from a throughput measured or scaled at n threads
+    serial_kinds: tuple[str, ...] = ()
     fit_points: dict[str, list[list[Any]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
@@ -387,15 +390,21 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
         rest = np.maximum(times - fixed - counts * floor, 0.0)[telling]
         return fixed, floor, float(np.clip(np.median(rest / roofs[telling]), *SCALE_RANGE))
     columns = np.stack([np.ones_like(counts), counts, roofs], 1)
-    keep = [0, 1, 2] if telling.sum() >= 2 else [0, 1]
     weight = 1.0 / np.maximum(times, 0.05)  # relative errors: a plan's estimate is judged against its own time
-    while True:
-        coef, *_ = np.linalg.lstsq(columns[:, keep] * weight[:, None], times * weight, rcond=None)
-        if (coef >= 0).all() or len(keep) == 1:
-            break
-        keep.pop(int(np.argmin(coef)))
-    fitted = dict(zip(keep, np.maximum(coef, 0.0)))
-    if 2 not in keep:
+
+    def nonnegative(keep: list[int], target: np.ndarray) -> dict[int, float]:
+        while True:
+            coef, *_ = np.linalg.lstsq(columns[:, keep] * weight[:, None], target * weight, rcond=None)
+            if (coef >= 0).all() or len(keep) == 1:
+                return dict(zip(keep, np.maximum(coef, 0.0)))
+            keep.pop(int(np.argmin(coef)))
+    fitted = nonnegative([0, 1, 2] if telling.sum() >= 2 else [0, 1], times)
+    # a partition's fixed cost is at most half the least time a partition took: time the fit leaves
+    # unexplained (kernels slower than their kind says) must not become a fixed cost every partition pays
+    bound = 0.5 * float(times.min())
+    if fitted.get(0, 0.0) > bound:
+        fitted = {0: bound, **nonnegative([1, 2] if 2 in fitted else [1], times - bound)}
+    if 2 not in fitted:
         return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), scale
     return float(fitted.get(0, 0.0)), float(fitted.get(1, 0.0)), float(np.clip(fitted.get(2, SCALE_RANGE[0]),
                                                                                  *SCALE_RANGE))
@@ -492,6 +501,7 @@ def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceP
         profile = DeviceProfile(**{k: v for k, v in data.items() if k in DeviceProfile.__dataclass_fields__})
         profile.source = str(path)
         profile.kind_scale = dict(default.kind_scale)  # the backend's, never measured
+        profile.serial_kinds = tuple(default.serial_kinds)
         _check_figures(profile)
         return profile
     except (OSError, ValueError, TypeError):
@@ -524,6 +534,7 @@ def save_profile(device_info: dict[str, Any], profile: DeviceProfile) -> Path:
     data["device_info"] = device_info
     data.pop("source", None)
     data.pop("kind_scale", None)
+    data.pop("serial_kinds", None)
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
     return path

@@ -159,12 +159,16 @@ def _probe(info) -> tuple[bool, str]:
 
 def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
     """Each backend's stored profile for this thread count, or its own default; the host's default
-    throughput is per thread (a stored host profile was measured at ``threads`` and is used as it is)."""
+    throughput is per thread (a stored host profile was measured at ``threads`` and is used as it is); the
+    host's serial kinds are ``threads`` times further from either."""
     profiles = {}
     for name, be in backends.items():
         default = be.default_profile()
         profiles[name] = load_profile(profile_info(be, threads), default)
         if be.role == HOST:
+            profile = profiles[name]
+            profile.kind_scale.update({k: profile.kind_scale[k] * threads for k in profile.serial_kinds
+                                       if k in profile.kind_scale})
             if profiles[name].source != default.source:
                 profiles[name].source += f" at {threads} thread(s)"
             elif threads > 1:

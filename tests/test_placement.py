@@ -659,3 +659,19 @@ def test_stored_measurements_follow_the_plan_not_its_name():
     assert stored_candidate(doc, [cpu, moved]) is cpu
     assert cpu.measured_ms == 1.0
     assert moved.measured_ms is None and moved.status.startswith("not timed")
+
+
+def test_litert_reference_kinds_do_not_speed_up_with_threads():
+    """LiteRT's int16x8 and int8 attention kernels run on one thread whatever num_threads (the fixtures take
+    the same time at 1 and 2 threads): at n threads they are n times further from the scaled throughput,
+    while its threaded kinds keep their factor."""
+    from delegate.plugins import default_manager
+    from delegate.session import backend_profiles
+
+    cpu = default_manager().create("cpu", {"engine": "litert"})
+    one, four = (backend_profiles({"cpu": cpu}, n)["cpu"] for n in (1, 4))
+    assert four.gflops == 4 * one.gflops
+    assert four.kind_factor("conv/int16") == 4 * one.kind_factor("conv/int16")
+    assert four.kind_factor("batch_matmul/int8") == 4 * one.kind_factor("batch_matmul/int8")
+    assert four.kind_factor("depthwise/int8") == one.kind_factor("depthwise/int8")
+    assert cpu.default_profile().kind_factor("conv/int16") == one.kind_factor("conv/int16")  # the default untouched
