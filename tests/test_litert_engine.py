@@ -79,3 +79,27 @@ def test_litert_is_asked_once_per_op_signature(monkeypatch):
     assert asked == ["ATAN2", "NoSuchOp"]
     numpy_only = default_manager().backend_info("cpu").factory({"engine": "numpy"})
     assert not numpy_only.supports(graph.ops[0], CompileOptions())
+
+
+def test_an_op_litert_refuses_only_when_it_runs_is_refused_at_planning():
+    """LiteRT allocates an int16 SQUARED_DIFFERENCE and refuses it on its first invoke (the converter's
+    transformer_block_int16x8): the CPU backend says so before any run, under either engine, instead of
+    failing the user's first run; on zeros or ones a division's data (FLOOR_DIV by zero) is no refusal."""
+    from pathlib import Path
+
+    from delegate.errors import DelegateError
+    from delegate.session import RunSettings, Session
+
+    data = (Path(__file__).parent / "fixtures/converter/transformer_block_int16x8.tflite").read_bytes()
+    graph = read_model(data).main
+    op = next(op for op in graph.ops if op.opcode == "SQUARED_DIFFERENCE")
+    for engine in ("litert", "auto", "numpy"):
+        answer = default_manager().create("cpu", {"engine": engine}).supports(op, CompileOptions())
+        assert not answer and "int16 SQUARED_DIFFERENCE" in answer.reason
+    with pytest.raises(DelegateError, match="cannot run on any backend"):
+        Session(read_model(data), RunSettings(backends=[("cpu", {"engine": "auto"})]))
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3), "int32"), b.input("y", (2, 3), "int32")
+    b.output(b.op("FLOOR_DIV", [x, y], shape=(2, 3), dtype="int32", name="q"))
+    assert default_manager().create("cpu", {"engine": "litert"}).supports(read_model(b.to_bytes()).main.ops[0],
+                                                                          CompileOptions())

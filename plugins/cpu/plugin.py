@@ -225,6 +225,12 @@ class LitertCompiled(CompiledPartition):
                 self.interpreter.invoke()
             except RuntimeError as exc:
                 log.debug("cpu: LiteRT's warm-up run on zeros failed: %s", str(exc).splitlines()[0])
+                # an op whose kernel refuses its types only when run (int16 SQUARED_DIFFERENCE) fails every
+                # run: found by asking each op alone, it sends the partition to the other engine
+                refused = next(((op, why) for op in self.partition.ops if (why := litert_refusal(op))), None)
+                if refused:
+                    raise RuntimeError(f"LiteRT refuses {refused[0].opcode} #{refused[0].index} when it runs: "
+                                       f"{refused[1]}") from None
             self.interpreter.reset_all_variables()
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
@@ -314,8 +320,9 @@ def _op_signature(op: Op) -> tuple:
 
 
 def _ask_litert(op: Op, builtin_only: bool = False) -> str | None:
-    """LiteRT's refusal of ``op`` alone as a one-op model, or None when it allocates; ``builtin_only``: asked
-    of its builtin kernels without the default delegates (XNNPACK)."""
+    """LiteRT's refusal of ``op`` alone as a one-op model, or None when it allocates and runs it on zeros or
+    ones (some kernels refuse a type only when invoked: int16 SQUARED_DIFFERENCE); ``builtin_only``: asked of
+    its builtin kernels without the default delegates (XNNPACK)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
     from delegate.plugin_api import partition_model, write_model
 
@@ -325,11 +332,27 @@ def _ask_litert(op: Op, builtin_only: bool = False) -> str | None:
     resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin_only else OpResolverType.AUTO
     try:
         with native_stderr(log):
-            Interpreter(model_content=write_model(partition_model(probe)),
-                        experimental_op_resolver_type=resolver).allocate_tensors()
+            interpreter = Interpreter(model_content=write_model(partition_model(probe)),
+                                      experimental_op_resolver_type=resolver)
+            interpreter.allocate_tensors()
+            _invoke_on_zeros_or_ones(interpreter)
     except Exception as exc:  # LiteRT reports refusals as RuntimeError/ValueError; the writer may refuse too
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
+
+
+def _invoke_on_zeros_or_ones(interpreter) -> None:
+    """Run once on zeros (safe indices), or else on ones (safe divisors): what fails on both is the kernel's
+    refusal, not the data's."""
+    for fill in (0, 1):
+        for detail in interpreter.get_input_details():
+            interpreter.set_tensor(detail["index"], np.full(detail["shape"], fill, detail["dtype"]))
+        try:
+            interpreter.invoke()
+            return
+        except RuntimeError:
+            if fill:
+                raise
 
 
 _LITERT_OWN_CUSTOM: dict[str, bool] = {}  # custom op name -> whether LiteRT's builtin resolver has a kernel

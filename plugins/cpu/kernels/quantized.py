@@ -260,13 +260,16 @@ def int8_add_call(op: Op, first: int = 0) -> QBinaryCall | None:
     return QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head, tables)
 
 
-@kernel("SQUARED_DIFFERENCE", quantized=True)
+def _squared_difference_refusal(op: Op) -> str | None:
+    out = op.outputs[0]
+    return None if out.dtype.numpy == np.int8 else f"LiteRT has no {out.dtype.name} SQUARED_DIFFERENCE kernel"
+
+
+@kernel("SQUARED_DIFFERENCE", quantized=True, refuses=_squared_difference_refusal)
 def squared_difference(op: Op):
     """int8 only, as in LiteRT: operands on a common scale with 7 bits of headroom, the squared
     difference rescaled to the output."""
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    if out.dtype.numpy != np.int8:
-        raise ValueError(f"LiteRT has no {out.dtype.name} SQUARED_DIFFERENCE kernel")
     to_common, twice_max = _common_scale(a, b)
     output = Requantize.of(twice_max * twice_max / np.float64(np.float32(1 << 14) * scale(out)),
                            zero_point(out), qrange(out))
