@@ -489,6 +489,9 @@ def cmd_calibrate(args) -> int:
                                                                         "measured ms"],
                   [[name, w["workload"], w["estimated_ms"], w["measured_ms"]] for name, ws in workloads.items()
                    for w in ws]))
+    for r in rows:
+        for figure, why in r["defaults_kept"].items():
+            c.print(f"{r['backend']}: {figure} kept at the defaults, not measured: {why}")
     for name, why in skipped.items():
         c.print(f"skipped {name}: {why}")
     for name, why in refused.items():

@@ -88,6 +88,8 @@ class DeviceProfile:
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
     calibrated_at: str = ""  # when ``delegate calibrate`` measured the figures above ("" = defaults)
+    # figures calibrate could not measure stably, kept at the backend's defaults: figure -> why
+    defaults_kept: dict[str, str] = field(default_factory=dict)
     fitted_at: str = ""  # when measurements last refitted ``class_scale``/``partition_us``
     fit_samples: int = 0  # measurements behind the fit
     source: str = "default"  # "default (WHAT)" or the file it was read from
@@ -125,6 +127,8 @@ class DeviceProfile:
         if not self.calibrated_at and not self.fitted_at:
             return self.source
         parts = [f"calibrated {self.calibrated_at}" if self.calibrated_at else "default figures"]
+        if self.defaults_kept:
+            parts[0] += f" (defaults kept for {', '.join(sorted(self.defaults_kept))})"
         if self.fitted_at:
             parts.append(f"refitted {self.fitted_at} from {self.fit_samples} measurement(s)")
         return ", ".join(parts) + f" ({self.source})"

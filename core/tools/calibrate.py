@@ -224,7 +224,8 @@ def _launch_seconds(backend, compile_options, tiny_shape: tuple[int, ...]) -> tu
 
 
 def calibrate_backend(backend, compile_options) -> DeviceProfile:
-    """The backend's profile, every figure measured on device-resident data (transfers measured apart)."""
+    """The backend's profile, every figure measured on device-resident data (transfers measured apart; where
+    those are not stable, the backend's default transfer figures are kept and named in ``defaults_kept``)."""
     name = backend.name
     tiny_shape = (1, 2, 2, 4)
     launch_s, short = _launch_seconds(backend, compile_options, tiny_shape)
@@ -243,9 +244,15 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     if asynchronous:
         tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2), feeder=short)
-        latency_s, copy_s, copies = _transfer_seconds(name, tiny, stream)
-        profile.transfer_latency_us = latency_s * 1e6
-        profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - copies * latency_s, copy_s * 0.5) / 1e9
+        try:
+            latency_s, copy_s, copies = _transfer_seconds(name, tiny, stream)
+            profile.transfer_latency_us = latency_s * 1e6
+            profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - copies * latency_s, copy_s * 0.5) / 1e9
+        except MeasurementError as exc:  # the device's own figures stand; its transfers keep the defaults
+            default = backend.default_profile()
+            profile.transfer_latency_us = default.transfer_latency_us
+            profile.transfer_gbytes_per_s = default.transfer_gbytes_per_s
+            profile.defaults_kept = {"transfers": str(exc)}
     check_bounds(name, profile, bounds_for(backend.device_info(), backend.role == HOST))
     return profile
 
@@ -342,7 +349,7 @@ def calibrate_all(settings) -> dict[str, Any]:
                          "transfer_latency_us": round(profile.transfer_latency_us, 2),
                          "transfer_gbytes_per_s": (round(profile.transfer_gbytes_per_s, 2)
                                                    if np.isfinite(profile.transfer_gbytes_per_s) else None),
-                         "profile": str(path)})
+                         "profile": str(path), "defaults_kept": dict(profile.defaults_kept)})
     # the micro figures set the shape of the model; real networks set its floors and scales
     workloads = {}
     with progress("fitting profiles to example networks", len(rows)) as advance:
