@@ -141,7 +141,8 @@ def test_conformance(case: Case, backend: str, options: dict, precision: str):
     if backend == "cpu":
         assert_close(actual, expected, rtol=CPU_BOUND, atol=CPU_BOUND, lsb=0)
     else:
-        assert_close(actual, expected, rtol=BOUNDS.get(precision, BOUNDS["fp32"]), atol=0.0, lsb=quantized_steps(expected, precision) if quantized else 0)
+        steps = quantized_steps(expected, precision) if quantized else 0
+        assert_close(actual, expected, rtol=BOUNDS.get(precision, BOUNDS["fp32"]), atol=0.0, lsb=steps)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

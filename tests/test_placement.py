@@ -684,7 +684,8 @@ def test_calibration_keeps_default_transfers_it_cannot_measure(monkeypatch):
     fake = types.SimpleNamespace(resident=lambda n: None)
     monkeypatch.setattr(calibrate, "_launch_seconds", lambda backend, options, shape: (5e-6, fake))
     monkeypatch.setattr(calibrate, "per_run_seconds", lambda batch: 1e-4)
-    monkeypatch.setattr(calibrate, "work_per_op", lambda what, backend, options, make, sizes, launch: (1e-4, sizes[-1], fake))
+    monkeypatch.setattr(calibrate, "work_per_op",
+                        lambda what, backend, options, make, sizes, launch: (1e-4, sizes[-1], fake))
     monkeypatch.setattr(calibrate, "Runner", lambda *args, **kwargs: fake)
 
     def unstable(name, tiny, stream):

@@ -44,6 +44,8 @@ def corpus() -> list[str]:
 
 def ratio_to_cpu(model: str, runs: int = 20) -> float:
     """Median time of the defaults' plan over the CPU plan's, alternating on the same inputs."""
+    from dataclasses import replace
+
     import numpy as np
     from delegate.cli import read_model_arg
     from delegate.config import load_config
@@ -51,22 +53,14 @@ def ratio_to_cpu(model: str, runs: int = 20) -> float:
     from delegate.session import Session, run_settings
     from delegate.tools.measure import time_alternating
 
-    graph_model, _, _ = read_model_arg(model)
-    config = load_config(str(CONFIG))
-    defaults = Session(graph_model, run_settings(config.for_model(model)))
-    cpu = Session(read_model_arg(model)[0], replace_backends(run_settings(config.for_model(model))))
+    settings = run_settings(load_config(str(CONFIG)).for_model(model))
+    alone = replace(settings, backends=[b for b in settings.backends if b[0] == "cpu"])
+    defaults, cpu = (Session(read_model_arg(model)[0], s) for s in (settings, alone))  # a model each
     rng = np.random.default_rng(0)
     inputs = defaults.normalize_inputs([random_input(t, rng) for t in defaults.graph.inputs])
-    for _ in range(3):
-        defaults.run_indexed(inputs), cpu.run_indexed(inputs)
+    time_alternating(lambda: defaults.run_indexed(inputs), lambda: cpu.run_indexed(inputs), 3)  # warm-up
     ours, theirs = time_alternating(lambda: defaults.run_indexed(inputs), lambda: cpu.run_indexed(inputs), runs)
     return float(np.median(ours) / np.median(theirs))
-
-
-def replace_backends(settings):
-    """The same settings with the CPU backend alone."""
-    from dataclasses import replace
-    return replace(settings, backends=[b for b in settings.backends if b[0] == "cpu"])
 
 
 def check(model: str) -> tuple[str, int]:
