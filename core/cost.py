@@ -250,9 +250,9 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         if obs.op_ms:
             own = obs.ms - obs.transfer_ms
             timed = sum(obs.op_ms.values())
-            # host timers that add up to more than the partition took disturbed what they timed (each op run
-            # and timed alone, outside the engine's batched call: up to 2x on the numpy engine's small ops):
-            # they give each op's share of the partition's own time
+            # host timers that add up to more than the partition took disturbed what they timed (a Python
+            # call per op where the engine runs a batched call, or a timer of coarse resolution): they give
+            # each op's share of the partition's own time
             share = own / timed if obs.op_times_include_launch and timed > own > 0 else 1.0
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))

@@ -63,7 +63,7 @@ class CpuCompiled(CompiledPartition):
             sources = [None if slot in skip and known_at_compile_time(t) else self._source(t, external)
                        for slot, t in enumerate(op.inputs)]
             self.steps.append((op, run, sources, [self.buffers[t.index] for t in op.outputs]))
-        self.batched = batched_steps(self.steps)  # what runs unless each op is timed
+        self.batched = batched_steps(self.steps)  # what runs (profiled runs too: see run)
         # BLAS is held to one thread during runs (see parallel.py) unless every kernel is a native call,
         # which never calls it (holding it costs ~5 us a run: two thread-count changes).
         blas = not all(getattr(run, "prepared", None) is not None for _, run, _, _ in self.steps)
@@ -102,11 +102,14 @@ class CpuCompiled(CompiledPartition):
     def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
         timings = self.timings
         with self.threading():
-            for op, run, sources, outs in self.steps if timings is not None else self.batched:
+            for op, run, sources, outs in self.batched:
                 ins = [inputs[s] if isinstance(s, int) else s for s in sources]
                 start_scratch_op()
                 if timings is None:
                     run(ins, outs)
+                elif hasattr(run, "timed"):  # a batched stretch of native calls times each of its ops
+                    for timed_op, seconds in run.timed(ins, outs):
+                        timings.setdefault(timed_op.index, []).append(seconds * 1e3)
                 else:
                     start = time.perf_counter()
                     run(ins, outs)

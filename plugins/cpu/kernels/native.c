@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef float vec __attribute__((vector_size(64)));
 #define LANES 16
@@ -2053,6 +2054,22 @@ int run_prepared(const prepared_kernel *kernels, const void *const *calls, int64
 {
     for (int64_t i = 0; i < n; i++) {
         int status = kernels[i](calls[i]);
+        if (status != DONE)
+            return status;
+    }
+    return DONE;
+}
+
+/* run_prepared with each call's duration in ``seconds[i]`` (a profiled run: the per-op times of the
+ * batched stretch that really runs, not of a Python call per op, which costs more than many kernels). */
+int run_prepared_timed(const prepared_kernel *kernels, const void *const *calls, int64_t n, double *seconds)
+{
+    struct timespec before, after;
+    for (int64_t i = 0; i < n; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &before);
+        int status = kernels[i](calls[i]);
+        clock_gettime(CLOCK_MONOTONIC, &after);
+        seconds[i] = (double)(after.tv_sec - before.tv_sec) + 1e-9 * (double)(after.tv_nsec - before.tv_nsec);
         if (status != DONE)
             return status;
     }

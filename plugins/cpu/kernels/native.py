@@ -254,6 +254,8 @@ class NativeLoops:
         library.shared_product.restype = None
         library.run_prepared.argtypes = [_PTR, _PTR, _INT64]
         library.run_prepared.restype = ctypes.c_int
+        library.run_prepared_timed.argtypes = [_PTR, _PTR, _INT64, _PTR]
+        library.run_prepared_timed.restype = ctypes.c_int
         library.set_team_limit.argtypes = [ctypes.c_int]
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
@@ -1079,9 +1081,10 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
     placing = [(call, field, shape, dtype) for _, call, inputs in stretch for _, field, shape, dtype in inputs]
     kernels = (_PTR * len(calls))(*(ctypes.cast(getattr(loops.library, c.symbol), _PTR).value for c in calls))
     references = (_PTR * len(calls))(*(ctypes.addressof(c) for c in calls))
-    run_prepared = loops.library.run_prepared
+    run_prepared, run_prepared_timed = loops.library.run_prepared, loops.library.run_prepared_timed
+    seconds = np.zeros(len(calls))
 
-    def run(ins, outs):
+    def place(ins) -> list:
         kept = []  # copies made contiguous, alive until the native call returns
         for x, (call, field, shape, dtype) in zip(ins, placing):
             if not (isinstance(x, np.ndarray) and x.flags.c_contiguous):
@@ -1089,8 +1092,19 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
                 kept.append(x)
             fits(x.dtype == dtype and x.shape == shape, f"input {x.shape} {x.dtype} for {shape} {dtype}")
             setattr(call, field, x.ctypes.data)
+        return kept
+
+    def run(ins, outs):
+        kept = place(ins)  # noqa: F841 (held until the call returns)
         _done(run_prepared(kernels, references, len(calls)), "run_prepared")
-    run.kept = (calls, kernels, references)
+
+    def timed(ins, outs) -> list[tuple]:
+        """run(), returning (op, seconds) of each op as the native loop measured it."""
+        kept = place(ins)  # noqa: F841
+        _done(run_prepared_timed(kernels, references, len(calls), seconds.ctypes.data), "run_prepared_timed")
+        return list(zip(run.ops, seconds.tolist()))
+    run.kept = (calls, kernels, references, seconds)
+    run.ops, run.timed = [step[0] for step, _, _ in stretch], timed
     return stretch[0][0][0], run, [index for _, _, inputs in stretch for index, *_ in inputs], []
 
 
