@@ -149,13 +149,14 @@ def _integer_lstm(rng, variant, time_major, steps, n_input, n_cell, n_output, ba
 @given(variant=VARIANTS, time_major=st.booleans(), steps=st.integers(1, 5), n_input=st.integers(1, 6),
        n_cell=st.sampled_from([1, 2, 4, 8]), n_output=st.integers(1, 5), batch=st.integers(1, 3),
        clips=st.sampled_from([(0.0, 0.0), (0.6, 0.3)]), op=st.sampled_from(["UNIDIRECTIONAL_SEQUENCE_LSTM", "LSTM"]),
-       cell_exponent=st.sampled_from([-11, -15, -17]), seed=st.integers(0, 2**16))
-def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, cell_exponent, seed):
+       cell_exponent=st.sampled_from([-11, -15, -17]), seed=st.integers(0, 2**16), native=st.booleans())
+def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, batch, clips, op, cell_exponent, seed,
+                      native):
     """int8 activations, int16 cell state: bit-exact against LiteRT's 8x8->16 kernel, over three invokes
     (the states carry over).  Layer norm takes power-of-two cell counts only, as LiteRT's does; with
     peepholes the projection is at most as wide as the cell (LiteRT reads past the cell state otherwise).
     Below 2**-15 LiteRT has no tanh for the cell and uses the input gate in its place (see
-    test_integer_lstm_refusals for CIFG there)."""
+    test_integer_lstm_refusals for CIFG there).  ``native``: native.c's qlstm, or the numpy formulation."""
     n_cell, n_output = _sizes(variant, n_cell, n_output)
     if variant["peephole"]:
         n_output = min(n_output, n_cell)
@@ -163,18 +164,19 @@ def test_integer_lstm(variant, time_major, steps, n_input, n_cell, n_output, bat
         cell_exponent = max(cell_exponent, -15)
     model, x = _integer_lstm(np.random.default_rng(seed), variant, time_major, steps, n_input, n_cell, n_output,
                              batch, clips, op, cell_exponent)
-    check_stateful(model, [x, x[::-1].copy(), x // 2])
+    check_stateful(model, [x, x[::-1].copy(), x // 2], native)
 
 
-def check_stateful(model: bytes, inputs: list[np.ndarray]) -> None:
+def check_stateful(model: bytes, inputs: list[np.ndarray], native: bool = True) -> None:
     """The same model invoked once per input on one LiteRT builtin interpreter and one delegate interpreter
-    (the numpy engine)."""
+    (the numpy engine; ``native``: with its native loops, else the numpy formulations alone)."""
     from delegate.config import load_config
     from delegate.interpreter import Interpreter
 
     ref = litert.Interpreter(model_content=model,
                              experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    ours = Interpreter(model_content=model, config=load_config("configs/cpu.yaml", overrides=["cpu.engine=numpy"]))
+    overrides = ["cpu.engine=numpy", f"cpu.native={str(native).lower()}"]
+    ours = Interpreter(model_content=model, config=load_config("configs/cpu.yaml", overrides=overrides))
     for it in (ref, ours):
         it.allocate_tensors()
     for x in inputs:

@@ -2178,3 +2178,213 @@ int qmean(const qmean_call *p)
     free(acc);
     return DONE;
 }
+
+/* The integer LSTM ("8x8_16": int8 activations and weights, int16 cell state) over a whole sequence, step
+ * by step as quant_lstm.py computes it (LiteRT's portable tensor_utils, rounding for rounding), in int64
+ * with numpy's wrap-around where a product could leave it.  Gate 0 (input) has no weights with CIFG;
+ * gates without peepholes or layer norm have NULL there.  Scratch: 6 x batch x n_cell int64. */
+typedef struct {
+    const int8_t *w_in, *w_rec;        /* n_cell x n_input, n_cell x n_output */
+    const int64_t *bias_in, *bias_rec;  /* n_cell each, zero points folded in */
+    int64_t m_in, s_in, m_rec, s_rec;
+    const int64_t *peephole;            /* n_cell, or NULL */
+    int64_t m_peep, s_peep;
+    const int64_t *norm, *norm_bias;    /* n_cell each, or NULL: no layer norm */
+    int64_t m_norm, s_norm, variance_guard;
+    const int16_t *table;               /* 65536 entries: the gate's squash, indexed by value + 32768 */
+} qlstm_gate;
+
+typedef struct {
+    const int8_t *x;
+    int8_t *h;   /* output state, batch x n_output, updated in place */
+    int16_t *c;  /* cell state, batch x n_cell, updated in place */
+    int8_t *y;
+    int64_t steps, batch, n_input, n_cell, n_output;
+    int64_t x_step, x_row, y_step, y_row;  /* strides in items */
+    int64_t rows_together;  /* the peephole walks the rows of a step as one flat array (time major) */
+    qlstm_gate gates[4];    /* input, forget, cell, output */
+    int64_t cell_shift;     /* 30 + the cell state's exponent */
+    int64_t cell_bound;
+    const int16_t *tanh_cell;  /* NULL: the input gate stands in for tanh(cell) */
+    int64_t hidden_zp, m_hidden, s_hidden;
+    const int8_t *projection;  /* n_output x n_cell, or NULL */
+    const int64_t *projection_bias;
+    int64_t m_proj, s_proj, proj_bound, state_zp;
+    int64_t *scratch;
+} qlstm_call;
+
+static inline int64_t wrapped_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+static inline int64_t wrapped_shl(int64_t a, int64_t s) { return (int64_t)((uint64_t)a << (s & 63)); }
+static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+static inline int64_t wrap_to16(int64_t x) { return (int64_t)(int16_t)(uint16_t)(uint64_t)x; }
+static inline int64_t wrap_to32(int64_t x) { return (int64_t)(int32_t)(uint32_t)(uint64_t)x; }
+
+static inline int64_t high_mul32(int64_t a, int64_t b)
+{
+    if (a == INT32_MIN && b == INT32_MIN)
+        return INT32_MAX;
+    return (int64_t)((uint64_t)wrapped_mul(a, b) + (1u << 30)) >> 31;
+}
+
+static inline int64_t divide_by_pot(int64_t x, int64_t e)
+{
+    if (e <= 0)
+        return x;
+    return (int64_t)((uint64_t)x + ((uint64_t)1 << (e - 1)) - (uint64_t)(x < 0)) >> e;
+}
+
+static inline int64_t by_multiplier(int64_t x, int64_t m, int64_t s)
+{
+    return divide_by_pot(high_mul32(wrapped_shl(x, s > 0 ? s : 0), m), s < 0 ? -s : 0);
+}
+
+static inline int64_t c_div(int64_t a, int64_t b) { return a / b; }  /* C's division: toward zero */
+
+static inline int64_t times_pot_clamped(int64_t a, int64_t e) { return clamp64(wrapped_shl(a, e), INT32_MIN, INT32_MAX); }
+
+/* LiteRT's fixed-point 1/sqrt(v) as (Q31 significand, exponent): quantized.py's inverse_sqrt. */
+static void inverse_sqrt1(int64_t value, int64_t *significand, int64_t *exponent)
+{
+    if (value <= 1) {
+        *significand = INT32_MAX;
+        *exponent = 0;
+        return;
+    }
+    int64_t v = value, shift = 11;
+    while (v >= (1 << 29)) {
+        v /= 4;
+        shift++;
+    }
+    int64_t bits = 64 - __builtin_clzll((unsigned long long)v);  /* frexp's exponent */
+    int64_t pairs = (31 - bits) / 2 - 1;
+    shift -= pairs;
+    v = wrapped_shl(v, 2 * pairs);
+    int64_t half = divide_by_pot(v >> 1, 1), x = 1 << 28;
+    for (int i = 0; i < 5; i++) {
+        int64_t cube = times_pot_clamped(high_mul32(high_mul32(x, x), x), 6);
+        x = times_pot_clamped(high_mul32((1 << 28) + (1 << 27), x) - high_mul32(half, cube), 3);
+    }
+    x = high_mul32(x, 1518500250);
+    if (shift < 0) {
+        x = wrapped_shl(x, -shift);
+        shift = 0;
+    }
+    *significand = x;
+    *exponent = -shift;
+}
+
+/* One gate for every row of a step: the squashed int16 values into out (batch x n_cell). */
+static void qlstm_gate_values(const qlstm_call *p, const qlstm_gate *g, const int8_t *x, const int8_t *h,
+                              const int64_t *c, int64_t *out)
+{
+    int64_t nc = p->n_cell;
+    for (int64_t r = 0; r < p->batch; r++) {
+        const int8_t *xr = x + r * p->x_row, *hr = h + r * p->n_output;
+        int64_t *gate = out + r * nc;
+        for (int64_t j = 0; j < nc; j++) {
+            int64_t in = g->bias_in[j], rec = g->bias_rec[j];
+            const int8_t *wi = g->w_in + j * p->n_input, *wr = g->w_rec + j * p->n_output;
+            for (int64_t k = 0; k < p->n_input; k++)
+                in += (int64_t)xr[k] * wi[k];
+            for (int64_t k = 0; k < p->n_output; k++)
+                rec += (int64_t)hr[k] * wr[k];
+            int64_t v = clamp64(by_multiplier(in, g->m_in, g->s_in), -32768, 32767);
+            gate[j] = clamp64(v + by_multiplier(rec, g->m_rec, g->s_rec), -32768, 32767);
+        }
+    }
+    if (g->peephole) {
+        int64_t rows = p->rows_together ? 1 : p->batch;
+        int64_t n = p->rows_together ? p->batch * p->n_output : p->n_output;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < n; i++) {
+                int64_t at = r * nc + i;
+                int64_t product = by_multiplier(wrapped_mul(g->peephole[i % p->n_output], c[at]), g->m_peep, g->s_peep);
+                out[at] = clamp64(out[at] + product, -32768, 32767);
+            }
+    }
+    for (int64_t r = 0; r < p->batch; r++) {
+        int64_t *gate = out + r * nc;
+        if (g->norm) {
+            int64_t sum = 0, squares = 0;
+            for (int64_t j = 0; j < nc; j++) {
+                sum += gate[j];
+                squares += gate[j] * gate[j];
+            }
+            int64_t mean = c_div(sum * 1024, nc);
+            int64_t variance = c_div(wrapped_mul(squares, (1 << 20) / nc) - mean * mean, 1 << 20);
+            if (variance < 1)
+                variance = g->variance_guard;
+            int64_t inv_m, inv_s;
+            inverse_sqrt1(variance, &inv_m, &inv_s);
+            int64_t shift = g->s_norm + 12;
+            for (int64_t j = 0; j < nc; j++) {
+                int64_t rescaled = by_multiplier(1024 * gate[j] - mean, inv_m, inv_s);
+                int64_t weighted = wrap_to32(wrapped_mul(rescaled, g->norm[j]) + g->norm_bias[j]);
+                int64_t rounded = c_div(weighted > 0 ? weighted + 512 : weighted - 512, 1024);
+                int64_t s = shift;
+                if (s > 0) {
+                    rounded = wrap_to32(wrapped_shl(rounded, s));
+                    s = 0;
+                }
+                gate[j] = clamp64(by_multiplier(rounded, g->m_norm, s), -32768, 32767);
+            }
+        }
+        for (int64_t j = 0; j < nc; j++)
+            gate[j] = g->table[gate[j] + 32768];
+    }
+}
+
+int qlstm(const qlstm_call *p)
+{
+    int64_t cells = p->batch * p->n_cell;
+    int64_t *forget = p->scratch, *update = forget + cells, *input = update + cells, *output = input + cells;
+    int64_t *c = output + cells, *hidden = c + cells;
+    int8_t *h = p->h;
+    for (int64_t i = 0; i < cells; i++)
+        c[i] = p->c[i];
+    for (int64_t t = 0; t < p->steps; t++) {
+        const int8_t *x = p->x + t * p->x_step;
+        qlstm_gate_values(p, &p->gates[1], x, h, c, forget);
+        qlstm_gate_values(p, &p->gates[2], x, h, c, update);
+        if (p->gates[0].w_in)
+            qlstm_gate_values(p, &p->gates[0], x, h, c, input);
+        else
+            for (int64_t i = 0; i < cells; i++)
+                input[i] = 32767 - forget[i];
+        for (int64_t i = 0; i < cells; i++) {
+            int64_t kept = wrap_to16(divide_by_pot(forget[i] * c[i], 15));
+            int64_t v = clamp64(kept + wrap_to16(divide_by_pot(input[i] * update[i], p->cell_shift)), -32768, 32767);
+            c[i] = p->cell_bound > 0 ? clamp64(v, -p->cell_bound, p->cell_bound) : v;
+        }
+        qlstm_gate_values(p, &p->gates[3], x, h, c, output);
+        for (int64_t i = 0; i < cells; i++) {
+            int64_t product = output[i] * (p->tanh_cell ? p->tanh_cell[c[i] + 32768] : input[i]);
+            int64_t scaled = by_multiplier(product, p->m_hidden, p->s_hidden);
+            hidden[i] = p->projection ? clamp64(scaled - p->hidden_zp, -128, 127) : clamp64(scaled + p->hidden_zp, -128, 127);
+        }
+        for (int64_t r = 0; r < p->batch; r++) {
+            int8_t *y = p->y + t * p->y_step + r * p->y_row;
+            for (int64_t j = 0; j < p->n_output; j++) {
+                int64_t v;
+                if (p->projection) {
+                    int64_t acc = p->projection_bias[j];
+                    const int8_t *w = p->projection + j * p->n_cell;
+                    for (int64_t k = 0; k < p->n_cell; k++)
+                        acc += hidden[r * p->n_cell + k] * w[k];
+                    v = clamp64(by_multiplier(acc, p->m_proj, p->s_proj) + p->state_zp, -128, 127);
+                    if (p->proj_bound > 0)
+                        v = clamp64(v, -p->proj_bound, p->proj_bound);
+                } else {
+                    v = hidden[r * p->n_cell + j];
+                }
+                y[j] = (int8_t)v;
+            }
+        }
+        for (int64_t r = 0; r < p->batch; r++)  /* the step's output is the next step's state */
+            for (int64_t j = 0; j < p->n_output; j++)
+                h[r * p->n_output + j] = p->y[t * p->y_step + r * p->y_row + j];
+    }
+    for (int64_t i = 0; i < cells; i++)
+        p->c[i] = (int16_t)c[i];
+    return DONE;
+}

@@ -264,7 +264,7 @@ class NativeLoops:
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
-                                                         LookupCall, QMeanCall, QSoftmaxCall)]
+                                                         LookupCall, QMeanCall, QSoftmaxCall, QLstmCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -986,6 +986,84 @@ class QSoftmaxCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         size = self.rows * self.depth
         fits(_contiguous(x, size, _I8) and _contiguous(out, size, _I8), f"softmax arrays {x.shape} -> {out.shape}")
+
+
+class QLstmGate(ctypes.Structure):
+    """One gate of native.c's qlstm: int8 weights, zero-point-folded biases, rescales (Q31 multiplier,
+    exponent), peephole and layer norm (NULL where absent) and its squash table (65536 int16)."""
+
+    _fields_ = [("w_in", _PTR), ("w_rec", _PTR), ("bias_in", _PTR), ("bias_rec", _PTR),
+                *[(name, _INT64) for name in ("m_in", "s_in", "m_rec", "s_rec")], ("peephole", _PTR),
+                ("m_peep", _INT64), ("s_peep", _INT64), ("norm", _PTR), ("norm_bias", _PTR),
+                *[(name, _INT64) for name in ("m_norm", "s_norm", "variance_guard")], ("table", _PTR)]
+
+
+class QLstmCall(ctypes.Structure):
+    """The arguments of native.c's qlstm: LiteRT's integer LSTM over a whole sequence of ``steps`` (x and y
+    addressed by step and row strides, in items), the states updated in place; a run places x, the
+    output state h, the cell state c and y.  ``gates``: (input or None for CIFG, forget, cell, output),
+    each a dict of QLstmGate's fields as arrays and ints; ``cell``: the rest of the call's fields."""
+
+    _fields_ = [("x", _PTR), ("h", _PTR), ("c", _PTR), ("y", _PTR),
+                *[(name, _INT64) for name in ("steps", "batch", "n_input", "n_cell", "n_output", "x_step",
+                                              "x_row", "y_step", "y_row", "rows_together")],
+                ("gates", QLstmGate * 4), ("cell_shift", _INT64), ("cell_bound", _INT64), ("tanh_cell", _PTR),
+                *[(name, _INT64) for name in ("hidden_zp", "m_hidden", "s_hidden")], ("projection", _PTR),
+                ("projection_bias", _PTR), *[(name, _INT64) for name in ("m_proj", "s_proj", "proj_bound", "state_zp")],
+                ("scratch", _PTR)]
+    symbol, places = "qlstm", ("x", "h", "c", "y")
+    ARRAYS = {"w_in": (np.int8, "weights"), "w_rec": (np.int8, "weights"), "bias_in": (np.int64, "n_cell"),
+              "bias_rec": (np.int64, "n_cell"), "peephole": (np.int64, "n_cell"), "norm": (np.int64, "n_cell"),
+              "norm_bias": (np.int64, "n_cell"), "table": (np.int16, 65536), "tanh_cell": (np.int16, 65536),
+              "projection": (np.int8, "projection"), "projection_bias": (np.int64, "n_output")}
+
+    def __init__(self, sizes: dict[str, int], gates: list[dict | None], cell: dict):
+        super().__init__()
+        n_input, n_cell, n_output = sizes["n_input"], sizes["n_cell"], sizes["n_output"]
+        self.kept = []
+        expected = {"n_cell": (n_cell,), "n_output": (n_output,), "projection": (n_output, n_cell)}
+
+        def pointer(name: str, value, shape=None):
+            if value is None:
+                return None
+            dtype, size = self.ARRAYS[name]
+            a = np.ascontiguousarray(value, dtype)
+            want = shape or ((size,) if isinstance(size, int) else expected[size])
+            fits(a.shape == tuple(want), f"lstm {name} {a.shape} for {want}")
+            self.kept.append(a)
+            return a.ctypes.data
+        for name, value in sizes.items():
+            setattr(self, name, int(value))
+        fits(min(n_input, n_cell, n_output, sizes["batch"], sizes["steps"]) >= 1, f"lstm sizes {sizes}")
+        fits(gates[1] is not None and gates[2] is not None and gates[3] is not None, "lstm gates")
+        for slot, gate in enumerate(gates):
+            if gate is None:
+                continue
+            target = self.gates[slot]
+            for name, value in gate.items():
+                if name in self.ARRAYS:
+                    shape = {"w_in": (n_cell, n_input), "w_rec": (n_cell, n_output)}.get(name)
+                    setattr(target, name, pointer(name, value, shape))
+                else:
+                    setattr(target, name, int(value))
+        for name, value in cell.items():
+            setattr(self, name, pointer(name, value) if name in self.ARRAYS else int(value))
+        fits(0 <= self.cell_shift <= 62 and min(self.x_step, self.x_row, self.y_step, self.y_row) >= 0,
+             f"cell shift {self.cell_shift}, strides {sizes}")
+        scratch = np.zeros(6 * sizes["batch"] * n_cell, np.int64)
+        self.kept.append(scratch)
+        self.scratch = scratch.ctypes.data
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, h: np.ndarray, c: np.ndarray, y: np.ndarray) -> None:
+        rows = self.batch
+        fits(_contiguous(h, rows * self.n_output, _I8) and _contiguous(c, rows * self.n_cell, _I16),
+             f"lstm states {h.shape} {h.dtype}, {c.shape} {c.dtype}")
+        last_x = (self.steps - 1) * self.x_step + (rows - 1) * self.x_row + self.n_input
+        last_y = (self.steps - 1) * self.y_step + (rows - 1) * self.y_row + self.n_output
+        fits(_contiguous(x, None, _I8) and x.size >= last_x and _contiguous(y, None, _I8) and y.size >= last_y
+             and x.size == self.steps * rows * self.n_input and y.size == self.steps * rows * self.n_output,
+             f"lstm sequence {x.shape} -> {y.shape}")
 
 
 class QMeanCall(ctypes.Structure):

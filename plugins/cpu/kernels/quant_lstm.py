@@ -17,6 +17,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .common import constant
+from .native import QLstmCall, kernel_loops, prepared_run
 from .lstm import BIASES, CELL_STATE, GATES, INPUT_WEIGHTS, LAYER_NORMS, OUTPUT_STATE, PEEPHOLES, \
     PROJECTION_BIAS, PROJECTION_WEIGHTS, RECURRENT_WEIGHTS
 from .quant_util import gemmlowp_logistic16, gemmlowp_tanh16, multiply_by_quantized_multiplier, \
@@ -87,6 +88,18 @@ class _Gate:
         if self.norm is not None:
             gate = self._layer_norm(gate)
         return _squash(table, gate)
+
+    def native(self, table: np.ndarray) -> dict:
+        """The gate's fields of native.c's qlstm (QLstmGate), squashed through ``table``."""
+        fields = {"w_in": self.w_in, "w_rec": self.w_rec, "bias_in": self.bias_in, "bias_rec": self.bias_rec,
+                  "m_in": self.rescale_in[0], "s_in": self.rescale_in[1], "m_rec": self.rescale_rec[0],
+                  "s_rec": self.rescale_rec[1], "table": table}
+        if self.peephole is not None:
+            fields.update(peephole=self.peephole, m_peep=self.rescale_peephole[0], s_peep=self.rescale_peephole[1])
+        if self.norm is not None:
+            fields.update(norm=self.norm, norm_bias=self.norm_bias, m_norm=self.norm_rescale[0],
+                          s_norm=self.norm_rescale[1], variance_guard=self.variance_guard)
+        return fields
 
     def _layer_norm(self, gate: np.ndarray) -> np.ndarray:
         """LiteRT's integer layer norm: mean and variance with 10 extra bits, 1/sqrt in fixed point."""
@@ -172,6 +185,26 @@ def lstm(op: Op):
     cell_bits = 15 + cell_exponent
     tanh_cell = gemmlowp_tanh16(cell_bits) if 0 <= cell_bits <= 6 else None
     state_zp = zero_point(state)
+    loops = kernel_loops()
+    if loops is not None and 0 <= 30 + cell_exponent <= 62:
+        tables = {"input": sigmoid, "forget": sigmoid, "cell": tanh_gate, "output": sigmoid}
+        x_shape = op.inputs[0].shape if sequence else (1, *op.inputs[0].shape)
+        steps, batch = (x_shape[0], x_shape[1]) if time_major else (x_shape[1], x_shape[0])
+        n_input = x_shape[2]
+        step_items = (batch * n_input, n_input, batch * n_output, n_output) if time_major else \
+            (n_input, steps * n_input, n_output, steps * n_output)
+        sizes = dict(zip(("steps", "batch", "n_input", "n_cell", "n_output", "x_step", "x_row", "y_step",
+                          "y_row", "rows_together"), (steps, batch, n_input, n_cell, n_output, *step_items,
+                                                     int(time_major))))
+        cell = {"cell_shift": 30 + cell_exponent, "cell_bound": cell_bound, "tanh_cell": tanh_cell,
+                "hidden_zp": hidden_zp, "m_hidden": hidden_rescale[0], "s_hidden": hidden_rescale[1],
+                "state_zp": state_zp}
+        if projection is not None:
+            cell.update(projection=projection, projection_bias=projection_bias, m_proj=projection_rescale[0],
+                        s_proj=projection_rescale[1], proj_bound=proj_bound)
+        call = QLstmCall(sizes, [None if name not in gates else gates[name].native(tables[name])
+                                 for name in GATES], cell)
+        return prepared_run(loops, call, (0, OUTPUT_STATE, CELL_STATE))
 
     def step(xt, h, c):
         """One time step on int64 rows; returns the new (output state, cell state)."""
