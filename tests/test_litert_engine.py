@@ -24,11 +24,37 @@ def test_whole_model_goes_as_read_and_parts_are_written():
     graph = read_model(data).main
     x = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
     whole = _compile(graph, graph.ops)
-    assert whole.compiled[0].describe() == {"engine": "litert", "model": "as read"}
+    assert whole.compiled[0].describe() == {"engine": "litert", "model": "as read", "threads": 1}
     out = whole.run({graph.inputs[0].index: x})[graph.outputs[0].index]
     np.testing.assert_array_equal(out, litert_run(data, [x])[0])
     part = _compile(graph, graph.ops[:5])
     assert part.compiled[0].describe()["model"] == "written"
+
+
+def test_a_small_partition_keeps_the_thread_count_it_runs_fastest_at(monkeypatch):
+    """LiteRT's thread pool costs more than a small partition's ops gain from it (H200, 16 threads: a
+    transformer block 9x slower than on one): partitions under SMALL_PARTITION_MS try fewer threads, in
+    turns on zeros, keep the fastest (fewer only where clearly faster) and say what they measured."""
+    from delegate_cpu import plugin
+
+    data = zoo.transformer_block(tokens=8, width=16)
+    graph = read_model(data).main
+    backend = default_manager().backend_info("cpu").factory({"engine": "litert"})
+    run = lambda: Executor(graph, [make_partition(graph, graph.ops, "cpu", 0)], {"cpu": backend},  # noqa: E731
+                           CompileOptions(num_threads=16)).compiled[0]
+    compiled = run()
+    described = compiled.describe()
+    assert set(described["thread_trial_ms"]) == {"16", "8", "1"} and described["threads"] in (16, 8, 1)
+    trials = {int(k): v for k, v in described["thread_trial_ms"].items()}
+    kept = described["threads"]  # never slower than the count asked for; fewer only where clearly faster
+    assert kept == 16 or trials[kept] < plugin.THREAD_GAIN * trials[16]
+    assert all(v >= plugin.THREAD_GAIN * trials[kept] for k, v in trials.items() if k < kept)
+    x = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run({graph.inputs[0].index: x})[graph.outputs[0].index],
+                                  litert_run(data, [x])[0])
+    monkeypatch.setattr(plugin, "SMALL_PARTITION_MS", 0.0)  # every partition is large: the count as asked
+    described = run().describe()
+    assert described["threads"] == 16 and "thread_trial_ms" not in described
 
 
 def test_graph_changed_since_it_was_read_is_written():
