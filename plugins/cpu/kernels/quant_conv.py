@@ -408,11 +408,20 @@ def batch_matmul(op: Op):
     output = Requantize.of(real, zero_point(out), qrange(out), rounding)
     offsets = (zero_point(lhs), zero_point(rhs))
 
+    rows = out.shape[-2]
+    # output rows a product at a time: the int64 sums and the rescale's temporaries of a whole attention
+    # map (2 x 197 x 197 in a ViT block) set the peak memory of a small model
+    step = max(1, BATCH_MATMUL_ITEMS // max(1, int(np.prod(out.shape)) // max(rows, 1)))
+
     def run(ins, outs):
         a, b = (v.astype(np.float64) - zp for v, zp in zip(ins, offsets))
         if adj_x:
             a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
         if adj_y:
             b = np.ascontiguousarray(np.swapaxes(b, -1, -2))
-        output(np.matmul(a, b).astype(np.int64), outs[0])
+        for first in range(0, rows, step):
+            output(np.matmul(a[..., first:first + step, :], b).astype(np.int64), outs[0][..., first:first + step, :])
     return run
+
+
+BATCH_MATMUL_ITEMS = 1 << 15

@@ -433,22 +433,37 @@ def _newton_reciprocal16(a):
     return x
 
 
+def int16_table(values) -> np.ndarray:
+    """``values(a)`` over every int16 a, as an int16 table indexed by a + 32768, computed a block at a time
+    (the int64 temporaries of all 65536 at once, a dozen of them, set the peak memory of small models)."""
+    table = np.empty(1 << 16, np.int16)
+    for start in range(0, 1 << 16, TABLE_BLOCK):
+        a = np.arange(start - (1 << 15), start + TABLE_BLOCK - (1 << 15), dtype=np.int64)
+        table[start:start + TABLE_BLOCK] = values(a)
+    return table
+
+
+TABLE_BLOCK = 4096
+
+
 @lru_cache(maxsize=None)
 def gemmlowp_logistic16(bits: int) -> np.ndarray:
     """logistic over every int16 input in Q<bits>, as int16 Q0.15 indexed by value + 32768."""
-    a = np.arange(-(1 << 15), 1 << 15, dtype=np.int64)
-    positive = a > 0
-    magnitude = np.where(positive, a, wrap16(-a))
-    if_positive = _saturating_shift_left16(_newton_reciprocal16(_exp_negative16(wrap16(-magnitude), bits)), 1)
-    result = np.where(positive, if_positive, wrap16(INT16_ONE - if_positive))
-    return np.where(a == 0, 1 << 14, result).astype(np.int16)
+    def values(a):
+        positive = a > 0
+        magnitude = np.where(positive, a, wrap16(-a))
+        if_positive = _saturating_shift_left16(_newton_reciprocal16(_exp_negative16(wrap16(-magnitude), bits)), 1)
+        result = np.where(positive, if_positive, wrap16(INT16_ONE - if_positive))
+        return np.where(a == 0, 1 << 14, result)
+    return int16_table(values)
 
 
 @lru_cache(maxsize=None)
 def gemmlowp_tanh16(bits: int) -> np.ndarray:
     """tanh over every int16 input in Q<bits>, as int16 Q0.15 indexed by value + 32768."""
-    a = np.arange(-(1 << 15), 1 << 15, dtype=np.int64)
-    negative = a < 0
-    n = np.where(negative, a, wrap16(-a))
-    t = _saturating_shift_left16(wrap16(_newton_reciprocal16(_exp_negative16(n, bits + 1)) - (1 << 13)), 2)
-    return np.where(a == 0, 0, np.where(negative, wrap16(-t), t)).astype(np.int16)
+    def values(a):
+        negative = a < 0
+        n = np.where(negative, a, wrap16(-a))
+        t = _saturating_shift_left16(wrap16(_newton_reciprocal16(_exp_negative16(n, bits + 1)) - (1 << 13)), 2)
+        return np.where(a == 0, 0, np.where(negative, wrap16(-t), t))
+    return int16_table(values)

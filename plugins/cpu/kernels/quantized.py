@@ -148,12 +148,14 @@ def _pair_lookup(op: Op, formulation, classes: np.ndarray | None = None):
     if any(t.dtype.numpy not in (np.int8, np.uint8) for t in (a, b, out)):
         return None
     bits = np.arange(256, dtype=np.uint8)  # every operand value, indexed by its bit pattern
-    pairs = [np.broadcast_to(bits.view(a.dtype.numpy)[:, None], (256, 256)),
-             np.broadcast_to(bits.view(b.dtype.numpy)[None, :], (256, 256))]
     codes = [None] if classes is None else sorted(int(c) for c in np.unique(classes))
     table = np.empty((len(codes), 256, 256), out.dtype.numpy)
-    for slot, code in enumerate(codes):
-        formulation(pairs, table[slot], None if code is None else np.full((256, 256), code))
+    rows = 32  # values of a at a time: the formulation's int64 temporaries of all 65536 pairs set the peak memory
+    for first in range(0, 256, rows):
+        pairs = [np.broadcast_to(bits[first:first + rows].view(a.dtype.numpy)[:, None], (rows, 256)),
+                 np.broadcast_to(bits.view(b.dtype.numpy)[None, :], (rows, 256))]
+        for slot, code in enumerate(codes):
+            formulation(pairs, table[slot, first:first + rows], None if code is None else np.full((rows, 256), code))
     flat = table.reshape(-1)
     # each item's place in the table: its class's block, then the operands' bit patterns
     base = None if classes is None else np.searchsorted(codes, classes).astype(np.int32) << 16
