@@ -113,14 +113,16 @@ class Trial:
 
 
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
-            budget_s: float) -> Candidate:
+            budget_s: float, started: float | None = None) -> Candidate:
     """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
 
     The single backends alone come first (what the plan must never be slower than), then the others in
     order of their estimate, while the first half of the budget lasts (compiling a large model cold takes
     seconds; the rest is for the timed rounds); one that fails to compile or run is left out with the
-    reason in its ``status``."""
-    start = time.perf_counter()
+    reason in its ``status``.  ``started``: when the search began (perf_counter), if before this call: the
+    budget is the caller's whole wait, its backends' set-up included (on the H200, tune took 10.9 s of a
+    10 s budget counted from here)."""
+    start = time.perf_counter() if started is None else started
     deadline = start + budget_s
     trials: list[Trial] = []
     with progress(f"timing {len(candidates)} candidate plans (each compiled first)", len(candidates)) as advance:

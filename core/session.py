@@ -206,7 +206,7 @@ class Session:
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self._host_rules())
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
-        self.plan, compiled = self._choose_plan(remeasure)
+        self.plan, compiled = self._choose_plan(remeasure, started)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
@@ -234,9 +234,10 @@ class Session:
         return replace(placement, pins=resolved(placement.pins), denies=resolved(placement.denies))
 
     # -- choosing the plan ------------------------------------------------
-    def _choose_plan(self, remeasure: bool) -> tuple[Plan, list[CompiledPartition] | None]:
+    def _choose_plan(self, remeasure: bool, started: float) -> tuple[Plan, list[CompiledPartition] | None]:
         """The plan with the lowest estimate, a stored measured decision, or the fastest candidate measured
-        now (see plan_search); with the compiled partitions when measuring left them ready."""
+        now (see plan_search, its budget counted from ``started``, when the session began); with the
+        compiled partitions when measuring left them ready."""
         from . import plan_search
 
         plan = self.planner.plan(self.graph)
@@ -266,7 +267,7 @@ class Session:
             inputs = self._random_inputs()
             return lambda: executor.run(inputs)
 
-        winner = plan_search.measure(plan.candidates, build, placement.budget_s)
+        winner = plan_search.measure(plan.candidates, build, placement.budget_s, started)
         plan_search.save_decision(key, winner, plan.candidates)
         chosen_plan = self._plan_of(winner, plan, "fastest measured now")
         # measuring ran the winner on a scratch model state; its variable tensors start afresh for the user

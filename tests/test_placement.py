@@ -560,6 +560,13 @@ def test_measured_search_compiles_only_in_the_first_half_of_its_budget():
     skipped = [c for c in candidates if c.name not in built]
     assert skipped and all(c.status == "not measured: the budget ran out" for c in skipped)
     assert winner.name in built and winner.measured_ms is not None
+    # the budget counts from when the caller's search began (its backends' set-up included): begun 0.6 s
+    # before, past half of 1 s, only the single backends are still compiled
+    built.clear()
+    for c in candidates:
+        c.status, c.measured_ms = "", None
+    plan_search.measure(candidates, build, budget_s=1.0, started=clock.perf_counter() - 0.6)
+    assert sorted(built) == ["cpu", "greedy:gpu"]
 
 
 def test_refit_of_partitions_timed_whole_fits_each_op_class():
