@@ -76,7 +76,7 @@ def _finish(acc: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, act, ou
 def fully_connected(op: Op):
     """Per row of the depth: quantized as the op's ``asymmetric_quantize_inputs`` says, scale
     row scale x weight scale (per unit where the weights are per channel)."""
-    x, w = op.inputs[0], op.inputs[1]
+    w = op.inputs[1]
     units, depth = w.shape
     weights = np.asarray(w.data, np.float64)
     scales = _weight_scales(w, units)

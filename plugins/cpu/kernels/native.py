@@ -1173,13 +1173,15 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
         return kept
 
     def run(ins, outs):
-        kept = place(ins)  # noqa: F841 (held until the call returns)
+        kept = place(ins)
         _done(run_prepared(kernels, references, len(calls)), "run_prepared")
+        del kept  # the contiguous copies lived until the call returned
 
     def timed(ins, outs) -> list[tuple]:
         """run(), returning (op, seconds) of each op as the native loop measured it."""
-        kept = place(ins)  # noqa: F841
+        kept = place(ins)
         _done(run_prepared_timed(kernels, references, len(calls), seconds.ctypes.data), "run_prepared_timed")
+        del kept
         return list(zip(run.ops, seconds.tolist()))
     run.kept = (calls, kernels, references, seconds)
     run.ops, run.timed = [step[0] for step, _, _ in stretch], timed
