@@ -186,7 +186,8 @@ def lstm(op: Op):
     tanh_cell = gemmlowp_tanh16(cell_bits) if 0 <= cell_bits <= 6 else None
     state_zp = zero_point(state)
     loops = kernel_loops()
-    if loops is not None and 0 <= 30 + cell_exponent <= 62:
+    static = all(d > 0 for t in (op.inputs[0], op.outputs[0], state, op.inputs[CELL_STATE]) for d in t.shape)
+    if loops is not None and static and 0 <= 30 + cell_exponent <= 62:  # else numpy's, on run-time shapes
         tables = {"input": sigmoid, "forget": sigmoid, "cell": tanh_gate, "output": sigmoid}
         x_shape = op.inputs[0].shape if sequence else (1, *op.inputs[0].shape)
         steps, batch = (x_shape[0], x_shape[1]) if time_major else (x_shape[1], x_shape[0])
