@@ -208,10 +208,11 @@ class LitertCompiled(CompiledPartition):
     when it is the whole model as read, the model's own bytes (no second copy of its weights, and
     none of the writer's transient ones: MobileNetV2 peaked at 130 MB instead of LiteRT's 79)."""
 
-    def __init__(self, partition: Partition, num_threads: int):
+    def __init__(self, partition: Partition, num_threads: int, try_threads: bool = False):
         from delegate.plugin_api import partition_model, write_model
 
         self.partition = partition
+        self.try_threads = try_threads  # sustained_speed: time fewer threads for a small partition (see _load)
         original = _as_read(partition)
         self.model = "as read"
         if original is None or not self._load(original, num_threads):
@@ -222,7 +223,7 @@ class LitertCompiled(CompiledPartition):
         """Build the interpreter on ``content``; whether its inputs and outputs are the partition's."""
         self.interpreter = self._interpreter(content, num_threads)
         self.threads, self.thread_ms = max(num_threads, 1), {}
-        if num_threads > 1 and _may_warm_up(self.partition):
+        if self.try_threads and num_threads > 1 and _may_warm_up(self.partition):
             self._choose_threads(content, num_threads)
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         self.input_slots = [d["index"] for d in inputs]
@@ -261,7 +262,9 @@ class LitertCompiled(CompiledPartition):
         """Keep the fastest of a few thread counts, timed on zeros, for a partition that runs in under
         SMALL_PARTITION_MS at ``num_threads``: LiteRT's thread pool costs more than small ops gain from it
         (H200, 16 threads against 1: a transformer block 0.098 against 0.011 ms, a ViT block 0.36 against
-        0.18; MobileNetV2 at 224, 1.25 against 5.6, is left alone).  The counts tried: ``num_threads``, half
+        0.18; MobileNetV2 at 224, 1.25 against 5.6, is left alone).  Under sustained_speed only: the trial
+        interpreters cost ~30 ms of initialisation here (a transformer block's 10 ms init became 40), more
+        than one answer gains.  The counts tried: ``num_threads``, half
         of it from 8 up, and 1, in turns (after THREAD_TRIAL_WARMUP runs each) so that the machine's
         drift is shared; the others' interpreters are dropped."""
         def once(interpreter) -> float | None:
@@ -528,7 +531,8 @@ class CpuBackend(Backend):
             log.info("cpu: %s", refused)
         elif engine in ("litert", "auto") and litert_installed():
             try:
-                return LitertCompiled(partition, options.num_threads)
+                return LitertCompiled(partition, options.num_threads,
+                                      try_threads=options.inference_preference == "sustained_speed")
             except (RuntimeError, ValueError) as exc:
                 refused = f"LiteRT could not take partition {partition.index}: {str(exc).splitlines()[0]}"
                 if engine == "litert":
