@@ -2240,7 +2240,10 @@ static inline int64_t by_multiplier(int64_t x, int64_t m, int64_t s)
 
 static inline int64_t c_div(int64_t a, int64_t b) { return a / b; }  /* C's division: toward zero */
 
-static inline int64_t times_pot_clamped(int64_t a, int64_t e) { return clamp64(wrapped_shl(a, e), INT32_MIN, INT32_MAX); }
+static inline int64_t times_pot_clamped(int64_t a, int64_t e)
+{
+    return clamp64(wrapped_shl(a, e), INT32_MIN, INT32_MAX);
+}
 
 /* LiteRT's fixed-point 1/sqrt(v) as (Q31 significand, exponent): quantized.py's inverse_sqrt. */
 static void inverse_sqrt1(int64_t value, int64_t *significand, int64_t *exponent)
@@ -2360,7 +2363,8 @@ int qlstm(const qlstm_call *p)
         for (int64_t i = 0; i < cells; i++) {
             int64_t product = output[i] * (p->tanh_cell ? p->tanh_cell[c[i] + 32768] : input[i]);
             int64_t scaled = by_multiplier(product, p->m_hidden, p->s_hidden);
-            hidden[i] = p->projection ? clamp64(scaled - p->hidden_zp, -128, 127) : clamp64(scaled + p->hidden_zp, -128, 127);
+            int64_t centred = p->projection ? scaled - p->hidden_zp : scaled + p->hidden_zp;
+            hidden[i] = clamp64(centred, -128, 127);
         }
         for (int64_t r = 0; r < p->batch; r++) {
             int8_t *y = p->y + t * p->y_step + r * p->y_row;

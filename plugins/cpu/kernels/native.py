@@ -1048,6 +1048,12 @@ class QLstmCall(ctypes.Structure):
                     setattr(target, name, int(value))
         for name, value in cell.items():
             setattr(self, name, pointer(name, value) if name in self.ARRAYS else int(value))
+        for slot, gate in enumerate(self.gates):  # what qlstm reads of every gate it runs, and of the pairs
+            if slot == 0 and not gate.w_in:
+                continue  # CIFG: no input gate
+            fits(all(getattr(gate, f) for f in ("w_in", "w_rec", "bias_in", "bias_rec", "table"))
+                 and bool(gate.norm) == bool(gate.norm_bias), f"lstm gate {slot}'s arrays")
+        fits(bool(self.projection) == bool(self.projection_bias), "lstm projection and its bias")
         fits(0 <= self.cell_shift <= 62 and min(self.x_step, self.x_row, self.y_step, self.y_row) >= 0,
              f"cell shift {self.cell_shift}, strides {sizes}")
         scratch = np.zeros(6 * sizes["batch"] * n_cell, np.int64)

@@ -140,9 +140,9 @@ def _power_of_two_add_sub(op: Op, exponents: list[int]):
 def _pair_lookup(op: Op, formulation, classes: np.ndarray | None = None):
     """At compile time: the run() of an elementwise op of two 8-bit operands as one lookup per item, in a
     table of its results for every pair of operand values, or None where an operand or the output is not
-    8-bit or of a static shape.  ``formulation(values, out, kind)`` computes the op itself on any arrays (``kind``: an array
-    of ``classes``' codes, the loop LiteRT runs at each position where its loops round differently); it
-    fills the table, so the lookup gives its results exactly.  Broadcast int8 arithmetic in numpy took
+    8-bit or of a static shape.  ``formulation(values, out, kind)`` computes the op itself on any arrays
+    (``kind``: an array of ``classes``' codes, the loop LiteRT runs at each position where its loops round
+    differently); it fills the table, so the lookup gives its results exactly.  Broadcast int8 arithmetic in numpy took
     ~100 us for 197 items (layer norms of a ViT) and ~60 ns an item beyond; the lookup ~5 ns."""
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
     if any(t.dtype.numpy not in (np.int8, np.uint8) for t in (a, b, out)) or \
