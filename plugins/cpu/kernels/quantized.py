@@ -141,9 +141,9 @@ def _pair_lookup(op: Op, formulation, classes: np.ndarray | None = None):
     """At compile time: the run() of an elementwise op of two 8-bit operands as one lookup per item, in a
     table of its results for every pair of operand values, or None where an operand or the output is not
     8-bit or of a static shape.  ``formulation(values, out, kind)`` computes the op itself on any arrays
-    (``kind``: an array of ``classes``' codes, the loop LiteRT runs at each position where its loops round
-    differently); it fills the table, so the lookup gives its results exactly.  Broadcast int8 arithmetic in numpy took
-    ~100 us for 197 items (layer norms of a ViT) and ~60 ns an item beyond; the lookup ~5 ns."""
+    (``kind``: the code among ``classes`` of the loop LiteRT runs there, where its loops round
+    differently); it fills the table, so the lookup gives its results exactly.  Broadcast int8 arithmetic
+    in numpy took ~100 us for 197 items (layer norms of a ViT) and ~60 ns an item beyond; the lookup ~5 ns."""
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
     if any(t.dtype.numpy not in (np.int8, np.uint8) for t in (a, b, out)) or \
             min((d for t in (a, b, out) for d in t.shape), default=0) < 0:  # a shape known only when run
@@ -156,7 +156,7 @@ def _pair_lookup(op: Op, formulation, classes: np.ndarray | None = None):
         pairs = [np.broadcast_to(bits[first:first + rows].view(a.dtype.numpy)[:, None], (rows, 256)),
                  np.broadcast_to(bits.view(b.dtype.numpy)[None, :], (rows, 256))]
         for slot, code in enumerate(codes):
-            formulation(pairs, table[slot, first:first + rows], None if code is None else np.full((rows, 256), code))
+            formulation(pairs, table[slot, first:first + rows], code)
     flat = table.reshape(-1)
     # each item's place in the table: its class's block, then the operands' bit patterns
     base = None if classes is None else np.searchsorted(codes, classes).astype(np.int32) << 16
@@ -191,16 +191,25 @@ def add_sub(op: Op):
     loops = _int8_add_loops(a.shape, b.shape, out.shape) if vectorised else None
 
     def to_common_scale(v, multiplier, shift, loops):
-        scalar = multiply_by_quantized_multiplier(v << left_shift, multiplier, shift)
-        if loops is None:
-            return scalar
+        """``loops``: None (the scalar loop), one loop's code, or each position's."""
+        def scalar():
+            return multiply_by_quantized_multiplier(v << left_shift, multiplier, shift)
+
         # The 16-wide loop folds the right shift into the left shift before the high multiply;
         # the 8-wide loop shifts right afterwards, truncating.
-        combined = left_shift + int(shift)
-        folded = v << combined if combined >= 0 else v >> -combined
-        vector = saturating_rounding_doubling_high_mul(folded, multiplier)
-        truncated = saturating_rounding_doubling_high_mul(v << left_shift, multiplier) >> -int(shift)
-        return np.choose(loops, (scalar, vector, truncated))
+        def vector():
+            combined = left_shift + int(shift)
+            return saturating_rounding_doubling_high_mul(v << combined if combined >= 0 else v >> -combined,
+                                                         multiplier)
+
+        def truncated():
+            return saturating_rounding_doubling_high_mul(v << left_shift, multiplier) >> -int(shift)
+        if loops is None:
+            return scalar()
+        formulas = (scalar, vector, truncated)
+        if np.ndim(loops) == 0:
+            return formulas[int(loops)]()
+        return np.choose(loops, [f() for f in formulas])
 
     def combine(values, out, loops):
         x, y = (to_common_scale(v.astype(np.int64) - zp, *params, loops)
@@ -222,6 +231,8 @@ def add_sub(op: Op):
     def formulation(values, out, kind):
         if not same:
             return combine(values, out, kind)
+        if np.ndim(kind) == 0:  # one loop's code for every position
+            return vector_blocks(values, out) if kind == _VECTOR else combine(values, out, None)
         blocks, rest = np.empty(out.shape, out.dtype), np.empty(out.shape, out.dtype)
         vector_blocks(values, blocks)
         combine(values, rest, None)
