@@ -13,13 +13,14 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from .cost import ACCELERATOR_DEFAULT, DeviceProfile
 from .errors import PluginError
 from .ir import Op, Subgraph, Tensor
+from .passes import Group, find_groups
 
 API_VERSION = 1
 
@@ -169,6 +170,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """Build a partition; raise CompileError with the build log on failure."""
+
+    def placement_groups(self, ops: Sequence[Op], keep: Collection[int], options: CompileOptions) -> list[Group]:
+        """The groups of ``ops`` (topologically ordered) its kernels run as one: what placement keeps whole and
+        costs as one kernel (``keep``: tensors that must stay visible).  By default the shared passes' groups
+        for the fusions it declares; a backend whose lowering plans its own kernels returns those."""
+        return find_groups(ops, self.fusions, keep)
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Estimated time of ``op`` here, or None to let the cost model use its roofline."""

@@ -11,8 +11,8 @@ storing, and the residual ADD a convolution applies to what it stores.  Each bac
 as one kernel: its folded ops cost nothing.
 
 The passes do not rewrite the graph: the backend that runs a group does the fusion (the CPU numpy engine
-from these groups, the GPU lowerings with their own epilogue planning, which fuses at least these;
-LiteRT folds constants itself).
+from these groups; LiteRT folds constants itself).  A backend whose lowering plans its own kernels gives
+the planner those instead (``Backend.placement_groups``: the GPU kit's epilogues fuse more than these).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
         if id(anchor) in owner:
             continue
         if "constant" in fusions and not folds_constant(anchor):
-            for op in _constant_chains(anchor, keep):
+            for op in constant_chains(anchor, keep):
                 if id(op) in members and id(op) not in owner:
                     take(anchor, op, "constant")
         if "reshape" in fusions:
@@ -199,7 +199,7 @@ def _sole_use(t: Tensor, keep: Collection[int]) -> Op | None:
     return t.uses[0] if len(t.uses) == 1 and t.index not in keep and not t.uses[0].custom else None
 
 
-def _constant_chains(op: Op, keep: Collection[int]) -> list[Op]:
+def constant_chains(op: Op, keep: Collection[int]) -> list[Op]:
     """The DEQUANTIZE/DENSIFY ops making ``op``'s compile-time operands that only ``op`` reads, first first."""
     chain: list[Op] = []
     for t in op.inputs:

@@ -25,7 +25,7 @@ from .cost import DeviceProfile, cost_class, fold_group_costs, op_bytes, op_flop
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
-from .passes import Group, find_groups, folded_into, folds_constant
+from .passes import Group, folded_into, folds_constant
 
 INF = math.inf
 _BIG = 1e12  # finite stand-in for "impossible" inside the max-flow graph
@@ -283,8 +283,8 @@ class Planner:
         if costs is not None or self._groups.get(key, (None,))[0] is not graph:
             order = graph.topological_order()
             keep = {t.index for t in graph.outputs}
-            groups = {name: find_groups([op for op in order if costs is None or name in costs[op.index]],
-                                        be.fusions, keep) for name, be in self.backends.items()}
+            groups = {name: be.placement_groups([op for op in order if costs is None or name in costs[op.index]],
+                                                keep, self.options) for name, be in self.backends.items()}
             parent = {op.index: op.index for op in order}
 
             def root(i: int) -> int:

@@ -166,3 +166,39 @@ def test_every_wgsl_template_storing_in_host_order_stores_through_emit():
     assert [(b.name, b.element) for b in k.bindings if b.writable] == [("dst", "f32")]
     rendered = k.source("f16", 64)
     assert "dst[first + lane] = v[lane];" in rendered and "dst_store(" not in rendered
+
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "converter"
+KERNEL_MODELS = {"mobilenet_v1": lambda: zoo.build("mobilenet_v1", alpha=0.25, size=64),
+                 "mobilenet_ssd": lambda: zoo.build("mobilenet_ssd"),
+                 "yolo_tiny": lambda: zoo.build("yolo_tiny", size=96, classes=4),
+                 "transformer_block": lambda: zoo.build("transformer_block"),
+                 "efficientnet_int8": lambda: (FIXTURES / "efficientnet_lite_blocks_int8.tflite").read_bytes(),
+                 "efficientnet_int16x8": lambda: (FIXTURES / "efficientnet_lite_blocks_int16x8.tflite").read_bytes()}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("model", sorted(KERNEL_MODELS))
+def test_the_planner_costs_the_kernels_the_lowering_launches(name, model):
+    """Placement groups and costs what a GPU lowering runs as one kernel (``placement_groups``): per
+    partition, the ops the cost model charges are as many as the kernels compiled (a swish's MUL applied
+    in its LOGISTIC's kernel was charged as a kernel of its own, doubling the estimate of every such pair)."""
+    import delegate
+
+    require_backend(name)
+    session = delegate.load(read_model(KERNEL_MODELS[model]()), backends=f"[{name},cpu]", partitioner="greedy",
+                            **{"placement.search": "estimate"})
+    try:
+        folded = session.planner.folded(session.graph, name)
+        backend = session.backends[name]
+        checked = 0
+        for part, compiled in zip(session.plan.partitions, session.executor.compiled):
+            if part.backend != name:
+                continue
+            charged = [op for op in part.ops if op.index not in folded
+                       and backend.estimate_ms(op, session.settings.compile) != 0.0]
+            assert len(charged) == len(compiled.describe()["launches"]), (part.index, compiled.describe()["launches"])
+            checked += 1
+        assert checked
+    finally:
+        session.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..ir import DType, Op, Tensor
+from ..passes import Group as PassGroup, constant_chains
 from ..passes import chain_link, depthwise_fold_fits, gate_operands  # noqa: F401  (the shared pass's tests)
 from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
 from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
@@ -172,7 +173,7 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
 # -- groups done by the kernel reading their result ---------------------------------------------
 # The decisions are the kit's; which folds a dialect's kernels implement, and for which readers,
 # is declared by the dialect as a ReaderFolds.  Entry points: reader_folds (a partition's groups)
-# and runs_no_kernel (one op, for the cost estimate).
+# and placement_groups (the kernels of a graph, for placement and the cost estimate).
 
 @dataclass(frozen=True)
 class ReaderFolds:
@@ -301,14 +302,39 @@ def reader_folds(groups: Sequence[Group], keep: Collection[int], folds: ReaderFo
     return found
 
 
-def runs_no_kernel(op: Op, folds: ReaderFolds) -> bool:
-    """Whether ``op`` costs no kernel of its own: a folded DEQUANTIZE, a reshape keeping the PHWC4
-    bytes or read by a concatenation that reads through it, or a PAD or gate product its reader's
-    kernel does (as its own group)."""
+def runs_no_kernel(op: Op, float_view: bool) -> bool:
+    """Whether ``op`` costs no kernel wherever it is: a folded DEQUANTIZE, or a reshape keeping the PHWC4
+    bytes that rounds nothing (in the float view a quantized one rounds onto its grid, in a kernel).  What
+    a reader's kernel does for its source depends on the partition: ``placement_groups``."""
     if is_folded_dequantize(op):
         return True
-    if op.opcode in RESHAPES and not op.custom:
-        return not moves_elements(op) or fold_kind(plan_groups([op], set())[0], folds) == "reshape"
-    if op.opcode not in ("PAD", "MUL") or len(op.outputs) != 1:
-        return False
-    return fold_kind(plan_groups([op], set())[0], folds) in ("pad", "gate")
+    return (op.opcode in RESHAPES and not op.custom and not moves_elements(op)
+            and not activation_steps(op, float_view))
+
+
+def placement_groups(ops: Sequence[Op], keep: Collection[int], folds: ReaderFolds, *, float_view: bool,
+                     can_host: Callable[[Op], bool] = hosts_epilogue) -> list[PassGroup]:
+    """The kernels a GPU lowering makes of ``ops``, as the planner's groups (``Backend.placement_groups``):
+    each kernel's root with its epilogue, the groups its kernel does while reading them (``reader_folds``),
+    and the constant DEQUANTIZEs they read.  Placement then keeps a kernel whole, and its cost counts
+    the kernels the lowering runs, not one per op."""
+    groups = plan_groups(ops, keep, float_view=float_view, can_host=can_host)
+    folded = reader_folds(groups, keep, folds)
+    owner = {id(op): g for g in groups for op in g.ops}
+
+    def kernel_of(g: Group) -> Group:
+        while g.output.index in folded:
+            g = owner[id(g.output.uses[0])]
+        return g
+    members: dict[int, list[tuple[Op, str]]] = {id(g.root): [] for g in groups if g.output.index not in folded}
+    for g in groups:
+        host = kernel_of(g)
+        kind = "epilogue" if host is g else PASS_KINDS[folded[g.output.index][0]]
+        entries = members[id(host.root)]
+        entries += [(op, kind) for op in (g.fused if host is g else g.ops)]
+        for op in g.ops:
+            entries += [(c, "constant") for c in constant_chains(op, keep)]
+    roots = {id(g.root): g.root for g in groups}
+    found = [PassGroup(roots[key], tuple(op for op, _ in entries), tuple(kind for _, kind in entries))
+             for key, entries in members.items() if entries]
+    return found

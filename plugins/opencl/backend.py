@@ -9,7 +9,7 @@ import numpy as np
 
 from delegate.gpu.profile import default_profile
 from delegate.gpu.dialect import OPENCL
-from delegate.gpu.fusion import fusions_of, runs_no_kernel
+from delegate.gpu.fusion import fusions_of, placement_groups, runs_no_kernel
 from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
@@ -90,10 +90,13 @@ class OpenCLBackend(Backend):
     def default_profile(self) -> DeviceProfile:
         return default_profile(self.device_info())
 
+    def placement_groups(self, ops, keep, options: CompileOptions) -> list:
+        return placement_groups(ops, keep, FOLDS, float_view=options.allow_quantized)
+
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating
-        MUL done by the convolution reading it); else the roofline."""
-        return 0.0 if runs_no_kernel(op, FOLDS) else None
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes); else the roofline
+        (what a kernel folds is in ``placement_groups``)."""
+        return 0.0 if runs_no_kernel(op, options.allow_quantized) else None
 
     def half_precision(self) -> tuple[bool, str]:
         if self.state.facts["fp16"]:

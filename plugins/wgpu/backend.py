@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from delegate.gpu.dialect import WGSL
-from delegate.gpu.fusion import fusions_of, runs_no_kernel
+from delegate.gpu.fusion import ReaderFolds, fusions_of, placement_groups, runs_no_kernel
 from delegate.gpu.layout import phwc4_vectors, slices
 from delegate.gpu.profile import default_profile
 from delegate.gpu.plan import PlanCache, code_digest
@@ -91,10 +91,15 @@ class WgpuBackend(Backend):
             return Support.no(f"{what} needs a {nbytes}-byte buffer; the adapter binds at most {limit} bytes")
         return Support.yes()
 
+    def placement_groups(self, ops, keep, options: CompileOptions) -> list:
+        fuse = self.request.fuse
+        return placement_groups(ops, keep, FOLDS if fuse else ReaderFolds(), float_view=options.allow_quantized,
+                                can_host=lambda op: fuse)
+
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
-        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes, a PAD or a gating MUL
-        done by the convolution reading it); else the roofline."""
-        return 0.0 if runs_no_kernel(op, FOLDS) else None
+        """Nothing for ops that never run (folded DEQUANTIZE, a reshape keeping the bytes); else the roofline
+        (what a kernel folds is in ``placement_groups``)."""
+        return 0.0 if runs_no_kernel(op, options.allow_quantized) else None
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """The partition's program (from the plan cache when one is configured and holds it), made real.
