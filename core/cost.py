@@ -93,6 +93,7 @@ class DeviceProfile:
     fitted_at: str = ""  # when measurements last refitted ``class_scale``/``partition_us``
     fit_samples: int = 0  # measurements behind the fit
     source: str = "default"  # "default (WHAT)" or the file it was read from
+    borrowed_from: str = ""  # never measured: the figures are this other backend's (``borrowed``) until a fit
 
     def compute_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
         work = self.floor_ms(klass) + self.roofline_ms(flops, nbytes) * self.scale(klass)
@@ -124,6 +125,8 @@ class DeviceProfile:
 
     def describe(self) -> str:
         """Which figures the planner used: defaults, or a calibrated/fitted file and its dates."""
+        if self.borrowed_from:
+            return f"not measured; {self.borrowed_from}'s figures ({self.source})"
         if not self.calibrated_at and not self.fitted_at:
             return self.source
         parts = [f"calibrated {self.calibrated_at}" if self.calibrated_at else "default figures"]
@@ -321,6 +324,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
 
 
 def _fitted_now(profile: DeviceProfile, added: int) -> None:
+    profile.borrowed_from = ""  # its own now
     profile.fit_samples += added
     profile.fitted_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
 
@@ -391,8 +395,10 @@ def _whole_fit(rows: np.ndarray, profile: DeviceProfile) -> tuple[float, float, 
     if len(times) < 4:
         if not telling.any():
             return fixed, floor, scale
+        # the ratio of the sums: the scale that explains the most time (a partition of a few microseconds,
+        # mostly fixed costs, must not weigh as much as one of milliseconds)
         rest = np.maximum(times - fixed - counts * floor, 0.0)[telling]
-        return fixed, floor, float(np.clip(np.median(rest / roofs[telling]), *SCALE_RANGE))
+        return fixed, floor, float(np.clip(rest.sum() / roofs[telling].sum(), *SCALE_RANGE))
     columns = np.stack([np.ones_like(counts), counts, roofs], 1)
     weight = 1.0 / np.maximum(times, 0.05)  # relative errors: a plan's estimate is judged against its own time
 
@@ -510,6 +516,22 @@ def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceP
         return profile
     except (OSError, ValueError, TypeError):
         return DeviceProfile(**asdict(default))  # asdict copies: refits never touch the default
+
+
+def measured(profile: DeviceProfile) -> bool:
+    return bool(profile.calibrated_at or profile.fitted_at) and not profile.borrowed_from
+
+
+def borrowed(profile: DeviceProfile, lender: DeviceProfile, lender_name: str) -> DeviceProfile:
+    """The figures of ``lender``, a measured device of the same kind whose backend starts from the same
+    defaults, for ``profile``, never measured: the defaults proved off by some factor on that device, and
+    would be off by much the same here (the software devices behind OpenCL and WebGPU run on the same
+    cores).  Without it an unmeasured device looks cheaper than every measured one.  Its own
+    measurements are not borrowed: the first fit here starts from these figures, on its own points."""
+    figures = asdict(lender)
+    figures.update(fit_points={}, measured_op_ms={}, fit_samples=0, kind_scale=dict(profile.kind_scale),
+                   serial_kinds=tuple(profile.serial_kinds), borrowed_from=lender_name, source=lender.describe())
+    return DeviceProfile(**figures)
 
 
 def _check_figures(profile: DeviceProfile) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .config import Limits
-from .cost import DeviceProfile, load_profile, profile_info
+from .cost import DeviceProfile, borrowed, load_profile, measured, profile_info
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .memory import keep_freed_host_memory, peak_bytes
@@ -160,7 +160,8 @@ def _probe(info) -> tuple[bool, str]:
 def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
     """Each backend's stored profile for this thread count, or its own default; the host's default
     throughput is per thread (a stored host profile was measured at ``threads`` and is used as it is); the
-    host's serial kinds are ``threads`` times further from either."""
+    host's serial kinds are ``threads`` times further from either; an accelerator never measured borrows the
+    figures of a measured one of its kind of device and defaults (``cost.borrowed``)."""
     profiles = {}
     for name, be in backends.items():
         default = be.default_profile()
@@ -174,6 +175,15 @@ def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[
             elif threads > 1:
                 profiles[name].gflops *= threads
                 profiles[name].source += f" x {threads} threads"
+    for name, be in backends.items():
+        kind = be.device_info().get("device_type")
+        if be.role == HOST or measured(profiles[name]) or kind is None:
+            continue
+        lender = next((other for other, ob in backends.items() if other != name and ob.role != HOST
+                       and measured(profiles[other]) and ob.device_info().get("device_type") == kind
+                       and ob.default_profile().source == be.default_profile().source), None)
+        if lender is not None:
+            profiles[name] = borrowed(profiles[name], profiles[lender], lender)
     return profiles
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from delegate import CompileOptions, read_model, zoo
 from delegate import plan_search
-from delegate.backend import HOST
+from delegate.backend import HOST, Backend, Support
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, cost_class, fingerprint, load_profile, \
     op_bytes, op_flops, profile_info, refit, refit_plan, save_profile
 from delegate.errors import MeasurementError
@@ -706,3 +706,61 @@ def test_calibration_keeps_default_transfers_it_cannot_measure(monkeypatch):
     assert (profile.transfer_latency_us, profile.transfer_gbytes_per_s) == (30.0, 12.0)
     assert "stable" in profile.defaults_kept["transfers"] and profile.gbytes_per_s > 0 and profile.calibrated_at
     assert "defaults kept for transfers" in profile.describe()
+
+
+class SoftwareDevice(Backend):
+    """An accelerator on the host's cores (PoCL, lavapipe): planning only."""
+
+    def __init__(self, name, device):
+        self.name, self.device, self.role = name, device, "accelerator"
+
+    def supports(self, op, options):
+        return Support.yes()
+
+    def compile(self, partition, options):
+        raise NotImplementedError("planning-only backend")
+
+    def default_profile(self):
+        from delegate.gpu.profile import HOST_CORES
+        return HOST_CORES
+
+    def device_info(self):
+        return {"backend": self.name, "device": self.device, "device_type": "cpu"}
+
+
+def test_a_device_never_measured_borrows_a_measured_ones_figures(profile_dir):
+    """After a bench had fitted PoCL's profile (the defaults proved 2x optimistic) and left lavapipe's at
+    the same defaults, the never-measured lavapipe looked cheapest and the plan went there, 3.7x slower than
+    the CPU.  A device of the same kind and defaults now plans with the measured one's figures, says so,
+    and keeps its own measurements apart: its first fit makes it its own."""
+    from delegate.cost import measured
+    from delegate.session import backend_profiles
+
+    fitted, fresh = SoftwareDevice("fitted", "pocl"), SoftwareDevice("fresh", "lavapipe")
+    profile = load_profile(fitted.device_info(), fitted.default_profile())
+    refit(profile, [Observation(chain_problem().ops, 2.0, {op.index: 0.3 for op in chain_problem().ops})],
+          lambda op: False)
+    save_profile(fitted.device_info(), profile)
+    profiles = backend_profiles({"fitted": fitted, "fresh": fresh})
+    lent, own = profiles["fresh"], profiles["fitted"]
+    assert measured(own) and not measured(lent)
+    assert (lent.launch_us, lent.partition_us, lent.class_scale) == (own.launch_us, own.partition_us, own.class_scale)
+    assert lent.describe().startswith("not measured; fitted's figures") and not lent.fit_points
+    refit(lent, [Observation(chain_problem().ops, 1.0, {op.index: 0.1 for op in chain_problem().ops})],
+          lambda op: False)
+    assert measured(lent) and not lent.describe().startswith("not measured")
+    other = SoftwareDevice("other-kind", "npu")
+    other.device_info = lambda: {"backend": "other-kind", "device_type": "npu"}
+    assert backend_profiles({"fitted": fitted, "other-kind": other})["other-kind"].describe() == "default (cpu-device)"
+
+
+def test_partitions_timed_whole_scale_by_the_time_they_explain():
+    """One partition of 1.45 ms and a tiny one of 5 us (mostly fixed costs, its roofline just a tenth of
+    its time) gave a scale of 5.4 as the median of their two ratios, and the CPU's estimates went 3x over
+    what it measured; the ratio of the sums is the big partition's."""
+    from delegate.cost import _whole_fit
+
+    profile = DeviceProfile(gflops=450.0, gbytes_per_s=21.9, launch_us=0.0)
+    rows = np.array([[3.0, 0.00015, 0.0057], [3.0, 0.0005, 0.0050], [13.0, 1.624, 1.451]])
+    _, _, scale = _whole_fit(rows, profile)
+    assert scale == pytest.approx((0.0050 + 1.451) / (0.0005 + 1.624), rel=1e-6)
