@@ -764,3 +764,23 @@ def test_partitions_timed_whole_scale_by_the_time_they_explain():
     rows = np.array([[3.0, 0.00015, 0.0057], [3.0, 0.0005, 0.0050], [13.0, 1.624, 1.451]])
     _, _, scale = _whole_fit(rows, profile)
     assert scale == pytest.approx((0.0050 + 1.451) / (0.0005 + 1.624), rel=1e-6)
+
+
+def test_a_partition_run_at_another_thread_count_does_not_refit_the_profile(profile_dir):
+    """LiteRT's thread trial (sustained_speed) may run a small partition at one thread where the session has
+    two: its time belongs to the one-thread profile, and refitting the two-thread one to it would teach it
+    the wrong speed."""
+    from delegate.tools.measure import learn_from, profile_partitions
+
+    settings = RunSettings(backends=[("cpu", {"engine": "litert"})], compile=CompileOptions(num_threads=2))
+    session = Session(read_model(zoo.build("mobilenet_v1", alpha=0.25, size=64)), settings)
+    inputs = session.normalize_inputs(session._random_inputs())
+    timings = profile_partitions(session.executor, inputs, runs=2)
+    (compiled,) = session.executor.compiled
+    described = compiled.describe()
+    assert described["threads"] == 2
+    compiled.describe = lambda: {**described, "threads": 1}
+    assert learn_from(session, session.executor, timings) == []
+    compiled.describe = lambda: described
+    assert len(learn_from(session, session.executor, timings)) == 1
+    session.close()

@@ -194,12 +194,17 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
         changed = {t.backend for t in timings}
     ops = {op.index: op for op in session.graph.ops}
     parts = {p.index: p for p in executor.partitions}
-    engines = {p.index: c.describe().get("engine") for p, c in zip(executor.partitions, executor.compiled)}
+    described = {p.index: c.describe() for p, c in zip(executor.partitions, executor.compiled)}
+    engines = {i: d.get("engine") for i, d in described.items()}
+    threads = session.settings.compile.num_threads
     for name, backend in session.backends.items():
         engine = backend.device_info().get("engine")
         # a partition run by another engine than the one this profile describes (the numpy engine taking a
         # partition LiteRT refused) says nothing about it
-        mine = [t for t in timings if t.backend == name and (engine is None or engines[t.index] in (None, engine))]
+        # nor one its engine ran at another thread count than the profile's (LiteRT's thread trial under
+        # sustained_speed keeps fewer where they were faster): that is another profile's measurement
+        mine = [t for t in timings if t.backend == name and (engine is None or engines[t.index] in (None, engine))
+                and described[t.index].get("threads", threads) == threads]
         if not mine and name not in changed:
             continue
         profile = session.profiles[name]
