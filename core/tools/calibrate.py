@@ -287,7 +287,7 @@ WORKLOADS = (("mobilenet_v1", {"alpha": 0.5, "size": 128, "seed": 11}), ("posene
              ("mobilenet_v1", {"alpha": 0.5, "size": 128, "quant": "int8", "seed": 17}),
              ("posenet", {"size": 97, "quant": "int8", "seed": 18}),
              ("transformer_block", {"tokens": 8, "width": 32, "seed": 19}))
-WORKLOAD_RUNS = 5
+WORKLOAD_RUNS = 25
 
 
 def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
@@ -313,8 +313,8 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
         data = zoo.build(net, **kwargs)
         session = Session(read_model(data), workload)
         inputs = session.normalize_inputs(make_inputs(session.graph, None))
-        ms = float(np.median(samples_ms(lambda: session.run_indexed(inputs), WORKLOAD_RUNS, warmup=1)))
-        learn_from(session, session.executor, profile_partitions(session.executor, inputs), plan_ms=ms)
+        ms = float(np.median(samples_ms(lambda: session.run_indexed(inputs), WORKLOAD_RUNS, warmup=3)))
+        learn_from(session, session.executor, profile_partitions(session.executor, inputs, WORKLOAD_RUNS), plan_ms=ms)
         measured.append((net, kwargs, data, ms))
         session.close()
     rows = []

@@ -455,23 +455,26 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # docs/benchmarks/cpu_kinds.py (chains of one op, and each op of a model timed alone): LiteRT runs int16x8
 # ops, int8 products of two activations and int8 softmax through reference loops, on one thread whatever
 # num_threads (measured: the int16x8 and int8 attention fixtures take the same time at 1 and 2 threads).
+# A sequence LSTM steps through time with small products (the float one 15-20x from its roofline, the int8
+# one 330-390x: `cpu_kinds.py --model` on the converter's LSTM fixtures, 2026-12-03); no other class says so.
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
-                                        "reduce": 6.3, "elementwise": 0.62, "resize": 1.41, "batch_matmul": 1.69},
+                                        "reduce": 6.3, "elementwise": 0.62, "resize": 1.41, "batch_matmul": 1.69,
+                                        "recurrent": 13.0},
                            class_floor_us={"depthwise": 4.2, "pool": 5.2, "layout": 4.5, "matmul": 6.1, "reduce": 3.4,
                                            "elementwise": 1.0, "resize": 28.9},
                            kind_scale={"int16": 4.0, "matmul/int16": 15.0, "elementwise/int16": 10.0,
-                                       "batch_matmul/int8": 6.5},
+                                       "batch_matmul/int8": 6.5, "recurrent/int8": 22.0},
                            source="default (cpu)"),
     "litert": DeviceProfile(gflops=225.0, gbytes_per_s=21.9, launch_us=0.05, partition_us=0.0, run_us=7.0,
                             class_scale={"*": 0.88, "conv": 0.88, "depthwise": 0.78, "layout": 0.66, "matmul": 0.72,
                                          "pool": 3.3, "reduce": 0.45, "elementwise": 0.98, "resize": 1.21,
-                                         "batch_matmul": 0.74},
+                                         "batch_matmul": 0.74, "recurrent": 20.0},
                             class_floor_us={"pool": 4.8, "resize": 12.6},
                             kind_scale={"int16": 40.0, "batch_matmul/int8": 20.0, "reduce/int8": 15.0,
-                                        "elementwise/int8": 1.5, "depthwise/int8": 2.5},
-                            serial_kinds=("int16", "batch_matmul/int8", "reduce/int8"),
+                                        "elementwise/int8": 1.5, "depthwise/int8": 2.5, "recurrent/int8": 20.0},
+                            serial_kinds=("int16", "batch_matmul/int8", "reduce/int8", "recurrent/int8"),
                             source="default (cpu-litert)"),
 }
 
