@@ -784,3 +784,18 @@ def test_a_partition_run_at_another_thread_count_does_not_refit_the_profile(prof
     compiled.describe = lambda: described
     assert len(learn_from(session, session.executor, timings)) == 1
     session.close()
+
+
+def test_a_class_whose_roofline_is_a_sliver_keeps_its_prior_scale():
+    """Two partitions timed whole where the elementwise ops' roofline is under SCALE_SHARE of the time: the
+    time they leave unexplained is floors and fixed costs, not a 70x slower elementwise kernel (which the
+    H200's calibration fitted, and vit_tiny_block_int8 was then estimated at 13x its time)."""
+    from delegate.cost import SCALE_SHARE, _class_fit
+
+    profile = DeviceProfile(gflops=1000.0, gbytes_per_s=100.0, launch_us=0.0, class_scale={"*": 1.5})
+    rows = [[0.09, "conv", 4.0, 0.04, "elementwise", 14.0, 0.0016],
+            [0.20, "conv", 6.0, 0.12, "elementwise", 10.0, 0.0020]]
+    assert max(r[6] / r[0] for r in rows) < SCALE_SHARE
+    fitted = _class_fit(rows, profile)
+    assert fitted["elementwise"][1] == pytest.approx(1.5)
+    assert fitted["conv"][1] != pytest.approx(1.5)
