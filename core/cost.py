@@ -84,6 +84,9 @@ class DeviceProfile:
     # the kinds whose kernels run on one thread whatever the thread count (LiteRT's reference loops): at n
     # threads they are n times further from a throughput measured or scaled at n threads
     serial_kinds: tuple[str, ...] = ()
+    # a host calibrated at n threads: how many times faster its matrix products ran than at one thread
+    # (0: not measured; the serial kinds then count n)
+    thread_speedup: float = 0.0
     fit_points: dict[str, list[list[Any]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms

@@ -160,7 +160,8 @@ def _probe(info) -> tuple[bool, str]:
 def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[str, DeviceProfile]:
     """Each backend's stored profile for this thread count, or its own default; the host's default
     throughput is per thread (a stored host profile was measured at ``threads`` and is used as it is); the
-    host's serial kinds are ``threads`` times further from either; an accelerator never measured borrows the
+    host's serial kinds are as many times further from either as the threads are faster than one (the
+    calibrated ``thread_speedup``, else ``threads``); an accelerator never measured borrows the
     figures of a measured one of its kind of device and defaults (``cost.borrowed``)."""
     profiles = {}
     for name, be in backends.items():
@@ -168,7 +169,8 @@ def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[
         profiles[name] = load_profile(profile_info(be, threads), default)
         if be.role == HOST:
             profile = profiles[name]
-            profile.kind_scale.update({k: profile.kind_scale[k] * threads for k in profile.serial_kinds
+            speedup = profile.thread_speedup or threads
+            profile.kind_scale.update({k: profile.kind_scale[k] * speedup for k in profile.serial_kinds
                                        if k in profile.kind_scale})
             if profiles[name].source != default.source:
                 profiles[name].source += f" at {threads} thread(s)"

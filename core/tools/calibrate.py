@@ -9,6 +9,7 @@ figure that stays unstable or out of bounds is refused with the reason, and noth
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -242,6 +243,13 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         gflops=2.0 * fc_rows * FC_DEPTH * FC_DEPTH / own(fc_s) / 1e9, gbytes_per_s=stream_bytes / own(stream_s) / 1e9,
         launch_us=launch_s * 1e6, partition_us=partition_s * 1e6, source="calibrated", asynchronous=asynchronous,
         calibrated_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    threads = compile_options.num_threads or 1
+    if not asynchronous and threads > 1:
+        # what the threads bring to a product, against one: the kinds an engine runs on one thread (LiteRT's
+        # reference loops) cost that many times their share of the throughput above, not ``threads`` times
+        one_s, _, _ = work_per_op("the one-thread matrix product time", backend,
+                                  dataclasses.replace(compile_options, num_threads=1), _fc_chain, (fc_rows,), launch_s)
+        profile.thread_speedup = float(np.clip(own(one_s) / own(fc_s), 1.0, threads))
     if asynchronous:
         tiny = Runner(backend, compile_options, _chain(1, tiny_shape, 2), feeder=short)
         try:
@@ -295,8 +303,6 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
     partitions alone and refit the profiles to them and to the plan's measured time (``measure.learn_from``:
     the whole-plan costs ``run_us`` and ``boundary_us`` too); then plan each workload again
     from the refitted profiles.  Rows: workload, the new plan's estimate and the measured time of the plan."""
-    import dataclasses
-
     from .. import zoo
     from ..inputs import make_inputs
     from ..plugins import HOST_WORD
