@@ -16,6 +16,7 @@ import numpy as np
 
 import delegate
 from delegate.inputs import make_inputs
+from delegate.tools.measure import samples_ms
 
 CONFIGS = [("cpu", "fp32"), ("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"),
            ("greedy-opencl", "fp32"), ("greedy-wgpu", "fp16"), ("defaults", "fp16")]
@@ -35,13 +36,7 @@ def measure(model: str, config: str, precision: str) -> dict:
     try:
         session = delegate.load(model, **overrides(config, precision))
         inputs = session.normalize_inputs(make_inputs(session.graph, None))
-        for _ in range(5):
-            session.run_indexed(inputs)
-        times = []
-        for _ in range(30):
-            start = time.perf_counter()
-            session.run_indexed(inputs)
-            times.append((time.perf_counter() - start) * 1e3)
+        times = samples_ms(lambda: session.run_indexed(inputs), 30, warmup=5)
         plan = session.plan
         row.update(estimated_ms=round(plan.estimated_ms, 4), measured_ms=round(float(np.median(times)), 4),
                    chosen=plan.chosen, partitions=len(plan.partitions), copies=len(plan.copies),
