@@ -220,7 +220,7 @@ def cmd_bench(args) -> int:
     with progress("timed runs", args.runs) as advance:
         ours, theirs = time_alternating(lambda: session.run_indexed(indexed), reference, args.runs, advance)
     per_op, timings = _measured_profile(session, session.executor, indexed)
-    estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in session.executor.partitions}
+    estimates = {p.index: session.partition_estimate(p) for p in session.executor.partitions}
     doc: dict[str, Any] = {
         "model": label, "runs": args.runs, "batch": args.batch or 1, "init_ms": round(init_ms, 3),
         "throughput_per_s": round((args.batch or 1) * 1e3 / float(np.median(ours)), 1),
@@ -378,7 +378,7 @@ def _tune_one(spec: str, config, budget: float | None):
     inputs = session.normalize_inputs(session._random_inputs())
     for name, executor in executors.items():
         timings = _measured_profile(session, executor, inputs)[1]
-        estimates = {p.index: session.planner.partition_estimate(session.graph, p) for p in executor.partitions}
+        estimates = {p.index: session.partition_estimate(p, executor) for p in executor.partitions}
         doc["partitions"] += [{"plan": name, "partition": t.index, "backend": t.backend,
                                "ops": len(executor.partitions[t.index].ops),
                                "op_indices": list(executor.partitions[t.index].op_indices),

@@ -228,6 +228,7 @@ class Session:
                                  compiled=compiled,
                                  state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
         self.plan.notes.extend(self._precision_notes())
+        self._estimate_at_engine_threads()
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
             with running(ModelState(model)):
@@ -292,6 +293,35 @@ class Session:
         plan.candidates, plan.choice = estimated.candidates, choice
         self.precision_choice = candidate.precision
         return plan
+
+    # -- estimates of what runs ----------------------------------------------
+    def partition_estimate(self, partition: Partition, executor: Executor | None = None) -> float:
+        """The estimate of one partition of ``executor`` (the session's by default) as its engine runs it: a
+        host partition its engine runs at another thread count than the session's (LiteRT's thread trial
+        under sustained_speed) with that thread count's profile."""
+        executor = executor or self.executor
+        compiled = executor.compiled[executor.partitions.index(partition)]
+        threads = compiled.describe().get("threads") if partition.backend == self.host else None
+        if not threads or threads == self.settings.compile.num_threads:
+            return self.planner.partition_estimate(self.graph, partition)
+        profile = backend_profiles({self.host: self.backends[self.host]}, threads)[self.host]
+        planner = Planner(self.backends, {**self.profiles, self.host: profile}, self.settings.compile,
+                          self._host_rules())
+        return planner.partition_estimate(self.graph, partition)
+
+    def _estimate_at_engine_threads(self) -> None:
+        """The plan's estimate of the host partitions its engine runs at fewer threads, made with their profile."""
+        for partition in self.executor.partitions:
+            if partition.backend != self.host:
+                continue
+            now = self.partition_estimate(partition)
+            planned = self.planner.partition_estimate(self.graph, partition)
+            if now != planned:
+                self.plan.estimated_ms += now - planned
+                compiled = self.executor.compiled[self.executor.partitions.index(partition)]
+                self.plan.notes.append(f"partition {partition.index} ({self.host}) runs at "
+                                       f"{compiled.describe()['threads']} thread(s), measured faster at load; "
+                                       "estimated with that thread count's profile")
 
     # -- precision ----------------------------------------------------------
     precision_choice = ""  # the chosen candidate's precision ("" = the rule below)

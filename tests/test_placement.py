@@ -799,3 +799,18 @@ def test_a_class_whose_roofline_is_a_sliver_keeps_its_prior_scale():
     fitted = _class_fit(rows, profile)
     assert fitted["elementwise"][1] == pytest.approx(1.5)
     assert fitted["conv"][1] != pytest.approx(1.5)
+
+
+def test_a_host_partition_at_fewer_threads_is_estimated_at_them(profile_dir):
+    """LiteRT's thread trial may keep one thread for a small partition where the session has two: the
+    partition's estimate (and bench's estimated-vs-measured row) is then the one-thread profile's."""
+    settings = RunSettings(backends=[("cpu", {"engine": "litert"})], compile=CompileOptions(num_threads=2))
+    session = Session(read_model(zoo.build("mobilenet_v1")), settings)
+    (partition,), (compiled,) = session.executor.partitions, session.executor.compiled
+    at_two = session.partition_estimate(partition)
+    assert at_two == session.planner.partition_estimate(session.graph, partition)
+    described = compiled.describe()
+    compiled.describe = lambda: {**described, "threads": 1}
+    at_one = session.partition_estimate(partition)
+    assert at_one > 1.3 * at_two  # the default throughput is per thread
+    session.close()
