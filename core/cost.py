@@ -82,7 +82,8 @@ class DeviceProfile:
     # knowledge of its kernels (LiteRT's int16x8 kernels are reference loops), never fitted or stored
     kind_scale: dict[str, float] = field(default_factory=dict)
     # the kinds whose kernels run on one thread whatever the thread count (LiteRT's reference loops): at n
-    # threads they are n times further from a throughput measured or scaled at n threads
+    # threads they are as many times further from a throughput measured or scaled at n threads as the n
+    # threads are faster than one (``thread_speedup``, else n)
     serial_kinds: tuple[str, ...] = ()
     # a host calibrated at n threads: how many times faster its matrix products ran than at one thread
     # (0: not measured; the serial kinds then count n)

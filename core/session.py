@@ -295,14 +295,21 @@ class Session:
         return plan
 
     # -- estimates of what runs ----------------------------------------------
-    def partition_estimate(self, partition: Partition, executor: Executor | None = None) -> float:
-        """The estimate of one partition of ``executor`` (the session's by default) as its engine runs it: a
-        host partition its engine runs at another thread count than the session's (LiteRT's thread trial
-        under sustained_speed) with that thread count's profile."""
+    def _engine_threads(self, partition: Partition, executor: Executor) -> int | None:
+        """The thread count a host partition's engine runs at, where it is not the session's (LiteRT's thread
+        trial under sustained_speed keeps fewer where they measured faster)."""
+        if partition.backend != self.host:
+            return None
+        threads = executor.compiled[executor.partitions.index(partition)].describe().get("threads")
+        return threads if threads and threads != self.settings.compile.num_threads else None
+
+    def partition_estimate(self, partition: Partition, executor: Executor | None = None,
+                           threads: int | None = None) -> float:
+        """The estimate of one partition of ``executor`` (the session's by default) as its engine runs it: at
+        the thread count its engine chose (``threads``, found when not given), with that count's profile."""
         executor = executor or self.executor
-        compiled = executor.compiled[executor.partitions.index(partition)]
-        threads = compiled.describe().get("threads") if partition.backend == self.host else None
-        if not threads or threads == self.settings.compile.num_threads:
+        threads = threads or self._engine_threads(partition, executor)
+        if threads is None:
             return self.planner.partition_estimate(self.graph, partition)
         profile = backend_profiles({self.host: self.backends[self.host]}, threads)[self.host]
         planner = Planner(self.backends, {**self.profiles, self.host: profile}, self.settings.compile,
@@ -312,16 +319,13 @@ class Session:
     def _estimate_at_engine_threads(self) -> None:
         """The plan's estimate of the host partitions its engine runs at fewer threads, made with their profile."""
         for partition in self.executor.partitions:
-            if partition.backend != self.host:
+            threads = self._engine_threads(partition, self.executor)
+            if threads is None:
                 continue
-            now = self.partition_estimate(partition)
-            planned = self.planner.partition_estimate(self.graph, partition)
-            if now != planned:
-                self.plan.estimated_ms += now - planned
-                compiled = self.executor.compiled[self.executor.partitions.index(partition)]
-                self.plan.notes.append(f"partition {partition.index} ({self.host}) runs at "
-                                       f"{compiled.describe()['threads']} thread(s), measured faster at load; "
-                                       "estimated with that thread count's profile")
+            self.plan.estimated_ms += (self.partition_estimate(partition, threads=threads)
+                                       - self.planner.partition_estimate(self.graph, partition))
+            self.plan.notes.append(f"partition {partition.index} ({self.host}) runs at {threads} thread(s), "
+                                   "measured faster at load; estimated with that thread count's profile")
 
     # -- precision ----------------------------------------------------------
     precision_choice = ""  # the chosen candidate's precision ("" = the rule below)

@@ -326,15 +326,13 @@ def placement_groups(ops: Sequence[Op], keep: Collection[int], folds: ReaderFold
         while g.output.index in folded:
             g = owner[id(g.output.uses[0])]
         return g
-    members: dict[int, list[tuple[Op, str]]] = {id(g.root): [] for g in groups if g.output.index not in folded}
+    members: dict[int, list[tuple[Op, str]]] = {id(g): [] for g in groups if g.output.index not in folded}
     for g in groups:
         host = kernel_of(g)
         kind = "epilogue" if host is g else PASS_KINDS[folded[g.output.index][0]]
-        entries = members[id(host.root)]
+        entries = members[id(host)]
         entries += [(op, kind) for op in (g.fused if host is g else g.ops)]
         for op in g.ops:
             entries += [(c, "constant") for c in constant_chains(op, keep)]
-    roots = {id(g.root): g.root for g in groups}
-    found = [PassGroup(roots[key], tuple(op for op, _ in entries), tuple(kind for _, kind in entries))
-             for key, entries in members.items() if entries]
-    return found
+    return [PassGroup(g.root, tuple(op for op, _ in members[id(g)]), tuple(kind for _, kind in members[id(g)]))
+            for g in groups if members.get(id(g))]

@@ -284,10 +284,9 @@ def _transfer_seconds(name: str, tiny: Runner, stream: Runner) -> tuple[float, f
 
 
 # What the fit to real workloads runs: the project's own example networks at sizes of their own (not the ones
-# ``zoo:NAME`` builds), so that the profile describes the op mix of mobile models, not chains of one op.
-# Networks of the project's own sizes, float and full-integer (engines run int8 kernels of their own: on
-# the H200, fitted to float networks alone, LiteRT's int8 plans were over-estimated 1.3-1.6x), and one of a
-# few microseconds, whose time is mostly fixed costs.
+# ``zoo:NAME`` builds), so that the profile describes the op mix of mobile models, not chains of one op; float
+# and full-integer (engines run int8 kernels of their own: on the H200, fitted to float networks alone,
+# LiteRT's int8 plans were over-estimated 1.3-1.6x), and one of a few microseconds, mostly fixed costs.
 WORKLOADS = (("mobilenet_v1", {"alpha": 0.5, "size": 128, "seed": 11}), ("posenet", {"size": 129, "seed": 12}),
              ("yolo_tiny", {"size": 160, "classes": 8, "seed": 13}), ("deeplab_v3", {"size": 129, "seed": 14}),
              ("transformer_block", {"tokens": 32, "width": 64, "seed": 15}),
