@@ -50,17 +50,71 @@ def test_free_cores_read_the_load_each_time():
     assert 1 <= parallel.free_cores() <= parallel.available_cores()
 
 
-def test_runs_share_the_team_by_load_or_run_alone(monkeypatch):
-    """Each run caps the native team: at the free cores (or the partition's team, if smaller) when shared,
-    at one thread alone."""
+def test_runs_take_the_whole_team_the_spare_cores_or_one_thread(monkeypatch):
+    """Each run caps the native team: at the partition's team when shared, at the free cores (or the team,
+    if smaller) when spare, at one thread alone; every mode is tried."""
     monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 3)
-    for team, shared_limit in ((8, 3), (2, 2)):
-        limits, modes = [], []
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    for team, spare in ((8, 3), (2, 2)):
+        limits, sharing = [], []
         choice = parallel.ThreadChoice(limits.append, team=team)
-        for _ in range(6):
+        for _ in range(8):
             with choice():
-                modes.append(parallel._SHARING.get())
-        assert limits == [shared_limit if shared else 1 for shared in modes] and set(modes) == {True, False}
+                sharing.append(parallel._SHARING.get())
+        assert sorted(set(limits)) == sorted({team, spare, 1})
+        assert all(shares == (limit > 1 or team == 1) for limit, shares in zip(limits, sharing) if limit != spare)
+
+
+class _Clock:
+    """perf_counter for ThreadChoice: each run lasts what ``cost`` says for the team it was given."""
+
+    def __init__(self, cost):
+        self.now, self.cost, self.team = 0.0, cost, None
+
+    def limit(self, team):
+        self.team = team
+
+    def perf_counter(self):
+        return self.now
+
+    def run(self, choice):
+        with choice():
+            self.now += self.cost(self.team)
+
+
+def test_the_fastest_mode_wins_and_the_others_are_probed_again(monkeypatch):
+    """A load reading that counts this process's own spinning threads (LiteRT's pool after its run) says the
+    machine is full; where the whole team is still fastest the runs take it.  Under real load the team the
+    load leaves wins, and when that load goes the whole team wins again through the probes."""
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 1)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    clock = _Clock(lambda team: {16: 1.0, 1: 6.0}[team])
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    choice = parallel.ThreadChoice(clock.limit, team=16)
+    teams = []
+    for _ in range(40):
+        clock.run(choice)
+        teams.append(clock.team)
+    assert teams[10:].count(16) >= 27 and 1 in teams[10:]  # probes of the others now and then
+
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 15)  # one core busy for real
+    clock.cost = lambda team: {16: 9.0, 15: 1.2, 1: 6.0}[team]
+    for _ in range(60):
+        clock.run(choice)
+    recent = []
+    for _ in range(20):
+        clock.run(choice)
+        recent.append(clock.team)
+    assert recent.count(15) >= 17
+
+    clock.cost = lambda team: {16: 1.0, 15: 1.2, 1: 6.0}[team]  # the load is gone
+    for _ in range(80):
+        clock.run(choice)
+    recent = []
+    for _ in range(20):
+        clock.run(choice)
+        recent.append(clock.team)
+    assert recent.count(16) >= 17
 
 
 def test_a_runs_own_spinning_workers_are_not_load_for_the_next(monkeypatch):
@@ -74,9 +128,10 @@ def test_a_runs_own_spinning_workers_are_not_load_for_the_next(monkeypatch):
     limits = []
     choice = parallel.ThreadChoice(limits.append, team=16)
     monkeypatch.setattr(parallel, "_RELEASED", [float("-inf"), 0])
-    with choice():  # the first run: nothing of ours spins yet, so the 15 count as load
+    assert choice._team("spare") == 1  # nothing of ours spins yet, so the 15 count as load
+    with choice():  # the first run takes the whole team; its 15 workers spin after it
         pass
-    assert limits == [1]
+    assert limits == [16]
     parallel._RELEASED[:] = [time.perf_counter(), 15]  # a shared run of 16 just ended
     assert parallel.team_spinning() == 15 and parallel.free_cores(spinning=parallel.team_spinning()) == 16
     parallel._RELEASED[0] -= 2 * parallel.SPIN_WINDOW_S

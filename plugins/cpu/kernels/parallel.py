@@ -224,22 +224,27 @@ _LOADAVG_LOCK = threading.Lock()
 class ThreadChoice:
     """How the kernels of one compiled partition use their threads, chosen by measurement.
 
-    "alone": one thread.  "shared": the kernels' chunks shared with helper threads, and
-    the native loops' team as large as the cores the load leaves free (see free_cores).
-    Either way BLAS is held to one thread (see the module docstring).  Handing a chunk to
-    a Python thread costs tens of microseconds and the GIL between numpy calls, and a team
-    waits for its slowest thread, so on a busy machine, or for models of small ops, "alone"
-    wins; on an idle one with large ops sharing gains.  So runs are timed each way, now and
-    then again, and the fastest is kept: never much slower than one thread.  ``limit_team(n)``
-    caps the native loops' team for the run (native.limit_team).
+    "shared": the kernels' chunks shared with helper threads and the native loops on the
+    partition's whole team.  "spare": the same with the team capped at the cores the machine's
+    load leaves (see free_cores).  "alone": one thread.  Either way BLAS is held to one thread
+    (see the module docstring).  The load reading is an instant's count of runnable tasks: it
+    cannot tell a busy process from threads of this one that only spin after their own work
+    (LiteRT's pool after its partition, or a benchmark alternating with it), which read as a
+    full machine and left every run alone (MobileNetV2 at 16 threads on the H200: 5.7 ms
+    against 1.8).  Handing a chunk to a Python thread costs tens of microseconds and the GIL
+    between numpy calls, and a team waits for its slowest thread, so under real load, or for
+    models of small ops, "spare" or "alone" win; on an idle machine with large ops "shared"
+    does.  So runs are timed each way, now and then again, and the fastest is kept: never much
+    slower than one thread.  ``limit_team(n)`` caps the native loops' team for the run
+    (native.limit_team).
     """
 
-    MODES = ("shared", "alone")
+    MODES = ("shared", "spare", "alone")
     PROBE_EVERY = 10
 
     def __init__(self, limit_team: Callable[[int], None] | None = None, blas: bool = True, team: int = 1) -> None:
         self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
-        self.runs = 0
+        self.runs = self.probes = 0
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -252,15 +257,25 @@ class ThreadChoice:
             if len(self.samples[mode]) < 2:
                 return mode
         ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode]))
-        return ranked[0] if self.runs % self.PROBE_EVERY else ranked[1]
+        if self.runs % self.PROBE_EVERY:
+            return ranked[0]
+        self.probes += 1  # the others in turn, so a mode that lost under a passing load can win again
+        return ranked[1 + self.probes % (len(ranked) - 1)]
+
+    def _team(self, mode: str) -> int:
+        if mode == "alone":
+            return 1
+        if mode == "spare":
+            return min(self.team, free_cores(spinning=team_spinning()))
+        return min(self.team, available_cores())
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         mode = self._next()
-        team = min(self.team, free_cores(spinning=team_spinning())) if mode == "shared" else 1
+        team = self._team(mode)
         if self.limit_team is not None:
             self.limit_team(team)
-        token = _SHARING.set(mode == "shared")
+        token = _SHARING.set(mode != "alone")
         start = time.perf_counter()
         try:
             with blas_threads(1) if self.blas else contextlib.nullcontext():
