@@ -164,13 +164,15 @@ def test_fully_connected(rows, depth, units, act, layout, seed):
     check(b, [normal(rng, shape)])
 
 
-@pytest.mark.parametrize("tile", [(16, 8, 8), (4, 8, 8), (64, 2, 8), (16, 2, 1), (8, 4, 4)])
+@pytest.mark.parametrize("tile", [(16, 8, 8, 1), (4, 8, 8, 1), (64, 2, 8, 1), (16, 2, 1, 1), (8, 4, 4, 1),
+                                  (4, 8, 4, 4), (8, 4, 8, 2), (16, 2, 4, 8), (32, 4, 1, 2)])
 @settings(max_examples=8)
 @given(rows=st.integers(5, 70), depth=st.integers(1, 45), units=st.integers(1, 40), conv=st.booleans(),
        fp16=st.booleans(), seed=st.integers(0, 2**16))
 def test_matmul_tiles(tile, rows, depth, units, conv, fp16, seed):
-    """Work-group shapes and chunks of the tiled product, on sizes that are not multiples of its tile or
-    of the staged chunk: 1x1 convolutions over rows pixels and fully connected layers over rows rows."""
+    """Work-group shapes, chunks and split sums of the tiled product, on sizes that are not multiples of its
+    tile or of the staged chunk (nor of the chunks all layers of a split sum take per step): 1x1
+    convolutions over rows pixels and fully connected layers over rows rows."""
     rng = np.random.default_rng(seed)
     shape = (1, 1, rows, depth) if conv else (rows, depth)
     b = GraphBuilder()
@@ -543,6 +545,41 @@ def test_depthwise_then_1x1_is_one_kernel(backend, case, multiplier, units, relu
     b.output(dw)  # the depthwise result leaves the partition: stored, so computed on its own
     _, compiled = compile_whole(backend, b)
     assert compiled.describe()["kernels"] == 2
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("source", ["pixels", "depthwise", "gated"])
+def test_products_of_few_tiles_split_their_sums_on_a_device_of_many_units(backend, source, fp16):
+    """Counted as on the H200 (132 compute units), a 7x7 product of long sums gives too few tiles and its
+    work group's layers share each sum (SPLIT), whatever it stages: the pixels, a depthwise convolution
+    computed there (one kernel for both), or a gated input; the results are LiteRT's."""
+    real = lowering.matmul_shape
+    rng = np.random.default_rng(31)
+    channels = 128 if source == "depthwise" else 256  # the depthwise fold's limit: DEPTHWISE_FOLD_MAX_CHANNELS
+    if source == "gated":
+        b = squeeze_excitation(rng, 1, channels, fused_relu=True)
+        inputs = [normal(rng, (1, 6, 7, channels))]
+    else:
+        b = GraphBuilder()
+        v = b.input("x", (1, 7, 7, channels))
+        if source == "depthwise":
+            v = b.op("DEPTHWISE_CONV_2D", [v, b.const("dw", normal(rng, (1, 3, 3, channels))),
+                                           b.const("db", normal(rng, channels))],
+                     options={"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1})
+        b.output(b.op("CONV_2D", [v, b.const("w", normal(rng, (40, 1, 1, channels), 1 / 16)),
+                                  b.const("b", normal(rng, 40))],
+                      options={"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "RELU6"}))
+        inputs = [normal(rng, (1, 7, 7, channels))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lowering, "matmul_shape", lambda rows, slices, depth, units, staging=1.0:
+                      real(rows, slices, depth, 132, staging))
+        g, compiled = compile_whole(backend, b, CompileOptions(precision="fp16" if fp16 else "fp32"))
+    splits = [dict(launch.params["defines"])["SPLIT"] for launch in compiled.plan.launches if launch.kernel == "matmul"]
+    assert splits and max(splits) > 1, splits
+    if source == "depthwise":
+        assert compiled.describe()["kernels"] == 1
+    assert_close(run_compiled(backend, g, compiled, inputs), litert_run(b.to_bytes(), inputs),
+                 rtol=FP16_RTOL if fp16 else RTOL, atol=1e-5)
 
 
 def test_depthwise_over_many_channels_stays_its_own_kernel(backend):

@@ -345,10 +345,11 @@ class ClLowering(Lowering):
             args += [self.tensor(values), self.tensor(gate), i32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
             staging = 2.0
-        wg_p, wg_s, chunk = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
-        items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, 1)  # 2 x 2 outputs each
-        self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, 1),
-                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk)) + stored, label=label)
+        wg_p, wg_s, chunk, split = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
+        items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, split)  # 2 x 2 outputs each
+        self.add("matmul", steps, args, dst_shape, items, ops, local_size=(wg_p, wg_s, split),
+                 defines=defines + (("WG_P", wg_p), ("WG_S", wg_s), ("CHUNK", chunk), ("SPLIT", split)) + stored,
+                 label=label)
 
     def image_reduction(self, g: Group, x: Tensor, is_max: bool) -> bool:
         """An average over each whole image runs as mean.cl's work-group reduction."""

@@ -11,6 +11,10 @@
 // tile.  Item (i, j) computes rows i and i + WG_P of slices j and j + WG_S: neighbouring
 // items read and write neighbouring rows, and items of one row share the weights they read.
 // The 2 x 2 block is held in named registers (some compilers keep private arrays in memory).
+// With SPLIT > 1 the group has SPLIT such layers (local dimension 2), each summing every
+// SPLIT-th chunk of the input vectors into its own block, and the first adds the others'
+// blocks from local memory before the epilogue: a product of few rows and long sums (a 7x7
+// layer of 960 channels) gives too few tiles to keep a large GPU busy otherwise.
 //
 // Two producers read only by the product are computed where it stages its input, so their
 // results are never stored:
@@ -30,17 +34,20 @@
 #define TILE_P (2 * WG_P)
 #define TILE_S (2 * WG_S)
 #define GROUP (WG_P * WG_S)
+#ifndef SPLIT
+#define SPLIT 1
+#endif
 #ifndef MATMUL_TAP  // once per program, however many variants of this template it holds
 #define MATMUL_TAP(acc, v, taps) acc += (v).x * (taps)[0] + (v).y * (taps)[1] + (v).z * (taps)[2] + (v).w * (taps)[3]
 #endif
 
-__kernel __attribute__((reqd_work_group_size(WG_P, WG_S, 1)))
+__kernel __attribute__((reqd_work_group_size(WG_P, WG_S, SPLIT)))
 void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
                  __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
                  __global const STORAGE* in INPUT_PARAMS EPILOGUE_PARAMS) {
-  __local FLT4 a_tile[CHUNK][TILE_P];
-  __local FLT4 w_tile[TILE_S][CHUNK * 4];
-  int li = get_local_id(0), lj = get_local_id(1), item = lj * WG_P + li;
+  __local FLT4 a_tiles[SPLIT][CHUNK][TILE_P];
+  __local FLT4 w_tiles[SPLIT][TILE_S][CHUNK * 4];
+  int li = get_local_id(0), lj = get_local_id(1), lz = get_local_id(2), item = lj * WG_P + li;
   int row0 = get_group_id(0) * TILE_P, s0 = get_group_id(1) * TILE_S;
   // What this item stages each step: one row at every GROUP / TILE_P-th vector of the chunk,
   // and one vector of the chunk at every GROUP / (CHUNK * 4)-th slice of the tile.
@@ -58,23 +65,24 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
 #endif
   int w_part = item % (CHUNK * 4), w_slice = item / (CHUNK * 4);
   int s_lo = s0 + lj, s_hi = s_lo + WG_S;
-  FLT4 lo0 = s_lo < od.z ? LOAD4(bias, s_lo) : (FLT4)(0), lo1 = lo0;  // slice s_lo, rows i and i + WG_P
-  FLT4 hi0 = s_hi < od.z ? LOAD4(bias, s_hi) : (FLT4)(0), hi1 = hi0;  // slice s_hi
-  for (int k0 = 0; k0 < depth; k0 += CHUNK) {
+  FLT4 lo0 = lz == 0 && s_lo < od.z ? LOAD4(bias, s_lo) : (FLT4)(0), lo1 = lo0;  // slice s_lo, rows i and i + WG_P
+  FLT4 hi0 = lz == 0 && s_hi < od.z ? LOAD4(bias, s_hi) : (FLT4)(0), hi1 = hi0;  // slice s_hi
+  for (int step = 0; step < depth; step += SPLIT * CHUNK) {  // the same steps for every layer: barriers
+    int k0 = step + lz * CHUNK;
     for (int kk = a_k; kk < CHUNK; kk += GROUP / TILE_P) {
       int k = k0 + kk;
-      a_tile[kk][a_row] = r < rows && k < depth ? STAGED(k) : (FLT4)(0);
+      a_tiles[lz][kk][a_row] = r < rows && k < depth ? STAGED(k) : (FLT4)(0);
     }
     int k = k0 + w_part / 4;
     for (int sl = w_slice; sl < TILE_S; sl += GROUP / (CHUNK * 4)) {
       int s = s0 + sl;
-      w_tile[sl][w_part] = s < od.z && k < depth ? LOAD4(weights, (s * depth + k0) * 4 + w_part) : (FLT4)(0);
+      w_tiles[lz][sl][w_part] = s < od.z && k < depth ? LOAD4(weights, (s * depth + k0) * 4 + w_part) : (FLT4)(0);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int kk = 0; kk < CHUNK; ++kk) {
-      FLT4 a0 = a_tile[kk][li], a1 = a_tile[kk][li + WG_P];
-      __local const FLT4* w_lo = w_tile[lj] + kk * 4;
-      __local const FLT4* w_hi = w_tile[lj + WG_S] + kk * 4;
+      FLT4 a0 = a_tiles[lz][kk][li], a1 = a_tiles[lz][kk][li + WG_P];
+      __local const FLT4* w_lo = w_tiles[lz][lj] + kk * 4;
+      __local const FLT4* w_hi = w_tiles[lz][lj + WG_S] + kk * 4;
       MATMUL_TAP(lo0, a0, w_lo);
       MATMUL_TAP(lo1, a1, w_lo);
       MATMUL_TAP(hi0, a0, w_hi);
@@ -82,6 +90,23 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+#if SPLIT > 1
+  __local FLT4 partial[SPLIT - 1][4][GROUP];
+  if (lz > 0) {
+    partial[lz - 1][0][item] = lo0;
+    partial[lz - 1][1][item] = hi0;
+    partial[lz - 1][2][item] = lo1;
+    partial[lz - 1][3][item] = hi1;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lz > 0) return;
+  for (int z = 0; z < SPLIT - 1; ++z) {
+    lo0 += partial[z][0][item];
+    hi0 += partial[z][1][item];
+    lo1 += partial[z][2][item];
+    hi1 += partial[z][3][item];
+  }
+#endif
   FLT4 results[4] = {lo0, hi0, lo1, hi1};
   for (int i = 0; i < 4; ++i) {
     int row = row0 + li + (i >> 1) * WG_P, s = (i & 1) ? s_hi : s_lo;
@@ -98,3 +123,4 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
 #undef TILE_P
 #undef TILE_S
 #undef GROUP
+#undef SPLIT
