@@ -81,6 +81,14 @@ class _Clock:
         with choice():
             self.now += self.cost(self.team)
 
+    def teams(self, choice, settle: int, runs: int) -> list:
+        """The teams of ``runs`` runs after ``settle`` others."""
+        taken = []
+        for i in range(settle + runs):
+            self.run(choice)
+            taken.append(self.team)
+        return taken[settle:]
+
 
 def test_the_fastest_mode_wins_and_the_others_are_probed_again(monkeypatch):
     """A load reading that counts this process's own spinning threads (LiteRT's pool after its run) says the
@@ -91,30 +99,15 @@ def test_the_fastest_mode_wins_and_the_others_are_probed_again(monkeypatch):
     clock = _Clock(lambda team: {16: 1.0, 1: 6.0}[team])
     monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
     choice = parallel.ThreadChoice(clock.limit, team=16)
-    teams = []
-    for _ in range(40):
-        clock.run(choice)
-        teams.append(clock.team)
-    assert teams[10:].count(16) >= 27 and 1 in teams[10:]  # probes of the others now and then
+    teams = clock.teams(choice, 10, 30)
+    assert teams.count(16) >= 27 and 1 in teams  # probes of the others now and then
 
     monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 15)  # one core busy for real
     clock.cost = lambda team: {16: 9.0, 15: 1.2, 1: 6.0}[team]
-    for _ in range(60):
-        clock.run(choice)
-    recent = []
-    for _ in range(20):
-        clock.run(choice)
-        recent.append(clock.team)
-    assert recent.count(15) >= 17
+    assert clock.teams(choice, 60, 20).count(15) >= 17
 
     clock.cost = lambda team: {16: 1.0, 15: 1.2, 1: 6.0}[team]  # the load is gone
-    for _ in range(80):
-        clock.run(choice)
-    recent = []
-    for _ in range(20):
-        clock.run(choice)
-        recent.append(clock.team)
-    assert recent.count(16) >= 17
+    assert clock.teams(choice, 80, 20).count(16) >= 17
 
 
 def test_a_runs_own_spinning_workers_are_not_load_for_the_next(monkeypatch):
