@@ -6,7 +6,8 @@ op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make it
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
 applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
 reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
-storing, and the residual ADD a convolution applies to what it stores.  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
+storing, the residual ADD a convolution applies to what it stores, and the product of an 8-bit lookup
+table op's result with its own input (a swish: one table of the input's 256 values).  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
 
@@ -25,7 +26,7 @@ import numpy as np
 from .ir import Op, Sparsity, Tensor
 
 FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
-                     "reshape", "residual"})
+                     "reshape", "residual", "table"})
 
 # Activations that clamp: (low, high); with PRELU, what "activation" fuses into its producer.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -39,6 +40,9 @@ CONVOLUTIONS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
 # Kernels adding a residual to their results ("residual"): int8 ones after requantizing, float ones
 # after their activation.
 RESIDUAL_HOSTS = frozenset({"CONV_2D"})
+# Lookup-table kernels of an 8-bit input whose product with that same input ("table": a swish, x *
+# LOGISTIC(x)) is one table too, of the same 256 input values.
+TABLE_HOSTS = frozenset({"LOGISTIC", "TANH"})
 
 
 # -- constants ---------------------------------------------------------------------
@@ -176,7 +180,7 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
                 and id(follower[0]) not in owner:
             take(anchor, *follower)
             value = follower[0]
-            if follower[1] in ("activation", "residual"):
+            if follower[1] in ("activation", "residual", "table"):
                 break
         tail[id(anchor)] = value
     return [Group(entries[0][0], tuple(op for op, _ in entries[1:]), tuple(kind for _, kind in entries[1:]))
@@ -330,6 +334,8 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
     out = follower.outputs[0] if len(follower.outputs) == 1 else None
     if "residual" in fusions and _residual(op, follower, ready):
         return follower, "residual"
+    if "table" in fusions and _table_product(op, follower):
+        return follower, "table"
     if out is None or out.shape != value.shape or out.dtype != value.dtype or value.dtype.numpy != np.float32:
         return None
     if ("activation" in fusions and op.opcode in ACTIVATION_HOSTS and not is_quantized_op(op)
@@ -345,6 +351,20 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
             follower.inputs[0] is value and follower.inputs[1] is value):
         return follower, "epilogue"
     return None
+
+
+def _table_product(op: Op, follower: Op) -> bool:
+    """Whether ``follower`` multiplies the 8-bit table op ``op``'s result by ``op``'s own input, every
+    tensor of one element type with one scale (a function of the input's 256 values)."""
+    if op.opcode not in TABLE_HOSTS or follower.opcode != "MUL" or len(follower.inputs) != 2:
+        return False
+    x, value = op.inputs[0], op.outputs[0]
+    if {id(t) for t in follower.inputs} != {id(x), id(value)}:
+        return False
+    tensors = (x, value, follower.outputs[0])
+    return all(t.dtype.numpy is not None and t.dtype.numpy.type in (np.int8, np.uint8) and t.dtype == x.dtype
+               and t.quantization is not None and np.size(t.quantization.scale) == 1 and t.shape == x.shape
+               for t in tensors) and (follower.options.get("fused_activation_function") or "NONE") == "NONE"
 
 
 def _residual(op: Op, follower: Op, ready: Callable[[Tensor], bool]) -> bool:

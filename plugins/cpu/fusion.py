@@ -16,6 +16,10 @@ kernel) runs inside that convolution too: the fused op reads the other operand a
 carries the ADD (option ``residual``); its kernel requantizes each output row (int8) or applies bias
 and activation to each tile (float), then adds as the ADD would, with the ADD's activation, while the
 results are in cache.
+
+An int8 swish (LOGISTIC, or TANH, then the MUL of its result by its own input) is one function of the
+input's 256 values: the table op's kernel looks up the MUL's results directly (option
+``times_input``), one pass over the tensor instead of two plus the MUL's requantization.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Collection, Sequence
 from delegate.plugin_api import Group, Op, channel_slope, constant, find_groups, folded_into
 
 # What the CPU backend's kernels fold (both engines; the numpy engine computes constants at compile time).
-FUSIONS = frozenset({"constant", "pad", "activation", "residual"})
+FUSIONS = frozenset({"constant", "pad", "activation", "residual", "table"})
 
 
 def fuse_ops(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op], dict[int, int]]:
@@ -49,6 +53,9 @@ def _merged(group: Group) -> Op:
         if kind == "residual":
             inputs.append(folded.inputs[1] if folded.inputs[0] is op.outputs[0] else folded.inputs[0])
             options["residual"] = folded
+            outputs = list(folded.outputs)
+        elif kind == "table":  # the MUL of the table op's result by its input: one table (quantized.py)
+            options["times_input"] = folded
             outputs = list(folded.outputs)
         elif kind == "pad":
             pads = constant(folded.input(1)).astype(int)

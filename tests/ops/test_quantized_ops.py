@@ -284,6 +284,36 @@ def test_unary_activations(seed, opcode, dtype, variant):
     check(unary_model(opcode, shape, dtype, in_quant, out_quant, options), [random_q(rng, shape, dtype)])
 
 
+@given(seed=seeds, opcode=st.sampled_from(["LOGISTIC", "TANH"]), dtype=eight_bit, swap=st.booleans(),
+       act=activations, visible=st.booleans(), native=st.booleans())
+def test_swish_product_of_a_table_op_and_its_input(seed, opcode, dtype, swap, act, visible, native):
+    """x * LOGISTIC(x) (or TANH): where the MUL has no activation and the table op's result feeds only
+    it, the two run as one lookup of the MUL's results (the shared pass's "table" group); exactly as
+    LiteRT's two kernels compute them."""
+    from delegate import CompileOptions, read_model
+    from delegate.partition import make_partition
+    from delegate.plugins import default_manager
+
+    rng = np.random.default_rng(seed)
+    in_quant = (float(rng.uniform(0.02, 0.08)), activation_quant(rng, dtype)[1])
+    table_quant = {"LOGISTIC": (1 / 256, -128 if dtype == "int8" else 0),
+                   "TANH": (1 / 128, 0 if dtype == "int8" else 128)}[opcode]
+    shape = (1, 6, 7, 19)
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype, quant=in_quant)
+    t = b.op(opcode, [x], dtype=dtype, quant=table_quant)
+    y = b.op("MUL", [t, x] if swap else [x, t], options={"fused_activation_function": act}, dtype=dtype,
+             quant=activation_quant(rng, dtype))
+    b.output(y)
+    if visible:
+        b.output(t)
+    check(b, [random_q(rng, shape, dtype)], native=native)
+    g = read_model(b.to_bytes()).main
+    cpu = default_manager().backend_info("cpu").factory({"engine": "numpy", "native": native})
+    fused = cpu.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions()).describe()["fused"]
+    assert fused == ({} if visible or act != "NONE" else {str(g.ops[1].index): g.ops[0].index})
+
+
 @given(seed=seeds, alpha_shape=st.sampled_from([(6,), (1, 1, 6), (5, 5, 6), (1, 5, 5, 6)]),
        dtype=st.sampled_from(["int8", "uint8"]))
 def test_prelu(seed, alpha_shape, dtype):

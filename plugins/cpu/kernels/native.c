@@ -1811,19 +1811,35 @@ int qdepthwise(const qdepthwise_call *p)
     return DONE;
 }
 
+#if defined(__AVX512F__)
+/* qmul_span's whole vectors, the output stage's vectors loaded once (its one channel repeated) and its
+ * left shifts and ties' adjustment left out where the stage has none (``left``, ``away`` constant). */
+static inline __attribute__((always_inline)) int64_t qmul_vectors(const int8_t *a, const int8_t *b, int8_t *out,
+                                                                  int64_t count, const qbinary_call *p,
+                                                                  const int left, const int away)
+{
+    __m512i wa = _mm512_set1_epi32((int32_t)p->zero_a), wb = _mm512_set1_epi32((int32_t)p->zero_b);
+    qstage16 stage = qstage_at(p->output, 0);
+    int64_t k = 0;
+    for (; k + 16 <= count; k += 16) {
+        __m512i x = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + k))), wa);
+        __m512i y = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k))), wb);
+        __m512i v = qrequantize_steps(_mm512_mullo_epi32(x, y), &stage, left, away);
+        _mm_storeu_si128((__m128i *)(out + k), _mm512_cvtepi32_epi8(v));
+    }
+    return k;
+}
+#endif
+
 /* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
 static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
 {
     int64_t k = 0;
     int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
 #if defined(__AVX512F__)
-    __m512i wa = _mm512_set1_epi32(zero_a), wb = _mm512_set1_epi32(zero_b);
-    for (; k + 16 <= count; k += 16) {
-        __m512i x = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + k))), wa);
-        __m512i y = _mm512_sub_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k))), wb);
-        __m512i v = qrequantize16(_mm512_mullo_epi32(x, y), 0, p->output);
-        _mm_storeu_si128((__m128i *)(out + k), _mm512_cvtepi32_epi8(v));
-    }
+    const qstage *q = p->output;
+    k = q->shifts_left ? qmul_vectors(a, b, out, count, p, 1, 1)
+        : q->rounds_away ? qmul_vectors(a, b, out, count, p, 0, 1) : qmul_vectors(a, b, out, count, p, 0, 0);
 #endif
 #if defined(__AVX2__)
     __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);

@@ -326,21 +326,28 @@ def squared_difference(op: Op):
     return _pair_lookup(op, lambda values, out, _: run(values, [out])) or run
 
 
-@kernel("MUL", quantized=True)
-def mul(op: Op):
+def _mul_formula(op: Op):
+    """run(ins, outs) of an int8 MUL in numpy, as TFLite computes it."""
     a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    real = scale(a) * scale(b) / scale(out)
     offsets = (zero_point(a), zero_point(b))
-    loops = _binary_loops(op, row=True)
-    if loops is not None:
-        size = int(np.prod(out.shape))
-        call = QBinaryCall("MUL", size, _output_stage(real, op), team_for(size, PER_THREAD_ITEMS), zeros=offsets,
-                           period=size if b.shape == out.shape else _row_period(b, out))
-        return prepared_run(loops, call, 2)
-    output = Requantize.of(real, zero_point(out), activation_bounds(op))
+    output = Requantize.of(scale(a) * scale(b) / scale(out), zero_point(out), activation_bounds(op))
 
     def run(ins, outs):
         output((ins[0].astype(np.int64) - offsets[0]) * (ins[1].astype(np.int64) - offsets[1]), outs[0])
+    return run
+
+
+@kernel("MUL", quantized=True)
+def mul(op: Op):
+    a, b, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    loops = _binary_loops(op, row=True)
+    if loops is not None:
+        size = int(np.prod(out.shape))
+        call = QBinaryCall("MUL", size, _output_stage(scale(a) * scale(b) / scale(out), op),
+                           team_for(size, PER_THREAD_ITEMS), zeros=(zero_point(a), zero_point(b)),
+                           period=size if b.shape == out.shape else _row_period(b, out))
+        return prepared_run(loops, call, 2)
+    run = _mul_formula(op)
     return _pair_lookup(op, lambda values, out, _: run(values, [out])) or run
 
 
@@ -439,7 +446,16 @@ def transcendental(op: Op):
     """int8/uint8 inputs have 256 values: LiteRT tabulates the function once, and so do we."""
     if op.inputs[0].dtype.numpy == np.int16:
         return _INT16_KERNELS[op.opcode](op)
-    return _table_run(op, lookup_table(op, _TRANSCENDENTAL[op.opcode]))
+    product = op.options.get("times_input")  # a swish's MUL fused in (fusion.py): one composite table
+    if product is None:
+        return _table_run(op, lookup_table(op, _TRANSCENDENTAL[op.opcode]))
+    x = op.inputs[0]
+    activation = next(t for t in product.inputs if t is not x)
+    activated = lookup_table(Op(op.index, op.opcode, [x], [activation]), _TRANSCENDENTAL[op.opcode])
+    values = np.arange(*np.iinfo(x.dtype.numpy).min + np.array([0, 256])).astype(x.dtype.numpy)
+    composite = np.empty(256, product.outputs[0].dtype.numpy)
+    _mul_formula(product)([values if t is x else activated for t in product.inputs], [composite])
+    return _table_run(op, composite)
 
 
 def _table_run(op: Op, table: np.ndarray):
