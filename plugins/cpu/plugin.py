@@ -7,13 +7,13 @@ import logging
 import os
 import platform
 import time
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
-                                 DeviceProfile, DType, Op, Partition, Subgraph, Support, Tensor, hookimpl,
-                                 aligned_zeros, native_stderr, plan_arena)
+                                 DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
+                                 hookimpl, aligned_zeros, native_stderr, plan_arena)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
@@ -492,6 +492,11 @@ class CpuBackend(Backend):
 
     def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
         self.custom.update(kernels)
+
+    def placement_groups(self, ops: Sequence[Op], keep: Collection[int], options: CompileOptions) -> list[Group]:
+        """The shared passes' groups for what the engine fuses: LiteRT's runs a swish's LOGISTIC and MUL as
+        two ops, so only the numpy engine's table kernel makes them one ("table", fusion.py)."""
+        return find_groups(ops, self.fusions if self.engine == "numpy" else self.fusions - {"table"}, keep)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""

@@ -312,6 +312,12 @@ def test_swish_product_of_a_table_op_and_its_input(seed, opcode, dtype, swap, ac
     cpu = default_manager().backend_info("cpu").factory({"engine": "numpy", "native": native})
     fused = cpu.compile(make_partition(g, g.ops, "cpu", 0), CompileOptions()).describe()["fused"]
     assert fused == ({} if visible or act != "NONE" else {str(g.ops[1].index): g.ops[0].index})
+    # placement costs the pair as one kernel only where the engine runs it as one: LiteRT's runs two
+    keep = {t.index for t in g.outputs}
+    for engine, grouped in (("numpy", not visible and act == "NONE"), ("litert", False)):
+        cpu = default_manager().backend_info("cpu").factory({"engine": engine})
+        groups = cpu.placement_groups(g.ops, keep, CompileOptions())
+        assert any("table" in group.kinds for group in groups) == grouped
 
 
 @given(seed=seeds, alpha_shape=st.sampled_from([(6,), (1, 1, 6), (5, 5, 6), (1, 5, 5, 6)]),
