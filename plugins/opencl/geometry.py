@@ -50,7 +50,8 @@ def split_layers(tiles: int, wg_p: int, wg_s: int, depth: int, chunk: int, compu
     chunks or more, within SPLIT_LOCAL_BYTES (halving the chunk, down to MIN_SPLIT_CHUNK, to make room).
     On a GPU of 132 compute units a 7x7 layer of 960 channels to 320 gives 35 tiles of 32 items, each
     item summing 240 vectors one after another: the device waits on memory, one load after another,
-    with most of its units idle."""
+    with most of its units idle.  Tiles that few come from groups already down to 32 items, so a split
+    group holds at most 256."""
     split = 1
     while split * 2 <= MAX_SPLIT and tiles * split < 2 * compute_units:
         fitting = chunk

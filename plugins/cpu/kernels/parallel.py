@@ -263,11 +263,12 @@ class ThreadChoice:
         return ranked[1 + self.probes % (len(ranked) - 1)]
 
     def _team(self, mode: str) -> int:
+        """The team a run in ``mode`` takes (the partition's was held to the affinity when compiled)."""
         if mode == "alone":
             return 1
         if mode == "spare":
             return min(self.team, free_cores(spinning=team_spinning()))
-        return min(self.team, available_cores())
+        return self.team
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:

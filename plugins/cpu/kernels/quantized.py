@@ -452,7 +452,8 @@ def transcendental(op: Op):
     x = op.inputs[0]
     activation = next(t for t in product.inputs if t is not x)
     activated = lookup_table(Op(op.index, op.opcode, [x], [activation]), _TRANSCENDENTAL[op.opcode])
-    values = np.arange(*np.iinfo(x.dtype.numpy).min + np.array([0, 256])).astype(x.dtype.numpy)
+    lowest = int(np.iinfo(x.dtype.numpy).min)
+    values = np.arange(lowest, lowest + 256).astype(x.dtype.numpy)  # every input, in table order
     composite = np.empty(256, product.outputs[0].dtype.numpy)
     _mul_formula(product)([values if t is x else activated for t in product.inputs], [composite])
     return _table_run(op, composite)
