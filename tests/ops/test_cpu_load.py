@@ -110,6 +110,22 @@ def test_the_fastest_mode_wins_and_the_others_are_probed_again(monkeypatch):
     assert clock.teams(choice, 80, 20).count(16) >= 17
 
 
+def test_a_spare_run_given_the_whole_team_counts_as_shared(monkeypatch):
+    """The load reading flickers (on a quiet 2-core VM between 2 and 1 free cores): a "spare" run that got the
+    whole team is a sample of "shared".  Kept as spare, its fast samples ranked spare first and the next runs,
+    capped at one core, ran 1.5x slower (MobileNetV2 fp32 at 2 threads: 7.4 ms against 4.8 for streaks of
+    tens of runs)."""
+    readings = iter([2, 1] * 100)
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: next(readings))
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    clock = _Clock(lambda team: {2: 1.0, 1: 1.6}[team])
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    choice = parallel.ThreadChoice(clock.limit, team=2)
+    teams = clock.teams(choice, 10, 40)
+    assert teams.count(2) >= 36
+    assert all(1.0 not in samples for mode, samples in choice.samples.items() if mode != "shared")
+
+
 def test_a_runs_own_spinning_workers_are_not_load_for_the_next(monkeypatch):
     """Back to back, the last run's workers still spin and the kernel counts them runnable: on the H200's
     16 cores runs read 15 runnable tasks and took a team of one (MobileNetV2 int8 at 16 threads: 9.1 ms

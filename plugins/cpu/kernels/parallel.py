@@ -244,6 +244,7 @@ class ThreadChoice:
 
     def __init__(self, limit_team: Callable[[int], None] | None = None, blas: bool = True, team: int = 1) -> None:
         self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
+        self.tried = dict.fromkeys(self.MODES, 0)  # runs given each mode while every mode is tried first
         self.runs = self.probes = 0
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
@@ -254,9 +255,10 @@ class ThreadChoice:
         if self.runs == 1:
             return self.MODES[0]  # a first run pays for first-touch memory: not a fair sample
         for mode in self.MODES:
-            if len(self.samples[mode]) < 2:
+            if self.tried[mode] < 2:
+                self.tried[mode] += 1
                 return mode
-        ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode]))
+        ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode] or [float("inf")]))
         if self.runs % self.PROBE_EVERY:
             return ranked[0]
         self.probes += 1  # the others in turn, so a mode that lost under a passing load can win again
@@ -274,6 +276,8 @@ class ThreadChoice:
     def __call__(self) -> Iterator[None]:
         mode = self._next()
         team = self._team(mode)
+        if mode == "spare" and team >= self.team:
+            mode = "shared"  # the load left the whole team: this run is a sample of "shared", not of a cap
         if self.limit_team is not None:
             self.limit_team(team)
         token = _SHARING.set(mode != "alone")
