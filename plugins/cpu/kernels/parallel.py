@@ -222,65 +222,58 @@ _LOADAVG_LOCK = threading.Lock()
 
 
 class ThreadChoice:
-    """How the kernels of one compiled partition use their threads, chosen by measurement.
+    """How many threads the kernels of one compiled partition use, chosen by measurement.
 
-    "shared": the kernels' chunks shared with helper threads and the native loops on the
-    partition's whole team.  "spare": the same with the team capped at the cores the machine's
-    load leaves (see free_cores).  "alone": one thread.  Either way BLAS is held to one thread
-    (see the module docstring).  The load reading is an instant's count of runnable tasks: it
-    cannot tell a busy process from threads of this one that only spin after their own work
-    (LiteRT's pool after its partition, or a benchmark alternating with it), which read as a
-    full machine and left every run alone (MobileNetV2 at 16 threads on the H200: 5.7 ms
-    against 1.8).  Handing a chunk to a Python thread costs tens of microseconds and the GIL
-    between numpy calls, and a team waits for its slowest thread, so under real load, or for
-    models of small ops, "spare" or "alone" win; on an idle machine with large ops "shared"
-    does.  So runs are timed each way, now and then again, and the fastest is kept: never much
-    slower than one thread.  ``limit_team(n)`` caps the native loops' team for the run
-    (native.limit_team).
+    Each run takes a team: the partition's whole team, the cores the machine's load leaves
+    (see free_cores), half of those, or one thread.  With more than one thread the kernels'
+    chunks are shared with helper threads and the native loops run on that team; alone, one
+    thread does everything.  Either way BLAS is held to one thread (see the module docstring).
+    Why time them: the load reading is an instant's count of runnable tasks and cannot tell a
+    busy process from threads of this one that only spin after their own work (LiteRT's pool
+    after its partition, or a benchmark alternating with it: every run read a full machine and
+    ran alone, MobileNetV2 at 16 threads on the H200 5.7 ms against 1.8).  And a team as large
+    as the cores left is not safe either: the scheduler, waking the workers each run, now and
+    then puts one beside the busy process, and the whole team waits for it (H200, one busy
+    process, MobileNetV2 fp32 p50: 16 threads 52.6 ms, 15 34.1, 12 5.1, 8 2.9, 1 11.4).  So
+    the candidate teams are timed, now and then again, keyed by the team a run actually took,
+    and the fastest is kept: never much slower than one thread.  ``limit_team(n)`` caps the
+    native loops' team for the run (native.limit_team).
     """
 
-    MODES = ("shared", "spare", "alone")
     PROBE_EVERY = 10
 
     def __init__(self, limit_team: Callable[[int], None] | None = None, blas: bool = True, team: int = 1) -> None:
-        self.samples: dict[str, deque] = {mode: deque(maxlen=5) for mode in self.MODES}
-        self.tried = dict.fromkeys(self.MODES, 0)  # runs given each mode while every mode is tried first
+        self.samples: dict[int, deque] = {}  # team size -> seconds of its last runs
         self.runs = self.probes = 0
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
 
-    def _next(self) -> str:
+    def candidates(self) -> list[int]:
+        """The teams worth timing now, largest first: whole, what the load leaves, half of that, one."""
+        spare = min(self.team, free_cores(spinning=team_spinning()))
+        return sorted({self.team, spare, max(1, spare // 2), 1}, reverse=True)
+
+    def _next(self) -> int:
         self.runs += 1
         if self.runs == 1:
-            return self.MODES[0]  # a first run pays for first-touch memory: not a fair sample
-        for mode in self.MODES:
-            if self.tried[mode] < 2:
-                self.tried[mode] += 1
-                return mode
-        ranked = sorted(self.MODES, key=lambda mode: statistics.median(self.samples[mode] or [float("inf")]))
-        if self.runs % self.PROBE_EVERY:
+            return self.team  # a first run pays for first-touch memory: not a fair sample
+        teams = self.candidates()
+        for team in teams:
+            if len(self.samples.get(team, ())) < 2:
+                return team
+        ranked = sorted(teams, key=lambda team: statistics.median(self.samples[team]))
+        if self.runs % self.PROBE_EVERY or len(ranked) == 1:
             return ranked[0]
-        self.probes += 1  # the others in turn, so a mode that lost under a passing load can win again
+        self.probes += 1  # the others in turn, so a team that lost under a passing load can win again
         return ranked[1 + self.probes % (len(ranked) - 1)]
-
-    def _team(self, mode: str) -> int:
-        """The team a run in ``mode`` takes (the partition's was held to the affinity when compiled)."""
-        if mode == "alone":
-            return 1
-        if mode == "spare":
-            return min(self.team, free_cores(spinning=team_spinning()))
-        return self.team
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
-        mode = self._next()
-        team = self._team(mode)
-        if mode == "spare" and team >= self.team:
-            mode = "shared"  # the load left the whole team: this run is a sample of "shared", not of a cap
+        team = self._next()
         if self.limit_team is not None:
             self.limit_team(team)
-        token = _SHARING.set(mode != "alone")
+        token = _SHARING.set(team > 1)
         start = time.perf_counter()
         try:
             with blas_threads(1) if self.blas else contextlib.nullcontext():
@@ -291,7 +284,7 @@ class ThreadChoice:
             if team > 1:
                 _RELEASED[:] = [end, team - 1]
         if self.runs > 1:
-            self.samples[mode].append(end - start)
+            self.samples.setdefault(team, deque(maxlen=5)).append(end - start)
 
 
 def loaded_openblas() -> list[ctypes.CDLL]:
