@@ -1498,7 +1498,8 @@ static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int
                                                            _mm512_i32gather_epi32(ib, (const void *)tb, 4)));
         k = 16;
     }
-#elif defined(__AVX2__)
+#endif
+#if defined(__AVX2__)
     for (; k + 8 <= count; k += 8) {
         __m256i ia = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k)));
         __m256i ib = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k)));
@@ -1562,10 +1563,14 @@ int qproduct(const qproduct_call *p)
             qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
             if (p->residual) {
                 int64_t c0 = p0 * QPANEL, c1 = p1 * QPANEL < p->n ? p1 * QPANEL : p->n;
-                for (int r = 0; r < rows; r++) {
-                    int64_t at = (row + r) * p->n + c0;
-                    qadd_span(p->c + at, p->residual_b + at, p->c + at, at, c1 - c0, p->residual);
-                }
+                if (c0 == 0 && c1 == p->n) {  /* the tile's rows whole: one contiguous span, in blocks of 16 */
+                    int64_t at = row * p->n;
+                    qadd_span(p->c + at, p->residual_b + at, p->c + at, at, rows * p->n, p->residual);
+                } else
+                    for (int r = 0; r < rows; r++) {
+                        int64_t at = (row + r) * p->n + c0;
+                        qadd_span(p->c + at, p->residual_b + at, p->c + at, at, c1 - c0, p->residual);
+                    }
             }
         }
     }
