@@ -1751,6 +1751,65 @@ static inline __attribute__((always_inline)) void depthwise_store(const qdepthwi
         qstore(sums, 0, c, p->stage, (int8_t *)row + ox * c);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* depthwise_sums of an int8 image and depthwise_store of its pixels in one pass, 16 channels at a time
+ * (the last ones masked): each block's sums go through the output stage (its vectors loaded once for the
+ * pixels, the left shifts and ties' adjustment left out where the stage has none: ``left``, ``away``)
+ * straight from the registers.  The input zero point is taken out once per block, as zero times the
+ * block's weights summed over the kept taps (exact in int32 as the products are). */
+static inline __attribute__((always_inline)) void depthwise_int8_store(const int8_t *x, const int pixels, int64_t step,
+                                                                        const int64_t *offsets, const int64_t *index,
+                                                                        int64_t kept, const int16_t *taps, int64_t c,
+                                                                        int32_t zero, const qstage *stage, int8_t *out,
+                                                                        const int left, const int away)
+{
+    for (int64_t j = 0; j < c; j += 16) {
+        __mmask16 m = c - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (c - j)) - 1);
+        __m512i acc[DW_PIXEL_GROUP], weights = _mm512_setzero_si512();
+        for (int q = 0; q < pixels; q++)
+            acc[q] = _mm512_setzero_si512();
+        for (int64_t t = 0; t < kept; t++) {
+            __m512i w = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, taps + index[t] * c + j));
+            const int8_t *at = x + offsets[t] + j;
+            weights = _mm512_add_epi32(weights, w);
+            for (int q = 0; q < pixels; q++)
+                acc[q] = _mm512_add_epi32(acc[q], _mm512_mullo_epi32(
+                    _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, at + q * step)), w));
+        }
+        __m512i taken = _mm512_mullo_epi32(weights, _mm512_set1_epi32(zero));
+        qstage16 v = qstage_at(stage, j);
+        for (int q = 0; q < pixels; q++)
+            _mm_mask_storeu_epi8(out + q * c + j, m, _mm512_cvtepi32_epi8(
+                qrequantize_steps(_mm512_sub_epi32(acc[q], taken), &v, left, away)));
+    }
+}
+#endif
+
+/* The sums of ``pixels`` output pixels of a qdepthwise row (as depthwise_sums) stored from ox on. */
+static inline __attribute__((always_inline)) void qdepthwise_pixels(const qdepthwise_call *p, const int wide,
+                                                                    const char *at, const int pixels, int64_t step,
+                                                                    const int64_t *offsets, const int64_t *index,
+                                                                    int64_t kept, char *row, int64_t ox,
+                                                                    int32_t *sums)
+{
+    int64_t c = p->where->c;
+    int32_t zero = (int32_t)p->zero;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (!wide) {
+        const qstage *q = p->stage;
+        int8_t *out = (int8_t *)row + ox * c;
+        if (q->shifts_left || q->rounds_away)
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1);
+        else
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0);
+        return;
+    }
+#endif
+    depthwise_sums(at, wide, pixels, step, offsets, index, kept, p->taps, c, zero, sums);
+    for (int q = 0; q < pixels; q++)
+        depthwise_store(p, wide, sums + q * c, row, ox + q);
+}
+
 /* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
  * int64, ``sums`` for DW_PIXEL_GROUP * c int32.  The row's taps (those on input rows inside the image)
  * are listed once: pixels with all of them inside the row read them at a shifted base, four (then two)
@@ -1763,32 +1822,23 @@ static inline __attribute__((always_inline)) void qdepthwise_row(const qdepthwis
     int64_t c = g->c, window = g->kh * g->kw, size = wide ? 2 : 1, inner0, inner1, step = g->stride_w * c;
     int64_t *offsets = list, *index = list + window, *columns = index + window;
     int64_t *kept_offsets = columns + window, *kept_index = kept_offsets + window;
-    int32_t zero = (int32_t)p->zero;
     int64_t taps = row_taps(g, oy, columns, offsets, index);
     inner_columns(g->w, g->kw, g->stride_w, g->dw, g->left, g->ow, &inner0, &inner1);
     for (int64_t ox = 0; ox < g->ow; ox++) {
         int64_t base = ox * g->stride_w;
         const char *at = x + base * c * size;
         if (ox >= inner0 && ox + 3 < inner1) {
-            depthwise_sums(at, wide, 4, step, offsets, index, taps, p->taps, c, zero, sums);
-            for (int q = 0; q < 4; q++)
-                depthwise_store(p, wide, sums + q * c, row, ox + q);
+            qdepthwise_pixels(p, wide, at, 4, step, offsets, index, taps, row, ox, sums);
             ox += 3;
-            continue;
-        }
-        if (ox >= inner0 && ox + 1 < inner1) {
-            depthwise_sums(at, wide, 2, step, offsets, index, taps, p->taps, c, zero, sums);
-            depthwise_store(p, wide, sums, row, ox);
-            depthwise_store(p, wide, sums + c, row, ++ox);
-            continue;
-        }
-        if (ox >= inner0 && ox < inner1)
-            depthwise_sums(at, wide, 1, 0, offsets, index, taps, p->taps, c, zero, sums);
+        } else if (ox >= inner0 && ox + 1 < inner1) {
+            qdepthwise_pixels(p, wide, at, 2, step, offsets, index, taps, row, ox, sums);
+            ox += 1;
+        } else if (ox >= inner0 && ox < inner1)
+            qdepthwise_pixels(p, wide, at, 1, 0, offsets, index, taps, row, ox, sums);
         else
-            depthwise_sums(at, wide, 1, 0, kept_offsets, kept_index,
-                           taps_inside(columns, offsets, index, taps, base, g->w, kept_offsets, kept_index),
-                           p->taps, c, zero, sums);
-        depthwise_store(p, wide, sums, row, ox);
+            qdepthwise_pixels(p, wide, at, 1, 0, kept_offsets, kept_index,
+                             taps_inside(columns, offsets, index, taps, base, g->w, kept_offsets, kept_index),
+                             row, ox, sums);
     }
 }
 
