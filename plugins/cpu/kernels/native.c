@@ -1913,13 +1913,23 @@ int qbinary(const qbinary_call *p)
 {
     int64_t n = p->n, parts = (n + 4095) / 4096, period = p->period;
     if (p->kind == 1) {
+        /* a row operand (period < n) repeated into pieces of whole rows of about 4096 items, so that short rows
+         * (a squeeze-excitation's channel scales) run through the vector loop as long spans */
         int by_rows = period < n;
-        int64_t pieces = by_rows ? n / period : parts, size = by_rows ? period : 4096;
+        int64_t rows = by_rows && period < 4096 ? (4096 + period - 1) / period : 1;
+        int64_t size = by_rows ? period * rows : 4096, pieces = (n + size - 1) / size;
+        int8_t *repeated = rows > 1 ? malloc((size_t)size) : NULL;
+        if (rows > 1 && !repeated)
+            return NO_MEMORY;
+        for (int64_t r = 0; r < rows && repeated; r++)
+            memcpy(repeated + r * period, p->b, (size_t)period);
+        const int8_t *row = repeated ? repeated : p->b;
         #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
         for (int64_t piece = 0; piece < pieces; piece++) {
             int64_t first = piece * size, count = first + size < n ? size : n - first;
-            qmul_span(p->a + first, p->b + (by_rows ? 0 : first), p->out + first, count, p);
+            qmul_span(p->a + first, by_rows ? row : p->b + first, p->out + first, count, p);
         }
+        free(repeated);
         return DONE;
     }
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
@@ -2241,8 +2251,25 @@ int qmean(const qmean_call *p)
     for (int64_t image = 0; image < p->images; image++) {
         const int8_t *x = p->x + image * p->pixels * p->c;
         memset(acc, 0, (size_t)p->c * sizeof *acc);
-        for (int64_t q = 0; q < p->pixels; q++)
-            for (int64_t k = 0; k < p->c; k++)
+        int64_t first = 0;
+#if defined(__AVX512F__)
+        for (; first + 16 <= p->c; first += 16) {  /* 16 channels summed in registers, 4 pixels apart */
+            __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                               _mm512_setzero_si512()};
+            int64_t q = 0;
+            for (; q + 4 <= p->pixels; q += 4)
+                for (int u = 0; u < 4; u++)
+                    sums[u] = _mm512_add_epi32(sums[u], _mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(x + (q + u) * p->c + first))));
+            for (; q < p->pixels; q++)
+                sums[0] = _mm512_add_epi32(sums[0], _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(x + q * p->c + first))));
+            _mm512_storeu_si512((void *)(acc + first), _mm512_add_epi32(_mm512_add_epi32(sums[0], sums[1]),
+                                                                        _mm512_add_epi32(sums[2], sums[3])));
+        }
+#endif
+        for (int64_t q = 0; q < p->pixels && first < p->c; q++)
+            for (int64_t k = first; k < p->c; k++)
                 acc[k] += x[q * p->c + k];
         qstore(acc, 0, p->c, p->stage, p->out + image * p->c);
     }
