@@ -1479,9 +1479,20 @@ typedef struct {
     int8_t *out;
     int64_t n, period, kind, head, zero_a, zero_b;
     const int32_t *tables;
+    int64_t head_factors[4];  /* a's factor and offset, b's: the head's formula, (v * factor + offset) >> 31 */
+    int64_t head_formula;     /* whether head_factors hold it (else the head's tables alone) */
     const qstage *output;
     int64_t threads;
 } qbinary_call;
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* The head formula of 8 int8 values (the low 8 bytes of v) in 64-bit lanes, as int32. */
+static inline __m256i qadd_head_term(__m128i v, int64_t factor, int64_t offset)
+{
+    __m512i x = _mm512_mullo_epi64(_mm512_cvtepi8_epi64(v), _mm512_set1_epi64(factor));
+    return _mm512_cvtepi64_epi32(_mm512_srai_epi64(_mm512_add_epi64(x, _mm512_set1_epi64(offset)), 31));
+}
+#endif
 
 /* ADD or SUB of ``count`` items (at most 16, all in the head or all past it) of a and b into out. */
 static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, int head,
@@ -1512,12 +1523,43 @@ static inline void qadd_block(const int8_t *a, const int8_t *b, int8_t *out, int
     qstore(sums, 0, count, p->output, out);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* The head's whole vectors of 16 by its formula, the output stage loaded once (as qmul_vectors). */
+static inline __attribute__((always_inline)) int64_t qadd_head_vectors(const int8_t *a, const int8_t *b, int8_t *out,
+                                                                       int64_t count, const qbinary_call *p,
+                                                                       const int left, const int away)
+{
+    const int64_t *f = p->head_factors;
+    qstage16 stage = qstage_at(p->output, 0);
+    int64_t k = 0;
+    for (; k + 16 <= count; k += 16) {
+        __m128i va = _mm_loadu_si128((const __m128i *)(a + k)), vb = _mm_loadu_si128((const __m128i *)(b + k));
+        __m256i low = _mm256_add_epi32(qadd_head_term(va, f[0], f[1]), qadd_head_term(vb, f[2], f[3]));
+        __m256i high = _mm256_add_epi32(qadd_head_term(_mm_srli_si128(va, 8), f[0], f[1]),
+                                        qadd_head_term(_mm_srli_si128(vb, 8), f[2], f[3]));
+        __m512i sums = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+        _mm_storeu_si128((__m128i *)(out + k), _mm512_cvtepi32_epi8(qrequantize_steps(sums, &stage, left, away)));
+    }
+    return k;
+}
+#endif
+
 /* ADD or SUB of the ``count`` items at flat positions first.. of the operands (a, b and out pointing
  * at item ``first``; out may be a). */
 static void qadd_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t first, int64_t count,
                       const qbinary_call *p)
 {
-    for (int64_t k = 0; k < count;) {
+    int64_t k = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (p->head_formula && first < p->head) {
+        int64_t in_head = p->head - first < count ? p->head - first : count;
+        const qstage *q = p->output;
+        k = q->shifts_left ? qadd_head_vectors(a, b, out, in_head, p, 1, 1)
+            : q->rounds_away ? qadd_head_vectors(a, b, out, in_head, p, 0, 1)
+            : qadd_head_vectors(a, b, out, in_head, p, 0, 0);
+    }
+#endif
+    while (k < count) {
         int64_t i = first + k, head = i < p->head, n = count - k < 16 ? count - k : 16;
         if (head && p->head - i < n)
             n = p->head - i;

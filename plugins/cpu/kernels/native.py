@@ -21,6 +21,7 @@ import shlex
 import threading
 import weakref
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -801,23 +802,30 @@ class QBinaryCall(ctypes.Structure):
 
     _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR),
                 *[(name, _INT64) for name in ("n", "period", "kind", "head", "zero_a", "zero_b")],
-                ("tables", _PTR), ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
+                ("tables", _PTR), ("head_factors", _INT64 * 4), ("head_formula", _INT64),
+                ("output", ctypes.POINTER(QStage)), ("threads", _INT64)]
     symbol, places = "qbinary", ("a", "b", "out")
 
     def __init__(self, kind: str, size: int, output: QStage, threads: int, head: int = 0,
-                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None):
+                 tables: np.ndarray | None = None, zeros=(0, 0), period: int | None = None,
+                 head_factors: Sequence[tuple[int, int]] | None = None):
         """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
         (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
-        negated); MUL: the operands' ``zeros``."""
+        negated); ``head_factors``: a's and b's (factor, offset) of the first ones' formula,
+        (v * factor + offset) >> 31 (the tables' first two rows), computed where the machine multiplies
+        64-bit lanes; MUL: the operands' ``zeros``."""
         mul = kind == "MUL"
         period = size if period is None else period
         tables = None if mul else np.ascontiguousarray(tables, np.int32)
+        factors = [int(v) for pair in head_factors or () for v in pair]
         fits(0 <= head <= size and head % 16 == 0 and output.channels == 1 and period >= 1 and
-             size % period == 0 and (mul or period == size and tables.shape == (4, 256)),
-             "binary stages or operands do not fit")
+             size % period == 0 and (mul or period == size and tables.shape == (4, 256)) and
+             len(factors) in (0, 4) and all(abs(v) < 1 << 52 for v in factors[0::2]) and
+             all(abs(v) < 1 << 61 for v in factors[1::2]), "binary stages or operands do not fit")
         self.kept = (output, tables)
         super().__init__(None, None, None, size, period, int(mul), head, *zeros,
-                         None if mul else tables.ctypes.data, ctypes.pointer(output), threads)
+                         None if mul else tables.ctypes.data, (_INT64 * 4)(*(factors or [0] * 4)),
+                         int(bool(factors)), ctypes.pointer(output), threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

@@ -301,7 +301,8 @@ def int8_add_call(op: Op, first: int = 0) -> QBinaryCall | None:
     size = int(np.prod(out.shape))
     head = size - size % 16 if op.opcode == "ADD" else 0
     output_real = twice_max / np.float64(np.float32(1 << 20) * scale(out))
-    return QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head, tables)
+    return QBinaryCall(op.opcode, size, _output_stage(output_real, op), team_for(size, PER_THREAD_ITEMS), head, tables,
+                       head_factors=[factors[i] for i in order] if head else None)
 
 
 def _squared_difference_refusal(op: Op) -> str | None:
