@@ -104,11 +104,22 @@ def test_the_fastest_team_wins_and_the_others_are_probed_again(monkeypatch):
     assert teams.count(16) >= 27 and 1 in teams  # probes of the others now and then
 
     monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 15)  # one core busy for real
-    clock.cost = lambda team: {16: 30.0, 15: 20.0, 7: 1.5, 1: 6.0}[team]
-    assert clock.teams(choice, 60, 20).count(7) >= 17
+    clock.cost = lambda team: {16: 30.0, 12: 20.0, 6: 1.5, 1: 6.0}[team]  # 15 free, rounded to a quarter
+    assert clock.teams(choice, 60, 20).count(6) >= 17
 
-    clock.cost = lambda team: {16: 1.0, 15: 1.2, 7: 1.5, 1: 6.0}[team]  # the load is gone
+    clock.cost = lambda team: {16: 1.0, 12: 1.2, 6: 1.5, 1: 6.0}[team]  # the load is gone
     assert clock.teams(choice, 80, 20).count(16) >= 17
+
+
+def test_a_flickering_reading_on_many_cores_keeps_to_few_team_sizes(monkeypatch):
+    """Readings of 13 to 16 free cores for a team of 16 give the same candidates as 12 (a quarter's steps)."""
+    readings = iter([16, 15, 13, 14] * 50)
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: next(readings))
+    choice = parallel.ThreadChoice(lambda team: None, team=16)
+    for _ in range(40):
+        with choice():
+            pass
+    assert set(choice.samples) <= {16, 12, 8, 6, 1}
 
 
 def test_a_flickering_load_reading_keys_samples_by_the_team_taken(monkeypatch):

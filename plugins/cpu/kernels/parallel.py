@@ -250,8 +250,11 @@ class ThreadChoice:
         self.team = team  # the native loops' team of the partition (native.partition_team)
 
     def candidates(self) -> list[int]:
-        """The teams worth timing now, largest first: whole, what the load leaves, half of that, one."""
-        spare = min(self.team, free_cores(spinning=team_spinning()))
+        """The teams worth timing now, largest first: whole, what the load leaves, half of that, one.  What the
+        load leaves is rounded down to a quarter of the team, so that a reading that flickers (15, 13, 14 on
+        a quiet 16 cores) does not make every run a first trial of another size."""
+        quarter = max(1, self.team // 4)
+        spare = max(1, min(self.team, free_cores(spinning=team_spinning())) // quarter * quarter)
         return sorted({self.team, spare, max(1, spare // 2), 1}, reverse=True)
 
     def _next(self) -> int:
