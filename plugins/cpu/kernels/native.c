@@ -1628,6 +1628,20 @@ int qproduct(const qproduct_call *p)
     return DONE;
 }
 
+/* memcpy of n bytes, short runs (a first convolution's window rows: 3 taps of 3 channels) as two overlapping
+ * moves of a fixed size instead of a call. */
+static inline void copy_bytes(int8_t *restrict dst, const int8_t *restrict src, int64_t n)
+{
+    if (n >= 8 && n <= 16) {
+        memcpy(dst, src, 8);
+        memcpy(dst + n - 8, src + n - 8, 8);
+    } else if (n >= 4 && n < 8) {
+        memcpy(dst, src, 4);
+        memcpy(dst + n - 4, src + n - 4, 4);
+    } else
+        memcpy(dst, src, (size_t)n);
+}
+
 /* A CONV_2D of int8 (h, w, c) images (where: the geometry, in items): groups of up to QMR output pixels
  * of a row copy their windows into per-thread rows of depth kh*kw*c (taps outside the image hold the
  * input zero point, adding nothing once the zero point is folded in), then go against every panel; a
@@ -1670,7 +1684,7 @@ int qconv(const qconv_call *p)
                 for (int64_t ky = 0; ky < g->kh; ky++) {
                     int64_t iy = oy * g->stride_h + ky * g->dh - g->top, ix0 = (ox + q) * g->stride_w - g->left;
                     if (g->dw == 1 && iy >= 0 && iy < g->h && ix0 >= 0 && ix0 + g->kw <= g->w) {
-                        memcpy(dst, x + (iy * g->w + ix0) * c, g->kw * c);  /* the row's taps are one run */
+                        copy_bytes(dst, x + (iy * g->w + ix0) * c, g->kw * c);  /* the row's taps are one run */
                         dst += g->kw * c;
                         continue;
                     }
@@ -1679,7 +1693,7 @@ int qconv(const qconv_call *p)
                         if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
                             memset(dst, (int)p->zero, c);
                         else
-                            memcpy(dst, x + (iy * g->w + ix) * c, c);
+                            copy_bytes(dst, x + (iy * g->w + ix) * c, c);
                     }
                 }
             }
