@@ -1826,14 +1826,29 @@ static inline __attribute__((always_inline)) void depthwise_int8_store(const int
                                                                         const int64_t *offsets, const int64_t *index,
                                                                         int64_t kept, const int16_t *taps, int64_t c,
                                                                         int32_t zero, const qstage *stage, int8_t *out,
-                                                                        const int left, const int away)
+                                                                        const int left, const int away, const int kw)
 {
     for (int64_t j = 0; j < c; j += 16) {
         __mmask16 m = c - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (c - j)) - 1);
         __m512i acc[DW_PIXEL_GROUP], weights = _mm512_setzero_si512();
         for (int q = 0; q < pixels; q++)
             acc[q] = _mm512_setzero_si512();
-        for (int64_t t = 0; t < kept; t++) {
+        /* kw: the taps whole filter rows of kw along a row read at a stride of one pixel (stride and dilation 1,
+         * step == c): each filter row's pixels + kw - 1 inputs widened once for its kw taps */
+        for (int64_t t = 0; kw && t < kept; t += kw) {
+            __m512i in[DW_PIXEL_GROUP + 4], w[5];
+            const int8_t *at = x + offsets[t] + j;
+            for (int i = 0; i < pixels + kw - 1; i++)
+                in[i] = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, at + i * c));
+            for (int kx = 0; kx < kw; kx++) {
+                w[kx] = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, taps + index[t + kx] * c + j));
+                weights = _mm512_add_epi32(weights, w[kx]);
+            }
+            for (int kx = 0; kx < kw; kx++)
+                for (int q = 0; q < pixels; q++)
+                    acc[q] = _mm512_add_epi32(acc[q], _mm512_mullo_epi32(in[q + kx], w[kx]));
+        }
+        for (int64_t t = 0; !kw && t < kept; t++) {
             __m512i w = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, taps + index[t] * c + j));
             const int8_t *at = x + offsets[t] + j;
             weights = _mm512_add_epi32(weights, w);
@@ -1863,10 +1878,18 @@ static inline __attribute__((always_inline)) void qdepthwise_pixels(const qdepth
     if (!wide) {
         const qstage *q = p->stage;
         int8_t *out = (int8_t *)row + ox * c;
-        if (q->shifts_left || q->rounds_away)
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1);
+        const geometry *g = p->where;
+        int rows = pixels == DW_PIXEL_GROUP && step == c && g->dw == 1 && kept % g->kw == 0 ? (int)g->kw : 0;
+        if (rows == 3 && !(q->shifts_left || q->rounds_away))
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0, 3);
+        else if (rows == 3)
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 3);
+        else if (rows == 5)
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 5);
+        else if (q->shifts_left || q->rounds_away)
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 0);
         else
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0);
+            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0, 0);
         return;
     }
 #endif
