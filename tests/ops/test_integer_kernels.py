@@ -190,6 +190,22 @@ def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act, row):
         assert called == (["qbinary"] if native else [])
 
 
+@pytest.mark.parametrize("channels", [16, 24, 40])
+def test_mul_by_a_row_over_many_spans_is_bit_exact(channels):
+    """A squeeze-excitation's MUL by one row of channel scales: the row is repeated into spans of ~4096 items
+    (whole rows), many of them, the last one shorter."""
+    rng = np.random.default_rng(channels)
+    shape, row = (1, 45, 37, channels), (1, 1, 1, channels)
+    b = GraphBuilder()
+    x = b.input("x", shape, "int8", quant=(0.03, 5))
+    y = b.input("y", row, "int8", quant=(0.004, -128))
+    b.output(b.op("MUL", [x, y], dtype="int8", quant=(0.02, -3)))
+    inputs = [random_q(rng, shape), random_q(rng, row)]
+    with native_calls() as called:
+        check_against_litert(b.to_bytes(), inputs, builtin=True, lsb=0)
+    assert called == ["qbinary"]
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=seeds, opcode=st.sampled_from(["MAX_POOL_2D", "AVERAGE_POOL_2D"]), window=st.sampled_from([1, 2, 3, 5]),
        stride=st.sampled_from([1, 2, 3]), padding=st.sampled_from(["SAME", "VALID"]),

@@ -1270,6 +1270,11 @@ static inline __attribute__((always_inline)) __m512i qrequantize_steps(__m512i a
     return _mm512_min_epi32(_mm512_max_epi32(x, v->low), v->high);
 }
 
+/* F(..., left, away) with the stage's steps as constants: a call per combination the stage can have, so that
+ * loops over many vectors leave out the steps it does not take (see qrequantize_steps). */
+#define BY_STAGE(q, F, ...) ((q)->shifts_left ? F(__VA_ARGS__, 1, 1) \
+                             : (q)->rounds_away ? F(__VA_ARGS__, 0, 1) : F(__VA_ARGS__, 0, 0))
+
 static inline __attribute__((always_inline)) __m512i qrequantize_with(__m512i acc, const qstage16 *v)
 {
     return qrequantize_steps(acc, v, 1, 1);
@@ -1562,10 +1567,7 @@ static void qadd_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t fir
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
     if (p->head_formula && first < p->head) {
         int64_t in_head = p->head - first < count ? p->head - first : count;
-        const qstage *q = p->output;
-        k = q->shifts_left ? qadd_head_vectors(a, b, out, in_head, p, 1, 1)
-            : q->rounds_away ? qadd_head_vectors(a, b, out, in_head, p, 0, 1)
-            : qadd_head_vectors(a, b, out, in_head, p, 0, 0);
+        k = BY_STAGE(p->output, qadd_head_vectors, a, b, out, in_head, p);
     }
 #endif
     while (k < count) {
@@ -1826,7 +1828,7 @@ static inline __attribute__((always_inline)) void depthwise_int8_store(const int
                                                                         const int64_t *offsets, const int64_t *index,
                                                                         int64_t kept, const int16_t *taps, int64_t c,
                                                                         int32_t zero, const qstage *stage, int8_t *out,
-                                                                        const int left, const int away, const int kw)
+                                                                        const int kw, const int left, const int away)
 {
     for (int64_t j = 0; j < c; j += 16) {
         __mmask16 m = c - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (c - j)) - 1);
@@ -1879,17 +1881,14 @@ static inline __attribute__((always_inline)) void qdepthwise_pixels(const qdepth
         const qstage *q = p->stage;
         int8_t *out = (int8_t *)row + ox * c;
         const geometry *g = p->where;
+        const int8_t *x = (const int8_t *)at;
         int rows = pixels == DW_PIXEL_GROUP && step == c && g->dw == 1 && kept % g->kw == 0 ? (int)g->kw : 0;
-        if (rows == 3 && !(q->shifts_left || q->rounds_away))
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0, 3);
-        else if (rows == 3)
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 3);
+        if (rows == 3)
+            BY_STAGE(q, depthwise_int8_store, x, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 3);
         else if (rows == 5)
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 5);
-        else if (q->shifts_left || q->rounds_away)
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 1, 1, 0);
+            BY_STAGE(q, depthwise_int8_store, x, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 5);
         else
-            depthwise_int8_store((const int8_t *)at, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0, 0, 0);
+            BY_STAGE(q, depthwise_int8_store, x, pixels, step, offsets, index, kept, p->taps, c, zero, q, out, 0);
         return;
     }
 #endif
@@ -1980,9 +1979,7 @@ static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t cou
     int64_t k = 0;
     int32_t zero_a = (int32_t)p->zero_a, zero_b = (int32_t)p->zero_b;
 #if defined(__AVX512F__)
-    const qstage *q = p->output;
-    k = q->shifts_left ? qmul_vectors(a, b, out, count, p, 1, 1)
-        : q->rounds_away ? qmul_vectors(a, b, out, count, p, 0, 1) : qmul_vectors(a, b, out, count, p, 0, 0);
+    k = BY_STAGE(p->output, qmul_vectors, a, b, out, count, p);
 #endif
 #if defined(__AVX2__)
     __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
@@ -2006,18 +2003,15 @@ int qbinary(const qbinary_call *p)
         int by_rows = period < n;
         int64_t rows = by_rows && period < 4096 ? (4096 + period - 1) / period : 1;
         int64_t size = by_rows ? period * rows : 4096, pieces = (n + size - 1) / size;
-        int8_t *repeated = rows > 1 ? malloc((size_t)size) : NULL;
-        if (rows > 1 && !repeated)
-            return NO_MEMORY;
-        for (int64_t r = 0; r < rows && repeated; r++)
+        int8_t repeated[2 * 4096];  /* rows > 1 only where period < 4096: size < 4096 + period */
+        for (int64_t r = 0; r < rows && rows > 1; r++)
             memcpy(repeated + r * period, p->b, (size_t)period);
-        const int8_t *row = repeated ? repeated : p->b;
+        const int8_t *row = rows > 1 ? repeated : p->b;
         #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
         for (int64_t piece = 0; piece < pieces; piece++) {
             int64_t first = piece * size, count = first + size < n ? size : n - first;
             qmul_span(p->a + first, by_rows ? row : p->b + first, p->out + first, count, p);
         }
-        free(repeated);
         return DONE;
     }
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
