@@ -190,6 +190,21 @@ def test_add_sub_mul_are_bit_exact(seed, opcode, size, zeros, scales, act, row):
         assert called == (["qbinary"] if native else [])
 
 
+@pytest.mark.parametrize("kernel", [3, 5])
+@pytest.mark.parametrize("channels", [16, 20, 33])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_depthwise_rows_of_a_stride_one_filter_are_bit_exact(kernel, channels, padding):
+    """A depthwise filter 3 or 5 wide at stride 1: interior pixels four at a time take each filter row's inputs
+    once for its taps (AVX-512), border pixels and the last few the taps one by one; channels in whole and
+    masked blocks of 16, the input zero point and per-channel scales as the converter writes them."""
+    rng = np.random.default_rng(kernel * 100 + channels)
+    shape = (1, 14, 17, channels)
+    b = conv_model(rng, "DEPTHWISE_CONV_2D", shape, channels, kernel, (1, 1), 1, padding, "RELU6", -37, 11, True)
+    with native_calls() as called:
+        exact(b, random_q(rng, shape))
+    assert called == ["qdepthwise"]
+
+
 @pytest.mark.parametrize("channels", [16, 24, 40])
 def test_mul_by_a_row_over_many_spans_is_bit_exact(channels):
     """A squeeze-excitation's MUL by one row of channel scales: the row is repeated into spans of ~4096 items
