@@ -250,9 +250,8 @@ def cmd_bench(args) -> int:
         doc["ratio"] = round(doc["median_ms"] / max(doc["reference_median_ms"], 1e-9), 3)
         doc["reference_alone_median_ms"] = round(reference_alone, 4)
         doc["reference_slowed"] = reference_slowed(doc["reference_median_ms"], reference_alone)
-        passthrough = [a for flag, value in (("--config", args.config), ("--backends", args.backends))
-                       if value for a in (flag, value)] + [a for v in args.set or [] for a in ("--set", v)]
-        ours_mb, theirs_mb = separate_peak_rss(data, settings.compile.num_threads or 1, passthrough)
+        ours_mb, theirs_mb = separate_peak_rss(data, settings.compile.num_threads or 1, args.config, args.backends,
+                                               args.set or [])
         doc["peak_rss_mb"], doc["reference_peak_rss_mb"] = round(ours_mb, 1), round(theirs_mb, 1)
         doc["rss_ratio"] = round(ours_mb / theirs_mb, 3)
     if args.csv:

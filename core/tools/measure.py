@@ -6,7 +6,6 @@ single ops (the LiteRT engine), only its partitions are timed, and the profile s
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
@@ -78,25 +77,27 @@ def time_alternating(ours: Callable[[], Any], theirs: Callable[[], Any] | None, 
     return mine, ref
 
 
-def separate_peak_rss(data: bytes, threads: int, argv: list[str]) -> tuple[float, float]:
-    """Peak RSS of delegate alone and of LiteRT alone, each measured in a fresh process on the same model.
+def separate_peak_rss(data: bytes, threads: int, config: str | None, backends: str | None,
+                      overrides: list[str]) -> tuple[float, float]:
+    """Peak RSS of delegate alone and of LiteRT alone, each in a fresh process that loads the model, runs it
+    five times and imports nothing of the other runtime (nor delegate's CLI).
 
     In one process the two runtimes' memory would add up, so the comparison is made apart.
     """
-    from .reference import LITERT_ALONE_SCRIPT
+    from .reference import DELEGATE_ALONE_SCRIPT, LITERT_ALONE_SCRIPT
 
     with tempfile.NamedTemporaryFile(suffix=".tflite", delete=False) as f:
         f.write(data)
     try:
-        ours = subprocess.run([sys.executable, "-m", "delegate.cli", "bench", f.name, "--runs", "5", "--warmup",
-                               "1", "--json", *argv], capture_output=True, text=True, timeout=600)
+        ours = subprocess.run([sys.executable, "-c", DELEGATE_ALONE_SCRIPT, f.name, config or "", backends or "",
+                               *overrides], capture_output=True, text=True, timeout=600)
         theirs = subprocess.run([sys.executable, "-c", LITERT_ALONE_SCRIPT, f.name, str(threads)],
                                 capture_output=True, text=True, timeout=600)
     finally:
         os.unlink(f.name)
     if ours.returncode or theirs.returncode:
         raise DelegateError(f"memory measurement failed: {(ours.stderr or theirs.stderr).strip()[-200:]}")
-    return json.loads(ours.stdout)["peak_rss_mb"], float(theirs.stdout.strip().splitlines()[-1])
+    return float(ours.stdout.strip().splitlines()[-1]), float(theirs.stdout.strip().splitlines()[-1])
 
 
 @dataclass

@@ -67,11 +67,17 @@ def litert_gpu(data: bytes, like: Sequence[np.ndarray]) -> Runner:
     return run
 
 
-# Run in a fresh process by measure.separate_peak_rss: LiteRT's peak memory on its own.
-LITERT_ALONE_SCRIPT = """
+# Peak memory, each runtime alone in a fresh process (measure.separate_peak_rss).  Neither script imports the
+# other runtime: LiteRT's process must not carry delegate's modules, nor delegate's the CLI's.
+_PEAK_RSS = """
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024.0 for line in f if line.startswith("VmHWM:"))
+"""
+
+LITERT_ALONE_SCRIPT = _PEAK_RSS + """
 import sys
 import numpy as np
-from delegate.tools.measure import peak_rss_mb
 from ai_edge_litert.interpreter import Interpreter
 it = Interpreter(model_path=sys.argv[1], num_threads=int(sys.argv[2]))
 it.allocate_tensors()
@@ -79,5 +85,22 @@ for d in it.get_input_details():
     it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
 for _ in range(5):
     it.invoke()
+print(peak_rss_mb())
+"""
+
+# argv: model, the CLI's --config and --backends ("" where not given), then its --set values.
+DELEGATE_ALONE_SCRIPT = _PEAK_RSS + """
+import sys
+import delegate
+from delegate.config import load_config
+from delegate.inputs import make_inputs
+from delegate.session import Session, run_settings
+path, config, backends = sys.argv[1], sys.argv[2] or None, sys.argv[3] or None
+settings = run_settings(load_config(config, overrides=sys.argv[4:], backends=backends).for_model(path))
+with open(path, "rb") as f:
+    session = Session(delegate.read_model(f.read()), settings)
+inputs = session.normalize_inputs(make_inputs(session.graph, None))
+for _ in range(5):
+    session.run_indexed(inputs)
 print(peak_rss_mb())
 """
