@@ -118,6 +118,10 @@ class CompiledPartition(abc.ABC):
         """Facts for ``delegate plan`` (precision used, kernels, fusion)."""
         return {}
 
+    # whether ``profile`` times each op run alone, outside the partition's runs (LiteRT's engine): then the op
+    # times give each op's share of the partition's measured time, not time spent inside it
+    ops_timed_alone = False
+
     def op_timer(self) -> str:
         """How this partition times single ops (e.g. "OpenCL profiling events"), or "" when it cannot:
         then only the whole partition is timed, and nothing is reported per op."""

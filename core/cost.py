@@ -33,7 +33,8 @@ OP_CLASSES = {"CONV_2D": "conv", "TRANSPOSE_CONV": "conv", "Convolution2DTranspo
               "STRIDED_SLICE": "layout", "PAD": "layout", "PADV2": "layout", "GATHER": "layout",
               "SPLIT": "layout", "SPLIT_V": "layout", "PACK": "layout", "UNPACK": "layout",
               "RESIZE_BILINEAR": "resize", "RESIZE_NEAREST_NEIGHBOR": "resize",
-              "UNIDIRECTIONAL_SEQUENCE_LSTM": "recurrent", "LSTM": "recurrent"}
+              "UNIDIRECTIONAL_SEQUENCE_LSTM": "recurrent", "LSTM": "recurrent", "UNIDIRECTIONAL_SEQUENCE_RNN": "recurrent",
+              "BIDIRECTIONAL_SEQUENCE_LSTM": "recurrent", "BIDIRECTIONAL_SEQUENCE_RNN": "recurrent", "RNN": "recurrent"}
 
 
 def op_class(op: Op) -> str:
@@ -99,8 +100,9 @@ class DeviceProfile:
     source: str = "default"  # "default (WHAT)" or the file it was read from
     borrowed_from: str = ""  # never measured: the figures are this other backend's (``borrowed``) until a fit
 
-    def compute_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
-        work = self.floor_ms(klass) + self.roofline_ms(flops, nbytes) * self.scale(klass)
+    def compute_ms(self, flops: float, nbytes: float, klass: str | None = None, steps: int = 1) -> float:
+        """``steps``: the op's dependent kernel steps (``op_steps``), each paying the class's floor."""
+        work = self.floor_ms(klass) * steps + self.roofline_ms(flops, nbytes) * self.scale(klass)
         launch = self.launch_us * 1e-3
         return max(launch, work) if self.asynchronous else launch + work
 
@@ -167,6 +169,26 @@ def _conv_flops(op: Op) -> float:
     return 2.0 * out.size * int(np.prod(w.shape[1:]))
 
 
+# Arithmetic per element of the elementwise ops that evaluate a function (a polynomial or a division per
+# element, as the vector kernels of every engine do), against one for an add: without it a sigmoid costs what
+# an add costs (MediaPipe's selfie segmentation: eleven LOGISTIC ops estimated at a twelfth of their time).
+FLOPS_PER_ELEMENT = {"LOGISTIC": 12.0, "TANH": 12.0, "EXP": 10.0, "LOG": 10.0, "GELU": 16.0, "ELU": 10.0,
+                     "HARD_SWISH": 4.0, "SIN": 12.0, "COS": 12.0, "POW": 20.0, "SQRT": 4.0, "RSQRT": 4.0,
+                     "DIV": 4.0, "FLOOR_DIV": 4.0, "FLOOR_MOD": 6.0, "LOG_SOFTMAX": 12.0}
+SEQUENCE_OPS = ("UNIDIRECTIONAL_SEQUENCE_LSTM", "UNIDIRECTIONAL_SEQUENCE_RNN", "BIDIRECTIONAL_SEQUENCE_LSTM",
+                "BIDIRECTIONAL_SEQUENCE_RNN")
+
+
+def op_steps(op: Op) -> int:
+    """Dependent kernel steps the op runs one after the other: the time steps of a sequence RNN (each a small
+    product waiting for the last), else 1.  Each pays its class's floor (LiteRT's sequence LSTM: ~40 us for 4
+    steps of a product the roofline puts at 3 us)."""
+    x = op.input(0)
+    if op.opcode not in SEQUENCE_OPS or x is None or len(x.shape) != 3:
+        return 1
+    return max(int(x.shape[0] if op.options.get("time_major") else x.shape[1]), 1)
+
+
 def op_flops(op: Op) -> float:
     """Approximate floating-point operations of one op."""
     code = op.opcode
@@ -195,7 +217,7 @@ def op_flops(op: Op) -> float:
         return 8.0 * (x.size if x is not None else 0) * n_cell + 8.0 * op.outputs[0].size * n_cell
     out = sum(t.size for t in op.outputs)
     ins = sum(t.size for t in op.inputs if t is not None)
-    return float(max(out, ins))
+    return float(max(out, ins)) * FLOPS_PER_ELEMENT.get(code, 1.0)
 
 
 def fold_group_costs(costs: dict[int, dict[str, float]], folded: Mapping[str, Collection[int]]) -> None:
@@ -224,6 +246,7 @@ class Observation:
     ms: float
     op_ms: dict[int, float] = field(default_factory=dict)
     op_times_include_launch: bool = True  # host timers do; device events time the kernel alone
+    op_times_alone: bool = False  # each op timed run alone, outside the partition: they give its share
     transfer_ms: float = 0.0
 
 
@@ -263,15 +286,17 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             timed = sum(obs.op_ms.values())
             # host timers that add up to more than the partition took disturbed what they timed (a Python
             # call per op where the engine runs a batched call, or a timer of coarse resolution): they give
-            # each op's share of the partition's own time
-            share = own / timed if obs.op_times_include_launch and timed > own > 0 else 1.0
+            # each op's share of the partition's own time; so do ops timed alone (LiteRT's engine), either way:
+            # alone, an op runs on warm caches and a warm thread pool, inside a network it does not
+            share = own / timed if (obs.op_times_alone and timed > 0 < own) or (
+                obs.op_times_include_launch and timed > own > 0) else 1.0
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))
                 measured = obs.op_ms.get(op.index)
                 if measured is None or roof <= 0:
                     continue
                 # the host's times keep their launch: refit finds it (see above)
-                points.setdefault(cost_class(op), []).append([1.0, roof, measured * share])
+                points.setdefault(cost_class(op), []).append([float(op_steps(op)), roof, measured * share])
                 added += 1
             if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
                 points.setdefault("partition", []).append([own - timed * share])
@@ -284,11 +309,11 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             # the scale for all classes is the one of float kernels: the slow kinds' rooflines count as many
             # times as their kernels are slower
             kinds = sum(roof * profile.kind_factor(cost_class(op)) for op, roof in zip(counted, roofs))
-            points.setdefault(WHOLE, []).append([float(len(counted)), kinds, own])
+            points.setdefault(WHOLE, []).append([float(sum(op_steps(op) for op in counted)), kinds, own])
             classes: dict[str, list[float]] = {}
             for op, roof in zip(counted, roofs):
                 entry = classes.setdefault(cost_class(op), [0.0, 0.0])
-                entry[0] += 1
+                entry[0] += op_steps(op)
                 entry[1] += roof
             points.setdefault(BY_CLASS, []).append([own, *(x for k, (n, r) in sorted(classes.items())
                                                            for x in (k, n, r))])

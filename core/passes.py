@@ -25,10 +25,10 @@ import numpy as np
 
 from .ir import Op, Sparsity, Tensor
 
-FUSIONS = frozenset({"constant", "pad", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
+FUSIONS = frozenset({"constant", "pad", "clamp", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
                      "reshape", "residual", "table"})
 
-# Activations that clamp: (low, high); with PRELU, what "activation" fuses into its producer.
+# Activations that clamp: (low, high); what "clamp" fuses into its producer, and with PRELU what "activation" does.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 # Kernels applying a clamp or a per-channel PReLU to their results ("activation").
 ACTIVATION_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "SUB", "MUL"})
@@ -338,10 +338,11 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
         return follower, "table"
     if out is None or out.shape != value.shape or out.dtype != value.dtype or value.dtype.numpy != np.float32:
         return None
-    if ("activation" in fusions and op.opcode in ACTIVATION_HOSTS and not is_quantized_op(op)
+    if (("activation" in fusions or "clamp" in fusions) and op.opcode in ACTIVATION_HOSTS and not is_quantized_op(op)
             and (op.options.get("fused_activation_function") or "NONE") == "NONE" and follower.inputs[0] is value
             and ((follower.opcode in CLAMPS and len(follower.inputs) == 1)
-                 or (follower.opcode == "PRELU" and channel_slope(follower.input(1), value) is not None))):
+                 or ("activation" in fusions and follower.opcode == "PRELU"
+                     and channel_slope(follower.input(1), value) is not None))):
         return follower, "activation"
     if "epilogue" not in fusions or not (op.opcode in EPILOGUE_HOSTS or op.opcode in EPILOGUE_BINARY | EPILOGUE_UNARY):
         return None

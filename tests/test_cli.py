@@ -98,10 +98,11 @@ def test_bench_compare_litert(tiny_model, tmp_path):
                   "--csv", str(tmp_path / "runs.csv"))
     assert {"median_ms", "reference_median_ms", "ratio", "peak_rss_mb", "p90_ms", "p99_ms"} <= set(doc)
     assert doc["ratio"] > 0
-    # the LiteRT engine runs a partition as one call: its time is measured whole, and no op row is invented
-    assert doc["top_ops"] == []
+    # the LiteRT engine runs a partition as one call and times no op in it: each op row is that op run alone as a
+    # one-op LiteRT model, and says so
     (part,) = doc["partition_times"]
-    assert part["op_times"].startswith("partition timed as a whole") and part["measured_ms"] > 0
+    assert part["op_times"] == "each op alone, as a one-op LiteRT model" and part["measured_ms"] > 0
+    assert doc["top_ops"] and all(r["source"] == part["op_times"] and r["ms"] > 0 for r in doc["top_ops"])
     assert doc["estimated_ms"] > 0 and doc["estimate_ratio"] == pytest.approx(doc["estimated_ms"] / doc["median_ms"],
                                                                              rel=1e-2)
     assert doc["reference_alone_median_ms"] > 0 and doc["reference_slowed"] is False

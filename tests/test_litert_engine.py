@@ -135,3 +135,39 @@ def test_an_op_litert_refuses_only_when_it_runs_is_refused_at_planning():
     b.output(b.op("FLOOR_DIV", [x, y], shape=(2, 3), dtype="int32", name="q"))
     assert default_manager().create("cpu", {"engine": "litert"}).supports(read_model(b.to_bytes()).main.ops[0],
                                                                           CompileOptions())
+
+
+def test_profiled_runs_time_each_op_alone_on_the_values_the_op_before_made():
+    """LiteRT times no op of a model it runs whole: profiling steps through the partition op by op, each op a
+    one-op LiteRT model fed what the one before produced (indices computed at run time included), with the
+    constants it folds inside it (the fp16 weights' DEQUANTIZE costs nothing, as in the whole
+    model), and reports every op it ran; the partition's own results are unchanged."""
+    from delegate.quantize import quantize
+    from delegate.tflite.writer import write_model
+
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 8))
+    w = b.const("w", np.random.default_rng(1).standard_normal((8, 1, 1, 8)).astype(np.float32))
+    y = b.op("CONV_2D", [x, w, b.const("bias", np.zeros(8, np.float32))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    picked = b.op("ARG_MAX", [y, b.const("axis", np.array([3], np.int32))], options={"output_type": 2}, dtype="int32")
+    looked_up = b.op("GATHER", [b.const("table", np.arange(8, dtype=np.float32)), picked], options={"axis": 0})
+    b.output(b.op("ADD", [looked_up, looked_up], options={"fused_activation_function": "NONE"}))
+    data = write_model(quantize(b.build(), "fp16"))
+    graph = read_model(data).main
+    executor = _compile(graph, graph.ops)
+    compiled = executor.compiled[0]
+    assert compiled.op_timer() == "each op alone, as a one-op LiteRT model"
+    xv = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    compiled.set_profiling(True)
+    out = executor.run({graph.inputs[0].index: xv})[graph.outputs[0].index]
+    np.testing.assert_array_equal(out, litert_run(data, [xv])[0])
+    times = compiled.profile()
+    run_ops = {op.index for op in graph.ops if op.opcode != "DEQUANTIZE"}
+    assert set(times) == run_ops and all(ms > 0 for ms in times.values())
+    # the last one-op model, fed along the chain, computed what the whole model did
+    last_op, last, _, outs = compiled.alone[-1]
+    assert last_op.index == max(run_ops)
+    np.testing.assert_array_equal(last.get_tensor(outs[0][0]), out)
+    compiled.set_profiling(False)
+    assert compiled.profile() == {} and compiled.alone == []

@@ -112,6 +112,7 @@ class PartitionTiming:
     host_ms: float = 0.0
     op_ms: dict[int, float] = field(default_factory=dict)  # per op, where the backend times ops
     op_source: str = ""  # how op_ms was measured, or why there is none
+    ops_alone: bool = False  # op_ms timed each op run alone, outside the partition's runs
     # device time of the host copies and layout conversions at the partition's edges, where the backend times them
     boundary_ms: float | None = None
     # one run with inputs and outputs left on the device (enqueue + wait), where the backend has such a run
@@ -156,6 +157,7 @@ def profile_partitions(executor, indexed: dict[int, np.ndarray], runs: int = 5) 
             try:
                 samples_ms(once, runs)
                 timing.op_ms = {int(k): float(v) for k, v in compiled.profile().items()}
+                timing.ops_alone = bool(getattr(compiled, "ops_timed_alone", False))
                 timing.boundary_ms = compiled.boundary_ms() if hasattr(compiled, "boundary_ms") else None
             finally:
                 compiled.set_profiling(False)
@@ -210,6 +212,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
             continue
         profile = session.profiles[name]
         observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=backend.role == HOST,
+                                    op_times_alone=t.ops_alone,
                                     transfer_ms=sum(session.planner.transfer_cost(x, name)
                                                     for x in parts[t.index].inputs + parts[t.index].outputs))
                         for t in mine]

@@ -212,6 +212,7 @@ class LitertCompiled(CompiledPartition):
         from delegate.plugin_api import partition_model, write_model
 
         self.partition = partition
+        self.alone, self.alone_ms, self.alone_failed, self.alone_fed = [], {}, False, False  # set_profiling's
         self.try_threads = try_threads  # sustained_speed: time fewer threads for a small partition (see _load)
         original = _as_read(partition)
         self.model = "as read"
@@ -304,16 +305,106 @@ class LitertCompiled(CompiledPartition):
         for slot, t in zip(self.input_slots, self.partition.inputs):
             it.set_tensor(slot, inputs[t.index])
         it.invoke()
+        if self.alone and not (self.alone_fed or self.alone_failed):
+            self._step_alone(inputs)
         return {t.index: it.get_tensor(slot) for slot, t in zip(self.output_slots, self.partition.outputs)}
 
     def reset_state(self) -> None:
         self.interpreter.reset_all_variables()
+
+    ops_timed_alone = True
+
+    def op_timer(self) -> str:
+        return OPS_ALONE if _may_warm_up(self.partition) and not any(
+            k.endswith("subgraph_index") for op in self.partition.ops for k in op.options) else ""
+
+    def set_profiling(self, enabled: bool) -> None:
+        """Profiled runs also step once through the partition op by op, each op alone in a one-op LiteRT model at
+        the partition's thread count (with the constants it folds, so XNNPACK packs its weights as in the whole
+        model), fed what the op before produced; ``profile`` then times each: LiteRT's interpreter times no op
+        of a model it runs whole."""
+        self.alone, self.alone_ms, self.alone_failed, self.alone_fed = [], {}, False, False
+        if not enabled or not self.op_timer():
+            return
+        from delegate.plugin_api import partition_model, write_model
+
+        for op in self.partition.ops:
+            if _folded_constant(op):
+                continue
+            chain = _constant_chain(op)
+            inputs = list({t.index: t for t in op.inputs if t is not None and not known_at_compile_time(t)
+                           and not t.is_variable}.values())
+            alone = Partition(0, "cpu", chain + [op], inputs, list(op.outputs), self.partition.graph)
+            try:
+                from ai_edge_litert.interpreter import Interpreter
+
+                with native_stderr(log):
+                    interpreter = Interpreter(model_content=write_model(partition_model(alone)),
+                                              num_threads=self.threads)
+                    interpreter.allocate_tensors()
+            except Exception as exc:  # LiteRT or the writer refuses the op alone: no op of this partition is timed
+                log.debug("cpu: %s alone could not be timed: %s", op.describe(), exc)
+                self.alone_failed = True
+                return
+            details = interpreter.get_input_details(), interpreter.get_output_details()
+            self.alone.append((op, interpreter, [(d["index"], t.index) for d, t in zip(details[0], inputs)],
+                               [(d["index"], t.index) for d, t in zip(details[1], op.outputs)]))
+
+    def _step_alone(self, inputs: Mapping[int, Any]) -> None:
+        """Feed each one-op model what the op before produced (once: the values stay set in its interpreter)."""
+        values = dict(inputs)
+        try:
+            for op, interpreter, ins, outs in self.alone:
+                for slot, index in ins:
+                    interpreter.set_tensor(slot, values[index])
+                interpreter.invoke()
+                values.update({index: interpreter.get_tensor(slot) for slot, index in outs})
+            self.alone_fed = True
+        except (RuntimeError, ValueError, KeyError) as exc:  # an op alone refused its values: none is reported
+            log.debug("cpu: stepping through the partition op by op failed: %s", exc)
+            self.alone_failed = True
+
+    def profile(self) -> dict[int, float]:
+        """Each op's median over ALONE_RUNS back-to-back runs of its one-op model, after ALONE_WARMUP."""
+        if self.alone_failed or not self.alone_fed:
+            return {}
+        if not self.alone_ms:
+            for op, interpreter, _, _ in self.alone:
+                for _ in range(ALONE_WARMUP):
+                    interpreter.invoke()
+                times = []
+                for _ in range(ALONE_RUNS):
+                    start = time.perf_counter()
+                    interpreter.invoke()
+                    times.append((time.perf_counter() - start) * 1e3)
+                self.alone_ms[op.index] = float(np.median(times))
+        return dict(self.alone_ms)
 
     def describe(self) -> dict[str, Any]:
         described = {"engine": "litert", "model": self.model, "threads": self.threads}
         if self.thread_ms:
             described["thread_trial_ms"] = {str(k): v for k, v in self.thread_ms.items()}
         return described
+
+
+OPS_ALONE = "each op alone, as a one-op LiteRT model"
+LITERT_FUSIONS = frozenset({"constant", "pad", "clamp"})
+ALONE_WARMUP, ALONE_RUNS = 2, 7
+
+
+def _folded_constant(op: Op) -> bool:
+    """A DEQUANTIZE/DENSIFY of a constant (its output known at compile time): prepared once, never run."""
+    return len(op.outputs) == 1 and known_at_compile_time(op.outputs[0])
+
+
+def _constant_chain(op: Op) -> list[Op]:
+    """The folded constant ops that produce ``op``'s inputs, producers first."""
+    chain: list[Op] = []
+    for t in op.inputs:
+        producer = t.producer if t is not None else None
+        if producer is not None and _folded_constant(producer) and producer not in chain:
+            chain = [p for p in _constant_chain(producer) if p not in chain] + chain + [producer]
+    return chain
 
 
 # Ops whose effects outlive a run (resource variables, and control flow that may call them).
@@ -457,6 +548,8 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # num_threads (measured: the int16x8 and int8 attention fixtures take the same time at 1 and 2 threads).
 # A sequence LSTM steps through time with small products (the float one 15-20x from its roofline, the int8
 # one 330-390x: `cpu_kinds.py --model` on the converter's LSTM fixtures, 2026-12-03); no other class says so.
+# LiteRT's: a floor per time step (``cost.op_steps``), from the converter's LSTM fixtures each run alone on the
+# H200 host, 2026-12-04, at 1 and 16 threads alike: float 38.6 us for 16 steps, int8 92 us for 12.
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
@@ -470,11 +563,11 @@ DEFAULT_PROFILES = {
     "litert": DeviceProfile(gflops=225.0, gbytes_per_s=21.9, launch_us=0.05, partition_us=0.0, run_us=7.0,
                             class_scale={"*": 0.88, "conv": 0.88, "depthwise": 0.78, "layout": 0.66, "matmul": 0.72,
                                          "pool": 3.3, "reduce": 0.45, "elementwise": 0.98, "resize": 1.21,
-                                         "batch_matmul": 0.74, "recurrent": 20.0},
-                            class_floor_us={"pool": 4.8, "resize": 12.6},
+                                         "batch_matmul": 0.74, "recurrent": 1.0},
+                            class_floor_us={"pool": 4.8, "resize": 12.6, "recurrent": 2.4, "recurrent/int8": 7.5},
                             kind_scale={"int16": 40.0, "batch_matmul/int8": 20.0, "reduce/int8": 15.0,
-                                        "elementwise/int8": 1.5, "depthwise/int8": 2.5, "recurrent/int8": 20.0},
-                            serial_kinds=("int16", "batch_matmul/int8", "reduce/int8", "recurrent/int8"),
+                                        "elementwise/int8": 1.5, "depthwise/int8": 2.5},
+                            serial_kinds=("int16", "batch_matmul/int8", "reduce/int8"),
                             source="default (cpu-litert)"),
 }
 
@@ -494,9 +587,10 @@ class CpuBackend(Backend):
         self.custom.update(kernels)
 
     def placement_groups(self, ops: Sequence[Op], keep: Collection[int], options: CompileOptions) -> list[Group]:
-        """The shared passes' groups for what the engine fuses: LiteRT's runs a swish's LOGISTIC and MUL as
-        two ops, so only the numpy engine's table kernel makes them one ("table", fusion.py)."""
-        return find_groups(ops, self.fusions if self.engine == "numpy" else self.fusions - {"table"}, keep)
+        """The shared passes' groups for what the engine fuses: LiteRT's (XNNPACK) folds constants, zero pads
+        and clamps into the op before, and runs a PRELU, a residual ADD and a swish's LOGISTIC and MUL as ops of
+        their own (measured each alone: MediaPipe hand_recrop's PRELUs are a fifth of its time)."""
+        return find_groups(ops, self.fusions if self.engine == "numpy" else LITERT_FUSIONS, keep)
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         """A numpy kernel, or, with the LiteRT engine (``litert``/``auto``), whatever LiteRT's interpreter runs."""
