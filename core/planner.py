@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
-from .cost import DeviceProfile, cost_class, fold_group_costs, op_bytes, op_flops, op_signature
+from .cost import DeviceProfile, cost_class, fold_group_costs, op_bytes, op_flops, op_signature, op_steps
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
@@ -210,7 +210,7 @@ class Planner:
         measured = profile.measured_op_ms.get(op_signature(op))
         if measured is not None:
             return float(measured)
-        return profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+        return profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op), op_steps(op))
 
     def transfer_cost(self, t: Tensor, backend: str) -> float:
         """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""
@@ -584,6 +584,11 @@ class Planner:
     # lowest estimate alone was within 1.05x of the best single backend on 12 of 21 models on OpenCL;
     # with this margin on 14, and on 21 of 21 on WebGPU).
     SPLIT_MARGIN = 0.8
+    # A plan on an accelerator that borrows a measured sibling's figures (``cost.borrowed``: never measured
+    # itself) must be estimated this much faster than the best plan without it to be chosen over it: on the
+    # H200, 2026-12-04, WebGPU (whose calibration was refused) borrowed OpenCL's figures, came out 1% below
+    # OpenCL's plan for MobileNetV2 and ran 2.4x slower.  (Default figures are conservative by themselves.)
+    BORROWED_MARGIN = 0.8
 
     def plan(self, graph: Subgraph) -> Plan:
         """From estimates: the best single backend alone (the CPU, or an accelerator's greedy plan), unless
@@ -596,8 +601,24 @@ class Planner:
         return plan
 
     def choose(self, candidates: list[Candidate]) -> tuple[Candidate, str]:
-        """The candidate estimates alone pick, and why."""
+        """The candidate estimates alone pick, and why: among all, unless the pick runs on an accelerator with
+        borrowed figures and is not clearly faster than the pick among the candidates without one."""
         candidates = [c for c in candidates if not c.precision]
+        pick, why = self._choose(candidates)
+        own = [c for c in candidates if not self._borrowing(c)]
+        if not own or not self._borrowing(pick):
+            return pick, why
+        safe, safe_why = self._choose(own)
+        if pick.estimated_ms < self.BORROWED_MARGIN * safe.estimated_ms:
+            return pick, why + f", and under {self.BORROWED_MARGIN:g}x the best plan on backends measured here"
+        return safe, (f"{safe_why}; {pick.name} is not estimated under {self.BORROWED_MARGIN:g}x it, and "
+                      f"{', '.join(self._borrowing(pick))} was never measured here (its figures are borrowed)")
+
+    def _borrowing(self, candidate: Candidate) -> list[str]:
+        """The accelerators ``candidate`` uses whose figures are another's."""
+        return sorted(b for b in set(candidate.assignment.values()) if self.profiles[b].borrowed_from)
+
+    def _choose(self, candidates: list[Candidate]) -> tuple[Candidate, str]:
         if self.settings.partitioner == "greedy":
             return min([c for c in candidates if c.name.startswith("greedy:")] or candidates,
                        key=lambda c: c.estimated_ms), "LiteRT's rule (partitioner: greedy)"

@@ -213,3 +213,18 @@ def test_why_says_an_op_slower_where_it_runs_was_kept_for_the_whole_plan():
         f"kept with its partition (alone cpu 0.0400 ms vs gpu 0.0500 ms): moving it alone would cost "
         f"{sum(c.ms for c in moved) - 0.01:.4f} ms more, its own saving included (+2 copies)")
     assert plan.decisions[0].reason == "fastest here: gpu 0.0010 ms vs cpu 1.0000 ms"
+
+
+@pytest.mark.parametrize("gpu_ms, chosen", [(0.9, "cpu"), (0.5, "greedy:gpu")])
+def test_an_accelerator_with_borrowed_figures_must_win_clearly(gpu_ms, chosen):
+    """An accelerator never measured here that borrows a measured sibling's figures is not conservative the
+    way the defaults are: its plan is taken from estimates only when clearly (BORROWED_MARGIN) faster than
+    the best plan without it, and the choice says why; with its own figures the lower estimate wins."""
+    graph = _chain()
+    planner = make_planner(set(range(6)), [1.0] * 6, [gpu_ms] * 6, 0.0, partition_costs=False)
+    assert planner.plan(graph).chosen == "greedy:gpu"
+    planner.profiles["gpu"].borrowed_from = "opencl"
+    plan = planner.plan(graph)
+    assert plan.chosen == chosen
+    if chosen == "cpu":
+        assert "gpu was never measured here (its figures are borrowed)" in plan.choice
