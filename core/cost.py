@@ -336,7 +336,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
             continue
         if profile.asynchronous:  # device events: the kernel alone
-            floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass))
+            floor, scale = _line(rows[:, 0], rows[:, 1], rows[:, 2], profile.floor_ms(klass), profile.scale(klass))
             profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
         else:
             lines[klass] = rows
@@ -346,7 +346,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         profile.launch_us = launch * 1e3
         for klass, rows in lines.items():
             start, scale = fitted.get(klass) or _line(rows[:, 0], rows[:, 1], rows[:, 2],
-                                                      launch + profile.floor_ms(klass))
+                                                      launch + profile.floor_ms(klass), profile.scale(klass))
             profile.class_floor_us[klass], profile.class_scale[klass] = max(start - launch, 0.0) * 1e3, scale
     if points.get(BY_CLASS) and WHOLE in points:
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
@@ -493,11 +493,13 @@ def _spread(roofs: np.ndarray) -> bool:
     return len(roofs) >= 3 and roofs.max() > 4 * roofs.min()
 
 
-def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float) -> tuple[float, float]:
+def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float,
+          scale: float = 1.0) -> tuple[float, float]:
     """(floor per op, scale) with work ~ counts * floor + scale * roofs, both non-negative; with too few or too
     alike points, one of the two: the floor where the roofline is a sliver of the time (a GPU's 6 us for an
     elementwise op whose bytes take 0.01 us is its least kernel time, not a 600x slower memory), else the
-    scale (the floor kept)."""
+    scale (the floor kept); ``scale`` is the class's scale so far (a kind's: its class's times its factor),
+    kept where the floor is fitted: a kind measured only on small ops keeps its slowness for large ones."""
     if _spread(roofs):
         # between absolute errors (the large ops dominate a sum) and relative ones (so do the many small)
         weight = 1.0 / np.sqrt(np.maximum(works, 1e-3))
@@ -508,8 +510,8 @@ def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float
             k = SCALE_RANGE[0]
             f = float(np.median((works - k * roofs) / counts))
         return max(float(f), 0.0), float(np.clip(k, *SCALE_RANGE))
-    if np.median(roofs) < FIXED_SHARE * np.median(works):
-        return max(float(np.median((works - roofs) / counts)), 0.0), 1.0
+    if np.median(roofs) * scale < FIXED_SHARE * np.median(works):
+        return max(float(np.median((works - scale * roofs) / counts)), 0.0), scale
     return floor, float(np.clip(np.median(np.maximum(works - counts * floor, 0.0) / roofs), *SCALE_RANGE))
 
 
