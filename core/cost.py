@@ -283,7 +283,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         counted = [op for op in obs.ops if not free(op)]
         if obs.op_ms:
             own = obs.ms - obs.transfer_ms
-            timed = sum(obs.op_ms.values())
+            # the ops the backend folds take no part: timed alone they cost what they never cost in the run
+            timed = sum(obs.op_ms.get(op.index, 0.0) for op in counted)
             # host timers that add up to more than the partition took disturbed what they timed (a Python
             # call per op where the engine runs a batched call, or a timer of coarse resolution): they give
             # each op's share of the partition's own time; so do ops timed alone (LiteRT's engine), either way:
