@@ -19,15 +19,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
-import jsonschema
 import yaml
 
 from .backend import CompileOptions
 from .config_schema import GLOBAL_SETTINGS, MODEL_SETTINGS, installed_schema
 from .errors import ConfigError
 from .planner import Rule
+
+if TYPE_CHECKING:
+    import jsonschema
 
 DEFAULTS_RESOURCE = "default_config.yaml"
 ZOO_PREFIX = "zoo:"
@@ -330,16 +332,15 @@ def _is_number(_checker: Any, value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"integer": _is_integer, "number": _is_number}))
-
-
 @lru_cache(maxsize=1)
 def validator() -> jsonschema.protocols.Validator:
-    """The validator of the schema with the installed plugins' backend options (built on first use)."""
-    return _Validator(installed_schema())
+    """The validator of the schema with the installed plugins' backend options (built on first use: jsonschema,
+    its dependencies and the compiled schema take ~11 MB, which a run of the built-in defaults never needs)."""
+    import jsonschema
+
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many({"integer": _is_integer,
+                                                                          "number": _is_number})
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)(installed_schema())
 
 
 _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
@@ -696,7 +697,8 @@ def build_config(doc: Document, source: str | None) -> Config:
 
 def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
                 backends: str | None = None) -> Config:
-    """Load ``path`` (None: the built-in edge defaults), apply overrides, validate, resolve.
+    """Load ``path`` (None: the built-in edge defaults), apply overrides, validate, resolve.  The built-in
+    defaults alone are not validated again (the tests validate them against the schema).
 
     Raises ConfigError naming the file (or ``--set KEY`` / ``--backends``), the key
     path and the line of the first problem.
@@ -707,10 +709,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
     if source is not None:
         user = read_document(source)
         doc.assign((), user.data, user.places)
+    overrides = list(overrides)
     for override in overrides:
         apply_set(doc, override)
     if backends is not None:
         apply_backends(doc, backends)
-    validate_document(doc)
+    if source is not None or overrides or backends is not None:
+        validate_document(doc)
     return build_config(doc, source)
 

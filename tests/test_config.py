@@ -47,6 +47,8 @@ def test_defaults_are_the_edge_profile():
     assert config.models == () and config.source is None
     edge = ROOT / "configs" / "edge.yaml"
     assert load_config(edge) == replace(config, source=str(edge))
+    # the built-in defaults alone are not validated when loaded: they must be valid here
+    config_module.validate_document(config_module._defaults())
 
 
 def test_edge_yaml_is_the_packaged_default():
