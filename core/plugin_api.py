@@ -25,6 +25,7 @@ from .hookspecs import hookimpl
 from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
 from .memory import aligned_zeros, plan_arena
 from .native import NativeBuild, load_library
+from .partition import make_partition
 from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, find_groups, folded_into,
                      is_quantized_op, known_at_compile_time)
 from .runtime import ModelState, active_state
@@ -46,7 +47,8 @@ __all__ = [
     # the IR a plugin reads
     "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor",
     # helpers the first-party plugins share
-    "CacheWarning", "EntryStore", "cache_key", "ops_fingerprint", "partition_model", "plan_arena", "ModelState",
+    "CacheWarning", "EntryStore", "cache_key", "make_partition", "ops_fingerprint", "partition_model", "plan_arena",
+    "ModelState",
     "aligned_zeros",
     "active_state", "detection_postprocess_options", "transpose_conv_bias_geometry", "mediapipe_pool_params",
     "pool_argmax_geometry", "max_unpooling_geometry", "native_stderr",

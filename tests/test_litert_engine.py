@@ -171,3 +171,50 @@ def test_profiled_runs_time_each_op_alone_on_the_values_the_op_before_made():
     np.testing.assert_array_equal(last.get_tensor(outs[0][0]), out)
     compiled.set_profiling(False)
     assert compiled.profile() == {} and compiled.alone == []
+
+
+def _around_transpose_conv(custom: bool) -> bytes:
+    """A convolution, MediaPipe's Convolution2DTransposeBias (``custom``) or the builtin TRANSPOSE_CONV of the
+    same geometry, and a LOGISTIC; float16 weights, each read through a DEQUANTIZE."""
+    from delegate.shapes import transpose_conv_bias_geometry
+
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+
+    def half(name, shape):
+        return b.op("DEQUANTIZE", [b.const(name, rng.standard_normal(shape).astype(np.float16))], dtype="float32",
+                    name=f"{name}_fp32")
+    x = b.input("x", (1, 5, 5, 8))
+    y = b.op("CONV_2D", [x, half("w", (6, 3, 3, 8)), half("bias", (6,))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    weights, bias = half("up_w", (4, 2, 2, 6)), half("up_b", (4,))
+    params = np.array([2, 2, 2], "<i4").tobytes()  # VALID, stride 2
+    shape = transpose_conv_bias_geometry((1, 5, 5, 6), (4, 2, 2, 6), params)[0]
+    if custom:
+        up = b.op("Convolution2DTransposeBias", [y, weights, bias], custom=True, custom_options=params, shape=shape)
+    else:
+        up = b.op("TRANSPOSE_CONV", [b.const("shape", np.array(shape, np.int32)), weights, y, bias], version=3,
+                  dtype="float32", options={"padding": "VALID", "stride_h": 2, "stride_w": 2}, shape=shape)
+    b.output(b.op("LOGISTIC", [up]), y)
+    return b.to_bytes()
+
+
+def test_custom_op_litert_lacks_runs_on_numpy_between_litert_stretches():
+    """LiteRT's own kernels lack MediaPipe's Convolution2DTransposeBias: that op runs on the numpy kernel, the
+    ops before and after it on LiteRT (with the fp16 weights' DEQUANTIZE each stretch reads), host arrays
+    between them; the results are LiteRT's for the builtin TRANSPOSE_CONV of the same geometry, and the
+    profile times every op of every stretch."""
+    data = _around_transpose_conv(custom=True)
+    graph = read_model(data).main
+    executor = _compile(graph, graph.ops)
+    compiled = executor.compiled[0]
+    described = compiled.describe()
+    assert described["engine"] == "litert and numpy" and "Convolution2DTransposeBias" in described["litert_refused"]
+    assert [s["engine"] for s in described["segments"]] == ["litert", "numpy", "litert"]
+    xv = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    compiled.set_profiling(True)
+    out = executor.run({graph.inputs[0].index: xv})
+    expected = litert_run(_around_transpose_conv(custom=False), [xv])
+    for tensor, want in zip(graph.outputs, expected):
+        np.testing.assert_allclose(out[tensor.index], want, rtol=1e-5, atol=1e-6)
+    assert set(compiled.profile()) == {op.index for op in graph.ops if op.opcode != "DEQUANTIZE"}

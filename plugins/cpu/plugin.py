@@ -13,7 +13,7 @@ import numpy as np
 
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
-                                 hookimpl, aligned_zeros, native_stderr, plan_arena)
+                                 hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
@@ -387,6 +387,72 @@ class LitertCompiled(CompiledPartition):
         return described
 
 
+class SegmentedCompiled(CompiledPartition):
+    """A partition of the LiteRT engine holding custom ops LiteRT's kernels lack: each stretch of such ops runs
+    on numpy, each stretch between them on LiteRT, host arrays passed between them in one run (MediaPipe's
+    selfie_segmentation, whole on numpy, ran 2.8 ms on the H200's host where LiteRT with its XNNPACK runs it
+    in 1.7)."""
+
+    ops_timed_alone = True  # LiteRT's stretches time ops alone; numpy's times are of the same ops in place
+
+    def __init__(self, partition: Partition, lacking: Collection[int],
+                 compile_segment, refused: str):
+        self.partition = partition
+        self.litert_refused = refused
+        self.segments: list[CompiledPartition] = []
+        stretch: list[Op] = []
+        # topologically ordered: each stretch reads what earlier ones produced; the ops computing constants
+        # (DEQUANTIZE of float16 weights) go with each stretch that reads their values
+        for op in (op for op in partition.ops if not _folded_constant(op)):
+            if stretch and (op.index in lacking) != (stretch[0].index in lacking):
+                self._add(stretch, stretch[0].index in lacking, compile_segment)
+                stretch = []
+            stretch.append(op)
+        self._add(stretch, stretch[0].index in lacking, compile_segment)
+
+    def _add(self, stretch: list[Op], numpy: bool, compile_segment) -> None:
+        chains = [p for op in stretch for p in _constant_chain(op)]
+        ops = sorted({id(op): op for op in chains + stretch}.values(), key=self.partition.ops.index)
+        part = make_partition(self.partition.graph, ops, self.partition.backend, len(self.segments))
+        kept = {t.index for t in self.partition.outputs}
+        part.outputs = [t for t in part.outputs if t.index in kept or not known_at_compile_time(t)]
+        self.segments.append(compile_segment(part, numpy))
+
+    def run(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        values = dict(inputs)
+        for segment in self.segments:
+            values.update(segment.run(values))
+        return {t.index: values[t.index] for t in self.partition.outputs}
+
+    def reset_state(self) -> None:
+        for segment in self.segments:
+            segment.reset_state()
+
+    def op_timer(self) -> str:
+        timers = [segment.op_timer() for segment in self.segments]
+        return "; ".join(dict.fromkeys(timers)) if all(timers) else ""
+
+    def set_profiling(self, enabled: bool) -> None:
+        for segment in self.segments:
+            segment.set_profiling(enabled)
+
+    def profile(self) -> dict[int, float]:
+        times = [segment.profile() for segment in self.segments]
+        return {k: v for t in times for k, v in t.items()} if all(times) else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "litert and numpy", "litert_refused": self.litert_refused,
+                "segments": [{"ops": len(segment.partition.ops), **segment.describe()}
+                             for segment in self.segments]}
+
+
+def _may_split(partition: Partition) -> bool:
+    """Whether the partition's ops can run in stretches of their own: no state shared through resource
+    variables or control flow (one stretch's assignments would be lost to another's interpreter)."""
+    return not any(op.opcode in _RESOURCE_OPS or any(k.endswith("subgraph_index") for k in op.options)
+                   for op in partition.ops)
+
+
 OPS_ALONE = "each op alone, as a one-op LiteRT model"
 LITERT_FUSIONS = frozenset({"constant", "pad", "clamp"})
 ALONE_WARMUP, ALONE_RUNS = 2, 7
@@ -616,21 +682,26 @@ class CpuBackend(Backend):
         """numpy kernels, or LiteRT for the whole partition when ``engine`` is litert/auto.
 
         With ``auto`` a partition LiteRT cannot take stays on numpy, its refusal logged and kept in the
-        compiled partition's description; under either, a partition holding a custom op that LiteRT's own
-        kernels lack and the project has a kernel for runs on numpy (``litert_lacks_custom``).  Either engine only ever
-        sees a model the session validated (delegate.validate) before planning.
+        compiled partition's description.  Under either, a custom op that LiteRT's own kernels lack and the
+        project has a kernel for (``litert_lacks_custom``) runs on numpy, and LiteRT runs the stretches of ops
+        between such ops (``SegmentedCompiled``).  Either engine only ever sees a model the session validated
+        (delegate.validate) before planning.
         """
         engine = self.options.get("engine", "numpy")  # "auto" still falls back per partition
         if engine == "litert" and not litert_installed():
             raise CompileError("cpu engine 'litert' needs ai-edge-litert (pip install 'delegate[reference]')")
         refused = None
-        lacking = sorted({op.opcode for op in partition.ops if op.custom and engine in ("litert", "auto")
-                          and litert_installed() and registry.find_kernel(op, self.custom) is not None
-                          and litert_lacks_custom(op)})
+        lacking = {op.index for op in partition.ops if op.custom and engine in ("litert", "auto")
+                   and litert_installed() and registry.find_kernel(op, self.custom) is not None
+                   and litert_lacks_custom(op)}
         if lacking:
-            refused = (f"partition {partition.index} holds custom op {', '.join(lacking)}, which LiteRT's own "
-                       "kernels lack: the project's kernels run it")
-            log.info("cpu: %s", refused)
+            names = ", ".join(sorted({op.opcode for op in partition.ops if op.index in lacking}))
+            refused = f"partition {partition.index} holds custom op {names}, which LiteRT's own kernels lack"
+            if len(lacking) < len(partition.ops) and _may_split(partition):
+                log.info("cpu: %s: the project's kernels run it, LiteRT the ops around it", refused)
+                return SegmentedCompiled(partition, lacking, lambda part, numpy: self._numpy(part, options, refused)
+                                         if numpy else self.compile(part, options), refused)
+            log.info("cpu: %s: the project's kernels run it", refused)
         elif engine in ("litert", "auto") and litert_installed():
             try:
                 return LitertCompiled(partition, options.num_threads,
@@ -640,6 +711,9 @@ class CpuBackend(Backend):
                 if engine == "litert":
                     raise CompileError(refused) from None
                 log.info("cpu: %s; it runs on the numpy engine", refused)
+        return self._numpy(partition, options, refused)
+
+    def _numpy(self, partition: Partition, options: CompileOptions, refused: str | None) -> CpuCompiled:
         compiled = CpuCompiled(partition, self.custom, options.num_threads, self.options.get("native", True))
         compiled.litert_refused = refused
         return compiled
