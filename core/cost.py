@@ -288,12 +288,12 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             own = obs.ms - obs.transfer_ms
             # the ops the backend folds take no part: timed alone they cost what they never cost in the run
             timed = sum(obs.op_ms.get(op.index, 0.0) for op in counted)
-            # host timers that add up to more than the partition took disturbed what they timed (a Python
-            # call per op where the engine runs a batched call, or a timer of coarse resolution): they give
-            # each op's share of the partition's own time; so do ops timed alone (LiteRT's engine), either way:
-            # alone, an op runs on warm caches and a warm thread pool, inside a network it does not
-            share = own / timed if (obs.op_times_alone and timed > 0 < own) or (
-                obs.op_times_include_launch and timed > own > 0) else 1.0
+            # timers that add up to more than the partition took disturbed what they timed (a Python call per
+            # op where the engine runs a batched call, a timer of coarse resolution; a device's profiling
+            # events: the H200's OpenCL kernels summed to up to 3x their partition's unprofiled time): they
+            # give each op's share of the partition's own time; so do ops timed alone (LiteRT's engine),
+            # either way: alone, an op runs on warm caches and a warm thread pool, inside a network it does not
+            share = own / timed if (obs.op_times_alone and timed > 0 < own) or timed > own > 0 else 1.0
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))
                 measured = obs.op_ms.get(op.index)
@@ -305,7 +305,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
                 points.setdefault("partition", []).append([own - timed * share])
             else:  # device events: the host's launches overlap the kernels, fitted over whole partitions
-                points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) for op in counted)])
+                points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) * share
+                                                             for op in counted)])
             added += 1
         elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
             roofs = [profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted]

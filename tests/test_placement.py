@@ -396,6 +396,27 @@ def test_refit_of_a_queued_device_finds_its_host_launch_cost():
     assert profile.partition_us == pytest.approx(100.0, rel=0.05)
 
 
+def test_refit_of_device_events_summing_past_their_partition_takes_their_share():
+    """Profiling events that add up to more than the partition's unprofiled time (the H200's OpenCL: up to 3x)
+    are inflated by the profiling: each kernel's share of the partition's time is what the fit takes, so the
+    refitted estimate of the partition is its time, not the events' sum."""
+    from delegate.cost import cost_class
+
+    graph = elementwise_model().main
+    profile = DeviceProfile(gflops=100.0, gbytes_per_s=100.0, launch_us=5.0, asynchronous=True)
+    rng = np.random.default_rng(1)
+    observations = []
+    for _ in range(6):
+        kernels = {op.index: float(rng.uniform(0.01, 0.06)) for op in graph.ops}
+        wall = sum(kernels.values())
+        events = {i: 2.5 * k for i, k in kernels.items()}
+        observations.append(Observation(graph.ops, wall, events, op_times_include_launch=False))
+    refit(profile, observations, lambda op: False)
+    estimate = profile.partition_us * 1e-3 + sum(profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+                                                 for op in graph.ops)
+    assert estimate == pytest.approx(float(np.mean([o.ms for o in observations])), rel=0.15)
+
+
 def _corpus():
     """The project's corpus: converter fixtures, built-in zoo models and the MediaPipe models LiteRT runs."""
     from pathlib import Path

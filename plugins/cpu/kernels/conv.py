@@ -617,17 +617,27 @@ def transpose_conv(op: Op, slots: tuple[int, int, int], stride: tuple[int, int],
     # takes one tap of one input pixel, so the contributions only need moving into place.
     tiles = (kh, kw) == (sh, sw) and (top, left) == (0, 0) and (oh, ow) == (ih * sh, iw * sw)
 
+    def tap_rows(taps):  # the products of each row of taps, each contiguous
+        return [np.ascontiguousarray(taps[:, ky * kw * o:(ky + 1) * kw * o]) for ky in range(kh)]
+    rows_of_taps = tap_rows(gemm) if gemm is not None and tiles else None
+
     def run(x, w, out):
-        acc, contrib = scratch(0, full), scratch(1, (n * ih * iw, kh * kw * o))
-        np.matmul(x.reshape(n * ih * iw, ci), gemm if gemm is not None else layout(np.asarray(w, np.float32)),
-                  out=contrib)
-        parts = contrib.reshape(n, ih, iw, kh, kw, o)
+        taps = gemm if gemm is not None else layout(np.asarray(w, np.float32))
         if tiles:
-            np.copyto(out.reshape(n, ih, kh, iw, kw, o), parts.transpose(0, 1, 3, 2, 4, 5))
+            # one product per row of taps, copied to its output rows in blocks of kw * o values (one product and
+            # a transposing copy of single values took 0.6 ms for MediaPipe selfie's 128x128x16 -> 256x256x1)
+            rows, flat = out.reshape(n * ih, kh, iw, kw * o), x.reshape(n * ih * iw, ci)
+            part = scratch(1, (n * ih * iw, kw * o))
+            for ky, row in enumerate(rows_of_taps or tap_rows(taps)):
+                np.matmul(flat, row, out=part)
+                np.copyto(rows[:, ky], part.reshape(n * ih, iw, kw * o))
             if bias is not None:
                 out += bias
             act(out)
             return
+        acc, contrib = scratch(0, full), scratch(1, (n * ih * iw, kh * kw * o))
+        np.matmul(x.reshape(n * ih * iw, ci), taps, out=contrib)
+        parts = contrib.reshape(n, ih, iw, kh, kw, o)
         acc.fill(0)
         for ky in range(kh):
             for kx in range(kw):

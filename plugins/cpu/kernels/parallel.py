@@ -188,7 +188,10 @@ def free_cores(loadavg: str | None = None, spinning: int = 0) -> int:
     except (OSError, IndexError, ValueError):
         return cores
     others = running - 1 - min(max(spinning, 0), max(running - 1, 0))
-    return max(1, min(cores, (os.cpu_count() or cores) - others))
+    return max(1, min(cores, (_CPUS or cores) - others))
+
+
+_CPUS = os.cpu_count()  # the machine's (reading it costs ~5 us a run)
 
 
 # Workers of a native team wait spinning after a run (GOMP_SPINCOUNT, native.SPIN_COUNT) and the kernel
