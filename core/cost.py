@@ -289,11 +289,15 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             # the ops the backend folds take no part: timed alone they cost what they never cost in the run
             timed = sum(obs.op_ms.get(op.index, 0.0) for op in counted)
             # timers that add up to more than the partition took disturbed what they timed (a Python call per
-            # op where the engine runs a batched call, a timer of coarse resolution; a device's profiling
-            # events: the H200's OpenCL kernels summed to up to 3x their partition's unprofiled time): they
-            # give each op's share of the partition's own time; so do ops timed alone (LiteRT's engine),
-            # either way: alone, an op runs on warm caches and a warm thread pool, inside a network it does not
-            share = own / timed if (obs.op_times_alone and timed > 0 < own) or timed > own > 0 else 1.0
+            # op where the engine runs a batched call, or a timer of coarse resolution): they give each op's
+            # share of the partition's own time; so do ops timed alone (LiteRT's engine), either way: alone, an
+            # op runs on warm caches and a warm thread pool, inside a network it does not.  A device's profiling
+            # events are held to the partition's whole time, its estimated transfers included (the H200's OpenCL
+            # kernels summed to up to 3x it; the estimate of its transfers may be most of a small one's time)
+            if obs.op_times_include_launch or obs.op_times_alone:
+                share = own / timed if (obs.op_times_alone and timed > 0 < own) or timed > own > 0 else 1.0
+            else:
+                share = obs.ms / timed if timed > obs.ms > 0 else 1.0
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))
                 measured = obs.op_ms.get(op.index)
