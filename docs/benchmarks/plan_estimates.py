@@ -5,8 +5,9 @@ profiles as they are: run `delegate calibrate` first; nothing here refits them).
 
 Configurations: the CPU alone; OpenCL and WebGPU with the CPU at fp32 and fp16 (the cost model's choice);
 OpenCL and WebGPU greedy; the shipped defaults.  One JSON line per model and configuration (estimated_ms,
-measured_ms: p50 of 30 runs after 5, on one input; the chosen candidate, partitions, copies, the candidates'
-estimates, the profiles used), written as it goes; stops starting new models after --seconds."""
+measured_ms: p50 of 30 runs after 5, on one input, the configurations of a model alternating (``measure``); the
+chosen candidate, partitions, copies, the candidates' estimates, the profiles used), written model by model;
+stops starting new models after --seconds."""
 
 import argparse
 import json
@@ -31,20 +32,42 @@ def overrides(config: str, precision: str) -> dict:
     return {**extra, "backends": "[cpu]" if config == "cpu" else f"[{config},cpu]"}
 
 
-def measure(model: str, config: str, precision: str) -> dict:
-    row = {"model": model.rsplit("/", 1)[-1], "backend": config, "precision": precision}
-    try:
-        session = delegate.load(model, **overrides(config, precision))
-        inputs = session.normalize_inputs(make_inputs(session.graph, None))
-        times = samples_ms(lambda: session.run_indexed(inputs), 30, warmup=5)
-        plan = session.plan
-        row.update(estimated_ms=round(plan.estimated_ms, 4), measured_ms=round(float(np.median(times)), 4),
-                   chosen=plan.chosen, partitions=len(plan.partitions), copies=len(plan.copies),
-                   candidates={c.name: round(c.estimated_ms, 4) for c in plan.candidates}, profiles=plan.profiles)
+ROUNDS, RUNS_PER_ROUND, WARMUP = 10, 3, 5
+
+
+def measure(model: str) -> list[dict]:
+    """Every configuration of ``model`` loaded side by side, then timed in alternating rounds (RUNS_PER_ROUND
+    runs each per round, ROUNDS rounds, after WARMUP): the machine's drift is shared, so two configurations
+    that chose one plan measure alike (timed one after the other, in fresh sessions, one plan on the H200's
+    OpenCL measured 0.75-1.68x itself)."""
+    rows, loaded = [], []
+    for config, precision in CONFIGS:
+        row = {"model": model.rsplit("/", 1)[-1], "backend": config, "precision": precision}
+        try:
+            session = delegate.load(model, **overrides(config, precision))
+            inputs = session.normalize_inputs(make_inputs(session.graph, None))
+            samples_ms(lambda: session.run_indexed(inputs), 0, warmup=WARMUP)
+            loaded.append((row, session, inputs, []))
+        except Exception as exc:  # a model a configuration cannot run is a row saying why
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    for _ in range(ROUNDS):
+        for row, session, inputs, times in loaded:
+            if "error" in row:
+                continue
+            try:
+                times.extend(samples_ms(lambda: session.run_indexed(inputs), RUNS_PER_ROUND))
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    for row, session, _, times in loaded:
+        if "error" not in row:
+            plan = session.plan
+            row.update(estimated_ms=round(plan.estimated_ms, 4), measured_ms=round(float(np.median(times)), 4),
+                       chosen=plan.chosen, partitions=len(plan.partitions), copies=len(plan.copies),
+                       candidates={c.name: round(c.estimated_ms, 4) for c in plan.candidates},
+                       profiles=plan.profiles)
         session.close()
-    except Exception as exc:  # a model a configuration cannot run is a row saying why
-        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return row
+    return rows
 
 
 def main() -> None:
@@ -58,9 +81,9 @@ def main() -> None:
         for model in args.models:
             if time.time() > deadline:
                 break
-            for config, precision in CONFIGS:
-                out.write(json.dumps(measure(model, config, precision)) + "\n")
-                out.flush()
+            for row in measure(model):
+                out.write(json.dumps(row) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":
