@@ -23,14 +23,14 @@ affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no C
 
 def test_free_cores_leave_out_other_runnable_tasks(monkeypatch):
     monkeypatch.setattr(parallel, "available_cores", lambda: 4)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(parallel, "_CPUS", 4)
     assert parallel.free_cores("0.20 0.10 0.05 1/310 4242\n") == 4  # only the caller runs
     assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 2  # two others
     assert parallel.free_cores("9.00 9.00 9.00 12/310 4242\n") == 1  # oversubscribed: the caller alone
     assert parallel.free_cores("unreadable") == 4
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)  # others may run on cores outside the affinity
+    monkeypatch.setattr(parallel, "_CPUS", 16)  # others may run on cores outside the affinity
     assert parallel.free_cores("5.00 4.00 3.00 3/310 4242\n") == 4
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(parallel, "_CPUS", 4)
     # this process's own workers, still spinning from its last run, are no load; at most the others go
     assert parallel.free_cores("5.00 4.00 3.00 4/310 4242\n", spinning=3) == 4
     assert parallel.free_cores("5.00 4.00 3.00 4/310 4242\n", spinning=1) == 2
@@ -143,7 +143,7 @@ def test_a_runs_own_spinning_workers_are_not_load_for_the_next(monkeypatch):
     against 1.8 ms with other work between runs).  Right after a shared run its workers are not counted;
     once their spin is over, whatever runs counts again."""
     monkeypatch.setattr(parallel, "available_cores", lambda: 16)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(parallel, "_CPUS", 16)
     monkeypatch.setattr(parallel, "_read_loadavg", lambda: "1.00 1.00 1.00 16/310 4242\n")  # 15 besides us
     limits = []
     choice = parallel.ThreadChoice(limits.append, team=16)
