@@ -23,12 +23,9 @@ What is stored ends up as code running as this user, so every step is checked:
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import json
 import logging
 import os
-import secrets
 import stat
 import warnings
 import weakref
@@ -37,6 +34,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .digest import compare_digest, hmac_sha256, sha256
 from .errors import CacheError
 
 FORMAT = "delegate-cache/2"
@@ -56,13 +54,13 @@ class CacheWarning(RuntimeWarning):
 
 def cache_key(fields: dict[str, Any]) -> str:
     """Digest of everything an entry depends on (device, driver, sources, options, model)."""
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+    return sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def ops_fingerprint(ops) -> str:
     """Digest of what ``ops`` compute: codes, versions, options, and every operand's type, quantization and
     constant bytes.  A cached plan keyed by a model token alone would survive new weights (issue 17 #8)."""
-    digest = hashlib.sha256()
+    digest = sha256()
     for op in ops:
         digest.update(json.dumps([op.opcode, op.version, op.options, op.custom_options], sort_keys=True,
                                  default=repr).encode())
@@ -195,7 +193,7 @@ def _read_regular(dir_fd: int, name: str, limit: int | None = None, head: int | 
 
 def _write_atomic(dir_fd: int, name: str, data: bytes, *, exclusive: bool = False) -> None:
     """``name`` in ``dir_fd`` holding ``data``, whole or not at all (exclusive: only if it does not exist)."""
-    tmp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+    tmp = f"{TEMP_PREFIX}{os.urandom(8).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600,
                  dir_fd=dir_fd)
     try:
@@ -231,7 +229,7 @@ class CacheRoot:
             others = [n for n in os.listdir(self.fd) if n != MANIFEST and not n.startswith(TEMP_PREFIX)]
             if others or not create:
                 continue  # perhaps another process is creating it right now: look once more
-            doc = {"format": FORMAT, "key": secrets.token_hex(32)}
+            doc = {"format": FORMAT, "key": os.urandom(32).hex()}
             try:
                 _write_atomic(self.fd, MANIFEST, json.dumps(doc).encode(), exclusive=True)
             except FileExistsError:
@@ -310,8 +308,7 @@ class EntryStore:
             return False
 
     def _mac(self, key: str, kind: str, payload: bytes) -> str:
-        return hmac.new(self.root.key, json.dumps([key, kind, len(payload)]).encode() + b"\0" + payload,
-                        hashlib.sha256).hexdigest()
+        return hmac_sha256(self.root.key, json.dumps([key, kind, len(payload)]).encode() + b"\0" + payload)
 
     def load(self, key: str, kind: str) -> bytes | None:
         """The payload stored under (key, kind), or None when missing or unusable (with a warning)."""
@@ -327,7 +324,7 @@ class EntryStore:
             return self._unusable(name, "not an entry of this format")
         if header.get("key") != key or header.get("kind") != kind:
             return self._unusable(name, "written for another device, source or options")
-        if header.get("size") != len(payload) or not hmac.compare_digest(
+        if header.get("size") != len(payload) or not compare_digest(
                 str(header.get("hmac")), self._mac(key, kind, payload)):
             return self._unusable(name, "checksum mismatch (corrupt, truncated or not written by this cache)")
         return payload

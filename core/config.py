@@ -286,8 +286,9 @@ def parse_key(text: str, source: str) -> KeyPath:
     return tuple(int(index) if index else name for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", text))
 
 
-def apply_set(doc: Document, override: str) -> None:
-    """Apply one ``--set KEY=VALUE``; VALUE is YAML (``fp16``, ``[cpu]``, ``{enabled: true}``)."""
+def apply_set(doc: Document, override: str) -> tuple[KeyPath, Any]:
+    """Apply one ``--set KEY=VALUE``; VALUE is YAML (``fp16``, ``[cpu]``, ``{enabled: true}``).  Returns the
+    key path and the value set."""
     key, sep, value_text = override.partition("=")
     key = key.strip()
     source = f"--set {key}".strip()
@@ -296,6 +297,7 @@ def apply_set(doc: Document, override: str) -> None:
     path = parse_key(key, source)
     value, places = parse_yaml(value_text, source, os.getcwd(), at=path, with_lines=False)
     doc.assign(path, value, places)
+    return path, value
 
 
 def apply_backends(doc: Document, names: str) -> None:
@@ -401,10 +403,49 @@ def _message(error: jsonschema.ValidationError) -> str:
     return error.message.splitlines()[0]
 
 
-def validate_document(doc: Document) -> None:
-    """Raise a ConfigError for the first problem in the merged document, in file order."""
+# Keywords of a section every key of which is optional, and of a scalar checked on its own.
+_SECTION_KEYWORDS = {"$schema", "title", "type", "additionalProperties", "properties"}
+_SCALAR_KEYWORDS = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "minLength"}
+_SCALAR_TYPES = {"string": str, "boolean": bool, "null": type(None)}
+
+
+def _has_type(value: Any, name: str) -> bool:
+    if name in ("integer", "number"):
+        return (_is_integer if name == "integer" else _is_number)(None, value)
+    return name in _SCALAR_TYPES and isinstance(value, _SCALAR_TYPES[name])
+
+
+def plainly_valid(path: KeyPath, value: Any) -> bool:
+    """Whether setting ``value`` at ``path`` of a valid document surely leaves it valid: every mapping on the
+    way is a section of optional keys and the value passes its own type, enum and bounds.  A run of the
+    built-in defaults with such ``--set`` values needs no jsonschema (4 MB resident with its dependencies);
+    False sends the document through the full validation and its messages."""
+    schema = installed_schema()
+    for key in path:
+        if (not isinstance(key, str) or set(schema) - _SECTION_KEYWORDS or schema.get("type") != "object"
+                or schema.get("additionalProperties") is not False or key not in schema.get("properties", {})):
+            return False
+        schema = schema["properties"][key]
+    if set(schema) - _SCALAR_KEYWORDS:
+        return False
+    types = schema.get("type", [])
+    if types and not any(_has_type(value, t) for t in ([types] if isinstance(types, str) else types)):
+        return False
+    if "enum" in schema and not any(type(value) is type(choice) and value == choice for choice in schema["enum"]):
+        return False
+    if _is_number(None, value):
+        low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+        if ((low is not None and not value >= low) or (high is not None and not value <= high)
+                or (above is not None and not value > above)):
+            return False
+    return not isinstance(value, str) or len(value) >= schema.get("minLength", 0)
+
+
+def validate_document(doc: Document, schema: bool = True) -> None:
+    """Raise a ConfigError for the first problem in the merged document, in file order (``schema`` False:
+    the checks beyond the schema only, for a document known to meet it)."""
     problems = []
-    for error in validator().iter_errors(doc.data):
+    for error in validator().iter_errors(doc.data) if schema else ():
         if error.validator == "additionalProperties":
             path, message = _unknown_key(error)
         else:
@@ -709,12 +750,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
     if source is not None:
         user = read_document(source)
         doc.assign((), user.data, user.places)
-    overrides = list(overrides)
-    for override in overrides:
-        apply_set(doc, override)
-    if backends is not None:
+    settings = [apply_set(doc, override) for override in overrides]
+    if backends is not None:  # keeps a valid document valid: names or entries already there
         apply_backends(doc, backends)
-    if source is not None or overrides or backends is not None:
-        validate_document(doc)
+    if source is not None or settings or backends is not None:
+        validate_document(doc, schema=source is not None or not all(plainly_valid(*s) for s in settings))
     return build_config(doc, source)
 

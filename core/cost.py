@@ -10,7 +10,6 @@ per-op times (``delegate bench --profile``) replace estimates for the ops they c
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from .digest import sha1, sha256
 from .ir import Op
 
 
@@ -542,7 +542,7 @@ def op_signature(op: Op) -> str:
     """Key of a measured per-op time: op code and shapes (not names), so it transfers between models."""
     shapes = ";".join(",".join(map(str, t.shape)) for t in op.inputs if t is not None)
     opts = json.dumps(op.options, sort_keys=True, default=str)
-    return hashlib.sha1(f"{op.opcode}|{shapes}|{opts}".encode()).hexdigest()[:16]
+    return sha1(f"{op.opcode}|{shapes}|{opts}".encode()).hexdigest()[:16]
 
 
 def profile_dir() -> Path:
@@ -565,7 +565,7 @@ def profile_info(backend: Any, threads: int) -> dict[str, Any]:
 def fingerprint(device_info: dict[str, Any]) -> str:
     """Key of a device's profile, from its stable facts only."""
     text = json.dumps({k: device_info[k] for k in STABLE_FACTS if k in device_info}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return sha256(text.encode()).hexdigest()[:20]
 
 
 def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceProfile:

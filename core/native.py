@@ -10,7 +10,6 @@ flag set builds, the caller gets the reason and runs its Python formulation inst
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import platform
@@ -26,6 +25,7 @@ from typing import Sequence
 import platformdirs
 
 from .cache import EntryStore
+from .digest import sha256
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _without(backend: str, reason: str) -> NativeBuild:
 
 def entry_key(source: bytes, compiler: list[str], flags: list[str]) -> str:
     """The cache key of one build: source, compiler command, flags and machine."""
-    return hashlib.sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
+    return sha256(b"\0".join([source, " ".join(compiler + flags).encode(), _machine().encode()])).hexdigest()
 
 
 def native_cache_dir() -> Path:

@@ -11,7 +11,6 @@ placement settings in the user cache, so the next load takes it without measurin
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import time
@@ -22,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .cost import fingerprint, profile_dir
+from .digest import blake2b, sha256
 from .errors import DelegateError
 from .ir import Subgraph
 from .planner import Candidate
@@ -35,7 +35,7 @@ DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 
 def model_fingerprint(graph: Subgraph) -> str:
     """Key of a model: its ops, options, tensor shapes and types, and every weight byte."""
-    h = hashlib.blake2b(digest_size=16)
+    h = blake2b(digest_size=16)
     for op in graph.ops:
         h.update(json.dumps([op.opcode, op.version, [t.index if t is not None else -1 for t in op.inputs],
                              [t.index for t in op.outputs], op.options], sort_keys=True, default=str).encode())
@@ -50,7 +50,7 @@ def decision_key(graph: Subgraph, devices: Mapping[str, Mapping[str, Any]], sett
     """Model fingerprint + device fingerprints + the settings that change which plans exist or how fast."""
     text = json.dumps({"model": model_fingerprint(graph), "devices": {k: fingerprint(dict(v)) for k, v in devices.items()},
                        "settings": settings, "version": DECISION_VERSION}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return sha256(text.encode()).hexdigest()[:32]
 
 
 def decision_dir() -> Path:

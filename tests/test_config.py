@@ -1,5 +1,6 @@
 """The YAML config layer: defaults, shipped configs, located errors, overrides, models, paths."""
 
+import copy
 import json
 import re
 from dataclasses import fields, replace
@@ -446,3 +447,50 @@ def test_fuzz_structure_mutations(tmp_path_factory, data):
        st.sampled_from(["", "fp16", "[cpu]", "{enabled: true}", "[", "0", "null", "zoo:x"]) | st.text(max_size=10))
 def test_fuzz_overrides(key, value):
     loads_or_locates(ROOT / "configs" / "multi-model.yaml", [f"{key}={value}"])
+
+
+def _set_cases():
+    """Every key reachable through sections of optional keys, each with values of every kind around its
+    type, enum and bounds."""
+    def walk(schema, prefix):
+        for name, sub in schema.get("properties", {}).items():
+            key = f"{prefix}{name}"
+            yield key, sub
+            yield from walk(sub, key + ".")
+    probes = ["true", "null", "0", "-1", "1", "2.5", "x", "''", "[1]", "{a: 1}"]
+    for key, sub in walk(installed_schema(), ""):
+        values = list(probes) + [json.dumps(v) for v in sub.get("enum", [])]
+        for bound in ("minimum", "maximum", "exclusiveMinimum"):
+            if bound in sub:
+                values += [json.dumps(sub[bound] + d) for d in (-1, -0.5, 0, 0.5, 1)]
+        for value in values:
+            yield f"{key}={value}"
+    yield "unknown_key=1"
+    yield "models[0].precision=fp16"
+
+
+def _fresh_defaults():
+    defaults = config_module._defaults()
+    return config_module.Document(copy.deepcopy(defaults.data), dict(defaults.places))
+
+
+def test_plainly_valid_set_values_are_valid_by_the_schema():
+    """A run whose ``--set`` values are plainly valid skips jsonschema; each one it lets through must pass the
+    schema, and the common settings must take that path."""
+    passed = 0
+    for override in _set_cases():
+        doc = _fresh_defaults()
+        try:
+            path, value = config_module.apply_set(doc, override)
+        except ConfigError:
+            continue
+        if config_module.plainly_valid(path, value):
+            passed += 1
+            assert config_module.validator().is_valid(doc.data), override
+    assert passed > 50
+    for override in ("num_threads=2", "cpu.engine=numpy", "precision=fp16", "inference_preference=sustained_speed"):
+        doc = _fresh_defaults()
+        assert config_module.plainly_valid(*config_module.apply_set(doc, override)), override
+    for override in ("num_threads=-1", "num_threads=true", "precision=fp33", "unknown_key=1", "backends=[cpu]"):
+        doc = _fresh_defaults()
+        assert not config_module.plainly_valid(*config_module.apply_set(doc, override)), override

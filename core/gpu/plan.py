@@ -17,7 +17,6 @@ keeping the PHWC4 bytes) uses its buffer.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import struct
@@ -30,6 +29,7 @@ import numpy as np
 
 from ..backend import CompileOptions, Partition
 from ..cache import EntryStore, cache_key, ops_fingerprint
+from ..digest import sha256
 from ..ir import Tensor
 from .constants import constant_value
 from .layout import phwc4_vectors, to_phwc4
@@ -110,7 +110,7 @@ class KernelPlan:
 
     def key(self) -> str:
         """Digest of the serialized plan (constants included), for the caches built from it."""
-        return hashlib.sha256(self.to_json().encode() + self.blob).hexdigest()
+        return sha256(self.to_json().encode() + self.blob).hexdigest()
 
     def to_bytes(self) -> bytes:
         text = self.to_json().encode()
@@ -272,7 +272,7 @@ class Values:
 def code_digest(package: str, definitions: str) -> str:
     """Digest of a GPU plugin's code and templates (every file of ``package``), the kit's lowering and the
     dialect's rendered ``definitions``: a cached plan is only valid for the lowering and sources it was made from."""
-    digest = hashlib.sha256(definitions.encode())
+    digest = sha256(definitions.encode())
     digest.update(resources.files(__package__).joinpath("lowering.py").read_bytes())
     pending = [resources.files(package)]
     while pending:

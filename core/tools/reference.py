@@ -88,18 +88,20 @@ for _ in range(5):
 print(peak_rss_mb())
 """
 
-# argv: model, the CLI's --config and --backends ("" where not given), then its --set values.
+# argv: model, the CLI's --config and --backends ("" where not given), then its --set values.  Zero inputs, as
+# LiteRT's script gives: random ones would add numpy.random (1-2 MB resident) that neither runtime needs.
 DELEGATE_ALONE_SCRIPT = _PEAK_RSS + """
 import sys
+import numpy as np
 import delegate
 from delegate.config import load_config
-from delegate.inputs import make_inputs
+from delegate.inputs import numeric_dtype
 from delegate.session import Session, run_settings
 path, config, backends = sys.argv[1], sys.argv[2] or None, sys.argv[3] or None
 settings = run_settings(load_config(config, overrides=sys.argv[4:], backends=backends).for_model(path))
 with open(path, "rb") as f:
     session = Session(delegate.read_model(f.read()), settings)
-inputs = session.normalize_inputs(make_inputs(session.graph, None))
+inputs = session.normalize_inputs([np.zeros(t.shape, numeric_dtype(t)) for t in session.graph.inputs])
 for _ in range(5):
     session.run_indexed(inputs)
 print(peak_rss_mb())
