@@ -37,9 +37,11 @@ ROUNDS, RUNS_PER_ROUND, WARMUP = 10, 3, 5
 
 def measure(model: str) -> list[dict]:
     """Every configuration of ``model`` loaded side by side, then timed in alternating rounds (RUNS_PER_ROUND
-    runs each per round, ROUNDS rounds, after WARMUP): the machine's drift is shared, so two configurations
-    that chose one plan measure alike (timed one after the other, in fresh sessions, one plan on the H200's
-    OpenCL measured 0.75-1.68x itself)."""
+    runs each per round after one untimed, ROUNDS rounds, after WARMUP, in a new shuffled order each round):
+    the machine's drift, and what one configuration leaves behind for the next, are shared, so two
+    configurations that chose one plan measure alike.  Timed one after the other in fresh sessions, one plan
+    on the H200's OpenCL measured 0.75-1.68x itself; in a fixed order, a CPU plan timed right after an OpenCL
+    one measured 1.2x itself (the device's threads still busy)."""
     rows, loaded = [], []
     for config, precision in CONFIGS:
         row = {"model": model.rsplit("/", 1)[-1], "backend": config, "precision": precision}
@@ -51,12 +53,14 @@ def measure(model: str) -> list[dict]:
         except Exception as exc:  # a model a configuration cannot run is a row saying why
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
+    order = np.random.default_rng(0)
     for _ in range(ROUNDS):
-        for row, session, inputs, times in loaded:
+        for j in order.permutation(len(loaded)):
+            row, session, inputs, times = loaded[j]
             if "error" in row:
                 continue
             try:
-                times.extend(samples_ms(lambda: session.run_indexed(inputs), RUNS_PER_ROUND))
+                times.extend(samples_ms(lambda: session.run_indexed(inputs), RUNS_PER_ROUND, warmup=1))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
     for row, session, _, times in loaded:
