@@ -1,6 +1,7 @@
 """Placement by measurement: candidate plans, costs of what backends really do, the measured search and its
 stored decisions, calibration that refuses what it cannot measure, and profiles refitted to measurements."""
 
+import dataclasses
 import json
 import types
 
@@ -797,6 +798,33 @@ def test_a_device_never_measured_borrows_a_measured_ones_figures(profile_dir):
     other = SoftwareDevice("other-kind", "npu")
     other.device_info = lambda: {"backend": "other-kind", "device_type": "npu"}
     assert backend_profiles({"fitted": fitted, "other-kind": other})["other-kind"].describe() == "default (cpu-device)"
+
+
+def test_a_device_on_the_host_cores_never_measured_is_no_faster_than_the_host(profile_dir):
+    """PoCL's default figures put a ViT block's int8 BATCH_MATMULs at a quarter of the CPU's estimate; that
+    plan ran 4.5x the CPU alone.  Until measured, a device on the host's own cores costs each op at least
+    what the host does; once measured, its own figures count."""
+    import copy
+
+    from delegate.gpu.profile import HOST_CORES
+    from tests.test_planner import TableBackend
+
+    graph = chain_problem()
+    ops = set(range(len(graph.ops)))
+
+    def planner(fitted_at):
+        device = TableBackend("pocl", ops, [0.01] * len(ops), 0.0)
+        device.device_info = lambda: {"backend": "pocl", "device_type": "cpu"}
+        backends = {"pocl": device, "cpu": TableBackend("cpu", ops, [1.0] * len(ops), 0.0, accelerator=False)}
+        profiles = {"pocl": dataclasses.replace(copy.deepcopy(HOST_CORES), fitted_at=fitted_at),
+                    "cpu": copy.deepcopy(CPU_DEFAULTS["numpy"])}
+        return Planner(backends, profiles, CompileOptions(), PlacementSettings())
+
+    never = planner("")
+    costs, _ = never.capabilities(graph)
+    assert all(c["pocl"] == c["cpu"] == 1.0 for c in costs.values())
+    assert {p.backend for p in never.plan(graph).partitions} == {"cpu"}
+    assert {p.backend for p in planner("2026-12-04 12:00").plan(graph).partitions} == {"pocl"}
 
 
 def test_partitions_timed_whole_scale_by_the_time_they_explain():
