@@ -556,7 +556,7 @@ class Planner:
         for accel in self.accelerators:
             greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
             found.append((f"greedy:{accel}", greedy, gnotes))
-            if self.settings.partitioner == "greedy":
+            if self.settings.partitioner == "greedy" or self.dominated(accel, costs):
                 continue
             found.append((f"cost:{accel}", *self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs,
                                                                 False)))
@@ -574,6 +574,12 @@ class Planner:
             out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
                                  baseline=name == self.host or name.startswith("greedy:")))
         return out, costs, refusals
+
+    def dominated(self, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:
+        """Whether no op is cheaper on ``accel`` than on the host, which runs them all: then every plan using it
+        costs at least the CPU alone (copies and boundaries cost nothing less than nothing), and its min cuts
+        need not be searched (a second each on a 300-op model here)."""
+        return all(self.host in c and c[accel] >= c[self.host] for c in costs.values() if accel in c)
 
     def trim(self, graph: Subgraph, assignment: dict[int, str], costs, notes: list[str]) -> tuple[dict[int, str], list[str]]:
         """``assignment`` with accelerator partitions returned to the CPU, weakest first, each only when that

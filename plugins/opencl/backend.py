@@ -17,7 +17,7 @@ from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, Dev
 
 from . import __version__
 from .compiled import ClCompiled, choose_precision, lower
-from .device import DeviceRequest, device_facts, import_pyopencl, select_device
+from .device import DeviceRequest, device_facts, import_pyopencl, remembered, select_device
 from .lowering import DIALECT, FOLDS
 from .program import ProgramBuilder
 from .values import ClValue
@@ -73,16 +73,39 @@ class OpenCLBackend(Backend):
     fusions = fusions_of(FOLDS)  # the groups placement keeps together: what the lowering folds
 
     def __init__(self, options: Mapping[str, Any] | None = None):
-        cl = import_pyopencl()
+        """Plans from the device's remembered facts where an earlier process stored them; the device itself
+        opens when a partition first compiles (``state``)."""
         options = dict(options or {})
-        platform, device = select_device(cl, DeviceRequest.from_options(options))
-        self.state = device_state(cl, platform, device)
+        self.request = DeviceRequest.from_options(options)
+        self.remembered = remembered(self.request)
+        self._state = None
+        self.facts = self.remembered.facts()
+        if self.facts is None:
+            self._state = self._open()
+            self.facts = self._state.facts
+            self.remembered.store(self.facts)
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
         # a partition's kernels built as up to this many programs at once (default 1, one program: on PoCL
         # with 2 cores two programs were not reliably faster; to measure on other drivers)
         self.build_threads = options.get("build_threads", 1)
         if isinstance(self.build_threads, bool) or not isinstance(self.build_threads, int) or self.build_threads < 1:
             raise PluginError(f"opencl backend: build_threads must be a positive integer, got {self.build_threads!r}")
+
+    def _open(self) -> DeviceState:
+        cl = import_pyopencl()
+        platform, device = select_device(cl, self.request)
+        return device_state(cl, platform, device)
+
+    @property
+    def state(self) -> DeviceState:
+        """The open device; opened on first use when planning used remembered facts, which must be its own."""
+        if self._state is None:
+            state = self._open()
+            changed = self.remembered.check(self.facts, state.facts)
+            if changed:
+                raise PluginError(f"opencl backend: {changed}")
+            self._state = state
+        return self._state
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
@@ -99,14 +122,14 @@ class OpenCLBackend(Backend):
         return 0.0 if runs_no_kernel(op, options.allow_quantized) else None
 
     def half_precision(self) -> tuple[bool, str]:
-        if self.state.facts["fp16"]:
+        if self.facts["fp16"]:
             return True, "the device has cl_khr_fp16: half storage and arithmetic"
         return False, ("the device lacks cl_khr_fp16 (no half arithmetic): half storage alone saves bandwidth "
                        "but adds conversions, and costs precision")
 
     def compile(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """The partition's kernel plan (from the plan cache when one is configured and holds it), made real."""
-        facts = self.state.facts
+        facts = self.facts
         precision = choose_precision(options.precision, facts["fp16"])
         cache = PlanCache("opencl", partition, options, {
             "precision": precision.name, "device": facts, "code": code_digest("delegate_opencl", OPENCL.definitions()),
@@ -128,13 +151,14 @@ class OpenCLBackend(Backend):
 
     def transfer_ms(self, nbytes: int) -> float:
         """Launch latency plus bytes over the host link (memory copies when the device is the CPU)."""
-        if self.state.facts["device_type"] == "cpu":
+        if self.facts["device_type"] == "cpu":
             return 0.01 + nbytes / 8e9 * 1e3
         return 0.03 + nbytes / 12e9 * 1e3
 
     def device_info(self) -> dict[str, Any]:
-        return dict(self.state.facts)
+        return dict(self.facts)
 
     def close(self) -> None:
-        self.state.queue.finish()
+        if self._state is not None:
+            self._state.queue.finish()
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
+from delegate.gpu.remembered import Environment, Remembered
 
 from . import __version__
 
@@ -123,8 +124,12 @@ def device_names() -> list[str]:
 
 
 def probe() -> tuple[bool, str]:
-    """Whether any OpenCL device is usable here, and if not why; never raises."""
+    """Whether any OpenCL device is usable here, and if not why; never raises.  Facts remembered from an
+    earlier process answer without starting a driver."""
     try:
+        facts = remembered(DeviceRequest()).facts()
+        if facts is not None:
+            return True, f"{facts['device']} on {facts['platform']}"
         cl = import_pyopencl()
         platform, device = select_device(cl, DeviceRequest())
     except PluginError as exc:
@@ -132,6 +137,21 @@ def probe() -> tuple[bool, str]:
     except Exception as exc:  # a broken driver must not break discovery
         return False, f"OpenCL probe failed: {type(exc).__name__}: {exc}"
     return True, f"{device.name.strip()} on {platform.name.strip()}"
+
+
+# What selects the OpenCL driver: pyopencl, PoCL's wheel, the ICD loader's vendor files, and the variables
+# that choose among them (PoCL's change its devices and compute units).
+ENVIRONMENT = Environment(
+    packages=("pyopencl", "pocl-binary-distribution"),
+    variables=("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES", "OPENCL_VENDOR_PATH", "LD_LIBRARY_PATH", "POCL_*",
+               "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"),
+    manifests=("/etc/OpenCL/vendors/*.icd",))
+
+
+def remembered(request: DeviceRequest) -> Remembered:
+    """The stored facts of the device ``request`` selects."""
+    return Remembered("opencl", {"platform": request.platform, "device": request.device,
+                                 "device_type": request.device_type, "plugin": __version__}, ENVIRONMENT)
 
 
 def device_facts(cl, platform, device) -> dict[str, Any]:

@@ -13,11 +13,13 @@ from delegate.gpu.profile import default_profile
 from delegate.gpu.plan import PlanCache, code_digest
 from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
-from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
+from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
+                                 Support)
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
-from .device import AdapterRequest, describe_adapter, device_facts, open_device
+from .device import (AdapterRequest, DeviceContext, check_workgroup_size, describe_adapter, describe_facts,
+                     device_facts, open_device, remembered)
 from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape
@@ -55,15 +57,35 @@ class WgpuBackend(Backend):
     fusions = fusions_of(FOLDS)  # the groups placement keeps together: what the lowering folds
 
     def __init__(self, options: Mapping[str, Any] | None = None):
+        """Plans from the adapter's remembered facts where an earlier process stored them; the device itself
+        opens when a partition first compiles (``context``)."""
         self.request = AdapterRequest.from_options(dict(options or {}))
-        self.context = open_device(self.request)
-        self.facts = device_facts(self.context)
-        self.shape = DeviceShape.of(self.facts["adapter_type"], self.context.limits,
-                                    self.context.subgroups and self.request.subgroups)
+        self.remembered = remembered(self.request)
+        self._context = None
+        self.facts = self.remembered.facts()
+        if self.facts is None:
+            self._context = open_device(self.request)
+            self.facts = device_facts(self._context)
+            self.remembered.store(self.facts)
+        else:
+            check_workgroup_size(self.request, self.facts["limits"], describe_facts(self.facts))
+        self.shape = DeviceShape.of(self.facts["adapter_type"], self.facts["limits"],
+                                    self.facts["subgroups"] and self.request.subgroups)
+
+    @property
+    def context(self) -> DeviceContext:
+        """The open device; opened on first use when planning used remembered facts, which must be its own."""
+        if self._context is None:
+            context = open_device(self.request)
+            changed = self.remembered.check(self.facts, device_facts(context))
+            if changed:
+                raise PluginError(f"wgpu backend: {changed}")
+            self._context = context
+        return self._context
 
     def precision(self, options: CompileOptions) -> Precision:
         """The kit's choice for ``options`` on this adapter, with what half precision means here."""
-        return choose_precision(options.precision, "shader-f16", self.context.f16,
+        return choose_precision(options.precision, "shader-f16", self.facts["shader_f16"],
                                 "activations and weights are stored as f16, convolutions and matrix products "
                                 "multiply and accumulate in f16 (kernels listed under f16_arithmetic), epilogues, "
                                 "softmax and reductions compute in f32")
@@ -72,7 +94,7 @@ class WgpuBackend(Backend):
         return default_profile(self.device_info())
 
     def half_precision(self) -> tuple[bool, str]:
-        if self.context.f16:
+        if self.facts["shader_f16"]:
             return True, "the adapter has shader-f16: half storage, and half arithmetic in products"
         return False, "the adapter lacks the shader-f16 feature"
 
@@ -80,7 +102,7 @@ class WgpuBackend(Backend):
         answer = supports(DIALECT, op, options)
         if not answer:
             return answer
-        limits = self.context.limits
+        limits = self.facts["limits"]
         needed, most = storage_buffers_needed(op), limits["max-storage-buffers-per-shader-stage"]
         if needed > most:
             return Support.no(f"needs {needed} storage buffers in one kernel; the adapter allows {most} per stage")

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
+from delegate.gpu.remembered import Environment, Remembered
 
 from . import __version__
 
@@ -138,6 +139,30 @@ def describe_adapter(adapter) -> str:
     return f"{info.get('device') or info.get('vendor')} ({info.get('adapter_type')}, {info.get('backend_type')}{f16})"
 
 
+def describe_facts(facts: Mapping[str, Any]) -> str:
+    """``describe_adapter`` from remembered facts."""
+    f16 = ", shader-f16" if facts.get("shader_f16") else ""
+    return f"{facts.get('adapter') or facts.get('vendor')} ({facts.get('adapter_type')}, {facts.get('backend_type')}{f16})"
+
+
+# What selects the WebGPU driver: wgpu-py (it bundles wgpu-native) and the Vulkan loader's drivers.
+ENVIRONMENT = Environment(
+    packages=("wgpu",),
+    variables=("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES", "VK_LOADER_DRIVERS_SELECT",
+               "VK_LOADER_DRIVERS_DISABLE", "LD_LIBRARY_PATH", "MESA_*", "WGPU_*", "CUDA_VISIBLE_DEVICES",
+               "NVIDIA_VISIBLE_DEVICES"),
+    manifests=("/usr/share/vulkan/icd.d/*.json", "/usr/local/share/vulkan/icd.d/*.json", "/etc/vulkan/icd.d/*.json",
+               "~/.local/share/vulkan/icd.d/*.json"))
+
+
+def remembered(request: AdapterRequest) -> Remembered:
+    """The stored facts of the adapter ``request`` selects (what selects it: the adapter, API, power
+    preference and lowered limits)."""
+    return Remembered("wgpu", {"adapter": request.adapter, "backend_type": request.backend_type,
+                               "power_preference": request.power_preference, "limits": list(request.limits),
+                               "plugin": __version__}, ENVIRONMENT)
+
+
 def list_devices() -> list[str]:
     """One line per adapter, for ``delegate backends``."""
     return [describe_adapter(a) for a in adapters()]
@@ -160,8 +185,12 @@ def select_adapter(request: AdapterRequest):
 
 
 def probe() -> tuple[bool, str]:
-    """Whether a WebGPU adapter is usable here, and which (or why not); never raises."""
+    """Whether a WebGPU adapter is usable here, and which (or why not); never raises.  Facts remembered from
+    an earlier process answer without starting a driver."""
     try:
+        facts = remembered(AdapterRequest()).facts()
+        if facts is not None:
+            return True, describe_facts(facts)
         return True, describe_adapter(select_adapter(AdapterRequest()))
     except PluginError as exc:
         return False, str(exc)
@@ -206,12 +235,15 @@ def open_device(request: AdapterRequest) -> DeviceContext:
             raise PluginError(f"wgpu backend: cannot open a device on {describe_adapter(adapter)}: {exc}") from None
         context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, timestamps, limits,
                                                  subgroups and consecutive_subgroups(device))
+    check_workgroup_size(request, limits, describe_adapter(adapter))
+    return context
+
+
+def check_workgroup_size(request: AdapterRequest, limits: Mapping[str, int], adapter: str) -> None:
     size = request.workgroup_size
     most = min(limits["max-compute-invocations-per-workgroup"], limits["max-compute-workgroup-size-x"])
     if size > most:
-        raise PluginError(f"wgpu backend: workgroup_size {size} exceeds what {describe_adapter(adapter)} allows "
-                          f"({most} invocations)")
-    return context
+        raise PluginError(f"wgpu backend: workgroup_size {size} exceeds what {adapter} allows ({most} invocations)")
 
 
 def consecutive_subgroups(device) -> bool:
