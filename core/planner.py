@@ -213,8 +213,8 @@ class Planner:
 
     # -- costs -----------------------------------------------------------
     # An accelerator that is the host's own cores behind a GPU API (PoCL, lavapipe) and was never measured
-    # costs each op at least what the host backend does: its default figures are a guess, and the host's
-    # kernels run on the same cores (this 2-core machine, 2026-12-04: PoCL's default figures put a ViT block's
+    # costs each unit (the ops placement moves whole) at least what the host backend does (``capabilities``):
+    # its default figures are a guess, and the host's kernels run on the same cores (this 2-core machine, 2026-12-04: PoCL's default figures put a ViT block's
     # int8 BATCH_MATMULs there at 0.17 ms against the CPU's 0.74, and that plan ran 4.5x the CPU alone).
     def op_cost(self, op: Op, backend: str) -> float:
         be = self.backends[backend]
@@ -265,10 +265,6 @@ class Planner:
                         refusals[op.index][name] = f"pinned to {pinned[0].backend} by config"
                     else:
                         costs[op.index][name] = self.op_cost(op, name)
-            host_ms = costs[op.index].get(self.host)
-            for name in self.unmeasured_host_cores & costs[op.index].keys():
-                if host_ms is not None:  # never measured: the host's own cores behind a GPU API are no faster
-                    costs[op.index][name] = max(costs[op.index][name], host_ms)
             if pinned and pinned[0].backend not in costs[op.index]:
                 target = pinned[0].backend
                 why = refusals[op.index].get(target, f"backend {target!r} is not in use")
@@ -281,7 +277,18 @@ class Planner:
         self.groups(graph, costs)
         self.place_units(graph, costs, refusals)
         fold_group_costs(costs, {name: self.folded(graph, name) for name in self.backends})
+        for name in self.unmeasured_host_cores:
+            for unit, host_ms, own_ms in self.unit_costs(graph, costs, name):
+                if own_ms < host_ms:  # never measured: the host's own cores behind a GPU API are no faster
+                    costs[unit[0].index][name] += host_ms - own_ms
         return costs, refusals
+
+    def unit_costs(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]], backend: str):
+        """(unit, host ms, ``backend`` ms) of each unit (the ops placement moves whole) both can run."""
+        _, units = self.groups(graph)
+        for unit in {id(u): u for u in units.values()}.values():
+            if all(self.host in costs[o.index] and backend in costs[o.index] for o in unit):
+                yield unit, sum(costs[o.index][self.host] for o in unit), sum(costs[o.index][backend] for o in unit)
 
     def folded(self, graph: Subgraph, backend: str) -> set[int]:
         """The ops ``backend`` never runs on their own: folded into a group's anchor, or, where it folds
@@ -556,7 +563,7 @@ class Planner:
         for accel in self.accelerators:
             greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
             found.append((f"greedy:{accel}", greedy, gnotes))
-            if self.settings.partitioner == "greedy" or self.dominated(accel, costs):
+            if self.settings.partitioner == "greedy" or self.dominated(graph, accel, costs):
                 continue
             found.append((f"cost:{accel}", *self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs,
                                                                 False)))
@@ -575,11 +582,13 @@ class Planner:
                                  baseline=name == self.host or name.startswith("greedy:")))
         return out, costs, refusals
 
-    def dominated(self, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:
-        """Whether no op is cheaper on ``accel`` than on the host, which runs them all: then every plan using it
-        costs at least the CPU alone (copies and boundaries cost nothing less than nothing), and its min cuts
-        need not be searched (a second each on a 300-op model here)."""
-        return all(self.host in c and c[accel] >= c[self.host] for c in costs.values() if accel in c)
+    def dominated(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:
+        """Whether no unit (the ops placement moves whole) is cheaper on ``accel`` than on the host, which runs
+        them all: then every plan using it costs at least the CPU alone (copies and boundaries cost nothing
+        less than nothing), and its min cuts need not be searched (a second each on a 300-op model here)."""
+        if any(self.host not in c for c in costs.values() if accel in c):
+            return False
+        return all(own_ms >= host_ms for _, host_ms, own_ms in self.unit_costs(graph, costs, accel))
 
     def trim(self, graph: Subgraph, assignment: dict[int, str], costs, notes: list[str]) -> tuple[dict[int, str], list[str]]:
         """``assignment`` with accelerator partitions returned to the CPU, weakest first, each only when that
