@@ -830,6 +830,25 @@ def test_a_device_on_the_host_cores_never_measured_is_no_faster_than_the_host(pr
     assert {p.backend for p in planner("2026-12-04 12:00").plan(graph).partitions} == {"pocl"}
 
 
+def test_a_slope_fitted_on_small_ops_is_not_extrapolated_past_them(profile_dir):
+    """The H200's LiteRT MEANs took 5-36 us for rooflines of 0.01-0.24 us (their overheads), which fitted a
+    scale of 85, and MobileNetV2's 1.8 us MEAN was estimated at 84 us for the 5 it took: beyond the largest
+    op a class was fitted to, an op's work grows at its roofline (times its kind's known slowness)."""
+    p = DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0, class_scale={"reduce": 100.0},
+                      class_reach_ms={"reduce": 0.001}, kind_scale={"int16": 10.0})
+    assert p.compute_ms(0.0, 500.0, "reduce") == pytest.approx(0.05)  # within reach: the fitted line
+    assert p.compute_ms(0.0, 1e6, "reduce") == pytest.approx(0.1 + 0.999)  # past it: the roofline
+    p.class_scale["reduce/int16"] = 100.0
+    assert p.compute_ms(0.0, 1e6, "reduce/int16") == pytest.approx(0.1 + 0.999 * 10.0)
+    assert DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0, class_scale={"reduce": 100.0}
+                         ).compute_ms(0.0, 1e6, "reduce") == pytest.approx(100.0)  # a profile never fitted
+    graph = chain_problem()
+    fitted = DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0)
+    refit(fitted, [Observation(graph.ops, 2.0, {op.index: 0.3 for op in graph.ops})], lambda op: False)
+    assert fitted.class_reach_ms[cost_class(graph.ops[0])] == pytest.approx(
+        max(fitted.roofline_ms(op_flops(op), op_bytes(op)) for op in graph.ops))
+
+
 def test_partitions_timed_whole_scale_by_the_time_they_explain():
     """One partition of 1.45 ms and a tiny one of 5 us (mostly fixed costs, its roofline just a tenth of
     its time) gave a scale of 5.4 as the median of their two ratios, and the CPU's estimates went 3x over

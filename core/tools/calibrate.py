@@ -265,6 +265,7 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         # sequence LSTM) keep the backend's own figures rather than the fit for all classes
         default = backend.default_profile()
         profile.class_scale, profile.class_floor_us = dict(default.class_scale), dict(default.class_floor_us)
+        profile.class_reach_ms = dict(default.class_reach_ms)
     check_bounds(name, profile, bounds_for(backend.device_info(), backend.role == HOST))
     return profile
 
