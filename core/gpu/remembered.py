@@ -11,9 +11,11 @@ that opens with other facts than remembered replaces them (``Remembered.check``)
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -68,6 +70,16 @@ class Environment:
                     continue
                 stats.update({lib: _stat(lib) for lib in named})
         return {"packages": versions, "variables": values, "files": stats, "cpus": os.cpu_count()}
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` would import, without importing it (remembered facts do not outlive the package)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _stat(path: str) -> list[int] | None:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
-from delegate.gpu.remembered import Environment, Remembered
+from delegate.gpu.remembered import Environment, Remembered, importable
 
 from . import __version__
 
@@ -128,7 +128,7 @@ def probe() -> tuple[bool, str]:
     earlier process answer without starting a driver."""
     try:
         facts = remembered(DeviceRequest()).facts()
-        if facts is not None:
+        if facts is not None and importable("pyopencl"):
             return True, f"{facts['device']} on {facts['platform']}"
         cl = import_pyopencl()
         platform, device = select_device(cl, DeviceRequest())

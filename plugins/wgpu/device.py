@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
-from delegate.gpu.remembered import Environment, Remembered
+from delegate.gpu.remembered import Environment, Remembered, importable
 
 from . import __version__
 
@@ -189,7 +189,7 @@ def probe() -> tuple[bool, str]:
     an earlier process answer without starting a driver."""
     try:
         facts = remembered(AdapterRequest()).facts()
-        if facts is not None:
+        if facts is not None and importable("wgpu"):
             return True, describe_facts(facts)
         return True, describe_adapter(select_adapter(AdapterRequest()))
     except PluginError as exc:
