@@ -308,8 +308,9 @@ def test_probe_without_pyopencl(monkeypatch):
     assert not ok and "pyopencl is not installed" in reason
 
 
-def test_probe_without_platform(monkeypatch):
+def test_probe_without_platform(monkeypatch, tmp_path):
     from delegate_opencl import device
+    monkeypatch.setenv("DELEGATE_PROFILE_DIR", str(tmp_path))  # no facts remembered: the driver is asked
 
     class NoPlatform(Exception):
         pass

@@ -12,6 +12,7 @@ from delegate.gpu.dialect import OPENCL
 from delegate.gpu.fusion import fusions_of, placement_groups, runs_no_kernel
 from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
+from delegate.gpu.remembered import importable
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
                                  Support)
 
@@ -79,6 +80,8 @@ class OpenCLBackend(Backend):
         self.request = DeviceRequest.from_options(options)
         self.remembered = remembered(self.request)
         self._state = None
+        if not importable("pyopencl"):
+            import_pyopencl()  # raises, saying how to install it
         self.facts = self.remembered.facts()
         if self.facts is None:
             self._state = self._open()

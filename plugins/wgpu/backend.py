@@ -13,13 +13,14 @@ from delegate.gpu.profile import default_profile
 from delegate.gpu.plan import PlanCache, code_digest
 from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
+from delegate.gpu.remembered import importable
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
                                  Support)
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
 from .device import (AdapterRequest, DeviceContext, check_workgroup_size, describe_adapter, describe_facts,
-                     device_facts, open_device, remembered)
+                     device_facts, import_wgpu, open_device, remembered)
 from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape
@@ -62,6 +63,8 @@ class WgpuBackend(Backend):
         self.request = AdapterRequest.from_options(dict(options or {}))
         self.remembered = remembered(self.request)
         self._context = None
+        if not importable("wgpu"):
+            import_wgpu()  # raises, saying how to install it
         self.facts = self.remembered.facts()
         if self.facts is None:
             self._context = open_device(self.request)
