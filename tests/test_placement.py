@@ -909,3 +909,27 @@ def test_a_host_partition_at_fewer_threads_is_estimated_at_them(profile_dir):
     at_one = session.partition_estimate(partition)
     assert at_one > 1.3 * at_two  # the default throughput is per thread
     session.close()
+
+
+def test_a_work_figure_the_host_clock_cannot_settle_is_taken_from_the_devices_timer(monkeypatch):
+    """On the H200 WebGPU's calibration was refused: the host's clock across queues of runs disagreed with
+    itself by 209% on 128 MiB pools.  A device that times its own kernels gives the figure instead; the host,
+    whose op timers are the same clock, still refuses it."""
+    pytest.importorskip("pyopencl")
+    from delegate.plugins import default_manager
+    from delegate_opencl.device import probe
+    if not probe()[0]:
+        pytest.skip("no OpenCL device here")
+
+    def unstable(what, backend, *args, **kwargs):
+        raise MeasurementError(f"calibrating {backend}: {what} did not come out stable")
+    monkeypatch.setattr(calibrate, "stable_difference", unstable)
+
+    def pools(n, rows, small):
+        return calibrate._chain(n, (1, rows, 256, 32), 2, small)
+    manager = default_manager()
+    seconds, rows, _ = calibrate.work_per_op("the streaming op time", manager.create("opencl", {}), CompileOptions(),
+                                             pools, (64,), 1e-6)
+    assert rows == 64 and 0 < seconds < 1.0
+    with pytest.raises(MeasurementError, match="did not come out stable"):
+        calibrate.work_per_op("the streaming op time", manager.create("cpu", {}), CompileOptions(), pools, (64,), 1e-6)
