@@ -19,9 +19,10 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..digest import sha256
+from ..errors import PluginError
 
 _LIBRARY = re.compile(r"(/[^\s\"']+\.(?:so[.\d]*|dylib|dll))")  # a driver library a manifest names
 MANIFESTS = (".json", ".icd")  # Vulkan ICD and OpenCL vendor files
@@ -135,3 +136,30 @@ class Remembered:
 
 def _canonical(facts: Mapping[str, Any]) -> str:
     return json.dumps(dict(facts), sort_keys=True, default=str)
+
+
+class LazyDevice:
+    """A GPU backend's device: planned with from its remembered facts (opened at once where there are none),
+    opened when first used, and then held to the facts the plan used."""
+
+    def __init__(self, backend: str, store: Remembered, module: str, import_module: Callable[[], Any],
+                 open_device: Callable[[], Any], facts_of: Callable[[Any], Mapping[str, Any]]):
+        if not importable(module):
+            import_module()  # raises, saying how to install it
+        self.backend, self.store, self.open_device, self.facts_of = backend, store, open_device, facts_of
+        self.handle = None
+        self.facts = store.facts()
+        if self.facts is None:
+            self.handle = open_device()
+            self.facts = dict(facts_of(self.handle))
+            store.store(self.facts)
+
+    def opened(self) -> Any:
+        """The open device (context, queue...), opened now if planning used remembered facts."""
+        if self.handle is None:
+            handle = self.open_device()
+            changed = self.store.check(self.facts, self.facts_of(handle))
+            if changed:
+                raise PluginError(f"{self.backend} backend: {changed}")
+            self.handle = handle
+        return self.handle

@@ -12,7 +12,7 @@ from delegate.gpu.dialect import OPENCL
 from delegate.gpu.fusion import fusions_of, placement_groups, runs_no_kernel
 from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
-from delegate.gpu.remembered import importable
+from delegate.gpu.remembered import LazyDevice
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
                                  Support)
 
@@ -78,15 +78,9 @@ class OpenCLBackend(Backend):
         opens when a partition first compiles (``state``)."""
         options = dict(options or {})
         self.request = DeviceRequest.from_options(options)
-        self.remembered = remembered(self.request)
-        self._state = None
-        if not importable("pyopencl"):
-            import_pyopencl()  # raises, saying how to install it
-        self.facts = self.remembered.facts()
-        if self.facts is None:
-            self._state = self._open()
-            self.facts = self._state.facts
-            self.remembered.store(self.facts)
+        self.device = LazyDevice("opencl", remembered(self.request), "pyopencl", import_pyopencl, self._open,
+                                 lambda state: state.facts)
+        self.facts = self.device.facts
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
         # a partition's kernels built as up to this many programs at once (default 1, one program: on PoCL
         # with 2 cores two programs were not reliably faster; to measure on other drivers)
@@ -101,14 +95,8 @@ class OpenCLBackend(Backend):
 
     @property
     def state(self) -> DeviceState:
-        """The open device; opened on first use when planning used remembered facts, which must be its own."""
-        if self._state is None:
-            state = self._open()
-            changed = self.remembered.check(self.facts, state.facts)
-            if changed:
-                raise PluginError(f"opencl backend: {changed}")
-            self._state = state
-        return self._state
+        """The open device (see ``LazyDevice``)."""
+        return self.device.opened()
 
     def supports(self, op: Op, options: CompileOptions) -> Support:
         return supports(DIALECT, op, options)
@@ -162,6 +150,6 @@ class OpenCLBackend(Backend):
         return dict(self.facts)
 
     def close(self) -> None:
-        if self._state is not None:
-            self._state.queue.finish()
+        if self.device.handle is not None:
+            self.device.handle.queue.finish()
 

@@ -13,9 +13,8 @@ from delegate.gpu.profile import default_profile
 from delegate.gpu.plan import PlanCache, code_digest
 from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
-from delegate.gpu.remembered import importable
-from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
-                                 Support)
+from delegate.gpu.remembered import LazyDevice
+from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
@@ -61,30 +60,17 @@ class WgpuBackend(Backend):
         """Plans from the adapter's remembered facts where an earlier process stored them; the device itself
         opens when a partition first compiles (``context``)."""
         self.request = AdapterRequest.from_options(dict(options or {}))
-        self.remembered = remembered(self.request)
-        self._context = None
-        if not importable("wgpu"):
-            import_wgpu()  # raises, saying how to install it
-        self.facts = self.remembered.facts()
-        if self.facts is None:
-            self._context = open_device(self.request)
-            self.facts = device_facts(self._context)
-            self.remembered.store(self.facts)
-        else:
-            check_workgroup_size(self.request, self.facts["limits"], describe_facts(self.facts))
+        self.device = LazyDevice("wgpu", remembered(self.request), "wgpu", import_wgpu,
+                                 lambda: open_device(self.request), device_facts)
+        self.facts = self.device.facts
+        check_workgroup_size(self.request, self.facts["limits"], describe_facts(self.facts))
         self.shape = DeviceShape.of(self.facts["adapter_type"], self.facts["limits"],
                                     self.facts["subgroups"] and self.request.subgroups)
 
     @property
     def context(self) -> DeviceContext:
-        """The open device; opened on first use when planning used remembered facts, which must be its own."""
-        if self._context is None:
-            context = open_device(self.request)
-            changed = self.remembered.check(self.facts, device_facts(context))
-            if changed:
-                raise PluginError(f"wgpu backend: {changed}")
-            self._context = context
-        return self._context
+        """The open device (see ``LazyDevice``)."""
+        return self.device.opened()
 
     def precision(self, options: CompileOptions) -> Precision:
         """The kit's choice for ``options`` on this adapter, with what half precision means here."""
