@@ -222,7 +222,8 @@ def test_calibration_refuses_unstable_or_impossible_figures():
 
 def test_calibration_tries_a_larger_size_when_a_small_one_is_drowned_in_jitter(monkeypatch):
     """A device so fast that the small chains' difference is noise (WebGPU on an H200): the next size is
-    measured instead of refusing the whole calibration; the largest size's instability is still refused."""
+    measured instead of refusing the whole calibration; the largest size's instability is still refused where
+    the device cannot time its own kernels."""
     sizes_tried = []
     monkeypatch.setattr(calibrate.Runner, "resident_pair", staticmethod(lambda b, o, *chains: (chains[0], chains[1])))
 
@@ -237,7 +238,8 @@ def test_calibration_tries_a_larger_size_when_a_small_one_is_drowned_in_jitter(m
             sizes_tried.append(size)
         return size
     monkeypatch.setattr(calibrate, "stable_difference", difference)
-    backend = types.SimpleNamespace(name="wgpu")
+    monkeypatch.setattr(calibrate, "device_timed_op", lambda runner: None)  # a device without its own timer
+    backend = types.SimpleNamespace(name="wgpu", role="accelerator")
     assert calibrate.work_per_op("x", backend, None, make, (100, 200, 400), 1e-6)[:2] == (1e-3, 400)
     assert sizes_tried == [100, 200, 400]
     with pytest.raises(MeasurementError, match="stable"):
