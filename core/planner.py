@@ -214,8 +214,9 @@ class Planner:
     # -- costs -----------------------------------------------------------
     # An accelerator that is the host's own cores behind a GPU API (PoCL, lavapipe) and was never measured
     # costs each unit (the ops placement moves whole) at least what the host backend does (``capabilities``):
-    # its default figures are a guess, and the host's kernels run on the same cores (this 2-core machine, 2026-12-04: PoCL's default figures put a ViT block's
-    # int8 BATCH_MATMULs there at 0.17 ms against the CPU's 0.74, and that plan ran 4.5x the CPU alone).
+    # its default figures are a guess, and the host's kernels run on the same cores (this 2-core machine,
+    # 2026-12-04: PoCL's default figures put a ViT block's int8 BATCH_MATMULs there at 0.17 ms against the
+    # CPU's 0.74, and that plan ran 4.5x the CPU alone).
     def op_cost(self, op: Op, backend: str) -> float:
         be = self.backends[backend]
         estimate = asked_estimate(be, op, self.options)

@@ -135,12 +135,13 @@ def api_name(adapter) -> str:
 
 def describe_adapter(adapter) -> str:
     info = adapter.info
-    f16 = ", shader-f16" if "shader-f16" in adapter.features else ""
-    return f"{info.get('device') or info.get('vendor')} ({info.get('adapter_type')}, {info.get('backend_type')}{f16})"
+    return describe_facts({"adapter": info.get("device"), "vendor": info.get("vendor"),
+                           "adapter_type": info.get("adapter_type"), "backend_type": info.get("backend_type"),
+                           "shader_f16": "shader-f16" in adapter.features})
 
 
 def describe_facts(facts: Mapping[str, Any]) -> str:
-    """``describe_adapter`` from remembered facts."""
+    """An adapter as ``delegate backends`` names it, from its facts (``device_facts``, or remembered)."""
     f16 = ", shader-f16" if facts.get("shader_f16") else ""
     return f"{facts.get('adapter') or facts.get('vendor')} ({facts.get('adapter_type')}, {facts.get('backend_type')}{f16})"
 
@@ -216,7 +217,8 @@ _CONTEXTS: dict[tuple, DeviceContext] = {}
 
 
 def open_device(request: AdapterRequest) -> DeviceContext:
-    """The shared device on the adapter ``request`` selects, with limits lowered as it asks."""
+    """The shared device on the adapter ``request`` selects, with limits lowered as it asks (its workgroup
+    size is checked against them by the backend, on the facts it plans with: ``check_workgroup_size``)."""
     adapter = select_adapter(request)
     caps = dict(request.limits)
     limits = {name: min(int(adapter.limits[name]), caps.get(name, adapter.limits[name])) for name in LIMITS}
@@ -235,7 +237,6 @@ def open_device(request: AdapterRequest) -> DeviceContext:
             raise PluginError(f"wgpu backend: cannot open a device on {describe_adapter(adapter)}: {exc}") from None
         context = _CONTEXTS[key] = DeviceContext(adapter, device, f16, timestamps, limits,
                                                  subgroups and consecutive_subgroups(device))
-    check_workgroup_size(request, limits, describe_adapter(adapter))
     return context
 
 
