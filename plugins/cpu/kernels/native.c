@@ -202,9 +202,29 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
  * in registers, NAME_group summing P output pixels' channels j.. over all taps, each tap's weights
  * loaded once for them. */
 #define DW_PIXELS 8
+typedef float dvec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t dmask8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float dvec16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t dmask16 __attribute__((vector_size(16 * sizeof(float))));
+
+/* v clamped to [low, high] as clamp_to does (a NaN stays NaN), for each width of vectors. */
+static inline dvec8 dw8_clamp(dvec8 v, dvec8 low, dvec8 high)
+{
+#if defined(__AVX2__)
+    return (dvec8)_mm256_min_ps((__m256)high, _mm256_max_ps((__m256)low, (__m256)v));
+#else
+    v = (dvec8)(((dmask8)low & (v < low)) | ((dmask8)v & ~(v < low)));
+    return (dvec8)(((dmask8)high & (v > high)) | ((dmask8)v & ~(v > high)));
+#endif
+}
+#if defined(__AVX512F__)
+static inline dvec16 dw16_clamp(dvec16 v, dvec16 low, dvec16 high)
+{
+    return (dvec16)_mm512_min_ps((__m512)high, _mm512_max_ps((__m512)low, (__m512)v));
+}
+#endif
+
 #define DEPTHWISE_VECTORS(NAME, VEC, MASK, LANES)                                                            \
-typedef float VEC __attribute__((vector_size(LANES * sizeof(float))));                                       \
-typedef int32_t MASK __attribute__((vector_size(LANES * sizeof(float))));                                    \
 static inline VEC NAME##_load(const float *p) { VEC v; memcpy(&v, p, sizeof v); return v; }                  \
 static inline VEC NAME##_pick(MASK where, VEC yes, VEC no)                                                   \
 {                                                                                                            \
@@ -216,8 +236,7 @@ static inline void NAME##_store(float *out, VEC v, int64_t j, const epilogue *e)
         v += NAME##_load(e->bias + j);                                                                       \
     if (e->clamp) {                                                                                          \
         VEC low = (VEC){0} + e->low, high = (VEC){0} + e->high;                                              \
-        v = NAME##_pick(v < low, low, v);                                                                    \
-        v = NAME##_pick(v > high, high, v);                                                                  \
+        v = NAME##_clamp(v, low, high);                                                                      \
     }                                                                                                        \
     if (e->slope)                                                                                            \
         v = NAME##_pick(v < (VEC){0}, v * NAME##_load(e->slope + j), v);                                     \
@@ -1173,15 +1192,19 @@ int packed_product(const product *p)
             for (int64_t j = p0; j < p1; j++) {
                 int64_t col = j * PANEL, width = n - col < PANEL ? n - col : PANEL;  /* of the panel's columns */
                 epilogue part = panel_finish(&adding, col);
-                int64_t tile = width <= PANEL_LANES ? MR_NARROW : MR, end = last * MR < m ? last * MR : m;
-                int64_t row = first * MR, whole = (end - row) / tile;  /* whole tiles in one call, then the rest */
-                if (whole)
-                    panel_rows((int)tile, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
-                               p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part, whole);
-                row += whole * tile;
+                int64_t most = width <= PANEL_LANES ? MR_NARROW : MR, end = last * MR < m ? last * MR : m;
+                /* tiles of as even a height as the rows allow (49 rows: 7 of 7, not 6 of 8 and one of 1, whose
+                 * sums would wait on each other), each height's tiles in one call */
+                int64_t row = first * MR, tiles_here = (end - row + most - 1) / most;
+                int64_t low = tiles_here ? (end - row) / tiles_here : 0, taller = tiles_here ? (end - row) % tiles_here : 0;
+                if (taller)
+                    panel_rows((int)(low + 1), p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1,
+                               k, p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part, taller);
+                row += taller * (low + 1);
                 if (row < end)
-                    panel_rows((int)(end - row), p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO,
-                               1, k, p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part, 1);
+                    panel_rows((int)low, p->a + row * p->row_step, p->row_step, p->column_step, ZERO, ZERO, 1, k,
+                               p->packed + j * PANEL * k, p->c + row * p->ldc + col, p->ldc, width, &part,
+                               tiles_here - taller);
             }
         }
     }
