@@ -138,11 +138,8 @@ def measure(model: str, threads: int, rounds: int) -> list[dict]:
         except Exception as exc:  # a model a configuration cannot run is a row saying why
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
-    data = Path(model).read_bytes() if not model.startswith("zoo:") else None
-    if data is None:
-        from delegate import zoo
-        from delegate.tflite.writer import write_model
-        data = write_model(zoo.from_spec(model))
+    from delegate import zoo
+    data = zoo.from_spec(model) if model.startswith(zoo.PREFIX) else Path(model).read_bytes()
     litert = {"model": name, "config": "litert-cpu", "threads": threads}
     if loaded:
         session, inputs = loaded[0][2], loaded[0][3]
