@@ -440,17 +440,14 @@ typedef int32_t pmask __attribute__((vector_size(PANEL_LANES * sizeof(float))));
 
 static inline pvec pick(pmask where, pvec yes, pvec no) { return (pvec)(((pmask)yes & where) | ((pmask)no & ~where)); }
 
-/* v clamped to [low, high] as pick(v < low, low, v) then pick(v > high, high, v) (a NaN stays NaN), in
- * one instruction each where the machine has them: a shallow product's epilogue is an eighth of its time. */
+/* v clamped to [low, high] (a NaN stays NaN), by min and max instructions where the machine has them:
+ * a shallow product's epilogue is an eighth of its time. */
 static inline pvec clamp_to(pvec v, pvec low, pvec high)
 {
-#if defined(__AVX512F__)
-    return (pvec)_mm512_min_ps((__m512)high, _mm512_max_ps((__m512)low, (__m512)v));
-#elif defined(__AVX2__)
-    return (pvec)_mm256_min_ps((__m256)high, _mm256_max_ps((__m256)low, (__m256)v));
+#if PANEL_LANES == 16
+    return dw16_clamp(v, low, high);
 #else
-    v = pick(v < low, low, v);
-    return pick(v > high, high, v);
+    return dw8_clamp(v, low, high);
 #endif
 }
 
