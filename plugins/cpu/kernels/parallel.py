@@ -239,15 +239,30 @@ class ThreadChoice:
     then puts one beside the busy process, and the whole team waits for it (H200, one busy
     process, MobileNetV2 fp32 p50: 16 threads 52.6 ms, 15 34.1, 12 5.1, 8 2.9, 1 11.4).  So
     the candidate teams are timed, now and then again, keyed by the team a run actually took,
-    and the fastest is kept: never much slower than one thread.  ``limit_team(n)`` caps the
-    native loops' team for the run (native.limit_team).
+    and the fastest on average over its last SAMPLES runs is kept: never much slower than one
+    thread.  The average, not the median: a team beside a busy process is fast in most runs and
+    waits tens of ms in the others (2 cores, one busy process, selfie_segmentation at 2 threads:
+    p50 1.5 ms, p90 41 ms, mean 8.4 ms, against 2.4 ms on one thread), and a median keeps it.
+    Samples older than STALE_RUNS runs do not count (the latest always does), so that a team timed
+    under a load that has gone wins again after a few probes.  A probe that loses by far doubles the
+    runs to the next one (up to MOST_RUNS_BETWEEN_PROBES: probing that stalling team every tenth
+    run made the runs 1.8x slower on average than one thread alone); one that does not, or a change
+    of leader, brings them back to PROBE_EVERY.  ``limit_team(n)`` caps the native loops' team for the
+    run (native.limit_team).
     """
 
     PROBE_EVERY = 10
+    MOST_RUNS_BETWEEN_PROBES = 80
+    SAMPLES = 8
+    STALE_RUNS = 100
 
     def __init__(self, limit_team: Callable[[int], None] | None = None, blas: bool = True, team: int = 1) -> None:
         self.samples: dict[int, deque] = {}  # team size -> seconds of its last runs
+        self.sampled_at: dict[int, deque] = {}  # team size -> the run numbers of those samples
         self.runs = self.probes = 0
+        self.probe_every, self.next_probe = self.PROBE_EVERY, self.PROBE_EVERY
+        self.leader: int | None = None
+        self.probing: int | None = None  # the team of the run under way, when it is a probe
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -268,11 +283,21 @@ class ThreadChoice:
         for team in teams:
             if len(self.samples.get(team, ())) < 2:
                 return team
-        ranked = sorted(teams, key=lambda team: statistics.median(self.samples[team]))
-        if self.runs % self.PROBE_EVERY or len(ranked) == 1:
+        ranked = sorted(teams, key=self.average)
+        if ranked[0] != self.leader:
+            self.leader, self.probe_every = ranked[0], self.PROBE_EVERY
+            self.next_probe = min(self.next_probe, self.runs + self.probe_every)
+        if self.runs < self.next_probe or len(ranked) == 1:
             return ranked[0]
         self.probes += 1  # the others in turn, so a team that lost under a passing load can win again
-        return ranked[1 + self.probes % (len(ranked) - 1)]
+        self.probing = ranked[1 + self.probes % (len(ranked) - 1)]
+        return self.probing
+
+    def _probed(self, seconds: float) -> None:
+        """After a probe: the runs to the next one, doubled where it lost by far (see the class docstring)."""
+        lost = self.leader is not None and seconds > 2 * self.average(self.leader)
+        self.probe_every = min(2 * self.probe_every, self.MOST_RUNS_BETWEEN_PROBES) if lost else self.PROBE_EVERY
+        self.next_probe, self.probing = self.runs + self.probe_every, None
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
@@ -290,7 +315,16 @@ class ThreadChoice:
             if team > 1:
                 _RELEASED[:] = [end, team - 1]
         if self.runs > 1:
-            self.samples.setdefault(team, deque(maxlen=5)).append(end - start)
+            self.samples.setdefault(team, deque(maxlen=self.SAMPLES)).append(end - start)
+            self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES)).append(self.runs)
+        if self.probing is not None:
+            self._probed(end - start)
+
+    def average(self, team: int) -> float:
+        """Seconds a run of ``team`` takes on average, over its samples of the last STALE_RUNS runs."""
+        recent = [seconds for seconds, run in zip(self.samples[team], self.sampled_at[team])
+                  if run > self.runs - self.STALE_RUNS]
+        return statistics.fmean(recent or [self.samples[team][-1]])
 
 
 def loaded_openblas() -> list[ctypes.CDLL]:
