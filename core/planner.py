@@ -114,6 +114,7 @@ class Candidate:
     notes: list[str] = field(default_factory=list)
     precision: str = ""  # "" = as configured, each accelerator keeping fp32 where half is not faster
     baseline: bool = False  # a single backend alone (the CPU, or an accelerator's greedy plan)
+    host_alone: bool = False  # the host backend alone: what a plan must never be slower than, always timed
     measured_ms: float | None = None
     status: str = ""  # why it was not measured, or was stopped early
 
@@ -580,7 +581,8 @@ class Planner:
                     same.notes.extend(n for n in notes if n not in same.notes)
                 continue
             out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
-                                 baseline=name == self.host or name.startswith("greedy:")))
+                                 baseline=name == self.host or name.startswith("greedy:"),
+                                 host_alone=name == self.host))
         return out, costs, refusals
 
     def dominated(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:
