@@ -243,6 +243,9 @@ class ThreadChoice:
     thread.  The average, not the median: a team beside a busy process is fast in most runs and
     waits tens of ms in the others (2 cores, one busy process, selfie_segmentation at 2 threads:
     p50 1.5 ms, p90 41 ms, mean 8.4 ms, against 2.4 ms on one thread), and a median keeps it.
+    The slowest of three or more samples is left out: a single stall (a driver thread taking a core
+    for a moment) must not keep a team out for the next STALE_RUNS (on the H100's host, quiet,
+    selfie_segmentation at 16 threads ran on one thread at 4.6 ms where a team of 8 took 1.9).
     Samples older than STALE_RUNS runs do not count (the latest always does), so that a team timed
     under a load that has gone wins again after a few probes.  A probe that loses by far doubles the
     runs to the next one (up to MOST_RUNS_BETWEEN_PROBES: probing that stalling team every tenth
@@ -321,10 +324,11 @@ class ThreadChoice:
             self._probed(end - start)
 
     def average(self, team: int) -> float:
-        """Seconds a run of ``team`` takes on average, over its samples of the last STALE_RUNS runs."""
+        """Seconds a run of ``team`` takes on average, over its samples of the last STALE_RUNS runs but
+        the slowest (see the class docstring)."""
         recent = [seconds for seconds, run in zip(self.samples[team], self.sampled_at[team])
-                  if run > self.runs - self.STALE_RUNS]
-        return statistics.fmean(recent or [self.samples[team][-1]])
+                  if run > self.runs - self.STALE_RUNS] or [self.samples[team][-1]]
+        return statistics.fmean(sorted(recent)[:-1] if len(recent) >= 3 else recent)
 
 
 def loaded_openblas() -> list[ctypes.CDLL]:
