@@ -115,7 +115,6 @@ class Trial:
     candidate: Candidate
     run: Callable[[], Any]
     samples: list[float]
-    first_s: float = 0.0  # its first run (an upper bound of a timed one)
 
 
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
@@ -124,39 +123,39 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
 
     The single backends alone come first (what the plan must never be slower than), the host's first, then the
     others in order of their estimate.  The host alone is always compiled, an accelerator alone while any of
-    the budget is left, any other candidate where the longest compile so far (each after its backends'
-    set-up: the one-time cost of a driver's compiler is in that) and the minimum rounds of every candidate
-    compiled, its own included, still fit in the budget.  (A rule of the budget's first half left the cost
-    plans unmeasured where the backends' set-up took it: MobileNetV2 on the H100, 6 s of a 10 s budget, with
-    each further plan compiling in under 0.5 s.)  A compile under way is not interrupted: the budget is
-    overrun by at most one.  One that fails to compile or run is left out with the reason in its
+    the budget is left, any other candidate where the quickest compile so far and the minimum rounds of every
+    candidate compiled, its own included, still fit in the budget.  The quickest, not the longest: a
+    backend's first compile carries its driver's one-time costs (MobileNetV2 on the
+    H100: tune stopped at 6.3 s of a 10 s budget with the cost plans unmeasured, where a further plan
+    compiles in under 0.5 s).  A compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile or run is left out with the reason in its
     ``status``.  ``started``: when the search began (perf_counter), if before this call: the budget is the
     caller's whole wait, its backends' set-up included (on the H200, tune took 10.9 s of a 10 s budget
     counted from here)."""
     start = time.perf_counter() if started is None else started
     deadline = start + budget_s
     trials: list[Trial] = []
-    longest_compile = 0.0  # seconds, compile and first run of a candidate
+    compiles: list[float] = []  # seconds to compile and first run each candidate
     with progress(f"timing {len(candidates)} candidate plans (each compiled first)", len(candidates)) as advance:
         for c in sorted(candidates, key=lambda c: (not c.host_alone, not c.baseline, c.estimated_ms)):
             advance()
             now = time.perf_counter()
-            rounds = MIN_ROUNDS * RUNS_PER_ROUND * (sum(t.first_s for t in trials) + c.estimated_ms / 1e3)
-            fits = now <= deadline if c.baseline else now + longest_compile + rounds <= deadline
+            # the minimum rounds at twice the estimates (a first run, which includes lazy set-up, says less)
+            timed_ms = sum(t.candidate.estimated_ms for t in trials) + c.estimated_ms
+            rounds = 2 * MIN_ROUNDS * RUNS_PER_ROUND * timed_ms / 1e3
+            fits = now <= deadline if c.baseline else now + min(compiles, default=0.0) + rounds <= deadline
             if trials and not c.host_alone and not fits:
                 c.status = "not measured: the budget ran out"
                 continue
             try:
                 run = build(c)
-                first = time.perf_counter()
                 run()  # first run: lazy set-up, not timed
             except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
                 what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
                 c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
                 continue
             done = time.perf_counter()
-            longest_compile = max(longest_compile, done - now)
-            trials.append(Trial(c, run, [], done - first))
+            compiles.append(done - now)
+            trials.append(Trial(c, run, []))
     live = list(trials)
     for round_ in range(MAX_ROUNDS):
         for trial in live:
