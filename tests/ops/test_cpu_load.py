@@ -133,7 +133,7 @@ def test_a_flickering_load_reading_keys_samples_by_the_team_taken(monkeypatch):
     clock = _Clock(lambda team: {2: 1.0, 1: 1.6}[team])
     monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
     choice = parallel.ThreadChoice(clock.limit, team=2)
-    assert clock.teams(choice, 10, 40).count(2) >= 36
+    assert clock.teams(choice, 10, 40).count(2) >= 40 - 2 * (40 // choice.PROBE_EVERY) - 1  # all but probes (2 runs)
     assert np.allclose(choice.samples[2], 1.0) and np.allclose(choice.samples[1], 1.6)
 
 
@@ -279,3 +279,25 @@ def test_a_rare_stall_does_not_keep_the_fastest_team_out(monkeypatch):
     monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
     choice = parallel.ThreadChoice(clock.limit, team=16)
     assert clock.teams(choice, 10, 100).count(8) >= 85
+
+
+def test_the_first_runs_after_a_change_of_team_are_not_samples(monkeypatch):
+    """The first run on another team size wakes the threads the last one left asleep: that cost is the
+    change's, not the team's.  On the H100's host a probe of 16 threads after runs on one took 70-78 ms
+    (0.73 ms once settled), and the thread choice kept one thread (9-12 ms a run) for a hundred runs; the
+    leader's first run after a probe paid it too (8 threads: 5.3-5.9 ms against 2.1).  A probe lasts two runs
+    and only the second is a sample; the leader's first run after it is not one."""
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 16)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    last = [None]
+
+    def cost(team):
+        woken = 70.0 if last[0] is not None and team > last[0] else 0.0  # waking the threads left asleep
+        last[0] = team
+        return {16: 0.73, 8: 2.1, 1: 9.5}[team] + woken
+    clock = _Clock(cost)
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    choice = parallel.ThreadChoice(clock.limit, team=16)
+    teams = clock.teams(choice, 20, 100)
+    assert teams.count(16) >= 100 - 2 * (100 // choice.PROBE_EVERY) - 2
+    assert max(choice.samples[16]) < 1.0 and max(choice.samples[8]) < 3.0

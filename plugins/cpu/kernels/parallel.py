@@ -265,7 +265,8 @@ class ThreadChoice:
         self.runs = self.probes = 0
         self.probe_every, self.next_probe = self.PROBE_EVERY, self.PROBE_EVERY
         self.leader: int | None = None
-        self.probing: int | None = None  # the team of the run under way, when it is a probe
+        self.probing: int | None = None  # the team of the probe under way
+        self.last_team: int | None = None  # the team of the last run
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -282,6 +283,8 @@ class ThreadChoice:
         self.runs += 1
         if self.runs == 1:
             return self.team  # a first run pays for first-touch memory: not a fair sample
+        if self.probing is not None:
+            return self.probing  # a probe's second run (see __call__)
         teams = self.candidates()
         for team in teams:
             if len(self.samples.get(team, ())) < 2:
@@ -317,11 +320,17 @@ class ThreadChoice:
             end = time.perf_counter()
             if team > 1:
                 _RELEASED[:] = [end, team - 1]
-        if self.runs > 1:
+        # Only a run on the team of the run before is a sample: the first on another team size wakes the
+        # threads the last one left asleep, and that is the change's cost, not the team's (on the H100's
+        # host, quiet, MobileNetV2 int8: a probe of 16 threads after runs on one took 70-78 ms where 16 take
+        # under 1 once settled, and the choice kept one thread, 9-12 ms a run, for a hundred runs).  So a
+        # probe lasts two runs, and the leader's first run after it is not a sample.
+        settled, self.last_team = team == self.last_team, team
+        if self.runs > 1 and settled:
             self.samples.setdefault(team, deque(maxlen=self.SAMPLES)).append(end - start)
             self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES)).append(self.runs)
-        if self.probing is not None:
-            self._probed(end - start)
+            if self.probing == team:
+                self._probed(end - start)
 
     def average(self, team: int) -> float:
         """Seconds a run of ``team`` takes on average, over its samples of the last STALE_RUNS runs but
