@@ -301,3 +301,17 @@ def test_the_first_runs_after_a_change_of_team_are_not_samples(monkeypatch):
     teams = clock.teams(choice, 20, 100)
     assert teams.count(16) >= 100 - 2 * (100 // choice.PROBE_EVERY) - 2
     assert max(choice.samples[16]) < 1.0 and max(choice.samples[8]) < 3.0
+
+
+def test_a_flickering_reading_tries_each_team_once(monkeypatch):
+    """A reading that flickers between a quiet 16 and 13 free cores gives two sets of candidates.  A trial of a
+    single run was not a sample (the change's run) and a flicker back left the team untried: it was tried
+    again on every flicker (the H100's host: 20 runs of 160 on a team of 6 at twice the whole team's time)."""
+    readings = iter([16, 13] * 200)
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: next(readings))
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    clock = _Clock(lambda team: {16: 1.2, 12: 1.5, 8: 1.8, 6: 2.3, 1: 8.3}[team])
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    choice = parallel.ThreadChoice(clock.limit, team=16)
+    teams = clock.teams(choice, 0, 160)
+    assert teams.count(16) >= 160 - 2 * (160 // choice.PROBE_EVERY) - 3 * 4 - 1  # probes, and 4 teams' trials

@@ -267,6 +267,7 @@ class ThreadChoice:
         self.leader: int | None = None
         self.probing: int | None = None  # the team of the probe under way
         self.last_team: int | None = None  # the team of the last run
+        self.trying: bool | None = None  # whether the probe under way is a team's first trial
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -284,10 +285,11 @@ class ThreadChoice:
         if self.runs == 1:
             return self.team  # a first run pays for first-touch memory: not a fair sample
         if self.probing is not None:
-            return self.probing  # a probe's second run (see __call__)
+            return self.probing  # a probe's or a trial's second run (see __call__)
         teams = self.candidates()
         for team in teams:
             if len(self.samples.get(team, ())) < 2:
+                self.probing, self.trying = team, True  # a first trial, two runs as a probe (see __call__)
                 return team
         ranked = sorted(teams, key=self.average)
         if ranked[0] != self.leader:
@@ -324,12 +326,16 @@ class ThreadChoice:
         # threads the last one left asleep, and that is the change's cost, not the team's (on the H100's
         # host, quiet, MobileNetV2 int8: a probe of 16 threads after runs on one took 70-78 ms where 16 take
         # under 1 once settled, and the choice kept one thread, 9-12 ms a run, for a hundred runs).  So a
-        # probe lasts two runs, and the leader's first run after it is not a sample.
+        # probe (and a team's first trial) lasts two runs, and the leader's first run after it is not a sample:
+        # a trial of a single run, on a reading that flickered back at once, left the team unsampled and
+        # tried again on every flicker.
         settled, self.last_team = team == self.last_team, team
         if self.runs > 1 and settled:
             self.samples.setdefault(team, deque(maxlen=self.SAMPLES)).append(end - start)
             self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES)).append(self.runs)
-            if self.probing == team:
+            if self.probing == team and self.trying:
+                self.probing = self.trying = None
+            elif self.probing == team:
                 self._probed(end - start)
 
     def average(self, team: int) -> float:
