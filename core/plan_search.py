@@ -103,6 +103,7 @@ def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) ->
         key = same_plan(c.assignment, c.precision)
         if key in measured:
             c.measured_ms, c.status = measured[key].get("measured_ms"), measured[key].get("status", "")
+            c.compile_s = measured[key].get("compile_s")
         else:
             c.status = "not timed by the stored decision (planned since)"
         if key == wanted:
@@ -153,8 +154,8 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
                 c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
                 continue
-            done = time.perf_counter()
-            compiles.append(done - now)
+            c.compile_s = time.perf_counter() - now
+            compiles.append(c.compile_s)
             trials.append(Trial(c, run, []))
     live = list(trials)
     for round_ in range(MAX_ROUNDS):

@@ -117,11 +117,13 @@ class Candidate:
     host_alone: bool = False  # the host backend alone: what a plan must never be slower than, always timed
     measured_ms: float | None = None
     status: str = ""  # why it was not measured, or was stopped early
+    compile_s: float | None = None  # measured: its compile and first run, when the search timed it
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "precision": self.precision, "estimated_ms": round(self.estimated_ms, 4),
                 "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
-                "status": self.status, "backends": sorted(set(self.assignment.values()))}
+                "status": self.status, "backends": sorted(set(self.assignment.values())),
+                "compile_s": None if self.compile_s is None else round(self.compile_s, 3)}
 
 
 @dataclass

@@ -637,6 +637,9 @@ def test_measured_search_compiles_what_still_fits_its_budget():
         c.status, c.measured_ms = "", None
     plan_search.measure(candidates, first_slow, budget_s=2.0, started=clock.perf_counter() - 0.9)
     assert len(built) == len(candidates) and all(c.measured_ms is not None for c in candidates)
+    # each candidate's compile is reported as it was timed (where the budget went)
+    assert candidates[1].compile_s >= 0.5 and all(c.compile_s < 0.5 for c in candidates if c is not candidates[1])
+    assert candidates[1].to_dict()["compile_s"] >= 0.5
 
 
 def test_refit_of_partitions_timed_whole_fits_each_op_class():
