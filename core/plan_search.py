@@ -122,16 +122,16 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
             budget_s: float, started: float | None = None) -> Candidate:
     """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
 
-    The single backends alone come first (what the plan must never be slower than), the host's first, then the
-    others in order of their estimate.  The host alone is always compiled, an accelerator alone while any of
-    the budget is left, any other candidate where the quickest compile so far and the minimum rounds of every
-    candidate compiled, its own included, still fit in the budget.  The quickest, not the longest: a
-    backend's first compile carries its driver's one-time costs (MobileNetV2 on the
-    H100: tune stopped at 6.3 s of a 10 s budget with the cost plans unmeasured, where a further plan
-    compiles in under 0.5 s).  A compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile or run is left out with the reason in its
-    ``status``.  ``started``: when the search began (perf_counter), if before this call: the budget is the
-    caller's whole wait, its backends' set-up included (on the H200, tune took 10.9 s of a 10 s budget
-    counted from here)."""
+    The single backends alone come first (what the plan must never be slower than), the host's first, then
+    the others in order of their estimate.  The host alone is always compiled, an accelerator alone while any
+    of the budget is left, any other candidate where the quickest compile so far and the minimum rounds of
+    every candidate compiled, its own included, still fit in the budget.  The quickest, not the longest: a
+    backend's first compile carries its driver's one-time costs (MobileNetV2 on the H100: tune stopped at
+    6.3 s of a 10 s budget with the cost plans unmeasured, where a further plan compiles in under 0.5 s).  A
+    compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile
+    or run is left out with the reason in its ``status``.  ``started``: when the search began (perf_counter),
+    if before this call: the budget is the caller's whole wait, its backends' set-up included (on the H200,
+    tune took 10.9 s of a 10 s budget counted from here)."""
     start = time.perf_counter() if started is None else started
     deadline = start + budget_s
     trials: list[Trial] = []

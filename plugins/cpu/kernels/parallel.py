@@ -267,7 +267,7 @@ class ThreadChoice:
         self.leader: int | None = None
         self.probing: int | None = None  # the team of the probe under way
         self.last_team: int | None = None  # the team of the last run
-        self.trying: bool | None = None  # whether the probe under way is a team's first trial
+        self.trying = False  # whether the probe under way is a team's first trial
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -334,7 +334,7 @@ class ThreadChoice:
             self.samples.setdefault(team, deque(maxlen=self.SAMPLES)).append(end - start)
             self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES)).append(self.runs)
             if self.probing == team and self.trying:
-                self.probing = self.trying = None
+                self.probing, self.trying = None, False
             elif self.probing == team:
                 self._probed(end - start)
 
