@@ -959,7 +959,7 @@ def test_mediapipe_models_match_litert(backend, name, deny):
 
 
 def test_build_chunks_split_in_order_with_enough_variants_each():
-    from delegate_opencl.compiled import MIN_CHUNK, build_chunks
+    from delegate_opencl.program import MIN_CHUNK, build_chunks
     variants = list(range(10))
     assert build_chunks(variants, 1) == [variants]
     assert build_chunks(variants, 2) == [variants[:5], variants[5:]]
@@ -968,7 +968,7 @@ def test_build_chunks_split_in_order_with_enough_variants_each():
     assert build_chunks(list(range(12)), 3) == [list(range(4)), list(range(4, 8)), list(range(8, 12))]
 
 
-def test_kernels_built_as_several_programs_at_once_give_the_same_results():
+def test_kernels_built_as_several_programs_at_once_give_the_same_results(monkeypatch):
     """zoo:mobilenet_v2's kernels (14 variants) as one program and as two built on two threads: the same
     outputs; a second compile in the process takes every program from memory."""
     from delegate import zoo
@@ -978,6 +978,7 @@ def test_kernels_built_as_several_programs_at_once_give_the_same_results():
     results, facts = [], []
     for threads in (1, 2):
         backend = OpenCLBackend({"build_threads": threads})
+        monkeypatch.setattr(backend.state, "builder", fresh_builder(backend))
         compiled = backend.compile(make_partition(g, g.ops, "opencl", 0), CompileOptions())
         results.append(run_compiled(backend, g, compiled, [x])[0].copy())
         facts.append(compiled.describe())
@@ -985,6 +986,27 @@ def test_kernels_built_as_several_programs_at_once_give_the_same_results():
         assert again["programs"] == facts[-1]["programs"] and again["program"] == "memory"
     assert [f["programs"] for f in facts] == [1, 2]
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_are_reused_variant_by_variant_in_the_process_and_from_the_cache(backend, tmp_path):
+    """A second set of kernels that shares variants with the first builds only the new ones; a new process
+    finds each variant in the stored binary of whichever program built it, and loads that binary once."""
+    relu = Variant("elementwise", (("unary", "RELU", None, False, ()),))
+    shared, first_only, second_only = Variant("conv2d"), Variant("pool2d"), relu
+    cache = EntryStore(tmp_path, "opencl", "variants")
+    builder = fresh_builder(backend)
+    first = builder.kernels([shared, first_only], (), cache)
+    assert [b.origin for b in first.programs] == ["source"]
+    second = builder.kernels([shared, second_only], (), cache)
+    assert sorted(b.origin for b in second.programs) == ["memory", "source"]
+    assert second.found[shared] == first.found[shared]
+    assert second.found[second_only][0] is not first.found[shared][0]
+    later = fresh_builder(backend).kernels([first_only, shared, second_only], (), cache)
+    assert [b.origin for b in later.programs] == ["cache", "cache"]  # two binaries, each loaded once
+    assert {name for _, name in later.found.values()} == {name for _, name in
+                                                          [*first.found.values(), second.found[second_only]]}
+    other_precision = fresh_builder(backend).kernels([shared], ("HALF_STORAGE",), cache)
+    assert [b.origin for b in other_precision.programs] == ["source"]  # another variant: not the fp32 one
 
 
 @pytest.mark.parametrize("threads", [0, -1, 1.5, "2", True])

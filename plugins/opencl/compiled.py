@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -27,14 +26,13 @@ from delegate.gpu.precision import choose_precision as kit_precision
 from .enqueue import PreparedLaunches, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
-from .program import kernel_name, program_source, variant_of
+from .program import variant_of
 from .values import Boundary, ClValue, ReadbackBatch, fill_input
 
 # Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
-MIN_CHUNK = 4  # variants per program, at least, when a partition's kernels are built as several programs
 
 
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
@@ -123,19 +121,18 @@ class ClCompiled(CompiledPartition):
         return getattr(self.device.cl.cltypes, f"make_{kind}")(*value)
 
     def _bind(self, launches: list[LaunchSpec], cache: EntryStore | None, tune: bool) -> list[tuple[Any, tuple, tuple]]:
-        """Build one program for ``launches``, bind their arguments and choose the work-group sizes that
-        their kernels leave open; returns (kernel, global size, local size) per launch."""
+        """Find or build the kernels of ``launches`` (see ProgramBuilder.kernels), bind their arguments and
+        choose the work-group sizes that their kernels leave open; returns (kernel, global size, local size) per launch."""
         if not launches:
             return []
         cl = self.device.cl
         of_launch = [variant_of(launch) for launch in launches]
         variants = list(dict.fromkeys(of_launch))
-        chunks = build_chunks(variants, self.build_threads)
         start = time.perf_counter()
-        built = self._build(chunks, cache)
-        self.build_seconds, self.programs = time.perf_counter() - start, len(built)
-        self.build_origin = "+".join(dict.fromkeys(b.origin for b in built))
-        names = {v: (b.program, kernel_name(v, i)) for chunk, b in zip(chunks, built) for i, v in enumerate(chunk)}
+        found = self.device.builder.kernels(variants, build_defines(self.precision), cache, self.build_threads)
+        self.build_seconds, self.programs = time.perf_counter() - start, len(found.programs)
+        self.build_origin = "+".join(dict.fromkeys(b.origin for b in found.programs))
+        names = found.found
         kernels = []
         for launch, variant in zip(launches, of_launch):
             kernel = cl.Kernel(*names[variant])
@@ -146,7 +143,8 @@ class ClCompiled(CompiledPartition):
                          for launch, size in zip(launches, sizes)]
         free = [i for i, launch in enumerate(launches) if launch.local is None]
         if tune and free:
-            key = cache_key({"program": [b.key for b in built], "plan": self.plan.to_json()})
+            key = cache_key({"kernels": [self.device.builder.variant_key(v, build_defines(self.precision))
+                                         for v in variants], "plan": self.plan.to_json()})
             stored = cache.load(key, "tune") if cache else None
             chosen = [tuple(l) if l else None for l in json.loads(stored)] if stored else \
                 [self._fastest(kernels[i], sizes[i]) for i in free]
@@ -156,16 +154,6 @@ class ClCompiled(CompiledPartition):
                 locals_[i] = local
             self.tuned = True
         return [(k, _round_up(size, local), local) for k, size, local in zip(kernels, sizes, locals_)]
-
-    def _build(self, chunks: list[list], cache: EntryStore | None) -> list:
-        """One program per chunk of variants, built on as many threads as there are chunks (the driver's
-        compiler runs with the GIL released), in chunk order."""
-        defines = build_defines(self.precision)
-        build = lambda chunk: self.device.builder.build(program_source(chunk, defines), cache)  # noqa: E731
-        if len(chunks) == 1:
-            return [build(chunks[0])]
-        with ThreadPoolExecutor(len(chunks), thread_name_prefix="delegate-opencl-build") as pool:
-            return list(pool.map(build, chunks))
 
     def _fastest(self, kernel, global_size: tuple[int, int, int]) -> tuple[int, int, int] | None:
         """The work-group shape with the lowest measured time for this launch (None: the driver's)."""
@@ -291,14 +279,6 @@ class ClCompiled(CompiledPartition):
             "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
-
-
-def build_chunks(variants: list, threads: int) -> list[list]:
-    """``variants`` split, in order, into at most ``threads`` programs of at least MIN_CHUNK variants
-    each (every program repeats the prelude, so tiny ones cost more than they save)."""
-    count = max(1, min(threads, len(variants) // MIN_CHUNK))
-    size = -(-len(variants) // count)
-    return [variants[i:i + size] for i in range(0, len(variants), size)]
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,17 +8,24 @@ the steps' operands (buffers, constants, quantization grids) are kernel
 arguments, so the source depends on the structure of a partition, not on
 its weights, and identical partitions (or test cases) share one build.
 
-All variants of a partition go into one program: one build per partition.
-Builds are memoised per device for the process and, with a cache directory,
-stored as device binaries keyed by everything that could change them.
+A partition's kernels are found variant by variant: one built earlier in
+the process (by any partition, or another candidate plan of the same
+model) is reused; with a cache directory, one whose program is stored as a
+device binary is loaded from it; the rest are built from source, together,
+as one program (or up to ``threads`` programs at once).  Binaries are keyed
+by everything that could change them, and each variant's entry names the
+binary holding it, so a later process finds a variant in whichever program
+first built it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -171,20 +178,103 @@ class Built:
     seconds: float
 
 
+MIN_CHUNK = 4  # variants per program, at least, when the kernels to build are split into several programs
+
+
+def build_chunks(variants: list, threads: int) -> list[list]:
+    """``variants`` split, in order, into at most ``threads`` programs of at least MIN_CHUNK variants
+    each (every program repeats the prelude, so tiny ones cost more than they save)."""
+    count = max(1, min(threads, len(variants) // MIN_CHUNK))
+    size = -(-len(variants) // count)
+    return [variants[i:i + size] for i in range(0, len(variants), size)]
+
+
+@dataclass
+class Kernels:
+    """Where each variant's kernel is, (program, kernel name), and the programs that hold them."""
+
+    found: dict[Variant, tuple[Any, str]]
+    programs: list[Built]
+
+
 class ProgramBuilder:
-    """Builds programs for one device, reusing earlier builds of the same source."""
+    """Builds programs for one device, reusing earlier builds of the same source or the same variants."""
 
     BUILD_OPTIONS = ("-cl-std=CL1.2",)
 
     def __init__(self, cl, context, device, facts: dict[str, Any]):
         self.cl, self.context, self.device, self.facts = cl, context, device, facts
-        self.memo: dict[str, Any] = {}
+        self.memo: dict[str, Any] = {}  # program key -> program
+        self.kernels_built: dict[tuple, tuple[Any, str, str]] = {}  # (defines, variant) -> program, name, key
 
     def key(self, source: str) -> str:
-        return cache_key({"platform": self.facts["platform"], "device": self.facts["device"],
-                          "driver": self.facts["driver_version"], "plugin": __version__,
-                          "options": self.BUILD_OPTIONS,
-                          "source": hashlib.sha256(source.encode()).hexdigest()})
+        return cache_key({**self._device_fields(), "source": hashlib.sha256(source.encode()).hexdigest()})
+
+    def variant_key(self, variant: Variant, defines: Sequence[str]) -> str:
+        return cache_key({**self._device_fields(), "defines": list(defines), "variant": repr(variant)})
+
+    def _device_fields(self) -> dict[str, Any]:
+        return {"platform": self.facts["platform"], "device": self.facts["device"],
+                "driver": self.facts["driver_version"], "plugin": __version__, "options": self.BUILD_OPTIONS}
+
+    def kernels(self, variants: Sequence[Variant], defines: Sequence[str], cache: EntryStore | None,
+                threads: int = 1) -> Kernels:
+        """Every variant's kernel: reused from this process, loaded from ``cache``, or built now (the
+        missing ones only, as up to ``threads`` programs built at once: the driver's compiler runs with the
+        GIL released)."""
+        defines = tuple(defines)
+        found: dict[Variant, tuple[Any, str]] = {}
+        programs: dict[str, Built] = {}
+        missing = []
+        for variant in variants:
+            start = time.perf_counter()
+            hit = self.kernels_built.get((defines, variant))
+            origin = "memory"
+            if hit is None and cache is not None:
+                hit, origin = self._stored_kernel(variant, defines, cache), "cache"
+            if hit is None:
+                missing.append(variant)
+                continue
+            program, name, key = hit
+            self.kernels_built[(defines, variant)] = hit
+            found[variant] = (program, name)
+            if key not in programs:
+                programs[key] = Built(program, key, origin, time.perf_counter() - start)
+        chunks = build_chunks(missing, threads) if missing else []
+        sources = [program_source(chunk, defines) for chunk in chunks]
+        if len(sources) > 1:
+            with ThreadPoolExecutor(len(sources), thread_name_prefix="delegate-opencl-build") as pool:
+                built = list(pool.map(lambda source: self.build(source, cache), sources))
+        else:
+            built = [self.build(source, cache) for source in sources]
+        for chunk, b in zip(chunks, built):
+            programs.setdefault(b.key, b)
+            for i, variant in enumerate(chunk):
+                self.kernels_built[(defines, variant)] = (b.program, kernel_name(variant, i), b.key)
+                found[variant] = (b.program, kernel_name(variant, i))
+                if cache is not None:
+                    cache.store(self.variant_key(variant, defines), "kernel",
+                                json.dumps({"program": b.key, "name": kernel_name(variant, i)}).encode())
+        return Kernels(found, list(programs.values()))
+
+    def _stored_kernel(self, variant: Variant, defines: tuple, cache: EntryStore) -> tuple[Any, str, str] | None:
+        """The variant's kernel from the stored binary its entry names, or None."""
+        raw = cache.load(self.variant_key(variant, defines), "kernel")
+        try:
+            entry = json.loads(raw) if raw is not None else None
+            key, name = entry["program"], entry["name"]
+            if not (isinstance(key, str) and isinstance(name, str)):
+                return None
+        except (ValueError, TypeError, KeyError):
+            return None
+        program = self.memo.get(key)
+        if program is None:
+            binary = cache.load(key, "bin")
+            program = self._from_binary(binary) if binary is not None else None
+            if program is None:
+                return None
+            self.memo[key] = program
+        return program, name, key
 
     def build(self, source: str, cache: EntryStore | None) -> Built:
         key = self.key(source)
