@@ -331,12 +331,26 @@ class ThreadChoice:
         # tried again on every flicker.
         settled, self.last_team = team == self.last_team, team
         if self.runs > 1 and settled:
-            self.samples.setdefault(team, deque(maxlen=self.SAMPLES)).append(end - start)
-            self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES)).append(self.runs)
+            self._sample(team, end - start)
             if self.probing == team and self.trying:
                 self.probing, self.trying = None, False
             elif self.probing == team:
                 self._probed(end - start)
+
+    def _sample(self, team: int, seconds: float) -> None:
+        """Keep a run's time.  One at most half the fastest of the team's samples so far marks a change:
+        those were taken under a load that has gone, and are dropped.  A team that stalled at its trial
+        (palm_detection_lite at 2 threads here, the first runs after compiling beside LiteRT: 49 and 53 ms
+        where the team takes 3.6) was otherwise kept out for STALE_RUNS runs, its probes' fast runs
+        averaged with the stalls: one thread, 6.5 ms a run, all through a 20-run benchmark.  A team that
+        stalls now and then keeps fast samples among its slow ones, so a fast run changes nothing there."""
+        samples = self.samples.setdefault(team, deque(maxlen=self.SAMPLES))
+        at = self.sampled_at.setdefault(team, deque(maxlen=self.SAMPLES))
+        if samples and seconds <= 0.5 * min(samples):
+            samples.clear()
+            at.clear()
+        samples.append(seconds)
+        at.append(self.runs)
 
     def average(self, team: int) -> float:
         """Seconds a run of ``team`` takes on average, over its samples of the last STALE_RUNS runs but
