@@ -90,6 +90,15 @@ class _Clock:
         return taken[settle:]
 
 
+def _choice_on(monkeypatch, cores: int, cost) -> tuple[_Clock, "parallel.ThreadChoice"]:
+    """A thread choice for a team of ``cores`` on a quiet machine of that many, its runs lasting ``cost(team)``."""
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: cores)
+    monkeypatch.setattr(parallel, "available_cores", lambda: cores)
+    clock = _Clock(cost)
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    return clock, parallel.ThreadChoice(clock.limit, team=cores)
+
+
 def test_the_fastest_team_wins_and_the_others_are_probed_again(monkeypatch):
     """A load reading that counts this process's own spinning threads (LiteRT's pool after its run) says the
     machine is full; where the whole team is still fastest the runs take it.  Under a busy process the team
@@ -245,8 +254,6 @@ def test_a_team_that_stalls_now_and_then_loses_to_one_thread(monkeypatch):
     """Beside a busy process a team of 2 on 2 cores is fast in most runs and waits for a descheduled worker
     in the others (measured: p50 1.5 ms, p90 41 ms, mean 8.4 ms; one thread 2.4 ms): ranked by the median
     it kept the team; by the average over its last runs one thread wins, and the team is still probed."""
-    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 2)
-    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     runs = {2: 0}
 
     def cost(team):
@@ -254,9 +261,7 @@ def test_a_team_that_stalls_now_and_then_loses_to_one_thread(monkeypatch):
             return 2.4
         runs[2] += 1
         return 41.0 if runs[2] % 4 == 0 else 1.5  # one run in four stalls
-    clock = _Clock(cost)
-    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
-    choice = parallel.ThreadChoice(clock.limit, team=2)
+    clock, choice = _choice_on(monkeypatch, 2, cost)
     teams = clock.teams(choice, 20, 40)
     assert teams.count(1) >= 34 and 2 in teams
 
@@ -266,8 +271,6 @@ def test_a_rare_stall_does_not_keep_the_fastest_team_out(monkeypatch):
     plain average of its last runs a team of 8 that stalled once lost to one thread for the next hundred
     runs (selfie_segmentation at 16 threads: 4.6 ms a run where the team takes 1.9).  The slowest sample
     of a team's window is left out."""
-    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 16)
-    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
     runs = {8: 0}
 
     def cost(team):
@@ -275,9 +278,7 @@ def test_a_rare_stall_does_not_keep_the_fastest_team_out(monkeypatch):
             runs[8] += 1
             return 27.0 if runs[8] == 6 else 1.9  # one stall, early
         return {16: 2.1, 1: 4.6}[team]
-    clock = _Clock(cost)
-    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
-    choice = parallel.ThreadChoice(clock.limit, team=16)
+    clock, choice = _choice_on(monkeypatch, 16, cost)
     assert clock.teams(choice, 10, 100).count(8) >= 85
 
 
@@ -285,8 +286,6 @@ def test_a_team_that_stalled_only_at_its_trial_wins_at_its_next_probe(monkeypatc
     """The first runs of a team of 2 after compiling, beside LiteRT, stalled (49 and 53 ms where it takes 3.6;
     one thread 6.5): its probes' fast runs were averaged with the stalls and one thread was kept through a
     20-run benchmark.  A run at most half the team's fastest sample drops the samples before it."""
-    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: 2)
-    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     runs = {2: 0}
 
     def cost(team):
@@ -294,9 +293,7 @@ def test_a_team_that_stalled_only_at_its_trial_wins_at_its_next_probe(monkeypatc
             return 6.5
         runs[2] += 1
         return 50.0 if runs[2] <= 3 else 3.6  # the first run and the trial's two stall
-    clock = _Clock(cost)
-    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
-    choice = parallel.ThreadChoice(clock.limit, team=2)
+    clock, choice = _choice_on(monkeypatch, 2, cost)
     teams = clock.teams(choice, 0, 40)
     first_probe = teams.index(2, 3)  # after the first run and the trial
     assert first_probe <= choice.PROBE_EVERY + 4
