@@ -1009,6 +1009,17 @@ def test_kernels_are_reused_variant_by_variant_in_the_process_and_from_the_cache
     assert [b.origin for b in other_precision.programs] == ["source"]  # another variant: not the fp32 one
 
 
+def test_kernels_built_without_a_cache_reach_one_given_later(backend, tmp_path):
+    """Kernels built while no cache directory was set, then asked for with one: the directory gets their
+    binary and entries, and a new process loads them from it."""
+    variant = Variant("pool2d", (("unary", "RELU", None, False, ()),))
+    builder = fresh_builder(backend)
+    assert [b.origin for b in builder.kernels([variant], (), None).programs] == ["source"]
+    cache = EntryStore(tmp_path, "opencl", "late-kernels")
+    assert [b.origin for b in builder.kernels([variant], (), cache).programs] == ["memory"]
+    assert [b.origin for b in fresh_builder(backend).kernels([variant], (), cache).programs] == ["cache"]
+
+
 @pytest.mark.parametrize("threads", [0, -1, 1.5, "2", True])
 def test_build_threads_must_be_a_positive_integer(threads):
     from delegate_opencl.backend import OpenCLBackend

@@ -238,6 +238,8 @@ class ProgramBuilder:
             program, name, key = hit
             self.kernels_built[(defines, variant)] = hit
             found[variant] = (program, name)
+            if origin == "memory" and cache is not None:
+                self._remember(variant, defines, cache, program, name, key)  # a cache this process had not seen
             if key not in programs:
                 programs[key] = Built(program, key, origin, time.perf_counter() - start)
         chunks = build_chunks(missing, threads) if missing else []
@@ -250,12 +252,21 @@ class ProgramBuilder:
         for chunk, b in zip(chunks, built):
             programs.setdefault(b.key, b)
             for i, variant in enumerate(chunk):
-                self.kernels_built[(defines, variant)] = (b.program, kernel_name(variant, i), b.key)
-                found[variant] = (b.program, kernel_name(variant, i))
+                name = kernel_name(variant, i)
+                self.kernels_built[(defines, variant)] = (b.program, name, b.key)
+                found[variant] = (b.program, name)
                 if cache is not None:
-                    cache.store(self.variant_key(variant, defines), "kernel",
-                                json.dumps({"program": b.key, "name": kernel_name(variant, i)}).encode())
+                    self._remember(variant, defines, cache, b.program, name, b.key)
         return Kernels(found, list(programs.values()))
+
+    def _remember(self, variant: Variant, defines: tuple, cache: EntryStore, program, name: str, key: str) -> None:
+        """The variant's entry in ``cache``, naming the stored binary that holds it (stored too if missing)."""
+        entry = self.variant_key(variant, defines)
+        if cache.has(entry, "kernel"):
+            return
+        if not cache.has(key, "bin"):
+            cache.store(key, "bin", self._binary(program))
+        cache.store(entry, "kernel", json.dumps({"program": key, "name": name}).encode())
 
     def _stored_kernel(self, variant: Variant, defines: tuple, cache: EntryStore) -> tuple[Any, str, str] | None:
         """The variant's kernel from the stored binary its entry names, or None."""
