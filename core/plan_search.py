@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -111,16 +112,45 @@ def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) ->
     return chosen
 
 
-def predicted_compile_s(candidate: Candidate, compiles: Sequence[float], first_compile_s: Mapping[str, float],
-                        compiled_pairs: set[tuple[str, str]]) -> float:
-    """About the quickest compile so far where each of the candidate's backends has compiled a candidate at
-    its precision already (the backends reuse the kernels built: the plans of one model share most of
-    them); where one has not, as long as that backend's first compile, when its kernels were all built
-    cold (the longest compile so far if it never compiled).  Selfie_segmentation on the H200: the CPU
-    compiled in 0.09 s, OpenCL alone in 5.61 s, and OpenCL at fp16, a kernel set of its own, in 4.67 s."""
-    quickest = min(compiles, default=0.0)
-    new = {b for b in set(candidate.assignment.values()) if (b, candidate.precision) not in compiled_pairs}
-    return max([quickest] + [first_compile_s.get(b, max(compiles, default=0.0)) for b in new])
+class CompileHistory:
+    """What the search has compiled so far, to predict the next compile.
+
+    A backend reuses the kernels it built for an earlier candidate at the same precision (the plans of one
+    model share most of them), so a candidate is predicted at the quickest compile so far plus, per backend,
+    its first (cold) compile's share for the ops that backend has not compiled yet; at a precision it has
+    not compiled, at its whole first compile (a kernel set of its own).  On the H200, selfie_segmentation:
+    the CPU compiled in 0.09 s, OpenCL alone in 5.61 s, OpenCL at fp16 in 4.67 s."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []  # each compile (and first run) so far
+        self.first: dict[str, tuple[float, int]] = {}  # backend -> (its first compile's seconds, its ops)
+        self.built: dict[tuple[str, str], set[int]] = {}  # (backend, precision) -> op indices compiled
+
+    def add(self, candidate: Candidate, seconds: float) -> None:
+        self.seconds.append(seconds)
+        for backend, ops in _ops_by_backend(candidate).items():
+            self.first.setdefault(backend, (seconds, len(ops)))
+            self.built.setdefault((backend, candidate.precision), set()).update(ops)
+
+    def predicted_s(self, candidate: Candidate) -> float:
+        quickest = min(self.seconds, default=0.0)
+        longest = max(self.seconds, default=0.0)
+        predicted = quickest
+        for backend, ops in _ops_by_backend(candidate).items():
+            first_s, first_ops = self.first.get(backend, (longest, 0))
+            done = self.built.get((backend, candidate.precision))
+            if done is None:  # never compiled at this precision (or at all): a cold kernel set
+                predicted = max(predicted, first_s)
+            else:
+                predicted += first_s * len(ops - done) / max(first_ops, 1)
+        return predicted
+
+
+def _ops_by_backend(candidate: Candidate) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {}
+    for index, backend in candidate.assignment.items():
+        found.setdefault(backend, set()).add(int(index))
+    return found
 
 
 @dataclass
@@ -130,49 +160,78 @@ class Trial:
     samples: list[float]
 
 
+def _not_measured(exc: BaseException) -> str:
+    what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
+    return f"not measured: {(what.splitlines() or [''])[0][:160]}"
+
+
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
             budget_s: float, started: float | None = None) -> Candidate:
     """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
 
-    The single backends alone come first (what the plan must never be slower than), the host's first, then
-    the others in order of their estimate.  The host alone is always compiled, an accelerator alone while any
-    of the budget is left, any other candidate where its predicted compile (see ``predicted_compile_s``) and
-    the minimum rounds of every candidate compiled, its own included, still fit in the budget.  A compile
-    under way is not interrupted: the budget is overrun by at most one.  One that fails to compile
+    The single backends alone come first (what the plan must never be slower than), compiled side by side,
+    one thread each (``build`` must let different backends compile at once): the host alone always, an
+    accelerator alone while any of the budget is left.  A cold accelerator compile is seconds of driver work
+    that releases the interpreter (OpenCL 5.6-5.9 s and WebGPU 2.3-2.9 s cold on the H200, one after the
+    other before).  Then the others, one at a time in order of their estimate, where the predicted compile
+    (``CompileHistory``) and the minimum rounds of every candidate compiled, its own included, still fit.  A
+    compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile
     or run is left out with the reason in its ``status``.  ``started``: when the search began (perf_counter),
-    if before this call: the budget is the caller's whole wait, its backends' set-up included (on the H200,
-    tune took 10.9 s of a 10 s budget counted from here)."""
+    if before this call: the budget is the caller's whole wait, its backends' set-up included."""
     start = time.perf_counter() if started is None else started
     deadline = start + budget_s
     trials: list[Trial] = []
-    compiles: list[float] = []  # seconds to compile and first run each candidate
-    first_compile_s: dict[str, float] = {}  # backend -> the compile of the first candidate that used it
-    compiled_pairs: set[tuple[str, str]] = set()  # (backend, precision) of every candidate compiled
+    history = CompileHistory()
+    ordered = sorted(candidates, key=lambda c: (not c.host_alone, not c.baseline, c.estimated_ms))
+    alone = [c for c in ordered if c.host_alone or (c.baseline and time.perf_counter() <= deadline)]
+    for c in ordered:
+        if c.baseline and c not in alone:
+            c.status = "not measured: the budget ran out"
+
+    def first_run(c: Candidate, run: Callable[[], Any], built_s: float) -> None:
+        """The untimed first run (lazy set-up, one candidate at a time); the candidate joins the trials."""
+        t = time.perf_counter()
+        try:
+            run()
+        except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
+            c.status = _not_measured(exc)
+            return
+        c.compile_s = built_s + time.perf_counter() - t
+        history.add(c, c.compile_s)
+        trials.append(Trial(c, run, []))
+
     with progress(f"timing {len(candidates)} candidate plans (each compiled first)", len(candidates)) as advance:
-        for c in sorted(candidates, key=lambda c: (not c.host_alone, not c.baseline, c.estimated_ms)):
+        def built(c: Candidate) -> tuple[Callable[[], Any] | BaseException, float]:
+            t = time.perf_counter()
+            try:
+                return build(c), time.perf_counter() - t
+            except Exception as exc:
+                return exc, time.perf_counter() - t
+        with ThreadPoolExecutor(max_workers=max(len(alone), 1), thread_name_prefix="delegate-tune") as pool:
+            jobs = [(c, pool.submit(built, c)) for c in alone]
+            for c, job in jobs:
+                run, seconds = job.result()
+                advance()
+                if isinstance(run, BaseException):
+                    c.status = _not_measured(run)
+                    continue
+                first_run(c, run, seconds)
+        for c in ordered:
+            if c in alone or c.baseline:
+                continue
             advance()
             now = time.perf_counter()
             # the minimum rounds at twice the estimates (a first run, which includes lazy set-up, says less)
             timed_ms = sum(t.candidate.estimated_ms for t in trials) + c.estimated_ms
             rounds = 2 * MIN_ROUNDS * RUNS_PER_ROUND * timed_ms / 1e3
-            fits = now <= deadline if c.baseline else \
-                now + predicted_compile_s(c, compiles, first_compile_s, compiled_pairs) + rounds <= deadline
-            if trials and not c.host_alone and not fits:
+            if trials and now + history.predicted_s(c) + rounds > deadline:
                 c.status = "not measured: the budget ran out"
                 continue
-            try:
-                run = build(c)
-                run()  # first run: lazy set-up, not timed
-            except Exception as exc:  # a candidate that cannot run is left out, whatever the backend raised
-                what = str(exc) if isinstance(exc, DelegateError) else f"{type(exc).__name__}: {exc}"
-                c.status = f"not measured: {(what.splitlines() or [''])[0][:160]}"
+            run, seconds = built(c)
+            if isinstance(run, BaseException):
+                c.status = _not_measured(run)
                 continue
-            c.compile_s = time.perf_counter() - now
-            compiles.append(c.compile_s)
-            for backend in set(c.assignment.values()):
-                first_compile_s.setdefault(backend, c.compile_s)
-                compiled_pairs.add((backend, c.precision))
-            trials.append(Trial(c, run, []))
+            first_run(c, run, seconds)
     live = list(trials)
     for round_ in range(MAX_ROUNDS):
         for trial in live:

@@ -267,11 +267,16 @@ class Session:
         if not (remeasure or placement.search == "measure" or preference == "sustained_speed"):
             return plan, None
         built: dict[str, list[CompiledPartition]] = {}
+        # the search compiles the single backends side by side: one partition at a time per backend
+        compiling = {name: threading.Lock() for name in self.backends}
 
         def build(candidate):
-            candidate_plan = self.planner.plan_for(self.graph, candidate)
-            compiled = [self._compile_now(p, self.options_for(p.backend, candidate.precision))
-                        for p in candidate_plan.partitions]
+            with self._lock:
+                candidate_plan = self.planner.plan_for(self.graph, candidate)
+            compiled = []
+            for p in candidate_plan.partitions:
+                with compiling[p.backend]:
+                    compiled.append(self._compile_now(p, self.options_for(p.backend, candidate.precision)))
             built[candidate.name] = compiled
             executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled,
                                 watchdogs=self._watchdogs("run_timeout_s"))
