@@ -166,7 +166,8 @@ def _not_measured(exc: BaseException) -> str:
 
 
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
-            budget_s: float, started: float | None = None) -> Candidate:
+            budget_s: float, started: float | None = None,
+            more: Callable[[], Sequence[Candidate]] | None = None) -> Candidate:
     """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
 
     The single backends alone come first (what the plan must never be slower than), compiled side by side,
@@ -177,7 +178,9 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     (``CompileHistory``) and the minimum rounds of every candidate compiled, its own included, still fit.  A
     compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile
     or run is left out with the reason in its ``status``.  ``started``: when the search began (perf_counter),
-    if before this call: the budget is the caller's whole wait, its backends' set-up included."""
+    if before this call: the budget is the caller's whole wait, its backends' set-up included.  ``more``: finds
+    further candidates on this thread while the single backends compile (on the H100, pose_landmark_full's six
+    min cuts took 4 s: as long as OpenCL's cold compile, one after the other before)."""
     start = time.perf_counter() if started is None else started
     deadline = start + budget_s
     trials: list[Trial] = []
@@ -209,6 +212,9 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 return exc, time.perf_counter() - t
         with ThreadPoolExecutor(max_workers=max(len(alone), 1), thread_name_prefix="delegate-tune") as pool:
             jobs = [(c, pool.submit(built, c)) for c in alone]
+            found = list(more()) if more is not None else []
+            advance(parts=0, total=len(candidates) + len(found))
+            ordered += sorted(found, key=lambda c: c.estimated_ms)
             for c, job in jobs:
                 run, seconds = job.result()
                 advance()

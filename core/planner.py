@@ -18,7 +18,7 @@ import fnmatch
 import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
 from .cost import DeviceProfile, cost_class, fold_group_costs, measured, op_bytes, op_flops, op_signature, op_steps
@@ -557,16 +557,29 @@ class Planner:
     def candidates(self, graph: Subgraph) -> tuple[list[Candidate], dict, dict]:
         """Every assignment worth considering, with its estimate; also the per-op costs and refusals.
 
-        The CPU alone, and per accelerator: greedy (LiteRT's rule, the accelerator alone), the cost
-        plan (min cut), min-cut variants with boundary costs scaled, and greedy with every partition
-        that does not pay for itself (estimated) returned to the CPU.  Duplicates are dropped."""
+        The single backends alone (``baselines``), then the plans that split the model (``splits``).
+        Duplicates are dropped."""
         costs, refusals = self.capabilities(graph)
+        found = self.baselines(graph, costs)
+        return found + self.splits(graph, costs, found), costs, refusals
+
+    def baselines(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]]) -> list[Candidate]:
+        """The CPU alone, and per accelerator greedy (LiteRT's rule, the accelerator alone): cheap to find,
+        so a measured search compiles them while the others are searched."""
         cpu_only = {op.index: self.host if self.host in costs[op.index] else next(iter(costs[op.index]))
                     for op in graph.ops}
         found: list[tuple[str, dict[int, str], list[str]]] = [(self.host, cpu_only, [])]
         for accel in self.accelerators:
-            greedy, gnotes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
-            found.append((f"greedy:{accel}", greedy, gnotes))
+            found.append((f"greedy:{accel}", *self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)))
+        return self._distinct(graph, found, costs, [])
+
+    def splits(self, graph: Subgraph, costs: Mapping[int, Mapping[str, float]],
+               baselines: Sequence[Candidate]) -> list[Candidate]:
+        """Per accelerator: the cost plan (min cut), min-cut variants with boundary costs scaled, and greedy
+        with every partition that does not pay for itself (estimated) returned to the CPU; none of those
+        that ``baselines`` (or another) already is."""
+        found: list[tuple[str, dict[int, str], list[str]]] = []
+        for accel in self.accelerators:
             if self.settings.partitioner == "greedy" or self.dominated(graph, accel, costs):
                 continue
             found.append((f"cost:{accel}", *self.enforce_limits(graph, self.min_cut(graph, accel, costs), costs,
@@ -574,18 +587,23 @@ class Planner:
             for scale in self.BOUNDARY_SCALES:
                 found.append((f"cost:{accel} boundaries x{scale:g}",
                               *self.enforce_limits(graph, self.min_cut(graph, accel, costs, scale), costs, False)))
-            found.append((f"trimmed:{accel}", *self.trim(graph, dict(greedy), costs, gnotes)))
+            greedy, notes = self.enforce_limits(graph, self.greedy(graph, accel, costs), costs, True)
+            found.append((f"trimmed:{accel}", *self.trim(graph, greedy, costs, notes)))
+        return self._distinct(graph, found, costs, list(baselines))
+
+    def _distinct(self, graph: Subgraph, found, costs, known: list[Candidate]) -> list[Candidate]:
+        """``found`` (name, assignment, notes) as candidates, leaving out a plan ``known`` or found before."""
         out: list[Candidate] = []
         for name, assignment, notes in found:
-            same = next((c for c in out if c.assignment == assignment), None)
+            same = next((c for c in known + out if c.assignment == assignment), None)
             if same is not None:  # the same plan reached another way: keep why the limits shaped it so
                 if not name.startswith("trimmed:"):
                     same.notes.extend(n for n in notes if n not in same.notes)
                 continue
-            out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], notes,
+            out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], list(notes),
                                  baseline=name == self.host or name.startswith("greedy:"),
                                  host_alone=name == self.host))
-        return out, costs, refusals
+        return out
 
     def dominated(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:
         """Whether no unit (the ops placement moves whole) is cheaper on ``accel`` than on the host, which runs
@@ -633,7 +651,10 @@ class Planner:
         """From estimates: the best single backend alone (the CPU, or an accelerator's greedy plan), unless
         another candidate is estimated clearly faster (``SPLIT_MARGIN``); LiteRT's greedy plan under
         ``partitioner: greedy``."""
-        candidates, costs, refusals = self.candidates(graph)
+        return self.plan_of_candidates(graph, *self.candidates(graph))
+
+    def plan_of_candidates(self, graph: Subgraph, candidates: list[Candidate], costs, refusals) -> Plan:
+        """``plan`` from candidates already found (a measured search finds them while it compiles)."""
         best, choice = self.choose(candidates)
         plan = self.plan_for(graph, best, costs, refusals)
         plan.candidates, plan.choice = candidates, choice

@@ -253,19 +253,35 @@ class Session:
         compiled partitions when measuring left them ready."""
         from . import plan_search
 
-        plan = self.planner.plan(self.graph)
         placement, preference = self.settings.placement, self.settings.compile.inference_preference
-        if placement.search == "estimate" or len(plan.candidates) < 2:
-            return plan, None
+        if placement.search == "estimate":
+            return self.planner.plan(self.graph), None
+        measure_now = remeasure or placement.search == "measure" or preference == "sustained_speed"
         key = plan_search.decision_key(self.graph, {n: b.device_info() for n, b in self.backends.items()},
                                        self._placement_facts())
-        plan.candidates.extend(self._precision_variants(plan.candidates))
         stored = None if remeasure else plan_search.load_decision(key)
-        chosen = plan_search.stored_candidate(stored, plan.candidates) if stored else None
-        if chosen is not None:
-            return self._plan_of(chosen, plan, f"stored measured decision of {stored.get('measured_at', '?')}"), None
-        if not (remeasure or placement.search == "measure" or preference == "sustained_speed"):
-            return plan, None
+        costs, refusals = self.planner.capabilities(self.graph)
+        first = self.planner.baselines(self.graph, costs)
+        found: list = []  # the other candidates, found while the single backends compile
+        pending = None
+
+        def more():
+            found.extend(self.planner.splits(self.graph, costs, first))
+            found.extend(self._precision_variants(first + found))
+            return found
+        if stored is not None or not measure_now or len(first) < 2:
+            more()
+            plan = self.planner.plan_of_candidates(self.graph, first + found, costs, refusals)
+            if len(first) < 2 and not found:
+                return plan, None
+            chosen = plan_search.stored_candidate(stored, plan.candidates) if stored else None
+            if chosen is not None:
+                return self._plan_of(chosen, plan, f"stored measured decision of {stored.get('measured_at', '?')}"), None
+            if not measure_now:
+                return plan, None
+            first, found = plan.candidates, []
+        else:
+            pending = more
         built: dict[str, list[CompiledPartition]] = {}
         # the search compiles the single backends side by side: one partition at a time per backend
         compiling = {name: threading.Lock() for name in self.backends}
@@ -285,8 +301,10 @@ class Session:
             inputs = self._random_inputs()
             return lambda: executor.run(inputs)
 
-        winner = plan_search.measure(plan.candidates, build, placement.budget_s, started)
-        plan_search.save_decision(key, winner, plan.candidates)
+        winner = plan_search.measure(first, build, placement.budget_s, started, more=pending)
+        candidates = first + found
+        plan = self.planner.plan_of_candidates(self.graph, candidates, costs, refusals)
+        plan_search.save_decision(key, winner, candidates)
         chosen_plan = self._plan_of(winner, plan, "fastest measured now")
         # measuring ran the winner on a scratch model state; its variable tensors start afresh for the user
         for compiled in built[winner.name]:

@@ -657,6 +657,34 @@ def test_measured_search_compiles_the_single_backends_side_by_side():
     assert not together.broken and not overlapped and winner in candidates
 
 
+def test_measured_search_finds_the_other_candidates_while_the_single_backends_compile():
+    """The min cuts are searched on the calling thread while the single backends compile (pose_landmark_full
+    on the H100: six min cuts took 4 s, OpenCL's cold compile 7 s, one after the other); what that search
+    finds is then compiled and timed like the others."""
+    import threading
+    from delegate.planner import Candidate
+
+    searched = threading.Event()
+
+    def build(candidate):
+        if candidate.baseline:
+            assert searched.wait(timeout=5), "the other candidates were not searched during the compile"
+        return lambda: None
+
+    split = Candidate("cost:gpu", {0: "gpu", 1: "cpu"}, 0.5)
+
+    def more():
+        searched.set()
+        return [split]
+
+    candidates = [Candidate("cpu", {0: "cpu", 1: "cpu"}, 1.0, baseline=True, host_alone=True),
+                  Candidate("greedy:gpu", {0: "gpu", 1: "gpu"}, 1.0, baseline=True)]
+    winner = plan_search.measure(candidates, build, budget_s=5.0, more=more)
+    assert all(c.measured_ms is not None for c in candidates), [c.status for c in candidates]
+    assert split.measured_ms is not None and split.compile_s is not None
+    assert winner in candidates + [split]
+
+
 def test_measured_search_compiles_what_still_fits_its_budget():
     """Compiling cold took seconds per candidate on the H200, and tune overran its 10 s budget (13 s): a
     candidate is compiled only where the quickest compile so far still fits; the single backends
