@@ -14,7 +14,7 @@ from delegate.gpu.plan import KernelPlan, PlanCache, code_digest
 from delegate.gpu.registry import supports
 from delegate.gpu.remembered import LazyDevice
 from delegate.plugin_api import (Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, PluginError,
-                                 Support)
+                                 Support, available_cores)
 
 from . import __version__
 from .compiled import ClCompiled, choose_precision, lower
@@ -82,11 +82,20 @@ class OpenCLBackend(Backend):
                                  lambda state: state.facts)
         self.facts = self.device.facts
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
-        # a partition's kernels built as up to this many programs at once (default 1, one program: on PoCL
-        # with 2 cores two programs were not reliably faster; to measure on other drivers)
-        self.build_threads = options.get("build_threads", 1)
-        if isinstance(self.build_threads, bool) or not isinstance(self.build_threads, int) or self.build_threads < 1:
+        # a partition's kernels built as up to this many programs at once (see ``programs_at_once``)
+        self.build_threads = options.get("build_threads")
+        if self.build_threads is not None and (isinstance(self.build_threads, bool)
+                                               or not isinstance(self.build_threads, int) or self.build_threads < 1):
             raise PluginError(f"opencl backend: build_threads must be a positive integer, got {self.build_threads!r}")
+
+    def programs_at_once(self) -> int:
+        """``build_threads``, or by default: on a GPU, one program per core of the process, up to 16 (cold, on
+        the H100: MobileNetV2's first load 6.0-6.4 s with one program, 4.9-5.9 s with 16; pose_landmark_full's
+        9.0-9.4 s and 6.9-7.0 s); on a CPU device one (PoCL compiles on the cores that would build the other
+        programs: two were not reliably faster on 2 cores, see docs/config.md)."""
+        if self.build_threads is not None:
+            return self.build_threads
+        return min(available_cores(), 16) if self.facts["device_type"] == "gpu" else 1
 
     def _open(self) -> DeviceState:
         cl = import_pyopencl()
@@ -130,7 +139,7 @@ class OpenCLBackend(Backend):
             plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
             cache.store_plan(plan)
         return ClCompiled(self.state, partition, plan, precision, options, source, self.native_enqueue,
-                          self.build_threads)
+                          self.programs_at_once())
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)
