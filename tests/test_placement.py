@@ -868,6 +868,7 @@ def test_calibration_keeps_default_transfers_it_cannot_measure(monkeypatch):
     def unstable(name, tiny, stream):
         raise MeasurementError(f"calibrating {name}: the host transfer latency did not come out stable")
     monkeypatch.setattr(calibrate, "_transfer_seconds", unstable)
+    monkeypatch.setattr(calibrate, "_transfer_by_copies", lambda name, *args: unstable(name, None, None))
     default = DeviceProfile(gflops=100.0, gbytes_per_s=50.0, launch_us=20.0, transfer_latency_us=30.0,
                             transfer_gbytes_per_s=12.0)
     backend = types.SimpleNamespace(name="opencl", role="accelerator", default_profile=lambda: default,
@@ -876,6 +877,30 @@ def test_calibration_keeps_default_transfers_it_cannot_measure(monkeypatch):
     assert (profile.transfer_latency_us, profile.transfer_gbytes_per_s) == (30.0, 12.0)
     assert "stable" in profile.defaults_kept["transfers"] and profile.gbytes_per_s > 0 and profile.calibrated_at
     assert "defaults kept for transfers" in profile.describe()
+
+
+def test_calibration_measures_transfers_from_the_tensors_a_run_copies(monkeypatch):
+    """Where resident and waited-for runs do not give a positive difference (WebGPU on the H100: the latency
+    came out at -109 us), round trips alone do: three tiny input/output pairs against one give four copies'
+    latency (less two pools' launches), a large input against a tiny one the upload's time (less the device's
+    read of it).  A round trip here: 40 us, each copy 12 us plus its bytes at 8 GB/s, each pool 3 us plus its
+    input at 2,000 GB/s."""
+    tiny_shape, large_shape = (1, 2, 2, 4), (1, 256, 256, 32)
+
+    class Timed:
+        def __init__(self, backend, options, model):
+            inputs = model.main.inputs
+            nbytes = sum(4 * int(np.prod(t.shape)) for t in inputs)
+            self.seconds = (40e-6 + len(inputs) * (2 * 12e-6 + 3e-6) + nbytes / 8e9 + nbytes / 2000e9
+                            + sum(4 * int(np.prod(t.shape)) for t in model.main.outputs) / 8e9)
+
+        def round_trip(self, n):
+            pass
+    monkeypatch.setattr(calibrate, "Runner", Timed)
+    monkeypatch.setattr(calibrate, "per_run_seconds", lambda batch: batch.__self__.seconds)
+    latency_s, upload_s = calibrate._transfer_by_copies("wgpu", None, None, tiny_shape, large_shape, 3e-6, 2000.0)
+    assert latency_s == pytest.approx(12e-6, rel=0.02)
+    assert 4 * np.prod(large_shape) / upload_s / 1e9 == pytest.approx(8.0, rel=0.01)
 
 
 class SoftwareDevice(Backend):

@@ -72,6 +72,22 @@ def _chain(length: int, shape: tuple[int, ...], window: int = 1, small_output: b
     return b.build()
 
 
+def _copies(pairs: int, shape: tuple[int, ...], small_output: bool = False):
+    """``pairs`` inputs of ``shape``, each pooled (window 2) to an output of its own, or to a mean over its
+    pixels with ``small_output``: models that differ from each other in the tensors a run copies."""
+    from ..tflite.builder import GraphBuilder
+
+    b = GraphBuilder()
+    options = {"padding": "SAME", "stride_w": 1, "stride_h": 1, "filter_width": 2, "filter_height": 2,
+               "fused_activation_function": "NONE"}
+    for i in range(pairs):
+        x = b.op("MAX_POOL_2D", [b.input(f"x{i}", shape)], options=options)
+        if small_output:
+            x = b.op("MEAN", [x, b.const(f"axes{i}", np.array([1, 2], np.int32))], options={"keep_dims": True})
+        b.output(x)
+    return b.build()
+
+
 def _fc_chain(length: int, rows: int, small_output: bool = False):
     from ..tflite.builder import GraphBuilder
 
@@ -280,11 +296,14 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
             latency_s, copy_s, copies = _transfer_seconds(name, tiny, stream)
             profile.transfer_latency_us = latency_s * 1e6
             profile.transfer_gbytes_per_s = stream_bytes / 2 / max(copy_s - copies * latency_s, copy_s * 0.5) / 1e9
-        except MeasurementError as exc:  # the device's own figures stand; its transfers keep the defaults
-            default = backend.default_profile()
-            profile.transfer_latency_us = default.transfer_latency_us
-            profile.transfer_gbytes_per_s = default.transfer_gbytes_per_s
-            profile.defaults_kept = {"transfers": str(exc)}
+        except MeasurementError:
+            try:  # from the tensors a run copies instead (WebGPU on the H100: the latency came out negative)
+                latency_s, upload_s = _transfer_by_copies(name, backend, compile_options, tiny_shape,
+                                                          (1, rows, 256, 32), launch_s, profile.gbytes_per_s)
+                profile.transfer_latency_us = latency_s * 1e6
+                profile.transfer_gbytes_per_s = stream_bytes / 2 / upload_s / 1e9
+            except MeasurementError as exc:  # the device's own figures stand; its transfers keep the defaults
+                _keep_default_transfers(backend, profile, exc)
     if not asynchronous:  # the host's classes the fit to workloads never reaches (no example network has a
         # sequence LSTM) keep the backend's own figures rather than the fit for all classes
         default = backend.default_profile()
@@ -292,6 +311,35 @@ def calibrate_backend(backend, compile_options) -> DeviceProfile:
         profile.class_reach_ms = dict(default.class_reach_ms)
     check_bounds(name, profile, bounds_for(backend.device_info(), backend.role == HOST))
     return profile
+
+
+def _keep_default_transfers(backend, profile: DeviceProfile, exc: MeasurementError) -> None:
+    default = backend.default_profile()
+    profile.transfer_latency_us = default.transfer_latency_us
+    profile.transfer_gbytes_per_s = default.transfer_gbytes_per_s
+    profile.defaults_kept = {"transfers": str(exc)}
+
+
+def _transfer_by_copies(name: str, backend, options, tiny_shape, large_shape, launch_s: float,
+                        device_gbytes_per_s: float) -> tuple[float, float]:
+    """(latency of one copy, time of one upload of ``large_shape``) from round trips alone, each run
+    uploading its inputs and reading its outputs back: three tiny input/output pairs against one (four copies
+    and two pools more), and a large input against a tiny one, each reduced to a small output (the large
+    upload, less the device's time to read it).  No resident or waited-for run enters (on WebGPU on the H100
+    those were slower than round trips)."""
+    one, three = (Runner(backend, options, _copies(n, tiny_shape)) for n in (1, 3))
+    latency_s = stable_difference("the host transfer latency", name, lambda: per_run_seconds(three.round_trip),
+                                  lambda: per_run_seconds(one.round_trip), 4) - launch_s / 2
+    if latency_s <= 0:
+        raise MeasurementError(f"calibrating {name}: the host transfer latency came out at {latency_s * 1e6:.3g} us, "
+                               "not positive")
+    small, large = (Runner(backend, options, _copies(1, shape, small_output=True)) for shape in (tiny_shape, large_shape))
+    upload_s = stable_difference("the host transfer time", name, lambda: per_run_seconds(large.round_trip),
+                                 lambda: per_run_seconds(small.round_trip))
+    upload_s -= 4.0 * float(np.prod(large_shape)) / (device_gbytes_per_s * 1e9)  # the pool reading it
+    if upload_s <= 0:
+        raise MeasurementError(f"calibrating {name}: the host transfer time came out not positive")
+    return latency_s, upload_s
 
 
 def _transfer_seconds(name: str, tiny: Runner, stream: Runner) -> tuple[float, float, int]:
