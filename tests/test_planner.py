@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import itertools
+from unittest import mock
 
 import networkx as nx
 import numpy as np
@@ -130,6 +131,18 @@ def test_min_cut_equals_brute_force(problem):
     planner = make_planner(supported, cpu, gpu, transfer, partition_costs=False)
     cheapest = min(c.estimated_ms for c in planner.plan(graph).candidates)
     assert cheapest == pytest.approx(_brute_force(planner, graph, supported), rel=1e-9, abs=1e-9)
+
+
+@given(problems(max_ops=14), st.sampled_from([0.25, 1.0, 4.0]))
+def test_min_cut_assigns_as_preflow_push_does(problem, scale):
+    """The max-flow algorithm is a speed choice only: every op lands where networkx's default gives it."""
+    graph, supported, cpu, gpu, transfer = problem
+    planner = make_planner(supported, cpu, gpu, transfer)
+    costs, _ = planner.capabilities(graph)
+    chosen = planner.min_cut(graph, "gpu", costs, scale)
+    default = nx.minimum_cut
+    with mock.patch.object(nx, "minimum_cut", lambda g, s, t, flow_func=None: default(g, s, t)):
+        assert planner.min_cut(graph, "gpu", costs, scale) == chosen
 
 
 @given(problems(max_ops=10))
