@@ -412,9 +412,14 @@ class Session:
     # -- compile / fallback ----------------------------------------------
     def _watchdogs(self, key: str) -> dict[str, Watchdog]:
         """A watchdog per accelerator for ``limits.<key>`` (none while that limit is off); the host is the
-        fallback and runs on the calling thread."""
+        fallback and runs on the calling thread, and so do the runs of a backend that bounds its own waits
+        (``Backend.bound_waits``)."""
         seconds = getattr(self.settings.limits, key)
-        return {name: Watchdog(name, seconds, key) for name in self.backends if name != self.host and seconds}
+        accelerators = [name for name in self.backends if name != self.host]
+        if key == "run_timeout_s":
+            accelerators = [name for name in accelerators
+                            if not getattr(self.backends[name], "bound_waits", lambda _: False)(seconds)]
+        return {name: Watchdog(name, seconds, key) for name in accelerators if seconds}
 
     def _compile_now(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
         """Compile on the partition's backend, under its compile time limit (accelerators only)."""

@@ -7,6 +7,8 @@ way to the loop without a compiler, with ``native_enqueue: false`` and while pro
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,66 @@ def test_profiling_takes_the_loop_and_gives_it_back():
     finally:
         compiled.set_profiling(False)
     assert compiled.describe()["enqueue"].startswith("native")
+
+
+# -- the wait for a run's work, bounded by limits.run_timeout_s ------------------------------------------------
+
+def test_a_bounded_wait_returns_when_the_work_is_done_and_gives_up_after_its_limit():
+    from delegate_opencl.backend import OpenCLBackend
+    from delegate_opencl.values import WaitLimit, wait_within
+    state = OpenCLBackend({}).state
+    cl, queue = state.cl, state.queue
+    gate = cl.UserEvent(state.context)
+    marker = cl.enqueue_marker(queue, wait_for=[gate])
+    try:
+        for spin in (0.0, 0.05):
+            started = time.perf_counter()
+            with pytest.raises(TimeoutError, match=r"within 0.2 s \(limits.run_timeout_s\)"):
+                wait_within(cl, queue, marker, WaitLimit(0.2, spin))
+            assert 0.2 <= time.perf_counter() - started < 2
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    wait_within(cl, queue, marker, WaitLimit(0.2, 0.05))
+    wait_within(cl, queue, cl.enqueue_marker(queue), WaitLimit(None))
+    assert marker.command_execution_status == cl.command_execution_status.COMPLETE
+
+
+def test_opencl_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_back(monkeypatch):
+    """The session gives OpenCL no watchdog thread (its run only enqueues); the wait for the outputs bounds
+    itself instead: device work that never completes fails the partition in time, and the CPU takes over."""
+    import delegate
+    from delegate.errors import ExecutionError
+    from delegate.session import BackendFallbackWarning
+    from delegate_opencl.compiled import ClCompiled
+    b, inputs = chain()
+    data = b.to_bytes()
+    expected = litert_run(data, inputs)
+    session = delegate.load(data, backends="[opencl, cpu]", partitioner="greedy", **{"limits.run_timeout_s": 0.3})
+    assert [p.backend for p in session.executor.partitions] == ["opencl"]
+    assert "opencl" not in session.executor.watchdogs
+    assert_close(list(session.run(inputs).values())[0], expected[0], 1e-4)
+    strict = delegate.load(data, backends="[opencl, cpu]", partitioner="greedy", fallback=False,
+                           **{"limits.run_timeout_s": 0.3})
+
+    gates = []
+    enqueue_kernels = ClCompiled._enqueue_kernels
+
+    def stalled(self):  # every kernel of the run waits for an event nobody completes
+        gates.append(self.device.cl.UserEvent(self.device.context))
+        self.device.cl.enqueue_marker(self.device.queue, wait_for=[gates[-1]])
+        enqueue_kernels(self)
+
+    monkeypatch.setattr(ClCompiled, "_enqueue_kernels", stalled)
+    try:
+        started = time.perf_counter()
+        with pytest.warns(BackendFallbackWarning, match=r"within 0.3 s \(limits.run_timeout_s\)"):
+            outputs = session.run(inputs)
+        assert time.perf_counter() - started < 10
+        assert_close(list(outputs.values())[0], expected[0], 1e-4)
+        assert [p.backend for p in session.executor.partitions] == ["cpu"]
+        with pytest.raises(ExecutionError, match=r"partition 0 on opencl failed: .*within 0.3 s"):
+            strict.run(inputs)
+    finally:
+        import pyopencl as cl
+        for gate in gates:  # the queue is the process's: let the stalled work through
+            gate.set_status(cl.command_execution_status.COMPLETE)

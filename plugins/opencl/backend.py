@@ -21,7 +21,7 @@ from .compiled import ClCompiled, choose_precision, lower
 from .device import DeviceRequest, device_facts, import_pyopencl, remembered, select_device
 from .lowering import DIALECT, FOLDS
 from .program import ProgramBuilder
-from .values import ClValue
+from .values import ClValue, WaitLimit
 
 
 @dataclass
@@ -81,6 +81,7 @@ class OpenCLBackend(Backend):
         self.device = LazyDevice("opencl", remembered(self.request), "pyopencl", import_pyopencl, self._open,
                                  lambda state: state.facts)
         self.facts = self.device.facts
+        self.wait_limit = WaitLimit()  # set by ``bound_waits``, read by every partition's waits
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
         # a partition's kernels built as up to this many programs at once (see ``programs_at_once``)
         self.build_threads = options.get("build_threads")
@@ -139,7 +140,15 @@ class OpenCLBackend(Backend):
             plan, source = lower(partition, options, precision, facts["compute_units"]), "planned"
             cache.store_plan(plan)
         return ClCompiled(self.state, partition, plan, precision, options, source, self.native_enqueue,
-                          self.programs_at_once())
+                          self.programs_at_once(), self.wait_limit)
+
+    def bound_waits(self, seconds: float | None) -> bool:
+        """A run only enqueues; the wait for its outputs (``to_host``) gives up after ``seconds``.  On a GPU it
+        asks the event's status without sleeping for its first 50 ms (a batch-1 run's wait is far shorter); a
+        CPU device computes on the cores such asking would take, so there it sleeps between asks at once."""
+        self.wait_limit.seconds = seconds
+        self.wait_limit.spin_s = 0.05 if self.facts["device_type"] == "gpu" else 0.0
+        return True
 
     def to_device(self, array: np.ndarray) -> ClValue:
         return ClValue.stage(array)

@@ -27,7 +27,7 @@ from .enqueue import PreparedLaunches, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
 from .program import variant_of
-from .values import Boundary, ClValue, ReadbackBatch, fill_input
+from .values import Boundary, ClValue, ReadbackBatch, WaitLimit, fill_input
 
 # Work-group shapes tried by ``sustained_speed`` besides the driver's own choice.
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
@@ -65,9 +65,12 @@ class ClCompiled(CompiledPartition):
     """A partition's kernel plan made real: buffers allocated, kernels built and bound."""
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
-                 plan_source: str = "planned", native: bool = True, build_threads: int = 1):
-        """``build_threads``: programs the kernels may be split into, built at once (1: one program)."""
+                 plan_source: str = "planned", native: bool = True, build_threads: int = 1,
+                 wait_limit: WaitLimit | None = None):
+        """``build_threads``: programs the kernels may be split into, built at once (1: one program);
+        ``wait_limit``: the backend's, which bounds the waits for this partition's runs."""
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
+        self.wait_limit = wait_limit or WaitLimit()
         self.build_threads, self.programs = build_threads, 0
         self.buffers = [self._buffer(spec) for spec in plan.buffers]
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
@@ -186,7 +189,8 @@ class ClCompiled(CompiledPartition):
         self._enqueue_kernels()
         values = [ClValue(b.tensor.shape, b.tensor.dtype, quant=b.tensor.quantization, boundary=b, storage=storage)
                   for b in self.outputs]
-        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events, self.uploads)
+        batch = ReadbackBatch(values, self.device.context, self.host_reads, boundary_events, self.uploads,
+                              self.wait_limit)
         for value in values:
             value.batch = batch
         return {b.tensor.index: v for b, v in zip(self.outputs, values)}

@@ -17,7 +17,9 @@ valid until its partition runs again, as the CPU backend's arena outputs are.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -26,22 +28,68 @@ from delegate.gpu.constants import from_float_view, to_float_view
 from delegate.plugin_api import DType, Quantization, Tensor
 
 
-def host_array(cl, context, queue, shape: tuple[int, ...]) -> tuple[np.ndarray, Any, str]:
+def host_array(cl, context, queue, shape: tuple[int, ...], limit: "WaitLimit") -> tuple[np.ndarray, Any, str]:
     """A float32 host array of ``shape`` for reads from the device: (array, its OpenCL buffer or None, kind).
 
     Pinned where the driver can map an ``ALLOC_HOST_PTR`` buffer (it stays mapped for the array's life; no
     kernel ever uses that buffer, so the mapping is never in the way); else ordinary pageable memory, and
-    the kind says why."""
+    the kind says why.  The mapping waits its turn in the queue, within ``limit``."""
     if math.prod(shape) == 0:
         return np.empty(shape, np.float32), None, "pageable (empty tensor)"
     try:
         buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
                            4 * math.prod(shape))
-        array, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape,
-                                         np.float32, is_blocking=True)
+        array, mapped = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape,
+                                              np.float32, is_blocking=False)
+        wait_within(cl, queue, mapped, limit, [array])
     except cl.Error as exc:
         return np.empty(shape, np.float32), None, f"pageable (mapping a pinned buffer failed: {exc})"
     return array, buffer, "pinned (mapped CL_MEM_ALLOC_HOST_PTR)"
+
+
+class WaitLimit:
+    """How long a wait for a run's device work may take (``limits.run_timeout_s``; None: no limit), shared by
+    a backend's compiled partitions; ``spin_s``: how long a wait keeps asking before it sleeps between asks."""
+
+    def __init__(self, seconds: float | None = None, spin_s: float = 0.0):
+        self.seconds, self.spin_s = seconds, spin_s
+
+
+# Once a wait has lasted its ``spin_s``, it sleeps a twentieth of the time waited so far between asks (at
+# most POLL_MAX_S): a run is noticed done at most ~5% late, and a long one costs few wake-ups.
+POLL_MAX_S = 1e-3
+
+
+# What waits gave up on: pyopencl's event of a copy to or from a host array waits for its copy when freed, so
+# the events (and the arrays they hold) of work that never finished are kept for the process's life, and
+# beyond: the list holds a reference of its own, so not even the interpreter's exit frees it (and hangs).
+ABANDONED: list = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(ABANDONED))
+
+
+def wait_within(cl, queue, event, limit: WaitLimit, pending: list | tuple = ()) -> None:
+    """Wait for ``event`` of ``queue``; TimeoutError once ``limit.seconds`` have passed, ``event`` and the
+    ``pending`` objects of the same work kept in ABANDONED.  With no limit, the driver's blocking wait.  With
+    one, the event's status is asked for (the queue flushed first, so the work is submitted), giving the
+    core up between asks."""
+    if limit.seconds is None:
+        event.wait()
+        return
+    queue.flush()
+    complete = cl.command_execution_status.COMPLETE
+    start = time.perf_counter()
+    while True:
+        status = event.command_execution_status
+        if status == complete:
+            return
+        if status < 0:  # the work failed: the driver's wait raises its error
+            event.wait()
+            return
+        waited = time.perf_counter() - start
+        if waited > limit.seconds:
+            ABANDONED.extend([event, *pending])
+            raise TimeoutError(f"the device did not finish a run within {limit.seconds:g} s (limits.run_timeout_s)")
+        time.sleep(0.0 if waited < limit.spin_s else min(waited / 20, POLL_MAX_S))
 
 
 class Boundary:
@@ -70,11 +118,11 @@ class Boundary:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
         return events
 
-    def enqueue_read(self, cl, context, queue) -> list:
-        """Enqueue the conversion to NHWC and the read into this output's host array (non-blocking);
-        returns their events, the read's last."""
+    def enqueue_read(self, cl, context, queue, limit: "WaitLimit") -> list:
+        """Enqueue the conversion to NHWC and the read into this output's host array (non-blocking; the array
+        made on the first read, within ``limit``); returns their events, the read's last."""
         if self.host is None:
-            self.host, self.pinned, self.host_kind = host_array(cl, context, queue, self.tensor.shape)
+            self.host, self.pinned, self.host_kind = host_array(cl, context, queue, self.tensor.shape, limit)
         events = []
         if self.kernel is not None:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
@@ -148,21 +196,23 @@ class ReadbackBatch:
     those in ``wanted`` (tensor indices the host is expected to read; None: every output)."""
 
     def __init__(self, values: list[ClValue], context, wanted: frozenset[int] | None, events: list | None,
-                 uploads: list):
-        self.values, self.context, self.wanted = values, context, wanted
+                 uploads: list, limit: WaitLimit):
+        self.values, self.context, self.wanted, self.limit = values, context, wanted, limit
         self.events = events  # where a profiled run keeps the events of its reads
         self.uploads = uploads  # the run's upload events, holding the caller's arrays until the copies are done
 
     def read(self, cl, queue, asked: ClValue) -> None:
-        last = None
+        enqueued = []
         for value in self.values:
             if value.floats is None and (value is asked or self.wanted is None
                                          or value.boundary.tensor.index in self.wanted):
-                events = value.boundary.enqueue_read(cl, self.context, queue)
+                events = value.boundary.enqueue_read(cl, self.context, queue, self.limit)
                 value.floats = value.boundary.host
                 if self.events is not None:
                     self.events.extend(events)
-                last = events[-1]
-        if last is not None:
-            last.wait()  # the queue is in order: the last read done means all are, the uploads too
-            self.uploads.clear()  # so the caller's input arrays are no longer referenced
+                enqueued += events
+        if enqueued:  # the queue is in order: the last read done means all are, the uploads too
+            try:
+                wait_within(cl, queue, enqueued[-1], self.limit, enqueued + self.uploads)
+            finally:
+                self.uploads.clear()  # so the caller's input arrays are no longer referenced (or only abandoned)
