@@ -140,24 +140,30 @@ def test_profiling_takes_the_loop_and_gives_it_back():
 
 # -- the wait for a run's work, bounded by limits.run_timeout_s ------------------------------------------------
 
-def test_a_bounded_wait_returns_when_the_work_is_done_and_gives_up_after_its_limit():
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])
+def test_a_bounded_wait_returns_when_the_work_is_done_and_gives_up_after_its_limit(native, monkeypatch):
     from delegate_opencl.backend import OpenCLBackend
-    from delegate_opencl.values import WaitLimit, wait_within
+    from delegate_opencl.values import ABANDONED, WaitLimit, wait_within
     state = OpenCLBackend({}).state
     cl, queue = state.cl, state.queue
+    asked = []
+    wait = enqueue.NativeEnqueue.wait
+    monkeypatch.setattr(enqueue.NativeEnqueue, "wait", lambda self, *a: asked.append(a) or wait(self, *a))
     gate = cl.UserEvent(state.context)
     marker = cl.enqueue_marker(queue, wait_for=[gate])
     try:
         for spin in (0.0, 0.05):
             started = time.perf_counter()
             with pytest.raises(TimeoutError, match=r"within 0.2 s \(limits.run_timeout_s\)"):
-                wait_within(cl, queue, marker, WaitLimit(0.2, spin))
+                wait_within(cl, queue, marker, WaitLimit(0.2, spin, native), ["held"])
             assert 0.2 <= time.perf_counter() - started < 2
+            assert ABANDONED[-2:] == [marker, "held"]
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
-    wait_within(cl, queue, marker, WaitLimit(0.2, 0.05))
+    wait_within(cl, queue, marker, WaitLimit(0.2, 0.05, native))
     wait_within(cl, queue, cl.enqueue_marker(queue), WaitLimit(None))
     assert marker.command_execution_status == cl.command_execution_status.COMPLETE
+    assert len(asked) == (3 if native else 0)
 
 
 def test_opencl_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_back(monkeypatch):

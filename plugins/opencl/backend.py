@@ -148,6 +148,7 @@ class OpenCLBackend(Backend):
         CPU device computes on the cores such asking would take, so there it sleeps between asks at once."""
         self.wait_limit.seconds = seconds
         self.wait_limit.spin_s = 0.05 if self.facts["device_type"] == "gpu" else 0.0
+        self.wait_limit.native = self.native_enqueue
         return True
 
     def to_device(self, array: np.ndarray) -> ClValue:

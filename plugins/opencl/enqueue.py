@@ -26,13 +26,31 @@ _INT64 = ctypes.c_int64
 
 
 class NativeEnqueue:
-    """enqueue.c's entry point and the address of ``clEnqueueNDRangeKernel`` in pyopencl's ICD loader."""
+    """enqueue.c's entry points, and the addresses of the OpenCL functions they call in pyopencl's ICD
+    loader (``clEnqueueNDRangeKernel``; ``clFlush`` and ``clGetEventInfo`` for the wait)."""
 
-    def __init__(self, library: ctypes.CDLL, enqueue_address: int):
+    def __init__(self, library: ctypes.CDLL, enqueue_address: int, flush_address: int, info_address: int):
         self.call = library.enqueue_launches
         self.call.argtypes = [ctypes.c_void_p] * 7 + [_INT64, ctypes.POINTER(_INT64)]
         self.call.restype = ctypes.c_int32
         self.enqueue_address = enqueue_address
+        self.wait_call = library.wait_event
+        self.wait_call.argtypes = [ctypes.c_void_p] * 4 + [_INT64] * 3 + [ctypes.POINTER(ctypes.c_int32)]
+        self.wait_call.restype = ctypes.c_int32
+        self.flush_address, self.info_address = flush_address, info_address
+
+    def wait(self, cl, queue, event, spin_s: float, limit_s: float, max_sleep_s: float) -> bool:
+        """Wait for ``event`` of ``queue`` as enqueue.c's ``wait_event`` does (the GIL released meanwhile):
+        True once complete, False when ``limit_s`` passed first; failed work raises pyopencl's error."""
+        detail = ctypes.c_int32(0)
+        outcome = self.wait_call(self.flush_address, self.info_address, queue.int_ptr, event.int_ptr,
+                                 int(spin_s * 1e9), int(limit_s * 1e9), int(max_sleep_s * 1e9), ctypes.byref(detail))
+        if outcome == 2:  # the work failed: the driver's wait raises its error
+            event.wait()
+            raise cl_error(cl, "clWaitForEvents", detail.value)
+        if outcome == 3:
+            raise cl_error(cl, "clGetEventInfo", detail.value)
+        return outcome == 0
 
 
 _LOCK = threading.Lock()
@@ -48,13 +66,15 @@ def native_enqueue(cl) -> NativeEnqueue | str:
 
 
 def _load(cl) -> NativeEnqueue | str:
-    address = loader_function(cl, "clEnqueueNDRangeKernel")
-    if address is None:
-        return "pyopencl's OpenCL library exports no clEnqueueNDRangeKernel"
+    names = ("clEnqueueNDRangeKernel", "clFlush", "clGetEventInfo")
+    addresses = [loader_function(cl, name) for name in names]
+    missing = [name for name, address in zip(names, addresses) if address is None]
+    if missing:
+        return f"pyopencl's OpenCL library exports no {', '.join(missing)}"
     built = load_library(SOURCE, FLAG_SETS, "opencl")
     if built.library is None:
         return built.reason
-    return NativeEnqueue(built.library, address)
+    return NativeEnqueue(built.library, *addresses)
 
 
 def loader_function(cl, name: str) -> int | None:
