@@ -142,6 +142,7 @@ def test_profiling_takes_the_loop_and_gives_it_back():
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])
 def test_a_bounded_wait_returns_when_the_work_is_done_and_gives_up_after_its_limit(native, monkeypatch):
+    """Both ways of asking: enqueue.c's loop and Python's (without a compiler, or ``native_enqueue: false``)."""
     from delegate_opencl.backend import OpenCLBackend
     from delegate_opencl.values import ABANDONED, WaitLimit, wait_within
     state = OpenCLBackend({}).state
@@ -167,9 +168,18 @@ def test_a_bounded_wait_returns_when_the_work_is_done_and_gives_up_after_its_lim
 
 
 def test_opencl_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_back(monkeypatch):
-    """The session gives OpenCL no watchdog thread (its run only enqueues); the wait for the outputs bounds
-    itself instead: device work that never completes fails the partition in time, and the CPU takes over."""
+    """On a GPU the session gives OpenCL no watchdog thread (its run only enqueues); the wait for the outputs
+    bounds itself instead: device work that never completes fails the partition in time, and the CPU takes
+    over.  (The device here may be PoCL, a CPU device, whose runs keep the watchdog: it is taken for a GPU.)"""
     import delegate
+    from delegate_opencl.backend import OpenCLBackend
+    opened = OpenCLBackend.__init__
+
+    def as_gpu(self, options=None):
+        opened(self, options)
+        self.facts = {**self.facts, "device_type": "gpu"}
+
+    monkeypatch.setattr(OpenCLBackend, "__init__", as_gpu)
     from delegate.errors import ExecutionError
     from delegate.session import BackendFallbackWarning
     from delegate_opencl.compiled import ClCompiled
@@ -205,3 +215,12 @@ def test_opencl_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_b
         import pyopencl as cl
         for gate in gates:  # the queue is the process's: let the stalled work through
             gate.set_status(cl.command_execution_status.COMPLETE)
+
+
+def test_a_cpu_device_keeps_the_watchdog_thread_and_the_drivers_wait(monkeypatch):
+    from delegate_opencl.backend import OpenCLBackend
+    backend = OpenCLBackend({})
+    monkeypatch.setitem(backend.facts, "device_type", "cpu")
+    assert backend.bound_waits(300.0) is False and backend.wait_limit.seconds is None
+    monkeypatch.setitem(backend.facts, "device_type", "gpu")
+    assert backend.bound_waits(300.0) is True and backend.wait_limit.seconds == 300.0

@@ -42,6 +42,16 @@ typedef cl_int (*get_event_info)(cl_event event, cl_uint name, size_t size, void
 
 #define CL_EVENT_COMMAND_EXECUTION_STATUS 0x11D3
 
+static inline void spin_hint(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -49,11 +59,12 @@ static int64_t now_ns(void) {
 }
 
 /* Flushes queue, then asks event's execution status until it is complete, failed or limit_ns passed:
-   without pausing for the first spin_ns, then sleeping a twentieth of the time waited so far (at most
-   max_sleep_ns) between asks.  Returns 0 when complete, 1 when the limit passed first, 2 when the work
+   for the first spin_ns with pause_iters spin-loop hints between asks (asking without a break can slow
+   the driver's own progress), then sleeping a twentieth of the time waited so far (at most max_sleep_ns)
+   between asks.  Returns 0 when complete, 1 when the limit passed first, 2 when the work
    failed (its status in *detail), 3 when clFlush or clGetEventInfo failed (its code in *detail). */
 int32_t wait_event(flush_queue flush, get_event_info info, cl_command_queue queue, cl_event event,
-                   int64_t spin_ns, int64_t limit_ns, int64_t max_sleep_ns, int32_t *detail) {
+                   int64_t spin_ns, int64_t pause_iters, int64_t limit_ns, int64_t max_sleep_ns, int32_t *detail) {
     cl_int code = flush(queue);
     if (code != 0) {
         *detail = code;
@@ -80,6 +91,10 @@ int32_t wait_event(flush_queue flush, get_event_info info, cl_command_queue queu
             int64_t pause = waited / 20 < max_sleep_ns ? waited / 20 : max_sleep_ns;
             struct timespec t = {(time_t)(pause / 1000000000), (long)(pause % 1000000000)};
             nanosleep(&t, NULL);
+        } else {
+            for (int64_t i = 0; i < pause_iters; ++i)
+                spin_hint();
         }
     }
 }
+

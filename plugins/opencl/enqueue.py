@@ -21,6 +21,10 @@ from delegate.plugin_api import load_library
 
 SOURCE = Path(__file__).with_name("enqueue.c")
 FLAG_SETS = (["-O2"],)
+# Spin-loop hints between a wait's asks of the event's status (enqueue.c's wait_event).  Host -> host p50 on an
+# H100 host, asking with none / 20 / 200 between asks: MobileNetV2 0.634 / 0.622 / 0.623 ms, pose_landmark_full
+# 1.086 / 1.057 / 1.049 ms (the driver's blocking wait: 0.630, 1.095).
+PAUSE_ITERS = 20
 
 _INT64 = ctypes.c_int64
 
@@ -35,7 +39,7 @@ class NativeEnqueue:
         self.call.restype = ctypes.c_int32
         self.enqueue_address = enqueue_address
         self.wait_call = library.wait_event
-        self.wait_call.argtypes = [ctypes.c_void_p] * 4 + [_INT64] * 3 + [ctypes.POINTER(ctypes.c_int32)]
+        self.wait_call.argtypes = [ctypes.c_void_p] * 4 + [_INT64] * 4 + [ctypes.POINTER(ctypes.c_int32)]
         self.wait_call.restype = ctypes.c_int32
         self.flush_address, self.info_address = flush_address, info_address
 
@@ -44,7 +48,8 @@ class NativeEnqueue:
         True once complete, False when ``limit_s`` passed first; failed work raises pyopencl's error."""
         detail = ctypes.c_int32(0)
         outcome = self.wait_call(self.flush_address, self.info_address, queue.int_ptr, event.int_ptr,
-                                 int(spin_s * 1e9), int(limit_s * 1e9), int(max_sleep_s * 1e9), ctypes.byref(detail))
+                                 int(spin_s * 1e9), PAUSE_ITERS, int(limit_s * 1e9), int(max_sleep_s * 1e9),
+                                 ctypes.byref(detail))
         if outcome == 2:  # the work failed: the driver's wait raises its error
             event.wait()
             raise cl_error(cl, "clWaitForEvents", detail.value)
