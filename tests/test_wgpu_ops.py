@@ -13,7 +13,7 @@ from delegate import CompileOptions
 from delegate.plugins import default_manager
 from delegate.tflite.builder import GraphBuilder
 from delegate_wgpu import kernels
-from delegate_wgpu.tiling import MatmulTiling, SpatialTiling
+from delegate_wgpu.tiling import DeviceShape, MatmulTiling, SpatialTiling, matmul_tiling, spatial_tiling
 from tests.models import pool_model, transpose_conv_bias_pair, transpose_conv_model
 from tests.oputil import assert_close, check_against_litert, delegate_run, litert_run
 
@@ -180,7 +180,25 @@ def test_float16_weights_through_dequantize():
 
 
 PRECISIONS = {"fp32": {}, "fp16": {"rtol": FP16_RTOL, "options": CompileOptions(precision="fp16")}}
-MATMUL_TILINGS = [MatmulTiling(4, 4, 1), MatmulTiling(2, 1, 4), MatmulTiling(1, 2, 8), MatmulTiling(4, 2, 2)]
+MATMUL_TILINGS = [MatmulTiling(4, 4, 1), MatmulTiling(2, 1, 4), MatmulTiling(1, 2, 8), MatmulTiling(4, 2, 2),
+                  MatmulTiling(1, 1, 4, 128), MatmulTiling(1, 1, 16, 128)]  # the last two: a GPU's (no blocks)
+
+
+LIMITS = {"max-compute-workgroup-storage-size": 32768, "max-compute-workgroups-per-dimension": 65535}
+
+
+def test_a_gpu_computes_one_output_vector_per_invocation_and_splits_by_depth():
+    """MobileNetV2's layers as an H100 tuned them (docs/benchmarks.md): one vector each, workgroups of 128,
+    the reduction split 16 ways from 64 input slices, 4 from 16, none below; a CPU adapter keeps blocks."""
+    gpu = DeviceShape.of("DiscreteGPU", LIMITS, False)
+    assert str(matmul_tiling(gpu, 12544, 4, 8)) == "1 rows x 1 slices, split 1, workgroup 128"
+    assert str(matmul_tiling(gpu, 3136, 6, 36)) == "1 rows x 1 slices, split 4, workgroup 128"
+    assert str(matmul_tiling(gpu, 49, 320, 80)) == "1 rows x 1 slices, split 16, workgroup 128"
+    assert matmul_tiling(gpu, 1, 250, 320).split == 64  # one row: split further while invocations are few
+    assert str(spatial_tiling(gpu, (1, 56, 56, 144), 1)) == "1 pixels x 1 slices, workgroup 128"
+    cpu = DeviceShape.of("CPU", LIMITS, False)
+    assert matmul_tiling(cpu, 12544, 4, 8) == MatmulTiling(4, 4, 1)
+    assert spatial_tiling(cpu, (1, 56, 56, 144), 4).pixels > 1
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -209,13 +227,16 @@ def test_tiled_matmul_on_ragged_shapes(monkeypatch, tiling, case, precision):
 
 @pytest.mark.parametrize("op, pixels, slices", [("CONV_2D", 4, 4), ("CONV_2D", 2, 1), ("CONV_2D", 4, 2),
                                                ("DEPTHWISE_CONV_2D", 4, 1), ("DEPTHWISE_CONV_2D", 2, 1),
-                                               ("TRANSPOSE_CONV", 1, 4), ("TRANSPOSE_CONV", 1, 2)])
+                                               ("TRANSPOSE_CONV", 1, 4), ("TRANSPOSE_CONV", 1, 2),
+                                               ("CONV_2D", 1, 1), ("DEPTHWISE_CONV_2D", 1, 1),
+                                               ("TRANSPOSE_CONV", 1, 1)])
 @pytest.mark.parametrize("multiplier", [1, 2])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_tiled_convolutions_on_ragged_shapes(monkeypatch, op, pixels, slices, multiplier, precision):
     """Output widths and slice counts that are not multiples of the tile, padding on every side
     (a transposed convolution: strides 2 and 3, kernels not multiples of them)."""
-    monkeypatch.setattr(kernels, "spatial_tiling", lambda *args: SpatialTiling(pixels, slices))
+    workgroup = 128 if (pixels, slices) == (1, 1) else 64  # a GPU's tiling (no blocks) in its workgroup
+    monkeypatch.setattr(kernels, "spatial_tiling", lambda *args: SpatialTiling(pixels, slices, workgroup))
     rng = np.random.default_rng(14)
     b = GraphBuilder()
     x = b.input("x", (2, 6, 9, 6))

@@ -1,9 +1,11 @@
 """How much each invocation of a tiled kernel computes, and how invocations form workgroups.
 
 A batch-1 network has layers of every shape: 112x112 pixels of 16 channels, 7x7 pixels of 1280,
-one row of 1280.  Each kernel is given enough invocations to keep a large GPU busy and, within
-that, as many outputs per invocation as possible, since every value an invocation loads is
-then reused for several outputs.  Layers too small for that split their reduction instead.
+one row of 1280.  On a CPU adapter each kernel is given enough invocations to keep the cores busy
+and, within that, as many outputs per invocation as possible, since every value an invocation
+loads is then reused for several outputs; layers too small for that split their reduction.  On a
+GPU an invocation computes one output vector (blocks of outputs made the kernels slower there),
+its reduction split by depth, in workgroups of 128 (``DeviceShape.blocks``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ class DeviceShape:
     workgroup_bytes: int  # workgroup memory one workgroup may use
     most_workgroups: int  # along one dimension of a dispatch
     subgroups: bool  # reductions may use subgroup operations
+    # whether an invocation computes a block of outputs (a CPU adapter: they fill its SIMD lanes).  Not on a
+    # GPU: there, timing every candidate (sustained_speed) on an H100 (Vulkan) chose one output vector per
+    # invocation for 48 of MobileNetV2's 53 tiled layers, workgroups of 128 for 33, and the reduction split
+    # 16 ways from 64 input slices, 4 from 16: its kernels took 0.80 ms against 1.32 ms with the blocks
+    # chosen before.  The rule below gives exactly the tuned tiling for 29 of the 53 (the blocks: 7), most
+    # of the others differing in the workgroup's size alone (docs/benchmarks.md)
+    blocks: bool = True
 
     @classmethod
     def of(cls, adapter_type: str, limits: dict[str, int], subgroups: bool) -> "DeviceShape":
         """A GPU wants thousands of invocations in flight (about four warps on each multiprocessor of a
         large one); a CPU adapter runs a few SIMD lanes per core and prefers fewer, longer invocations."""
-        return cls(256 if adapter_type == "CPU" else 8192, limits["max-compute-workgroup-storage-size"],
-                   limits["max-compute-workgroups-per-dimension"], subgroups)
+        cpu = adapter_type == "CPU"
+        return cls(256 if cpu else 8192, limits["max-compute-workgroup-storage-size"],
+                   limits["max-compute-workgroups-per-dimension"], subgroups, blocks=cpu)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -88,13 +98,21 @@ def _can_split(device: DeviceShape, depth: int, rows: int, slices: int, split: i
 
 
 def matmul_tiling(device: DeviceShape, rows: int, slices: int, depth: int) -> MatmulTiling:
-    """Tiling of a product of ``rows`` pixel rows, ``slices`` output slices, ``depth`` input slices."""
-    rm, rn = _blocks(device, lambda m, n: _ceil(rows, m) * _ceil(slices, n), _up_to_4(rows), _up_to_4(slices))
-    split = 1
+    """Tiling of a product of ``rows`` pixel rows, ``slices`` output slices, ``depth`` input slices: with
+    blocks, the largest that leaves the device busy, split while invocations are short; without, one output
+    vector each, split 16 or 4 ways wherever each part still adds up a few input slices, and further
+    while invocations are short."""
+    size = WORKGROUP if device.blocks else 2 * WORKGROUP
+    if device.blocks:
+        rm, rn = _blocks(device, lambda m, n: _ceil(rows, m) * _ceil(slices, n), _up_to_4(rows), _up_to_4(slices))
+        split = 1
+    else:
+        rm = rn = 1
+        split = next((s for s in (16, 4) if _can_split(device, depth, 1, 1, s, size)), 1)
     while (_ceil(rows, rm) * _ceil(slices, rn) * split < device.invocations
-           and _can_split(device, depth, rm, rn, split * 2)):
+           and _can_split(device, depth, rm, rn, split * 2, size)):
         split *= 2
-    return MatmulTiling(rm, rn, split)
+    return MatmulTiling(rm, rn, split, size)
 
 
 def matmul_candidates(device: DeviceShape, rows: int, slices: int, depth: int) -> list[MatmulTiling]:
@@ -134,8 +152,11 @@ def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_s
     slices per invocation.
 
     Rows keep at least ``ROW_LANES`` invocations side by side, so neighbouring lanes still read
-    neighbouring pixels (and a CPU adapter's SIMD lanes stay filled)."""
+    neighbouring pixels (and a CPU adapter's SIMD lanes stay filled).  Without blocks (a GPU), one output
+    vector per invocation, in workgroups of 128."""
     n, h, w, c = shape
+    if not device.blocks:
+        return SpatialTiling(1, 1, 2 * WORKGROUP)
     most_pixels = min(most_pixels, 1 << (max(w // ROW_LANES, 1).bit_length() - 1))
     pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
                              min(most_slices, _up_to_4(_ceil(c, 4))))
