@@ -48,8 +48,7 @@ class NativeEnqueue:
         True once complete, False when ``limit_s`` passed first; failed work raises pyopencl's error."""
         detail = ctypes.c_int32(0)
         outcome = self.wait_call(self.flush_address, self.info_address, queue.int_ptr, event.int_ptr,
-                                 int(spin_s * 1e9), PAUSE_ITERS, int(limit_s * 1e9), int(max_sleep_s * 1e9),
-                                 ctypes.byref(detail))
+                                 _ns(spin_s), PAUSE_ITERS, _ns(limit_s), _ns(max_sleep_s), ctypes.byref(detail))
         if outcome == 2:  # the work failed: the driver's wait raises its error
             event.wait()
             raise cl_error(cl, "clWaitForEvents", detail.value)
@@ -113,6 +112,11 @@ class PreparedLaunches:
                                   self.global_sizes, self.local_sizes, self.has_local, self.count, self.failed_ref)
         if status:
             raise cl_error(cl, "clEnqueueNDRangeKernel", status)
+
+
+def _ns(seconds: float) -> int:
+    """``seconds`` in nanoseconds as enqueue.c takes them (a limit of centuries held to 2**62 ns)."""
+    return int(min(seconds * 1e9, 2.0 ** 62))
 
 
 def _padded(sizes) -> list[int]:
