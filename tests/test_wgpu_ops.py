@@ -196,6 +196,9 @@ def test_a_gpu_computes_one_output_vector_per_invocation_and_splits_by_depth():
     assert str(matmul_tiling(gpu, 49, 320, 80)) == "1 rows x 1 slices, split 16, workgroup 128"
     assert matmul_tiling(gpu, 1, 250, 320).split == 64  # one row: split further while invocations are few
     assert str(spatial_tiling(gpu, (1, 56, 56, 144), 1)) == "1 pixels x 1 slices, workgroup 128"
+    # no dispatch beyond the adapter's workgroups per dimension: fewer parts, then blocks again
+    assert matmul_tiling(gpu, 1024 * 1024, 4, 64).layout(1024 * 1024, 4)[1][0] <= 65535
+    assert max(spatial_tiling(gpu, (1, 8, 8, 4 * 200000), 4).layout((1, 8, 8, 4 * 200000))[1]) <= 65535
     cpu = DeviceShape.of("CPU", LIMITS, False)
     assert matmul_tiling(cpu, 12544, 4, 8) == MatmulTiling(4, 4, 1)
     assert spatial_tiling(cpu, (1, 56, 56, 144), 4).pixels > 1

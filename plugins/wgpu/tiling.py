@@ -10,7 +10,7 @@ its reduction split by depth, in workgroups of 128 (``DeviceShape.blocks``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WORKGROUP = 64
 MIN_SLICES_PER_SPLIT = 4  # input slices each part of a split reduction adds up at least
@@ -112,7 +112,17 @@ def matmul_tiling(device: DeviceShape, rows: int, slices: int, depth: int) -> Ma
     while (_ceil(rows, rm) * _ceil(slices, rn) * split < device.invocations
            and _can_split(device, depth, rm, rn, split * 2, size)):
         split *= 2
-    return MatmulTiling(rm, rn, split, size)
+    tiling = MatmulTiling(rm, rn, split, size)
+    while not _fits(device, tiling.layout(rows, slices)[1]) and tiling.split > 1:  # fewer parts, wider groups
+        tiling = MatmulTiling(rm, rn, tiling.split // 2, size)
+    if not device.blocks and not _fits(device, tiling.layout(rows, slices)[1]):
+        return matmul_tiling(replace(device, blocks=True), rows, slices, depth)
+    return tiling
+
+
+def _fits(device: DeviceShape, workgroups: tuple[int, int, int]) -> bool:
+    """Whether a dispatch of ``workgroups`` stays within the adapter's count along each dimension."""
+    return max(workgroups) <= device.most_workgroups
 
 
 def matmul_candidates(device: DeviceShape, rows: int, slices: int, depth: int) -> list[MatmulTiling]:
@@ -156,7 +166,10 @@ def spatial_tiling(device: DeviceShape, shape: tuple[int, int, int, int], most_s
     vector per invocation, in workgroups of 128."""
     n, h, w, c = shape
     if not device.blocks:
-        return SpatialTiling(1, 1, 2 * WORKGROUP)
+        tiling = SpatialTiling(1, 1, 2 * WORKGROUP)
+        if _fits(device, tiling.layout(shape)[1]):
+            return tiling
+        device = replace(device, blocks=True)
     most_pixels = min(most_pixels, 1 << (max(w // ROW_LANES, 1).bit_length() - 1))
     pixels, slices = _blocks(device, lambda m, s: n * h * _ceil(w, m) * _ceil(_ceil(c, 4), s), most_pixels,
                              min(most_slices, _up_to_4(_ceil(c, 4))))
