@@ -64,7 +64,8 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
 @needs_compiler
 @pytest.mark.parametrize("width", [3, 5, 6, 13, 30])  # inner pixels: one by one, 4, 4 overlapping, 8 + 4 ...
 @pytest.mark.parametrize("stride", [1, 2])
-@pytest.mark.parametrize("c", [24, 32])  # vectors of 16 and one of 8 (AVX-512), vectors of 8 only
+# vectors of 16 and one of 8 (AVX-512), vectors of 8 only; no multiple of 8: the last 8 channels again
+@pytest.mark.parametrize("c", [24, 32, 12, 28, 42])
 def test_depthwise_pixel_groups_match_numpy(loops, width, stride, c):
     """Channels in whole vectors: the pixels with every tap inside go in groups along the row, bias and
     PReLU applied in registers, the border pixels one by one."""

@@ -319,10 +319,11 @@ DEPTHWISE_VECTORS(dw16, dvec16, dmask16, 16)
 #endif
 
 /* out[q * c + j] = sum over taps t of x[offsets[t] + q * step + j] * weights[t][j], for the ``pixels``
- * output pixels q of a run along a row (``step`` floats apart in the input) and channels j < c, c a
- * multiple of 8, then the epilogue in registers: per vector of channels (16 with AVX-512, then 8),
- * groups of pixels keep their sums in registers over all taps.  The sums run over the taps in order,
- * as sum_taps's do. */
+ * output pixels q of a run along a row (``step`` floats apart in the input) and channels j < c, c at
+ * least 8, then the epilogue in registers: per vector of channels (16 with AVX-512, then 8, and where c
+ * is no multiple of 8 the last 8 channels again: the same sums from the input, written over with the
+ * same values), groups of pixels keep their sums in registers over all taps.  The sums run over the
+ * taps in order, as sum_taps's do. */
 static void depthwise_pixels(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps,
                              int64_t c, int64_t step, int64_t pixels, int rows_of, float *out, const epilogue *e)
 {
@@ -333,18 +334,21 @@ static void depthwise_pixels(const float *x, const int64_t *offsets, const float
 #else
     rows_of = 0;  /* 8 sums, 10 inputs and 3 weights want more than AVX2's 16 registers */
 #endif
-    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c, rows_of, out, e);
+    dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c / 8 * 8, rows_of, out, e);
+    if (c % 8)
+        dw8_pixels(x, offsets, weights, taps, c, step, pixels, c - 8, c - 7, rows_of, out, e);
 }
 
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
  * taps (ky, kx) that fall inside the image, at input row oy*stride_h + ky*dh - top and column
  * ox*stride_w + kx*dw - left, weighted by weights[ky*kw + kx, c]; then the epilogue (its bias
  * tiled along the output row).  No padded copy of the input: pixels at the borders drop the
- * taps that fall outside.  The pixels with every tap inside are one run along the row: channels
- * in whole vectors of 8 go by depthwise_pixels; others, without a column stride, by sum_taps with
- * ``repeated`` the weights as it takes them, with one, pixel by pixel.  With whole vectors the border
- * pixels go by depthwise_pixels too, one at a time over the taps they keep, their epilogue in
- * registers (by sum_taps and a pass of finish_rows they took a third of a 14x14x384 layer's time). */
+ * taps that fall outside.  The pixels with every tap inside are one run along the row: at least 8
+ * channels go by depthwise_pixels; fewer, without a column stride, by sum_taps with ``repeated`` the
+ * weights as it takes them, with one, pixel by pixel.  With 8 or more the border pixels go by
+ * depthwise_pixels too, one at a time over the taps they keep, their epilogue in registers (by sum_taps
+ * and a pass of finish_rows they took a third of a 14x14x384 layer's time; 28 channels at a stride of 2
+ * pixel by pixel, 11x LiteRT's time). */
 int depthwise_rows(const float *restrict images, const float *restrict weights, const float *restrict repeated,
                    int64_t period, float *restrict out, const geometry *g, const epilogue *finish, int threads)
 {
@@ -369,7 +373,7 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
             filters[t] = weights + index[t] * c;
         }
         float *row = out + r / oh * g->image_out + oy * g->out_stride;
-        int pixels_finished = c % 8 == 0;
+        int pixels_finished = c >= 8;
         if (pixels_finished)
             depthwise_pixels(x + inner0 * stride_w * c, offsets, filters, taps, c, stride_w * c, inner1 - inner0,
                              stride_w == 1 && g->dw == 1 && (kw == 3 || kw == 5) ? (int)kw : 0,
