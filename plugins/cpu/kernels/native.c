@@ -71,6 +71,33 @@ static inline char *own_scratch(char *all, size_t per_thread)
     return all + (size_t)omp_get_thread_num() * per_thread;
 }
 
+/* out = x where x >= 0, else x * slope (x and out may be one array): the product made for every item and
+ * picked by a mask, with no branch on the sign.  Written as a branch, the compiler keeps the product inside
+ * it (a product it may not make unasked, under -ftrapping-math) and mispredicts on every other item: PReLU
+ * over 96x96x16 random values took 787 us that way, over positive ones 101 us. */
+typedef float svec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t smask8 __attribute__((vector_size(8 * sizeof(float))));
+static void scale_negative(const float *x, const float *slope, float *out, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        svec8 v, s;
+        memcpy(&v, x + k, sizeof v);
+        memcpy(&s, slope + k, sizeof s);
+        smask8 negative = v < (svec8){0};
+        smask8 picked = (negative & (smask8)(v * s)) | (~negative & (smask8)v);
+        memcpy(out + k, &picked, sizeof picked);
+    }
+    for (; k < n; k++) {
+        float v = x[k], scaled = v * slope[k];
+        uint32_t bits, kept, negative = -(uint32_t)(v < 0);
+        memcpy(&bits, &scaled, sizeof bits);
+        memcpy(&kept, &v, sizeof kept);
+        bits = (bits & negative) | (kept & ~negative);
+        memcpy(out + k, &bits, sizeof bits);
+    }
+}
+
 /* The most threads a loop's team takes, whatever it was built for: set between runs (native.py's
  * share_cores) to the cores the machine's load leaves this process, so that a loaded machine runs the
  * loops on fewer threads, or on the calling one alone, instead of waiting on threads without a core. */
@@ -94,8 +121,7 @@ static void finish_rows(float *c, int64_t rows, int64_t n, int64_t ldc, const ep
                 row[j] = v > e->high ? e->high : v;
             }
         if (e->slope)
-            for (int64_t j = 0; j < n; j++)
-                row[j] = row[j] < 0 ? row[j] * e->slope[j] : row[j];
+            scale_negative(row, e->slope, row, n);
     }
 }
 
@@ -1013,8 +1039,7 @@ static void prelu_rows(const float *restrict x, const float *restrict slope, flo
     for (int64_t r = 0; r < rows; r++) {
         const float *in = x + r * channels;
         float *o = out + r * channels;
-        for (int64_t k = 0; k < channels; k++)
-            o[k] = in[k] < 0 ? in[k] * slope[k] : in[k];
+        scale_negative(in, slope, o, channels);
     }
 }
 
