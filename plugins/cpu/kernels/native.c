@@ -228,6 +228,13 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
  * in registers, NAME_group summing P output pixels' channels j.. over all taps, each tap's weights
  * loaded once for them. */
 #define DW_PIXELS 8
+/* Pixels of a group summed by whole filter rows (group_rows): 8 sums, 12 inputs and 5 weights fit AVX-512's
+ * 32 registers; AVX2 has 16, which 4 sums, 8 inputs and 3 weights fit. */
+#if defined(__AVX512F__)
+#define DW_ROW_PIXELS 8
+#else
+#define DW_ROW_PIXELS 4
+#endif
 typedef float dvec8 __attribute__((vector_size(8 * sizeof(float))));
 typedef int32_t dmask8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float dvec16 __attribute__((vector_size(16 * sizeof(float))));
@@ -321,11 +328,11 @@ static void NAME##_pixels(const float *x, const int64_t *offsets, const float *c
     for (int64_t j = j0; j < j1; j += LANES) {                                                               \
         int64_t q = 0;                                                                                       \
         if (rows_of == 3)                                                                                    \
-            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
-                NAME##_group_rows(DW_PIXELS, 3, x, offsets, weights, taps, c, q, j, out, e);                 \
+            for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                          \
+                NAME##_group_rows(DW_ROW_PIXELS, 3, x, offsets, weights, taps, c, q, j, out, e);             \
         else if (rows_of == 5)                                                                               \
-            for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                  \
-                NAME##_group_rows(DW_PIXELS, 5, x, offsets, weights, taps, c, q, j, out, e);                 \
+            for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                          \
+                NAME##_group_rows(DW_ROW_PIXELS, 5, x, offsets, weights, taps, c, q, j, out, e);             \
         for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
         for (; q + 4 <= pixels; q += 4)                                                                      \
@@ -357,8 +364,6 @@ static void depthwise_pixels(const float *x, const int64_t *offsets, const float
 #if defined(__AVX512F__)
     wide = c / 16 * 16;
     dw16_pixels(x, offsets, weights, taps, c, step, pixels, 0, wide, rows_of, out, e);
-#else
-    rows_of = 0;  /* 8 sums, 10 inputs and 3 weights want more than AVX2's 16 registers */
 #endif
     dw8_pixels(x, offsets, weights, taps, c, step, pixels, wide, c / 8 * 8, rows_of, out, e);
     if (c % 8)
