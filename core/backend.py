@@ -203,8 +203,8 @@ class Backend(abc.ABC):
         """Whether this backend bounds its own waits by ``limits.run_timeout_s`` (``seconds``; None: no limit).
         True where its compiled partitions' ``run`` only enqueues device work and every wait for that work
         (in ``to_host``) raises TimeoutError after ``seconds``: the runtime then calls ``run`` on the calling
-        thread.  By default False: each ``run`` goes to a watchdog thread, whose hand-over costs tens of µs a
-        run (45 µs on an H100 host)."""
+        thread.  By default False: each ``run`` goes to a watchdog thread, whose hand-over cost 20-75 µs a
+        run on H100 hosts."""
         return False
 
     def to_device(self, array: np.ndarray) -> DeviceValue:

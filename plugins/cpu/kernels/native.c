@@ -228,8 +228,9 @@ static inline void sum_taps(const float *x, const int64_t *offsets, const float 
  * in registers, NAME_group summing P output pixels' channels j.. over all taps, each tap's weights
  * loaded once for them. */
 #define DW_PIXELS 8
-/* Pixels of a group summed by whole filter rows (group_rows): 8 sums, 12 inputs and 5 weights fit AVX-512's
- * 32 registers; AVX2 has 16, which 4 sums, 8 inputs and 3 weights fit. */
+/* Pixels of a group summed by whole filter rows (group_rows): 8 sums with a 5-wide filter's 12 inputs and 5
+ * weights fit AVX-512's 32 registers; of AVX2's 16, 4 sums with a 3-wide filter's 6 inputs and 3 weights fit
+ * (a 5-wide one's 8 and 5 are one too many). */
 #if defined(__AVX512F__)
 #define DW_ROW_PIXELS 8
 #else
