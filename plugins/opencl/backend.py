@@ -81,8 +81,9 @@ class OpenCLBackend(Backend):
         self.device = LazyDevice("opencl", remembered(self.request), "pyopencl", import_pyopencl, self._open,
                                  lambda state: state.facts)
         self.facts = self.device.facts
-        self.wait_limit = WaitLimit()  # set by ``bound_waits``, read by every partition's waits
         self.native_enqueue = bool(options.get("native_enqueue", True))  # False: pyopencl's loop (to compare)
+        # set by ``bound_waits``, read by every partition's waits
+        self.wait_limit = WaitLimit(native=self.native_enqueue)
         # a partition's kernels built as up to this many programs at once (see ``programs_at_once``)
         self.build_threads = options.get("build_threads")
         if self.build_threads is not None and (isinstance(self.build_threads, bool)
@@ -152,7 +153,6 @@ class OpenCLBackend(Backend):
             return False
         self.wait_limit.seconds = seconds
         self.wait_limit.spin_s = 0.05
-        self.wait_limit.native = self.native_enqueue
         return True
 
     def to_device(self, array: np.ndarray) -> ClValue:

@@ -56,6 +56,19 @@ class WaitLimit:
 
     def __init__(self, seconds: float | None = None, spin_s: float = 0.0, native: bool = True):
         self.seconds, self.spin_s, self.native = seconds, spin_s, native
+        self._asker: list = []  # enqueue.c's loop (or None), found on the first wait
+
+    def asker(self, cl):
+        """enqueue.c's loop where ``native`` and it builds, else None; looked up once, not on every run."""
+        if not self._asker:
+            loaded = native_enqueue(cl) if self.native else None
+            self._asker.append(None if isinstance(loaded, str) else loaded)
+        return self._asker[0]
+
+    def gave_up(self, event, pending) -> TimeoutError:
+        """The error of a wait past the limit, ``event`` and ``pending`` kept in ABANDONED."""
+        ABANDONED.extend([event, *pending])
+        return TimeoutError(f"the device did not finish a run within {self.seconds:g} s (limits.run_timeout_s)")
 
 
 # Once a wait has lasted its ``spin_s``, it sleeps a twentieth of the time waited so far between asks (at
@@ -79,11 +92,10 @@ def wait_within(cl, queue, event, limit: WaitLimit, pending: list | tuple = ()) 
     if limit.seconds is None:
         event.wait()
         return
-    native = native_enqueue(cl) if limit.native else None
-    if native is not None and not isinstance(native, str):
-        if not native.wait(cl, queue, event, limit.spin_s, limit.seconds, POLL_MAX_S):
-            ABANDONED.extend([event, *pending])
-            raise TimeoutError(f"the device did not finish a run within {limit.seconds:g} s (limits.run_timeout_s)")
+    asker = limit.asker(cl)
+    if asker is not None:
+        if not asker.wait(cl, queue, event, limit.spin_s, limit.seconds, POLL_MAX_S):
+            raise limit.gave_up(event, pending)
         return
     queue.flush()
     complete = cl.command_execution_status.COMPLETE
@@ -97,8 +109,7 @@ def wait_within(cl, queue, event, limit: WaitLimit, pending: list | tuple = ()) 
             return
         waited = time.perf_counter() - start
         if waited > limit.seconds:
-            ABANDONED.extend([event, *pending])
-            raise TimeoutError(f"the device did not finish a run within {limit.seconds:g} s (limits.run_timeout_s)")
+            raise limit.gave_up(event, pending)
         time.sleep(0.0 if waited < limit.spin_s else min(waited / 20, POLL_MAX_S))
 
 
