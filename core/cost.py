@@ -598,6 +598,23 @@ def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceP
         return DeviceProfile(**asdict(default))  # asdict copies: refits never touch the default
 
 
+def host_profile(backend: Any, threads: int) -> DeviceProfile:
+    """The host backend's stored profile for this thread count, or its default, whose throughput is per
+    thread, at ``threads``; its serial kinds are as many times further from either as the threads are faster
+    than one (the calibrated ``thread_speedup``, else ``threads``)."""
+    default = backend.default_profile()
+    profile = load_profile(profile_info(backend, threads), default)
+    speedup = profile.thread_speedup or threads
+    profile.kind_scale.update({k: profile.kind_scale[k] * speedup for k in profile.serial_kinds
+                               if k in profile.kind_scale})
+    if profile.source != default.source:
+        profile.source += f" at {threads} thread(s)"
+    elif threads > 1:
+        profile.gflops *= threads
+        profile.source += f" x {threads} threads"
+    return profile
+
+
 def measured(profile: DeviceProfile) -> bool:
     return bool(profile.calibrated_at or profile.fitted_at) and not profile.borrowed_from
 

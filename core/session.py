@@ -25,7 +25,7 @@ import numpy as np
 
 from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .config import Limits
-from .cost import DeviceProfile, borrowed, load_profile, measured, profile_info
+from .cost import DeviceProfile, borrowed, host_profile, load_profile, measured, profile_info
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .memory import keep_freed_host_memory, peak_bytes
@@ -163,20 +163,9 @@ def backend_profiles(backends: Mapping[str, Backend], threads: int = 1) -> dict[
     host's serial kinds are as many times further from either as the threads are faster than one (the
     calibrated ``thread_speedup``, else ``threads``); an accelerator never measured borrows the
     figures of a measured one of its kind of device and defaults (``cost.borrowed``)."""
-    profiles = {}
-    for name, be in backends.items():
-        default = be.default_profile()
-        profiles[name] = load_profile(profile_info(be, threads), default)
-        if be.role == HOST:
-            profile = profiles[name]
-            speedup = profile.thread_speedup or threads
-            profile.kind_scale.update({k: profile.kind_scale[k] * speedup for k in profile.serial_kinds
-                                       if k in profile.kind_scale})
-            if profiles[name].source != default.source:
-                profiles[name].source += f" at {threads} thread(s)"
-            elif threads > 1:
-                profiles[name].gflops *= threads
-                profiles[name].source += f" x {threads} threads"
+    profiles = {name: host_profile(be, threads) if be.role == HOST else load_profile(profile_info(be, threads),
+                                                                                        be.default_profile())
+                for name, be in backends.items()}
     for name, be in backends.items():
         kind = be.device_info().get("device_type")
         if be.role == HOST or measured(profiles[name]) or kind is None:

@@ -218,3 +218,23 @@ def test_custom_op_litert_lacks_runs_on_numpy_between_litert_stretches():
     for tensor, want in zip(graph.outputs, expected):
         np.testing.assert_allclose(out[tensor.index], want, rtol=1e-5, atol=1e-6)
     assert set(compiled.profile()) == {op.index for op in graph.ops if op.opcode != "DEQUANTIZE"}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_custom_op_litert_lacks_is_costed_as_the_numpy_engine_runs_it_between_litert_calls(threads):
+    """Planned for the LiteRT engine, the custom op LiteRT leaves to the numpy engine costs the numpy engine's
+    estimate of it (its profile at the plan's threads) plus copying what it reads and writes across the
+    LiteRT calls around it; the op LiteRT runs itself keeps the planner's roofline."""
+    from delegate.cost import cost_class, host_profile, op_bytes, op_flops, op_steps
+
+    graph = read_model(_around_transpose_conv(custom=True)).main
+    litert = default_manager().backend_info("cpu").factory({"engine": "litert"})
+    numpy_engine = default_manager().backend_info("cpu").factory({"engine": "numpy"})
+    options = CompileOptions(num_threads=threads)
+    up = next(op for op in graph.ops if op.opcode == "Convolution2DTransposeBias")
+    numpy_ms = host_profile(numpy_engine, threads).compute_ms(op_flops(up), op_bytes(up), cost_class(up), op_steps(up))
+    moved = up.inputs[0].nbytes + up.outputs[0].nbytes  # the weights are compile-time constants
+    copies_ms = 2 * moved / (host_profile(litert, threads).gbytes_per_s * 1e9) * 1e3
+    assert litert.estimate_ms(up, options) == pytest.approx(numpy_ms + copies_ms)
+    assert numpy_engine.estimate_ms(up, options) is None  # the numpy engine's own plan: the roofline
+    assert all(litert.estimate_ms(op, options) is None for op in graph.ops if op is not up)

@@ -11,6 +11,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
+from delegate.cost import cost_class, host_profile, op_bytes, op_flops, op_steps
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
                                  hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena)
@@ -648,6 +649,8 @@ class CpuBackend(Backend):
         registry.load_all()
         self.options = dict(options or {})
         self.custom: dict[str, registry.Factory] = {}
+        # threads -> (numpy engine's profile, LiteRT's): the estimate of ops LiteRT leaves to the numpy engine
+        self._engine_profiles: dict[int, tuple[DeviceProfile, DeviceProfile]] = {}
 
     def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
         self.custom.update(kernels)
@@ -720,6 +723,27 @@ class CpuBackend(Backend):
 
     def default_profile(self) -> DeviceProfile:
         return DEFAULT_PROFILES["litert" if self.engine == "litert" else "numpy"]
+
+    def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
+        """With the LiteRT engine, a custom op LiteRT's kernels lack runs on the numpy engine between stretches
+        of LiteRT (``SegmentedCompiled``): the numpy engine's estimate of it (its profile at the plan's threads),
+        plus copying what it reads out of LiteRT's tensors and what it writes into them, at the host's
+        bandwidth.  (MediaPipe selfie_segmentation's transposed convolution, 0.05 ms by LiteRT's figures, ran
+        0.24-0.50 ms on numpy between two LiteRT calls.)  Else the planner's roofline (None)."""
+        if self.engine != "litert" or not (op.custom and registry.find_kernel(op, self.custom) is not None
+                                           and litert_lacks_custom(op)):
+            return None
+        threads = max(int(options.num_threads or 1), 1)
+        profiles = self._engine_profiles.get(threads)
+        if profiles is None:
+            numpy_engine = CpuBackend({**self.options, "engine": "numpy"})
+            numpy_engine.custom = self.custom
+            profiles = self._engine_profiles[threads] = (host_profile(numpy_engine, threads),
+                                                         host_profile(self, threads))
+        numpy_profile, litert_profile = profiles
+        own = numpy_profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op), op_steps(op))
+        moved = sum(t.nbytes for t in (*op.inputs, *op.outputs) if t is not None and not known_at_compile_time(t))
+        return own + 2 * moved / (litert_profile.gbytes_per_s * 1e9) * 1e3
 
     def device_info(self) -> dict[str, Any]:
         return {"backend": self.name, "device": "host", "engine": self.engine, "numpy": np.__version__,
