@@ -17,7 +17,7 @@ from .backend import (ACCELERATOR, API_VERSION, HOST, ROLES, Backend, BackendInf
                       CompileOptions, DeviceValue, Partition, Support)
 from .cache import CacheWarning, EntryStore, cache_key, ops_fingerprint
 from .config import available_cores
-from .cost import DeviceProfile
+from .cost import DeviceProfile, cost_class, host_profile, op_bytes, op_flops, op_steps
 from .errors import (CacheError, CompileError, ConfigError, DelegateError, ExecutionError, InputError,
                      PluginError, UnsupportedOpError)
 from .export import partition_model
@@ -56,4 +56,6 @@ __all__ = [
     # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
     "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",
     "is_quantized_op", "known_at_compile_time",
+    # the cost model, for a backend's own estimate_ms: an op's work and class, the host's profile at n threads
+    "cost_class", "host_profile", "op_bytes", "op_flops", "op_steps",
 ]

@@ -11,10 +11,10 @@ from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
-from delegate.cost import cost_class, host_profile, op_bytes, op_flops, op_steps
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
-                                 hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena)
+                                 hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena, cost_class,
+                                 host_profile, op_bytes, op_flops, op_steps)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
