@@ -2,6 +2,7 @@
 
 import os
 import stat
+import threading
 import time
 import warnings
 
@@ -681,3 +682,69 @@ def test_without_a_compiler_a_python_loop_records_the_same_dispatches(backend, m
     expected = run_compiled(backend, g, native, inputs)
     for a, b in zip(expected, run_compiled(backend, g, looped, inputs)):
         np.testing.assert_array_equal(a, b)
+
+
+# -- the wait for a run's work, bounded by limits.run_timeout_s ------------------------------------------------
+
+class _Unresolved:
+    """A map that never completes: its event is never set (a stand-in for device work that never finishes)."""
+
+    def __init__(self):
+        self._thread_event = threading.Event()
+
+    def sync_wait(self):  # pragma: no cover - reached only if a wait ignored its limit
+        raise AssertionError("waited past the limit")
+
+
+def test_a_bounded_map_returns_when_the_work_is_done_and_gives_up_after_its_limit(backend):
+    from delegate_wgpu.device import WaitLimit, bounded_maps, map_for_reading
+
+    assert bounded_maps()  # this wgpu-py's promises carry the polling thread's event
+    wgpu = pytest.importorskip("wgpu")
+    device = backend.context.device
+    buffer = device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+    map_for_reading(buffer, WaitLimit(5.0))  # done at once: nothing writes it
+    buffer.unmap()
+
+    class Stalled:
+        def map_async(self, mode):
+            return _Unresolved()
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"within 0.2 s \(limits.run_timeout_s\)"):
+        map_for_reading(Stalled(), WaitLimit(0.2))
+    assert 0.2 <= time.perf_counter() - started < 2
+
+
+def test_webgpu_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_back(monkeypatch):
+    """The session gives WebGPU no watchdog thread (its run records and submits); the wait for the outputs
+    bounds itself instead: a read that never completes fails the partition in time, and the CPU takes over
+    (or, with ``fallback: false``, the run fails)."""
+    import delegate
+    from delegate.errors import ExecutionError
+    from delegate.session import BackendFallbackWarning
+    from wgpu.backends.wgpu_native import GPUBuffer
+
+    rng = np.random.default_rng(40)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 7, 5))
+    b.output(b.op("CONV_2D", [x, b.const("w", normal(rng, (4, 3, 3, 5))), b.const("b", normal(rng, 4))],
+                  options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"}))
+    data = b.to_bytes()
+    inputs = [normal(rng, (1, 6, 7, 5))]
+    expected = litert_run(data, inputs)
+    settings = {"backends": "[wgpu, cpu]", "partitioner": "greedy", "precision": "fp32", "limits.run_timeout_s": 0.3}
+    session = delegate.load(data, **settings)
+    strict = delegate.load(data, fallback=False, **settings)
+    assert [p.backend for p in session.executor.partitions] == ["wgpu"]
+    assert "wgpu" not in session.executor.watchdogs
+    assert_close(list(session.run(inputs).values()), expected, rtol=RTOL, atol=1e-5)
+
+    monkeypatch.setattr(GPUBuffer, "map_async", lambda self, mode, offset=0, size=None: _Unresolved())
+    started = time.perf_counter()
+    with pytest.warns(BackendFallbackWarning, match=r"within 0.3 s \(limits.run_timeout_s\)"):
+        outputs = session.run(inputs)
+    assert time.perf_counter() - started < 10
+    assert_close(list(outputs.values()), expected, rtol=RTOL, atol=1e-5)
+    assert [p.backend for p in session.executor.partitions] == ["cpu"]
+    with pytest.raises(ExecutionError, match=r"partition 0 on wgpu failed: .*within 0.3 s"):
+        strict.run(inputs)

@@ -18,8 +18,8 @@ from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, Devi
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
-from .device import (AdapterRequest, DeviceContext, check_workgroup_size, describe_adapter, describe_facts,
-                     device_facts, import_wgpu, open_device, remembered)
+from .device import (AdapterRequest, DeviceContext, WaitLimit, bounded_maps, check_workgroup_size, describe_adapter,
+                     describe_facts, device_facts, import_wgpu, open_device, remembered)
 from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape
@@ -66,6 +66,7 @@ class WgpuBackend(Backend):
         check_workgroup_size(self.request, self.facts["limits"], describe_facts(self.facts))
         self.shape = DeviceShape.of(self.facts["adapter_type"], self.facts["limits"],
                                     self.facts["subgroups"] and self.request.subgroups)
+        self.wait_limit = WaitLimit()  # set by ``bound_waits``, read by every partition's waits
 
     @property
     def context(self) -> DeviceContext:
@@ -128,7 +129,7 @@ class WgpuBackend(Backend):
         if program is None:
             program, source = build_program(partition, options, storage, self.request.workgroup_size,
                                             self.context.limits, self.shape, self.request.fuse, tuning), "planned"
-        compiled = WgpuCompiled(self.context, program, {})
+        compiled = WgpuCompiled(self.context, program, {}, self.wait_limit)
         if program.variants:
             tune(compiled)
             source = "tuned"
@@ -138,6 +139,16 @@ class WgpuBackend(Backend):
                           "precision": precision.name, "precision_reason": precision.reason,
                           "plan_source": source, **program.facts}
         return compiled
+
+    def bound_waits(self, seconds: float | None) -> bool:
+        """Where this wgpu-py lets a map be waited for with a limit (``device.bounded_maps``): a run only records
+        and submits, and the wait for its outputs (mapping their read-back buffers) gives up after ``seconds``,
+        so runs need no watchdog thread.  The wait sleeps on the event wgpu-py's polling thread sets, as its
+        own unbounded wait does, on a GPU and a CPU adapter alike."""
+        if not bounded_maps():
+            return False
+        self.wait_limit.seconds = seconds
+        return True
 
     def to_device(self, array: np.ndarray) -> HostTensor:
         """Boundary conversion NHWC -> PHWC4; the partition reading it uploads it into its input buffer."""

@@ -34,7 +34,7 @@ from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
 from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
-from .device import DeviceContext, import_wgpu, map_for_reading
+from .device import DeviceContext, WaitLimit, import_wgpu, map_for_reading
 from delegate.gpu.plan import LaunchSpec, TensorSpec
 
 from .program import STORAGE_DTYPES, Program
@@ -179,11 +179,12 @@ class DeviceTensor:
     """
 
     __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "host", "wanted", "fresh", "host_layout")
+                 "readback", "host", "wanted", "fresh", "host_layout", "wait_limit")
 
     def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
-                 convert: Launch | None):
+                 convert: Launch | None, wait_limit: WaitLimit | None = None):
         self.context, self.native, self.buffer, self.storage = context, native, buffers[spec.buffer], storage
+        self.wait_limit = wait_limit  # the backend's: bounds the wait for a read (see WgpuBackend.bound_waits)
         self.shape = tuple(spec.shape)
         self.dtype = DType[spec.dtype]
         self.quant = None if spec.quant is None else Quantization(np.array([spec.quant[0]], np.float32),
@@ -221,7 +222,7 @@ class DeviceTensor:
             finally:
                 native.release(encoder)
             self.wanted = self.fresh = True
-        map_for_reading(self.readback)
+        map_for_reading(self.readback, self.wait_limit)
         try:  # one copy: from the mapped bytes into the array returned
             mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32,
                                    count=int(np.prod(self.shape))).reshape(self.shape)
@@ -289,7 +290,9 @@ class _InputSlot:
 class WgpuCompiled(CompiledPartition):
     """A partition's pipelines, bind groups and buffers; ``run`` records and submits one encoder."""
 
-    def __init__(self, context: DeviceContext, program: Program, facts: dict[str, Any]):
+    def __init__(self, context: DeviceContext, program: Program, facts: dict[str, Any],
+                 wait_limit: WaitLimit | None = None):
+        """``wait_limit``: the backend's, which bounds the waits for this partition's runs."""
         wgpu = import_wgpu()
         self.context, self.program = context, program
         self.facts = facts
@@ -312,8 +315,9 @@ class WgpuCompiled(CompiledPartition):
         self.prepare_encoding()
         self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
+        self.wait_limit = wait_limit
         self.outputs = [DeviceTensor(context, self.native, self.buffers, program.storage, s,
-                                     s.convert and self.launch(s.convert)) for s in program.outputs]
+                                     s.convert and self.launch(s.convert), wait_limit) for s in program.outputs]
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
@@ -419,7 +423,7 @@ class WgpuCompiled(CompiledPartition):
             native.submit(encoder)
         finally:
             native.release(encoder)
-        map_for_reading(self.fence)
+        map_for_reading(self.fence, self.wait_limit)
         self.fence.unmap()
         return True
 
@@ -442,7 +446,7 @@ class WgpuCompiled(CompiledPartition):
     def set_profiling(self, enabled: bool) -> None:
         """Time every dispatch of the following runs with GPU timestamps, where the adapter has them."""
         timed = enabled and self.context.timestamps
-        self.profiler = _Profiler(self.context, self.native, self.program) if timed else None
+        self.profiler = _Profiler(self.context, self.native, self.program, self.wait_limit) if timed else None
 
     def profile(self) -> dict[int, float]:
         """Median milliseconds per op over the profiled runs; a fused kernel's time goes to its first op."""
@@ -460,10 +464,10 @@ class Timestamps:
     """``count`` GPU timestamps written inside a compute pass (a wgpu-native handle), resolved into a buffer
     and read back."""
 
-    def __init__(self, context: DeviceContext, native: NativeEncoding, count: int):
+    def __init__(self, context: DeviceContext, native: NativeEncoding, count: int, wait_limit: WaitLimit | None = None):
         wgpu = import_wgpu()
         device = context.device
-        self.native, self.count = native, count
+        self.native, self.count, self.wait_limit = native, count, wait_limit
         self.queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
         self.resolved = device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
@@ -479,7 +483,7 @@ class Timestamps:
 
     def read(self) -> np.ndarray:
         """Milliseconds between consecutive timestamps of the submission just made."""
-        map_for_reading(self.readback)
+        map_for_reading(self.readback, self.wait_limit)
         try:
             ticks = np.frombuffer(self.readback.read_mapped(), np.uint64).astype(np.float64)
         finally:
@@ -490,8 +494,9 @@ class Timestamps:
 class _Profiler(Timestamps):
     """A timestamp before every dispatch and after the last, read back after each run."""
 
-    def __init__(self, context: DeviceContext, native: NativeEncoding, program: Program):
-        super().__init__(context, native, len(program.launches) + 1)
+    def __init__(self, context: DeviceContext, native: NativeEncoding, program: Program,
+                 wait_limit: WaitLimit | None = None):
+        super().__init__(context, native, len(program.launches) + 1, wait_limit)
         self.program = program
         self.samples: dict[int, list[float]] = {}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
@@ -273,8 +274,31 @@ def consecutive_subgroups(device) -> bool:
 _read_modes: list[Any] = ["READ_NOSYNC", "READ"]
 
 
-def map_for_reading(buffer) -> None:
-    """Map a read-back buffer that the last submission wrote.
+@dataclass
+class WaitLimit:
+    """How long a wait for a run's device work may take (``limits.run_timeout_s``; None: no limit), shared by
+    a backend's compiled partitions and set by its ``bound_waits``."""
+
+    seconds: float | None = None
+
+
+def bounded_maps() -> bool:
+    """Whether this wgpu-py's promises carry the event its polling thread sets once they resolve
+    (wgpu-native's ``_thread_event``, which its own ``sync_wait`` waits on): a map can then be waited for with
+    a limit.  The one name of wgpu-py's internals the plugin reads; without it runs keep the watchdog.  Asked
+    only once wgpu-py is loaded: a plan that leaves WebGPU idle never loads it (nor its driver) to ask."""
+    if "wgpu" not in sys.modules:
+        return False
+    try:
+        from wgpu import _async
+        return "_thread_event" in _async.GPUPromise.__init__.__code__.co_names
+    except (ImportError, AttributeError):
+        return False
+
+
+def map_for_reading(buffer, limit: WaitLimit | None = None) -> None:
+    """Map a read-back buffer that the last submission wrote, waiting at most ``limit.seconds`` for it
+    (TimeoutError after; the buffer is then left mid-map, and the partition with it).
 
     Before every read mapping wgpu-py submits an empty command buffer (a workaround for buffers no
     submission has touched); ours were just written by one, so the mode that skips that extra
@@ -282,11 +306,16 @@ def map_for_reading(buffer) -> None:
     """
     while True:
         try:
-            return buffer.map_sync(_read_modes[0])
+            promise = buffer.map_async(_read_modes[0])
+            break
         except ValueError:
             if len(_read_modes) == 1:
                 raise
             _read_modes.pop(0)
+    seconds = limit.seconds if limit is not None else None
+    if seconds is not None and not promise._thread_event.wait(seconds):
+        raise TimeoutError(f"the device did not finish a run within {seconds:g} s (limits.run_timeout_s)")
+    promise.sync_wait()
 
 
 def device_facts(context: DeviceContext) -> dict[str, Any]:
