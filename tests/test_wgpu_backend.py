@@ -699,7 +699,8 @@ class _Unresolved:
 def test_a_bounded_map_returns_when_the_work_is_done_and_gives_up_after_its_limit(backend):
     from delegate_wgpu.device import WaitLimit, bounded_maps, map_for_reading
 
-    assert bounded_maps()  # this wgpu-py's promises carry the polling thread's event
+    if not bounded_maps():
+        pytest.skip("this wgpu-py's promises carry no event to wait on with a limit (runs keep the watchdog)")
     wgpu = pytest.importorskip("wgpu")
     device = backend.context.device
     buffer = device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -722,6 +723,7 @@ def test_webgpu_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_b
     import delegate
     from delegate.errors import ExecutionError
     from delegate.session import BackendFallbackWarning
+    from delegate_wgpu.device import bounded_maps
     from wgpu.backends.wgpu_native import GPUBuffer
 
     rng = np.random.default_rng(40)
@@ -736,6 +738,9 @@ def test_webgpu_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_b
     session = delegate.load(data, **settings)
     strict = delegate.load(data, fallback=False, **settings)
     assert [p.backend for p in session.executor.partitions] == ["wgpu"]
+    if not bounded_maps():  # a wgpu-py whose maps cannot be waited for with a limit: the watchdog stays
+        assert "wgpu" in session.executor.watchdogs
+        return
     assert "wgpu" not in session.executor.watchdogs
     assert_close(list(session.run(inputs).values()), expected, rtol=RTOL, atol=1e-5)
 

@@ -304,16 +304,18 @@ def map_for_reading(buffer, limit: WaitLimit | None = None) -> None:
     submission has touched); ours were just written by one, so the mode that skips that extra
     submission is used where this wgpu-py has it.
     """
+    seconds = limit.seconds if limit is not None else None  # set only where ``bounded_maps()`` holds
     while True:
         try:
+            if seconds is None:
+                return buffer.map_sync(_read_modes[0])
             promise = buffer.map_async(_read_modes[0])
             break
         except ValueError:
             if len(_read_modes) == 1:
                 raise
             _read_modes.pop(0)
-    seconds = limit.seconds if limit is not None else None
-    if seconds is not None and not promise._thread_event.wait(seconds):
+    if not promise._thread_event.wait(seconds):
         raise TimeoutError(f"the device did not finish a run within {seconds:g} s (limits.run_timeout_s)")
     promise.sync_wait()
 
