@@ -730,14 +730,13 @@ class CpuBackend(Backend):
         plus copying what it reads out of LiteRT's tensors and what it writes into them, at the host's
         bandwidth.  (MediaPipe selfie_segmentation's transposed convolution, 0.05 ms by LiteRT's figures, ran
         0.24-0.50 ms on numpy between two LiteRT calls.)  Else the planner's roofline (None)."""
-        if self.engine != "litert" or not (op.custom and registry.find_kernel(op, self.custom) is not None
-                                           and litert_lacks_custom(op)):
+        if not op.custom or self.engine != "litert" or registry.find_kernel(op, self.custom) is None \
+                or not litert_lacks_custom(op):
             return None
         threads = max(int(options.num_threads or 1), 1)
         profiles = self._engine_profiles.get(threads)
         if profiles is None:
             numpy_engine = CpuBackend({**self.options, "engine": "numpy"})
-            numpy_engine.custom = self.custom
             profiles = self._engine_profiles[threads] = (host_profile(numpy_engine, threads),
                                                          host_profile(self, threads))
         numpy_profile, litert_profile = profiles

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from delegate.gpu.constants import from_float_view, to_float_view
+from delegate.gpu.waits import WaitLimit as KitWaitLimit
 from delegate.plugin_api import DType, Quantization, Tensor
 
 from .enqueue import native_enqueue
@@ -49,13 +50,13 @@ def host_array(cl, context, queue, shape: tuple[int, ...], limit: "WaitLimit") -
     return array, buffer, "pinned (mapped CL_MEM_ALLOC_HOST_PTR)"
 
 
-class WaitLimit:
-    """How long a wait for a run's device work may take (``limits.run_timeout_s``; None: no limit), shared by
-    a backend's compiled partitions; ``spin_s``: how long a wait keeps asking before it sleeps between asks;
-    ``native``: asked by enqueue.c's loop where it builds (else by Python's)."""
+class WaitLimit(KitWaitLimit):
+    """The kit's limit, and how OpenCL waits within it: ``spin_s``, how long a wait keeps asking before it
+    sleeps between asks; ``native``, asked by enqueue.c's loop where it builds (else by Python's)."""
 
     def __init__(self, seconds: float | None = None, spin_s: float = 0.0, native: bool = True):
-        self.seconds, self.spin_s, self.native = seconds, spin_s, native
+        super().__init__(seconds)
+        self.spin_s, self.native = spin_s, native
         self._asker: list = []  # enqueue.c's loop (or None), found on the first wait
 
     def asker(self, cl):
@@ -68,7 +69,7 @@ class WaitLimit:
     def gave_up(self, event, pending) -> TimeoutError:
         """The error of a wait past the limit, ``event`` and ``pending`` kept in ABANDONED."""
         ABANDONED.extend([event, *pending])
-        return TimeoutError(f"the device did not finish a run within {self.seconds:g} s (limits.run_timeout_s)")
+        return self.exceeded()
 
 
 # Once a wait has lasted its ``spin_s``, it sleeps a twentieth of the time waited so far between asks (at

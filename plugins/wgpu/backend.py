@@ -14,12 +14,13 @@ from delegate.gpu.plan import PlanCache, code_digest
 from delegate.gpu.precision import Precision, choose_precision
 from delegate.gpu.registry import supports
 from delegate.gpu.remembered import LazyDevice
+from delegate.gpu.waits import WaitLimit
 from delegate.plugin_api import Backend, CompileOptions, CompiledPartition, DeviceProfile, Op, Partition, Support
 
 from . import __version__
 from .compiled import DeviceTensor, HostTensor, WgpuCompiled
-from .device import (AdapterRequest, DeviceContext, WaitLimit, bounded_maps, check_workgroup_size, describe_adapter,
-                     describe_facts, device_facts, import_wgpu, open_device, remembered)
+from .device import (AdapterRequest, DeviceContext, bounded_maps, check_workgroup_size, describe_adapter, describe_facts,
+                     device_facts, import_wgpu, open_device, remembered)
 from .kernels import DIALECT, FOLDS
 from .program import Program, build_program
 from .tiling import DeviceShape

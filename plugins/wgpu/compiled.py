@@ -32,9 +32,10 @@ import numpy as np
 from delegate.gpu import to_phwc4
 from delegate.gpu.constants import from_float_view
 from delegate.gpu.layout import phwc4_vectors
+from delegate.gpu.waits import WaitLimit
 from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
-from .device import DeviceContext, WaitLimit, import_wgpu, map_for_reading
+from .device import DeviceContext, import_wgpu, map_for_reading
 from delegate.gpu.plan import LaunchSpec, TensorSpec
 
 from .program import STORAGE_DTYPES, Program

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from delegate.plugin_api import PluginError
 from delegate.gpu.options import check_keys, choice
 from delegate.gpu.remembered import Environment, Remembered, importable
+from delegate.gpu.waits import WaitLimit
 
 from . import __version__
 
@@ -274,14 +275,6 @@ def consecutive_subgroups(device) -> bool:
 _read_modes: list[Any] = ["READ_NOSYNC", "READ"]
 
 
-@dataclass
-class WaitLimit:
-    """How long a wait for a run's device work may take (``limits.run_timeout_s``; None: no limit), shared by
-    a backend's compiled partitions and set by its ``bound_waits``."""
-
-    seconds: float | None = None
-
-
 def bounded_maps() -> bool:
     """Whether this wgpu-py's promises carry the event its polling thread sets once they resolve
     (wgpu-native's ``_thread_event``, which its own ``sync_wait`` waits on): a map can then be waited for with
@@ -316,7 +309,7 @@ def map_for_reading(buffer, limit: WaitLimit | None = None) -> None:
                 raise
             _read_modes.pop(0)
     if not promise._thread_event.wait(seconds):
-        raise TimeoutError(f"the device did not finish a run within {seconds:g} s (limits.run_timeout_s)")
+        raise limit.exceeded()
     promise.sync_wait()
 
 
