@@ -113,6 +113,24 @@ def test_a_residual_add_folds_into_the_convolution_it_follows_when_its_other_ope
     assert find_groups(graph.ops, {"epilogue"}) == []  # a float kind: not for int8
 
 
+def test_a_clamp_after_a_float_residual_add_folds_with_it_as_that_adds_activation():
+    """conv, conv, ADD of their results, then a separate RELU: the second convolution adds the first's
+    result and clamps as it stores; a result the caller needs is not folded."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    results = [b.op("CONV_2D", [x, b.const(f"w{i}", rng.standard_normal((3, 1, 1, 3)).astype(np.float32))],
+                    options={"padding": "VALID", "stride_h": 1, "stride_w": 1}) for i in range(2)]
+    added = b.op("ADD", results)
+    b.output(b.op("RELU", [added]))
+    graph = read_model(b.to_bytes()).main
+    (group,) = find_groups(graph.ops, {"residual", "activation"})
+    assert (group.anchor.index, [op.opcode for op in group.folded], group.kinds) == \
+        (1, ["ADD", "RELU"], ("residual", "activation"))
+    (group,) = find_groups(graph.ops, {"residual", "activation"}, keep={added.index})
+    assert [op.opcode for op in group.folded] == ["ADD"]
+
+
 class FusingTable:
     """Table backends of tests.test_planner that fold activations (the CPU) and epilogues too (the GPU)."""
 

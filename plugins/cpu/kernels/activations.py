@@ -10,7 +10,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, float_constant, scratch
-from .native import (NO_EPILOGUE, PER_THREAD_ITEMS, SHARED_ITEMS, Epilogue, PreluCall, SoftmaxCall, UnaryCall,
+from .native import (NO_EPILOGUE, PER_THREAD_ITEMS, Epilogue, PreluCall, SoftmaxCall, UnaryCall,
                      elementwise_loops, kernel_loops, prepared_run, team_for)
 
 @kernel(*CLAMPS)
@@ -74,10 +74,10 @@ def leaky_relu(op: Op):
     return _scaled_negative_part(op, np.float32(op.options.get("alpha", 0.2)))
 
 
-def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE, least: int = SHARED_ITEMS):
-    """The op in one pass through the native loops on all the kernel's threads, given at least
-    ``least`` items; None where those do not serve."""
-    loops, size = elementwise_loops(op, least), math.prod(op.outputs[0].shape)
+def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
+    """The op in one pass through the native loops on all the kernel's threads; None where those do not
+    serve."""
+    loops, size = elementwise_loops(op), math.prod(op.outputs[0].shape)
     if loops is None:
         return None
     return prepared_run(loops, UnaryCall(kind, size, finish, team_for(size, PER_THREAD_ITEMS)))
@@ -85,7 +85,7 @@ def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE, least: int = SHARED_ITE
 
 @kernel("HARD_SWISH")
 def hard_swish(op: Op):
-    native = _native_unary(op, "HARD_SWISH", least=0)  # numpy takes four passes: native at any size
+    native = _native_unary(op, "HARD_SWISH")
     if native is not None:
         return native
     shape = op.outputs[0].shape
@@ -100,7 +100,7 @@ def hard_swish(op: Op):
 
 @kernel("LOGISTIC")
 def logistic(op: Op):
-    native = _native_unary(op, "LOGISTIC", least=0)  # one pass (a polynomial e^x) where numpy takes four
+    native = _native_unary(op, "LOGISTIC")
     if native is not None:
         return native
 

@@ -10,7 +10,7 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
 from .common import CLAMPS, along_rows, constant, float_constant, fused, fused_name
-from .native import (BINARY_KINDS, PER_THREAD_ITEMS, SHARED_ITEMS, BinaryCall, Epilogue, float_loops, prepared_run,
+from .native import (BINARY_KINDS, PER_THREAD_ITEMS, BinaryCall, Epilogue, float_loops, prepared_run,
                      team_for)
 
 
@@ -85,9 +85,7 @@ def _native_arithmetic(op: Op):
         first, second = second, first
     if first.shape != shape or not (second.shape == shape or _is_row(second, shape)):
         return None
-    # numpy's PReLU takes three passes, a broadcast row strided loops: one native call costs less at any size.
-    least = 0 if activation == "PRELU" or second.shape != shape else SHARED_ITEMS
-    loops = float_loops(op, math.prod(shape), least)
+    loops = float_loops(op)
     if loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
         return None
     # Constant operands are taken as they are laid out once; the others are read at run time.

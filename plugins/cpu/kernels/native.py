@@ -47,8 +47,6 @@ EXTRA_FLAGS_ENV = "DELEGATE_NATIVE_CFLAGS"
 # after it (libgomp's default spins for milliseconds).
 SPIN_COUNT = "10000"
 
-# Fewest items an elementwise kernel hands the native loops at all (below, numpy's call costs less).
-SHARED_ITEMS = 1 << 14
 # Least work a native loop gives each thread when it shares among them: multiply-adds of products and
 # convolutions, items of elementwise loops.  Less runs on the calling thread alone: on 16 cores small
 # elementwise ops split 16 ways ran at half the speed of 2 ways.  Products and convolutions share from 8K
@@ -1328,18 +1326,20 @@ def kernel_loops() -> NativeLoops | None:
     return native_loops() if native_allowed() else None
 
 
-def float_loops(op, items: int, least: int = SHARED_ITEMS) -> NativeLoops | None:
-    """At compile time: the native loops for a kernel of a float input and ``items`` items of work,
-    when that is enough to repay a native call (``least``)."""
-    if items < least or op.inputs[0].dtype.numpy != np.float32:
+def float_loops(op) -> NativeLoops | None:
+    """At compile time: the native loops for a kernel of a float input, at any size: inside a stretch of
+    prepared calls an op costs the loops almost nothing, where a numpy step between stretches costs a
+    Python call and splits the stretch (face_detection_short_range's small ADDs and RELUs took 10-12 us
+    each through numpy on a 2-core machine)."""
+    if op.inputs[0].dtype.numpy != np.float32:
         return None
     return kernel_loops()
 
 
-def elementwise_loops(op, least: int = SHARED_ITEMS) -> NativeLoops | None:
+def elementwise_loops(op) -> NativeLoops | None:
     """At compile time: float_loops for an elementwise kernel whose operands are all float and of the
     output's shape."""
     shape = op.outputs[0].shape
     if any(t is None or t.shape != shape or t.dtype.numpy != np.float32 for t in [*op.inputs, *op.outputs]):
         return None
-    return float_loops(op, math.prod(shape), least)
+    return float_loops(op)

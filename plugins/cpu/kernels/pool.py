@@ -83,7 +83,7 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     on all the kernel's threads; None where those do not serve."""
     activation = fused_name(op)
     shape = op.outputs[0].shape
-    loops = float_loops(op, math.prod(shape), least=0)  # one native call beats numpy's passes at any size
+    loops = float_loops(op)
     if loops is None or op.opcode == "L2_POOL_2D" or not (activation == "NONE" or activation in CLAMPS):
         return None
     team = team_for(math.prod(shape) * op.options["filter_height"] * op.options["filter_width"], PER_THREAD_ITEMS)

@@ -58,7 +58,7 @@ def _native_mean(op: Op, axes: tuple[int, ...]):
     the kernel's threads; None where those do not serve."""
     shape = op.inputs[0].shape
     # One native call beats numpy's mean over two axes at any size.
-    loops, team = float_loops(op, math.prod(shape), least=0), team_for(math.prod(shape), PER_THREAD_ITEMS)
+    loops, team = float_loops(op), team_for(math.prod(shape), PER_THREAD_ITEMS)
     if loops is None or len(shape) != 4 or axes != (1, 2) or shape[3] > MEAN_CHANNELS:
         return None
 

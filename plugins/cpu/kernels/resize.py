@@ -66,7 +66,7 @@ def resize_bilinear(op: Op):
     wx = along_rows(wx[:, None], (ow, c))  # per-column weights repeated over channels: long inner loops
     doubles = flags == (False, True) and (oh, ow) == (2 * h, 2 * w) and h > 1 and w > 1
     # One native call (its tables built here) beats numpy's passes at any size.
-    loops, team = float_loops(op, n * oh * ow * c, least=0), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
+    loops, team = float_loops(op), team_for(n * oh * ow * c, PER_THREAD_ITEMS)
     if loops is not None:
         return prepared_run(loops, ResizeCall((n, h, w, c), (y0, y1, wy.ravel()), bilinear_taps(w, ow, *flags), team))
 

@@ -226,7 +226,7 @@ def _native_channel_pad(op: Op, pads, fill_value):
     pads = np.asarray(pads).reshape(-1, 2)
     if pads[:-1].any() or (op.input(2) is not None and fill_value is None):
         return None
-    loops = float_loops(op, math.prod(shape), least=0)  # one native pass beats numpy's strided two
+    loops = float_loops(op)
     if loops is None:
         return None
     before, after = (int(v) for v in pads[-1])
