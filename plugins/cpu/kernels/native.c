@@ -319,30 +319,36 @@ static inline __attribute__((always_inline)) void NAME##_group_rows(const int P,
 }                                                                                                            \
 /* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
  * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
- * out is never the input), or one by one when fewer than 4 in all. */                                 \
+ * out is never the input), or one by one when fewer than 4 in all.  Each group of pixels takes every  \
+ * vector of channels before the next group: the input pixels it reads stay in the first-level cache  \
+ * (a sweep of the whole row per vector of channels reread them from the next level, every time). */   \
 static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
                           int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
                           int rows_of, float *out, const epilogue *e)                                        \
 {                                                                                                            \
-    for (int64_t j = j0; j < j1; j += LANES) {                                                               \
-        int64_t q = 0;                                                                                       \
-        if (rows_of == 3)                                                                                    \
-            for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                          \
+    int64_t q = 0;                                                                                           \
+    if (rows_of == 3)                                                                                        \
+        for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                              \
+            for (int64_t j = j0; j < j1; j += LANES)                                                         \
                 NAME##_group_rows(DW_ROW_PIXELS, 3, x, offsets, weights, taps, c, q, j, out, e);             \
-        else if (rows_of == 5)                                                                               \
-            for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                          \
+    else if (rows_of == 5)                                                                                   \
+        for (; q + DW_ROW_PIXELS <= pixels; q += DW_ROW_PIXELS)                                              \
+            for (int64_t j = j0; j < j1; j += LANES)                                                         \
                 NAME##_group_rows(DW_ROW_PIXELS, 5, x, offsets, weights, taps, c, q, j, out, e);             \
-        for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                      \
+    for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                          \
+        for (int64_t j = j0; j < j1; j += LANES)                                                             \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
-        for (; q + 4 <= pixels; q += 4)                                                                      \
+    for (; q + 4 <= pixels; q += 4)                                                                          \
+        for (int64_t j = j0; j < j1; j += LANES)                                                             \
             NAME##_group(4, x, offsets, weights, taps, c, step, q, j, out, e);                               \
-        if (q < pixels && pixels >= 4) {                                                                     \
+    if (q < pixels && pixels >= 4) {                                                                         \
+        for (int64_t j = j0; j < j1; j += LANES)                                                             \
             NAME##_group(4, x, offsets, weights, taps, c, step, pixels - 4, j, out, e);                      \
-            continue;                                                                                        \
-        }                                                                                                    \
-        for (; q < pixels; q++)                                                                              \
-            NAME##_group(1, x, offsets, weights, taps, c, step, q, j, out, e);                               \
+        return;                                                                                              \
     }                                                                                                        \
+    for (; q < pixels; q++)                                                                                  \
+        for (int64_t j = j0; j < j1; j += LANES)                                                             \
+            NAME##_group(1, x, offsets, weights, taps, c, step, q, j, out, e);                               \
 }
 
 DEPTHWISE_VECTORS(dw8, dvec8, dmask8, 8)
