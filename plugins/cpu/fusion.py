@@ -61,7 +61,7 @@ def _merged(group: Group) -> Op:
             pads = constant(folded.input(1)).astype(int)
             inputs[0] = folded.inputs[0]
             options["explicit_padding"] = (int(pads[1, 0]), int(pads[1, 1]), int(pads[2, 0]), int(pads[2, 1]))
-        elif "residual" in options:  # a clamp after the residual ADD: the ADD's activation (find_groups)
+        elif kind == "activation" and "residual" in options:  # a clamp after the residual ADD: its activation
             add = options["residual"]
             options["residual"] = Op(add.index, add.opcode, add.inputs, add.outputs, version=add.version,
                                      options={**add.options, "fused_activation_function": folded.opcode},
