@@ -1183,7 +1183,8 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
             if not (isinstance(x, np.ndarray) and x.flags.c_contiguous):
                 x = np.ascontiguousarray(x)
                 kept.append(x)
-            fits(x.dtype == dtype and x.shape == shape, f"input {x.shape} {x.dtype} for {shape} {dtype}")
+            if x.dtype != dtype or x.shape != shape:  # the message formatted only then: this runs every run
+                fits(False, f"input {x.shape} {x.dtype} for {shape} {dtype}")
             setattr(call, field, x.ctypes.data)
         return kept
 
