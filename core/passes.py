@@ -6,7 +6,7 @@ op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make it
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
 applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
 reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
-storing, the residual ADD a convolution applies to what it stores (with the clamp after it, as that ADD's own
+storing, the residual ADD a convolution applies to what it stores (with the clamp or PReLU after it, as that ADD's own
 activation), and the product of an 8-bit lookup
 table op's result with its own input (a swish: one table of the input's 256 values).  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
@@ -181,12 +181,12 @@ def find_groups(ops: Sequence[Op], fusions: Collection[str], keep: Collection[in
                 and id(follower[0]) not in owner:
             take(anchor, *follower)
             value = follower[0]
-            if follower[1] == "residual":  # a clamp after a float residual ADD is that ADD's own activation
-                clamp = _follower(value, fusions, keep, ready)
-                if clamp is not None and clamp[1] == "activation" and clamp[0].opcode in CLAMPS \
-                        and id(clamp[0]) in members and id(clamp[0]) not in owner:
-                    take(anchor, *clamp)
-                    value = clamp[0]
+            if follower[1] == "residual":  # a clamp or PReLU after a float residual ADD: that ADD's activation
+                after = _follower(value, fusions, keep, ready)
+                if after is not None and after[1] == "activation" and id(after[0]) in members \
+                        and id(after[0]) not in owner:
+                    take(anchor, *after)
+                    value = after[0]
             if follower[1] in ("activation", "residual", "table"):
                 break
         tail[id(anchor)] = value

@@ -15,7 +15,8 @@ A residual ADD of a CONV_2D's result and a tensor computed before it (int8, or f
 kernel) runs inside that convolution too: the fused op reads the other operand as its last input and
 carries the ADD (option ``residual``); its kernel requantizes each output row (int8) or applies bias
 and activation to each tile (float), then adds as the ADD would, with the ADD's activation, while the
-results are in cache.  A float ADD whose clamp came out as a separate RELU takes that clamp as its own.
+results are in cache.  A float ADD whose clamp came out as a separate RELU, or that a PRELU follows, takes
+that activation as its own.
 
 An int8 swish (LOGISTIC, or TANH, then the MUL of its result by its own input) is one function of the
 input's 256 values: the table op's kernel looks up the MUL's results directly (option
@@ -61,11 +62,13 @@ def _merged(group: Group) -> Op:
             pads = constant(folded.input(1)).astype(int)
             inputs[0] = folded.inputs[0]
             options["explicit_padding"] = (int(pads[1, 0]), int(pads[1, 1]), int(pads[2, 0]), int(pads[2, 1]))
-        elif kind == "activation" and "residual" in options:  # a clamp after the residual ADD: its activation
+        elif kind == "activation" and "residual" in options:  # a clamp or PReLU after the residual ADD
             add = options["residual"]
+            activation = {"fused_activation_function": folded.opcode}
+            if folded.opcode == "PRELU":
+                activation["prelu_slope"] = channel_slope(folded.input(1), add.outputs[0])
             options["residual"] = Op(add.index, add.opcode, add.inputs, add.outputs, version=add.version,
-                                     options={**add.options, "fused_activation_function": folded.opcode},
-                                     options_type=add.options_type)
+                                     options={**add.options, **activation}, options_type=add.options_type)
             outputs = list(folded.outputs)
         else:
             if folded.opcode == "PRELU":

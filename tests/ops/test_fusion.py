@@ -109,8 +109,9 @@ def test_nothing_fuses_where_values_are_needed_or_differ():
 
 def _residual_block(rng, kernel: int, units: int, conv_first: bool, add_activation: str):
     """x -> 1x1 CONV_2D (y) -> CONV_2D of ``kernel`` (z) -> ADD of z and y: a float residual connection.
-    ``add_activation`` "NONE+RELU": the ADD's clamp as a separate RELU after it, as converters leave it."""
-    add_activation, _, clamp_after = add_activation.partition("+")
+    ``add_activation`` "NONE+RELU": the ADD's clamp as a separate RELU after it, as converters leave it;
+    "NONE+PRELU": a PReLU after it."""
+    add_activation, _, after = add_activation.partition("+")
     b = GraphBuilder()
     x = b.input("x", (1, 9, 7, 24))
     y = b.op("CONV_2D", [x, b.const("w1", _normal(rng, (units, 1, 1, 24))), b.const("b1", _normal(rng, units))],
@@ -118,18 +119,23 @@ def _residual_block(rng, kernel: int, units: int, conv_first: bool, add_activati
     z = b.op("CONV_2D", [y, b.const("w2", _normal(rng, (units, kernel, kernel, units))),
                          b.const("b2", _normal(rng, units))], options=dict(CONV, padding="SAME"))
     added = b.op("ADD", [z, y] if conv_first else [y, z], options={"fused_activation_function": add_activation})
-    b.output(b.op(clamp_after, [added]) if clamp_after else added)
+    if after == "PRELU":
+        added = b.op("PRELU", [added, b.const("slope", _slope(rng, units, (1, 1, units)))])
+    elif after:
+        added = b.op(after, [added])
+    b.output(added)
     return b.to_bytes()
 
 
 @NATIVE
 @pytest.mark.parametrize("kernel", [1, 3])
 @pytest.mark.parametrize("units", [3, 8, 40])  # below half a vector of the packed products, half one, a tail panel
-@pytest.mark.parametrize("conv_first, add_activation", [(True, "NONE"), (False, "RELU6"), (True, "NONE+RELU")])
+@pytest.mark.parametrize("conv_first, add_activation", [(True, "NONE"), (False, "RELU6"), (True, "NONE+RELU"),
+                                                        (False, "NONE+PRELU")])
 def test_float_residual_add_runs_in_the_convolution(native, kernel, units, conv_first, add_activation):
     """The float ADD of a convolution's result and an earlier one runs in that convolution: added in the
-    native loops' epilogue as each tile is stored (its activation after it, a separate clamp after the ADD
-    included), or after the convolution."""
+    native loops' epilogue as each tile is stored (its activation after it, a separate clamp or PReLU after
+    the ADD included), or after the convolution."""
     rng = np.random.default_rng(kernel + units)
     model = _residual_block(rng, kernel, units, conv_first, add_activation)
     bound = []

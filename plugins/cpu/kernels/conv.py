@@ -213,7 +213,7 @@ def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...],
 
     Its ``epilogue`` is the same for the native loops, where the activation is none, a clamp or PReLU;
     with ``add`` (a residual ADD fused in), the epilogue also adds the ADD's other operand and applies
-    its clamp (the numpy ``finish`` does not: see conv_2d).
+    its clamp or PReLU (the numpy ``finish`` does not: see conv_2d).
     """
     act = fused(op)
     units = out_shape[-1]
@@ -229,8 +229,9 @@ def bias_activation(op: Op, bias: np.ndarray | None, out_shape: tuple[int, ...],
         else:
             activation(name, slope[u0:u1])(out)
     add_name = "NONE" if add is None else fused_name(add)
-    native = name in ("NONE", "PRELU", *CLAMPS) and add_name in ("NONE", *CLAMPS)
-    finish.epilogue = Epilogue(bias, CLAMPS.get(name), slope, CLAMPS.get(add_name)) if native else None
+    add_slope = None if add is None else add.options.get("prelu_slope")
+    native = name in ("NONE", "PRELU", *CLAMPS) and add_name in ("NONE", "PRELU", *CLAMPS)
+    finish.epilogue = Epilogue(bias, CLAMPS.get(name), slope, CLAMPS.get(add_name), add_slope) if native else None
     return finish
 
 

@@ -25,8 +25,8 @@ static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 /* A float kernel's bias (per column, or NULL) and fused activation, applied to rows just computed:
  * a clamp, or a PReLU with a slope per column (or NULL).  The products and convolutions also add a
  * residual operand (a residual ADD fused in) when their call holds one: ``adds`` and the distance in
- * bytes from each output to its operand are set by the kernel from the call, then the ADD's own clamp
- * (``add_clamp``) applies. */
+ * bytes from each output to its operand are set by the kernel from the call, then the ADD's own
+ * activation applies: its clamp (``add_clamp``) or a PReLU after it (``add_slope``, per column). */
 typedef struct {
     const float *bias;
     int clamp;
@@ -36,6 +36,7 @@ typedef struct {
     float add_low, add_high;
     int64_t residual;
     int64_t adds;
+    const float *add_slope;
 } epilogue;
 
 /* The epilogue ``e`` adding, where ``residual`` is not NULL, that operand (laid out as ``out``). */
@@ -545,7 +546,7 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
                                                             int64_t ldc, int64_t width, const epilogue *e,
                                                             int64_t tiles)
 {
-    pvec bias[2] = {{0}, {0}}, slope[2] = {{0}, {0}}, zero = {0};  /* the sums start from the bias */
+    pvec bias[2] = {{0}, {0}}, slope[2] = {{0}, {0}}, add_slope[2] = {{0}, {0}}, zero = {0};  /* sums start from the bias */
     pvec low = (pvec){0} + e->low, high = (pvec){0} + e->high;
     pvec add_low = (pvec){0} + e->add_low, add_high = (pvec){0} + e->add_high;
     _Pragma("GCC unroll 2") for (int h = 0; h < halves; h++) {
@@ -553,6 +554,8 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
             memcpy(&bias[h], e->bias + h * PANEL_LANES, sizeof bias[h]);
         if (e->slope)
             memcpy(&slope[h], e->slope + h * PANEL_LANES, sizeof slope[h]);
+        if (e->add_slope)
+            memcpy(&add_slope[h], e->add_slope + h * PANEL_LANES, sizeof add_slope[h]);
     }
   for (int64_t tile = 0; tile < tiles; tile++, a += rows * row_step, out += rows * ldc) {
     pvec acc[MR_NARROW][2];
@@ -590,10 +593,12 @@ static inline __attribute__((always_inline)) void panel_tile(const int rows, con
         for (int h = 0; h < halves && h * PANEL_LANES < width; h++) {
             int64_t j = h * PANEL_LANES, n = width - j < PANEL_LANES ? width - j : PANEL_LANES;
             pvec v = acc[r][h];
-            if (e->adds) {  /* the residual ADD: the operand laid out as out, then the ADD's clamp */
+            if (e->adds) {  /* the residual ADD: the operand laid out as out, then the ADD's activation */
                 v += load_part((const float *)((const char *)(o + j) + e->residual), n);
                 if (e->add_clamp)
                     v = clamp_to(v, add_low, add_high);
+                if (e->add_slope)
+                    v = pick(v < zero, v * add_slope[h], v);
             }
             store_part(o + j, v, n);
         }
@@ -649,6 +654,8 @@ static epilogue panel_finish(const epilogue *e, int64_t col)
         part.bias += col;
     if (part.slope)
         part.slope += col;
+    if (part.add_slope)
+        part.add_slope += col;
     return part;
 }
 

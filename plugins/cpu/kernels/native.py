@@ -108,35 +108,40 @@ class Epilogue(ctypes.Structure):
     """What a float kernel's output rows get once computed: a bias (per column; None for none) and its
     fused activation: a clamp (RELU, RELU6, RELU_N1_TO_1) or a PReLU slope (per column).  Where the
     call of a product or convolution holds a residual operand (a residual ADD fused in), the kernel
-    adds it next, then clamps to ``add_bounds`` (the ADD's activation; None for none)."""
+    adds it next, then applies the ADD's activation: a clamp to ``add_bounds`` or a PReLU by ``add_slope``
+    (per column; None for none)."""
 
     _fields_ = [("bias", _PTR), ("clamp", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
                 ("slope", _PTR), ("add_clamp", ctypes.c_int), ("add_low", ctypes.c_float),
-                ("add_high", ctypes.c_float), ("residual", _INT64), ("adds", _INT64)]
+                ("add_high", ctypes.c_float), ("residual", _INT64), ("adds", _INT64), ("add_slope", _PTR)]
 
     def __init__(self, bias: np.ndarray | None = None, bounds: tuple[float, float] | None = None,
-                 slope: np.ndarray | None = None, add_bounds: tuple[float, float] | None = None):
+                 slope: np.ndarray | None = None, add_bounds: tuple[float, float] | None = None,
+                 add_slope: np.ndarray | None = None):
         self.kept = None if bias is None else np.ascontiguousarray(bias, np.float32)
         self.kept_slope = None if slope is None else np.ascontiguousarray(slope, np.float32)
+        self.kept_add_slope = None if add_slope is None else np.ascontiguousarray(add_slope, np.float32)
         self.bounds, self.add_bounds = bounds, add_bounds
         low, high = bounds or (0.0, 0.0)
         super().__init__(None if self.kept is None else self.kept.ctypes.data, bounds is not None, low, high,
                          None if self.kept_slope is None else self.kept_slope.ctypes.data, add_bounds is not None,
-                         *(add_bounds or (0.0, 0.0)))
+                         *(add_bounds or (0.0, 0.0)), 0, 0,
+                         None if self.kept_add_slope is None else self.kept_add_slope.ctypes.data)
 
     def covers(self, columns: int) -> bool:
         """Whether its per-column arrays hold ``columns`` values (what the loops read of them)."""
-        return all(v is None or v.size >= columns for v in (self.kept, self.kept_slope))
+        return all(v is None or v.size >= columns for v in (self.kept, self.kept_slope, self.kept_add_slope))
 
     def _with(self, change) -> "Epilogue":
         """This epilogue with ``change`` applied to its per-column arrays."""
         def changed(values):
             return None if values is None else change(values)
-        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope), self.add_bounds)
+        return Epilogue(changed(self.kept), self.bounds, changed(self.kept_slope), self.add_bounds,
+                        changed(self.kept_add_slope))
 
     def columns(self, first: int, end: int) -> "Epilogue":
         """The epilogue of columns first..end (itself when that is all of them, or it has none)."""
-        per_column = self.kept if self.kept is not None else self.kept_slope
+        per_column = next((v for v in (self.kept, self.kept_slope, self.kept_add_slope) if v is not None), None)
         if per_column is None or (first, end) == (0, len(per_column)):
             return self
         return self._with(lambda values: values[first:end])
