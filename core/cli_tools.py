@@ -298,11 +298,11 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _measured_profile(session, executor, indexed) -> tuple[list[dict[str, Any]], list]:
+def _measured_profile(session, executor, indexed, runs: int = 5) -> tuple[list[dict[str, Any]], list]:
     """Per-partition times, and per-op rows only where the backend timed the ops (with the source)."""
     from .tools.measure import profile_partitions
 
-    timings = profile_partitions(executor, indexed)
+    timings = profile_partitions(executor, indexed, runs)
     ops = {op.index: op for op in session.graph.ops}
     rows = [{"op": i, "opcode": ops[i].opcode, "backend": t.backend, "ms": ms, "source": t.op_source}
             for t in timings for i, ms in t.op_ms.items()]
@@ -310,6 +310,12 @@ def _measured_profile(session, executor, indexed) -> tuple[list[dict[str, Any]],
 
 
 # -- tune ------------------------------------------------------------------------------
+
+PROFILE_RUNS = 5  # runs of each partition timed by tune's learning pass (each pass: whole, resident, per op)
+# seconds the learning pass may take beyond the search's budget: each measured plan profiled with fewer runs
+# down to one, the slowest left out (pose_landmark_full here: its WebGPU plan on lavapipe, ~0.9 s a run,
+# took 18 s of profiling after an 11 s search)
+LEARNING_S = 1.0
 
 def cmd_tune(args) -> int:
     """Time the candidate plans of each model now and store the fastest (see delegate.plan_search); report
@@ -335,8 +341,10 @@ def cmd_tune(args) -> int:
         if not args.json:
             c = console()
             c.print(f"[bold]{doc['model']}[/bold]: {len(session.plan.candidates)} candidate plan(s) in "
-                    f"{doc['seconds']:.1f} s; chosen: {session.plan.chosen} ({session.plan.choice}); "
-                    f"stored for the next load")
+                    f"{doc['search_seconds']:.1f} s, {doc['seconds']:.1f} s with learning from them; chosen: "
+                    f"{session.plan.chosen} ({session.plan.choice}); stored for the next load")
+            if doc["not_profiled"]:
+                c.print(f"not profiled for the cost model (the budget ran out): {', '.join(doc['not_profiled'])}")
             c.print(candidates_table(session.plan))
         session.close()
     summary = estimate_report([d for d in docs if "error" not in d])
@@ -364,19 +372,25 @@ def _tune_one(spec: str, config, budget: float | None):
     model, _, label = read_model_arg(spec)
     t0 = time.perf_counter()
     session = Session(model, settings, remeasure=True)
-    elapsed = time.perf_counter() - t0
+    search_s = time.perf_counter() - t0
     plan = session.plan
     estimated_pick, _ = session.planner.choose(plan.candidates)
-    doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "seconds": round(elapsed, 2),
-           "estimated_pick": estimated_pick.name,
+    doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "search_seconds": round(search_s, 2),
+           "estimated_pick": estimated_pick.name, "not_profiled": [],
            "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles, "partitions": []}
     plan_ms = {c.name: c.measured_ms for c in plan.candidates if c.measured_ms is not None}
     measured = set(plan_ms)
     executors = {plan.chosen: session.executor}
     executors.update({name: e for name, e in session.baseline_executors.items() if name in measured})
     inputs = session.normalize_inputs(session._random_inputs())
-    for name, executor in executors.items():
-        timings = _measured_profile(session, executor, inputs)[1]
+    # the learning pass shares the search's budget, with at least LEARNING_S of its own; fastest plans first
+    deadline = max(t0 + settings.placement.budget_s, time.perf_counter() + LEARNING_S)
+    for name, executor in sorted(executors.items(), key=lambda item: plan_ms[item[0]]):
+        runs = min(PROFILE_RUNS, int(((deadline - time.perf_counter()) / (plan_ms[name] / 1e3) - 1) / 3))
+        if runs < 1:  # a warm-up and three passes of one run each would overrun the budget
+            doc["not_profiled"].append(name)
+            continue
+        timings = _measured_profile(session, executor, inputs, runs)[1]
         estimates = {p.index: session.partition_estimate(p, executor) for p in executor.partitions}
         doc["partitions"] += [{"plan": name, "partition": t.index, "backend": t.backend,
                                "ops": len(executor.partitions[t.index].ops),
@@ -386,6 +400,7 @@ def _tune_one(spec: str, config, budget: float | None):
                                "op_ms": {str(i): round(ms, 5) for i, ms in t.op_ms.items()}}
                               for t in timings]
         learn_from(session, executor, timings, plan_ms=plan_ms[name])
+    doc["seconds"] = round(time.perf_counter() - t0, 2)
     return doc, session
 
 

@@ -336,6 +336,28 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
     assert stored["fakegpu"]["fit_points"]["plan"][0][1] == 1 and stored["fakegpu"]["boundary_us"] >= 0
 
 
+def test_tune_leaves_a_plan_out_of_learning_when_profiling_it_would_overrun_the_budget(tmp_path, profile_dir):
+    """tune's learning pass shares the search's budget: a measured plan whose profiling (a warm-up and three
+    passes) would overrun what is left is not profiled, and the document says so; the fast one still is."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "m.tflite"
+    from delegate.tflite.writer import write_model
+    model.write_bytes(write_model(elementwise_model()))
+    config = tmp_path / "c.yaml"
+    config.write_text("backends: [{name: fakegpu, options: {delay_ms: 400}}, cpu]\ncpu: {engine: numpy}\n")
+    proc = subprocess.run([sys.executable, "-m", "delegate.cli", "tune", "--budget", "0.5", "--config", str(config),
+                           str(model), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    tuned = json.loads(proc.stdout)["models"][0]
+    measured = {c["name"]: c["measured_ms"] for c in tuned["candidates"] if c["measured_ms"] is not None}
+    assert measured["greedy:fakegpu"] > 400 > measured["cpu"]
+    assert tuned["not_profiled"] == ["greedy:fakegpu"]
+    assert {p["plan"] for p in tuned["partitions"]} == {"cpu"}
+    assert tuned["search_seconds"] <= tuned["seconds"]
+
+
 def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
     """A backend where half precision is not expected to be faster keeps fp32, and the plan says why; the
     measured search times the other precision too."""
