@@ -4,7 +4,7 @@ The cost model ranks plans well only as far as its figures are right; a measurem
 Candidates come from the planner (``Planner.candidates``).  Each is compiled (the kernel caches make
 repeats cheap) and run on the same random inputs, in rounds, alternately, so that a busy moment
 does not favour one; after a few rounds a candidate slower than the leader by a clear margin is
-stopped.  Everything stays within the time budget.  The decision is stored per model, device and
+stopped (one over HOPELESS_MARGIN times it at its first timed run).  Everything stays within the time budget.  The decision is stored per model, device and
 placement settings in the user cache, so the next load takes it without measuring.
 """
 
@@ -28,7 +28,11 @@ from .ir import Subgraph
 from .planner import Candidate
 from .stdio import progress
 
-MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped
+MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped (but a hopeless one)
+# a candidate whose fastest run is this much slower than the leader's median is stopped at once, without
+# the minimum rounds (pose_landmark_full here: WebGPU on lavapipe ~0.9 s a run against the CPU's 11 ms, nine
+# runs of it took most of tune's budget)
+HOPELESS_MARGIN = 3.0
 MAX_ROUNDS = 25
 # Runs of a candidate per round, back to back, the first not timed: a plan run right after another
 # candidate's finds the caches and the device's queue as that one left them, not as its own last run
@@ -165,6 +169,13 @@ def _not_measured(exc: BaseException) -> str:
     return f"not measured: {(what.splitlines() or [''])[0][:160]}"
 
 
+def _hopeless(fastest_ms: float, others: Sequence[Trial], margin: float = HOPELESS_MARGIN) -> bool:
+    """Whether a run of ``fastest_ms`` is over ``margin`` times the median of the fastest of the other trials
+    timed so far."""
+    timed = [float(np.median(t.samples)) for t in others if t.samples]
+    return bool(timed) and fastest_ms > margin * min(timed)
+
+
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
             budget_s: float, started: float | None = None,
             more: Callable[[], Sequence[Candidate]] | None = None) -> Candidate:
@@ -247,17 +258,19 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 t = time.perf_counter()
                 trial.run()
                 runs.append((time.perf_counter() - t) * 1e3)
+                if _hopeless(min(runs), [other for other in live if other is not trial]):
+                    break  # one run says enough: its other runs would only spend the budget
             trial.samples.extend(runs)
+        margin = STOP_MARGIN if round_ + 1 >= MIN_ROUNDS else HOPELESS_MARGIN
+        for trial in list(live):
+            if _hopeless(min(trial.samples), [other for other in live if other is not trial], margin):
+                live.remove(trial)
+                runs = len(trial.samples)
+                trial.candidate.status = f"stopped after {runs} run{'s' * (runs != 1)}: over {margin}x the leader"
         if time.perf_counter() > deadline and round_ + 1 < MIN_ROUNDS:
             break  # compiling took the budget: the rounds timed so far decide
-        if round_ + 1 >= MIN_ROUNDS:
-            leader = min(float(np.median(t.samples)) for t in live)
-            for trial in list(live):
-                if min(trial.samples) > STOP_MARGIN * leader:
-                    live.remove(trial)
-                    trial.candidate.status = f"stopped after {len(trial.samples)} runs: over {STOP_MARGIN}x the leader"
-            if time.perf_counter() > deadline or len(live) == 1:
-                break
+        if round_ + 1 >= MIN_ROUNDS and (time.perf_counter() > deadline or len(live) == 1):
+            break
     for trial in trials:
         trial.candidate.measured_ms = float(np.median(trial.samples))
     if not trials:
