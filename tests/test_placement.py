@@ -707,6 +707,35 @@ def test_measured_search_finds_the_other_candidates_while_the_single_backends_co
     assert winner in candidates + [split]
 
 
+def test_measured_search_stops_a_hopeless_candidate_at_its_first_timed_run():
+    """A candidate over HOPELESS_MARGIN times the leader at its first timed run runs no more (WebGPU on
+    lavapipe, ~0.9 s a run against the CPU's 11 ms, took nine runs before); one only somewhat slower still
+    runs the minimum rounds before STOP_MARGIN may stop it."""
+    import time as clock
+    from delegate.planner import Candidate
+
+    runs = {"cpu": 0, "greedy:slow": 0, "greedy:close": 0}
+
+    def build(candidate):
+        delay = {"cpu": 0.001, "greedy:slow": 0.02, "greedy:close": 0.0015}[candidate.name]
+
+        def run():
+            runs[candidate.name] += 1
+            clock.sleep(delay)
+        return run
+
+    candidates = [Candidate("cpu", {0: "cpu"}, 1.0, baseline=True, host_alone=True),
+                  Candidate("greedy:slow", {0: "gpu"}, 1.0, baseline=True),
+                  Candidate("greedy:close", {0: "npu"}, 1.0, baseline=True)]
+    winner = plan_search.measure(candidates, build, budget_s=30.0)
+    slow, close = candidates[1], candidates[2]
+    assert winner.name == "cpu"
+    # its first (untimed) run, then a round's untimed run and one timed run
+    assert runs["greedy:slow"] == 3 and slow.status.startswith("stopped after 1 run: over 3.0x")
+    assert slow.measured_ms >= 20
+    assert runs["greedy:close"] >= 1 + plan_search.MIN_ROUNDS * plan_search.RUNS_PER_ROUND
+
+
 def test_measured_search_compiles_what_still_fits_its_budget():
     """Compiling cold took seconds per candidate on the H200, and tune overran its 10 s budget (13 s): a
     candidate is compiled only where the quickest compile so far still fits; the single backends
