@@ -337,8 +337,8 @@ def test_tune_then_plan_uses_the_stored_decision(tmp_path, profile_dir):
 
 
 def test_tune_leaves_a_plan_out_of_learning_when_profiling_it_would_overrun_the_budget(tmp_path, profile_dir):
-    """tune's learning pass shares the search's budget: a measured plan whose profiling (a warm-up and three
-    passes) would overrun what is left is not profiled, and the document says so; the fast one still is."""
+    """tune's learning pass shares the search's budget: a measured plan whose profiling (about six runs of it at
+    the least) would overrun what is left is not profiled, and the document says so; the fast one still is."""
     import subprocess
     import sys
 
