@@ -238,9 +238,14 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 continue
             advance()
             now = time.perf_counter()
-            # the minimum rounds at twice the estimates (a first run, which includes lazy set-up, says less)
-            timed_ms = sum(t.candidate.estimated_ms for t in trials) + c.estimated_ms
-            rounds = 2 * MIN_ROUNDS * RUNS_PER_ROUND * timed_ms / 1e3
+            # the minimum rounds at twice the estimates (a first run, which includes lazy set-up, says less); a
+            # candidate estimated hopeless against the best runs twice before it is stopped, not the rounds
+            estimates = [t.candidate.estimated_ms for t in trials] + [c.estimated_ms]
+            if c.estimated_ms > HOPELESS_MARGIN * min(estimates):  # its compile would buy one run and a stop
+                c.status = f"not measured: estimated over {HOPELESS_MARGIN}x the best"
+                continue
+            rounds = 2 * sum(ms * (2 if ms > HOPELESS_MARGIN * min(estimates) else MIN_ROUNDS * RUNS_PER_ROUND)
+                             for ms in estimates) / 1e3
             if trials and now + history.predicted_s(c) + rounds > deadline:
                 c.status = "not measured: the budget ran out"
                 continue

@@ -710,7 +710,8 @@ def test_measured_search_finds_the_other_candidates_while_the_single_backends_co
 def test_measured_search_stops_a_hopeless_candidate_at_its_first_timed_run():
     """A candidate over HOPELESS_MARGIN times the leader at its first timed run runs no more (WebGPU on
     lavapipe, ~0.9 s a run against the CPU's 11 ms, took nine runs before); one only somewhat slower still
-    runs the minimum rounds before STOP_MARGIN may stop it."""
+    runs the minimum rounds before STOP_MARGIN may stop it.  A candidate other than the single backends estimated
+    over that margin is not compiled at all."""
     import time as clock
     from delegate.planner import Candidate
 
@@ -726,10 +727,12 @@ def test_measured_search_stops_a_hopeless_candidate_at_its_first_timed_run():
 
     candidates = [Candidate("cpu", {0: "cpu"}, 1.0, baseline=True, host_alone=True),
                   Candidate("greedy:slow", {0: "gpu"}, 1.0, baseline=True),
-                  Candidate("greedy:close", {0: "npu"}, 1.0, baseline=True)]
+                  Candidate("greedy:close", {0: "npu"}, 1.0, baseline=True),
+                  Candidate("cost:gpu fp16", {0: "gpu"}, 10.0)]  # not a single backend: not even compiled
     winner = plan_search.measure(candidates, build, budget_s=30.0)
     slow, close = candidates[1], candidates[2]
     assert winner.name == "cpu"
+    assert candidates[3].measured_ms is None and candidates[3].status == "not measured: estimated over 3.0x the best"
     # its first (untimed) run, then a round's untimed run and one timed run
     assert runs["greedy:slow"] == 3 and slow.status.startswith("stopped after 1 run: over 3.0x")
     assert slow.measured_ms >= 20
