@@ -281,6 +281,12 @@ SCALE_SHARE = 0.05
 # are not one kind of op
 SUM_MATCH_RANGE = (0.5, 2.5)
 PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
+RUN_PRIOR_MS = 1.0  # no host run cost weighs as much as one plan of this time (``refit_plan``)
+# a class's line through ops timed one by one has a floor of its own (and on the host gives the launch) only where
+# its smallest op's roofline is at most this: fixed costs are microseconds, and a line through large ops only
+# extrapolates one (MobileNetV2's convolutions timed by the numpy engine at 2 threads, rooflines of 17-380 us,
+# drew a start of 37 us that iris_landmark's 55 small ones, 1-5 us, then paid in full: 3x its time)
+FLOOR_REACH_MS = 0.005
 
 
 def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
@@ -365,7 +371,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
         else:
             lines[klass] = rows
     if lines:  # the classes whose points draw a line set the launch; the others are fitted on top of it
-        fitted = {k: _line(r[:, 0], r[:, 1], r[:, 2], 0.0) for k, r in lines.items() if _spread(r[:, 1])}
+        fitted = {k: _line(r[:, 0], r[:, 1], r[:, 2], 0.0) for k, r in lines.items()
+                  if _spread(r[:, 1]) and r[:, 1].min() <= FLOOR_REACH_MS}
         launch = min((start for start, _ in fitted.values()), default=launch)
         profile.launch_us = launch * 1e3
         for klass, rows in lines.items():
@@ -393,8 +400,11 @@ def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
     time, against ``partitions``, (backend, ms) of each partition timed alone.  A plan on the host alone
     gives the host's ``run_us``; one with accelerator partitions gives their ``boundary_us``, what is left
     once the host's run cost is taken off, per partition of theirs.  Medians over the plans kept: one
-    disturbed timing does not move them; the host's weighs each plan by how small it is (a plan's jitter grows
-    with its time, and the run cost is a small part of a large plan's)."""
+    disturbed timing does not move them.  The host's weighs each plan by the inverse square of its time (a
+    plan's jitter grows with its time, and the run cost is a sliver of a large plan's), against no run cost
+    weighed as one plan of RUN_PRIOR_MS: a large plan's gap alone (MobileNetV2's numpy plan on the H100's host
+    at 2 threads: 0.63 ms of 5.35, its partition timed alone after runs alternating with LiteRT) is not every
+    plan's run cost (iris_landmark's estimate then came out at 3.5x its time)."""
     gap = plan_ms - sum(ms for _, ms in partitions)
     counts: dict[str, int] = {}
     for backend, _ in partitions:
@@ -410,8 +420,8 @@ def refit_plan(profiles: Mapping[str, DeviceProfile], host: str, plan_ms: float,
     if run.fit_points.get(PLAN):
         del run.fit_points[PLAN][:-MAX_POINTS]
         rows = run.fit_points[PLAN]
-        run.run_us = max(_weighted_median([r[0] for r in rows], [1.0 / max(r[1] if len(r) > 1 else 1.0, 0.01)
-                                                                  for r in rows]), 0.0) * 1e3
+        weights = [1.0 / max(r[1] if len(r) > 1 else 1.0, 0.01) ** 2 for r in rows]
+        run.run_us = max(_weighted_median([0.0] + [r[0] for r in rows], [RUN_PRIOR_MS ** -2] + weights), 0.0) * 1e3
     for backend in accelerators:
         rows = profiles[backend].fit_points[PLAN]
         del rows[:-MAX_POINTS]
@@ -537,8 +547,9 @@ def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float
     alike points, one of the two: the floor where the roofline is a sliver of the time (a GPU's 6 us for an
     elementwise op whose bytes take 0.01 us is its least kernel time, not a 600x slower memory), else the
     scale (the floor kept); ``scale`` is the class's scale so far (a kind's: its class's times its factor),
-    kept where the floor is fitted: a kind measured only on small ops keeps its slowness for large ones."""
-    if _spread(roofs):
+    kept where the floor is fitted: a kind measured only on small ops keeps its slowness for large ones.  A
+    line whose smallest op is beyond FLOOR_REACH_MS keeps ``floor`` and fits the scale."""
+    if _spread(roofs) and roofs.min() <= FLOOR_REACH_MS:
         # between absolute errors (the large ops dominate a sum) and relative ones (so do the many small)
         weight = 1.0 / np.sqrt(np.maximum(works, 1e-3))
         (f, k), *_ = np.linalg.lstsq(np.stack([counts, roofs], 1) * weight[:, None], works * weight, rcond=None)
