@@ -5,13 +5,14 @@ saw with their measured time.  For changing the cost model's fit without a run o
     # on the machine (after `delegate calibrate`; copy its profile directory back with RAW.jsonl)
     python3 docs/benchmarks/host_fit.py collect THREADS RAW.jsonl MODEL...
     # anywhere with the same models
-    python3 docs/benchmarks/host_fit.py refit PROFILE_DIR RAW.jsonl [-v]
+    python3 docs/benchmarks/host_fit.py refit PROFILE_DIR RAW.jsonl [-v] [-c]
 
 collect: the CPU alone (the configured engine) at THREADS on `calibrate`'s example networks and on each MODEL;
 per model the plan's p50 (60 runs after 10) and each partition as `measure.profile_partitions` times it.
 refit: takes PROFILE_DIR's host profile for that thread count (its measured figures; the fit is redone),
 refits it to the example networks' timings with `measure.learn_from`, as `calibrate` does, then prints each
-model's estimate against its measured p50, the networks and the other models apart."""
+model's estimate against its measured p50, the networks and the other models apart (-v: each; -c: and its
+classes' estimates against their ops' measured share of the time, est/meas ms, largest gaps first)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,28 @@ def collect(threads: int, out: str, models: list[str]) -> None:
             session.close()
 
 
-def refit_and_compare(profiles: str, raw: str, verbose: bool) -> None:
+def _class_gaps(session, row) -> str:
+    """Per cost class, the estimate against the measured ops' share of the partitions' time (ops timed alone,
+    scaled to their partition's measured time), largest gaps first."""
+    from delegate.cost import cost_class
+
+    ops = {op.index: op for op in session.graph.ops}
+    folded = session.planner.folded(session.graph, session.host)
+    estimated, measured = {}, {}
+    for op in session.graph.ops:
+        if op.index not in folded:
+            k = cost_class(op)
+            estimated[k] = estimated.get(k, 0.0) + session.planner.op_cost(op, session.host)
+    for t in row["timings"]:  # the ops the engine folds take no part (alone they cost what they never do inside)
+        timed = {int(i): ms for i, ms in t["op_ms"].items() if int(i) not in folded}
+        for i, ms in timed.items():
+            k = cost_class(ops[i])
+            measured[k] = measured.get(k, 0.0) + ms * t["ms"] / sum(timed.values())
+    keys = sorted(set(estimated) | set(measured), key=lambda k: -abs(estimated.get(k, 0) - measured.get(k, 0)))
+    return ", ".join(f"{k} {estimated.get(k, 0):.3f}/{measured.get(k, 0):.3f}" for k in keys[:4])
+
+
+def refit_and_compare(profiles: str, raw: str, verbose: bool, by_class: bool = False) -> None:
     rows = [json.loads(line) for line in open(raw)]
     threads = rows[0]["threads"]
     os.environ["DELEGATE_PROFILE_DIR"] = here = tempfile.mkdtemp(prefix="delegate-profiles-")
@@ -95,6 +117,8 @@ def refit_and_compare(profiles: str, raw: str, verbose: bool) -> None:
             if verbose:
                 print(f"  {row['model'][:60]:60s} estimated {session.plan.estimated_ms:8.4f} measured "
                       f"{row['plan_ms']:8.4f}  {ratios[-1]:.2f}")
+            if by_class:
+                print("    " + _class_gaps(session, row))
             session.close()
         if ratios:
             r = np.array(ratios)
@@ -107,6 +131,6 @@ if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "collect":
         collect(int(sys.argv[2]), sys.argv[3], sys.argv[4:])
     elif len(sys.argv) >= 4 and sys.argv[1] == "refit":
-        refit_and_compare(sys.argv[2], sys.argv[3], "-v" in sys.argv[4:])
+        refit_and_compare(sys.argv[2], sys.argv[3], "-v" in sys.argv[4:], "-c" in sys.argv[4:])
     else:
         sys.exit(__doc__)
