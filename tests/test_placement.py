@@ -586,6 +586,44 @@ def test_refit_of_host_op_timers_takes_their_share_and_finds_the_launch():
     assert estimate == pytest.approx(sum(took.values()), rel=0.05)
 
 
+def test_refit_of_large_host_ops_only_draws_no_floor_for_small_ones():
+    """A line through large ops only says nothing of a floor: MobileNetV2's convolutions timed by the numpy
+    engine (rooflines of 17-380 us, their efficiencies scattered) drew a start of 37 us that a model of small
+    convolutions then paid per op, 3x its time.  Beyond FLOOR_REACH_MS the line keeps its floor and launch and
+    fits the scale, so a small op of the same efficiency costs what it measures."""
+    from delegate.cost import FLOOR_REACH_MS
+
+    graph = read_model(zoo.build("mobilenet_v1", alpha=1.0, size=224)).main
+    profile = DeviceProfile(gflops=5.0, gbytes_per_s=2.0, launch_us=0.1)
+    ops = [op for op in graph.ops if profile.roofline_ms(op_flops(op), op_bytes(op)) > 0.02]
+    # the smaller of these large ops the less efficient: a least-squares line through them starts at 10 us
+    took = {op.index: 1.2 * profile.roofline_ms(op_flops(op), op_bytes(op)) + 0.01 for op in ops}
+    refit(profile, [Observation(ops, sum(took.values()), took)], lambda op: False)
+    assert profile.launch_us == pytest.approx(0.1)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 8))
+    b.output(b.op("CONV_2D", [x, b.const("w", np.ones((8, 1, 1, 8), np.float32)), b.const("b", np.zeros(8, np.float32))],
+                  options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "dilation_w_factor": 1,
+                           "dilation_h_factor": 1, "fused_activation_function": "NONE"}))
+    small = read_model(b.to_bytes()).main.ops[0]
+    roof = profile.roofline_ms(op_flops(small), op_bytes(small))
+    assert roof < FLOOR_REACH_MS and cost_class(small) == "conv"
+    assert profile.compute_ms(op_flops(small), op_bytes(small), cost_class(small)) < 2.0 * roof + 0.001
+
+
+def test_refit_of_one_large_plan_does_not_make_its_gap_every_plans_run_cost():
+    """The host's run cost (a whole plan less its partitions timed alone) is held towards none, as much as one
+    plan of RUN_PRIOR_MS: one large plan's gap (MobileNetV2 alternating with LiteRT: 0.63 ms of 5.35) is not a
+    cost every plan pays; many small plans that agree set it."""
+    planner = make_planner({0, 1}, [1.0] * 6, [0.1] * 6, 0.0)
+    profiles = planner.profiles
+    refit_plan(profiles, "cpu", 5.98, [("cpu", 5.35)])
+    assert profiles["cpu"].run_us == 0.0
+    for alone in (0.1, 0.2, 0.15, 0.3, 0.12):
+        refit_plan(profiles, "cpu", alone + 0.02, [("cpu", alone)])
+    assert profiles["cpu"].run_us == pytest.approx(20.0)
+
+
 def test_refit_of_skewed_host_op_times_keeps_each_class_sum():
     """Op times are skewed: most ops of a class sit on one line, a few run far above it.  The line through the
     typical op would under-estimate every plan (a sum); the fit keeps the typical op's shape and moves the
