@@ -86,6 +86,29 @@ def test_depthwise_pixel_groups_match_numpy(loops, width, stride, c):
 
 
 @needs_compiler
+@pytest.mark.parametrize("h, c", [(1, 32), (2, 40), (3, 72), (7, 960), (2, 36), (16, 48)])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_channel_blocks_of_few_rows_match_numpy(loops, h, c, stride):
+    """Fewer output rows than two a thread: each row's channels are split into blocks of whole vectors, the
+    last block taking what is left (every channel written once, the epilogue's per-channel bias and slope at
+    each block's own channels)."""
+    rng = np.random.default_rng(h * c)
+    width = 9
+    x = rng.standard_normal((h, width, c)).astype(np.float32)
+    weights = rng.standard_normal((3, 3, c)).astype(np.float32)
+    bias, slope = rng.standard_normal(c).astype(np.float32), rng.uniform(-1, 2, c).astype(np.float32)
+    oh, ow = -(-h // stride), -(-width // stride)
+    out = np.full((1, oh, ow, c), np.nan, np.float32)
+    where = native.Geometry.around(x[None], out, (3, 3), (stride, stride, 1, 1), (1, 1))
+    finish = native.Epilogue(bias, slope=slope).tiled(ow)
+    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(9, c)), out, where, 8, finish)
+    expected = _reference(x, (oh, ow), (3, 3), (stride, stride, 1, 1), (1, 1),
+                          lambda pixel, ky, kx: pixel * weights[ky, kx], c) + bias
+    expected = np.where(expected < 0, expected * slope, expected)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
 @pytest.mark.parametrize("m, k, n, threads", [(300, 40, 70, 2), (5, 64, 1000, 2), (1, 8, 3, 4), (64, 16, 16, 1)])
 def test_shared_product_matches_numpy(loops, m, k, n, threads):
     if loops.sgemm is None:
