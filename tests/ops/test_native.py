@@ -69,8 +69,12 @@ def test_depthwise_matches_numpy(loops, shape, kernel, steps, before, out_hw):
 def test_depthwise_pixel_groups_match_numpy(loops, width, stride, c):
     """Channels in whole vectors: the pixels with every tap inside go in groups along the row, bias and
     PReLU applied in registers, the border pixels one by one."""
-    rng = np.random.default_rng(width)
-    h = 4
+    _depthwise_3x3_against_numpy(loops, np.random.default_rng(width), 4, width, c, stride, 1)
+
+
+def _depthwise_3x3_against_numpy(loops, rng, h: int, width: int, c: int, stride: int, threads: int) -> None:
+    """A SAME 3x3 depthwise convolution of an (h, width, c) image on ``threads``, bias and PReLU in its
+    epilogue, against numpy; the output starts as NaN, so a channel left unwritten shows."""
     x = rng.standard_normal((h, width, c)).astype(np.float32)
     weights = rng.standard_normal((3, 3, c)).astype(np.float32)
     bias, slope = rng.standard_normal(c).astype(np.float32), rng.uniform(-1, 2, c).astype(np.float32)
@@ -78,7 +82,7 @@ def test_depthwise_pixel_groups_match_numpy(loops, width, stride, c):
     out = np.full((1, oh, ow, c), np.nan, np.float32)
     where = native.Geometry.around(x[None], out, (3, 3), (stride, stride, 1, 1), (1, 1))
     finish = native.Epilogue(bias, slope=slope).tiled(ow)
-    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(9, c)), out, where, 1, finish)
+    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(9, c)), out, where, threads, finish)
     expected = _reference(x, (oh, ow), (3, 3), (stride, stride, 1, 1), (1, 1),
                           lambda pixel, ky, kx: pixel * weights[ky, kx], c) + bias
     expected = np.where(expected < 0, expected * slope, expected)
@@ -92,20 +96,7 @@ def test_depthwise_channel_blocks_of_few_rows_match_numpy(loops, h, c, stride):
     """Fewer output rows than two a thread: each row's channels are split into blocks of whole vectors, the
     last block taking what is left (every channel written once, the epilogue's per-channel bias and slope at
     each block's own channels)."""
-    rng = np.random.default_rng(h * c)
-    width = 9
-    x = rng.standard_normal((h, width, c)).astype(np.float32)
-    weights = rng.standard_normal((3, 3, c)).astype(np.float32)
-    bias, slope = rng.standard_normal(c).astype(np.float32), rng.uniform(-1, 2, c).astype(np.float32)
-    oh, ow = -(-h // stride), -(-width // stride)
-    out = np.full((1, oh, ow, c), np.nan, np.float32)
-    where = native.Geometry.around(x[None], out, (3, 3), (stride, stride, 1, 1), (1, 1))
-    finish = native.Epilogue(bias, slope=slope).tiled(ow)
-    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(9, c)), out, where, 8, finish)
-    expected = _reference(x, (oh, ow), (3, 3), (stride, stride, 1, 1), (1, 1),
-                          lambda pixel, ky, kx: pixel * weights[ky, kx], c) + bias
-    expected = np.where(expected < 0, expected * slope, expected)
-    np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
+    _depthwise_3x3_against_numpy(loops, np.random.default_rng(h * c), h, 9, c, stride, 8)
 
 
 @needs_compiler
