@@ -775,6 +775,7 @@ def test_measured_search_stops_a_hopeless_candidate_at_its_first_timed_run():
     assert runs["greedy:slow"] == 3 and slow.status.startswith("stopped after 1 run: over 3.0x")
     assert slow.measured_ms >= 20
     assert runs["greedy:close"] >= 1 + plan_search.MIN_ROUNDS * plan_search.RUNS_PER_ROUND
+    assert close.measured_ms < slow.measured_ms
 
 
 def test_measured_search_compiles_what_still_fits_its_budget():
