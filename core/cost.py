@@ -119,12 +119,15 @@ class DeviceProfile:
         """The roofline part of an op's work: its class's scale up to the largest op the class was fitted to,
         and beyond that the roofline itself (times its kind's known slowness): a slope fitted on small ops is
         mostly their overheads (the H200's LiteRT MEANs: 5-36 us for rooflines of 0.01-0.24 us gave a scale
-        of 85, and MobileNetV2's 1.8 us MEAN an estimate of 84 us for the 5 it took)."""
+        of 85, and MobileNetV2's 1.8 us MEAN an estimate of 84 us for the 5 it took).  On a host whose profile
+        is at n threads, a class slower than its roofline goes on at one thread's roofline at least (its
+        ``thread_speedup``): the H100 host's LiteRT BATCH_MATMULs at 16 threads ran 25x their roofline for ops
+        far beyond the small ones fitted (vit_tiny_block's: 54 us each, estimated 13: the plan at 0.75x)."""
         scale = self.scale(klass)
         reach = _fitted(self.class_reach_ms, klass, float("inf"))
         if roof <= reach:
             return roof * scale
-        return reach * scale + (roof - reach) * min(scale, self.kind_factor(klass))
+        return reach * scale + (roof - reach) * min(scale, max(self.kind_factor(klass), self.thread_speedup))
 
     def scale(self, klass: str | None) -> float:
         """The fitted correction of a class's roofline ("*": fitted on whole partitions, for all classes); a kind

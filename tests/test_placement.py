@@ -1075,7 +1075,8 @@ def test_a_device_on_the_host_cores_never_measured_is_no_faster_than_the_host(pr
 def test_a_slope_fitted_on_small_ops_is_not_extrapolated_past_them(profile_dir):
     """The H200's LiteRT MEANs took 5-36 us for rooflines of 0.01-0.24 us (their overheads), which fitted a
     scale of 85, and MobileNetV2's 1.8 us MEAN was estimated at 84 us for the 5 it took: beyond the largest
-    op a class was fitted to, an op's work grows at its roofline (times its kind's known slowness)."""
+    op a class was fitted to, an op's work grows at its roofline (times its kind's known slowness, or on a host
+    at n threads its one thread's roofline where that is slower)."""
     p = DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0, class_scale={"reduce": 100.0},
                       class_reach_ms={"reduce": 0.001}, kind_scale={"int16": 10.0})
     assert p.compute_ms(0.0, 500.0, "reduce") == pytest.approx(0.05)  # within reach: the fitted line
@@ -1084,6 +1085,11 @@ def test_a_slope_fitted_on_small_ops_is_not_extrapolated_past_them(profile_dir):
     assert p.compute_ms(0.0, 1e6, "reduce/int16") == pytest.approx(0.1 + 0.999 * 10.0)
     assert DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0, class_scale={"reduce": 100.0}
                          ).compute_ms(0.0, 1e6, "reduce") == pytest.approx(100.0)  # a profile never fitted
+    # a host profile at 7 threads: past the reach a slow class goes on at one thread's roofline (vit_tiny_block's
+    # BATCH_MATMULs at 16 threads ran 25x their roofline, far beyond the small ones fitted)
+    p.thread_speedup = 7.0
+    assert p.compute_ms(0.0, 1e6, "reduce") == pytest.approx(0.1 + 0.999 * 7.0)
+    assert p.compute_ms(0.0, 1e6, "reduce/int16") == pytest.approx(0.1 + 0.999 * 10.0)  # its kind's slowness
     graph = chain_problem()
     fitted = DeviceProfile(gflops=1.0, gbytes_per_s=1.0, launch_us=0.0)
     refit(fitted, [Observation(graph.ops, 2.0, {op.index: 0.3 for op in graph.ops})], lambda op: False)
