@@ -6,8 +6,8 @@ op with the ops that must go along): the DEQUANTIZE and DENSIFY ops that make it
 PAD its convolution reads past the borders, the gate MUL or depthwise convolution a 1x1 convolution
 applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
 reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
-storing, the residual ADD a convolution applies to what it stores (with the clamp or PReLU after it, as that ADD's own
-activation), and the product of an 8-bit lookup
+storing, the residual ADD a convolution applies to what it stores (with the clamp or PReLU after it, as that
+ADD's own activation), and the product of an 8-bit lookup
 table op's result with its own input (a swish: one table of the input's 256 values).  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.

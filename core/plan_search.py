@@ -4,8 +4,9 @@ The cost model ranks plans well only as far as its figures are right; a measurem
 Candidates come from the planner (``Planner.candidates``).  Each is compiled (the kernel caches make
 repeats cheap) and run on the same random inputs, in rounds, alternately, so that a busy moment
 does not favour one; after a few rounds a candidate slower than the leader by a clear margin is
-stopped (one over HOPELESS_MARGIN times it at its first timed run).  Everything stays within the time budget.  The decision is stored per model, device and
-placement settings in the user cache, so the next load takes it without measuring.
+stopped (one over HOPELESS_MARGIN times it at its first timed run).  Everything stays within the time
+budget.  The decision is stored per model, device and placement settings in the user cache, so the next
+load takes it without measuring.
 """
 
 from __future__ import annotations
