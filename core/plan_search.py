@@ -170,11 +170,9 @@ def _not_measured(exc: BaseException) -> str:
     return f"not measured: {(what.splitlines() or [''])[0][:160]}"
 
 
-def _hopeless(fastest_ms: float, others: Sequence[Trial], margin: float = HOPELESS_MARGIN) -> bool:
-    """Whether a run of ``fastest_ms`` is over ``margin`` times the median of the fastest of the other trials
-    timed so far."""
-    timed = [float(np.median(t.samples)) for t in others if t.samples]
-    return bool(timed) and fastest_ms > margin * min(timed)
+def _leader_ms(trials: Sequence[Trial], besides: Trial) -> float:
+    """The least median of the trials timed so far other than ``besides`` (inf where none is)."""
+    return min((float(np.median(t.samples)) for t in trials if t is not besides and t.samples), default=np.inf)
 
 
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
@@ -258,18 +256,19 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     live = list(trials)
     for round_ in range(MAX_ROUNDS):
         for trial in live:
+            leader = _leader_ms(live, trial)
             trial.run()
             runs = []
             for _ in range(RUNS_PER_ROUND - 1):
                 t = time.perf_counter()
                 trial.run()
                 runs.append((time.perf_counter() - t) * 1e3)
-                if _hopeless(min(runs), [other for other in live if other is not trial]):
+                if runs[-1] > HOPELESS_MARGIN * leader:
                     break  # one run says enough: its other runs would only spend the budget
             trial.samples.extend(runs)
         margin = STOP_MARGIN if round_ + 1 >= MIN_ROUNDS else HOPELESS_MARGIN
         for trial in list(live):
-            if _hopeless(min(trial.samples), [other for other in live if other is not trial], margin):
+            if min(trial.samples) > margin * _leader_ms(live, trial):
                 live.remove(trial)
                 runs = len(trial.samples)
                 trial.candidate.status = f"stopped after {runs} run{'s' * (runs != 1)}: over {margin}x the leader"
