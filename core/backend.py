@@ -17,7 +17,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from .cost import ACCELERATOR_DEFAULT, DeviceProfile
+from .cost import ACCELERATOR_DEFAULT, DeviceProfile, cost_class
 from .errors import PluginError
 from .ir import Op, Subgraph, Tensor
 from .passes import Group, find_groups
@@ -184,6 +184,12 @@ class Backend(abc.ABC):
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """Estimated time of ``op`` here, or None to let the cost model use its roofline."""
         return None
+
+    def cost_class(self, op: Op) -> str:
+        """The class the cost model estimates ``op`` by and fits its measurements to (``cost.cost_class``: the
+        op's kind of kernel).  A backend running one class through two kinds of kernel names its own kind
+        ("elementwise/step"); a fit without that kind falls back to the class alone."""
+        return cost_class(op)
 
     def default_profile(self) -> DeviceProfile:
         """The cost figures used until ``delegate calibrate`` has measured this device (a host's are per

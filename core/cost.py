@@ -292,7 +292,8 @@ RUN_PRIOR_MS = 1.0  # no host run cost weighs as much as one plan of this time (
 FLOOR_REACH_MS = 0.005
 
 
-def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool]) -> int:
+def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Callable[[Op], bool],
+          classify: Callable[[Op], str] = cost_class) -> int:
     """Add ``observations`` to the profile's measurements and refit ``class_floor_us``, ``class_scale`` and
     ``partition_us`` to all it keeps; returns how many new measurements there were.
 
@@ -301,7 +302,8 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     figure the chains of ``calibrate`` measured is not what ops cost inside a network).  Partitions
     timed only as a whole (the LiteRT engine) give one line for every class: work = ops * floor + scale *
     roofline.  Least squares over everything kept, so each measurement improves estimates of models never
-    measured.  ``free``: ops the backend never runs (folded), which carry no time."""
+    measured.  ``free``: ops the backend never runs (folded), which carry no time; ``classify``: the backend's
+    class of an op (``Backend.cost_class``)."""
     launch = profile.launch_us * 1e-3
     points = profile.fit_points
     added = 0
@@ -327,7 +329,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 if measured is None or roof <= 0:
                     continue
                 # the host's times keep their launch: refit finds it (see above)
-                points.setdefault(cost_class(op), []).append([float(op_steps(op)), roof, measured * share])
+                points.setdefault(classify(op), []).append([float(op_steps(op)), roof, measured * share])
                 added += 1
             if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
                 points.setdefault("partition", []).append([own - timed * share])
@@ -340,11 +342,11 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             own = max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)
             # the scale for all classes is the one of float kernels: the slow kinds' rooflines count as many
             # times as their kernels are slower
-            kinds = sum(roof * profile.kind_factor(cost_class(op)) for op, roof in zip(counted, roofs))
+            kinds = sum(roof * profile.kind_factor(classify(op)) for op, roof in zip(counted, roofs))
             points.setdefault(WHOLE, []).append([float(sum(op_steps(op) for op in counted)), kinds, own])
             classes: dict[str, list[float]] = {}
             for op, roof in zip(counted, roofs):
-                entry = classes.setdefault(cost_class(op), [0.0, 0.0])
+                entry = classes.setdefault(classify(op), [0.0, 0.0])
                 entry[0] += op_steps(op)
                 entry[1] += roof
             points.setdefault(BY_CLASS, []).append([own, *(x for k, (n, r) in sorted(classes.items())

@@ -1181,3 +1181,31 @@ def test_a_work_figure_the_host_clock_cannot_settle_is_taken_from_the_devices_ti
     assert rows == 64 and 0 < seconds < 1.0
     with pytest.raises(MeasurementError, match="did not come out stable"):
         calibrate.work_per_op("the streaming op time", manager.create("cpu", {}), CompileOptions(), pools, (64,), 1e-6)
+
+
+def test_numpy_engine_costs_its_batched_native_ops_apart_from_its_numpy_steps():
+    """The numpy engine runs a float ADD of two like operands inside its partition's batched native call and one
+    broadcasting along a middle axis as a numpy step: two kinds of kernel in one class.  The engine names the
+    step's kind, so a fit of steps (calibrate's transformer blocks: ~10 us each) is not what a MediaPipe
+    model's native ADDs (~1 us) are estimated at, and both lines are fitted from their own ops."""
+    from delegate_cpu.kernels.native import kernel_loops
+    from delegate_cpu.plugin import CpuBackend
+
+    if kernel_loops() is None:
+        pytest.skip("the native loops do not build on this machine (no C compiler)")
+    b = GraphBuilder()
+    x, y, z = b.input("x", (1, 8, 8, 16)), b.input("y", (1, 8, 8, 16)), b.input("z", (1, 8, 8, 1))
+    native = b.op("ADD", [x, y], options={"fused_activation_function": "NONE"})
+    step = b.op("ADD", [native, z], options={"fused_activation_function": "NONE"})
+    b.output(step)
+    ops = read_model(b.to_bytes()).main.ops
+    engine = CpuBackend({"engine": "numpy"})
+    assert [engine.cost_class(op) for op in ops] == ["elementwise", "elementwise/step"]
+    assert [CpuBackend({"engine": "litert"}).cost_class(op) for op in ops] == ["elementwise", "elementwise"]
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+    took = {ops[0].index: 0.001 + profile.roofline_ms(op_flops(ops[0]), op_bytes(ops[0])),
+            ops[1].index: 0.010 + 2 * profile.roofline_ms(op_flops(ops[1]), op_bytes(ops[1]))}
+    refit(profile, [Observation(ops, sum(took.values()), took)], lambda op: False, engine.cost_class)
+    for op in ops:
+        estimate = profile.compute_ms(op_flops(op), op_bytes(op), engine.cost_class(op))
+        assert estimate == pytest.approx(took[op.index], rel=0.1), engine.cost_class(op)

@@ -218,7 +218,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                         for t in mine]
         folded = session.planner.folded(session.graph, name)
         used = refit(profile, observations, lambda op, b=backend: op.index in folded
-                     or b.estimate_ms(op, session.settings.compile) == 0.0)
+                     or b.estimate_ms(op, session.settings.compile) == 0.0, backend.cost_class)
         if store_ops:
             for t in mine:
                 for i, ms in t.op_ms.items():

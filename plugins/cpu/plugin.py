@@ -7,6 +7,7 @@ import logging
 import os
 import platform
 import time
+import weakref
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
@@ -608,7 +609,8 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 
 # Figures per thread (the session multiplies the throughput by the thread count) until `delegate calibrate`
 # runs: what calibrate measured and fitted at one thread on a 2-core AMD EPYC (AVX-512) VM, 2026-12-02, in its
-# least disturbed of several runs.  The kinds' factors (``DeviceProfile.kind_scale``: how many times slower
+# least disturbed of several runs; the numpy engine's "step" kinds (``CpuBackend.cost_class``) from two runs at
+# one thread on a VM of that kind (AVX2), 2026-12-06.  The kinds' factors (``DeviceProfile.kind_scale``: how many times slower
 # than the float kernel of its class) stand until a measurement of the kind is fitted; measured by
 # docs/benchmarks/cpu_kinds.py (chains of one op, and each op of a model timed alone): LiteRT runs int16x8
 # ops, int8 products of two activations and int8 softmax through reference loops, on one thread whatever
@@ -621,9 +623,11 @@ DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
                                         "reduce": 6.3, "elementwise": 0.62, "resize": 1.41, "batch_matmul": 1.69,
-                                        "recurrent": 13.0},
+                                        "recurrent": 13.0, "elementwise/step": 2.1, "layout/step": 0.58,
+                                        "reduce/step": 3.9},
                            class_floor_us={"depthwise": 4.2, "pool": 5.2, "layout": 4.5, "matmul": 6.1, "reduce": 3.4,
-                                           "elementwise": 1.0, "resize": 28.9},
+                                           "elementwise": 1.0, "resize": 28.9, "elementwise/step": 10.0,
+                                           "layout/step": 5.1, "reduce/step": 21.7},
                            kind_scale={"int16": 4.0, "matmul/int16": 15.0, "elementwise/int16": 10.0,
                                        "batch_matmul/int8": 6.5, "recurrent/int8": 22.0},
                            source="default (cpu)"),
@@ -639,6 +643,10 @@ DEFAULT_PROFILES = {
 }
 
 
+# The classes whose ops the numpy engine runs either in its batched native call or as numpy steps (cost_class)
+STEP_CLASSES = frozenset({"elementwise", "layout", "pool", "reduce"})
+
+
 class CpuBackend(Backend):
     name = "cpu"
     layout = "NHWC"
@@ -649,8 +657,9 @@ class CpuBackend(Backend):
         registry.load_all()
         self.options = dict(options or {})
         self.custom: dict[str, registry.Factory] = {}
-        # threads -> (numpy engine's profile, LiteRT's): the estimate of ops LiteRT leaves to the numpy engine
-        self._engine_profiles: dict[int, tuple[DeviceProfile, DeviceProfile]] = {}
+        # threads -> (the numpy engine, its profile, LiteRT's): the estimate of ops LiteRT leaves to the numpy engine
+        self._engine_profiles: dict[int, tuple[Backend, DeviceProfile, DeviceProfile]] = {}
+        self._kinds: weakref.WeakKeyDictionary[Op, str] = weakref.WeakKeyDictionary()  # see cost_class
 
     def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
         self.custom.update(kernels)
@@ -724,6 +733,33 @@ class CpuBackend(Backend):
     def default_profile(self) -> DeviceProfile:
         return DEFAULT_PROFILES["litert" if self.engine == "litert" else "numpy"]
 
+    def cost_class(self, op: Op) -> str:
+        """The numpy engine runs an elementwise, layout, pooling or reduction op either inside its partition's
+        batched native call or as a numpy step of its own (a Python call and a pass or more over memory each):
+        two kinds of kernel, of ~1 and ~6 us a call at 2 threads here, which one line of their class cannot
+        fit (calibrate's transformer blocks' numpy steps put MediaPipe models' native ADDs and clamps at 5-9x
+        their time).  A step is the kind "step"; which one an op is, its kernel says, built as the engine
+        builds it (cheap for these classes: no weights to pack)."""
+        klass = cost_class(op)
+        if self.engine != "numpy" or klass.split("/")[0] not in STEP_CLASSES:
+            return klass
+        kind = self._kinds.get(op)
+        if kind is None:
+            kind = self._kinds[op] = "" if self._runs_batched(op) else "step"
+        return f"{klass}/{kind}" if kind and "/" not in klass else klass
+
+    def _runs_batched(self, op: Op) -> bool:
+        """Whether the numpy engine's kernel of ``op`` is a prepared native call (batched_steps takes it)."""
+        factory = registry.find_kernel(op, self.custom)
+        if factory is None:
+            return False
+        try:
+            with kernel_threads(1, self.options.get("native", True), 1):
+                run = factory(op)
+        except Exception:  # a kernel that cannot be built is costed as a step; compile says why it fails
+            return False
+        return getattr(run, "prepared", None) is not None
+
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """With the LiteRT engine, a custom op LiteRT's kernels lack runs on the numpy engine between stretches
         of LiteRT (``SegmentedCompiled``): the numpy engine's estimate of it (its profile at the plan's threads),
@@ -737,10 +773,10 @@ class CpuBackend(Backend):
         profiles = self._engine_profiles.get(threads)
         if profiles is None:
             numpy_engine = CpuBackend({**self.options, "engine": "numpy"})
-            profiles = self._engine_profiles[threads] = (host_profile(numpy_engine, threads),
+            profiles = self._engine_profiles[threads] = (numpy_engine, host_profile(numpy_engine, threads),
                                                          host_profile(self, threads))
-        numpy_profile, litert_profile = profiles
-        own = numpy_profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op), op_steps(op))
+        numpy_engine, numpy_profile, litert_profile = profiles
+        own = numpy_profile.compute_ms(op_flops(op), op_bytes(op), numpy_engine.cost_class(op), op_steps(op))
         moved = sum(t.nbytes for t in (*op.inputs, *op.outputs) if t is not None and not known_at_compile_time(t))
         return own + 2 * moved / (litert_profile.gbytes_per_s * 1e9) * 1e3
 
