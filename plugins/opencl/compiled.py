@@ -66,9 +66,10 @@ class ClCompiled(CompiledPartition):
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
                  plan_source: str = "planned", native: bool = True, build_threads: int = 1,
-                 wait_limit: WaitLimit | None = None):
+                 wait_limit: WaitLimit | None = None, pinned_inputs: bool | None = None):
         """``build_threads``: programs the kernels may be split into, built at once (1: one program);
-        ``wait_limit``: the backend's, which bounds the waits for this partition's runs."""
+        ``wait_limit``: the backend's, which bounds the waits for this partition's runs; ``pinned_inputs``:
+        whether inputs go through pinned host arrays (None: where the device has memory of its own)."""
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
         self.wait_limit = wait_limit or WaitLimit()
         self.build_threads, self.programs = build_threads, 0
@@ -85,10 +86,13 @@ class ClCompiled(CompiledPartition):
         self.launches = bound[:len(plan.launches)]
         bound_converters = iter(bound[len(plan.launches):])
         tensors = {t.index: t for t in partition.graph.tensors}
+        self.pinned_inputs = own_memory(device) if pinned_inputs is None else pinned_inputs
+        pin = self.wait_limit if self.pinned_inputs else None
         boundaries = [Boundary(tensors[t.index], self.buffers[t.buffer],
                                None if t.staging is None else self.buffers[t.staging],
                                *(next(bound_converters) if t.convert else ()), host_dtype=np.dtype(t.host_dtype),
-                               host_layout=t.host_layout) for t in crossings]
+                               host_layout=t.host_layout, pin_within=pin if i < len(plan.inputs) else None)
+                      for i, t in enumerate(crossings)]
         self.inputs, self.outputs = boundaries[:len(plan.inputs)], boundaries[len(plan.inputs):]
         self.prepared, self.enqueue_reason = self._prepare(native)
 
@@ -281,8 +285,20 @@ class ClCompiled(CompiledPartition):
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": sum(b.nbytes for b in self.plan.buffers),
             "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
+            "host_inputs": (sorted({b.host_kind for b in self.inputs if b.host_kind}) or "none written yet")
+            if self.pinned_inputs else "from the caller's memory (the device shares the host's)",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
+
+
+def own_memory(device) -> bool:
+    """Whether the device has memory of its own (a discrete GPU), where a copy from pinned host memory is a DMA
+    and one from pageable memory goes through the driver's staging; a device sharing the host's memory (PoCL,
+    an integrated GPU) reads the caller's array as it is."""
+    try:
+        return not device.device.host_unified_memory
+    except Exception:  # a driver without the query (deprecated since OpenCL 2.0): taken as discrete
+        return True
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:
