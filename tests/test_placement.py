@@ -356,6 +356,8 @@ def test_tune_leaves_a_plan_out_of_learning_when_profiling_it_would_overrun_the_
     assert tuned["not_profiled"] == ["greedy:fakegpu"]
     assert {p["plan"] for p in tuned["partitions"]} == {"cpu"}
     assert tuned["search_seconds"] <= tuned["seconds"]
+    # the budget is the whole command's: the search gets it less the learning pass's share
+    assert tuned["budget_seconds"] == 0.5 and tuned["search_budget_seconds"] == 0.4
 
 
 def test_fp16_allowed_is_not_fp16_obliged(profile_dir):
