@@ -44,7 +44,9 @@ def op_class(op: Op) -> str:
 def cost_class(op: Op) -> str:
     """The op's class and, where it computes in integers or on quantized weights, its kind ("conv/int8",
     "conv/int16", "matmul/hybrid"): engines run those through other kernels (LiteRT's int16 kernels are
-    reference loops, tens of times slower).  A fit without the kind falls back to the class alone."""
+    reference loops, tens of times slower); a float layout op moving its data in runs shorter than
+    SHORT_RUN_BYTES on average is the kind "strided" (see ``contiguous_runs``).  A fit without the kind falls
+    back to the class alone."""
     x = op.inputs[0] if op.inputs else None
     kind = ""
     if x is not None and x.dtype.name in ("int8", "uint8", "int16"):
@@ -52,7 +54,43 @@ def cost_class(op: Op) -> str:
     elif x is not None and x.dtype.name.startswith("float") and any(
             t is not None and t.is_constant and t.dtype.name == "int8" and t.quantization for t in op.inputs[1:]):
         kind = "hybrid"
+    elif op_class(op) == "layout" and op.outputs and 1 < contiguous_runs(op) and \
+            op.outputs[0].nbytes < SHORT_RUN_BYTES * contiguous_runs(op):
+        kind = "strided"
     return f"{op_class(op)}/{kind}" if kind else op_class(op)
+
+
+# a copy in contiguous runs shorter than this on average costs per run more than per byte
+SHORT_RUN_BYTES = 1024
+
+
+def contiguous_runs(op: Op) -> int:
+    """How many contiguous pieces a layout op copies its data in: 1 for a RESHAPE or a CONCATENATION of whole
+    blocks, a piece per pixel for a PAD, CONCATENATION or SPLIT along the channels, many for a TRANSPOSE.
+    Engines copy piece by piece: on an H100 host LiteRT's channel PADs of MediaPipe's detectors took 10-130 us
+    at 16 threads for rooflines of 0.3-5.5 us, its RESHAPEs about their roofline."""
+    data = [t for t in op.inputs if t is not None and not t.is_constant]
+    out = op.outputs[0] if op.outputs else None
+    if not data or out is None or not out.shape:
+        return 1
+    x = max(data, key=lambda t: t.size)
+    code, rank = op.opcode, len(out.shape)
+    if code == "TRANSPOSE":
+        perm = op.inputs[1].data if len(op.inputs) > 1 and op.inputs[1] is not None else None
+        moved = perm is None or list(np.asarray(perm).reshape(-1)) != list(range(rank))
+        return max(out.size // max(out.shape[-1], 1), 1) if moved else 1
+    if code in ("CONCATENATION", "PACK"):
+        axis = int(op.options.get("axis", 0)) % rank
+        return int(np.prod(out.shape[:axis], dtype=np.int64))
+    if code == "GATHER":
+        axis = int(op.options.get("axis", 0)) % max(len(x.shape), 1)
+        return max(out.size // max(int(np.prod(x.shape[axis + 1:], dtype=np.int64)), 1), 1)
+    if len(x.shape) != rank:  # UNPACK, or a RESHAPE: whole blocks either way but for UNPACK's inner axes
+        axis = int(op.options.get("axis", 0)) % max(len(x.shape), 1) if code == "UNPACK" else 0
+        return int(np.prod(x.shape[:axis], dtype=np.int64))
+    # PAD, SLICE, SPLIT...: pieces of the innermost axis whose extent changes, one per position of the axes before
+    changed = [k for k in range(rank) if x.shape[k] != out.shape[k]]
+    return int(np.prod(out.shape[:changed[-1]], dtype=np.int64)) if changed else 1
 
 
 @dataclass

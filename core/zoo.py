@@ -298,6 +298,41 @@ def yolo_tiny(classes: int = 20, size: int = 416, seed: int = 4) -> bytes:
     return b.to_bytes()
 
 
+@register("blazeface")
+def blazeface(size: int = 128, anchors: int = 2, seed: int = 7) -> bytes:
+    """BlazeFace-style detector, as MediaPipe's face, palm and pose detectors are laid out: 5x5 depthwise blocks
+    whose shortcut is max-pooled where the block strides and zero-padded along the channels where it widens
+    (PAD of the last axis), a residual ADD and ReLU, then box and score heads on two scales reshaped and
+    concatenated."""
+    net = _Net(seed)
+    b = net.b
+    x = b.input("input", (1, size, size, 3))
+    y = net.conv(x, 24, k=5, stride=2, act="RELU")
+
+    def block(t, out_c: int, stride: int):
+        shortcut = net.max_pool(t) if stride == 2 else t
+        in_c = t.shape[-1]
+        if out_c > in_c:
+            pads = np.array([[0, 0], [0, 0], [0, 0], [0, out_c - in_c]], np.int32)
+            shortcut = b.op("PAD", [shortcut, b.const(net._name("paddings"), pads)], name=net._name("pad"))
+        t = net.conv(net.depthwise(t, k=5, stride=stride, act="NONE"), out_c, k=1, act="NONE")
+        return net.add(t, shortcut, act="RELU")
+
+    for out_c, stride in [(24, 1), (28, 1), (32, 2), (36, 1), (42, 1), (48, 2), (56, 1), (64, 1), (72, 1),
+                          (80, 1), (88, 1)]:
+        y = block(y, out_c, stride)
+    small = y
+    for out_c, stride in [(96, 2), (96, 1), (96, 1), (96, 1), (96, 1)]:
+        y = block(y, out_c, stride)
+    boxes, scores = [], []
+    for f in (small, y):
+        cells = f.shape[1] * f.shape[2] * anchors
+        scores.append(net.reshape(net.conv(f, anchors, k=1, act="NONE"), (1, cells, 1)))
+        boxes.append(net.reshape(net.conv(f, anchors * 16, k=1, act="NONE"), (1, cells, 16)))
+    b.output(net.concat(boxes, axis=1), net.concat(scores, axis=1))
+    return b.to_bytes()
+
+
 @register("transformer_block")
 def transformer_block(tokens: int = 64, width: int = 128, heads: int = 4, seed: int = 5) -> bytes:
     """One pre-norm transformer encoder block: layer norm, multi-head self-attention, GELU MLP."""

@@ -320,5 +320,5 @@ def test_load_takes_zoo_names_like_the_cli():
     got = session.run({session.graph.inputs[0].name: x})
     for want, have in zip(expected, got.values()):
         np.testing.assert_allclose(have, want, atol=1e-4 * (np.ptp(want) + 1e-6))
-    with pytest.raises(delegate.ModelFormatError, match="unknown zoo model 'nope'; known: deeplab_v3"):
+    with pytest.raises(delegate.ModelFormatError, match="unknown zoo model 'nope'; known: blazeface, deeplab_v3"):
         delegate.load("zoo:nope")

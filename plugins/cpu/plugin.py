@@ -659,7 +659,7 @@ class CpuBackend(Backend):
         self.custom: dict[str, registry.Factory] = {}
         # threads -> (the numpy engine, its profile, LiteRT's): the estimate of ops LiteRT leaves to the numpy engine
         self._engine_profiles: dict[int, tuple[Backend, DeviceProfile, DeviceProfile]] = {}
-        self._kinds: weakref.WeakKeyDictionary[Op, str] = weakref.WeakKeyDictionary()  # see cost_class
+        self._steps: weakref.WeakKeyDictionary[Op, bool] = weakref.WeakKeyDictionary()  # see cost_class
 
     def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
         self.custom.update(kernels)
@@ -741,12 +741,13 @@ class CpuBackend(Backend):
         their time).  A step is the kind "step"; which one an op is, its kernel says, built as the engine
         builds it (cheap for these classes: no weights to pack)."""
         klass = cost_class(op)
-        if self.engine != "numpy" or klass.split("/")[0] not in STEP_CLASSES:
-            return klass
-        kind = self._kinds.get(op)
-        if kind is None:
-            kind = self._kinds[op] = "" if self._runs_batched(op) else "step"
-        return f"{klass}/{kind}" if kind and "/" not in klass else klass
+        base, _, kind = klass.partition("/")
+        if self.engine != "numpy" or base not in STEP_CLASSES or kind not in ("", "strided"):
+            return klass  # integer kinds keep theirs
+        step = self._steps.get(op)
+        if step is None:
+            step = self._steps[op] = not self._runs_batched(op)
+        return f"{base}/step" if step else klass
 
     def _runs_batched(self, op: Op) -> bool:
         """Whether the numpy engine's kernel of ``op`` is a prepared native call (batched_steps takes it)."""

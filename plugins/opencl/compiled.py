@@ -23,7 +23,7 @@ from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
 from delegate.gpu.precision import Precision
 from delegate.gpu.precision import choose_precision as kit_precision
 
-from .enqueue import PreparedLaunches, native_enqueue
+from .enqueue import PreparedLaunches, flush_points, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
 from .program import variant_of
@@ -33,6 +33,9 @@ from .values import Boundary, ClValue, ReadbackBatch, WaitLimit, fill_input
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
+# The queue is flushed after a partition's first kernel and then after every FLUSH_EVERY-th (0: only when a run's
+# outputs are read), so the device starts while the host is still enqueueing (enqueue.flush_points).
+FLUSH_EVERY = 0
 
 
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
@@ -105,7 +108,7 @@ class ClCompiled(CompiledPartition):
         loaded = native_enqueue(self.device.cl)
         if isinstance(loaded, str):
             return None, loaded
-        return PreparedLaunches(loaded, self.launches), ""
+        return PreparedLaunches(loaded, self.launches, flush_points(len(self.launches), FLUSH_EVERY)), ""
 
     def _buffer(self, spec: BufferSpec):
         """A device buffer for ``spec``: a constant's bytes copied in, anything else zero-filled."""
