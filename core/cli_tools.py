@@ -235,6 +235,7 @@ def cmd_bench(args) -> int:
         "partition_times": [{"partition": t.index, "backend": t.backend, "estimated_ms": round(estimates[t.index], 4),
                              "measured_ms": round(t.ms, 4), "host_ms": round(t.host_ms, 4),
                              "resident_ms": _rounded(t.resident_ms), "boundary_ms": _rounded(t.boundary_ms),
+                             "ops_ms": round(sum(t.op_ms.values()), 4) if t.op_ms else None,
                              "op_times": t.op_source} for t in timings],
         # every partition run once with its inputs and outputs on its device, summed; None unless each has one
         "resident_ms": (round(sum(t.resident_ms for t in timings), 4)
@@ -286,11 +287,13 @@ def cmd_bench(args) -> int:
     c.print(table("partitions (each timed alone: inputs staged on its device, outputs read back; host ms: until "
                   "run() returns, i.e. a queued device's enqueue/encode time; resident ms: a run on inputs already "
                   "on the device, outputs left there; boundary ms: device time of the host copies and layout "
-                  "conversions)",
-                  ["#", "backend", "estimated ms", "measured ms", "host ms", "resident ms", "boundary ms", "op times"],
+                  "conversions; ops ms: its ops' times summed, as its op timer measured them: on a device, the "
+                  "kernels' own time, so resident ms less ops ms is what the host's work and the waits add)",
+                  ["#", "backend", "estimated ms", "measured ms", "host ms", "resident ms", "boundary ms", "ops ms",
+                   "op times"],
                   [[r["partition"], r["backend"], f"{r['estimated_ms']:.4f}", f"{r['measured_ms']:.4f}",
                     f"{r['host_ms']:.4f}", _fmt_ms(r["resident_ms"], 4), _fmt_ms(r["boundary_ms"], 4),
-                    r["op_times"]] for r in doc["partition_times"]]))
+                    _fmt_ms(r["ops_ms"], 4), r["op_times"]] for r in doc["partition_times"]]))
     if doc["top_ops"]:
         c.print(table("top-5 ops by measured time", ["op", "code", "backend", "ms", "measured by"],
                       [[r["op"], r["opcode"], r["backend"], f"{r['ms']:.4f}", r["source"]] for r in doc["top_ops"]]))
