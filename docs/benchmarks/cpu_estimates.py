@@ -19,15 +19,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from delegate import zoo
+
 ROOT = Path(__file__).resolve().parents[2]
-ZOO = ("mobilenet_v1", "mobilenet_v2", "deeplab_v3", "mobilenet_ssd", "posenet", "yolo_tiny", "transformer_block")
 MEDIAPIPE = Path.home() / ".cache/delegate-tests/mediapipe-0.10.21"
 
 
 def corpus() -> list[str]:
     fixtures = sorted(str(p) for p in (ROOT / "tests/fixtures/converter").glob("*.tflite")
                       if not p.stem.endswith("_buffer_offset"))
-    return fixtures + [f"zoo:{n}" for n in ZOO] + sorted(str(p) for p in MEDIAPIPE.glob("*.tflite"))
+    return fixtures + [f"zoo:{n}" for n in sorted(zoo.ZOO)] + sorted(str(p) for p in MEDIAPIPE.glob("*.tflite"))
 
 
 def delegate(args: list[str], profiles: str) -> subprocess.CompletedProcess:

@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from delegate import zoo
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "edge.yaml"
-ZOO = ("mobilenet_v1", "mobilenet_v2", "deeplab_v3", "mobilenet_ssd", "posenet", "yolo_tiny", "transformer_block")
 
 
 def litert_runs(path: Path) -> bool:
@@ -39,7 +40,7 @@ def corpus() -> list[str]:
     mediapipe = sorted(str(p) for p in (Path.home() / ".cache/delegate-tests/mediapipe-0.10.21").glob("*.tflite")
                        if litert_runs(p))
     fixtures = sorted(str(p) for p in (ROOT / "tests/fixtures/converter").glob("*.tflite") if litert_runs(p))
-    return mediapipe + [f"zoo:{name}" for name in ZOO] + fixtures
+    return mediapipe + [f"zoo:{name}" for name in sorted(zoo.ZOO)] + fixtures
 
 
 def ratio_to_cpu(model: str, runs: int = 20) -> float:
