@@ -83,34 +83,6 @@ def test_opencl_reads_into_pinned_memory_and_falls_back_to_pageable(monkeypatch)
     assert kind.startswith("pageable (mapping a pinned buffer failed: clEnqueueMapBuffer failed")
 
 
-@pytest.mark.parametrize("model", ["two_outputs", "first_conv"])
-def test_opencl_writes_inputs_through_pinned_arrays_where_the_device_has_its_own_memory(model):
-    """On a device of its own memory each input goes through a pinned host array made once: the values of each
-    run reach the device, also when runs follow one another without a read between (the next run's values wait
-    for the last copy out of the array), from a float input converted on the device and from one the first
-    convolution reads in host order.  PoCL shares the host's memory: there the caller's array is copied as it
-    is, and describe() says which."""
-    from delegate_opencl.compiled import ClCompiled
-
-    backend = backend_of("opencl")
-    graph = read_model(two_outputs() if model == "two_outputs" else conv_then_relu(np.random.default_rng(0))).main
-    shape = graph.inputs[0].shape
-    ref = backend.compile(make_partition(graph, graph.ops, "opencl", 0), CompileOptions())
-    assert ref.describe()["host_inputs"] == "from the caller's memory (the device shares the host's)"
-    pinned = ClCompiled(ref.device, make_partition(graph, graph.ops, "opencl", 0), ref.plan, ref.precision,
-                        CompileOptions(), pinned_inputs=True)
-    rng = np.random.default_rng(7)
-    first = graph.outputs[0].index
-    for read_between in (True, False, True):
-        batches = [normal(rng, shape).astype(np.float32) for _ in range(2 if not read_between else 1)]
-        for data in batches:
-            values = pinned.run({graph.inputs[0].index: backend.to_device(data)})
-        got = backend.to_host(values[first]).copy()
-        reference = ref.run({graph.inputs[0].index: backend.to_device(batches[-1])})
-        np.testing.assert_allclose(got, backend.to_host(reference[first]), rtol=1e-6, atol=1e-6)
-    assert pinned.describe()["host_inputs"] == ["pinned (mapped CL_MEM_ALLOC_HOST_PTR)"]
-
-
 def test_opencl_reads_back_only_the_hinted_outputs():
     """With the hint naming one output, the first read brings that one alone; the other still comes back
     when asked for, correct."""

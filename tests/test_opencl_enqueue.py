@@ -77,21 +77,6 @@ def test_the_native_call_enqueues_every_kernel_and_agrees_with_litert(monkeypatc
 
 
 @needs_native
-def test_flushing_the_queue_between_launches_changes_no_result():
-    """The queue flushed after chosen launches (the device starting on the first kernels while the host enqueues
-    the rest) runs the same kernels in the same order: the outputs are the same bits."""
-    backend, g, compiled, _, inputs = compiled_chain()
-    plain = outputs(backend, g, compiled, inputs)
-    count = len(compiled.launches)
-    assert enqueue.flush_points(count, 0) == [] and enqueue.flush_points(1, 1) == []
-    assert enqueue.flush_points(10, 4) == [0, 3, 7]
-    compiled.prepared = enqueue.PreparedLaunches(compiled.prepared.native, compiled.launches, range(count))
-    assert list(compiled.prepared.flush_after) == [1] * count
-    for first, second in zip(plain, outputs(backend, g, compiled, inputs)):
-        np.testing.assert_array_equal(first, second)
-
-
-@needs_native
 def test_a_failing_launch_raises_what_pyopencl_raises():
     backend, g, compiled, _, inputs = compiled_chain()
     cl = backend.state.cl

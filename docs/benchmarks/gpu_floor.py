@@ -4,7 +4,7 @@ and with inputs and outputs left on the device.
     python3 docs/benchmarks/gpu_floor.py OUT.jsonl MODEL... [--threads 16] [--rounds 10] [--torch]
 
 Per model, in one process: each configuration (OpenCL and WebGPU taking every op they support, at fp32 and
-fp16, OpenCL at fp32 with its inputs copied from pageable memory, and the shipped defaults) and LiteRT's CPU interpreter are loaded side by side and timed in rounds, in a
+fp16, and the shipped defaults) and LiteRT's CPU interpreter are loaded side by side and timed in rounds, in a
 new shuffled order each round (so drift is shared); each configuration's device-resident time is its
 partitions run on inputs already on the device (`measure.profile_partitions`), summed.  Init: the session's
 construction and first run with a new serialization dir (cold), then again from that dir (cached).  LiteRT's
@@ -27,8 +27,7 @@ from delegate.inputs import make_inputs
 from delegate.tools.measure import profile_partitions, samples_ms
 from delegate.tools.reference import litert_cpu
 
-CONFIGS = [("opencl", "fp32"), ("opencl-pageable", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"),
-           ("defaults", "fp16")]
+CONFIGS = [("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"), ("defaults", "fp16")]
 RUNS_PER_ROUND = 4
 
 LITERT_GPU_CHILD = """
@@ -95,17 +94,8 @@ print(json.dumps({"cuda_graph_ms": timed(resident), "cuda_graph_with_copies_ms":
 def overrides(config: str, precision: str) -> dict:
     if config == "defaults":
         return {"precision": precision}
-    return {"precision": precision, "backends": f"[{config.split('-')[0]},cpu]", "partitioner": "greedy",
+    return {"precision": precision, "backends": f"[{config},cpu]", "partitioner": "greedy",
             "placement.search": "estimate"}
-
-
-def pageable_inputs(session) -> None:
-    """OpenCL's inputs copied from the caller's pageable memory, not through pinned arrays (the comparison)."""
-    for compiled in session.executor.compiled:
-        for boundary in getattr(compiled, "inputs", ()):
-            boundary.pin_within = None
-        if hasattr(compiled, "pinned_inputs"):
-            compiled.pinned_inputs = False
 
 
 def load_timed(model: str, config: str, precision: str, cache_dir: str) -> tuple:
@@ -113,8 +103,6 @@ def load_timed(model: str, config: str, precision: str, cache_dir: str) -> tuple
     start = time.perf_counter()
     kwargs = {**overrides(config, precision), "serialization.dir": cache_dir}
     session = delegate.load(model, None, **kwargs)  # the built-in config is configs/edge.yaml
-    if config.endswith("-pageable"):
-        pageable_inputs(session)
     inputs = session.normalize_inputs(make_inputs(session.graph, None))
     session.run_indexed(inputs)
     return session, inputs, (time.perf_counter() - start) * 1e3

@@ -23,7 +23,7 @@ from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
 from delegate.gpu.precision import Precision
 from delegate.gpu.precision import choose_precision as kit_precision
 
-from .enqueue import PreparedLaunches, flush_points, native_enqueue
+from .enqueue import PreparedLaunches, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
 from .program import variant_of
@@ -33,9 +33,6 @@ from .values import Boundary, ClValue, ReadbackBatch, WaitLimit, fill_input
 LOCAL_SIZES = ((8, 8, 1), (16, 4, 1), (32, 2, 1), (4, 4, 4), (64, 1, 1), (16, 1, 4))
 TUNE_REPEATS = 3
 DEFAULT_GROUP = 64
-# The queue is flushed after a partition's first kernel and then after every FLUSH_EVERY-th (0: only when a run's
-# outputs are read), so the device starts while the host is still enqueueing (enqueue.flush_points).
-FLUSH_EVERY = 0
 
 
 def choose_precision(requested: str, device_has_fp16: bool) -> Precision:
@@ -69,10 +66,9 @@ class ClCompiled(CompiledPartition):
 
     def __init__(self, device, partition: Partition, plan: KernelPlan, precision: Precision, options: CompileOptions,
                  plan_source: str = "planned", native: bool = True, build_threads: int = 1,
-                 wait_limit: WaitLimit | None = None, pinned_inputs: bool | None = None):
+                 wait_limit: WaitLimit | None = None):
         """``build_threads``: programs the kernels may be split into, built at once (1: one program);
-        ``wait_limit``: the backend's, which bounds the waits for this partition's runs; ``pinned_inputs``:
-        whether inputs go through pinned host arrays (None: where the device has memory of its own)."""
+        ``wait_limit``: the backend's, which bounds the waits for this partition's runs."""
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
         self.wait_limit = wait_limit or WaitLimit()
         self.build_threads, self.programs = build_threads, 0
@@ -89,13 +85,10 @@ class ClCompiled(CompiledPartition):
         self.launches = bound[:len(plan.launches)]
         bound_converters = iter(bound[len(plan.launches):])
         tensors = {t.index: t for t in partition.graph.tensors}
-        self.pinned_inputs = own_memory(device) if pinned_inputs is None else pinned_inputs
-        pin = self.wait_limit if self.pinned_inputs else None
         boundaries = [Boundary(tensors[t.index], self.buffers[t.buffer],
                                None if t.staging is None else self.buffers[t.staging],
                                *(next(bound_converters) if t.convert else ()), host_dtype=np.dtype(t.host_dtype),
-                               host_layout=t.host_layout, pin_within=pin if i < len(plan.inputs) else None)
-                      for i, t in enumerate(crossings)]
+                               host_layout=t.host_layout) for t in crossings]
         self.inputs, self.outputs = boundaries[:len(plan.inputs)], boundaries[len(plan.inputs):]
         self.prepared, self.enqueue_reason = self._prepare(native)
 
@@ -108,7 +101,7 @@ class ClCompiled(CompiledPartition):
         loaded = native_enqueue(self.device.cl)
         if isinstance(loaded, str):
             return None, loaded
-        return PreparedLaunches(loaded, self.launches, flush_points(len(self.launches), FLUSH_EVERY)), ""
+        return PreparedLaunches(loaded, self.launches), ""
 
     def _buffer(self, spec: BufferSpec):
         """A device buffer for ``spec``: a constant's bytes copied in, anything else zero-filled."""
@@ -288,20 +281,8 @@ class ClCompiled(CompiledPartition):
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
             "device_bytes": sum(b.nbytes for b in self.plan.buffers),
             "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
-            "host_inputs": (sorted({b.host_kind for b in self.inputs if b.host_kind}) or "none written yet")
-            if self.pinned_inputs else "from the caller's memory (the device shares the host's)",
             "buffer_bytes": self.plan.buffer_bytes(),
         }
-
-
-def own_memory(device) -> bool:
-    """Whether the device has memory of its own (a discrete GPU), where a copy from pinned host memory is a DMA
-    and one from pageable memory goes through the driver's staging; a device sharing the host's memory (PoCL,
-    an integrated GPU) reads the caller's array as it is."""
-    try:
-        return not device.device.host_unified_memory
-    except Exception:  # a driver without the query (deprecated since OpenCL 2.0): taken as discrete
-        return True
 
 
 def default_local(global_size: tuple[int, ...]) -> tuple[int, ...]:

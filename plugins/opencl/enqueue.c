@@ -20,21 +20,15 @@ typedef cl_int (*enqueue_nd_range_kernel)(cl_command_queue queue, cl_kernel kern
                                           const size_t *local_size, cl_uint events_in_wait_list,
                                           const cl_event *event_wait_list, cl_event *event);
 
-typedef cl_int (*flush_queue)(cl_command_queue queue);
-
 /* Enqueues count kernels in order, with no events: kernel i with dims[i] dimensions of global[3i..]
-   and local[3i..] (no local size, the driver's choice, where has_local[i] is 0), the queue flushed
-   after kernel i where flush_after[i] is 1 (the device starts on what is queued while the rest is
-   enqueued).  Returns CL_SUCCESS, or the first error code with the failing launch's index in *failed
-   (nothing after it is enqueued). */
-cl_int enqueue_launches(enqueue_nd_range_kernel enqueue, flush_queue flush, cl_command_queue queue,
-                        const cl_kernel *kernels, const cl_uint *dims, const size_t *global, const size_t *local,
-                        const uint8_t *has_local, const uint8_t *flush_after, int64_t count, int64_t *failed) {
+   and local[3i..] (no local size, the driver's choice, where has_local[i] is 0).  Returns CL_SUCCESS,
+   or the first error code with the failing launch's index in *failed (nothing after it is enqueued). */
+cl_int enqueue_launches(enqueue_nd_range_kernel enqueue, cl_command_queue queue, const cl_kernel *kernels,
+                        const cl_uint *dims, const size_t *global, const size_t *local,
+                        const uint8_t *has_local, int64_t count, int64_t *failed) {
     for (int64_t i = 0; i < count; ++i) {
         cl_int status = enqueue(queue, kernels[i], dims[i], NULL, global + 3 * i,
                                 has_local[i] ? local + 3 * i : NULL, 0, NULL, NULL);
-        if (status == 0 && flush_after[i])
-            status = flush(queue);
         if (status != 0) {
             *failed = i;
             return status;
@@ -43,6 +37,7 @@ cl_int enqueue_launches(enqueue_nd_range_kernel enqueue, flush_queue flush, cl_c
     return 0;
 }
 
+typedef cl_int (*flush_queue)(cl_command_queue queue);
 typedef cl_int (*get_event_info)(cl_event event, cl_uint name, size_t size, void *value, size_t *size_ret);
 
 #define CL_EVENT_COMMAND_EXECUTION_STATUS 0x11D3

@@ -35,7 +35,7 @@ class NativeEnqueue:
 
     def __init__(self, library: ctypes.CDLL, enqueue_address: int, flush_address: int, info_address: int):
         self.call = library.enqueue_launches
-        self.call.argtypes = [ctypes.c_void_p] * 9 + [_INT64, ctypes.POINTER(_INT64)]
+        self.call.argtypes = [ctypes.c_void_p] * 7 + [_INT64, ctypes.POINTER(_INT64)]
         self.call.restype = ctypes.c_int32
         self.enqueue_address = enqueue_address
         self.wait_call = library.wait_event
@@ -91,16 +91,12 @@ def loader_function(cl, name: str) -> int | None:
 
 
 class PreparedLaunches:
-    """A partition's launches as enqueue.c takes them, built once; the kernels stay referenced here.
-    ``flushes``: the launches after which the queue is flushed (see ``flush_points``)."""
+    """A partition's launches as enqueue.c takes them, built once; the kernels stay referenced here."""
 
-    def __init__(self, native: NativeEnqueue, launches: Sequence[tuple[Any, tuple, tuple | None]],
-                 flushes: Sequence[int] = ()):
+    def __init__(self, native: NativeEnqueue, launches: Sequence[tuple[Any, tuple, tuple | None]]):
         self.native, self.launches = native, list(launches)
         count = len(self.launches)
         self.count = count
-        self.flushes = sorted(set(flushes))
-        self.flush_after = (ctypes.c_uint8 * count)(*(i in self.flushes for i in range(count)))
         self.kernels = (ctypes.c_void_p * count)(*(kernel.int_ptr for kernel, _, _ in self.launches))
         self.dims = (ctypes.c_uint32 * count)(*(len(size) for _, size, _ in self.launches))
         self.global_sizes = (ctypes.c_size_t * (3 * count))(*_padded(size for _, size, _ in self.launches))
@@ -112,19 +108,10 @@ class PreparedLaunches:
 
     def enqueue(self, cl, queue) -> None:
         """Enqueue every launch on ``queue``; a failure raises what pyopencl would have raised for it."""
-        status = self.native.call(self.native.enqueue_address, self.native.flush_address, queue.int_ptr,
-                                  self.kernels, self.dims, self.global_sizes, self.local_sizes, self.has_local,
-                                  self.flush_after, self.count, self.failed_ref)
+        status = self.native.call(self.native.enqueue_address, queue.int_ptr, self.kernels, self.dims,
+                                  self.global_sizes, self.local_sizes, self.has_local, self.count, self.failed_ref)
         if status:
             raise cl_error(cl, "clEnqueueNDRangeKernel", status)
-
-
-def flush_points(count: int, every: int) -> list[int]:
-    """Launches after which to flush the queue: after the first, then every ``every``-th (0: never), so the
-    device starts on the first kernel while the host enqueues the others."""
-    if every <= 0 or count < 2:
-        return []
-    return [i for i in range(count - 1) if i == 0 or i % every == every - 1]
 
 
 def _ns(seconds: float) -> int:

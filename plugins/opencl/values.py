@@ -31,23 +31,22 @@ from delegate.plugin_api import DType, Quantization, Tensor
 from .enqueue import native_enqueue
 
 
-def host_array(cl, context, queue, shape: tuple[int, ...], limit: "WaitLimit",
-               dtype: np.dtype = np.dtype(np.float32)) -> tuple[np.ndarray, Any, str]:
-    """A host array of ``shape`` for copies to and from the device: (array, its OpenCL buffer or None, kind).
+def host_array(cl, context, queue, shape: tuple[int, ...], limit: "WaitLimit") -> tuple[np.ndarray, Any, str]:
+    """A float32 host array of ``shape`` for reads from the device: (array, its OpenCL buffer or None, kind).
 
     Pinned where the driver can map an ``ALLOC_HOST_PTR`` buffer (it stays mapped for the array's life; no
-    command ever names that buffer, only the mapped memory, so the mapping is never in the way); else ordinary
-    pageable memory, and the kind says why.  The mapping waits its turn in the queue, within ``limit``."""
+    kernel ever uses that buffer, so the mapping is never in the way); else ordinary pageable memory, and
+    the kind says why.  The mapping waits its turn in the queue, within ``limit``."""
     if math.prod(shape) == 0:
-        return np.empty(shape, dtype), None, "pageable (empty tensor)"
+        return np.empty(shape, np.float32), None, "pageable (empty tensor)"
     try:
         buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                           dtype.itemsize * math.prod(shape))
+                           4 * math.prod(shape))
         array, mapped = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape,
-                                              dtype, is_blocking=False)
+                                              np.float32, is_blocking=False)
         wait_within(cl, queue, mapped, limit, [array])
     except cl.Error as exc:
-        return np.empty(shape, dtype), None, f"pageable (mapping a pinned buffer failed: {exc})"
+        return np.empty(shape, np.float32), None, f"pageable (mapping a pinned buffer failed: {exc})"
     return array, buffer, "pinned (mapped CL_MEM_ALLOC_HOST_PTR)"
 
 
@@ -117,43 +116,26 @@ def wait_within(cl, queue, event, limit: WaitLimit, pending: list | tuple = ()) 
 
 class Boundary:
     """Where a partition input or output meets the host: its PHWC4 buffer, the bound kernel that converts
-    between it and an NHWC staging buffer (none when the bytes coincide) and the host array the values pass
-    through (made once, reused by every later run): an output's, read into; an input's where ``pin_within``
-    is given, written from.  An input's host values are float32 or, ``host_dtype`` an integer type, a
-    quantized input's own integers (the device dequantizes); ``host_layout``: the buffer holds them in host
-    order, read so by the input's kernel."""
+    between it and an NHWC staging buffer (none when the bytes coincide) and, for an output once first
+    read, the host array it is read into (made once, reused by every later run).  An input's host values
+    are float32 or, ``host_dtype`` an integer type, a quantized input's own integers (the device
+    dequantizes); ``host_layout``: the buffer holds them in host order, read so by the input's kernel."""
 
     __slots__ = ("tensor", "buffer", "staging", "kernel", "global_size", "local_size", "host", "pinned",
-                 "host_kind", "host_dtype", "host_layout", "pin_within", "last_upload")
+                 "host_kind", "host_dtype", "host_layout")
 
     def __init__(self, tensor: Tensor, buffer, staging=None, kernel=None, global_size=None, local_size=None,
-                 host_dtype: np.dtype = np.dtype(np.float32), host_layout: bool = False,
-                 pin_within: "WaitLimit | None" = None):
+                 host_dtype: np.dtype = np.dtype(np.float32), host_layout: bool = False):
         self.tensor, self.buffer, self.staging = tensor, buffer, staging
         self.kernel, self.global_size, self.local_size = kernel, global_size, local_size
-        self.host_dtype, self.host_layout, self.pin_within = host_dtype, host_layout, pin_within
+        self.host_dtype, self.host_layout = host_dtype, host_layout
         self.host: np.ndarray | None = None
         self.pinned, self.host_kind = None, ""
-        self.last_upload = None  # the copy out of the pinned input array, which the next run's values wait for
 
     def upload(self, cl, queue, values: np.ndarray) -> list:
-        """Enqueue the copy of NHWC ``values`` and their conversion (non-blocking); returns their events.
-        With ``pin_within``, the values go through the input's pinned host array: one copy on the host, then
-        the device's DMA from it, where a copy from pageable memory goes through the driver's own staging
-        (the last run's copy out of that array waited for first, within the limit)."""
-        source = values
-        if self.pin_within is not None:
-            if self.host is None:
-                self.host, self.pinned, self.host_kind = host_array(cl, queue.context, queue, values.shape,
-                                                                    self.pin_within, values.dtype)
-            elif self.last_upload is not None:
-                wait_within(cl, queue, self.last_upload, self.pin_within)
-            np.copyto(self.host, values.reshape(self.host.shape), casting="no")
-            source = self.host
-        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, source,
+        """Enqueue the copy of NHWC ``values`` and their conversion (non-blocking); returns their events."""
+        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, values,
                                   is_blocking=False)]
-        if self.pin_within is not None:
-            self.last_upload = events[0]
         if self.kernel is not None:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
         return events
