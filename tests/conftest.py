@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +18,7 @@ settings.load_profile(os.environ.get("DELEGATE_HYPOTHESIS", "ci"))
 # (a test's bench refits profiles; a stored decision would change later tests' plans).
 if "DELEGATE_PROFILE_DIR" not in os.environ:
     os.environ["DELEGATE_PROFILE_DIR"] = tempfile.mkdtemp(prefix="delegate-test-profiles-")
+    atexit.register(shutil.rmtree, os.environ["DELEGATE_PROFILE_DIR"], ignore_errors=True)
 
 
 def _register_fake_plugin() -> None:
@@ -31,8 +34,9 @@ def _register_fake_plugin() -> None:
         import tomli as tomllib
     source = Path(__file__).parent / "fake_plugin"
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
-    dist = Path(tempfile.mkdtemp(prefix="delegate-test-plugins-")) / \
-        f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    made = tempfile.mkdtemp(prefix="delegate-test-plugins-")
+    atexit.register(shutil.rmtree, made, ignore_errors=True)  # the run's own directory, gone with the run
+    dist = Path(made) / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
     groups = project["entry-points"]
