@@ -335,3 +335,16 @@ def test_a_flickering_reading_tries_each_team_once(monkeypatch):
     choice = parallel.ThreadChoice(clock.limit, team=16)
     teams = clock.teams(choice, 0, 160)
     assert teams.count(16) >= 160 - 2 * (160 // choice.PROBE_EVERY) - 3 * 4 - 1  # probes, and 4 teams' trials
+
+
+def test_a_team_that_keeps_losing_its_probes_is_probed_less_often(monkeypatch):
+    """On a quiet 2-core VM one thread ran MobileNetV2 1.45x slower than two: probed every tenth run (each probe
+    two runs, and the leader's first run after it waking its threads), three runs in twelve were off the leader,
+    11% of the mean time and 40% at p90.  A probe that loses doubles the runs to the next, up to
+    MOST_RUNS_BETWEEN_PROBES; a load arriving still turns the choice within a few runs (the leader's run over
+    twice its average probes again at once)."""
+    clock, choice = _choice_on(monkeypatch, 2, lambda team: {2: 1.0, 1: 1.45}[team])
+    teams = clock.teams(choice, 20, 300)
+    assert teams.count(1) <= 2 * (300 // choice.MOST_RUNS_BETWEEN_PROBES + 3)  # ~60 at a probe every tenth run
+    clock.cost = lambda team: {2: 4.0, 1: 1.45}[team]  # a busy process: the team of 2 stalls
+    assert clock.teams(choice, 12, 40).count(1) >= 36

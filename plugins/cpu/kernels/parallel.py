@@ -247,10 +247,12 @@ class ThreadChoice:
     for a moment) must not keep a team out for the next STALE_RUNS (on the H100's host, quiet,
     selfie_segmentation at 16 threads ran on one thread at 4.6 ms where a team of 8 took 1.9).
     Samples older than STALE_RUNS runs do not count (the latest always does), so that a team timed
-    under a load that has gone wins again after a few probes.  A probe that loses by far doubles the
-    runs to the next one (up to MOST_RUNS_BETWEEN_PROBES: probing that stalling team every tenth
-    run made the runs 1.8x slower on average than one thread alone); one that does not, or a change
-    of leader, brings them back to PROBE_EVERY.  ``limit_team(n)`` caps the native loops' team for the
+    under a load that has gone wins again after a few probes.  A probe that loses doubles the runs to
+    the next one (up to MOST_RUNS_BETWEEN_PROBES: probing a stalling team every tenth run made the runs
+    1.8x slower on average than one thread alone, and probing a team 1.45x slower every tenth run cost
+    MobileNetV2 at 2 threads here 11% of its mean time and 40% at p90, three runs in twelve off the leader);
+    one that wins, a change of leader, or a leader's run over twice its average (a load arriving) brings
+    them back to PROBE_EVERY, the last probing at once.  ``limit_team(n)`` caps the native loops' team for the
     run (native.limit_team).
     """
 
@@ -302,8 +304,8 @@ class ThreadChoice:
         return self.probing
 
     def _probed(self, seconds: float) -> None:
-        """After a probe: the runs to the next one, doubled where it lost by far (see the class docstring)."""
-        lost = self.leader is not None and seconds > 2 * self.average(self.leader)
+        """After a probe: the runs to the next one, doubled where it lost (see the class docstring)."""
+        lost = self.leader is not None and seconds > self.average(self.leader)
         self.probe_every = min(2 * self.probe_every, self.MOST_RUNS_BETWEEN_PROBES) if lost else self.PROBE_EVERY
         self.next_probe, self.probing = self.runs + self.probe_every, None
 
@@ -331,11 +333,15 @@ class ThreadChoice:
         # tried again on every flicker.
         settled, self.last_team = team == self.last_team, team
         if self.runs > 1 and settled:
+            slowed = team == self.leader and self.probing is None and team in self.samples \
+                and end - start > 2 * self.average(team)
             self._sample(team, end - start)
             if self.probing == team and self.trying:
                 self.probing, self.trying = None, False
             elif self.probing == team:
                 self._probed(end - start)
+            elif slowed:  # a load may have come: the others are probed again from the next run
+                self.probe_every, self.next_probe = self.PROBE_EVERY, self.runs + 1
 
     def _sample(self, team: int, seconds: float) -> None:
         """Keep a run's time.  One at most half the fastest of the team's samples so far marks a change:
