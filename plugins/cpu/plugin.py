@@ -745,8 +745,8 @@ class CpuBackend(Backend):
         if self.engine != "numpy" or base not in STEP_CLASSES or kind not in ("", "strided"):
             return klass  # integer kinds keep theirs
         step = self._steps.get(op)
-        if step is None:
-            step = self._steps[op] = not self._runs_batched(op)
+        if step is None:  # custom and resource ops run as Python steps: their kernels are not built to see
+            step = self._steps[op] = op.custom or op.opcode in _RESOURCE_OPS or not self._runs_batched(op)
         return f"{base}/step" if step else klass
 
     def _runs_batched(self, op: Op) -> bool:
