@@ -242,6 +242,14 @@ def asked_support(backend: Backend, op: Op, options: CompileOptions) -> Support:
     return answer
 
 
+def asked_cost_class(backend: Backend, op: Op) -> str:
+    """``backend.cost_class(op)`` held to the contract: a class name, a string."""
+    klass = backend.cost_class(op)
+    if not isinstance(klass, str) or not klass:
+        raise PluginError(f"backend {backend.name!r}: cost_class() returned {klass!r}, not a class name")
+    return klass
+
+
 def asked_estimate(backend: Backend, op: Op, options: CompileOptions) -> float | None:
     """``backend.estimate_ms(op)`` held to the contract: None, or a finite time >= 0 in milliseconds."""
     value = backend.estimate_ms(op, options)

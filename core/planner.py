@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from .backend import HOST, Backend, CompileOptions, Partition, asked_estimate, asked_support
+from .backend import HOST, Backend, CompileOptions, Partition, asked_cost_class, asked_estimate, asked_support
 from .cost import DeviceProfile, fold_group_costs, measured, op_bytes, op_flops, op_signature, op_steps
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
@@ -229,7 +229,7 @@ class Planner:
         timed = profile.measured_op_ms.get(op_signature(op))
         if timed is not None:
             return float(timed)
-        return profile.compute_ms(op_flops(op), op_bytes(op), be.cost_class(op), op_steps(op))
+        return profile.compute_ms(op_flops(op), op_bytes(op), asked_cost_class(be, op), op_steps(op))
 
     def transfer_cost(self, t: Tensor, backend: str) -> float:
         """One copy of ``t`` between the host and ``backend`` (layout conversion included)."""

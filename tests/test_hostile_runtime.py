@@ -428,6 +428,9 @@ class Liar(FakeGpu):
     def estimate_ms(self, op, options):
         return self.options.get("estimate", 0.001)
 
+    def cost_class(self, op):
+        return self.options["cost_class"] if "cost_class" in self.options else super().cost_class(op)
+
 
 class LiarPlugin:
     @hookimpl
@@ -450,6 +453,14 @@ def test_an_estimate_that_is_not_a_time_is_a_plugin_error(estimate):
     from delegate.errors import PluginError
     settings = RunSettings(backends=[("liar", {"estimate": estimate}), ("cpu", {})])
     with pytest.raises(PluginError, match=r"estimate_ms\(\) returned"):
+        Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[LiarPlugin()]))
+
+
+@pytest.mark.parametrize("klass", [None, "", 3])
+def test_a_cost_class_that_is_not_a_name_is_a_plugin_error(klass):
+    from delegate.errors import PluginError
+    settings = RunSettings(backends=[("liar", {"cost_class": klass, "estimate": None}), ("cpu", {})])
+    with pytest.raises(PluginError, match=r"cost_class\(\) returned"):
         Session(mixed_model(), settings, manager=PluginManager(extra_plugins=[LiarPlugin()]))
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..backend import HOST
+from ..backend import HOST, asked_cost_class
 from ..errors import DelegateError
 
 # LiteRT slower than this while alternating with delegate than alone (by a factor, and by more than
@@ -218,7 +218,8 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                         for t in mine]
         folded = session.planner.folded(session.graph, name)
         used = refit(profile, observations, lambda op, b=backend: op.index in folded
-                     or b.estimate_ms(op, session.settings.compile) == 0.0, backend.cost_class)
+                     or b.estimate_ms(op, session.settings.compile) == 0.0,
+                     lambda op, b=backend: asked_cost_class(b, op))
         if store_ops:
             for t in mine:
                 for i, ms in t.op_ms.items():
