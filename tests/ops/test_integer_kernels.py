@@ -266,7 +266,7 @@ def test_table_lookups_are_bit_exact(dtype, opcode):
     x = b.input("x", (4, 77), dtype, quant=(0.04, zero))
     out_quant = (1 / 256, -128 if dtype == "int8" else 0) if opcode == "LOGISTIC" else (1 / 128, zero)
     b.output(b.op(opcode, [x], dtype=dtype, quant=out_quant))
-    info = np.iinfo(dtype)  # every value once (vector blocks of 64 and the scalar tail), in random places
+    info = np.iinfo(dtype)  # every value once (vector blocks of 32 or 64 and the scalar tail), in random places
     every = np.arange(info.min, info.max + 1).astype(dtype)
     inputs = rng.permutation(np.concatenate([every, random_q(rng, 4 * 77 - every.size, dtype)])).reshape(4, 77)
     with native_calls() as called:

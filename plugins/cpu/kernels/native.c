@@ -2404,6 +2404,12 @@ int qlookup(const lookup_call *p)
     __m512i quarter[4], flips = _mm512_set1_epi8((char)flip);
     for (int q = 0; q < 4; q++)
         quarter[q] = _mm512_loadu_si512((const void *)(p->table + 64 * q));
+#elif defined(__AVX2__)
+    /* 32 bytes at a time: the table as 16 rows of 16 entries, each row a byte shuffle by the index's low
+     * nibble, kept where the high nibble names the row (a byte at a time ran 6x LiteRT's table on AVX2) */
+    __m256i rows[16], flips = _mm256_set1_epi8((char)flip), nibble = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < 16; r++)
+        rows[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p->table + 16 * r)));
 #endif
     #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
     for (int64_t part = 0; part < parts; part++) {
@@ -2414,6 +2420,17 @@ int qlookup(const lookup_call *p)
             __m512i low = _mm512_permutex2var_epi8(quarter[0], index, quarter[1]);
             __m512i high = _mm512_permutex2var_epi8(quarter[2], index, quarter[3]);
             _mm512_storeu_si512((void *)(p->out + i), _mm512_mask_blend_epi8(_mm512_movepi8_mask(index), low, high));
+        }
+#elif defined(__AVX2__)
+        for (; i + 32 <= end; i += 32) {
+            __m256i index = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->x + i)), flips);
+            __m256i low = _mm256_and_si256(index, nibble);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi16(index, 4), nibble);
+            __m256i y = _mm256_setzero_si256();
+            for (int r = 0; r < 16; r++)
+                y = _mm256_blendv_epi8(y, _mm256_shuffle_epi8(rows[r], low),
+                                       _mm256_cmpeq_epi8(high, _mm256_set1_epi8((char)r)));
+            _mm256_storeu_si256((__m256i *)(p->out + i), y);
         }
 #endif
         for (; i < end; i++)
