@@ -54,8 +54,8 @@ def cost_class(op: Op) -> str:
     elif x is not None and x.dtype.name.startswith("float") and any(
             t is not None and t.is_constant and t.dtype.name == "int8" and t.quantization for t in op.inputs[1:]):
         kind = "hybrid"
-    elif op_class(op) == "layout" and op.outputs and 1 < contiguous_runs(op) and \
-            op.outputs[0].nbytes < SHORT_RUN_BYTES * contiguous_runs(op):
+    elif op_class(op) == "layout" and op.outputs and 1 < (runs := contiguous_runs(op)) and \
+            op.outputs[0].nbytes < SHORT_RUN_BYTES * runs:
         kind = "strided"
     return f"{op_class(op)}/{kind}" if kind else op_class(op)
 

@@ -333,8 +333,9 @@ class ThreadChoice:
         # tried again on every flicker.
         settled, self.last_team = team == self.last_team, team
         if self.runs > 1 and settled:
-            slowed = team == self.leader and self.probing is None and team in self.samples \
-                and end - start > 2 * self.average(team)
+            # (over twice the least sample first: a cheap test that most runs fail, before the average's)
+            slowed = team == self.leader and self.probing is None and bool(self.samples.get(team)) \
+                and end - start > 2 * min(self.samples[team]) and end - start > 2 * self.average(team)
             self._sample(team, end - start)
             if self.probing == team and self.trying:
                 self.probing, self.trying = None, False
