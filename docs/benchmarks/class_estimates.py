@@ -13,7 +13,6 @@ import json
 import numpy as np
 
 import delegate
-from delegate.cost import cost_class
 from delegate.inputs import make_inputs
 from delegate.tools.measure import profile_partitions, samples_ms
 
@@ -29,7 +28,8 @@ def classes(session, timings) -> dict:
         for op in part.ops:
             if op.index in folded[part.backend]:
                 continue
-            row = rows.setdefault(f"{part.backend}:{cost_class(op)}", {"ops": 0, "estimated_ms": 0.0, "measured_ms": 0.0})
+            klass = session.backends[part.backend].cost_class(op)  # the class the planner costs it by
+            row = rows.setdefault(f"{part.backend}:{klass}", {"ops": 0, "estimated_ms": 0.0, "measured_ms": 0.0})
             row["ops"] += 1
             row["estimated_ms"] += session.planner.op_cost(op, part.backend)
             row["measured_ms"] += timing.op_ms.get(op.index, 0.0) * share

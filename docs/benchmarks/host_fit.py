@@ -61,8 +61,7 @@ def collect(threads: int, out: str, models: list[str]) -> None:
 def _class_gaps(session, row) -> str:
     """Per cost class, the estimate against the measured ops' share of the partitions' time (ops timed alone,
     scaled to their partition's measured time), largest gaps first."""
-    from delegate.cost import cost_class
-
+    cost_class = session.backends[session.host].cost_class  # the class the planner costs each op by
     ops = {op.index: op for op in session.graph.ops}
     folded = session.planner.folded(session.graph, session.host)
     estimated, measured = {}, {}
