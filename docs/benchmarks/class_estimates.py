@@ -18,7 +18,6 @@ from delegate.tools.measure import profile_partitions, samples_ms
 
 
 def classes(session, timings) -> dict:
-    ops = {op.index: op for op in session.graph.ops}
     folded = {name: session.planner.folded(session.graph, name) for name in session.backends}
     rows: dict = {}
     for part, timing in zip(session.executor.partitions, timings):
