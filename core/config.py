@@ -553,6 +553,7 @@ class Placement(Section):
 
     search: str
     budget_s: float
+    host_first: bool
 
 
 @dataclass(frozen=True)
@@ -706,7 +707,8 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
         limits=Limits(**{k: None if v is None else float(v) for k, v in values["limits"].items()}),
         accuracy_guard=AccuracyGuard(**thresholds(values["accuracy_guard"])),
         cpu=dict(values["cpu"]),
-        placement=Placement(search=values["placement"]["search"], budget_s=float(values["placement"]["budget_s"])),
+        placement=Placement(search=values["placement"]["search"], budget_s=float(values["placement"]["budget_s"]),
+                            host_first=bool(values["placement"]["host_first"])),
         input=InputSpec(mean=_floats(inp["mean"]), std=_floats(inp["std"]), range=_floats(inp["range"]),
                         color=inp["color"], layout=inp["layout"]),
         validate=Thresholds(**thresholds(values["validate"])),

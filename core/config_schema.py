@@ -84,7 +84,7 @@ MODEL_SETTINGS: dict[str, Any] = {
     "inference_preference": enum(*PREFERENCES),
     "partitioner": enum(*PARTITIONERS),
     "placement": section(search=enum(*SEARCHES), budget_s={"type": "number", "exclusiveMinimum": 0,
-                                                           "maximum": 3600}),
+                                                           "maximum": 3600}, host_first={"type": "boolean"}),
     "max_delegated_partitions": {"type": "integer", "minimum": 0},
     "min_nodes_per_partition": {"type": "integer", "minimum": 1},
     "pin": {"type": "array", "items": rule(backend_required=True)},

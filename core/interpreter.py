@@ -186,7 +186,8 @@ class Interpreter:
             overrides = [f"num_threads={self._num_threads}"] if self._num_threads else []
             config = load_config(config, overrides=overrides)
         self._graph(subgraph)
-        self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph, state=self._state)
+        self._sessions[subgraph] = Session(self._model, run_settings(config), subgraph=subgraph, state=self._state,
+                                           host_first=True)
         self._buffers.allocate(subgraph, self._io[subgraph][0])
         self._pending.pop(subgraph, None)
         self._read.pop(subgraph, None)

@@ -75,6 +75,7 @@ class PlacementSettings:
     partitioner: str = "cost"  # "cost" | "greedy"
     search: str = "estimate"  # "auto" | "estimate" | "measure" (see plan_search)
     budget_s: float = 10.0
+    host_first: bool = True  # see Session: the host serves runs while the plan compiles or is measured
     max_delegated_partitions: int = 0  # 0 = unlimited
     min_nodes_per_partition: int = 1
     pins: list[Rule] = field(default_factory=list)

@@ -38,6 +38,12 @@ from .validate import validate_graph
 
 log = logging.getLogger(__name__)
 
+# How long a load waits for the chosen plan before the host alone serves the first runs meanwhile: kernels
+# loaded from the cache are ready well within it (OpenCL 24-250 ms on the H200 for whole models).
+HOST_FIRST_AFTER_S = 0.25
+# Ops that keep state between runs: a session holding them is never served by a stand-in plan.
+STATEFUL_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE", "IF", "WHILE"})
+
 
 class BackendFallbackWarning(UserWarning):
     """A backend failed and its work went to the CPU."""
@@ -89,7 +95,8 @@ def run_settings(config: Any) -> RunSettings:
                                   max_delegated_partitions=config.max_delegated_partitions,
                                   min_nodes_per_partition=config.min_nodes_per_partition,
                                   pins=list(config.pin), denies=list(config.deny),
-                                  search=config.placement.search, budget_s=config.placement.budget_s)
+                                  search=config.placement.search, budget_s=config.placement.budget_s,
+                                  host_first=config.placement.host_first)
     guard = config.accuracy_guard
     bound = AccuracyBound(guard.max_abs_error, guard.max_rel_error) if guard.enabled else None
     return RunSettings(backends, config.compile_options(), placement, bool(config.fallback), bound,
@@ -183,9 +190,12 @@ class Session:
 
     def __init__(self, model: Model, settings: RunSettings | None = None, *,
                  manager: PluginManager | None = None, subgraph: int = 0, state: ModelState | None = None,
-                 remeasure: bool = False):
+                 remeasure: bool = False, host_first: bool = False):
         """``state`` is shared by sessions of several subgraphs of one model instance (an Interpreter's);
-        ``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``)."""
+        ``remeasure``: time the candidate plans now even if a decision is stored (``delegate tune``);
+        ``host_first``: the caller serves runs (``load``, the Interpreter), so under ``placement.host_first``
+        the host alone may serve them while the chosen plan is prepared (see ``_prepare_meanwhile``); the
+        tools that measure or explain the plan leave it off."""
         keep_freed_host_memory()  # each run's fresh outputs reuse the last run's freed pages
         self.model = model
         self.state = state if state is not None else ModelState(model)
@@ -207,23 +217,122 @@ class Session:
         self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
         self.planner = Planner(self.backends, self.profiles, self.settings.compile, self._host_rules())
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
+        # one compile at a time per backend: a measured search and the host serving meanwhile compile at once
+        self._compiling = {name: threading.Lock() for name in self.backends}
+        self._meanwhile: _Meanwhile | None = None  # the chosen plan being prepared while the host serves
+        self._host_first = host_first and self._may_serve_from_host()
+        self._measure_later: Callable[[], tuple[Plan, list[CompiledPartition]]] | None = None
         self.plan, compiled = self._choose_plan(remeasure, started)
         self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
         for d in self.plan.decisions:
             log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
         self.manager.hook.delegate_plan_ready(plan=self.plan)
-        compiled = compiled or self._compile_all(list(self.plan.partitions))  # a fallback revises the plan
-        self.executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
-                                 compiled=compiled,
-                                 state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
-        self.plan.notes.extend(self._precision_notes())
-        self._estimate_at_engine_threads()
+        self.ready_ms: float | None = None  # when the chosen plan could run (after init_ms where the host served)
+        if compiled is None and self._host_first and (self._measure_later or self._uses_accelerators(self.plan)):
+            self._serving = self._prepare_meanwhile(started)
+        else:
+            self._serving = self._ready(compiled or self._compile_all(list(self.plan.partitions)))
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
             with running(ModelState(model)):
                 self._guard_accuracy(self.settings.accuracy_guard)
-            self.executor.reset_state()
+            self._serving.reset_state()
         self.init_ms = (time.perf_counter() - started) * 1e3
+        if self._meanwhile is None:
+            self.ready_ms = self.init_ms
+
+    def _ready(self, compiled: list[CompiledPartition]) -> Executor:
+        """The executor of the plan as compiled (a fallback while compiling revised the plan), its notes."""
+        executor = Executor(self.graph, self.plan.partitions, self.backends, self.settings.compile,
+                            compiled=compiled, state=self.state, watchdogs=self._watchdogs("run_timeout_s"))
+        self.plan.notes.extend(self._precision_notes())
+        self._estimate_at_engine_threads(executor)
+        return executor
+
+    @property
+    def executor(self) -> Executor:
+        """The chosen plan's executor (waiting for it where the host serves meanwhile)."""
+        self._adopt(wait=True)
+        return self._serving
+
+    def wait_until_ready(self) -> float:
+        """Wait for the chosen plan where the host serves the first runs meanwhile (``placement.host_first``);
+        the ms from the start of the load until the plan was ready."""
+        self._adopt(wait=True)
+        return self.ready_ms
+
+    # -- the host serving while the chosen plan is prepared ---------------------
+    def _may_serve_from_host(self) -> bool:
+        """Whether the host alone may serve the first runs: under fast_single_answer and fallback (a failure
+        in the background goes to the host, as it would at load), without the accuracy guard (it checks the
+        plan before its first run), for a graph without state (variable tensors, resources) and of a model
+        of one subgraph (the Interpreter's control flow runs several sessions on one state)."""
+        s = self.settings
+        return (s.placement.host_first and s.compile.inference_preference == "fast_single_answer" and s.fallback
+                and s.accuracy_guard is None and len(self.model.subgraphs) == 1
+                and not any(t.is_variable for t in self.graph.tensors)
+                and not any(op.opcode in STATEFUL_OPS for op in self.graph.ops))
+
+    def _uses_accelerators(self, plan: Plan) -> bool:
+        return any(p.backend != self.host for p in plan.partitions)
+
+    def _prepare_meanwhile(self, started: float) -> Executor:
+        """Prepare the chosen plan on a thread (measure the candidates first where ``_measure_later`` says so,
+        then compile); unless it is ready within HOST_FIRST_AFTER_S (kernels cached), the host alone serves
+        the runs until it is (``_adopt``).  A cold OpenCL compile takes 1-6 s on a GPU host, LiteRT's own
+        GPU initialisation 0.6-2 s: the first answers should not wait for either."""
+        job = _Meanwhile(self._measure_later, started)
+        self._meanwhile = job
+        job.thread = threading.Thread(target=job.prepare, args=(self,), name="delegate-prepare")
+        job.thread.start()
+        job.thread.join(HOST_FIRST_AFTER_S)
+        host = None
+        if job.thread.is_alive():
+            try:
+                host = self.planner.plan_for(self.graph, self._host_alone())
+                compiled = [self._compile_now(p, self.settings.compile) for p in host.partitions]
+            except Exception:  # e.g. an op only an accelerator runs: the runs wait for the chosen plan
+                host = None
+        if host is None:
+            job.thread.join()
+            self._meanwhile = None
+            if job.error is not None:
+                raise job.error
+            return job.executor
+        job.note = (f"the first runs go to {self.host} alone while the chosen plan is "
+                    + ("measured and compiled" if self._measure_later else "compiled"))
+        self.plan.notes.append(job.note)
+        return Executor(self.graph, host.partitions, self.backends, self.settings.compile, compiled=compiled,
+                        state=self.state)
+
+    def _host_alone(self):
+        from .planner import Candidate
+
+        return Candidate(self.host, {op.index: self.host for op in self.graph.ops}, 0.0, host_alone=True)
+
+    def _adopt(self, wait: bool) -> None:
+        """Runs go to the chosen plan once it is prepared (``wait``: wait for it); an error preparing it is
+        raised here, at each run, as loading would have."""
+        job = self._meanwhile
+        if job is None:
+            return
+        if wait:
+            job.thread.join()
+        elif job.thread.is_alive():
+            return
+        with self._lock:
+            if self._meanwhile is not job:
+                return
+            if job.error is not None:
+                raise job.error
+            job.executor.runs = self._serving.runs
+            self._serving, self._meanwhile = job.executor, None
+            self.ready_ms = job.ready_ms
+            if job.note in self.plan.notes:
+                self.plan.notes.remove(job.note)
+            self.plan.notes.append(f"runs before {job.ready_ms / 1e3:.2f} s (from the load) went to {self.host} "
+                                   f"alone while this plan was " + ("measured and compiled" if job.measure
+                                                                    else "compiled"))
 
     def _host_rules(self) -> PlacementSettings:
         """The placement settings with the config's word ``cpu`` in pins and denies meaning this session's host."""
@@ -239,7 +348,8 @@ class Session:
     def _choose_plan(self, remeasure: bool, started: float) -> tuple[Plan, list[CompiledPartition] | None]:
         """The plan with the lowest estimate, a stored measured decision, or the fastest candidate measured
         now (see plan_search, its budget counted from ``started``, when the session began); with the
-        compiled partitions when measuring left them ready."""
+        compiled partitions when measuring left them ready.  Under ``auto`` estimates too close to tell the
+        CPU alone from an accelerator plan are measured: now, or behind the first runs (``host_first``)."""
         from . import plan_search
 
         placement, preference = self.settings.placement, self.settings.compile.inference_preference
@@ -266,35 +376,50 @@ class Session:
             chosen = plan_search.stored_candidate(stored, plan.candidates) if stored else None
             if chosen is not None:
                 return self._plan_of(chosen, plan, f"stored measured decision of {stored.get('measured_at', '?')}"), None
-            if not measure_now:
+            too_close = plan_search.estimates_too_close(plan.candidates)
+            if too_close and self._host_first:
+                candidates = plan.candidates
+                self._measure_later = lambda: self._measured(candidates, [], None, costs, refusals, key,
+                                                             remeasure, time.perf_counter(), "measured meanwhile")
+                return plan, None
+            if not measure_now and not too_close:
                 return plan, None
             first, found = plan.candidates, []
         else:
             pending = more
+        return self._measured(first, found, pending, costs, refusals, key, remeasure, started, "fastest measured now")
+
+    def _measured(self, first, found: list, pending, costs, refusals, key: str, remeasure: bool, started: float,
+                  choice: str) -> tuple[Plan, list[CompiledPartition]]:
+        """The fastest of the candidates ``first`` (and those ``pending`` finds meanwhile, added to ``found``),
+        measured now within the placement budget counted from ``started``; stored under ``key``; with its
+        compiled partitions.  Each timed run takes the session's turn: runs the host serves meanwhile wait."""
+        from . import plan_search
+
         built: dict[str, list[CompiledPartition]] = {}
-        # the search compiles the single backends side by side: one partition at a time per backend
-        compiling = {name: threading.Lock() for name in self.backends}
 
         def build(candidate):
             with self._lock:
                 candidate_plan = self.planner.plan_for(self.graph, candidate)
-            compiled = []
-            for p in candidate_plan.partitions:
-                with compiling[p.backend]:
-                    compiled.append(self._compile_now(p, self.options_for(p.backend, candidate.precision)))
+            compiled = [self._compile_now(p, self.options_for(p.backend, candidate.precision))
+                        for p in candidate_plan.partitions]
             built[candidate.name] = compiled
             executor = Executor(self.graph, candidate_plan.partitions, self.backends, self.settings.compile, compiled,
                                 watchdogs=self._watchdogs("run_timeout_s"))
             if remeasure and candidate.baseline and not candidate.precision:
                 self.baseline_executors[candidate.name] = executor  # tune learns from these too
             inputs = self._random_inputs()
-            return lambda: executor.run(inputs)
 
-        winner = plan_search.measure(first, build, placement.budget_s, started, more=pending)
+            def run():
+                with self._lock:
+                    return executor.run(inputs)
+            return run
+
+        winner = plan_search.measure(first, build, self.settings.placement.budget_s, started, more=pending)
         candidates = first + found
         plan = self.planner.plan_of_candidates(self.graph, candidates, costs, refusals)
         plan_search.save_decision(key, winner, candidates)
-        chosen_plan = self._plan_of(winner, plan, "fastest measured now")
+        chosen_plan = self._plan_of(winner, plan, choice)
         # measuring ran the winner on a scratch model state; its variable tensors start afresh for the user
         for compiled in built[winner.name]:
             compiled.reset_state()
@@ -328,13 +453,13 @@ class Session:
                           self._host_rules())
         return planner.partition_estimate(self.graph, partition)
 
-    def _estimate_at_engine_threads(self) -> None:
+    def _estimate_at_engine_threads(self, executor: Executor) -> None:
         """The plan's estimate of the host partitions its engine runs at fewer threads, made with their profile."""
-        for partition in self.executor.partitions:
-            threads = self._engine_threads(partition, self.executor)
+        for partition in executor.partitions:
+            threads = self._engine_threads(partition, executor)
             if threads is None:
                 continue
-            self.plan.estimated_ms += (self.partition_estimate(partition, threads=threads)
+            self.plan.estimated_ms += (self.partition_estimate(partition, executor, threads)
                                        - self.planner.partition_estimate(self.graph, partition))
             self.plan.notes.append(f"partition {partition.index} ({self.host}) runs at {threads} thread(s), "
                                    "measured faster at load; estimated with that thread count's profile")
@@ -411,12 +536,14 @@ class Session:
         return {name: Watchdog(name, seconds, key) for name in accelerators if seconds}
 
     def _compile_now(self, partition: Partition, options: CompileOptions) -> CompiledPartition:
-        """Compile on the partition's backend, under its compile time limit (accelerators only)."""
+        """Compile on the partition's backend, under its compile time limit (accelerators only), one
+        partition at a time per backend (a measured search compiles the single backends side by side)."""
         backend = self.backends[partition.backend]
         watchdog = self._compile_watch.get(partition.backend)
-        if watchdog is None:
-            return backend.compile(partition, options)
-        return watchdog.call(backend.compile, partition, options, what="compile()")
+        with self._compiling[partition.backend]:
+            if watchdog is None:
+                return backend.compile(partition, options)
+            return watchdog.call(backend.compile, partition, options, what="compile()")
 
     def _compile_all(self, partitions: list[Partition]) -> list[CompiledPartition]:
         """Every partition compiled, in order, under a progress bar (a cold GPU compile takes seconds)."""
@@ -462,8 +589,8 @@ class Session:
 
     def _revised_executor_partition(self, i: int) -> None:
         """The executor runs partition ``i`` as the latest plan revision has it."""
-        self.executor.partitions[i] = next(p for p in self.plan.partitions
-                                           if p.index == self.executor.partitions[i].index)
+        self._serving.partitions[i] = next(p for p in self.plan.partitions
+                                           if p.index == self._serving.partitions[i].index)
 
     # -- accuracy guard ------------------------------------------------------
     def _guard_accuracy(self, bound: AccuracyBound) -> None:
@@ -477,20 +604,20 @@ class Session:
         rng = np.random.default_rng(0)
         host = self.backends[self.host]
         values = {t.index: random_input(t, rng) for t in self.graph.inputs}
-        for i, part in enumerate(self.executor.partitions):
+        for i, part in enumerate(self._serving.partitions):
             reference = host.compile(part, self.settings.compile).run({t.index: values[t.index] for t in part.inputs})
             reference = {k: np.asarray(host.to_host(v)) for k, v in reference.items()}
             if part.backend != self.host:
-                error = self._partition_error(part, self.executor.compiled[i], values, reference, bound)
+                error = self._partition_error(part, self._serving.compiled[i], values, reference, bound)
                 if error is not None and self.options_for(part.backend).precision == "fp16":
                     fp32 = replace(self.settings.compile, precision="fp32")
                     compiled = self.backends[part.backend].compile(part, fp32)
                     self.plan.notes.append(f"accuracy guard: partition {part.index} on {part.backend} erred "
                                            f"{error:.3g} in fp16; rebuilt in fp32")
-                    self.executor.compiled[i] = compiled
+                    self._serving.compiled[i] = compiled
                     error = self._partition_error(part, compiled, values, reference, bound)
                 if error is not None:
-                    self.executor.compiled[i] = self._move_to_host(part, f"accuracy guard: erred {error:.3g}")
+                    self._serving.compiled[i] = self._move_to_host(part, f"accuracy guard: erred {error:.3g}")
                     self._revised_executor_partition(i)
                     log.warning("accuracy guard moved partition %d from %s to %s (error %.3g)",
                                 part.index, part.backend, self.host, error)
@@ -560,37 +687,38 @@ class Session:
         Returns the run's number, for :meth:`fetch_into` of the outputs it left on the devices."""
         with self._lock:
             store(self._run_locked(inputs, self._wanted(outputs)))
-            return self.executor.runs
+            return self._serving.runs
 
     def fetch_into(self, index: int, run: int, store: Callable[[np.ndarray], None]) -> None:
         """Hand ``store`` output ``index`` of run number ``run`` (one that did not return it), read back now
         and uncopied as in :meth:`run_into`; ExecutionError once a later run has replaced it."""
         with self._lock:
-            if run != self.executor.runs:
-                raise ExecutionError(f"output {index} of run {run} is gone: run {self.executor.runs} came after")
-            store(self.executor.fetch(index))
+            if run != self._serving.runs:
+                raise ExecutionError(f"output {index} of run {run} is gone: run {self._serving.runs} came after")
+            store(self._serving.fetch(index))
 
     def _wanted(self, outputs: Iterable[int] | None) -> frozenset[int] | None:
         """``outputs`` checked against the graph's outputs."""
         if outputs is None:
             return None
         wanted = frozenset(int(i) for i in outputs)
-        unknown = wanted - self.executor.graph_outputs()
+        unknown = wanted - self._serving.graph_outputs()
         if unknown:
             names = ", ".join(f"{t.index} ({t.name!r})" for t in self.graph.outputs)
             raise InputError(f"tensor(s) {sorted(unknown)} are not outputs of the model; its outputs are {names}")
         return wanted
 
     def _run_locked(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None) -> dict[int, np.ndarray]:
+        self._adopt(wait=False)
         try:
-            return self.executor.run(inputs, outputs)
+            return self._serving.run(inputs, outputs)
         except ExecutionError as exc:
-            failed = [i for i, p in enumerate(self.executor.partitions)
+            failed = [i for i, p in enumerate(self._serving.partitions)
                       if p.index == exc.partition and p.backend == exc.backend != self.host]
             if not failed or not self.settings.fallback:
                 raise
             i = failed[0]
-            self.executor.compiled[i] = self._fall_back(self.executor.partitions[i], f"failed while running: {exc}")
+            self._serving.compiled[i] = self._fall_back(self._serving.partitions[i], f"failed while running: {exc}")
             self._revised_executor_partition(i)
             return self._run_locked(inputs, outputs)
 
@@ -609,10 +737,36 @@ class Session:
 
     def reset_state(self) -> None:
         """Variable tensors back to their initial values, as right after compiling."""
-        self.executor.reset_state()
+        self._serving.reset_state()
 
     def close(self) -> None:
-        self.executor.close()
+        if self._meanwhile is not None:
+            self._meanwhile.thread.join()  # its backends close below; nothing it built is used
+        self._serving.close()
+
+
+class _Meanwhile:
+    """The chosen plan prepared on a thread while the host alone serves (``Session._prepare_meanwhile``)."""
+
+    def __init__(self, measure: Callable[[], tuple[Plan, list[CompiledPartition]]] | None, started: float):
+        self.measure, self.started = measure, started
+        self.thread: threading.Thread | None = None
+        self.executor: Executor | None = None
+        self.error: BaseException | None = None
+        self.ready_ms: float | None = None
+        self.note = ""  # the plan's note on the host serving meanwhile
+
+    def prepare(self, session: "Session") -> None:
+        try:
+            compiled = None
+            if self.measure is not None:
+                plan, compiled = self.measure()
+                session.plan = plan
+                session.manager.hook.delegate_plan_ready(plan=plan)
+            self.executor = session._ready(compiled or session._compile_all(list(session.plan.partitions)))
+        except BaseException as exc:  # raised to the caller at its next run, as the load would have
+            self.error = exc
+        self.ready_ms = (time.perf_counter() - self.started) * 1e3
 
 
 def checked_input(t: Tensor, value: Any) -> np.ndarray:
@@ -665,4 +819,4 @@ def load(model: str | os.PathLike | bytes | Model, config: Any = None, **overrid
         model = read_model(model)
     if config is None or isinstance(config, (str, os.PathLike)):
         config = load_config(config, overrides=[f"{k}={v}" for k, v in overrides.items()])
-    return Session(model, run_settings(config))
+    return Session(model, run_settings(config), host_first=True)

@@ -3,7 +3,9 @@ stored decisions, calibration that refuses what it cannot measure, and profiles 
 
 import dataclasses
 import json
+import time
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from delegate import plan_search
 from delegate.backend import HOST, Backend, Support
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, cost_class, fingerprint, load_profile, \
     op_bytes, op_flops, profile_info, refit, refit_plan, save_profile
-from delegate.errors import MeasurementError
+from delegate.errors import CacheError, MeasurementError
 from delegate.planner import PlacementSettings, Planner
 from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
@@ -26,6 +28,10 @@ SHAPE = (1, 64, 64, 32)
 
 
 def elementwise_model(scale=1.0):
+    return read_model(elementwise_bytes(scale))
+
+
+def elementwise_bytes(scale=1.0):
     """Twelve elementwise ops on 512 KiB: enough work that the fake accelerator's estimates win."""
     b = GraphBuilder()
     y = b.input("x", SHAPE)
@@ -36,7 +42,7 @@ def elementwise_model(scale=1.0):
         y = b.op("RELU", [y])
         y = b.op("TANH", [y])
     b.output(y)
-    return read_model(b.to_bytes())
+    return b.to_bytes()
 
 
 @pytest.fixture
@@ -1230,3 +1236,110 @@ def test_layout_ops_copying_in_short_runs_are_their_own_kind():
     assert contiguous_runs(pad_rows) == 1 and cost_class(pad_rows) == "layout"  # one run of rows before the pad
     assert contiguous_runs(reshape) == 1 and cost_class(reshape) == "layout"
     assert pad_channels.outputs[0].nbytes < SHORT_RUN_BYTES * contiguous_runs(pad_channels)
+
+
+def host_first_settings(search="estimate", **fake):
+    return RunSettings(backends=[("fakegpu", {"delay_ms": 0.0, **fake}), ("cpu", {"engine": "numpy"})],
+                       placement=PlacementSettings(search=search, budget_s=5.0))
+
+
+def test_the_host_serves_the_first_runs_while_the_chosen_plan_compiles(profile_dir):
+    model, x = elementwise_model(), {"x": np.linspace(-2, 2, int(np.prod(SHAPE)), dtype=np.float32).reshape(SHAPE)}
+    expected = Session(model, RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(x)
+    session = Session(model, host_first_settings(compile_ms=800), host_first=True)
+    assert session.init_ms < 800 and session.ready_ms is None  # the load did not wait for the compile
+    assert session.plan.chosen == "greedy:fakegpu"
+    assert any("the first runs go to cpu alone" in n for n in session.plan.notes)
+    first = session.run(x)  # served by the CPU alone meanwhile
+    np.testing.assert_allclose(first["y"] if "y" in first else next(iter(first.values())),
+                               next(iter(expected.values())), rtol=1e-6)
+    assert [p.backend for p in session.executor.partitions] == ["fakegpu"]  # waits for the chosen plan
+    assert session.ready_ms >= 800 > session.init_ms
+    later = session.run(x)
+    np.testing.assert_allclose(next(iter(later.values())), next(iter(expected.values())), rtol=1e-6)
+    assert any("went to cpu alone while this plan was compiled" in n for n in session.plan.notes)
+    assert not any("the first runs go to" in n for n in session.plan.notes)
+    # without host_first (the CLI's tools) or with placement.host_first off, the load waits
+    for waited in (Session(model, host_first_settings(compile_ms=300)),
+                   Session(model, replace(host_first_settings(compile_ms=300),
+                                          placement=PlacementSettings(search="estimate", host_first=False)),
+                           host_first=True)):
+        assert waited.init_ms >= 300 and waited.ready_ms == waited.init_ms
+        assert [p.backend for p in waited._serving.partitions] == ["fakegpu"]
+
+
+def test_a_compile_that_is_ready_at_once_is_used_from_the_first_run(profile_dir):
+    session = Session(elementwise_model(), host_first_settings(), host_first=True)
+    assert session.ready_ms == session.init_ms
+    assert [p.backend for p in session._serving.partitions] == ["fakegpu"]
+    assert not any("alone" in n for n in session.plan.notes)
+
+
+def test_estimates_too_close_to_call_are_measured_while_the_host_serves(profile_dir, monkeypatch):
+    model = elementwise_model()
+    monkeypatch.setattr(plan_search, "estimates_too_close", lambda candidates: True)
+    # the fake device claims 1 us per op but sleeps 50 ms a run: only measuring finds the CPU faster
+    session = Session(model, host_first_settings("auto", delay_ms=50.0, compile_ms=400), host_first=True)
+    assert session.ready_ms is None and session.plan.choice == "lowest estimate of a single backend"
+    assert np.isfinite(next(iter(session.run({"x": np.ones(SHAPE, np.float32)}).values()))).all()
+    assert session.executor is not None  # waits for the measurement
+    assert session.plan.chosen == "cpu" and session.plan.choice == "measured meanwhile"
+    times = {c.name: c.measured_ms for c in session.plan.candidates}
+    assert times["greedy:fakegpu"] > 50.0 > times["cpu"]
+    # stored: the next load takes the decision and has nothing to prepare
+    monkeypatch.setattr(plan_search, "measure", lambda *a, **k: pytest.fail("measured again"))
+    again = Session(model, host_first_settings("auto", delay_ms=50.0, compile_ms=400), host_first=True)
+    assert again.plan.chosen == "cpu" and again.plan.choice.startswith("stored measured decision of")
+    assert again.ready_ms == again.init_ms
+
+
+def test_estimates_far_apart_are_not_too_close():
+    from delegate.planner import Candidate
+
+    host = Candidate("cpu", {}, 1.0, host_alone=True)
+    assert plan_search.estimates_too_close([host, Candidate("greedy:x", {}, 0.8)])
+    assert plan_search.estimates_too_close([host, Candidate("greedy:x", {}, 1.4)])
+    assert not plan_search.estimates_too_close([host, Candidate("greedy:x", {}, 0.5)])
+    assert not plan_search.estimates_too_close([host, Candidate("greedy:x", {}, 4.0)])
+    assert not plan_search.estimates_too_close([host])
+
+
+def test_an_error_while_preparing_meanwhile_is_raised_at_the_next_run(profile_dir, monkeypatch):
+    def failing(self, partitions):
+        time.sleep(0.5)
+        raise CacheError("the serialization dir is not safe")
+    monkeypatch.setattr(Session, "_compile_all", failing)
+    session = Session(elementwise_model(), host_first_settings(), host_first=True)
+    with pytest.raises(CacheError, match="not safe"):
+        for _ in range(100):  # served meanwhile until the failure is known
+            session.run({"x": np.ones(SHAPE, np.float32)})
+            time.sleep(0.02)
+
+
+def test_a_model_with_state_is_never_served_by_a_stand_in(profile_dir):
+    from tests.test_state import lstm_model
+
+    settings = RunSettings(backends=[("fakegpu", {"compile_ms": 300}), ("cpu", {"engine": "numpy"})],
+                           placement=PlacementSettings(search="estimate"))
+    session = Session(read_model(lstm_model()), settings, host_first=True)
+    assert session.ready_ms == session.init_ms
+
+
+def test_the_interpreter_answers_from_the_host_while_its_plan_compiles(profile_dir, tmp_path):
+    from delegate import Interpreter
+
+    config = tmp_path / "slow.yaml"
+    config.write_text("backends: [{name: fakegpu, options: {compile_ms: 800}}, cpu]\n"
+                      "cpu: {engine: numpy}\nplacement: {search: estimate}\n")
+    it = Interpreter(model_content=elementwise_bytes(), config=str(config))
+    started = time.perf_counter()
+    it.allocate_tensors()
+    assert time.perf_counter() - started < 0.8  # the compile goes on behind the first answers
+    x = np.linspace(-1, 1, int(np.prod(SHAPE)), dtype=np.float32).reshape(SHAPE)
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    first = it.get_tensor(it.get_output_details()[0]["index"]).copy()
+    time.sleep(1.0)
+    it.invoke()  # the chosen plan by now
+    np.testing.assert_allclose(it.get_tensor(it.get_output_details()[0]["index"]), first, rtol=1e-6)
+    assert [p.backend for p in it._sessions[0]._serving.partitions] == ["fakegpu"]

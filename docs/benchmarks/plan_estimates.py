@@ -47,6 +47,7 @@ def measure(model: str) -> list[dict]:
         row = {"model": model.rsplit("/", 1)[-1], "backend": config, "precision": precision}
         try:
             session = delegate.load(model, **overrides(config, precision))
+            session.wait_until_ready()  # the plan chosen, where it is measured or compiled behind the first runs
             inputs = session.normalize_inputs(make_inputs(session.graph, None))
             samples_ms(lambda: session.run_indexed(inputs), 0, warmup=WARMUP)
             loaded.append((row, session, inputs, []))
@@ -67,7 +68,7 @@ def measure(model: str) -> list[dict]:
         if "error" not in row:
             plan = session.plan
             row.update(estimated_ms=round(plan.estimated_ms, 4), measured_ms=round(float(np.median(times)), 4),
-                       chosen=plan.chosen, partitions=len(plan.partitions), copies=len(plan.copies),
+                       chosen=plan.chosen, choice=plan.choice, partitions=len(plan.partitions), copies=len(plan.copies),
                        candidates={c.name: round(c.estimated_ms, 4) for c in plan.candidates},
                        profiles=plan.profiles)
         session.close()

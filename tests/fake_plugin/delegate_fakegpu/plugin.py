@@ -79,6 +79,8 @@ class FakeGpu(Backend):
         return Support.yes()
 
     def compile(self, partition, options):
+        if self.options.get("compile_ms"):  # a cold kernel compile
+            time.sleep(float(self.options["compile_ms"]) / 1e3)
         if self.fail_compile:
             raise RuntimeError("simulated compiler crash")
         error = float(self.options.get("error", 0.0))
