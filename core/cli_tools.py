@@ -326,20 +326,24 @@ LEARNING_S = 1.0
 LEARNING_SHARE = 0.2
 # where the search overran its share (a compile under way is not interrupted), the fastest plan still gets this long
 MIN_LEARNING_S = 0.25
+# the search gets at least this long after a slow start-up (it times the CPU alone whatever its budget)
+MIN_SEARCH_S = 0.5
 
 def cmd_tune(args) -> int:
     """Time the candidate plans of each model now and store the fastest (see delegate.plan_search); report
     how far the estimates were from the measurements."""
     from .cli import DEFAULT_MODEL, console, emit_json, load_cli_config
-    from .tools.measure import estimate_report
+    from .tools.measure import estimate_report, process_started
 
     config = load_cli_config(args)
     if args.budget is not None and not args.budget > 0:
         raise DelegateError("--budget must be a positive number of seconds")
     docs, failed = [], 0
+    started = process_started()  # the first model's budget includes the command's start-up
     for spec in args.models or [DEFAULT_MODEL]:
         try:
-            doc, session = _tune_one(spec, config, args.budget)
+            doc, session = _tune_one(spec, config, args.budget, started)
+            started = None
         except DelegateError as exc:  # one model that cannot be tuned does not stop the others
             if len(args.models or []) < 2:
                 raise
@@ -368,9 +372,11 @@ def cmd_tune(args) -> int:
     return failed
 
 
-def _tune_one(spec: str, config, budget: float | None):
+def _tune_one(spec: str, config, budget: float | None, started: float | None = None):
     """Measure one model's candidate plans, store the winner, and let the cost model learn from the winner and
-    each single backend alone, partition by partition (estimated before learning, next to measured)."""
+    each single backend alone, partition by partition (estimated before learning, next to measured).  The
+    budget counts from ``started`` (the process's start, for the first model: `time delegate tune` keeps
+    to it), else from now."""
     from dataclasses import replace
 
     from .cli import read_model_arg
@@ -379,15 +385,18 @@ def _tune_one(spec: str, config, budget: float | None):
     settings = run_settings(config.for_model(spec))
     budget = settings.placement.budget_s if budget is None else budget
     learning_s = min(LEARNING_S, LEARNING_SHARE * budget)
-    settings.placement = replace(settings.placement, budget_s=budget - learning_s)
     model, _, label = read_model_arg(spec)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started
+    start_up_s = time.perf_counter() - t0
+    search_budget = max(budget - learning_s - start_up_s, MIN_SEARCH_S)
+    settings.placement = replace(settings.placement, budget_s=search_budget)
     session = Session(model, settings, remeasure=True)
-    search_s = time.perf_counter() - t0
+    search_s = time.perf_counter() - t0 - start_up_s
     plan = session.plan
     estimated_pick, _ = session.planner.choose(plan.candidates)
     doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "budget_seconds": budget,
-           "search_budget_seconds": round(budget - learning_s, 3), "search_seconds": round(search_s, 2),
+           "start_up_seconds": round(start_up_s, 2), "search_budget_seconds": round(search_budget, 3),
+           "search_seconds": round(search_s, 2),
            "estimated_pick": estimated_pick.name, "not_profiled": [],
            "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles, "partitions": []}
     plan_ms = {c.name: c.measured_ms for c in plan.candidates if c.measured_ms is not None}

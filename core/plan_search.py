@@ -34,6 +34,11 @@ MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped (but a hopel
 # the minimum rounds (pose_landmark_full here: WebGPU on lavapipe ~0.9 s a run against the CPU's 11 ms, nine
 # runs of it took most of tune's budget)
 HOPELESS_MARGIN = 3.0
+# an accelerator alone estimated over this many times the CPU alone is not compiled at all: estimates were never
+# that far from the measured times (the widest seen: a WebGPU plan on lavapipe at 0.06x, an int16 model on
+# PoCL at 3.6x), and its cold compile is seconds (pose_landmark_full's WebGPU plan here: estimated 94x the CPU,
+# 5.8 s to compile, 1.35 s a run: tune overran its budget by 1.9 s on it)
+NEVER_ALONE_MARGIN = 10.0
 MAX_ROUNDS = 25
 # Runs of a candidate per round, back to back, the first not timed: a plan run right after another
 # candidate's finds the caches and the device's queue as that one left them, not as its own last run
@@ -199,7 +204,8 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
 
     The single backends alone come first (what the plan must never be slower than), compiled side by side,
     one thread each (``build`` must let different backends compile at once): the host alone always, an
-    accelerator alone while any of the budget is left.  A cold accelerator compile is seconds of driver work
+    accelerator alone while any of the budget is left and unless estimated over NEVER_ALONE_MARGIN times the
+    host alone.  A cold accelerator compile is seconds of driver work
     that releases the interpreter (OpenCL 5.6-5.9 s and WebGPU 2.3-2.9 s cold on the H200, one after the
     other before).  Then the others, one at a time in order of their estimate, where the predicted compile
     (``CompileHistory``) and the minimum rounds of every candidate compiled, its own included, still fit.  A
@@ -213,10 +219,13 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     trials: list[Trial] = []
     history = CompileHistory()
     ordered = sorted(candidates, key=lambda c: (not c.host_alone, not c.baseline, c.estimated_ms))
-    alone = [c for c in ordered if c.host_alone or (c.baseline and time.perf_counter() <= deadline)]
+    host_ms = next((c.estimated_ms for c in ordered if c.host_alone), float("inf"))
+    alone = [c for c in ordered if c.host_alone or (c.baseline and time.perf_counter() <= deadline
+                                                    and c.estimated_ms <= NEVER_ALONE_MARGIN * host_ms)]
     for c in ordered:
         if c.baseline and c not in alone:
-            c.status = "not measured: the budget ran out"
+            c.status = (f"not measured: estimated over {NEVER_ALONE_MARGIN:g}x the CPU alone"
+                        if c.estimated_ms > NEVER_ALONE_MARGIN * host_ms else "not measured: the budget ran out")
 
     def first_run(c: Candidate, run: Callable[[], Any], built_s: float) -> None:
         """The untimed first run (lazy set-up, one candidate at a time); the candidate joins the trials."""

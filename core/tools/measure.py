@@ -26,6 +26,23 @@ REFERENCE_SLOWDOWN = 1.25
 REFERENCE_JITTER_MS = 0.1
 
 
+_IMPORTED = time.perf_counter()
+
+
+def process_started() -> float:
+    """When this process started, on the ``time.perf_counter`` clock (Linux: from /proc; elsewhere when this
+    module was imported, which misses the interpreter's start-up and the first imports)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+    return time.perf_counter() - max(age, 0.0)
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory.  VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
     parent across exec, so a child started by a large process would report the parent's peak."""
