@@ -280,8 +280,13 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 continue
             first_run(c, run, seconds)
     live = list(trials)
+    # a new order each round: a plan run right after another finds the machine as that one left it (an OpenCL
+    # plan's driver threads still busy slowed the CPU plan after it by 1.2x on the H200); in a fixed order
+    # the CPU alone always came after the same accelerator plan (deeplab_tiny_fp32 on an H100 host: OpenCL
+    # greedy chosen, then measured 1.19x the CPU alone in shuffled rounds)
+    order = np.random.default_rng(0)
     for round_ in range(MAX_ROUNDS):
-        for trial in live:
+        for trial in [live[i] for i in order.permutation(len(live))]:
             leader = _leader_ms(live, trial)
             trial.run()
             runs = []
