@@ -29,7 +29,7 @@ from .cost import DeviceProfile, borrowed, host_profile, load_profile, measured,
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
 from .ir import Model, Subgraph, Tensor
 from .memory import keep_freed_host_memory, peak_bytes
-from .planner import Plan, PlacementSettings, Planner
+from .planner import Candidate, Plan, PlacementSettings, Planner
 from .plugins import HOST_WORD, PluginManager, default_manager
 from .runtime import Executor, ModelState, Watchdog, running
 from .stdio import progress
@@ -305,9 +305,7 @@ class Session:
         return Executor(self.graph, host.partitions, self.backends, self.settings.compile, compiled=compiled,
                         state=self.state)
 
-    def _host_alone(self):
-        from .planner import Candidate
-
+    def _host_alone(self) -> Candidate:
         return Candidate(self.host, {op.index: self.host for op in self.graph.ops}, 0.0, host_alone=True)
 
     def _adopt(self, wait: bool) -> None:
@@ -483,8 +481,6 @@ class Session:
     def _precision_variants(self, candidates) -> list:
         """For a config allowing fp16: each accelerator plan also at the precision its backends' rule did not
         pick, so that the measurement, not the rule, decides."""
-        from .planner import Candidate
-
         if self.settings.compile.precision != "fp16":
             return []
         variants = []
