@@ -17,6 +17,11 @@ import numpy as np
 
 from .errors import ModelFormatError
 
+# Ops that reach beyond one run of their own subgraph: resource variables, which keep values between runs,
+# and the control flow and initialisers that call other subgraphs (their outputs' shapes are a variable's or
+# a called subgraph's, declared by the model, not a function of the op's inputs).
+STATE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE", "IF", "WHILE"})
+
 
 class DType(enum.Enum):
     """Tensor element types, valued by their TFLite ``TensorType`` code."""

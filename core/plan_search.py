@@ -49,8 +49,6 @@ RUNS_PER_ROUND = 3
 STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
 DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 
-
-
 # Estimates closer than this do not decide between the CPU alone and the best plan using an accelerator: on
 # the H200 after `delegate calibrate` (2026-12-06) whole-plan estimates were 0.59-1.41x of the measured times,
 # the CPU's of small models the lowest (hand_recrop: 0.44 ms estimated, 0.74 measured).
@@ -66,6 +64,7 @@ def estimates_too_close(candidates: Sequence[Candidate]) -> bool:
         return False
     best = min(others)
     return max(best, host.estimated_ms) < TOO_CLOSE * min(best, host.estimated_ms)
+
 
 def model_fingerprint(graph: Subgraph) -> str:
     """Key of a model: its ops, options, tensor shapes and types, and every weight byte."""

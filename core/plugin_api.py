@@ -22,7 +22,7 @@ from .errors import (CacheError, CompileError, ConfigError, DelegateError, Execu
                      PluginError, UnsupportedOpError)
 from .export import partition_model
 from .hookspecs import hookimpl
-from .ir import DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
+from .ir import STATE_OPS, DType, Model, Op, Quantization, Sparsity, Subgraph, Tensor
 from .memory import aligned_zeros, plan_arena
 from .native import NativeBuild, load_library
 from .partition import make_partition
@@ -45,7 +45,7 @@ __all__ = [
     "CacheError", "CompileError", "ConfigError", "DelegateError", "ExecutionError", "InputError", "PluginError",
     "UnsupportedOpError",
     # the IR a plugin reads
-    "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor",
+    "DType", "Model", "Op", "Quantization", "Sparsity", "Subgraph", "Tensor", "STATE_OPS",
     # helpers the first-party plugins share
     "CacheWarning", "EntryStore", "cache_key", "make_partition", "ops_fingerprint", "partition_model", "plan_arena",
     "ModelState",

@@ -27,7 +27,7 @@ from .backend import HOST, Backend, CompiledPartition, CompileOptions, Partition
 from .config import Limits
 from .cost import DeviceProfile, borrowed, host_profile, load_profile, measured, profile_info
 from .errors import CacheError, CompileError, DelegateError, ExecutionError, InputError, PluginError
-from .ir import Model, Subgraph, Tensor
+from .ir import STATE_OPS, Model, Subgraph, Tensor
 from .memory import keep_freed_host_memory, peak_bytes
 from .planner import Candidate, Plan, PlacementSettings, Planner
 from .plugins import HOST_WORD, PluginManager, default_manager
@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 # How long a load waits for the chosen plan before the host alone serves the first runs meanwhile: kernels
 # loaded from the cache are ready well within it (OpenCL 24-250 ms on the H200 for whole models).
 HOST_FIRST_AFTER_S = 0.25
-# Ops that keep state between runs: a session holding them is never served by a stand-in plan.
-STATEFUL_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE", "IF", "WHILE"})
 
 
 class BackendFallbackWarning(UserWarning):
@@ -271,7 +269,7 @@ class Session:
         return (s.placement.host_first and s.compile.inference_preference == "fast_single_answer" and s.fallback
                 and s.accuracy_guard is None and len(self.model.subgraphs) == 1
                 and not any(t.is_variable for t in self.graph.tensors)
-                and not any(op.opcode in STATEFUL_OPS for op in self.graph.ops))
+                and not any(op.opcode in STATE_OPS for op in self.graph.ops))
 
     def _uses_accelerators(self, plan: Plan) -> bool:
         return any(p.backend != self.host for p in plan.partitions)

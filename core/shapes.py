@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import UnsupportedOpError
-from .ir import Op
+from .ir import STATE_OPS, Op
 
 Shape = tuple[int, ...]
 ShapeFn = Callable[[Op], list[Shape]]
@@ -33,7 +33,7 @@ def rule(*opcodes: str):
 
 # Ops whose output shapes are what the model declares: a variable's or a called subgraph's, not a
 # function of the op's own inputs (so there is no rule to check them against).
-DECLARED_SHAPES = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE", "IF", "WHILE"})
+DECLARED_SHAPES = STATE_OPS
 
 
 def has_rule(opcode: str) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
                                  hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena, cost_class,
-                                 host_profile, op_bytes, op_flops, op_steps)
+                                 host_profile, op_bytes, op_flops, op_steps, STATE_OPS)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
@@ -451,7 +451,7 @@ class SegmentedCompiled(CompiledPartition):
 def _may_split(partition: Partition) -> bool:
     """Whether the partition's ops can run in stretches of their own: no state shared through resource
     variables or control flow (one stretch's assignments would be lost to another's interpreter)."""
-    return not any(op.opcode in _RESOURCE_OPS or any(k.endswith("subgraph_index") for k in op.options)
+    return not any(op.opcode in STATE_OPS or any(k.endswith("subgraph_index") for k in op.options)
                    for op in partition.ops)
 
 
@@ -475,15 +475,11 @@ def _constant_chain(op: Op) -> list[Op]:
     return chain
 
 
-# Ops whose effects outlive a run (resource variables, and control flow that may call them).
-_RESOURCE_OPS = frozenset({"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "IF", "WHILE"})
-
-
 def _may_warm_up(partition: Partition) -> bool:
     """Whether a run on unset inputs is harmless: no string inputs (unset ones hold no valid strings)
     and no resource variables (nothing can undo that run's assignments)."""
     return all(t.dtype is not DType.string for t in partition.inputs) and \
-        not any(op.opcode in _RESOURCE_OPS for op in partition.ops)
+        not any(op.opcode in STATE_OPS for op in partition.ops)
 
 
 def _as_read(partition: Partition) -> bytes | None:
@@ -746,7 +742,7 @@ class CpuBackend(Backend):
             return klass  # integer kinds keep theirs
         step = self._steps.get(op)
         if step is None:  # custom and resource ops run as Python steps: their kernels are not built to see
-            step = self._steps[op] = op.custom or op.opcode in _RESOURCE_OPS or not self._runs_batched(op)
+            step = self._steps[op] = op.custom or op.opcode in STATE_OPS or not self._runs_batched(op)
         return f"{base}/step" if step else klass
 
     def _runs_batched(self, op: Op) -> bool:
