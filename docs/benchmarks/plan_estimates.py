@@ -4,7 +4,8 @@ profiles as they are: run `delegate calibrate` first; nothing here refits them).
     python3 docs/benchmarks/plan_estimates.py OUT.jsonl MODEL... [--seconds S]
 
 Configurations: the CPU alone; OpenCL and WebGPU with the CPU at fp32 and fp16 (the cost model's choice);
-OpenCL and WebGPU greedy; the shipped defaults.  One JSON line per model and configuration (estimated_ms,
+OpenCL and WebGPU greedy; the shipped defaults; and the shipped defaults with `placement.search: measure`
+(chosen by measurement, not from estimates alone).  One JSON line per model and configuration (estimated_ms,
 measured_ms: p50 of 30 runs after 5, on one input, the configurations of a model alternating (``measure``); the
 chosen candidate, partitions, copies, the candidates' estimates, the profiles used), written model by model;
 stops starting new models after --seconds."""
@@ -20,12 +21,14 @@ from delegate.inputs import make_inputs
 from delegate.tools.measure import samples_ms
 
 CONFIGS = [("cpu", "fp32"), ("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"),
-           ("greedy-opencl", "fp32"), ("greedy-wgpu", "fp16"), ("defaults", "fp16")]
+           ("greedy-opencl", "fp32"), ("greedy-wgpu", "fp16"), ("defaults", "fp16"), ("measure", "fp16")]
 
 
 def overrides(config: str, precision: str) -> dict:
     if config == "defaults":
         return {"precision": precision}
+    if config == "measure":  # the shipped defaults with the measured search
+        return {"precision": precision, "placement.search": "measure"}
     extra = {"precision": precision, "placement.search": "estimate"}
     if config.startswith("greedy-"):
         return {**extra, "backends": f"[{config[7:]},cpu]", "partitioner": "greedy"}
