@@ -358,22 +358,23 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             # events are held to the partition's whole time, its estimated transfers included (the H200's OpenCL
             # kernels summed to up to 3x it; the estimate of its transfers may be most of a small one's time)
             if obs.op_times_include_launch or obs.op_times_alone:
-                share = own / timed if (obs.op_times_alone and timed > 0 < own) or timed > own > 0 else 1.0
+                target = own if (obs.op_times_alone and timed > 0 < own) or timed > own > 0 else timed
             else:
-                share = obs.ms / timed if timed > obs.ms > 0 else 1.0
+                target = obs.ms if timed > obs.ms > 0 else timed
+            shares = _apportioned({op.index: obs.op_ms[op.index] for op in counted if op.index in obs.op_ms}, target,
+                                  obs.op_times_alone)
             for op in counted:
                 roof = profile.roofline_ms(op_flops(op), op_bytes(op))
-                measured = obs.op_ms.get(op.index)
+                measured = shares.get(op.index)
                 if measured is None or roof <= 0:
                     continue
                 # the host's times keep their launch: refit finds it (see above)
-                points.setdefault(classify(op), []).append([float(op_steps(op)), roof, measured * share])
+                points.setdefault(classify(op), []).append([float(op_steps(op)), roof, measured])
                 added += 1
             if obs.op_times_include_launch:  # host timers: the partition's overhead is what they leave out
-                points.setdefault("partition", []).append([own - timed * share])
+                points.setdefault("partition", []).append([own - sum(shares.values())])
             else:  # device events: the host's launches overlap the kernels, fitted over whole partitions
-                points.setdefault(QUEUED, []).append([own, *(obs.op_ms.get(op.index, 0.0) * share
-                                                             for op in counted)])
+                points.setdefault(QUEUED, []).append([own, *(shares.get(op.index, 0.0) for op in counted)])
             added += 1
         elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
             roofs = [profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted]
@@ -429,6 +430,22 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     if added:
         _fitted_now(profile, added)
     return added
+
+
+def _apportioned(op_ms: Mapping[int, float], total: float, alone: bool) -> dict[int, float]:
+    """Op times brought to sum to ``total``, the partition's own time, by scaling; ops timed ``alone`` beyond it
+    first lose their excess as a cost common to every op, at most half an op's time: each paid a whole engine
+    call of its own (LiteRT: 1-3 us, where a small transformer's ops take 0.4 us inside the network), and scaling
+    alone took that off large ops in proportion (the transformer's matrix products came out at a third of
+    their time)."""
+    timed = sum(op_ms.values())
+    if timed <= 0 or total <= 0:
+        return dict(op_ms)
+    if timed > total and alone:
+        common = (timed - total) / len(op_ms)
+        op_ms = {i: ms - min(common, 0.5 * ms) for i, ms in op_ms.items()}
+        timed = sum(op_ms.values())
+    return {i: ms * total / timed for i, ms in op_ms.items()}
 
 
 def _fitted_now(profile: DeviceProfile, added: int) -> None:
