@@ -596,6 +596,24 @@ def test_refit_of_host_op_timers_takes_their_share_and_finds_the_launch():
     assert estimate == pytest.approx(sum(took.values()), rel=0.05)
 
 
+def test_refit_of_ops_timed_alone_takes_off_the_engine_call_each_paid():
+    """Ops timed alone (LiteRT's engine: a one-op model each) each pay an engine call that the network's run
+    pays once: their excess over the partition comes off as a cost common to every op, so the large ops keep
+    their own time (scaled in proportion, a transformer's matrix products came out at a third of theirs)."""
+    from delegate.cost import cost_class
+
+    graph = read_model(zoo.build("mobilenet_v1", alpha=0.25, size=64)).main
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+    took = {op.index: 0.0005 + profile.roofline_ms(op_flops(op), op_bytes(op)) for op in graph.ops}
+    alone = {i: ms + 0.003 for i, ms in took.items()}  # 3 us of engine call each
+    refit(profile, [Observation(graph.ops, sum(took.values()), alone, op_times_alone=True)], lambda op: False)
+    estimate = sum(profile.compute_ms(op_flops(op), op_bytes(op), cost_class(op)) for op in graph.ops)
+    assert estimate == pytest.approx(sum(took.values()), rel=0.05)
+    largest = max(graph.ops, key=lambda op: took[op.index])
+    assert profile.compute_ms(op_flops(largest), op_bytes(largest), cost_class(largest)) == pytest.approx(
+        took[largest.index], rel=0.15)
+
+
 def test_refit_of_large_host_ops_only_draws_no_floor_for_small_ones():
     """A line through large ops only says nothing of a floor: MobileNetV2's convolutions timed by the numpy
     engine (rooflines of 17-380 us, their efficiencies scattered) drew a start of 37 us that a model of small
