@@ -12,6 +12,7 @@ shared by threads: runs take turns, each with its own inputs and outputs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -107,13 +108,15 @@ def _warn(message: str) -> None:
 
 
 def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], manager: PluginManager,
-                         fallback: bool) -> tuple[dict[str, Backend], dict[str, str]]:
+                         fallback: bool, built_host: tuple[str, Backend] | None = None
+                         ) -> tuple[dict[str, Backend], dict[str, str]]:
     """Build the requested backends in priority order; the host is always there, last.
 
     The config's ``cpu`` names the host backend whatever its plugin calls it; the first host requested is the
-    host, a later one is skipped.  Returns the backends and, for each one skipped, why.
+    host, a later one is skipped.  ``built_host``: the host, already built (name, backend): the others are
+    built around it.  Returns the backends and, for each one skipped, why.
     """
-    backends: dict[str, Backend] = {}
+    backends: dict[str, Backend] = dict([built_host]) if built_host else {}
     skipped: dict[str, str] = {}
     for name, options in requested:
         name = manager.resolve(name)
@@ -147,6 +150,17 @@ def instantiate_backends(requested: Sequence[tuple[str, Mapping[str, Any]]], man
     # the host last: it is the fallback, whatever the order in the config
     backends[host] = backends.pop(host) if host in backends else manager.create(host)
     return backends, skipped
+
+
+def host_entries(requested: Sequence[tuple[str, Mapping[str, Any]]], manager: PluginManager
+                 ) -> list[tuple[str, Mapping[str, Any]]]:
+    """The requested backends whose plugins are hosts, after checking that every name is installed (an unknown
+    name is the configuration's error, raised at load whatever is built later)."""
+    for name, _ in requested:
+        name = manager.resolve(name)
+        if name not in manager.disabled and name not in manager.load_errors:
+            manager.backend_info(name)  # unknown name -> PluginError listing the installed ones
+    return [(name, options) for name, options in requested if _role(manager, manager.resolve(name)) == HOST]
 
 
 def _role(manager: PluginManager, name: str) -> str | None:
@@ -202,8 +216,10 @@ class Session:
         self.graph: Subgraph = model.subgraphs[subgraph]
         started = time.perf_counter()
         self._warned: set[str] = set()
-        self.backends, self.skipped = instantiate_backends(self.settings.backends, self.manager,
-                                                           self.settings.fallback)
+        self._host_first = host_first and self._may_serve_from_host()
+        # host first: the accelerators start on the preparing thread (a GPU driver's first start takes seconds)
+        requested = host_entries(self.settings.backends, self.manager) if self._host_first else self.settings.backends
+        self.backends, self.skipped = instantiate_backends(requested, self.manager, self.settings.fallback)
         self.host = next(name for name, b in self.backends.items() if b.role == HOST)
         validate_graph(self.graph)
         check_budget(self.graph, self.settings.limits)
@@ -211,25 +227,22 @@ class Session:
             if graph_pass(self.graph):
                 self.graph.link()
         self._lock = threading.RLock()
-        self._compile_watch = self._watchdogs("compile_timeout_s")
-        self.profiles = backend_profiles(self.backends, self.settings.compile.num_threads)
-        self.planner = Planner(self.backends, self.profiles, self.settings.compile, self._host_rules())
         self.baseline_executors: dict[str, Executor] = {}  # with remeasure: the single-backend plans measured
         # one compile at a time per backend: a measured search and the host serving meanwhile compile at once
-        self._compiling = {name: threading.Lock() for name in self.backends}
+        self._compiling: dict[str, threading.Lock] = {}
+        self._use_backends(self.backends, self.skipped)
         self._meanwhile: _Meanwhile | None = None  # the chosen plan being prepared while the host serves
-        self._host_first = host_first and self._may_serve_from_host()
         self._measure_later: Callable[[], tuple[Plan, list[CompiledPartition]]] | None = None
-        self.plan, compiled = self._choose_plan(remeasure, started)
-        self.plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
-        for d in self.plan.decisions:
-            log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
-        self.manager.hook.delegate_plan_ready(plan=self.plan)
         self.ready_ms: float | None = None  # when the chosen plan could run (after init_ms where the host served)
-        if compiled is None and self._host_first and (self._measure_later or self._uses_accelerators(self.plan)):
+        if self._host_first and len(self.settings.backends) > len(requested):
             self._serving = self._prepare_meanwhile(started)
         else:
-            self._serving = self._ready(compiled or self._compile_all(list(self.plan.partitions)))
+            self.plan, compiled = self._choose_plan(remeasure, started)
+            self._announce(self.plan)
+            if compiled is None and self._host_first and (self._measure_later or self._uses_accelerators(self.plan)):
+                self._serving = self._prepare_meanwhile(started)
+            else:
+                self._serving = self._ready(compiled or self._compile_all(list(self.plan.partitions)))
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
             # on a scratch state, and variable tensors reset after: the user's first run starts afresh
             with running(ModelState(model)):
@@ -238,6 +251,23 @@ class Session:
         self.init_ms = (time.perf_counter() - started) * 1e3
         if self._meanwhile is None:
             self.ready_ms = self.init_ms
+
+    def _use_backends(self, backends: dict[str, Backend], skipped: dict[str, str]) -> None:
+        """Plan and compile with ``backends`` from now on (their profiles, planner and watchdogs)."""
+        with self._lock:
+            self.backends, self.skipped = backends, skipped
+            self._compile_watch = self._watchdogs("compile_timeout_s")
+            self.profiles = backend_profiles(backends, self.settings.compile.num_threads)
+            self.planner = Planner(backends, self.profiles, self.settings.compile, self._host_rules())
+            for name in backends:
+                self._compiling.setdefault(name, threading.Lock())
+
+    def _announce(self, plan: Plan) -> None:
+        """The plan chosen: its notes on backends skipped, its decisions logged, the plugins told."""
+        plan.notes.extend(f"{name} skipped: {why}" for name, why in self.skipped.items())
+        for d in plan.decisions:
+            log.info("op #%d %s v%d -> %s: %s", d.index, d.opcode, d.version, d.backend, d.reason)
+        self.manager.hook.delegate_plan_ready(plan=plan)
 
     def _ready(self, compiled: list[CompiledPartition]) -> Executor:
         """The executor of the plan as compiled (a fallback while compiling revised the plan), its notes."""
@@ -275,31 +305,38 @@ class Session:
         return any(p.backend != self.host for p in plan.partitions)
 
     def _prepare_meanwhile(self, started: float) -> Executor:
-        """Prepare the chosen plan on a thread (measure the candidates first where ``_measure_later`` says so,
-        then compile); unless it is ready within HOST_FIRST_AFTER_S (kernels cached), the host alone serves
-        the runs until it is (``_adopt``).  A cold OpenCL compile takes 1-6 s on a GPU host, LiteRT's own
-        GPU initialisation 0.6-2 s: the first answers should not wait for either."""
-        job = _Meanwhile(self._measure_later, started)
+        """Prepare the chosen plan on a thread (start the accelerators and choose it first where they are not
+        started yet, measure the candidates where ``_measure_later`` says so, then compile); unless it is ready
+        within HOST_FIRST_AFTER_S (kernels cached), the host alone serves the runs until it is (``_adopt``).  A
+        cold OpenCL compile takes 1-6 s on a GPU host, LiteRT's own GPU initialisation 0.6-2 s, a GPU driver's
+        first start on a fresh machine seconds: the first answers should wait for none of them."""
+        start_backends = not hasattr(self, "plan")
+        host = None
+        if start_backends:  # until the chosen plan is known: the host's own, which the first runs go to
+            with contextlib.suppress(Exception):  # (none: the runs wait for the chosen plan)
+                self.plan = host = self.planner.plan_for(self.graph, self._host_alone())
+        job = _Meanwhile(self._measure_later, started, start_backends)
         self._meanwhile = job
         job.thread = threading.Thread(target=job.prepare, args=(self,), name="delegate-prepare")
         job.thread.start()
         job.thread.join(HOST_FIRST_AFTER_S)
-        host = None
-        if job.thread.is_alive():
+        if job.thread.is_alive() and (host is not None or not start_backends):
             try:
-                host = self.planner.plan_for(self.graph, self._host_alone())
+                host = host or self.planner.plan_for(self.graph, self._host_alone())
                 compiled = [self._compile_now(p, self.settings.compile) for p in host.partitions]
             except Exception:  # e.g. an op only an accelerator runs: the runs wait for the chosen plan
                 host = None
+        else:
+            host = None
         if host is None:
             job.thread.join()
             self._meanwhile = None
             if job.error is not None:
                 raise job.error
-            return job.executor
-        job.note = (f"the first runs go to {self.host} alone while the chosen plan is "
-                    + ("measured and compiled" if self._measure_later else "compiled"))
-        self.plan.notes.append(job.note)
+            return job.executor or self._ready(self._compile_all(list(self.plan.partitions)))
+        with self._lock:
+            job.note = f"the first runs go to {self.host} alone while " + job.doing()
+            self.plan.notes.append(job.note)
         return Executor(self.graph, host.partitions, self.backends, self.settings.compile, compiled=compiled,
                         state=self.state)
 
@@ -321,14 +358,16 @@ class Session:
                 return
             if job.error is not None:
                 raise job.error
-            job.executor.runs = self._serving.runs
-            self._serving, self._meanwhile = job.executor, None
+            self._meanwhile = None
             self.ready_ms = job.ready_ms
             if job.note in self.plan.notes:
                 self.plan.notes.remove(job.note)
+            if job.executor is None:  # the host alone was chosen: it serves on as it did
+                return
+            job.executor.runs = self._serving.runs
+            self._serving = job.executor
             self.plan.notes.append(f"runs before {job.ready_ms / 1e3:.2f} s (from the load) went to {self.host} "
-                                   f"alone while this plan was " + ("measured and compiled" if job.measure
-                                                                    else "compiled"))
+                                   f"alone while {job.doing(done=True)}")
 
     def _host_rules(self) -> PlacementSettings:
         """The placement settings with the config's word ``cpu`` in pins and denies meaning this session's host."""
@@ -742,22 +781,47 @@ class Session:
 class _Meanwhile:
     """The chosen plan prepared on a thread while the host alone serves (``Session._prepare_meanwhile``)."""
 
-    def __init__(self, measure: Callable[[], tuple[Plan, list[CompiledPartition]]] | None, started: float):
-        self.measure, self.started = measure, started
+    def __init__(self, measure: Callable[[], tuple[Plan, list[CompiledPartition]]] | None, started: float,
+                 start_backends: bool):
+        self.measure, self.started, self.start_backends = measure, started, start_backends
         self.thread: threading.Thread | None = None
-        self.executor: Executor | None = None
+        self.executor: Executor | None = None  # None: the host alone was chosen
         self.error: BaseException | None = None
         self.ready_ms: float | None = None
         self.note = ""  # the plan's note on the host serving meanwhile
 
+    def doing(self, done: bool = False) -> str:
+        """What the thread does (did) meanwhile, for the plan's notes."""
+        what = "measured and compiled" if self.measure else "compiled"
+        if self.start_backends:
+            return (f"the accelerators started and this plan was chosen, {what}" if done
+                    else "the accelerators start and the plan is chosen and prepared")
+        return f"this plan was {what}" if done else f"the chosen plan is {what}"
+
     def prepare(self, session: "Session") -> None:
         try:
             compiled = None
+            plan = None if self.start_backends else session.plan
+            if self.start_backends:
+                backends, skipped = instantiate_backends(session.settings.backends, session.manager,
+                                                         session.settings.fallback,
+                                                         built_host=(session.host, session.backends[session.host]))
+                session._use_backends(backends, {**session.skipped, **skipped})
+                plan, compiled = session._choose_plan(False, self.started)
+                self.measure = session._measure_later  # too close to call: measured here and now
             if self.measure is not None:
                 plan, compiled = self.measure()
-                session.plan = plan
-                session.manager.hook.delegate_plan_ready(plan=plan)
-            self.executor = session._ready(compiled or session._compile_all(list(session.plan.partitions)))
+            if plan is not session.plan:
+                with session._lock:
+                    plan.notes.extend(n for n in [self.note] if n)  # the host serving meanwhile, if it does
+                    session.plan = plan
+                if self.start_backends:
+                    session._announce(plan)
+                else:
+                    session.manager.hook.delegate_plan_ready(plan=plan)
+            host_alone = [p.backend for p in plan.partitions] == [session.host]
+            if compiled or not host_alone:
+                self.executor = session._ready(compiled or session._compile_all(list(plan.partitions)))
         except BaseException as exc:  # raised to the caller at its next run, as the load would have
             self.error = exc
         self.ready_ms = (time.perf_counter() - self.started) * 1e3

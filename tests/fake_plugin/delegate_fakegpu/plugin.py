@@ -63,6 +63,8 @@ class FakeGpu(Backend):
     def __init__(self, options):
         self.options = dict(options)
         self.fail_compile = bool(self.options.get("fail_compile"))
+        if self.options.get("start_ms"):  # a GPU driver's first start on a fresh machine
+            time.sleep(float(self.options["start_ms"]) / 1e3)
 
     def supports(self, op, options):
         if self.options.get("fail_supports"):
