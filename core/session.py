@@ -235,12 +235,12 @@ class Session:
         self._measure_later: Callable[[], tuple[Plan, list[CompiledPartition]]] | None = None
         self.ready_ms: float | None = None  # when the chosen plan could run (after init_ms where the host served)
         if self._host_first and len(self.settings.backends) > len(requested):
-            self._serving = self._prepare_meanwhile(started)
+            self._serving = self._prepare_meanwhile(started, start_backends=True)
         else:
             self.plan, compiled = self._choose_plan(remeasure, started)
             self._announce(self.plan)
             if compiled is None and self._host_first and (self._measure_later or self._uses_accelerators(self.plan)):
-                self._serving = self._prepare_meanwhile(started)
+                self._serving = self._prepare_meanwhile(started, start_backends=False)
             else:
                 self._serving = self._ready(compiled or self._compile_all(list(self.plan.partitions)))
         if self.settings.accuracy_guard is not None and any(p.backend != self.host for p in self.plan.partitions):
@@ -304,13 +304,12 @@ class Session:
     def _uses_accelerators(self, plan: Plan) -> bool:
         return any(p.backend != self.host for p in plan.partitions)
 
-    def _prepare_meanwhile(self, started: float) -> Executor:
+    def _prepare_meanwhile(self, started: float, start_backends: bool) -> Executor:
         """Prepare the chosen plan on a thread (start the accelerators and choose it first where they are not
         started yet, measure the candidates where ``_measure_later`` says so, then compile); unless it is ready
         within HOST_FIRST_AFTER_S (kernels cached), the host alone serves the runs until it is (``_adopt``).  A
         cold OpenCL compile takes 1-6 s on a GPU host, LiteRT's own GPU initialisation 0.6-2 s, a GPU driver's
         first start on a fresh machine seconds: the first answers should wait for none of them."""
-        start_backends = not hasattr(self, "plan")
         host = None
         if start_backends:  # until the chosen plan is known: the host's own, which the first runs go to
             with contextlib.suppress(Exception):  # (none: the runs wait for the chosen plan)
@@ -792,10 +791,11 @@ class _Meanwhile:
 
     def doing(self, done: bool = False) -> str:
         """What the thread does (did) meanwhile, for the plan's notes."""
-        what = "measured and compiled" if self.measure else "compiled"
         if self.start_backends:
-            return (f"the accelerators started and this plan was chosen, {what}" if done
-                    else "the accelerators start and the plan is chosen and prepared")
+            return ("the accelerators started and this plan was " + ("chosen by measurement and compiled"
+                                                                     if self.measure else "chosen and compiled")
+                    if done else "the accelerators start and the plan is chosen and prepared")
+        what = "measured and compiled" if self.measure else "compiled"
         return f"this plan was {what}" if done else f"the chosen plan is {what}"
 
     def prepare(self, session: "Session") -> None:

@@ -1299,7 +1299,7 @@ def test_the_host_serves_the_first_runs_while_the_chosen_plan_compiles(profile_d
         assert session.ready_ms >= 800 > session.init_ms
         later = session.run(x)
         np.testing.assert_allclose(next(iter(later.values())), next(iter(expected.values())), rtol=1e-6)
-        assert any("went to cpu alone while the accelerators started and this plan was chosen, compiled" in n
+        assert any("went to cpu alone while the accelerators started and this plan was chosen and compiled" in n
                    for n in session.plan.notes)
         assert not any("the first runs go to" in n for n in session.plan.notes)
     # without host_first (the CLI's tools) or with placement.host_first off, the load waits
@@ -1327,6 +1327,7 @@ def test_estimates_too_close_to_call_are_measured_while_the_host_serves(profile_
     assert np.isfinite(next(iter(session.run({"x": np.ones(SHAPE, np.float32)}).values()))).all()
     assert session.executor is not None  # waits for the measurement
     assert session.plan.chosen == "cpu" and session.plan.choice == "measured meanwhile"
+    assert any("this plan was chosen by measurement and compiled" in n for n in session.plan.notes)
     times = {c.name: c.measured_ms for c in session.plan.candidates}
     assert times["greedy:fakegpu"] > 50.0 > times["cpu"]
     # stored: the next load takes the decision and has nothing to prepare
