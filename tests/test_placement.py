@@ -15,7 +15,7 @@ from delegate import plan_search
 from delegate.backend import HOST, Backend, Support
 from delegate.cost import ACCELERATOR_DEFAULT, DeviceProfile, Observation, cost_class, fingerprint, load_profile, \
     op_bytes, op_flops, profile_info, refit, refit_plan, save_profile
-from delegate.errors import CacheError, MeasurementError
+from delegate.errors import CacheError, MeasurementError, PluginError
 from delegate.planner import PlacementSettings, Planner
 from delegate.session import RunSettings, Session
 from delegate.tflite.builder import GraphBuilder
@@ -1309,6 +1309,22 @@ def test_the_host_serves_the_first_runs_while_the_chosen_plan_compiles(profile_d
                            host_first=True)):
         assert waited.init_ms >= 300 and waited.ready_ms == waited.init_ms
         assert [p.backend for p in waited._serving.partitions] == ["fakegpu"]
+
+
+def test_an_accelerator_failing_to_start_meanwhile_leaves_the_host_serving(profile_dir):
+    """Started on the preparing thread, an accelerator whose driver fails is skipped as at load: the plan says
+    why, the CPU alone runs the model; an unknown backend name still fails the load itself."""
+    model, x = elementwise_model(), {"x": np.ones(SHAPE, np.float32)}
+    session = Session(model, host_first_settings(start_ms=400, fail_start=True), host_first=True)
+    assert session.ready_ms is None
+    np.testing.assert_allclose(next(iter(session.run(x).values())),
+                               next(iter(Session(model, RunSettings(backends=[("cpu", {"engine": "numpy"})])).run(x)
+                                         .values())), rtol=1e-6)
+    session.wait_until_ready()
+    assert session.plan.chosen == "cpu" and list(session.backends) == ["cpu"]
+    assert any("fakegpu skipped" in n and "simulated driver failure" in n for n in session.plan.notes)
+    with pytest.raises(PluginError, match="unknown backend 'nosuch'"):
+        Session(model, replace(host_first_settings(), backends=[("nosuch", {}), ("cpu", {})]), host_first=True)
 
 
 def test_a_compile_that_is_ready_at_once_is_used_from_the_first_run(profile_dir):

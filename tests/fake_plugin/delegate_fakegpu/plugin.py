@@ -65,6 +65,8 @@ class FakeGpu(Backend):
         self.fail_compile = bool(self.options.get("fail_compile"))
         if self.options.get("start_ms"):  # a GPU driver's first start on a fresh machine
             time.sleep(float(self.options["start_ms"]) / 1e3)
+        if self.options.get("fail_start"):
+            raise RuntimeError("simulated driver failure")
 
     def supports(self, op, options):
         if self.options.get("fail_supports"):
