@@ -189,10 +189,11 @@ def test_the_planner_costs_the_kernels_the_lowering_launches(name, model):
     session = delegate.load(read_model(KERNEL_MODELS[model]()), backends=f"[{name},cpu]", partitioner="greedy",
                             **{"placement.search": "estimate"})
     try:
+        executor = session.executor  # the chosen plan, once the accelerators have started (host first)
         folded = session.planner.folded(session.graph, name)
         backend = session.backends[name]
         checked = 0
-        for part, compiled in zip(session.plan.partitions, session.executor.compiled):
+        for part, compiled in zip(session.plan.partitions, executor.compiled):
             if part.backend != name:
                 continue
             charged = [op for op in part.ops if op.index not in folded

@@ -62,6 +62,7 @@ import json, sys, time
 import delegate
 start = time.perf_counter()
 session = delegate.load("zoo:mobilenet_v1")
+session.wait_until_ready()  # the accelerators start behind the first runs (host first)
 print(json.dumps({"on": sorted({p.backend for p in session.plan.partitions}),
                   "backends": sorted(session.backends),
                   "drivers": sorted(m for m in ("pyopencl", "wgpu") if m in sys.modules)}))
@@ -88,6 +89,7 @@ import numpy as np
 import delegate
 from delegate.inputs import make_inputs
 gpu = delegate.load("zoo:mobilenet_v1", backends="[opencl,cpu]", partitioner="greedy")
+gpu.wait_until_ready()
 cpu = delegate.load("zoo:mobilenet_v1", backends="[cpu]")
 x = make_inputs(gpu.graph, None)
 a, b = (next(iter(s.run(x).values())) for s in (gpu, cpu))
