@@ -42,6 +42,7 @@ def measure(model: str, backend: str, settings: dict) -> dict:
         backends = "[cpu]" if backend == "cpu" else f"[{backend},cpu]"
         session = delegate.load(model, backends=backends, partitioner="greedy", **{"placement.search": "estimate"},
                                 **settings)
+        session.wait_until_ready()  # the plan measured, not the CPU answering while the accelerator starts
         inputs = session.normalize_inputs(make_inputs(session.graph, None))
         times = samples_ms(lambda: session.run_indexed(inputs), 30, warmup=5)
         timings = profile_partitions(session.executor, inputs, 15)

@@ -26,8 +26,10 @@ def load(model: str, backend: str, precision: str, watchdog: bool):
     if watchdog:
         WgpuBackend.bound_waits = lambda self, seconds: False
     try:
-        return delegate.load(model, None, precision=precision, backends=f"[{backend},cpu]", partitioner="greedy",
-                             **{"placement.search": "estimate"})
+        session = delegate.load(model, None, precision=precision, backends=f"[{backend},cpu]", partitioner="greedy",
+                                **{"placement.search": "estimate"})
+        session.wait_until_ready()  # the backend starts and compiles behind the first runs: under the patch above
+        return session
     finally:
         WgpuBackend.bound_waits = shipped
 
