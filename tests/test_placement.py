@@ -1423,3 +1423,39 @@ def test_an_accelerator_alone_estimated_far_slower_than_the_cpu_alone_is_not_com
     assert sorted(built) == ["cpu", "greedy:worse"]
     assert candidates[1].status == "not measured: estimated over 5x the CPU alone"
     assert candidates[2].measured_ms is not None
+
+
+def test_a_fused_kernels_time_is_learned_on_the_op_it_is_costed_to(profile_dir):
+    """OpenCL's events name a kernel by its first op: the depthwise convolution a 1x1 convolution's kernel
+    computes while staging its input.  The planner costs that kernel to the 1x1 convolution (its group's
+    anchor) and the depthwise one at nothing, so the refit dropped the kernel's time as a folded op's and
+    kept it, with ``store_ops``, as the depthwise op's own: both now go to the anchor."""
+    pytest.importorskip("pyopencl")
+    from delegate.cost import op_signature
+    from delegate.passes import folded_into
+    from delegate.tools.measure import learn_from, on_anchors, profile_partitions
+    from delegate_opencl.device import probe
+    if not probe()[0]:
+        pytest.skip("no OpenCL device here")
+
+    assert on_anchors({6: 0.5, 9: 0.0, 2: 0.25}, {6: 9, 3: 2}) == {9: 0.5, 2: 0.25}
+    settings = RunSettings(backends=[("opencl", {}), ("cpu", {})],
+                           placement=PlacementSettings(partitioner="greedy", search="estimate", host_first=False))
+    session = Session(read_model(zoo.build("mobilenet_v1", alpha=0.25, size=64)), settings)
+    groups, _ = session.planner.groups(session.graph)
+    depthwise = {i: a for i, (a, kind) in folded_into(groups["opencl"]).items() if kind == "depthwise_pointwise"}
+    assert depthwise  # the network's depthwise convolutions fold into the 1x1 ones reading them
+    timings = profile_partitions(session.executor, session.normalize_inputs(session._random_inputs()), runs=2)
+    (timed,) = [t for t in timings if t.backend == "opencl"]
+    assert set(depthwise) <= set(timed.op_ms)  # the timer names the fused kernels by their depthwise op
+    learn_from(session, session.executor, timings, store_ops=True)
+    stored = session.profiles["opencl"].measured_op_ms
+    ops = {op.index: op for op in session.graph.ops}
+    kernels = on_anchors(timed.op_ms, depthwise)
+    for dw, anchor in depthwise.items():
+        assert kernels[anchor] >= timed.op_ms[dw] > 0
+        # ops of one signature keep one of their times
+        assert stored[op_signature(ops[anchor])] in {ms for i, ms in kernels.items()
+                                                       if op_signature(ops[i]) == op_signature(ops[anchor])}
+        assert op_signature(ops[dw]) not in stored
+    session.close()

@@ -200,12 +200,25 @@ def estimate_report(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "pick_within_1_10": picks}
 
 
+def on_anchors(op_ms: dict[int, float], anchors: dict[int, int]) -> dict[int, float]:
+    """Per-op times with a fused kernel's time on the op the planner costs it to (its group's anchor:
+    ``passes.folded_into``): a backend's timer names a kernel by any of its ops (OpenCL's by the first,
+    the depthwise convolution a 1x1 convolution's kernel computes), and the ops folded into an anchor
+    cost nothing of their own, so a time left on one would go unlearned (or be kept as that op's)."""
+    moved: dict[int, float] = {}
+    for index, ms in op_ms.items():
+        target = anchors.get(index, index)
+        moved[target] = moved.get(target, 0.0) + ms
+    return moved
+
+
 def learn_from(session, executor, timings: list[PartitionTiming], store_ops: bool = False,
                plan_ms: float | None = None) -> list[str]:
     """Refit each backend's profile to measured partitions of ``executor`` (a plan of ``session``), and with
     ``plan_ms`` (the whole plan's measured time) to what the plan cost beyond them; with ``store_ops`` keep
     the exact op times for later plans; returns where profiles were saved."""
     from ..cost import Observation, op_signature, profile_info, refit, refit_plan, save_profile
+    from ..passes import folded_into
 
     saved = []
     changed = set()
@@ -217,6 +230,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
     described = {p.index: c.describe() for p, c in zip(executor.partitions, executor.compiled)}
     engines = {i: d.get("engine") for i, d in described.items()}
     threads = session.settings.compile.num_threads
+    groups, _ = session.planner.groups(session.graph)
     for name, backend in session.backends.items():
         engine = backend.device_info().get("engine")
         # a partition run by another engine than the one this profile describes (the numpy engine taking a
@@ -228,7 +242,9 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
         if not mine and name not in changed:
             continue
         profile = session.profiles[name]
-        observations = [Observation(list(parts[t.index].ops), t.ms, t.op_ms, op_times_include_launch=backend.role == HOST,
+        anchors = {index: anchor for index, (anchor, _) in folded_into(groups.get(name, [])).items()}
+        observations = [Observation(list(parts[t.index].ops), t.ms, on_anchors(t.op_ms, anchors),
+                                    op_times_include_launch=backend.role == HOST,
                                     op_times_alone=t.ops_alone,
                                     transfer_ms=sum(session.planner.transfer_cost(x, name)
                                                     for x in parts[t.index].inputs + parts[t.index].outputs))
@@ -239,7 +255,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                      lambda op, b=backend: asked_cost_class(b, op))
         if store_ops:
             for t in mine:
-                for i, ms in t.op_ms.items():
+                for i, ms in on_anchors(t.op_ms, anchors).items():
                     profile.measured_op_ms[op_signature(ops[i])] = ms
         if used or store_ops or name in changed:
             saved.append(str(save_profile(profile_info(backend, session.settings.compile.num_threads), profile)))
