@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -130,6 +130,9 @@ class DeviceProfile:
     # a host calibrated at n threads: how many times faster its matrix products ran than at one thread
     # (0: not measured; the serial kinds then count n)
     thread_speedup: float = 0.0
+    # what a kernel spends, per input channel, on an op of each fold kind (``WORKING_FOLDS``) it computes while
+    # reading it (fitted: ``refit``); a kind never fitted costs nothing beyond its reader's own estimate
+    folded_channel_us: dict[str, float] = field(default_factory=dict)
     fit_points: dict[str, list[list[Any]]] = field(default_factory=dict)  # the measurements behind the fit
     asynchronous: bool = False
     measured_op_ms: dict[str, float] = field(default_factory=dict)  # op signature -> measured ms
@@ -143,9 +146,17 @@ class DeviceProfile:
 
     def compute_ms(self, flops: float, nbytes: float, klass: str | None = None, steps: int = 1) -> float:
         """``steps``: the op's dependent kernel steps (``op_steps``), each paying the class's floor."""
-        work = self.floor_ms(klass) * steps + self.roofline_work_ms(self.roofline_ms(flops, nbytes), klass)
+        return self.kernel_ms(self.roofline_ms(flops, nbytes), klass, steps)
+
+    def kernel_ms(self, roof: float, klass: str | None, steps: int = 1) -> float:
+        """An op of roofline ``roof`` ms: its class's work and its launch (see the class docstring)."""
+        work = self.floor_ms(klass) * steps + self.roofline_work_ms(roof, klass)
         launch = self.launch_us * 1e-3
         return max(launch, work) if self.asynchronous else launch + work
+
+    def folded_ms(self, kind: str, channels: float) -> float:
+        """What an op folded into its reader's kernel (``kind``: ``passes.folded_into``) adds to that kernel."""
+        return self.folded_channel_us.get(kind, 0.0) * channels * 1e-3
 
     def floor_ms(self, klass: str | None) -> float:
         return _fitted(self.class_floor_us, klass, 0.0) * 1e-3
@@ -275,14 +286,14 @@ def op_flops(op: Op) -> float:
     return float(max(out, ins)) * FLOPS_PER_ELEMENT.get(code, 1.0)
 
 
-def fold_group_costs(costs: dict[int, dict[str, float]], folded: Mapping[str, Collection[int]]) -> None:
+def fold_group_costs(costs: dict[int, dict[str, float]], folded: Mapping[str, Mapping[int, float]]) -> None:
     """A fused group costs one kernel, its anchor's: on each backend, the ops it folds into their group's
-    anchor (``folded[backend]``, op indices; constants it computes at compile time among them) cost
-    nothing of their own."""
-    for backend, indices in folded.items():
-        for index in indices:
+    anchor (``folded[backend]``: op index -> ms; constants it computes at compile time among them) cost
+    only what they add to that kernel (``DeviceProfile.folded_ms``), most of them nothing."""
+    for backend, fold_ms in folded.items():
+        for index, ms in fold_ms.items():
             if backend in costs.get(index, {}):
-                costs[index][backend] = 0.0
+                costs[index][backend] = ms
 
 
 def op_bytes(op: Op) -> float:
@@ -303,6 +314,32 @@ class Observation:
     op_times_include_launch: bool = True  # host timers do; device events time the kernel alone
     op_times_alone: bool = False  # each op timed run alone, outside the partition: they give its share
     transfer_ms: float = 0.0
+    # anchor op index -> (fold kind, input channels) of each working fold its kernel computes (``folds_of``):
+    # its time is its own class's work and theirs
+    folds: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
+
+
+# the fold kinds whose folded op still does its work inside its reader's kernel (a depthwise convolution
+# computed while a 1x1 convolution stages its input; a 1x1 convolution of one pixel run with the next): each
+# costs what ``DeviceProfile.folded_channel_us`` fits.  The other folds (pads, gates, reshapes, activations,
+# constants) become addressing or an epilogue and cost nothing.
+WORKING_FOLDS = ("depthwise_pointwise", "chain")
+
+
+def folds_of(ops: Sequence[Op], folded: Mapping[int, tuple[int, str]]) -> dict[int, list[tuple[str, float]]]:
+    """Per anchor (op index), its working folds among ``ops``: ``folded`` is ``passes.folded_into``'s map."""
+    folds: dict[int, list[tuple[str, float]]] = {}
+    for op in ops:
+        anchor, kind = folded.get(op.index, (None, ""))
+        if kind in WORKING_FOLDS:
+            folds.setdefault(anchor, []).append((kind, input_channels(op)))
+    return folds
+
+
+def input_channels(op: Op) -> float:
+    """The channels (last axis) of the op's first input: what a working fold's cost is counted in."""
+    x = op.inputs[0] if op.inputs else None
+    return float(x.shape[-1]) if x is not None and x.shape else 0.0
 
 
 # a fitted correction beyond this is a broken measurement, not a device (scalar reference loops, LiteRT's
@@ -322,6 +359,7 @@ SCALE_SHARE = 0.05
 # are not one kind of op
 SUM_MATCH_RANGE = (0.5, 2.5)
 PLAN = "plan"  # whole plans against their partitions timed alone: ``run_us`` and ``boundary_us``
+FOLDED = "folded"  # kernels computing working folds (``WORKING_FOLDS``) with their anchor: ``folded_channel_us``
 RUN_PRIOR_MS = 1.0  # no host run cost weighs as much as one plan of this time (``refit_plan``)
 # a class's line through ops timed one by one has a floor of its own (and on the host gives the launch) only where
 # its smallest op's roofline is at most this: fixed costs are microseconds, and a line through large ops only
@@ -368,6 +406,11 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 measured = shares.get(op.index)
                 if measured is None or roof <= 0:
                     continue
+                if op.index in obs.folds:  # the anchor's class's line is its own work: fitted without it
+                    points.setdefault(FOLDED, []).append([classify(op), float(op_steps(op)), roof, measured,
+                                                          *(x for fold in obs.folds[op.index] for x in fold)])
+                    added += 1
+                    continue
                 # the host's times keep their launch: refit finds it (see above)
                 points.setdefault(classify(op), []).append([float(op_steps(op)), roof, measured])
                 added += 1
@@ -394,8 +437,9 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     lines: dict[str, np.ndarray] = {}  # the host's ops timed one by one, per class: fitted after the loop
     for klass in list(points):
         del points[klass][:-MAX_POINTS]
-        if klass in (BY_CLASS, PLAN):
-            continue  # fitted after the one for all classes, which it is held to; whole plans by refit_plan
+        if klass in (BY_CLASS, PLAN, FOLDED):
+            continue  # fitted after the one for all classes, which it is held to; whole plans by refit_plan;
+            # folds once their anchors' classes are
         if klass == QUEUED:
             profile.launch_us, profile.partition_us = _queued_fit(points[klass])
             continue
@@ -427,9 +471,28 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     if points.get(BY_CLASS) and WHOLE in points:
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
             profile.class_floor_us[key], profile.class_scale[key] = floor * 1e3, scale
+    if points.get(FOLDED):
+        profile.folded_channel_us = _folded_fit(points[FOLDED], profile)
     if added:
         _fitted_now(profile, added)
     return added
+
+
+def _folded_fit(rows: Sequence[Sequence[Any]], profile: DeviceProfile) -> dict[str, float]:
+    """Microseconds per input channel of each working fold kind: what the kernels computing them took beyond
+    their anchor's own estimate (rows: anchor class, steps, roofline, measured ms, then kind, channels pairs),
+    least squares, none negative.  On an H100's OpenCL a 1x1 convolution computing a 3x3 depthwise one took
+    ~0.4 us more per input channel, 9-42 us in all, where its own estimate was 9-14 us."""
+    kinds = sorted({row[i] for row in rows for i in range(4, len(row), 2)})
+    design = np.zeros((len(rows), len(kinds)))
+    beyond = np.zeros(len(rows))
+    for r, row in enumerate(rows):
+        klass, steps, roof, ms = row[:4]
+        beyond[r] = ms - profile.kernel_ms(roof, klass, int(steps))
+        for i in range(4, len(row), 2):
+            design[r, kinds.index(row[i])] += row[i + 1]
+    per_channel, *_ = np.linalg.lstsq(design, beyond, rcond=None)
+    return {kind: max(float(c), 0.0) * 1e3 for kind, c in zip(kinds, per_channel)}
 
 
 def _apportioned(op_ms: Mapping[int, float], total: float, alone: bool) -> dict[int, float]:
@@ -714,8 +777,9 @@ def _check_figures(profile: DeviceProfile) -> None:
             raise ValueError(f"{name} = {value!r}")
     if not all(isinstance(v, (int, float)) and v > 0 for v in profile.class_scale.values()):
         raise ValueError("class_scale")
-    if not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in profile.class_floor_us.values()):
-        raise ValueError("class_floor_us")
+    for name in ("class_floor_us", "folded_channel_us"):
+        if not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in getattr(profile, name).values()):
+            raise ValueError(name)
 
 
 def save_profile(device_info: dict[str, Any], profile: DeviceProfile) -> Path:

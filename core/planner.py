@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from .backend import HOST, Backend, CompileOptions, Partition, asked_cost_class, asked_estimate, asked_support
-from .cost import DeviceProfile, fold_group_costs, measured, op_bytes, op_flops, op_signature, op_steps
+from .cost import DeviceProfile, fold_group_costs, input_channels, measured, op_bytes, op_flops, op_signature, op_steps
 from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
@@ -288,7 +288,7 @@ class Planner:
                                          op_index=op.index, opcode=op.opcode)
         self.groups(graph, costs)
         self.place_units(graph, costs, refusals)
-        fold_group_costs(costs, {name: self.folded(graph, name) for name in self.backends})
+        fold_group_costs(costs, {name: self.fold_ms(graph, name) for name in self.backends})
         for name in self.unmeasured_host_cores:
             for unit, host_ms, own_ms in self.unit_costs(graph, costs, name):
                 if own_ms < host_ms:  # never measured: the host's own cores behind a GPU API are no faster
@@ -301,6 +301,16 @@ class Planner:
         for unit in {id(u): u for u in units.values()}.values():
             if all(self.host in costs[o.index] and backend in costs[o.index] for o in unit):
                 yield unit, sum(costs[o.index][self.host] for o in unit), sum(costs[o.index][backend] for o in unit)
+
+    def fold_ms(self, graph: Subgraph, backend: str) -> dict[int, float]:
+        """The ops ``backend`` folds (``folded``) and what each adds to the kernel computing it: a working fold
+        (``cost.WORKING_FOLDS``) its fitted cost per input channel, the others nothing."""
+        groups, _ = self.groups(graph)
+        into = folded_into(groups[backend])
+        profile = self.profiles[backend]
+        ops = {op.index: op for op in graph.ops}
+        return {index: profile.folded_ms(into[index][1], input_channels(ops[index])) if index in into else 0.0
+                for index in self.folded(graph, backend)}
 
     def folded(self, graph: Subgraph, backend: str) -> set[int]:
         """The ops ``backend`` never runs on their own: folded into a group's anchor, or, where it folds
@@ -380,9 +390,9 @@ class Planner:
     def partition_estimate(self, graph: Subgraph, partition: Partition) -> float:
         """Estimated ms of one partition of ``graph`` run on its own backend: its ops (those its backend folds
         cost nothing, as in the plan's estimate) and its fixed cost."""
-        folded = self.folded(graph, partition.backend)
-        return sum(self.op_cost(op, partition.backend) for op in partition.ops if op.index not in folded) + \
-            self.partition_ms(partition.backend)
+        fold_ms = self.fold_ms(graph, partition.backend)
+        return sum(fold_ms[op.index] if op.index in fold_ms else self.op_cost(op, partition.backend)
+                   for op in partition.ops) + self.partition_ms(partition.backend)
 
     def partition_ms(self, backend: str) -> float:
         """Fixed cost of running one partition on ``backend`` (submission, queue drain, engine call)."""

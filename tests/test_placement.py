@@ -1458,4 +1458,40 @@ def test_a_fused_kernels_time_is_learned_on_the_op_it_is_costed_to(profile_dir):
         assert stored[op_signature(ops[anchor])] in {ms for i, ms in kernels.items()
                                                        if op_signature(ops[i]) == op_signature(ops[anchor])}
         assert op_signature(ops[dw]) not in stored
+    # the fused kernels were fitted as their anchors' work and the folds', which the estimates now count
+    profile = session.profiles["opencl"]
+    assert "depthwise_pointwise" in profile.folded_channel_us
+    fold_ms = session.planner.fold_ms(session.graph, "opencl")
+    for dw in depthwise:
+        assert fold_ms[dw] == profile.folded_ms("depthwise_pointwise", ops[dw].inputs[0].shape[-1])
     session.close()
+
+
+def test_refit_learns_what_a_folded_depthwise_convolution_adds_to_its_readers_kernel():
+    """OpenCL computes a depthwise convolution inside the 1x1 convolution reading it: on an H100 that kernel
+    took ~0.4 us more per input channel than the 1x1 convolution's own estimate (face_detection's plan
+    estimated at 0.73x its time).  The refit fits the anchors' class without those kernels and the fold's cost
+    per channel from what they took beyond it; the estimate of a partition then counts it."""
+    from delegate.cost import FOLDED, op_class
+
+    graph = read_model(zoo.build("mobilenet_v1", alpha=0.5, size=96)).main
+    profile = DeviceProfile(gflops=1000.0, gbytes_per_s=100.0, launch_us=2.0, asynchronous=True)
+    line = DeviceProfile(gflops=1000.0, gbytes_per_s=100.0, launch_us=2.0, asynchronous=True,
+                         class_floor_us={op_class(op): 8.0 for op in graph.ops}, class_scale={"*": 1.0})
+    folds, folded = {}, set()
+    for op in graph.ops:
+        reader = op.outputs[0].uses[0] if len(op.outputs[0].uses) == 1 else None
+        if op.opcode == "DEPTHWISE_CONV_2D" and reader is not None and reader.opcode == "CONV_2D":
+            folds[reader.index] = [("depthwise_pointwise", float(op.inputs[0].shape[-1]))]
+            folded.add(op.index)
+    assert len(folds) > 5
+    kernels = {op.index: line.compute_ms(op_flops(op), op_bytes(op), cost_class(op))
+               + sum(0.4e-3 * channels for _, channels in folds.get(op.index, []))
+               for op in graph.ops if op.index not in folded}
+    observation = Observation(graph.ops, sum(kernels.values()) + 0.05, kernels, op_times_include_launch=False,
+                              folds=folds)
+    refit(profile, [observation, observation], lambda op: op.index in folded)
+    assert len(profile.fit_points[FOLDED]) == 2 * len(folds)
+    assert profile.folded_channel_us["depthwise_pointwise"] == pytest.approx(0.4, rel=0.05)
+    assert profile.folded_ms("depthwise_pointwise", 64) == pytest.approx(0.0256, rel=0.05)
+    assert profile.folded_ms("pad", 64) == 0.0  # a fold that becomes addressing

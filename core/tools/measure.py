@@ -217,7 +217,7 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
     """Refit each backend's profile to measured partitions of ``executor`` (a plan of ``session``), and with
     ``plan_ms`` (the whole plan's measured time) to what the plan cost beyond them; with ``store_ops`` keep
     the exact op times for later plans; returns where profiles were saved."""
-    from ..cost import Observation, op_signature, profile_info, refit, refit_plan, save_profile
+    from ..cost import Observation, folds_of, op_signature, profile_info, refit, refit_plan, save_profile
     from ..passes import folded_into
 
     saved = []
@@ -242,12 +242,14 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
         if not mine and name not in changed:
             continue
         profile = session.profiles[name]
-        anchors = {index: anchor for index, (anchor, _) in folded_into(groups.get(name, [])).items()}
+        into = folded_into(groups.get(name, []))
+        anchors = {index: anchor for index, (anchor, _) in into.items()}
         observations = [Observation(list(parts[t.index].ops), t.ms, on_anchors(t.op_ms, anchors),
                                     op_times_include_launch=backend.role == HOST,
                                     op_times_alone=t.ops_alone,
                                     transfer_ms=sum(session.planner.transfer_cost(x, name)
-                                                    for x in parts[t.index].inputs + parts[t.index].outputs))
+                                                    for x in parts[t.index].inputs + parts[t.index].outputs),
+                                    folds=folds_of(parts[t.index].ops, into))
                         for t in mine]
         folded = session.planner.folded(session.graph, name)
         used = refit(profile, observations, lambda op, b=backend: op.index in folded
