@@ -371,6 +371,30 @@ def transformer_block(tokens: int = 64, width: int = 128, heads: int = 4, seed: 
     return b.to_bytes()
 
 
+@register("lstm_classifier")
+def lstm_classifier(steps: int = 16, features: int = 32, units: int = 64, classes: int = 10, seed: int = 8) -> bytes:
+    """A sequence classifier: one LSTM layer over ``steps`` time steps (its output and cell states variable
+    tensors, as the converter writes them) and a dense layer on each step's output."""
+    net = _Net(seed)
+    b, rng = net.b, net.rng
+    x = b.input("sequence", (1, steps, features))
+
+    def weights(name, *shape):
+        return b.const(name, (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32))
+    gates = ("input", "forget", "cell", "output")
+    operands = ([weights(f"{g}_w", units, features) for g in gates] + [weights(f"{g}_r", units, units) for g in gates]
+                + [None] * 3  # no peepholes
+                + [b.const(f"{g}_b", np.full(units, 1.0 if g == "forget" else 0.0, np.float32)) for g in gates]
+                + [None, None]  # no projection
+                + [b.tensor("output_state", (1, units), is_variable=True),
+                   b.tensor("cell_state", (1, units), is_variable=True)]
+                + [None] * 4)  # no layer norm
+    h = b.op("UNIDIRECTIONAL_SEQUENCE_LSTM", [x] + operands, options={"fused_activation_function": "TANH",
+                                                                       "time_major": False}, name="lstm")
+    b.output(net.dense_3d(h, classes))
+    return b.to_bytes()
+
+
 def build(name: str, quant: str = "fp32", **kwargs) -> bytes:
     """Bytes of a zoo model, as built (``fp32``) or post-training quantized (``fp16`` weights, full ``int8``).
 
