@@ -35,7 +35,7 @@ from delegate.gpu.layout import phwc4_vectors
 from delegate.gpu.waits import WaitLimit
 from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
-from .device import DeviceContext, import_wgpu, map_for_reading
+from .device import DeviceContext, begin_map, bounded_maps, import_wgpu, map_for_reading, wait_mapped
 from delegate.gpu.plan import LaunchSpec, TensorSpec
 
 from .program import STORAGE_DTYPES, Program
@@ -176,11 +176,12 @@ class DeviceTensor:
     its dispatches for the outputs the host reads: those the runtime names (``WgpuCompiled.read_hint``),
     and one the host asked for, whose first read records its own copy.  A read maps the result and
     copies it into a host array made once, so a float32 value read back is valid until the partition
-    runs again (as the CPU backend's arena outputs are).
+    runs again (as the CPU backend's arena outputs are).  The first read of a run maps every output the
+    run copied back at once (``siblings``: the partition's outputs), so the others wait for nothing.
     """
 
     __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "host", "wanted", "fresh", "host_layout", "wait_limit")
+                 "readback", "host", "wanted", "fresh", "host_layout", "wait_limit", "siblings", "mapping")
 
     def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
                  convert: Launch | None, wait_limit: WaitLimit | None = None):
@@ -197,6 +198,17 @@ class DeviceTensor:
         self.readback = None  # made when first wanted: most outputs only ever feed other partitions
         self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
         self.wanted = self.fresh = False
+        self.siblings: list[DeviceTensor] = [self]  # the partition's outputs (set by the partition)
+        self.mapping = None  # the promise of a map of ``readback`` started and not yet unmapped
+
+    def settle(self) -> None:
+        """Unmap ``readback`` where a map of it was started and never read: a run cannot copy into it mapped."""
+        if self.mapping is not None:
+            try:
+                wait_mapped(self.mapping, self.wait_limit)
+            finally:
+                self.mapping = None
+                self.readback.unmap()
 
     def record_conversion(self, compute) -> None:
         if self.convert:
@@ -212,6 +224,7 @@ class DeviceTensor:
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
+            self.settle()
             native = self.native
             encoder = native.encoder()
             try:
@@ -223,7 +236,16 @@ class DeviceTensor:
             finally:
                 native.release(encoder)
             self.wanted = self.fresh = True
-        map_for_reading(self.readback, self.wait_limit)
+        if self.mapping is None:
+            for tensor in (self.siblings if bounded_maps() else [self]):
+                if tensor.fresh and tensor.mapping is None and tensor.readback is not None:
+                    tensor.mapping = begin_map(tensor.readback)
+        try:
+            wait_mapped(self.mapping, self.wait_limit)
+        except BaseException:
+            self.mapping = None  # left mid-map (a timeout): the partition with it
+            raise
+        self.mapping = None
         try:  # one copy: from the mapped bytes into the array returned
             mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32,
                                    count=int(np.prod(self.shape))).reshape(self.shape)
@@ -319,6 +341,8 @@ class WgpuCompiled(CompiledPartition):
         self.wait_limit = wait_limit
         self.outputs = [DeviceTensor(context, self.native, self.buffers, program.storage, s,
                                      s.convert and self.launch(s.convert), wait_limit) for s in program.outputs]
+        for tensor in self.outputs:
+            tensor.siblings = self.outputs
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
@@ -388,6 +412,7 @@ class WgpuCompiled(CompiledPartition):
             finally:
                 native.end_pass(compute)
             for tensor in self.outputs:
+                tensor.settle()
                 tensor.fresh = tensor.wanted
                 if tensor.wanted:
                     tensor.record_copy(encoder)

@@ -280,35 +280,52 @@ def bounded_maps() -> bool:
     (wgpu-native's ``_thread_event``, which its own ``sync_wait`` waits on): a map can then be waited for with
     a limit.  The one name of wgpu-py's internals the plugin reads; without it runs keep the watchdog.  Asked
     only once wgpu-py is loaded: a plan that leaves WebGPU idle never loads it (nor its driver) to ask."""
-    if "wgpu" not in sys.modules:
-        return False
-    try:
-        from wgpu import _async
-        return "_thread_event" in _async.GPUPromise.__init__.__code__.co_names
-    except (ImportError, AttributeError):
-        return False
+    global _promises
+    if _promises is None:
+        if "wgpu" not in sys.modules:
+            return False
+        try:
+            from wgpu import _async
+            _promises = "_thread_event" in _async.GPUPromise.__init__.__code__.co_names
+        except (ImportError, AttributeError):
+            _promises = False
+    return _promises
+
+
+_promises: bool | None = None  # ``bounded_maps``' answer, once wgpu-py is loaded
 
 
 def map_for_reading(buffer, limit: WaitLimit | None = None) -> None:
     """Map a read-back buffer that the last submission wrote, waiting at most ``limit.seconds`` for it
-    (TimeoutError after; the buffer is then left mid-map, and the partition with it).
+    (TimeoutError after; the buffer is then left mid-map, and the partition with it)."""
+    wait_mapped(begin_map(buffer), limit)
+
+
+def begin_map(buffer):
+    """Start mapping a read-back buffer that the last submission wrote: the promise ``wait_mapped`` waits on.
+    Buffers whose maps start together are mapped by one round of the device's polling thread, where each
+    map waited for alone costs the host a hand-over to that thread and back.
 
     Before every read mapping wgpu-py submits an empty command buffer (a workaround for buffers no
     submission has touched); ours were just written by one, so the mode that skips that extra
     submission is used where this wgpu-py has it.
     """
-    seconds = limit.seconds if limit is not None else None  # set only where ``bounded_maps()`` holds
+    promises = bounded_maps()  # a wgpu-py without map promises maps here, each buffer waited for alone
     while True:
         try:
-            if seconds is None:
-                return buffer.map_sync(_read_modes[0])
-            promise = buffer.map_async(_read_modes[0])
-            break
+            return buffer.map_async(_read_modes[0]) if promises else buffer.map_sync(_read_modes[0])
         except ValueError:
             if len(_read_modes) == 1:
                 raise
             _read_modes.pop(0)
-    if not promise._thread_event.wait(seconds):
+
+
+def wait_mapped(promise, limit: WaitLimit | None = None) -> None:
+    """Wait for a map ``begin_map`` started, at most ``limit.seconds`` (set only where ``bounded_maps()``)."""
+    if promise is None:  # mapped already (``begin_map`` without promises)
+        return
+    seconds = limit.seconds if limit is not None else None
+    if seconds is not None and not promise._thread_event.wait(seconds):
         raise limit.exceeded()
     promise.sync_wait()
 
