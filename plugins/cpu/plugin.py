@@ -228,7 +228,9 @@ class LitertCompiled(CompiledPartition):
         self.threads, self.thread_ms = max(num_threads, 1), {}
         if self.try_threads and num_threads > 1 and _may_warm_up(self.partition):
             self._choose_threads(content, num_threads)
-        inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
+        # in the partition's order (a model's own outputs may come in any order: pose_landmark_full's do)
+        inputs = _in_order(self.interpreter.get_input_details(), self.partition.inputs)
+        outputs = _in_order(self.interpreter.get_output_details(), self.partition.outputs)
         self.input_slots = [d["index"] for d in inputs]
         self.output_slots = [d["index"] for d in outputs]
         return _same_tensors(inputs, self.partition.inputs) and _same_tensors(outputs, self.partition.outputs)
@@ -489,9 +491,16 @@ def _as_read(partition: Partition) -> bytes | None:
         return None
     data, op_count = graph.serialized
     whole = len(partition.ops) == len(graph.ops) == op_count
-    same_io = [t.index for t in partition.inputs] == [t.index for t in graph.inputs] and \
-        [t.index for t in partition.outputs] == [t.index for t in graph.outputs]
+    same_io = sorted(t.index for t in partition.inputs) == sorted(t.index for t in graph.inputs) and \
+        sorted(t.index for t in partition.outputs) == sorted(t.index for t in graph.outputs)
     return data if whole and same_io else None
+
+
+def _in_order(details: list[dict], tensors: list[Tensor]) -> list[dict]:
+    """LiteRT's tensor details in the order of ``tensors`` where they name the same tensors, else as given."""
+    by_index = {d["index"]: d for d in details}
+    ordered = [by_index.get(t.index) for t in tensors]
+    return ordered if len(details) == len(tensors) and None not in ordered else details
 
 
 def _same_tensors(details: list[dict], tensors: list[Tensor]) -> bool:
