@@ -146,6 +146,34 @@ def test_products_whose_rescale_shifts_left_are_bit_exact(spread):
     exact(b, inputs, native=False)
 
 
+@pytest.mark.parametrize("opcode", ["CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("shifts, largest", [((1, 8), 3), ((15, 22), 127), ((19, 26), 127)])
+def test_rescales_of_every_right_shift_are_bit_exact(opcode, shifts, largest):
+    """Per-channel rescales of right shifts from shifts[0] to shifts[1]: all within the products' one-shift
+    output stage (right shifts 1 to 22, native.c's single_shift), or some past it (the stage's steps in turn);
+    inputs and weights up to ``largest`` in magnitude, so that the outputs stay inside the clamp and the short
+    shifts' ties come up often."""
+    rng = np.random.default_rng(shifts[1])
+    b = GraphBuilder()
+    channels, in_scale = 24, 0.02
+    x = b.input("x", (1, 6, 7, channels), "int8", quant=(in_scale, 0))
+    depthwise = opcode == "DEPTHWISE_CONV_2D"
+    shape, axis = ((1, 3, 3, channels), 3) if depthwise else ((channels, 1, 1, channels), 0)
+    exponents = np.linspace(shifts[0], shifts[1], channels).round()
+    scales = (2.0 ** -exponents * rng.uniform(0.55, 0.95, channels)).astype(np.float32)
+    w = b.const("w", rng.integers(-largest, largest, shape, endpoint=True).astype(np.int8),
+                quant=(scales, np.zeros(channels, np.int64), axis))
+    bias_tensor = b.const("bias", rng.integers(-3, 4, channels).astype(np.int32),
+                          quant=((np.float32(in_scale) * scales).astype(np.float32), np.zeros(channels, np.int64), 0))
+    b.output(b.op(opcode, [x, w, bias_tensor], dtype="int8", quant=(in_scale, 3),
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1,
+                           **({"depth_multiplier": 1} if depthwise else {})}))
+    inputs = rng.integers(-largest - (largest == 127), largest, (1, 6, 7, channels), endpoint=True).astype(np.int8)
+    with native_calls() as called:
+        exact(b, inputs)
+    assert called == (["qdepthwise"] if depthwise else ["qproduct"])
+
+
 def test_extreme_inputs_and_weights_are_exact():
     """Every input at -128 or 127 and weights at -127 / 127: the largest products and sums."""
     rng = np.random.default_rng(7)

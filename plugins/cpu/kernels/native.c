@@ -58,18 +58,22 @@ typedef struct {
 } geometry;
 
 /* Per-thread scratch on the heap, never on the stack: a window's tap lists are as long as the window
- * (a 1x262144 filter needs megabytes).  One block of ``per_thread`` bytes for each of ``threads``;
- * NULL when out of memory (the caller returns NO_MEMORY, native.py raises). */
+ * (a 1x262144 filter needs megabytes).  One block of ``per_thread`` bytes for each of ``threads``, each
+ * starting on a cache line of its own (threads writing their rows into blocks that shared a line ran a
+ * 2-thread int8 product no faster than one thread); NULL when out of memory (the caller returns
+ * NO_MEMORY, native.py raises). */
 enum { DONE = 0, NO_MEMORY = 1 };
+
+static inline size_t in_lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 static char *scratch(int threads, size_t per_thread)
 {
-    return malloc((size_t)(threads > 1 ? threads : 1) * (per_thread ? per_thread : 1));
+    return aligned_alloc(64, (size_t)(threads > 1 ? threads : 1) * in_lines(per_thread ? per_thread : 1));
 }
 
 static inline char *own_scratch(char *all, size_t per_thread)
 {
-    return all + (size_t)omp_get_thread_num() * per_thread;
+    return all + (size_t)omp_get_thread_num() * in_lines(per_thread);
 }
 
 /* out = x where x >= 0, else x * slope (x and out may be one array): the product made for every item and
@@ -1274,26 +1278,32 @@ int packed_product(const product *p)
 
 /* Integer kernels: int8 x int8 -> int32 sums with TFLite's semantics, requantized per output channel in
  * the same pass (qstage).  A constant operand is packed once (native.py's PackedInt8) into panels of
- * QPANEL columns, its depth in groups of 4 (zero past the last): each group 64 bytes, 4 consecutive
+ * QPANEL columns, its depth in groups of QGROUP (zero past the last): each group the QGROUP consecutive
  * depths of each column in turn; with each column's weight sum (a VNNI product runs on the input
  * biased to unsigned and takes 128 times that sum back).  Sums are exact: the caller folds the input
  * zero point into the stage's biases (less the weight sums times the zero point).  Register tiles of up to
- * QMR rows by one panel, by the widest integer dot product the machine has: AVX-512 VNNI vpdpbusd,
- * AVX2 vpmaddwd on sign-extended bytes (vpmaddubsw would saturate), else portable C. */
+ * QMR rows by one panel, by the widest integer dot product the machine has: AVX-512 VNNI vpdpbusd on
+ * groups of 4, AVX2 vpmaddwd on groups of 2 sign-extended to int16 (vpmaddubsw would saturate; the rows
+ * are widened once per tile, each pair of depths broadcast against the 16 columns' pairs, so that the
+ * sums come out a column a lane, ready for the output stage), else portable C. */
 #define QPANEL 16
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QMR 8
+#define QGROUP 4
 int integer_isa(void) { return 2; }
 #if defined(__AVX512VL__)
 #define QTILE_REQUANTIZED 1  /* tiles requantized in registers (qtile_requantized) */
 #endif
 #elif defined(__AVX2__)
-#define QMR 3
+#define QMR 4  /* 8 sums, 2 panel vectors and a broadcast value of each row in 16 registers */
+#define QGROUP 2
 int integer_isa(void) { return 1; }
 #else
 #define QMR 4
+#define QGROUP 4
 int integer_isa(void) { return 0; }
 #endif
+int integer_group(void) { return QGROUP; }
 
 /* An integer kernel's output stage, TFLite's MultiplyByQuantizedMultiplier step by step on each channel
  * j's int32 sum: add bias[j], shift left by left[j], the rounding doubling high multiply by multiplier[j]
@@ -1303,8 +1313,18 @@ int integer_isa(void) { return 0; }
  * the output zero point, clamp.  Arrays per channel, padded to whole vectors of 16. */
 typedef struct {
     const int32_t *bias, *multiplier, *left, *right, *mask, *threshold, *away;
+    /* see single_shift: per group of 8 channels the even ones' then the odd ones', as 64-bit lanes */
+    const int64_t *nudge, *nudge_away, *wide_multiplier;
+    const int32_t *single_right;  /* see single_shift: right - 1 */
     int32_t zero, low, high;
     int32_t shifts_left, rounds_away;  /* whether any channel's left is not 0, any away not 0 */
+    /* Whether every channel's steps after the bias are one rounding shift of the 64-bit product p: no left
+     * shift and right from 1 to 22.  The rounding of the high multiply, that of the right shift and the zero
+     * point then join (floor((floor((p + 2**30) / 2**31) + 2**(r-1)) / 2**r) is floor((p + 2**30 + 2**(30+r))
+     * / 2**(31+r))) in nudge[j] = 2**30 + 2**(30+r) + zero * 2**(31+r): the output (before the clamp) is the
+     * high half of p + nudge shifted right by r - 1.  Ties away from zero take 2**31 less where p < 0
+     * (nudge_away; the high multiply's result is negative there, or rounds to 0 either way). */
+    int32_t single_shift;
 } qstage;
 
 static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
@@ -1318,10 +1338,37 @@ static inline int32_t qrequantize(int32_t acc, int64_t j, const qstage *q)
 }
 
 #if defined(__AVX2__)
+#define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
+/* p + nudge (4 lanes of single_shift products from ``at``), nudge_away where p < 0 (``away``: the stage rounds
+ * some ties away). */
+static inline __attribute__((always_inline)) __m256i qnudged(__m256i p, int64_t at, const qstage *q, const int away)
+{
+    __m256i nudge = _mm256_loadu_si256((const __m256i *)(q->nudge + at));
+    if (away)
+        nudge = _mm256_castpd_si256(_mm256_blendv_pd(
+            _mm256_castsi256_pd(nudge), _mm256_loadu_pd((const double *)(q->nudge_away + at)), _mm256_castsi256_pd(p)));
+    return _mm256_add_epi64(p, nudge);
+}
+
+/* qrequantize on the 8 channels j..j+7 (j a multiple of 8) of a single_shift stage, the zero point added but
+ * not clamped (``away``: as for qnudged). */
+static inline __attribute__((always_inline)) __m256i qrequantize8_single(__m256i acc, int64_t j, const qstage *q,
+                                                                        const int away)
+{
+    __m256i x = _mm256_add_epi32(acc, QLOAD(q->bias));
+    __m256i even = qnudged(_mm256_mul_epi32(x, QLOAD(q->wide_multiplier)), j, q, away);
+    __m256i odd = qnudged(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), QLOAD(q->wide_multiplier + 4)), j + 4, q, away);
+    x = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    return _mm256_srav_epi32(x, QLOAD(q->single_right));
+}
+
 /* qrequantize on the 8 channels j..j+7 at once. */
 static inline __attribute__((always_inline)) __m256i qrequantize8(__m256i acc, int64_t j, const qstage *q)
 {
-#define QLOAD(a) _mm256_loadu_si256((const __m256i *)((a) + j))
+    if (q->single_shift)
+        return _mm256_min_epi32(_mm256_max_epi32(q->rounds_away ? qrequantize8_single(acc, j, q, 1)
+                                                                : qrequantize8_single(acc, j, q, 0),
+                                                 _mm256_set1_epi32(q->low)), _mm256_set1_epi32(q->high));
     __m256i x = _mm256_sllv_epi32(_mm256_add_epi32(acc, QLOAD(q->bias)), QLOAD(q->left));
     __m256i m = QLOAD(q->multiplier), nudge = _mm256_set1_epi64x(1 << 30);
     __m256i even = _mm256_add_epi64(_mm256_mul_epi32(x, m), nudge);
@@ -1332,8 +1379,8 @@ static inline __attribute__((always_inline)) __m256i qrequantize8(__m256i acc, i
     __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(x, QLOAD(q->mask)), threshold);
     x = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srav_epi32(x, QLOAD(q->right)), up), _mm256_set1_epi32(q->zero));
     return _mm256_min_epi32(_mm256_max_epi32(x, _mm256_set1_epi32(q->low)), _mm256_set1_epi32(q->high));
-#undef QLOAD
 }
+#undef QLOAD
 
 #if defined(__AVX512F__)
 /* A qstage's vectors for the 16 channels j..j+15, loaded once for every row of a tile. */
@@ -1396,9 +1443,24 @@ static inline __attribute__((always_inline)) __m512i qrequantize16(__m512i acc, 
 /* 16 int32 values (in the int8 range) as 16 bytes in order. */
 static inline __m128i narrow16(__m256i a, __m256i b)
 {
-    __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
-    __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(words, words), 0xD8);
-    return _mm256_castsi256_si128(bytes);
+    __m256i words = _mm256_packs_epi32(a, b);  /* a0-3 b0-3 | a4-7 b4-7 */
+    __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    return _mm_shuffle_epi32(bytes, 0xD8);
+}
+
+/* The stage's kind for qrequantize_bytes: 0 (steps in turn), 1 (single_shift, ties up), 2 (single_shift, some
+ * ties away). */
+static inline int qstage_kind(const qstage *q) { return q->single_shift ? 1 + (q->rounds_away != 0) : 0; }
+
+/* The sums s0, s1 of the 16 channels j..j+15 (j a multiple of 8) requantized to bytes (``kind``: the stage's
+ * qstage_kind; a single_shift's values are clamped once narrowed: the narrowing saturates to the int8 range). */
+static inline __attribute__((always_inline)) __m128i qrequantize_bytes(__m256i s0, __m256i s1, int64_t j,
+                                                                      const qstage *q, const int kind)
+{
+    if (!kind)
+        return narrow16(qrequantize8(s0, j, q), qrequantize8(s1, j + 8, q));
+    __m128i bytes = narrow16(qrequantize8_single(s0, j, q, kind == 2), qrequantize8_single(s1, j + 8, q, kind == 2));
+    return _mm_min_epi8(_mm_max_epi8(bytes, _mm_set1_epi8((char)q->low)), _mm_set1_epi8((char)q->high));
 }
 #endif
 
@@ -1427,6 +1489,108 @@ static inline void qstore(const int32_t *restrict acc, int64_t first, int64_t n,
     for (; j < n; j++)
         out[j] = (int8_t)qrequantize(acc[j], first + j, q);
 }
+
+#if defined(__AVX2__) && QGROUP == 2
+/* Bytes of qrows' scratch for rows of ``depth``: QMR rows widened to int16, of whole pairs. */
+static size_t qrows_scratch(int64_t depth) { return (size_t)QMR * ((depth + 1) / 2) * 2 * sizeof(int16_t); }
+
+/* The ``rows`` rows a[r] of ``depth`` int8 widened to int16 rows ``stride`` apart, a depth of zero past an odd
+ * one's end. */
+static void widen_rows(int rows, const int8_t *const *a, int64_t depth, int16_t *wide, int64_t stride)
+{
+    for (int r = 0; r < rows; r++) {
+        const int8_t *src = a[r];
+        int16_t *dst = wide + r * stride;
+        int64_t k = 0;
+        for (; k + 16 <= depth; k += 16)
+            _mm256_storeu_si256((__m256i *)(dst + k),
+                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(src + k))));
+        for (; k < depth; k++)
+            dst[k] = src[k];
+        if (depth & 1)
+            dst[depth] = 0;
+    }
+}
+
+/* One step of qtile_wide for its row R (where the tile has one): the row's sums s0 (columns 0..7) and s1 (8..15)
+ * plus its pair of depths g times the panel's (w0, w1). */
+#define QTILE_STEP(R, s0, s1)                                                          \
+    if (R < rows) {                                                                    \
+        int32_t pair;                                                                  \
+        memcpy(&pair, a + (R) * stride + 2 * g, sizeof pair);                          \
+        __m256i x = _mm256_set1_epi32(pair);                                           \
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(x, w0));                           \
+        if (halves == 2)                                                               \
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(x, w1));                       \
+    }
+
+/* The sums of ``rows`` (up to QMR) widened rows (``stride`` apart, ``pairs`` pairs of depths) against the panel
+ * of columns col.., its first 8 columns or (``halves`` 2) all 16, requantized in registers (``kind``: see
+ * qrequantize_bytes) and the first ``width`` bytes of each row stored.  The sums are named, not an array: gcc
+ * copies an array's registers around on every step. */
+static inline __attribute__((always_inline)) void qtile_wide(const int rows, const int halves, const int kind,
+                                                           const int16_t *a, int64_t stride, int64_t pairs,
+                                                           const int8_t *restrict panel, int64_t col, int64_t width,
+                                                           const qstage *stage, int8_t *out, int64_t ldc)
+{
+    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00,
+            s31 = s00;
+    for (int64_t g = 0; g < pairs; g++) {
+        const int8_t *w = panel + 32 * g;
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+        __m256i w1 = halves == 2 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16))) : w0;
+        QTILE_STEP(0, s00, s01)
+        QTILE_STEP(1, s10, s11)
+        QTILE_STEP(2, s20, s21)
+        QTILE_STEP(3, s30, s31)
+    }
+    __m256i sums[QMR][2] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}};
+    for (int r = 0; r < rows; r++) {
+        __m128i bytes = qrequantize_bytes(sums[r][0], sums[r][halves - 1], col, stage, kind);
+        if (width >= 16)
+            _mm_storeu_si128((__m128i *)(out + r * ldc + col), bytes);
+        else if (width == 8)
+            _mm_storel_epi64((__m128i *)(out + r * ldc + col), bytes);
+        else {
+            int8_t part[16];
+            _mm_storeu_si128((__m128i *)part, bytes);
+            memcpy(out + r * ldc + col, part, (size_t)width);
+        }
+    }
+}
+#undef QTILE_STEP
+
+/* The rows' sums against every panel p0..p1 of ``units`` columns, requantized into out (rows ldc apart); the
+ * rows widened into ``wide`` (qrows_scratch bytes) first. */
+static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
+                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage, void *wide)
+{
+    (void)sums;
+    int64_t pairs = (depth + 1) / 2, stride = 2 * pairs;
+    int single = qstage_kind(stage) == 1;  /* products' stages round ties up: any other takes the steps in turn */
+    widen_rows(rows, a, depth, wide, stride);
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t col = p * QPANEL, width = units - col < QPANEL ? units - col : QPANEL;
+        const int8_t *panel = packed + p * 32 * pairs;
+#define QTILE_CASE(R, H, S) \
+        case R: qtile_wide(R, H, S, wide, stride, pairs, panel, col, width, stage, out, ldc); break;
+#define QTILE_ROWS(H, S) \
+        switch (rows) { QTILE_CASE(4, H, S) QTILE_CASE(3, H, S) QTILE_CASE(2, H, S) QTILE_CASE(1, H, S) }
+        if (width > 8 && single)
+            QTILE_ROWS(2, 1)
+        else if (width > 8)
+            QTILE_ROWS(2, 0)
+        else if (single)
+            QTILE_ROWS(1, 1)
+        else
+            QTILE_ROWS(1, 0)
+#undef QTILE_ROWS
+#undef QTILE_CASE
+    }
+}
+#else
+/* qrows needs no scratch here. */
+static size_t qrows_scratch(int64_t depth) { (void)depth; return 0; }
 
 /* The 4 bytes of depths 4g..4g+3 of a row of ``depth``, zero past its end (never read). */
 static inline int32_t depth_group(const int8_t *row, int64_t g, int64_t depth)
@@ -1463,27 +1627,6 @@ static inline __attribute__((always_inline)) void qtile_rows(const int rows, con
     __m512i taken = _mm512_slli_epi32(_mm512_loadu_si512(sums), 7);
     for (int r = 0; r < rows; r++)
         _mm512_storeu_si512(acc[r], _mm512_sub_epi32(s[r], taken));
-#elif defined(__AVX2__)
-    (void)sums;
-    __m256i s[QMR][4];
-    for (int r = 0; r < rows; r++)
-        for (int q = 0; q < 4; q++)
-            s[r][q] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < groups; g++) {
-        __m256i w[4];  /* 4 columns x 4 depths each, sign-extended */
-        for (int q = 0; q < 4; q++)
-            w[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(panel + 64 * g + 16 * q)));
-        for (int r = 0; r < rows; r++) {
-            __m256i x = _mm256_cvtepi8_epi16(_mm_set1_epi32(depth_group(a[r], g, depth)));
-            for (int q = 0; q < 4; q++)
-                s[r][q] = _mm256_add_epi32(s[r][q], _mm256_madd_epi16(x, w[q]));
-        }
-    }
-    for (int r = 0; r < rows; r++)  /* pairs of partial sums per column -> one sum per column, in order */
-        for (int h = 0; h < 2; h++) {
-            __m256i pairs = _mm256_hadd_epi32(s[r][2 * h], s[r][2 * h + 1]);
-            _mm256_storeu_si256((__m256i *)(acc[r] + 8 * h), _mm256_permute4x64_epi64(pairs, 0xD8));
-        }
 #else
     (void)sums;
     for (int r = 0; r < rows; r++)
@@ -1560,8 +1703,9 @@ static inline __attribute__((always_inline)) void qtile_requantized(const int ro
 
 /* The rows' sums against every panel of ``units`` columns, requantized into out (rows ldc apart). */
 static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t *packed, const int32_t *sums,
-                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage)
+                  int64_t units, int64_t p0, int64_t p1, int8_t *out, int64_t ldc, const qstage *stage, void *wide)
 {
+    (void)wide;
     int64_t panel_bytes = 64 * ((depth + 3) / 4);
 #if defined(QTILE_REQUANTIZED)
     for (int64_t p = p0; p < p1; p++) {
@@ -1585,6 +1729,7 @@ static void qrows(int rows, const int8_t *const *a, int64_t depth, const int8_t 
     }
 #endif
 }
+#endif
 
 /* int8 ADD, SUB (kind 0) and MUL (kind 1) of two operands of one shape, flat, as TFLite computes them.
  * ADD and SUB take each operand to a common scale by table (``tables``: for each int8 value, 256 int32,
@@ -1661,6 +1806,54 @@ static inline __attribute__((always_inline)) int64_t qadd_head_vectors(const int
     }
     return k;
 }
+
+#elif defined(__AVX2__)
+/* One operand's head formula in 32-bit lanes: (v * factor + offset) >> 31 is the high half of (v << (shift + 1)) *
+ * multiplier + 2 * offset where factor is multiplier << shift, multiplier below 2**31 and v << (shift + 1) in
+ * int32 (shift below 24); ``usable`` where the factor has that form. */
+typedef struct {
+    __m256i multiplier, twice_offset;
+    __m128i shift;
+    int usable;
+} qadd_term;
+
+static inline qadd_term qadd_term_of(int64_t factor, int64_t offset)
+{
+    int64_t shift = 0;
+    while (factor >> shift >= (int64_t)1 << 31)
+        shift++;
+    qadd_term t = {_mm256_set1_epi64x(factor >> shift), _mm256_set1_epi64x(2 * offset), _mm_cvtsi64_si128(shift + 1),
+                   factor >= 0 && (factor >> shift << shift) == factor && shift < 24};
+    return t;
+}
+
+/* The term of 8 int8 values (the low 8 bytes of v), as int32. */
+static inline __m256i qadd_term8(__m128i v, const qadd_term *t)
+{
+    __m256i x = _mm256_sll_epi32(_mm256_cvtepi8_epi32(v), t->shift);
+    __m256i even = _mm256_add_epi64(_mm256_mul_epi32(x, t->multiplier), t->twice_offset);
+    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), t->multiplier), t->twice_offset);
+    return _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+/* The head's whole vectors of 16 by its formula where both operands' factors have the form qadd_term needs. */
+static inline __attribute__((always_inline)) int64_t qadd_head_vectors(const int8_t *a, const int8_t *b, int8_t *out,
+                                                                       int64_t count, const qbinary_call *p,
+                                                                       const int kind)
+{
+    const int64_t *f = p->head_factors;
+    qadd_term ta = qadd_term_of(f[0], f[1]), tb = qadd_term_of(f[2], f[3]);
+    int64_t k = 0;
+    if (!ta.usable || !tb.usable)
+        return 0;
+    for (; k + 16 <= count; k += 16) {
+        __m128i va = _mm_loadu_si128((const __m128i *)(a + k)), vb = _mm_loadu_si128((const __m128i *)(b + k));
+        __m256i low = _mm256_add_epi32(qadd_term8(va, &ta), qadd_term8(vb, &tb));
+        __m256i high = _mm256_add_epi32(qadd_term8(_mm_srli_si128(va, 8), &ta), qadd_term8(_mm_srli_si128(vb, 8), &tb));
+        _mm_storeu_si128((__m128i *)(out + k), qrequantize_bytes(low, high, 0, p->output, kind));
+    }
+    return k;
+}
 #endif
 
 /* ADD or SUB of the ``count`` items at flat positions first.. of the operands (a, b and out pointing
@@ -1673,6 +1866,14 @@ static void qadd_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t fir
     if (p->head_formula && first < p->head) {
         int64_t in_head = p->head - first < count ? p->head - first : count;
         k = BY_STAGE(p->output, qadd_head_vectors, a, b, out, in_head, p);
+    }
+#elif defined(__AVX2__)
+    if (p->head_formula && first < p->head) {
+        int64_t in_head = p->head - first < count ? p->head - first : count;
+        int kind = qstage_kind(p->output);
+        k = kind == 2 ? qadd_head_vectors(a, b, out, in_head, p, 2)
+                      : kind ? qadd_head_vectors(a, b, out, in_head, p, 1)
+                             : qadd_head_vectors(a, b, out, in_head, p, 0);
     }
 #endif
     while (k < count) {
@@ -1708,17 +1909,22 @@ int qproduct(const qproduct_call *p)
     int by_rows = tiles >= 2 * p->threads || tiles >= panels;
     int64_t extent = by_rows ? tiles : panels;
     int threads = extent > 1 ? (int)p->threads : 1;
+    size_t per_thread = qrows_scratch(p->k);
+    char *all = scratch(threads, per_thread);
+    if (!all)
+        return NO_MEMORY;
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int part = 0; part < threads; part++) {
         int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
         int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
+        char *wide = own_scratch(all, per_thread);
         for (int64_t t = t0; t < t1; t++) {
             int64_t row = t * QMR;
             int rows = p->m - row < QMR ? (int)(p->m - row) : QMR;
             const int8_t *a[QMR];
             for (int r = 0; r < rows; r++)
                 a[r] = p->a + (row + r) * p->lda;
-            qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage);
+            qrows(rows, a, p->k, p->packed, p->sums, p->n, p0, p1, p->c + row * p->ldc, p->ldc, p->stage, wide);
             if (p->residual) {
                 int64_t c0 = p0 * QPANEL, c1 = p1 * QPANEL < p->n ? p1 * QPANEL : p->n;
                 if (c0 == 0 && c1 == p->n) {  /* the tile's rows whole: one contiguous span, in blocks of 16 */
@@ -1732,6 +1938,7 @@ int qproduct(const qproduct_call *p)
             }
         }
     }
+    free(all);
     return DONE;
 }
 
@@ -1772,7 +1979,7 @@ int qconv(const qconv_call *p)
     const geometry *g = p->where;
     int64_t c = g->c, depth = g->kh * g->kw * c, ow = g->ow, oh = g->oh;
     int threads = (int)p->threads;
-    size_t per_thread = (size_t)QMR * depth;
+    size_t windows_size = ((size_t)QMR * depth + 63) & ~(size_t)63, per_thread = windows_size + qrows_scratch(depth);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
@@ -1805,7 +2012,7 @@ int qconv(const qconv_call *p)
                 }
             }
             qrows(pixels, a, depth, p->packed, p->sums, p->units, 0, (p->units + QPANEL - 1) / QPANEL,
-                  row + ox * p->units, p->units, p->stage);
+                  row + ox * p->units, p->units, p->stage, windows + windows_size);
             if (p->residual) {
                 int64_t at = (r * ow + ox) * p->units;
                 qadd_span(p->out + at, p->residual_b + at, p->out + at, at, pixels * p->units, p->residual);
@@ -1821,7 +2028,7 @@ int qconv(const qconv_call *p)
  * channel j sums (x - zero) * taps[t][j] over the taps t inside the image (TFLite leaves the others
  * out) in int32, exact for the sums the caller bounded (native.py's QDepthwiseCall), 16 channels held
  * in registers over all taps; then requantizes: int8 through ``stage`` (qstage), int16 through
- * ``wide_stage`` (requant, in int64). */
+ * ``wide_stage`` (requant, in int64).  On AVX2 (no AVX-512BW) int8 images go by pairs of taps (paired_row). */
 typedef struct {
     const void *images;
     const int16_t *taps;
@@ -1831,6 +2038,11 @@ typedef struct {
     const qstage *stage;
     const requant *wide_stage;
     int64_t threads;
+    /* int8 on AVX2 (paired_row): the taps in pairs, each channel's two in turn (16 more values past the last
+     * pair); the stage's biases less zero times each channel's taps summed; c + 16 bytes of the zero point */
+    const int16_t *paired;
+    const int32_t *paired_bias;
+    const int8_t *zeros;
 } qdepthwise_call;
 
 /* The channels a depthwise sum keeps in one register: 16 with AVX-512, else 8. */
@@ -2002,6 +2214,138 @@ static inline __attribute__((always_inline)) void qdepthwise_pixels(const qdepth
         depthwise_store(p, wide, sums + q * c, row, ox + q);
 }
 
+#if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512BW__))
+#define DW_PAIRED 1
+/* The requantized bytes of the sums s0, s1 of channels j..j+15 (``stage``: see paired_row), the first ``n`` (up
+ * to 16) stored at out. */
+static inline __attribute__((always_inline)) void paired_store(const qstage *stage, const int kind, __m256i s0,
+                                                               __m256i s1, int64_t j, int64_t n, int8_t *out)
+{
+    __m128i bytes = qrequantize_bytes(s0, s1, j, stage, kind);
+    if (n == 16)
+        _mm_storeu_si128((__m128i *)out, bytes);
+    else if (n == 8)
+        _mm_storel_epi64((__m128i *)out, bytes);
+    else {
+        int8_t part[16];
+        _mm_storeu_si128((__m128i *)part, bytes);
+        memcpy(out, part, (size_t)n);
+    }
+}
+
+/* Output pixels of an int8 qdepthwise on AVX2 into ``out``, ``PIXELS`` (1 or 2: the second's sums interleaved with
+ * the first's, so that both pixels' dependent steps overlap) ``c`` apart, their taps at at[0..] and at2[0..]
+ * (kh * kw, and one more at zeros), ``pairs`` of them (``PAIRS`` when not 0: 3x3 and 5x5 filters' loops
+ * unrolled): two taps' bytes interleaved and widened go by vpmaddwd against their weights interleaved alike, 16
+ * channels in registers over all the pairs (an odd last tap paired with a zero weight). */
+static inline __attribute__((always_inline)) void paired_pixels(const qdepthwise_call *p, const qstage *stage,
+                                                                const int kind, const int PAIRS, const int PIXELS,
+                                                                const int8_t *const *at, const int8_t *const *at2,
+                                                                int64_t pairs, int8_t *out)
+{
+    int64_t c = p->where->c, j = 0;
+    pairs = PAIRS ? PAIRS : pairs;
+    for (; j + 16 <= c; j += 16) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0, u0 = s0, u1 = s0;
+        for (int64_t q = 0; q < pairs; q++) {
+            const __m256i *w = (const __m256i *)(p->paired + 2 * (q * c + j));
+            __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+            __m128i a = _mm_loadu_si128((const __m128i *)(at[2 * q] + j));
+            __m128i b = _mm_loadu_si128((const __m128i *)(at[2 * q + 1] + j));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)), w0));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b)), w1));
+            if (PIXELS == 2) {
+                a = _mm_loadu_si128((const __m128i *)(at2[2 * q] + j));
+                b = _mm_loadu_si128((const __m128i *)(at2[2 * q + 1] + j));
+                u0 = _mm256_add_epi32(u0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)), w0));
+                u1 = _mm256_add_epi32(u1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b)), w1));
+            }
+        }
+        paired_store(stage, kind, s0, s1, j, 16, out + j);
+        if (PIXELS == 2)
+            paired_store(stage, kind, u0, u1, j, 16, out + c + j);
+    }
+    for (; j < c; j += 8) {  /* 8 channels, the last fewer (their bytes copied: no reads past the image) */
+        int64_t n = c - j < 8 ? c - j : 8;
+        for (int px = 0; px < PIXELS; px++) {
+            const int8_t *const *taps = px ? at2 : at;
+            __m256i s0 = _mm256_setzero_si256();
+            for (int64_t q = 0; q < pairs; q++) {
+                __m128i a = _mm_setzero_si128(), b = a;
+                memcpy(&a, taps[2 * q] + j, (size_t)n);
+                memcpy(&b, taps[2 * q + 1] + j, (size_t)n);
+                __m256i w = _mm256_loadu_si256((const __m256i *)(p->paired + 2 * (q * c + j)));  /* 16 past the last */
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)), w));
+            }
+            paired_store(stage, kind, s0, s0, j, n, out + px * c + j);
+        }
+    }
+}
+
+/* One output row oy of an int8 qdepthwise on AVX2, from ``x`` (its image) into ``row``, by paired_pixels through
+ * ``stage`` (p->stage with the zero point's share folded into its biases: QDepthwiseCall's paired_bias; ``kind``:
+ * see qrequantize_bytes).  Its taps are listed as pointers (``at``: scratch for 4 * (kh * kw + 1) items), those
+ * outside the image at ``zeros`` (c + 16 bytes of the input zero point: zero times the weight, which the biases
+ * take back with the inside taps' share).  The pixels whose taps all fall inside the image's columns go two at a
+ * time: each tap's pointer moves by a stride along the row (``step``; 0 on input rows outside the image). */
+static inline __attribute__((always_inline)) void paired_row(const qdepthwise_call *p, const qstage *stage,
+                                                             const int kind, const int PAIRS, const int8_t *x,
+                                                             int64_t oy, int8_t *row, const int8_t **at,
+                                                             const int8_t *zeros)
+{
+    const geometry *g = p->where;
+    int64_t c = g->c, taps = g->kh * g->kw, pairs = (taps + 1) / 2, inner0, inner1;
+    const int8_t **at2 = at + taps + 1, **first = at2 + taps + 1;
+    int64_t *step = (int64_t *)(first + taps + 1);
+    inner_columns(g->w, g->kw, g->stride_w, g->dw, g->left, g->ow, &inner0, &inner1);
+    for (int64_t ky = 0, t = 0; ky < g->kh; ky++) {
+        int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+        int inside = iy >= 0 && iy < g->h;
+        for (int64_t kx = 0; kx < g->kw; kx++, t++) {  /* where the tap reads for pixel inner0 */
+            first[t] = inside && inner0 < inner1 ? x + (iy * g->w + inner0 * g->stride_w + kx * g->dw - g->left) * c
+                                                 : zeros;
+            step[t] = inside ? g->stride_w * c : 0;
+        }
+    }
+    at[taps] = at2[taps] = zeros;
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+        if (ox >= inner0 && ox + 1 < inner1) {
+            for (int64_t t = 0; t < taps; t++) {
+                at[t] = first[t] + (ox - inner0) * step[t];
+                at2[t] = at[t] + step[t];
+            }
+            paired_pixels(p, stage, kind, PAIRS, 2, at, at2, pairs, row + ox * c);
+            ox++;
+            continue;
+        }
+        for (int64_t ky = 0, t = 0; ky < g->kh; ky++) {
+            int64_t iy = oy * g->stride_h + ky * g->dh - g->top;
+            for (int64_t kx = 0; kx < g->kw; kx++, t++) {
+                int64_t ix = ox * g->stride_w + kx * g->dw - g->left;
+                at[t] = iy >= 0 && iy < g->h && ix >= 0 && ix < g->w ? x + (iy * g->w + ix) * c : zeros;
+            }
+        }
+        paired_pixels(p, stage, kind, PAIRS, 1, at, at, pairs, row + ox * c);
+    }
+}
+
+/* paired_row with its stage's kind and the common filters' pair counts constants. */
+static void qdepthwise_paired_row(const qdepthwise_call *p, const qstage *stage, const int8_t *x, int64_t oy,
+                                  int8_t *row, const int8_t **at, const int8_t *zeros)
+{
+    int64_t pairs = (p->where->kh * p->where->kw + 1) / 2;
+#define PAIRED_ROW(S) \
+    (pairs == 5 ? paired_row(p, stage, S, 5, x, oy, row, at, zeros) \
+                : pairs == 13 ? paired_row(p, stage, S, 13, x, oy, row, at, zeros) \
+                              : paired_row(p, stage, S, 0, x, oy, row, at, zeros))
+    if (qstage_kind(stage) == 1)  /* ties up: a stage rounding some ties away takes the steps in turn */
+        PAIRED_ROW(1);
+    else
+        PAIRED_ROW(0);
+#undef PAIRED_ROW
+}
+#endif
+
 /* One output row oy of qdepthwise from ``x`` (its image) into ``row``; ``list``: scratch for 5 * kh * kw
  * int64, ``sums`` for DW_PIXEL_GROUP * c int32.  The row's taps (those on input rows inside the image)
  * are listed once: pixels with all of them inside the row read them at a shifted base, four (then two)
@@ -2039,20 +2383,30 @@ int qdepthwise(const qdepthwise_call *p)
     const geometry *g = p->where;
     int64_t oh = g->oh, window = g->kh * g->kw, size = p->wide ? 2 : 1;
     int threads = (int)p->threads;
-    size_t per_thread = (size_t)window * 5 * sizeof(int64_t) + DW_PIXEL_GROUP * (size_t)g->c * sizeof(int32_t);
+    /* qdepthwise_row's tap lists (5 * window items) or paired_row's (4 * (window + 1)), and the sums */
+    size_t per_thread = (size_t)(window + 1) * 5 * sizeof(int64_t) + DW_PIXEL_GROUP * (size_t)g->c * sizeof(int32_t);
     char *all = scratch(threads, per_thread);
     if (!all)
         return NO_MEMORY;
+#if defined(DW_PAIRED)
+    qstage folded = p->wide ? (qstage){0} : *p->stage;  /* int8: the zero point's share in its biases (paired_row) */
+    folded.bias = p->paired_bias;
+#endif
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t r = 0; r < g->images * oh; r++) {
         const char *x = (const char *)p->images + r / oh * g->image_in * size;
         char *row = (char *)p->out + (r / oh * g->image_out + r % oh * g->out_stride) * size;
         int64_t *list = (int64_t *)own_scratch(all, per_thread);
-        int32_t *sums = (int32_t *)(list + 5 * window);
+        int32_t *sums = (int32_t *)(list + 5 * (window + 1));
         if (p->wide)
             qdepthwise_row(p, 1, x, r % oh, row, list, sums);
         else
+#if defined(DW_PAIRED)
+            qdepthwise_paired_row(p, &folded, (const int8_t *)x, r % oh, (int8_t *)row, (const int8_t **)list,
+                                  p->zeros);
+#else
             qdepthwise_row(p, 0, x, r % oh, row, list, sums);
+#endif
     }
     free(all);
     return DONE;
@@ -2079,6 +2433,28 @@ static inline __attribute__((always_inline)) int64_t qmul_vectors(const int8_t *
 #endif
 
 /* MUL of ``count`` items of a and b into out (the output stage's arrays hold its one channel repeated). */
+#if defined(__AVX2__)
+/* MUL of the whole blocks of 16 of ``count`` items: the zero-point-centred operands as int16, their products'
+ * low and high halves interleaved into int32 (the items' groups of 4 taken in the order 0, 2, 1, 3, so that the
+ * products come out in order), then the output stage (``kind``: see qrequantize_bytes).  Returns how many. */
+static inline __attribute__((always_inline)) int64_t qmul_sixteens(const int8_t *a, const int8_t *b, int8_t *out,
+                                                                   int64_t count, const qbinary_call *p,
+                                                                   const int kind)
+{
+    __m256i za = _mm256_set1_epi16((int16_t)p->zero_a), zb = _mm256_set1_epi16((int16_t)p->zero_b);
+    int64_t k = 0;
+    for (; k + 16 <= count; k += 16) {
+        __m128i va = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)(a + k)), 0xD8);
+        __m128i vb = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)(b + k)), 0xD8);
+        __m256i x = _mm256_sub_epi16(_mm256_cvtepi8_epi16(va), za), y = _mm256_sub_epi16(_mm256_cvtepi8_epi16(vb), zb);
+        __m256i low = _mm256_mullo_epi16(x, y), high = _mm256_mulhi_epi16(x, y);
+        _mm_storeu_si128((__m128i *)(out + k), qrequantize_bytes(_mm256_unpacklo_epi16(low, high),
+                                                                 _mm256_unpackhi_epi16(low, high), 0, p->output, kind));
+    }
+    return k;
+}
+#endif
+
 static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t count, const qbinary_call *p)
 {
     int64_t k = 0;
@@ -2087,13 +2463,10 @@ static void qmul_span(const int8_t *a, const int8_t *b, int8_t *out, int64_t cou
     k = BY_STAGE(p->output, qmul_vectors, a, b, out, count, p);
 #endif
 #if defined(__AVX2__)
-    __m256i za = _mm256_set1_epi32(zero_a), zb = _mm256_set1_epi32(zero_b);
-    for (; k + 8 <= count; k += 8) {
-        __m256i x = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + k))), za);
-        __m256i y = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k))), zb);
-        __m256i v = qrequantize8(_mm256_mullo_epi32(x, y), 0, p->output);
-        _mm_storel_epi64((__m128i *)(out + k), narrow16(v, v));
-    }
+    int kind = qstage_kind(p->output);
+    k += kind == 2 ? qmul_sixteens(a + k, b + k, out + k, count - k, p, 2)
+                   : kind ? qmul_sixteens(a + k, b + k, out + k, count - k, p, 1)
+                          : qmul_sixteens(a + k, b + k, out + k, count - k, p, 0);
 #endif
     for (; k < count; k++)
         out[k] = (int8_t)qrequantize((a[k] - zero_a) * (b[k] - zero_b), 0, p->output);
@@ -2470,6 +2843,22 @@ int qmean(const qmean_call *p)
                     _mm_loadu_si128((const __m128i *)(x + q * p->c + first))));
             _mm512_storeu_si512((void *)(acc + first), _mm512_add_epi32(_mm512_add_epi32(sums[0], sums[1]),
                                                                         _mm512_add_epi32(sums[2], sums[3])));
+        }
+#endif
+#if defined(__AVX2__)
+        for (; first + 8 <= p->c; first += 8) {  /* 8 channels summed in registers, 4 pixels apart */
+            __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                               _mm256_setzero_si256()};
+            int64_t q = 0;
+            for (; q + 4 <= p->pixels; q += 4)
+                for (int u = 0; u < 4; u++)
+                    sums[u] = _mm256_add_epi32(sums[u], _mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(x + (q + u) * p->c + first))));
+            for (; q < p->pixels; q++)
+                sums[0] = _mm256_add_epi32(sums[0], _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(x + q * p->c + first))));
+            _mm256_storeu_si256((__m256i *)(acc + first), _mm256_add_epi32(_mm256_add_epi32(sums[0], sums[1]),
+                                                                           _mm256_add_epi32(sums[2], sums[3])));
         }
 #endif
         for (int64_t q = 0; q < p->pixels && first < p->c; q++)

@@ -277,6 +277,7 @@ class NativeLoops:
             getattr(library, symbol).restype = ctypes.c_int
         self.panel_lanes = library.panel_lanes()
         self.integer_isa = INTEGER_ISAS[library.integer_isa()]
+        self.integer_group = library.integer_group()
         self.sgemm = _find_sgemm()
 
     def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
@@ -709,26 +710,43 @@ class QStage(ctypes.Structure):
     ``exponent`` (quant_util.quantize_multiplier), ties of the final shift away from zero where ``away``
     (else up), then the output ``zero`` point and the clamp to ``bounds``; ``headroom`` more bits of left
     shift (ADD's operands).  Padded to whole vectors of 16 channels; with whether any channel shifts
-    left or rounds ties away (the products' register path leaves out the steps no channel needs)."""
+    left or rounds ties away (the products' register path leaves out the steps no channel needs), and
+    whether all take their steps after the bias as one rounding shift (native.c's single_shift)."""
 
-    _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away")] + \
-        [(name, ctypes.c_int32) for name in ("zero", "low", "high", "shifts_left", "rounds_away")]
+    _fields_ = [(name, _PTR) for name in ("bias", "multiplier", "left", "right", "mask", "threshold", "away",
+                                          "nudge", "nudge_away", "wide_multiplier", "single_right")] + \
+        [(name, ctypes.c_int32) for name in ("zero", "low", "high", "shifts_left", "rounds_away", "single_shift")]
 
     def __init__(self, fixed, exponent, bias: np.ndarray, away, zero: int, bounds: tuple[int, int], headroom: int = 0):
         self.channels = bias.size
         fixed, exponent = (np.broadcast_to(v, self.channels) for v in (fixed, exponent))
         right = np.maximum(-exponent, 0)
         mask = (np.int64(1) << right) - 1
-        columns = (bias, fixed, np.maximum(exponent, 0) + headroom, right, mask, mask >> 1,
-                   -np.broadcast_to(np.asarray(away, bool), self.channels).astype(np.int64))
+        away = np.broadcast_to(np.asarray(away, bool), self.channels)
+        left = np.maximum(exponent, 0) + headroom
+        columns = (bias, fixed, left, right, mask, mask >> 1, -away.astype(np.int64))
         padded = -(-self.channels // 16) * 16
-        self.kept = []
-        for values in columns:  # one channel repeated (elementwise ops read it 8 at a time), else zeros
-            column = np.full(padded, values[0], np.int32) if self.channels == 1 else np.zeros(padded, np.int32)
-            column[:self.channels] = values
-            self.kept.append(column)
+        self.kept = [self._padded(values, padded, np.int32) for values in columns]
+        # single_shift's constants (the padding's too: shifts it may take without overflow), where the nudges
+        # stay below 2**61 (their sums with products of up to 2**62 fit int64)
+        single = bool(self.channels) and not left.any() and bool(((right >= 1) & (right <= 22)).all()) and \
+            abs(int(zero)) <= 1 << 7
+        single_right = self._padded(np.where(single, right, 1), padded, np.int64, fill=1)
+        nudge = (1 << 30) + (1 << (30 + single_right)) + (np.int64(zero) << (31 + single_right))
+        nudge_away = nudge + (self.kept[6].astype(np.int64) << 31)  # 2**31 less where away (-1)
+        self.kept += [aligned_copy(v.reshape(-1, 4, 2).transpose(0, 2, 1).reshape(-1))  # each 8's even, then odd
+                      for v in (nudge, nudge_away, self.kept[1].astype(np.int64))]
+        self.kept.append(aligned_copy((single_right - 1).astype(np.int32)))
         super().__init__(*(column.ctypes.data for column in self.kept), zero, *bounds, bool(self.kept[2].any()),
-                         bool(self.kept[6].any()))
+                         bool(self.kept[6].any()), single)
+
+    def _padded(self, values, padded: int, dtype, fill: int = 0) -> np.ndarray:
+        """One column of per-channel values padded to ``padded``: one channel repeated (elementwise ops
+        read it 8 at a time), else ``fill``."""
+        values = np.asarray(values)
+        column = np.full(padded, values[0] if self.channels == 1 else fill, dtype)
+        column[:self.channels] = values
+        return column
 
 
 class Requant(ctypes.Structure):
@@ -786,15 +804,15 @@ class WideCall(ctypes.Structure):
 
 class PackedInt8:
     """A constant (units, depth) int8 operand laid out once for native.c's integer products: panels of
-    16 units, the depth in groups of 4 (zero past the last), each group the 4 depths of every unit in
-    turn; with each unit's weight sum (padded to whole panels)."""
+    16 units, the depth in groups of ``group`` (its integer_group: zero past the last), each group the
+    ``group`` depths of every unit in turn; with each unit's weight sum (padded to whole panels)."""
 
-    def __init__(self, matrix: np.ndarray):
+    def __init__(self, matrix: np.ndarray, group: int):
         self.units, self.depth = matrix.shape
-        panels, groups = -(-self.units // 16), -(-self.depth // 4)
-        padded = np.zeros((panels * 16, groups * 4), np.int8)
+        panels, groups = -(-self.units // 16), -(-self.depth // group)
+        padded = np.zeros((panels * 16, groups * group), np.int8)
         padded[:self.units, :self.depth] = matrix
-        self.panels = aligned_copy(padded.reshape(panels, 16, groups, 4).transpose(0, 2, 1, 3)).reshape(-1)
+        self.panels = aligned_copy(padded.reshape(panels, 16, groups, group).transpose(0, 2, 1, 3)).reshape(-1)
         self.sums = padded.sum(axis=1, dtype=np.int32)
 
 
@@ -818,8 +836,8 @@ class QBinaryCall(ctypes.Structure):
         """ADD / SUB: ``tables`` (4, 256), each operand's value on the common scale for each int8 value
         (-128 first): a's and b's for the first ``head`` items, then a's and b's for the rest (SUB's b
         negated); ``head_factors``: a's and b's (factor, offset) of the first ones' formula,
-        (v * factor + offset) >> 31 (the tables' first two rows), computed where the machine multiplies
-        64-bit lanes; MUL: the operands' ``zeros``."""
+        (v * factor + offset) >> 31 (the tables' first two rows), computed in vectors on AVX2 and AVX-512
+        (where a gather of each table entry costs more); MUL: the operands' ``zeros``."""
         mul = kind == "MUL"
         period = size if period is None else period
         tables = None if mul else np.ascontiguousarray(tables, np.int32)
@@ -919,7 +937,8 @@ class QDepthwiseCall(ctypes.Structure):
 
     _fields_ = [("images", _PTR), ("taps", _PTR), ("out", _PTR), ("where", ctypes.POINTER(Geometry)),
                 ("zero", _INT64), ("wide", _INT64), ("stage", ctypes.POINTER(QStage)),
-                ("wide_stage", ctypes.POINTER(Requant)), ("threads", _INT64)]
+                ("wide_stage", ctypes.POINTER(Requant)), ("threads", _INT64), ("paired", _PTR), ("paired_bias", _PTR),
+                ("zeros", _PTR)]
     symbol, places = "qdepthwise", ("images", "out")
 
     def __init__(self, taps: np.ndarray, where: Geometry, zero: int, stage: "QStage | Requant", threads: int):
@@ -929,9 +948,21 @@ class QDepthwiseCall(ctypes.Structure):
         fits(taps.shape == (where.kh * where.kw, where.c) and where.out_layout[0][3] == where.c == stage.channels,
              f"depthwise taps {taps.shape} do not fit a {where.kh}x{where.kw} window of {where.c} channels")
         fits(self.sums_fit(taps, self.dtype, zero), "depthwise sums could overflow int32")
-        self.kept = (taps, where, stage)
+        # int8 sums by pairs of taps (native.c's paired_row): each channel's two in turn, 16 values past the last
+        # pair; the taps outside the image read the zero point, whose share the biases take back (sums_fit: int32)
+        window, channels = taps.shape
+        paired = np.zeros(-(-window // 2) * 2 * channels + 16, np.int16)
+        paired[:window * channels] = taps.reshape(-1)
+        pairs = paired[:-16].reshape(-1, 2, channels).transpose(0, 2, 1).reshape(-1)
+        paired = aligned_copy(np.concatenate([pairs, paired[-16:]]))
+        paired_bias = np.zeros(1, np.int32) if wide else np.array(stage.kept[0])  # int32 sums: wrapped alike
+        if not wide:
+            paired_bias[:channels] = (paired_bias[:channels] - zero * taps.sum(axis=0, dtype=np.int64)).astype(np.int32)
+        zeros = np.full(channels + 16, 0 if wide else zero, np.int8)
+        self.kept = (taps, where, stage, paired, paired_bias, zeros)
         super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, int(wide),
-                         None if wide else ctypes.pointer(stage), ctypes.pointer(stage) if wide else None, threads)
+                         None if wide else ctypes.pointer(stage), ctypes.pointer(stage) if wide else None, threads,
+                         paired.ctypes.data, paired_bias.ctypes.data, zeros.ctypes.data)
         self.reference = ctypes.byref(self)
 
     @staticmethod

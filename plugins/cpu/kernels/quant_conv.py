@@ -202,11 +202,11 @@ def _integer_stage(op: Op, away, bias: np.ndarray) -> QStage | None:
     return QStage(fixed, exponent, bias, away, zero_point(op.outputs[0]), activation_bounds(op))
 
 
-def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray):
+def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray, loops):
     """(packed operand, output stage) of the int8 products x @ matrix.T (matrix: units x depth, as
-    stored): sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
+    stored) in ``loops``: sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
     stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * matrix.sum(axis=1, dtype=np.int64))
-    return (None, None) if stage is None else (PackedInt8(matrix), stage)
+    return (None, None) if stage is None else (PackedInt8(matrix, loops.integer_group), stage)
 
 
 def _native_conv2d(op: Op, bias: np.ndarray, residual: QBinaryCall | None = None):
@@ -220,7 +220,7 @@ def _native_conv2d(op: Op, bias: np.ndarray, residual: QBinaryCall | None = None
     o, kh, kw, c = op.inputs[1].shape
     n, h, w, _ = x.shape
     _, oh, ow, _ = out.shape
-    packed, stage = _integer_product(op, np.asarray(op.inputs[1].data).reshape(o, -1), bias)
+    packed, stage = _integer_product(op, np.asarray(op.inputs[1].data).reshape(o, -1), bias, loops)
     if packed is None:
         return None
     team = team_for(n * oh * ow * o * kh * kw * c, PER_THREAD_MACS)
@@ -352,7 +352,7 @@ def fully_connected(op: Op):
     units, _ = weights.shape
     bias = _bias(op, 2, units)
     loops = _integer_loops(op)
-    packed, stage = (None, None) if loops is None else _integer_product(op, np.asarray(w.data), bias)
+    packed, stage = (None, None) if loops is None else _integer_product(op, np.asarray(w.data), bias, loops)
     if packed is not None:
         rows = int(np.prod(op.outputs[0].shape)) // units
         return prepared_run(loops, QProductCall(rows, packed, stage, team_for(rows * weights.size, PER_THREAD_MACS)))
