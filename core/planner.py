@@ -389,7 +389,7 @@ class Planner:
 
     def partition_estimate(self, graph: Subgraph, partition: Partition) -> float:
         """Estimated ms of one partition of ``graph`` run on its own backend: its ops (those its backend folds
-        cost nothing, as in the plan's estimate) and its fixed cost."""
+        cost what they add to their reader's kernel, as in the plan's estimate) and its fixed cost."""
         fold_ms = self.fold_ms(graph, partition.backend)
         return sum(fold_ms[op.index] if op.index in fold_ms else self.op_cost(op, partition.backend)
                    for op in partition.ops) + self.partition_ms(partition.backend)

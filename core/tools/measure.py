@@ -257,8 +257,10 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                      lambda op, b=backend: asked_cost_class(b, op))
         if store_ops:
             for t in mine:
+                working = folds_of(parts[t.index].ops, into)  # their kernels' times are not the anchors' own
                 for i, ms in on_anchors(t.op_ms, anchors).items():
-                    profile.measured_op_ms[op_signature(ops[i])] = ms
+                    if i not in working:
+                        profile.measured_op_ms[op_signature(ops[i])] = ms
         if used or store_ops or name in changed:
             saved.append(str(save_profile(profile_info(backend, session.settings.compile.num_threads), profile)))
     return saved
