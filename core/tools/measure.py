@@ -256,10 +256,9 @@ def learn_from(session, executor, timings: list[PartitionTiming], store_ops: boo
                      or b.estimate_ms(op, session.settings.compile) == 0.0,
                      lambda op, b=backend: asked_cost_class(b, op))
         if store_ops:
-            for t in mine:
-                working = folds_of(parts[t.index].ops, into)  # their kernels' times are not the anchors' own
-                for i, ms in on_anchors(t.op_ms, anchors).items():
-                    if i not in working:
+            for obs in observations:
+                for i, ms in obs.op_ms.items():
+                    if i not in obs.folds:  # a working fold's kernel time is not its anchor's own
                         profile.measured_op_ms[op_signature(ops[i])] = ms
         if used or store_ops or name in changed:
             saved.append(str(save_profile(profile_info(backend, session.settings.compile.num_threads), profile)))
