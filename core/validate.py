@@ -174,8 +174,17 @@ def _select(op: Op) -> None:
 
 # -- convolutions, pools, products ----------------------------------------------
 
+# LiteRT's convolution kernels refuse strides and dilations beyond 16 bits at prepare (its default delegate
+# runs them, differently from every other engine)
+WINDOW_STEP_MAX = 2 ** 15 - 1
+
+
 def _window(op: Op) -> None:
-    _positive(op, "stride_h", "stride_w", "dilation_h_factor", "dilation_w_factor")
+    keys = ("stride_h", "stride_w", "dilation_h_factor", "dilation_w_factor")
+    _positive(op, *keys)
+    for key in keys:
+        value = int(op.options.get(key, 1))
+        need(value <= WINDOW_STEP_MAX, f"{key} {value} is above {WINDOW_STEP_MAX}, the most LiteRT's kernels take")
 
 
 @operands("CONV_2D", inputs=(2, 3), optional=(2,))
