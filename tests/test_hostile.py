@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from flatbuffers import flexbuffers
 
-from delegate import ExecutionError, ModelFormatError, read_model
+import delegate
+from delegate import CompileError, ExecutionError, ModelFormatError, read_model
 from delegate.shapes import has_rule
 from delegate.tflite.builder import GraphBuilder
 from delegate.validate import OPERANDS, validate_graph
@@ -109,6 +110,10 @@ CASES = {
     "add 10000 inputs": (_one("ADD", lambda b, t: [t] * 10_000, (1, 4), x=(1, 4)), "inputs"),
     "gather index -1": (_one("GATHER", lambda b, t: [t, b.const("i", np.array([-1], np.int32))], (1, 4, 3),
                              x=(4, 4, 3)), "out of range"),
+    "strided slice shrink index past the axis": (
+        _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array([v], np.int32)) for n, v in
+                                                (("b", 2), ("e", 3), ("s", 1)))],
+             (), x=(2,), dtype="int32", options={"shrink_axis_mask": 1}), "outside"),
     "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
@@ -145,6 +150,19 @@ for path in sys.argv[1:]:
     results[path] = [api, main(["run", path, "--runs", "1"])]
 print(json.dumps(results))
 """
+
+
+def test_shape_arithmetic_that_fails_at_compile_time_is_a_compile_error():
+    """Shape arithmetic the numpy engine computes once at compile time (SHAPE -> GATHER -> RESHAPE) fails as
+    a one-line CompileError naming the op, not a Python exception out of delegate.load."""
+    b = GraphBuilder()
+    x, y = b.input("x", (1, 16)), b.input("y", (1, 7))
+    shapes = [b.op("SHAPE", [t], shape=(2,), dtype="int32", options={"out_type": 2}) for t in (x, y)]
+    picked = b.op("GATHER", shapes, shape=(2,), dtype="int32", options={"axis": 0, "batch_dims": 0})  # index 7 of 2
+    b.output(b.op("RESHAPE", [x, picked], shape=(1, 16), options={"new_shape": [1, 16]}), y)
+    with pytest.raises(CompileError) as info:
+        delegate.load(b.to_bytes(), backends=["cpu"], **{"cpu.engine": "numpy"})
+    assert "\n" not in str(info.value) and "GATHER" in str(info.value), info.value
 
 
 def test_malformed_models_in_subprocess_end_in_exit_3(tmp_path):

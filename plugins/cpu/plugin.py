@@ -172,7 +172,10 @@ def _static_values(ops: list[Op], keep: set[int], custom) -> tuple[list[Op], dic
             continue
         ins = [None if t is None else values[t.index] if t.index in values else constant(t) for t in op.inputs]
         outs = [np.empty(t.shape, t.dtype.numpy) for t in op.outputs]
-        CpuCompiled._kernel(op, custom, 1, False, 1)(ins, outs)
+        try:  # values a run would compute, so what fails is the model's, as it would fail in every run
+            CpuCompiled._kernel(op, custom, 1, False, 1)(ins, outs)
+        except (ValueError, IndexError, OverflowError) as exc:
+            raise CompileError(f"{op.describe()}: {exc}") from None
         values.update((t.index, out) for t, out in zip(op.outputs, outs))
     return left, values
 
