@@ -182,6 +182,28 @@ def test_extreme_inputs_and_weights_are_exact():
     assert set(called) == {"qconv", "qdepthwise"}
 
 
+@pytest.mark.parametrize("in_zero", [-110, 0])  # -110: the zero point's fold takes the bias past int32
+@pytest.mark.parametrize("opcode", ["FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D"])
+def test_sums_past_int32_wrap_as_litert_does(opcode, in_zero):
+    """Biases at the ends of int32 (a fuzzed classifier's -2^31): LiteRT adds them to the int32 sums, which wrap
+    around; both formulations give what it gives."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    shape = (1, 64) if opcode == "FULLY_CONNECTED" else (1, 5, 5, 8)
+    x = b.input("x", shape, "int8", quant=(0.02, in_zero))
+    w_shape = {"FULLY_CONNECTED": (10, 64), "CONV_2D": (10, 3, 3, 8), "DEPTHWISE_CONV_2D": (1, 3, 3, 8)}[opcode]
+    axis = 3 if opcode == "DEPTHWISE_CONV_2D" else 0
+    scales = rng.uniform(0.002, 0.02, w_shape[axis]).astype(np.float32)
+    w = b.const("w", rng.integers(-127, 128, w_shape).astype(np.int8), quant=(scales, np.zeros(w_shape[axis]), axis))
+    ends = np.resize(np.array([-2 ** 31, 2 ** 31 - 1, -2 ** 31 + 5, 0], np.int64), w_shape[axis]).astype(np.int32)
+    bias_t = b.const("b", ends, quant=(0.02 * scales, np.zeros(w_shape[axis]), 0))
+    options = {"FULLY_CONNECTED": {}, "CONV_2D": {"padding": "SAME", "stride_h": 1, "stride_w": 1},
+               "DEPTHWISE_CONV_2D": {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}}[opcode]
+    b.output(b.op(opcode, [x, w, bias_t], dtype="int8", quant=(0.05, 3), options=options))
+    for native in (True, False):
+        exact(b, random_q(rng, shape), native=native)
+
+
 def _extremes(rng):
     for opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         b = GraphBuilder()

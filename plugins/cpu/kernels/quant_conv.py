@@ -109,7 +109,10 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
     """
     x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
     channels = bias.size
-    if reference is None and bound < 1 << 31:
+    # LiteRT sums int8 products and the bias in int32: a sum past its range wraps around (a bias of -2^31
+    # made a channel's output 127 there), so where the bias may take it past, the sum wraps here too
+    wraps = x.dtype.numpy in (np.int8, np.uint8) and bound + int(np.abs(bias).max(initial=0)) >= 1 << 31
+    if reference is None and not wraps and bound < 1 << 31:
         try:
             return Rescale(_stage_multiplier(op, x, w, channels), zero_point(out), activation_bounds(op), away,
                            bias, bound, out.shape[-2] if len(out.shape) == 4 else 1)
@@ -120,7 +123,8 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
                                        else lane_rounding(~np.asarray(away)))
 
     def finish(acc, dst, u0, u1):
-        stage.channels(u0, u1)(acc.astype(np.int64) + bias[u0:u1], dst)
+        total = acc.astype(np.int64) + bias[u0:u1]
+        stage.channels(u0, u1)(total.astype(np.int32).astype(np.int64) if wraps else total, dst)
     return finish
 
 
