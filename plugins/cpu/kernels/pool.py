@@ -17,7 +17,6 @@ from delegate.plugin_api import Op, max_unpooling_geometry, mediapipe_pool_param
 from ..registry import kernel
 from .common import CLAMPS, Padded, contiguous_layout, fused, fused_name, same_padding, scratch
 from .native import PER_THREAD_ITEMS, Epilogue, Geometry, MeanCall, PoolCall, float_loops, prepared_run, team_for
-from .reduce import MEAN_CHANNELS
 
 # opcode -> (reduce ufunc, padding fill, average over the valid window, square first / sqrt after)
 _POOLS = {"MAX_POOL_2D": (np.maximum, -np.inf, False, False),
@@ -90,7 +89,7 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     where = Geometry.of(op, contiguous_layout(op.inputs[0].shape), contiguous_layout(shape), pads)
     average, finish = op.opcode == "AVERAGE_POOL_2D", Epilogue(None, CLAMPS.get(activation))
     if average and activation == "NONE" and (where.kh, where.kw) == (where.h, where.w) \
-            and (where.oh, where.ow) == (1, 1) and where.c <= MEAN_CHANNELS:
+            and (where.oh, where.ow) == (1, 1):
         # one window over each whole image: its mean over the pixels
         return prepared_run(loops, MeanCall(op.inputs[0].shape, team))
     return prepared_run(loops, PoolCall(where, average, finish, team))

@@ -49,17 +49,13 @@ def reduce(op: Op):
     return run
 
 
-# Most channels the native mean takes (it keeps four rows of sums per thread on the stack).
-MEAN_CHANNELS = 1 << 14
-
-
 def _native_mean(op: Op, axes: tuple[int, ...]):
     """MEAN of float NHWC images over their pixels (a global average pool) in the native loops, on all
     the kernel's threads; None where those do not serve."""
     shape = op.inputs[0].shape
     # One native call beats numpy's mean over two axes at any size.
     loops, team = float_loops(op), team_for(math.prod(shape), PER_THREAD_ITEMS)
-    if loops is None or len(shape) != 4 or axes != (1, 2) or shape[3] > MEAN_CHANNELS:
+    if loops is None or len(shape) != 4 or axes != (1, 2):
         return None
 
     return prepared_run(loops, MeanCall(shape, team))
