@@ -386,7 +386,13 @@ WORKLOADS = (("mobilenet_v1", {"alpha": 0.5, "size": 128, "seed": 11}), ("posene
              # a sequence LSTM: dependent steps, each a small product waiting for the last (the recurrent class,
              # which the networks above lack: on an H100 host a converter LSTM classifier was estimated at 1.8x
              # its time on the default figures)
-             ("lstm_classifier", {"steps": 16, "features": 32, "units": 64, "seed": 25}))
+             ("lstm_classifier", {"steps": 16, "features": 32, "units": 64, "seed": 25}),
+             # a second LSTM of a sixteenth of the work: with one size the recurrent class's whole time went into
+             # its per-step floor (on an H100 host a converter LSTM of a quarter of the work then came out 1.5x)
+             ("lstm_classifier", {"steps": 16, "features": 8, "units": 16, "seed": 26}),
+             # int8 on a few channels: at 16 threads LiteRT's took about as long as int8 ops of ten times the
+             # work (an int8 MobileNet at width 0.35 was estimated at 0.6x its time from the wider networks)
+             ("mobilenet_v1", {"alpha": 0.25, "size": 96, "quant": "int8", "seed": 27}))
 WORKLOAD_RUNS = 25
 
 
