@@ -122,6 +122,29 @@ def _binary(op: Op) -> None:
     _same_dtype(op, (0, 1))
     if op.opcode not in _COMPARISONS:
         _output_like_input(op)
+    if op.opcode == "ADD":
+        _quantized_add(op)
+
+
+def _power_of_two(scale: float) -> bool:
+    return scale > 0 and math.frexp(scale)[0] == 0.5
+
+
+def _quantized_add(op: Op) -> None:
+    """LiteRT's quantized ADD rescales its sum to the output by a multiplier it requires below 1 (the process
+    aborts otherwise): twice the larger input scale over 2^20 (2^15 for int16) times the output's."""
+    out, (a, b) = op.outputs[0], op.inputs
+    if out.dtype not in (DType.int8, DType.uint8, DType.int16) or any(t.quantization is None for t in (a, b, out)):
+        return
+    scales = [float(np.asarray(t.quantization.scale).ravel()[0]) for t in (a, b, out)]
+    zeros = [int(np.asarray(t.quantization.zero_point).ravel()[0]) for t in (a, b, out)]
+    if out.dtype == DType.int16 and op.options.get("pot_scale_int16", True) and not any(zeros) and \
+            all(map(_power_of_two, scales)):
+        return  # int16 scales of powers of two: LiteRT shifts instead
+    multiplier = 2 * max(scales[:2]) / ((1 << (15 if out.dtype == DType.int16 else 20)) * scales[2])
+    need(multiplier < 1, f"the output scale {scales[2]:g} is too small for input scales {scales[0]:g} and "
+                         f"{scales[1]:g} (LiteRT needs twice the larger over 2^{15 if out.dtype == DType.int16 else 20}"
+                         f" of it below 1)")
 
 
 _UNARY_WITH_AXIS = ("CUMSUM",)
@@ -570,6 +593,25 @@ def _strided_slice(op: Op) -> None:
     strides = _const(op, 3)
     if strides is not None:
         need((strides != 0).all(), "strides must be non-zero")
+    if op.options.get("offset"):
+        _offset_slice(op)
+
+
+def _offset_slice(op: Op) -> None:
+    """With ``offset`` LiteRT sizes the output from ``end`` alone, as lengths from ``begin``: it reads out of
+    bounds (the process crashes) unless every dimension has one length that stays inside it and no mask
+    is set."""
+    masks = [k for k in ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+             if int(op.options.get(k, 0))]
+    need(not masks, f"offset slices take no masks, not {', '.join(masks)}")
+    begin, end = _const(op, 1), _const(op, 2)
+    if begin is None or end is None:
+        return
+    shape = op.inputs[0].shape
+    begin, end = begin.ravel().astype(np.int64), end.ravel().astype(np.int64)
+    need(begin.size == end.size == len(shape), f"offset slices take {len(shape)} begins and lengths")
+    for b, e, d in zip(begin, end, shape):
+        need(0 <= b and 0 <= e and b + e <= d, f"offset slice [{b}, +{e}] leaves dimension {d}")
 
 
 @operands("GATHER", inputs=2, keeps_type=0)

@@ -102,6 +102,9 @@ CASES = {
     "int8 add scale inf": (_int8_add(np.inf), "scale"),
     "int8 add scale nan": (_int8_add(np.nan), "scale"),
     "int8 zero point 2^40": (_int8_add(0.5, 2 ** 40), "zero point"),
+    # LiteRT aborts the process preparing it (its output multiplier must stay below 1)
+    "int8 add input scale 1e38": (_int8_add(1e38), "too small"),
+    "int8 add input scale 1e5": (_int8_add(1e5), "too small"),
     "quantize scale 0": (_one("QUANTIZE", lambda b, t: [t], (1, 4), x=(1, 4), out_dtype="int8", out_quant=(0.0, 0)),
                          "scale"),
     "detection max_detections 2^31-1": (_detection(_detection_options(max_detections=2 ** 31 - 1)), "exceeds"),
@@ -114,6 +117,14 @@ CASES = {
         _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array([v], np.int32)) for n, v in
                                                 (("b", 2), ("e", 3), ("s", 1)))],
              (), x=(2,), dtype="int32", options={"shrink_axis_mask": 1}), "outside"),
+    "offset slice with a mask": (
+        _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array(v, np.int32)) for n, v in
+                                                (("b", [0, 1]), ("e", [2, 1]), ("s", [1, 1])))],
+             (2, 1), x=(2, 4), options={"offset": True, "begin_mask": 1, "end_mask": 1}), "masks"),
+    "offset slice past the end": (
+        _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array(v, np.int32)) for n, v in
+                                                (("b", [0, 3]), ("e", [2, 3]), ("s", [1, 1])))],
+             (2, 3), x=(2, 4), options={"offset": True}), "leaves"),
     "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
