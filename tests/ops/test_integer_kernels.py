@@ -204,6 +204,25 @@ def test_sums_past_int32_wrap_as_litert_does(opcode, in_zero):
         exact(b, random_q(rng, shape), native=native)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_integer_lstm_gate_sums_past_int32_wrap_as_litert_does(native):
+    """The converter's int8 LSTM with one gate bias at -2^31 (a fuzzed case): LiteRT's gate sums are int32 and
+    wrap; both formulations give what its builtin kernels give."""
+    from delegate.plugin_api import write_model
+
+    model = read_model((FIXTURES / "lstm_sequence_int8.tflite").read_bytes())
+    lstm = next(op for op in model.main.ops if op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM")
+    bias = next(t for t in lstm.inputs if t is not None and t.data is not None and t.dtype.name == "int32")
+    values = np.array(bias.data, np.int32)
+    values[: values.size // 2] = -2 ** 31
+    bias.data = values
+    model.main.serialized = None
+    x = model.main.inputs[0]
+    rng = np.random.default_rng(1)
+    check_against_litert(write_model(model), [rng.integers(-128, 128, x.shape).astype(np.int8)], builtin=True,
+                         lsb=0, backend_options={"native": native})
+
+
 def _extremes(rng):
     for opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         b = GraphBuilder()

@@ -2959,8 +2959,9 @@ static void qlstm_gate_values(const qlstm_call *p, const qlstm_gate *g, const in
                 in += (int64_t)xr[k] * wi[k];
             for (int64_t k = 0; k < p->n_output; k++)
                 rec += (int64_t)hr[k] * wr[k];
-            int64_t v = clamp64(by_multiplier(in, g->m_in, g->s_in), -32768, 32767);
-            gate[j] = clamp64(v + by_multiplier(rec, g->m_rec, g->s_rec), -32768, 32767);
+            /* LiteRT's sums are int32: past its range they wrap */
+            int64_t v = clamp64(by_multiplier(wrap_to32(in), g->m_in, g->s_in), -32768, 32767);
+            gate[j] = clamp64(v + by_multiplier(wrap_to32(rec), g->m_rec, g->s_rec), -32768, 32767);
         }
     }
     if (g->peephole) {
@@ -3043,7 +3044,7 @@ int qlstm(const qlstm_call *p)
                     const int8_t *w = p->projection + j * p->n_cell;
                     for (int64_t k = 0; k < p->n_cell; k++)
                         acc += hidden[r * p->n_cell + k] * w[k];
-                    v = clamp64(by_multiplier(acc, p->m_proj, p->s_proj) + p->state_zp, -128, 127);
+                    v = clamp64(by_multiplier(wrap_to32(acc), p->m_proj, p->s_proj) + p->state_zp, -128, 127);
                     if (p->proj_bound > 0)
                         v = clamp64(v, -p->proj_bound, p->proj_bound);
                 } else {

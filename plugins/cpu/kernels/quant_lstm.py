@@ -73,7 +73,7 @@ class _Gate:
         gate = np.zeros((x.shape[0], self.w_in.shape[0]), np.int64)
         for rows, weights, bias, (m, s) in ((x, self.w_in, self.bias_in, self.rescale_in),
                                             (h, self.w_rec, self.bias_rec, self.rescale_rec)):
-            total = multiply_by_quantized_multiplier(rows @ weights.T + bias, m, s)
+            total = multiply_by_quantized_multiplier(_wrap32(rows @ weights.T + bias), m, s)  # LiteRT's int32 sums
             gate = np.clip(gate + total, -(1 << 15), (1 << 15) - 1)
         if self.peephole is not None:
             # LiteRT walks the peephole over n_output values per batch row (n_output == n_cell without a
@@ -222,7 +222,7 @@ def lstm(op: Op):
         if projection is None:
             return np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) + hidden_zp, -128, 127), c
         hidden_values = np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) - hidden_zp, -128, 127)
-        projected = multiply_by_quantized_multiplier(hidden_values @ projection.T + projection_bias,
+        projected = multiply_by_quantized_multiplier(_wrap32(hidden_values @ projection.T + projection_bias),
                                                      *projection_rescale) + state_zp
         projected = np.clip(projected, -128, 127)
         if proj_bound > 0:
