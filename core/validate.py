@@ -335,7 +335,19 @@ def _batch_matmul(op: Op) -> None:
     need(inner_a == inner_b, f"inner dimensions {inner_a} and {inner_b} differ")
 
 
-operands("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
+@operands("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
+def _sequence_lstm(op: Op) -> None:
+    """Diagonal recurrent weights (``diagonal_recurrent_tensors``) are one scale per cell, as LiteRT reads them,
+    and only in its float kernel: its integer one, given them, crashes the process."""
+    if not op.options.get("diagonal_recurrent_tensors"):
+        return
+    need(op.inputs[0].dtype in (DType.float32, DType.float16), "diagonal recurrent weights need a float input")
+    forget = op.input(2)
+    cells = forget.shape[0] if forget is not None and forget.shape else 0
+    for slot in (5, 6, 7, 8):  # the recurrent weights of the input, forget, cell and output gates
+        w = op.input(slot)
+        need(w is None or w.shape == (cells,), f"diagonal recurrent weights {slot} must be {cells} values, "
+                                                f"not {list(w.shape) if w is not None else None}")
 
 
 @operands("LSTM", inputs=(5, 24), outputs=(1, 4), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))

@@ -67,6 +67,15 @@ def _int8_add(scale, zero_point=0) -> bytes:
                 out_quant=(0.1, 0))
 
 
+def _diagonal_integer_lstm() -> bytes:
+    """The converter's int8 LSTM marked as having diagonal recurrent weights (LiteRT crashes running it)."""
+    from delegate.plugin_api import write_model
+    model = read_model((ROOT / "tests/fixtures/converter/lstm_sequence_int8.tflite").read_bytes())
+    model.main.ops[0].options["diagonal_recurrent_tensors"] = True
+    model.main.serialized = None
+    return write_model(model)
+
+
 # name -> (malformed model, a word its message must hold)
 CASES = {
     "pad negative channels": (_one("PAD", lambda b, t: [t, b.const("p", np.array([[0, 0], [0, 0], [0, 0], [0, -2]],
@@ -125,6 +134,7 @@ CASES = {
         _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array(v, np.int32)) for n, v in
                                                 (("b", [0, 3]), ("e", [2, 3]), ("s", [1, 1])))],
              (2, 3), x=(2, 4), options={"offset": True}), "leaves"),
+    "integer lstm with diagonal recurrent weights": (_diagonal_integer_lstm(), "diagonal"),
     "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
