@@ -124,6 +124,10 @@ def _binary(op: Op) -> None:
         _output_like_input(op)
     if op.opcode == "ADD":
         _quantized_add(op)
+    if op.opcode in ("ADD", "SUB", "MUL") and op.inputs[0].shape != op.inputs[1].shape:
+        # LiteRT's broadcasting kernels abort the process on an operand with a scale per channel
+        need(all(t.quantization is None or np.size(t.quantization.scale) <= 1 for t in op.inputs),
+             "a broadcast operand takes one scale, not one per channel")
 
 
 def _power_of_two(scale: float) -> bool:

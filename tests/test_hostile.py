@@ -135,6 +135,10 @@ CASES = {
                                                 (("b", [0, 3]), ("e", [2, 3]), ("s", [1, 1])))],
              (2, 3), x=(2, 4), options={"offset": True}), "leaves"),
     "integer lstm with diagonal recurrent weights": (_diagonal_integer_lstm(), "diagonal"),
+    "int8 add broadcasting a per-channel operand": (
+        _one("ADD", lambda b, t: [b.const("c", np.ones((3, 1, 1, 3), np.int8),
+                                          quant=(np.full(3, 0.01, np.float32), np.zeros(3, np.int64), 0)), t],
+             (3, 4, 4, 3), dtype="int8", quant=(0.05, 0), out_quant=(0.05, 0)), "per channel"),
     "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
