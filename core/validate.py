@@ -343,6 +343,8 @@ def _batch_matmul(op: Op) -> None:
 def _sequence_lstm(op: Op) -> None:
     """Diagonal recurrent weights (``diagonal_recurrent_tensors``) are one scale per cell, as LiteRT reads them,
     and only in its float kernel: its integer one, given them, crashes the process."""
+    if op.inputs[0].dtype == DType.int8:
+        _integer_lstm_scales(op)
     if not op.options.get("diagonal_recurrent_tensors"):
         return
     need(op.inputs[0].dtype in (DType.float32, DType.float16), "diagonal recurrent weights need a float input")
@@ -352,6 +354,26 @@ def _sequence_lstm(op: Op) -> None:
         w = op.input(slot)
         need(w is None or w.shape == (cells,), f"diagonal recurrent weights {slot} must be {cells} values, "
                                                 f"not {list(w.shape) if w is not None else None}")
+
+
+def _integer_lstm_scales(op: Op) -> None:
+    """The rescales of an integer LSTM's gate sums, in float32 as LiteRT derives them (weights' scale times the
+    activation's over the gate's: 2^-12, or its intermediate's with layer norms), must be finite and above 0:
+    past float32's range LiteRT's kernel computes from an undefined multiplier."""
+    def scale(t: Tensor | None) -> np.float32:
+        return np.float32(np.asarray(t.quantization.scale).ravel()[0]) if t is not None and t.quantization \
+            is not None and np.size(t.quantization.scale) else np.float32(1.0)
+    layer_norm = op.input(21) is not None
+    x, h = op.inputs[0], op.input(18)
+    with np.errstate(over="ignore", under="ignore"):
+        for k, (w_in, w_rec) in enumerate(((1, 5), (2, 6), (3, 7), (4, 8))):
+            if op.input(w_in) is None:
+                continue
+            gate = scale(op.intermediates[k]) if layer_norm and len(op.intermediates) > k else np.float32(2.0 ** -12)
+            for w, a in ((w_in, x), (w_rec, h)):
+                real = scale(op.input(w)) * scale(a) / gate
+                need(np.isfinite(real) and real > 0, f"the rescale of gate {k}'s sums from input {w} is {real} in "
+                                                     f"float32: its scales leave float32's range")
 
 
 @operands("LSTM", inputs=(5, 24), outputs=(1, 4), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))

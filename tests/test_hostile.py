@@ -76,6 +76,15 @@ def _diagonal_integer_lstm() -> bytes:
     return write_model(model)
 
 
+def _integer_lstm_weight_scale(value: float) -> bytes:
+    """The converter's int8 LSTM with its forget gate's input weights at scale ``value``."""
+    from delegate.plugin_api import write_model
+    model = read_model((ROOT / "tests/fixtures/converter/lstm_sequence_int8.tflite").read_bytes())
+    model.main.ops[0].inputs[2].quantization.scale = np.array([value], np.float32)
+    model.main.serialized = None
+    return write_model(model)
+
+
 # name -> (malformed model, a word its message must hold)
 CASES = {
     "pad negative channels": (_one("PAD", lambda b, t: [t, b.const("p", np.array([[0, 0], [0, 0], [0, 0], [0, -2]],
@@ -135,6 +144,7 @@ CASES = {
                                                 (("b", [0, 3]), ("e", [2, 3]), ("s", [1, 1])))],
              (2, 3), x=(2, 4), options={"offset": True}), "leaves"),
     "integer lstm with diagonal recurrent weights": (_diagonal_integer_lstm(), "diagonal"),
+    "integer lstm weight scale 1e38": (_integer_lstm_weight_scale(1e38), "float32"),
     "int8 add broadcasting a per-channel operand": (
         _one("ADD", lambda b, t: [b.const("c", np.ones((3, 1, 1, 3), np.int8),
                                           quant=(np.full(3, 0.01, np.float32), np.zeros(3, np.int64), 0)), t],
