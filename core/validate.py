@@ -341,8 +341,9 @@ def _batch_matmul(op: Op) -> None:
 
 @operands("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
 def _sequence_lstm(op: Op) -> None:
-    """Diagonal recurrent weights (``diagonal_recurrent_tensors``) are one scale per cell, as LiteRT reads them,
-    and only in its float kernel: its integer one, given them, crashes the process."""
+    """An integer LSTM's gate rescales in float32's range (``_integer_lstm_scales``); diagonal recurrent weights
+    (``diagonal_recurrent_tensors``) one scale per cell, as LiteRT reads them, and only in its float kernel: its
+    integer one, given them, crashes the process."""
     if op.inputs[0].dtype == DType.int8:
         _integer_lstm_scales(op)
     if not op.options.get("diagonal_recurrent_tensors"):
@@ -366,7 +367,7 @@ def _integer_lstm_scales(op: Op) -> None:
     layer_norm = op.input(21) is not None
     x, h = op.inputs[0], op.input(18)
     with np.errstate(over="ignore", under="ignore"):
-        for k, (w_in, w_rec) in enumerate(((1, 5), (2, 6), (3, 7), (4, 8))):
+        for k, (w_in, w_rec) in enumerate(((1, 5), (2, 6), (3, 7), (4, 8))):  # each gate's two weights
             if op.input(w_in) is None:
                 continue
             gate = scale(op.intermediates[k]) if layer_norm and len(op.intermediates) > k else np.float32(2.0 ** -12)
