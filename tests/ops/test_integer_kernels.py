@@ -223,6 +223,25 @@ def test_integer_lstm_gate_sums_past_int32_wrap_as_litert_does(native):
                          lsb=0, backend_options={"native": native})
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_16x8_results_past_int32_wrap_as_litert_does(native):
+    """The converter's int16x8 EfficientNet blocks with a convolution's int64 biases at 2^40 (a fuzzed case): LiteRT's
+    64-bit rescale casts its result to int32, which wraps; both formulations give what its builtin kernels give."""
+    from delegate.plugin_api import write_model
+
+    model = read_model((FIXTURES / "efficientnet_lite_blocks_int16x8.tflite").read_bytes())
+    conv = next(op for op in model.main.ops if op.opcode == "CONV_2D" and op.input(2) is not None
+                and op.input(2).dtype.name == "int64" and op.inputs[1].shape[1:3] == (1, 1))
+    values = np.array(conv.inputs[2].data, np.int64)
+    values[::2] = 2 ** 40
+    conv.inputs[2].data = values
+    model.main.serialized = None
+    x = model.main.inputs[0]
+    rng = np.random.default_rng(2)
+    check_against_litert(write_model(model), [rng.integers(-32768, 32768, x.shape).astype(np.int16)], builtin=True,
+                         lsb=0, backend_options={"native": native})
+
+
 def _extremes(rng):
     for opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         b = GraphBuilder()

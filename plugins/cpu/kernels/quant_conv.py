@@ -185,6 +185,8 @@ def _wide_constants(op: Op, bias: np.ndarray, bound: int, reference: bool) -> tu
             return Rescale(real, zero_point(out), activation_bounds(op), False, bias, bound).per_channel
         except ValueError:
             return None
+    if np.max((bound + np.abs(bias.astype(np.float64))) * np.asarray(real, np.float64), initial=0.0) >= 1 << 31:
+        return None  # a result past int32 wraps in LiteRT's cast: multiply_wide's, on the numpy path
     fixed, exponent = (np.broadcast_to(v, bias.size) for v in quantize_multiplier(real))
     reduced = np.where(fixed < 0x7FFF0000, (fixed + (1 << 15)) >> 16, 0x7FFF)
     total = 15 - exponent

@@ -224,10 +224,6 @@ def reduce_prod(op: Op):
         values = ins[0].transpose(order).reshape(-1, count).astype(np.int64) - in_offset
         acc = values[:, 0]
         for k in range(1, count):
-            acc = _wrap_int32(multiply_wide(acc * values[:, k], multiplier, shift))
-        store(outs[0], (_wrap_int32(multiply_wide(acc, multiplier, shift)) + out_offset).reshape(dst.shape), *bounds)
+            acc = multiply_wide(acc * values[:, k], multiplier, shift)
+        store(outs[0], (multiply_wide(acc, multiplier, shift) + out_offset).reshape(dst.shape), *bounds)
     return run
-
-
-def _wrap_int32(x: np.ndarray) -> np.ndarray:
-    return (x + (1 << 31)) % (1 << 32) - (1 << 31)

@@ -121,11 +121,14 @@ def lane_rounding(vector: np.ndarray):
 
 
 def multiply_wide(x, multiplier, shift):
-    """The 64-bit-accumulator variant (16x8 kernels): the significand is first cut to Q15."""
+    """The 64-bit-accumulator variant (16x8 kernels): the significand is first cut to Q15, and the result is
+    LiteRT's int32 (its cast wraps a result past int32: an int64 bias of 2^40 made a 16x8 convolution's outputs
+    wrap there)."""
     multiplier = np.asarray(multiplier, np.int64)
     reduced = np.where(multiplier < 0x7FFF0000, (multiplier + (1 << 15)) >> 16, 0x7FFF)
     total = 15 - np.asarray(shift, np.int64)
-    return (np.asarray(x, np.int64) * reduced + (np.int64(1) << (total - 1))) >> total
+    wide = (np.asarray(x, np.int64) * reduced + (np.int64(1) << (total - 1))) >> total
+    return ((wide + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 
 
 # --- tensor parameters ----------------------------------------------------------------------
