@@ -94,7 +94,10 @@ def strided_slice_plan(shape: Sequence[int], begin: Sequence[int], end: Sequence
         if _bit(begin_mask, spec):
             start = 0 if stride > 0 else size - 1
         if _bit(shrink_mask, spec):
-            # LiteRT reads past the axis for an index beyond it (a negative one it clamps to the first)
+            # LiteRT reads past the axis for an index beyond it (a negative one it clamps to the first), and its
+            # builtin kernels and its default delegate disagree on a shrunk axis stepped backwards
+            if stride < 0:
+                raise ValueError(f"STRIDED_SLICE shrunk axis {spec} takes a positive stride, not {stride}")
             if not 0 <= start < size:
                 raise ValueError(f"STRIDED_SLICE index {begin[spec]} of shrunk axis {spec} is outside its {size} "
                                  f"values")

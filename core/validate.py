@@ -156,7 +156,10 @@ _UNARY_WITH_AXIS = ("CUMSUM",)
 _CHANGE_TYPE = ("CAST", "QUANTIZE", "DEQUANTIZE", "SOFTMAX", "COMPLEX_ABS", "REAL", "IMAG")
 operands(*(code for code in ELEMENTWISE_UNARY if code not in _UNARY_WITH_AXIS + _CHANGE_TYPE),
          inputs=1, keeps_type=0)
-operands("SOFTMAX", inputs=1)
+@operands("SOFTMAX", inputs=1)
+def _softmax(op: Op) -> None:
+    beta = float(op.options.get("beta", 1.0))
+    need(math.isfinite(beta), f"beta must be a finite number, not {beta}")
 operands("CAST", "QUANTIZE", "DEQUANTIZE", "SHAPE", "COMPLEX_ABS", "REAL", "IMAG", inputs=1)
 
 

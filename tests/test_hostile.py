@@ -149,6 +149,11 @@ CASES = {
         _one("ADD", lambda b, t: [b.const("c", np.ones((3, 1, 1, 3), np.int8),
                                           quant=(np.full(3, 0.01, np.float32), np.zeros(3, np.int64), 0)), t],
              (3, 4, 4, 3), dtype="int8", quant=(0.05, 0), out_quant=(0.05, 0)), "per channel"),
+    "softmax beta nan": (_one("SOFTMAX", lambda b, t: [t], (1, 4), x=(1, 4), options={"beta": float("nan")}), "beta"),
+    "strided slice shrinking an axis stepped backwards": (
+        _one("STRIDED_SLICE", lambda b, t: [t, *(b.const(n, np.array(v, np.int32)) for n, v in
+                                                (("b", [0, -1]), ("e", [0, 0]), ("s", [1, -1])))],
+             (2,), x=(2, 4), options={"begin_mask": 1, "end_mask": 1, "shrink_axis_mask": 2}), "positive stride"),
     "average pool filter 0": (_one("AVERAGE_POOL_2D", lambda b, t: [t], (1, 4, 4, 3),
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
