@@ -130,6 +130,12 @@ def _binary(op: Op) -> None:
              "a broadcast operand takes one scale, not one per channel")
 
 
+def _first_scale(t: Tensor | None, default: float = 1.0) -> float:
+    """A tensor's (first) quantization scale, ``default`` where it has none."""
+    q = None if t is None else t.quantization
+    return float(np.asarray(q.scale).ravel()[0]) if q is not None and np.size(q.scale) else default
+
+
 def _power_of_two(scale: float) -> bool:
     return scale > 0 and math.frexp(scale)[0] == 0.5
 
@@ -140,7 +146,7 @@ def _quantized_add(op: Op) -> None:
     out, (a, b) = op.outputs[0], op.inputs
     if out.dtype not in (DType.int8, DType.uint8, DType.int16) or any(t.quantization is None for t in (a, b, out)):
         return
-    scales = [float(np.asarray(t.quantization.scale).ravel()[0]) for t in (a, b, out)]
+    scales = [_first_scale(t) for t in (a, b, out)]
     zeros = [int(np.asarray(t.quantization.zero_point).ravel()[0]) for t in (a, b, out)]
     if out.dtype == DType.int16 and op.options.get("pot_scale_int16", True) and not any(zeros) and \
             all(map(_power_of_two, scales)):
@@ -342,6 +348,10 @@ def _batch_matmul(op: Op) -> None:
     need(inner_a == inner_b, f"inner dimensions {inner_a} and {inner_b} differ")
 
 
+# The input slots of a 24-input LSTM's input and recurrent weights, gate by gate (input, forget, cell, output).
+_LSTM_GATE_WEIGHTS = ((1, 5), (2, 6), (3, 7), (4, 8))
+
+
 @operands("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs=(20, 24), optional=(1, 5, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23))
 def _sequence_lstm(op: Op) -> None:
     """An integer LSTM's gate rescales in float32's range (``_integer_lstm_scales``); diagonal recurrent weights
@@ -354,7 +364,7 @@ def _sequence_lstm(op: Op) -> None:
     need(op.inputs[0].dtype in (DType.float32, DType.float16), "diagonal recurrent weights need a float input")
     forget = op.input(2)
     cells = forget.shape[0] if forget is not None and forget.shape else 0
-    for slot in (5, 6, 7, 8):  # the recurrent weights of the input, forget, cell and output gates
+    for _, slot in _LSTM_GATE_WEIGHTS:
         w = op.input(slot)
         need(w is None or w.shape == (cells,), f"diagonal recurrent weights {slot} must be {cells} values, "
                                                 f"not {list(w.shape) if w is not None else None}")
@@ -365,12 +375,11 @@ def _integer_lstm_scales(op: Op) -> None:
     activation's over the gate's: 2^-12, or its intermediate's with layer norms), must be finite and above 0:
     past float32's range LiteRT's kernel computes from an undefined multiplier."""
     def scale(t: Tensor | None) -> np.float32:
-        return np.float32(np.asarray(t.quantization.scale).ravel()[0]) if t is not None and t.quantization \
-            is not None and np.size(t.quantization.scale) else np.float32(1.0)
-    layer_norm = op.input(21) is not None
-    x, h = op.inputs[0], op.input(18)
+        return np.float32(_first_scale(t))
+    layer_norm = op.input(21) is not None  # the forget gate's layer norm coefficients
+    x, h = op.inputs[0], op.input(18)  # the input and the output state
     with np.errstate(over="ignore", under="ignore"):
-        for k, (w_in, w_rec) in enumerate(((1, 5), (2, 6), (3, 7), (4, 8))):  # each gate's two weights
+        for k, (w_in, w_rec) in enumerate(_LSTM_GATE_WEIGHTS):
             if op.input(w_in) is None:
                 continue
             gate = scale(op.intermediates[k]) if layer_norm and len(op.intermediates) > k else np.float32(2.0 ** -12)
