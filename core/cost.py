@@ -130,6 +130,11 @@ class DeviceProfile:
     # a host calibrated at n threads: how many times faster its matrix products ran than at one thread
     # (0: not measured; the serial kinds then count n)
     thread_speedup: float = 0.0
+    # a host's figures of one thread, for a plan at ``threads``: an op's roofline is shared among as many
+    # threads as each gets ``thread_grain_us`` of it (an engine splits an op into tiles, and a small op's
+    # tiles do not fill a team), never more than ``threads``; 1: the figures are those of the plan's threads
+    threads: int = 1
+    thread_grain_us: float = 0.0
     # what a kernel spends, per input channel, on an op of each fold kind (``WORKING_FOLDS``) it computes while
     # reading it (fitted: ``refit``); a kind never fitted costs nothing beyond its reader's own estimate
     folded_channel_us: dict[str, float] = field(default_factory=dict)
@@ -146,7 +151,7 @@ class DeviceProfile:
 
     def compute_ms(self, flops: float, nbytes: float, klass: str | None = None, steps: int = 1) -> float:
         """``steps``: the op's dependent kernel steps (``op_steps``), each paying the class's floor."""
-        return self.kernel_ms(self.roofline_ms(flops, nbytes), klass, steps)
+        return self.kernel_ms(self.roofline_ms(flops, nbytes, klass), klass, steps)
 
     def kernel_ms(self, roof: float, klass: str | None, steps: int = 1) -> float:
         """An op of roofline ``roof`` ms: its class's work and its launch (see the class docstring)."""
@@ -161,8 +166,17 @@ class DeviceProfile:
     def floor_ms(self, klass: str | None) -> float:
         return _fitted(self.class_floor_us, klass, 0.0) * 1e-3
 
-    def roofline_ms(self, flops: float, nbytes: float) -> float:
-        return max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
+    def roofline_ms(self, flops: float, nbytes: float, klass: str | None = None) -> float:
+        """The op's roofline on the threads it gets (``threads``; one for a ``serial_kinds`` kernel)."""
+        roof = max(flops / (self.gflops * 1e9), nbytes / (self.gbytes_per_s * 1e9)) * 1e3
+        if self.threads <= 1 or self.serial(klass):
+            return roof
+        share = roof * 1e3 / self.thread_grain_us if self.thread_grain_us > 0 else self.threads
+        return roof / min(max(share, 1.0), self.threads)
+
+    def serial(self, klass: str | None) -> bool:
+        """Whether the engine runs ``klass``'s kernels on one thread whatever the thread count."""
+        return bool(klass) and (klass in self.serial_kinds or klass.partition("/")[2] in self.serial_kinds)
 
     def roofline_work_ms(self, roof: float, klass: str | None) -> float:
         """The roofline part of an op's work: its class's scale up to the largest op the class was fitted to,
@@ -402,7 +416,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
             shares = _apportioned({op.index: obs.op_ms[op.index] for op in counted if op.index in obs.op_ms}, target,
                                   obs.op_times_alone)
             for op in counted:
-                roof = profile.roofline_ms(op_flops(op), op_bytes(op))
+                roof = profile.roofline_ms(op_flops(op), op_bytes(op), classify(op))
                 measured = shares.get(op.index)
                 if measured is None or roof <= 0:
                     continue
@@ -420,7 +434,7 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
                 points.setdefault(QUEUED, []).append([own, *(shares.get(op.index, 0.0) for op in counted)])
             added += 1
         elif counted:  # timed whole: its own fixed cost, a floor per op and a scale, fitted over partitions
-            roofs = [profile.roofline_ms(op_flops(op), op_bytes(op)) for op in counted]
+            roofs = [profile.roofline_ms(op_flops(op), op_bytes(op), classify(op)) for op in counted]
             own = max(obs.ms - obs.transfer_ms - launch * len(counted), 0.0)
             # the scale for all classes is the one of float kernels: the slow kinds' rooflines count as many
             # times as their kernels are slower
@@ -733,19 +747,22 @@ def load_profile(device_info: dict[str, Any], default: DeviceProfile) -> DeviceP
 
 
 def host_profile(backend: Any, threads: int) -> DeviceProfile:
-    """The host backend's stored profile for this thread count, or its default, whose throughput is per
-    thread, at ``threads``; its serial kinds are as many times further from either as the threads are faster
-    than one (the calibrated ``thread_speedup``, else ``threads``)."""
+    """The host backend's stored profile for this thread count, or its default, whose figures are one
+    thread's, each op's roofline shared among the threads its size fills (``DeviceProfile.threads``).  A
+    profile calibrated at ``threads`` has the threads' figures: its serial kinds are as many times further
+    from them as the threads are faster than one (the calibrated ``thread_speedup``, else ``threads``)."""
     default = backend.default_profile()
     profile = load_profile(profile_info(backend, threads), default)
-    speedup = profile.thread_speedup or threads
-    profile.kind_scale.update({k: profile.kind_scale[k] * speedup for k in profile.serial_kinds
-                               if k in profile.kind_scale})
-    if profile.source != default.source:
-        profile.source += f" at {threads} thread(s)"
-    elif threads > 1:
-        profile.gflops *= threads
-        profile.source += f" x {threads} threads"
+    if profile.source == default.source:
+        profile.threads = max(int(threads or 1), 1)
+        if profile.threads > 1:
+            profile.source += f" shared by {threads} threads"
+        return profile
+    if profile.threads == 1:
+        speedup = profile.thread_speedup or threads
+        profile.kind_scale.update({k: profile.kind_scale[k] * speedup for k in profile.serial_kinds
+                                   if k in profile.kind_scale})
+    profile.source += f" at {threads} thread(s)"
     return profile
 
 

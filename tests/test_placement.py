@@ -545,7 +545,8 @@ def test_calibration_fits_the_profile_to_real_networks(tmp_path, monkeypatch, en
 
 def test_host_profiles_are_kept_per_thread_count(profile_dir):
     """A host profile fitted at one thread is not the one of a plan at two: each thread count has its own
-    file, a count never measured gets the per-thread defaults times the count, and the plan says which."""
+    file, a count never measured gets the per-thread defaults shared among the threads, and the plan says
+    which."""
     model = read_model(zoo.build("posenet"))
     one, two = (RunSettings(compile=CompileOptions(num_threads=n)) for n in (1, 2))
     session = Session(model, one)
@@ -556,8 +557,8 @@ def test_host_profiles_are_kept_per_thread_count(profile_dir):
     session.close()
     at_one, at_two = Session(model, one), Session(model, two)
     assert at_one.profiles["cpu"].gflops == 3.0 and at_one.profiles["cpu"].source.endswith(" at 1 thread(s)")
-    assert at_two.profiles["cpu"].gflops == pytest.approx(2 * default.gflops)
-    assert at_two.profiles["cpu"].source == default.source + " x 2 threads"
+    assert at_two.profiles["cpu"].gflops == default.gflops and at_two.profiles["cpu"].threads == 2
+    assert at_two.profiles["cpu"].source == default.source + " shared by 2 threads"
     assert fingerprint(profile_info(backend, 1)) != fingerprint(profile_info(backend, 2))
     save_profile(profile_info(backend, 2), DeviceProfile(gflops=5.0, gbytes_per_s=4.0, launch_us=1.0,
                                                          fitted_at="now", fit_samples=5))
@@ -565,6 +566,20 @@ def test_host_profiles_are_kept_per_thread_count(profile_dir):
     assert again.profiles["cpu"].gflops == 5.0  # stored at this count: used as measured, never multiplied
     for s in (at_one, at_two, again):
         s.close()
+
+
+def test_one_threads_figures_are_shared_as_far_as_an_op_fills_the_threads():
+    """Per-thread figures at n threads: an op gives each thread ``thread_grain_us`` of its roofline at least
+    (a small op's tiles do not fill a team), never more threads than n, and a kernel the engine runs on one
+    thread (``serial_kinds``) gets one."""
+    profile = DeviceProfile(gflops=1.0, gbytes_per_s=1e9, launch_us=0.0, threads=8, thread_grain_us=10.0,
+                            serial_kinds=("int16",))
+    one = DeviceProfile(gflops=1.0, gbytes_per_s=1e9, launch_us=0.0)
+    for flops, threads in ((5e3, 1.0), (40e3, 4.0), (1e6, 8.0)):  # 5, 40 and 1000 us at one thread
+        assert profile.roofline_ms(flops, 0.0, "conv") == pytest.approx(one.roofline_ms(flops, 0.0) / threads)
+    assert profile.roofline_ms(1e6, 0.0, "conv/int16") == pytest.approx(one.roofline_ms(1e6, 0.0))
+    profile.thread_grain_us = 0.0  # no grain: every op on every thread
+    assert profile.roofline_ms(5e3, 0.0, "conv") == pytest.approx(one.roofline_ms(5e3, 0.0) / 8)
 
 
 def test_kinds_an_engine_runs_through_slow_kernels_cost_as_such(profile_dir):
@@ -982,18 +997,19 @@ def test_stored_measurements_follow_the_plan_not_its_name():
 
 def test_litert_reference_kinds_do_not_speed_up_with_threads():
     """LiteRT's int16x8 and int8 attention kernels run on one thread whatever num_threads (the fixtures take
-    the same time at 1 and 2 threads): at n threads they are n times further from the scaled throughput,
-    while its threaded kinds keep their factor."""
+    the same time at 1 and 2 threads): at n threads they cost what they cost at one, while its threaded
+    kinds share a large op among the threads."""
     from delegate.plugins import default_manager
     from delegate.session import backend_profiles
 
     cpu = default_manager().create("cpu", {"engine": "litert"})
     one, four = (backend_profiles({"cpu": cpu}, n)["cpu"] for n in (1, 4))
-    assert four.gflops == 4 * one.gflops
-    assert four.kind_factor("conv/int16") == 4 * one.kind_factor("conv/int16")
-    assert four.kind_factor("batch_matmul/int8") == 4 * one.kind_factor("batch_matmul/int8")
-    assert four.kind_factor("depthwise/int8") == one.kind_factor("depthwise/int8")
-    assert cpu.default_profile().kind_factor("conv/int16") == one.kind_factor("conv/int16")  # the default untouched
+    flops = 1e9  # a large op: every thread gets its grain
+    for klass in ("conv/int16", "batch_matmul/int8"):
+        assert four.compute_ms(flops, 0.0, klass) == pytest.approx(one.compute_ms(flops, 0.0, klass))
+    for klass in ("depthwise/int8", "conv"):
+        assert four.compute_ms(flops, 0.0, klass) == pytest.approx(one.compute_ms(flops, 0.0, klass) / 4, rel=1e-3)
+    assert cpu.default_profile().threads == 1  # the default untouched
 
 
 def test_calibration_keeps_default_transfers_it_cannot_measure(monkeypatch):

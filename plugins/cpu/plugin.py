@@ -627,6 +627,10 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # one 330-390x: `cpu_kinds.py --model` on the converter's LSTM fixtures, 2026-12-03); no other class says so.
 # LiteRT's: a floor per time step (``cost.op_steps``), from the converter's LSTM fixtures each run alone on the
 # H200 host, 2026-12-04, at 1 and 16 threads alike: float 38.6 us for 16 steps, int8 92 us for 12.
+# ``thread_grain_us``: the roofline an engine gives each thread of an op (``DeviceProfile.threads``), the one
+# that put the estimates of four models (MobileNetV2 fp32 and int8, selfie_segmentation, pose_landmark_full) at
+# 2 and 16 threads nearest their times on an H100 host's 16-core Xeon, 2026-12-07 (`bench --compare litert`):
+# dividing each op by all the threads put the numpy engine's at 16 threads at 0.4x their times, these at 1.0x.
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
@@ -638,7 +642,7 @@ DEFAULT_PROFILES = {
                                            "layout/step": 5.1, "reduce/step": 21.7},
                            kind_scale={"int16": 4.0, "matmul/int16": 15.0, "elementwise/int16": 10.0,
                                        "batch_matmul/int8": 6.5, "recurrent/int8": 22.0},
-                           source="default (cpu)"),
+                           thread_grain_us=15.0, source="default (cpu)"),
     "litert": DeviceProfile(gflops=225.0, gbytes_per_s=21.9, launch_us=0.05, partition_us=0.0, run_us=7.0,
                             class_scale={"*": 0.88, "conv": 0.88, "depthwise": 0.78, "layout": 0.66, "matmul": 0.72,
                                          "pool": 3.3, "reduce": 0.45, "elementwise": 0.98, "resize": 1.21,
@@ -647,7 +651,7 @@ DEFAULT_PROFILES = {
                             kind_scale={"int16": 40.0, "batch_matmul/int8": 20.0, "reduce/int8": 15.0,
                                         "elementwise/int8": 1.5, "depthwise/int8": 2.5},
                             serial_kinds=("int16", "batch_matmul/int8", "reduce/int8"),
-                            source="default (cpu-litert)"),
+                            thread_grain_us=12.0, source="default (cpu-litert)"),
 }
 
 
