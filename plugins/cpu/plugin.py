@@ -630,7 +630,9 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # ``thread_grain_us``: the roofline an engine gives each thread of an op (``DeviceProfile.threads``), the one
 # that put the estimates of four models (MobileNetV2 fp32 and int8, selfie_segmentation, pose_landmark_full) at
 # 2 and 16 threads nearest their times on an H100 host's 16-core Xeon, 2026-12-07 (`bench --compare litert`):
-# dividing each op by all the threads put the numpy engine's at 16 threads at 0.4x their times, these at 1.0x.
+# the mean |log(estimate / time)| of the numpy engine's eight 0.18 (MobileNetV2 at 16 threads: 0.93x its
+# time, where dividing every op among all 16 threads gave 0.39x), LiteRT's 0.67 (its per-thread figures, from
+# an EPYC VM, are 1.2-2.9x faster than that host's: calibrate measures them).
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
