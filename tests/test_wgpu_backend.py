@@ -387,28 +387,34 @@ def test_read_back_joins_the_run_once_the_host_reads_an_output(backend):
     assert tensor.wanted
 
 
-def test_the_first_read_of_a_run_maps_every_output_it_copied_back(backend):
-    """Three outputs: the first read of a run starts the maps of all three (one round of the device's polling
-    serves them), the others then wait for nothing; a run whose outputs were mapped and not all read unmaps
-    them before it copies into them again, and every read sees its own run."""
-    from delegate_wgpu.device import bounded_maps
+def test_the_first_read_of_a_run_brings_every_output_it_copied_back(backend, monkeypatch):
+    """Three outputs copied into one read-back buffer: the first read of a run maps it once and brings all
+    three to the host, the others then map nothing; a run whose outputs were not all read replaces them,
+    and every read sees its own run."""
+    from wgpu.backends.wgpu_native import GPUBuffer
 
     b = GraphBuilder()
     x = b.input("x", (1, 3, 5, 6))
     b.output(b.op("RELU", [x]), b.op("NEG", [x]), b.op("ABS", [x]))
     g, compiled = compile_whole(backend, b.to_bytes())
+    compiled.read_hint(None)
+    maps = []
+    original = GPUBuffer.map_async if hasattr(GPUBuffer, "map_async") else None
+    monkeypatch.setattr(GPUBuffer, "map_async", lambda self, *a, **k: (maps.append(self), original(self, *a, **k))[1])
+    original_sync = GPUBuffer.map_sync
+    monkeypatch.setattr(GPUBuffer, "map_sync", lambda self, *a, **k: (maps.append(self), original_sync(self, *a, **k))[1])
     rng = np.random.default_rng(13)
     expected = (lambda d: np.maximum(d, 0), lambda d: -d, np.abs)
     for step in range(4):
         data = normal(rng, (1, 3, 5, 6))
         values = compiled.run({g.inputs[0].index: backend.to_device(data)})
         tensors = [values[t.index] for t in g.outputs]
-        read = [0] if step == 2 else range(3)  # step 2 leaves two outputs mapped and unread
+        read = [0] if step == 2 else range(3)  # step 2 leaves two outputs unread
+        maps.clear()
         for k in read:
             np.testing.assert_array_equal(backend.to_host(tensors[k]), expected[k](data))
-            if k == 0 and step > 0 and bounded_maps():  # copied back by the run: mapped together
-                assert all(t.mapping is not None for t in tensors[1:])
-    assert not any(t.mapping is not None for t in compiled.outputs[:1])
+        assert len(maps) == 1 and maps[0] is compiled.readback.buffer  # one map brought them all
+    assert len({t.offset for t in compiled.outputs}) == 3 and all(t.offset % 256 == 0 for t in compiled.outputs)
 
 
 def test_quantized_boundaries_go_through_the_float_view(backend):

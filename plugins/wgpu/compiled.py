@@ -35,7 +35,7 @@ from delegate.gpu.layout import phwc4_vectors
 from delegate.gpu.waits import WaitLimit
 from delegate.plugin_api import CompileError, CompiledPartition, DType, Quantization, load_library
 
-from .device import DeviceContext, begin_map, bounded_maps, import_wgpu, map_for_reading, wait_mapped
+from .device import DeviceContext, import_wgpu, map_for_reading
 from delegate.gpu.plan import LaunchSpec, TensorSpec
 
 from .program import STORAGE_DTYPES, Program
@@ -174,19 +174,18 @@ class DeviceTensor:
 
     The partition records the copy into its read-back buffer (and the conversion to NHWC float32) with
     its dispatches for the outputs the host reads: those the runtime names (``WgpuCompiled.read_hint``),
-    and one the host asked for, whose first read records its own copy.  A read maps the result and
-    copies it into a host array made once, so a float32 value read back is valid until the partition
-    runs again (as the CPU backend's arena outputs are).  The first read of a run maps every output the
-    run copied back at once (``siblings``: the partition's outputs), so the others wait for nothing.
+    and one the host asked for, whose first read records its own copy.  The first read of a run brings
+    every output the run copied back to the host at once (:class:`ReadBack`), each into a host array
+    made once, so a float32 value read back is valid until the partition runs again (as the CPU
+    backend's arena outputs are).
     """
 
     __slots__ = ("context", "native", "buffer", "storage", "shape", "dtype", "quant", "nbytes", "source", "convert",
-                 "readback", "host", "wanted", "fresh", "host_layout", "wait_limit", "siblings", "mapping")
+                 "readback", "offset", "host", "wanted", "fresh", "taken", "host_layout")
 
     def __init__(self, context: DeviceContext, native: NativeEncoding, buffers: list, storage: str, spec: TensorSpec,
-                 convert: Launch | None, wait_limit: WaitLimit | None = None):
+                 convert: Launch | None):
         self.context, self.native, self.buffer, self.storage = context, native, buffers[spec.buffer], storage
-        self.wait_limit = wait_limit  # the backend's: bounds the wait for a read (see WgpuBackend.bound_waits)
         self.shape = tuple(spec.shape)
         self.dtype = DType[spec.dtype]
         self.quant = None if spec.quant is None else Quantization(np.array([spec.quant[0]], np.float32),
@@ -195,68 +194,91 @@ class DeviceTensor:
         self.source = self.buffer if spec.staging is None else buffers[spec.staging]
         self.host_layout = spec.host_layout  # the buffer holds NHWC float32: another partition reads it via the host
         self.convert = convert  # the wgpu-py objects, kept alive for their handles
-        self.readback = None  # made when first wanted: most outputs only ever feed other partitions
-        self.host: np.ndarray | None = None  # likewise, the host array float32 reads land in
-        self.wanted = self.fresh = False
-        self.siblings: list[DeviceTensor] = [self]  # the partition's outputs (set by the partition)
-        self.mapping = None  # the promise of a map of ``readback`` started and not yet unmapped
-
-    def settle(self) -> None:
-        """Unmap ``readback`` where a map of it was started and never read: a run cannot copy into it mapped."""
-        if self.mapping is not None:
-            try:
-                wait_mapped(self.mapping, self.wait_limit)
-            finally:
-                self.mapping = None
-                self.readback.unmap()
+        self.readback: ReadBack | None = None  # the partition's (set by the partition), and the offset in it
+        self.offset = 0
+        self.host: np.ndarray | None = None  # the host value of the last run, once read back
+        self.wanted = self.fresh = False  # copied back with every run; copied back by the last one
+        self.taken = False  # whether ``host`` holds the last run's value
 
     def record_conversion(self, compute) -> None:
         if self.convert:
             self.native.record(compute, (handles(self.convert),))
 
-    def record_copy(self, encoder) -> None:
-        if self.readback is None:
-            usage = import_wgpu().BufferUsage
-            self.readback = self.context.device.create_buffer(
-                size=self.source.size, usage=usage.MAP_READ | usage.COPY_DST, label="readback")
-        self.native.copy(encoder, self.source._internal, 0, self.readback._internal, 0, self.readback.size)
-
     def to_host(self) -> np.ndarray:
         """The array the host expects for this tensor (NHWC, its dtype)."""
         if not self.fresh:
-            self.settle()
             native = self.native
             encoder = native.encoder()
             try:
                 compute = native.begin_pass(encoder)
                 self.record_conversion(compute)
                 native.end_pass(compute)
-                self.record_copy(encoder)
+                self.readback.record(encoder, self)
                 native.submit(encoder)
             finally:
                 native.release(encoder)
             self.wanted = self.fresh = True
-        if self.mapping is None:
-            for tensor in (self.siblings if bounded_maps() else [self]):
-                if tensor.fresh and tensor.mapping is None and tensor.readback is not None:
-                    tensor.mapping = begin_map(tensor.readback)
-        try:
-            wait_mapped(self.mapping, self.wait_limit)
-        except BaseException:
-            self.mapping = None  # left mid-map (a timeout): the partition with it
-            raise
-        self.mapping = None
-        try:  # one copy: from the mapped bytes into the array returned
-            mapped = np.frombuffer(self.readback.read_mapped(copy=False), np.float32,
-                                   count=int(np.prod(self.shape))).reshape(self.shape)
-            if self.dtype is not DType.float32:
-                return from_float_view(mapped, self.dtype, self.quant)
+        if not self.taken:
+            self.readback.fetch()
+        return self.host
+
+    def take(self, mapped: memoryview) -> None:
+        """The value from the mapped read-back buffer into the host array (one copy: the map ends after)."""
+        values = np.frombuffer(mapped, np.float32, count=int(np.prod(self.shape)), offset=self.offset)
+        values = values.reshape(self.shape)
+        if self.dtype is not DType.float32:
+            self.host = from_float_view(values, self.dtype, self.quant)
+        else:
             if self.host is None:
                 self.host = np.empty(self.shape, np.float32)
-            np.copyto(self.host, mapped)
-            return self.host
+            np.copyto(self.host, values)
+        self.taken = True
+
+
+class ReadBack:
+    """The one mappable buffer a partition's outputs are copied back into, each at an offset of its own: a
+    run's outputs reach the host through one map and one unmap however many they are (each map is a round
+    of wgpu-py's promise and the device's polling thread: pose_landmark_full's five outputs, mapped one
+    buffer each, cost an H100 host 0.5 ms a run beyond its resident time, OpenCL's reads 0.21)."""
+
+    ALIGNMENT = 256  # each output's offset (copies need 4 bytes, maps 8)
+
+    def __init__(self, context: DeviceContext, native: NativeEncoding, tensors: Sequence[DeviceTensor],
+                 wait_limit: WaitLimit | None):
+        self.context, self.native, self.wait_limit = context, native, wait_limit
+        self.size = 0
+        for tensor in tensors:
+            tensor.readback, tensor.offset = self, self.size
+            self.size += -(-tensor.source.size // self.ALIGNMENT) * self.ALIGNMENT
+        self.buffer = None  # made when first wanted: most outputs only ever feed other partitions
+        self.pending: list[DeviceTensor] = []  # copied since the last fetch, not yet on the host
+
+    def begin_run(self) -> None:
+        """A run's copies replace the values of the last one, read or not."""
+        self.pending.clear()
+
+    def record(self, encoder, tensor: DeviceTensor) -> None:
+        if self.buffer is None:
+            usage = import_wgpu().BufferUsage
+            self.buffer = self.context.device.create_buffer(size=max(self.size, 4), usage=usage.MAP_READ | usage.COPY_DST,
+                                                            label="readback")
+        self.native.copy(encoder, tensor.source._internal, 0, self.buffer._internal, tensor.offset, tensor.source.size)
+        tensor.taken = False
+        if tensor not in self.pending:
+            self.pending.append(tensor)
+
+    def fetch(self) -> None:
+        """Map the buffer once the submissions that wrote it are done (waiting at most the backend's limit:
+        TimeoutError after, the buffer left mid-map and the partition with it), copy every pending output to
+        its host array, unmap."""
+        map_for_reading(self.buffer, self.wait_limit)
+        try:
+            mapped = self.buffer.read_mapped(copy=False)
+            for tensor in self.pending:
+                tensor.take(mapped)
         finally:
-            self.readback.unmap()
+            self.pending.clear()
+            self.buffer.unmap()
 
 
 def storage_nbytes(shape, storage: str) -> int:
@@ -340,9 +362,8 @@ class WgpuCompiled(CompiledPartition):
                        for s in program.inputs]
         self.wait_limit = wait_limit
         self.outputs = [DeviceTensor(context, self.native, self.buffers, program.storage, s,
-                                     s.convert and self.launch(s.convert), wait_limit) for s in program.outputs]
-        for tensor in self.outputs:
-            tensor.siblings = self.outputs
+                                     s.convert and self.launch(s.convert)) for s in program.outputs]
+        self.readback = ReadBack(context, self.native, self.outputs, wait_limit)
         self.results = {t.index: tensor for t, tensor in zip(program.outputs, self.outputs)}
         self.profiler: _Profiler | None = None
 
@@ -411,11 +432,11 @@ class WgpuCompiled(CompiledPartition):
                         tensor.record_conversion(compute)
             finally:
                 native.end_pass(compute)
+            self.readback.begin_run()
             for tensor in self.outputs:
-                tensor.settle()
                 tensor.fresh = tensor.wanted
                 if tensor.wanted:
-                    tensor.record_copy(encoder)
+                    self.readback.record(encoder, tensor)
             if self.profiler:
                 self.profiler.resolve(encoder)
             native.submit(encoder)

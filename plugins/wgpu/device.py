@@ -296,33 +296,22 @@ _promises: bool | None = None  # ``bounded_maps``' answer, once wgpu-py is loade
 
 
 def map_for_reading(buffer, limit: WaitLimit | None = None) -> None:
-    """Map a read-back buffer that the last submission wrote, waiting at most ``limit.seconds`` for it
-    (TimeoutError after; the buffer is then left mid-map, and the partition with it)."""
-    wait_mapped(begin_map(buffer), limit)
-
-
-def begin_map(buffer):
-    """Start mapping a read-back buffer that the last submission wrote: the promise ``wait_mapped`` waits on.
-    Buffers whose maps start together are mapped by one round of the device's polling thread, where each
-    map waited for alone costs the host a hand-over to that thread and back.
+    """Map a read-back buffer that the last submission wrote, waiting at most ``limit.seconds`` for it (set only
+    where ``bounded_maps()``; TimeoutError after, the buffer then left mid-map, and the partition with it).
 
     Before every read mapping wgpu-py submits an empty command buffer (a workaround for buffers no
-    submission has touched); ours were just written by one, so the mode that skips that extra
-    submission is used where this wgpu-py has it.
-    """
-    promises = bounded_maps()  # a wgpu-py without map promises maps here, each buffer waited for alone
+    submission has touched); ours were just written by one, so the mode that skips that extra submission is
+    used where this wgpu-py has it."""
+    promises = bounded_maps()  # a wgpu-py without map promises maps here, waited for without a limit
     while True:
         try:
-            return buffer.map_async(_read_modes[0]) if promises else buffer.map_sync(_read_modes[0])
+            promise = buffer.map_async(_read_modes[0]) if promises else buffer.map_sync(_read_modes[0])
+            break
         except ValueError:
             if len(_read_modes) == 1:
                 raise
             _read_modes.pop(0)
-
-
-def wait_mapped(promise, limit: WaitLimit | None = None) -> None:
-    """Wait for a map ``begin_map`` started, at most ``limit.seconds`` (set only where ``bounded_maps()``)."""
-    if promise is None:  # mapped already (``begin_map`` without promises)
+    if promise is None:  # mapped already
         return
     seconds = limit.seconds if limit is not None else None
     if seconds is not None and not promise._thread_event.wait(seconds):
