@@ -615,7 +615,7 @@ def litert_installed() -> bool:
 # holds them for the host backend)
 OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "boolean"}}
 
-# Figures per thread (the session multiplies the throughput by the thread count) until `delegate calibrate`
+# Figures of one thread (shared among the threads op by op: ``DeviceProfile.threads``) until `delegate calibrate`
 # runs: what calibrate measured and fitted at one thread on a 2-core AMD EPYC (AVX-512) VM, 2026-12-02, in its
 # least disturbed of several runs; the numpy engine's "step" kinds (``CpuBackend.cost_class``) from two runs at
 # one thread on a VM of that kind (AVX2), 2026-12-06.  The kinds' factors (``DeviceProfile.kind_scale``: how many times slower
@@ -627,14 +627,16 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # one 330-390x: `cpu_kinds.py --model` on the converter's LSTM fixtures, 2026-12-03); no other class says so.
 # LiteRT's: a floor per time step (``cost.op_steps``), from the converter's LSTM fixtures each run alone on the
 # H200 host, 2026-12-04, at 1 and 16 threads alike: float 38.6 us for 16 steps, int8 92 us for 12.
-# ``thread_grain_us``: the roofline an engine gives each thread of an op (``DeviceProfile.threads``), the one
-# that put the estimates of four models (MobileNetV2 fp32 and int8, selfie_segmentation, pose_landmark_full) at
-# 2 and 16 threads nearest their times on an H100 host's 16-core Xeon, 2026-12-07 (`bench --compare litert`):
-# the mean |log(estimate / time)| of the numpy engine's eight 0.18 (MobileNetV2 at 16 threads: 0.93x its
-# time, where dividing every op among all 16 threads gave 0.39x), LiteRT's 0.67 (its per-thread figures, from
-# an EPYC VM, are 1.2-2.9x faster than that host's: calibrate measures them).
+# ``thread_grain_us``, and the throughput and bandwidth of one thread: refitted 2026-12-07 to eight measurements
+# of each engine on an H100 host's 16-core Xeon (MobileNetV2 fp32 and int8, selfie_segmentation,
+# pose_landmark_full at 2 and 16 threads, `bench --compare litert`): the figures above divided by 1.3 (numpy) and
+# 2.5 (LiteRT), each op's roofline shared among as many threads as it gives each that much.  The mean
+# |log(estimate / time)| of the eight: numpy engine 0.12 (0.60 before, when the throughput was multiplied by
+# the threads and the bandwidth not: MobileNetV2 at 16 threads estimated at 4.0x its time), LiteRT 0.23 (0.59).  LiteRT's figures as
+# calibrated here put MobileNetV2 at one thread at 3.5 ms, beyond what one AVX2 core can compute (it took
+# 10.6-12.6 ms here that day; estimated 8.7 now).
 DEFAULT_PROFILES = {
-    "numpy": DeviceProfile(gflops=199.0, gbytes_per_s=14.8, launch_us=0.0, partition_us=0.0, run_us=44.0,
+    "numpy": DeviceProfile(gflops=153.0, gbytes_per_s=11.4, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,
                                         "reduce": 6.3, "elementwise": 0.62, "resize": 1.41, "batch_matmul": 1.69,
                                         "recurrent": 13.0, "elementwise/step": 2.1, "layout/step": 0.58,
@@ -645,7 +647,7 @@ DEFAULT_PROFILES = {
                            kind_scale={"int16": 4.0, "matmul/int16": 15.0, "elementwise/int16": 10.0,
                                        "batch_matmul/int8": 6.5, "recurrent/int8": 22.0},
                            thread_grain_us=15.0, source="default (cpu)"),
-    "litert": DeviceProfile(gflops=225.0, gbytes_per_s=21.9, launch_us=0.05, partition_us=0.0, run_us=7.0,
+    "litert": DeviceProfile(gflops=90.0, gbytes_per_s=8.8, launch_us=0.05, partition_us=0.0, run_us=7.0,
                             class_scale={"*": 0.88, "conv": 0.88, "depthwise": 0.78, "layout": 0.66, "matmul": 0.72,
                                          "pool": 3.3, "reduce": 0.45, "elementwise": 0.98, "resize": 1.21,
                                          "batch_matmul": 0.74, "recurrent": 1.0},
@@ -653,7 +655,7 @@ DEFAULT_PROFILES = {
                             kind_scale={"int16": 40.0, "batch_matmul/int8": 20.0, "reduce/int8": 15.0,
                                         "elementwise/int8": 1.5, "depthwise/int8": 2.5},
                             serial_kinds=("int16", "batch_matmul/int8", "reduce/int8"),
-                            thread_grain_us=12.0, source="default (cpu-litert)"),
+                            thread_grain_us=24.0, source="default (cpu-litert)"),
 }
 
 
