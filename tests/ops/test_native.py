@@ -150,6 +150,25 @@ def test_packed_product_matches_numpy(loops, m, k, n, threads):
     np.testing.assert_allclose(out, lhs.astype(np.float64) @ rhs, rtol=1e-4, atol=1e-4)
 
 
+@needs_compiler
+@pytest.mark.parametrize("m, k, n", [(49, 96, 160), (49, 160, 960), (7, 32, 1000), (200, 24, 144), (3, 8, 40)])
+def test_packed_product_is_the_same_on_every_team(loops, m, k, n):
+    """However a team splits the row tiles and panels (by rows, by panels, or blocks of both: team_split), every
+    output is computed once, over the depth in one order: the same result on 1 to 16 threads (up to the last
+    bit where a split changes a tile's height, and with it the register tile that sums it)."""
+    rng = np.random.default_rng(3)
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    packed = native.PackedOperand(rng.standard_normal((k, n)).astype(np.float32), loops.panel_lanes)
+    finish = native.Epilogue(rng.standard_normal(n).astype(np.float32), (-1.0, 2.0)).padded(packed.padded_columns)
+    outs = []
+    for threads in (1, 2, 3, 4, 6, 16):
+        out = np.full((m, n), np.nan, np.float32)
+        assert loops.packed_product(lhs, packed, out, threads, finish)
+        outs.append(out)
+    for out in outs[1:]:
+        np.testing.assert_allclose(out, outs[0], rtol=1e-6, atol=1e-6)
+
+
 def test_no_compiler_leaves_the_numpy_kernels(monkeypatch):
     monkeypatch.setattr(native_build, "find_compiler", lambda: None)
     assert native._load() is None

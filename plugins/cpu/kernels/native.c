@@ -1214,21 +1214,41 @@ typedef struct {
     const float *residual;
 } product;
 
-/* The product, with the epilogue on each tile in registers: each thread takes a share of the row
- * tiles, or of the panels when there are too few row tiles to go round. */
+/* How a team of ``threads`` splits tiles x panels into row groups x panel groups (*row_groups x
+ * *panel_groups = threads): the split whose largest block of (tile, panel) pairs is least, rows before
+ * panels where two tie.  49 rows on 2 threads split by rows alone gave one thread 4 tiles of 8 and the other
+ * 3, the first an eighth of the op over the second's; 960 columns split by panels gave each 15 of 30. */
+static void team_split(int64_t tiles, int64_t panels, int threads, int *row_groups, int *panel_groups)
+{
+    int64_t best = -1;
+    for (int rows = threads; rows >= 1; rows--) {
+        if (threads % rows)
+            continue;
+        int cols = threads / rows;
+        int64_t block = ((tiles + rows - 1) / rows) * ((panels + cols - 1) / cols);
+        if (best < 0 || block < best) {
+            best = block;
+            *row_groups = rows;
+            *panel_groups = cols;
+        }
+    }
+}
+
+/* The product, with the epilogue on each tile in registers: each thread takes a block of the row tiles
+ * and panels (team_split). */
 int packed_product(const product *p)
 {
     int64_t m = p->m, n = p->n, k = p->k, tiles = (m + MR - 1) / MR, panels = (n + PANEL - 1) / PANEL;
-    int by_rows = tiles >= 2 * p->threads || tiles >= panels;
-    int64_t extent = by_rows ? tiles : panels;
-    int threads = extent > 1 ? (int)p->threads : 1;
+    int threads = tiles * panels > 1 ? team_of(p->threads) : 1, row_groups = 1, panel_groups = 1;
+    team_split(tiles, panels, threads, &row_groups, &panel_groups);
     int64_t pass = PASS_FLOATS / (k > 0 ? k : 1) / MR;
     pass = pass < 1 ? 1 : pass;
     epilogue adding = with_residual(p->finish, p->residual, p->c);
-    #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int part = 0; part < threads; part++) {
-        int64_t lo = extent * part / threads, hi = extent * (part + 1) / threads;
-        int64_t t0 = by_rows ? lo : 0, t1 = by_rows ? hi : tiles, p0 = by_rows ? 0 : lo, p1 = by_rows ? panels : hi;
+        int64_t rows_part = part / panel_groups, cols_part = part % panel_groups;
+        int64_t t0 = tiles * rows_part / row_groups, t1 = tiles * (rows_part + 1) / row_groups;
+        int64_t p0 = panels * cols_part / panel_groups, p1 = panels * (cols_part + 1) / panel_groups;
         for (int64_t first = t0; first < t1; first += pass) {
             int64_t last = first + pass < t1 ? first + pass : t1;
             for (int64_t j = p0; j < p1; j++) {
