@@ -90,13 +90,14 @@ def _depthwise_3x3_against_numpy(loops, rng, h: int, width: int, c: int, stride:
 
 
 @needs_compiler
-@pytest.mark.parametrize("h, c", [(1, 32), (2, 40), (3, 72), (7, 960), (2, 36), (16, 48)])
+@pytest.mark.parametrize("h, c", [(1, 32), (2, 40), (3, 72), (7, 960), (2, 36), (16, 48), (14, 144)])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_depthwise_channel_blocks_of_few_rows_match_numpy(loops, h, c, stride):
-    """Fewer output rows than two a thread: each row's channels are split into blocks of whole vectors, the
-    last block taking what is left (every channel written once, the epilogue's per-channel bias and slope at
-    each block's own channels)."""
-    _depthwise_3x3_against_numpy(loops, np.random.default_rng(h * c), h, 9, c, stride, 8)
+@pytest.mark.parametrize("threads", [2, 3, 8, 16])
+def test_depthwise_channel_blocks_of_few_rows_match_numpy(loops, h, c, stride, threads):
+    """Rows that do not share evenly among the team: each row's channels are split into blocks of whole
+    vectors (channel_block), the last block taking what is left (every channel written once, the epilogue's
+    per-channel bias and slope at each block's own channels)."""
+    _depthwise_3x3_against_numpy(loops, np.random.default_rng(h * c), h, 9, c, stride, threads)
 
 
 @needs_compiler

@@ -381,15 +381,25 @@ static void depthwise_pixels(const float *x, const int64_t *offsets, const float
         dw8_pixels(x, offsets, weights, taps, c, step, pixels, c1 - 8, c1 - 7, rows_of, out, e);
 }
 
-/* Channel blocks a depthwise convolution's rows are split into, so that a team has two tasks a thread: none
- * where the rows alone give that; else blocks of at least 16 channels (MobileNetV2's 7x7x960 layer, 7 rows,
- * kept 9 of 16 threads idle: its depthwise layers ran 2.1x faster on 16 threads than on 2). */
-static int64_t channel_blocks(int64_t rows, int64_t c, int team)
+/* The channels of each block a depthwise convolution's rows are split into (a multiple of 16; the last block
+ * takes what is left over): the width whose busiest thread has the fewest channel rows to compute (as many
+ * tasks as a thread takes, times the widest block's channels), the widest where two tie.  MobileNetV2's
+ * 7x7x960 layer on 16 threads, 7 rows as 7 tasks, kept 9 threads idle (its depthwise layers ran 2.1x faster on
+ * 16 threads than on 2); 7 rows on 2 threads as 4 and 3 kept one waiting for the other an eighth of the time. */
+static int64_t channel_block(int64_t rows, int64_t c, int team)
 {
-    if (team < 2 || rows >= 2 * team || c < 32)
-        return 1;
-    int64_t blocks = (2 * team + rows - 1) / rows;
-    return blocks < c / 16 ? blocks : c / 16;
+    if (team < 2 || c < 32)
+        return c;
+    int64_t best = c, least = -1;
+    for (int64_t parts = 1; parts <= c / 16; parts++) {
+        int64_t block = ((c + parts - 1) / parts + 15) / 16 * 16, blocks = c / block > 1 ? c / block : 1;
+        int64_t busiest = (rows * blocks + team - 1) / team * (c - (blocks - 1) * block);
+        if (least < 0 || busiest < least) {
+            least = busiest;
+            best = blocks > 1 ? block : c;
+        }
+    }
+    return best;
 }
 
 /* A depthwise convolution of (H, W, C) images, read in place: output pixel (oy, ox) sums the
@@ -412,9 +422,8 @@ int depthwise_rows(const float *restrict images, const float *restrict weights, 
     if (!all)
         return NO_MEMORY;
     inner_columns(w, kw, stride_w, g->dw, g->left, ow, &inner0, &inner1);
-    int64_t rows = g->images * oh, blocks = c >= 8 ? channel_blocks(rows, c, team_of(threads)) : 1;
-    int64_t block = ((c + blocks - 1) / blocks + 15) / 16 * 16;  /* the last block takes what is left over */
-    blocks = c / block > 1 ? c / block : 1;
+    int64_t rows = g->images * oh, block = c >= 8 ? channel_block(rows, c, team_of(threads)) : c;
+    int64_t blocks = c / block > 1 ? c / block : 1;  /* the last block takes what is left over */
     #pragma omp parallel for num_threads(team_of(threads)) schedule(static) if (team_of(threads) > 1)
     for (int64_t task = 0; task < rows * blocks; task++) {
         int64_t r = task / blocks, c0 = task % blocks * block, c1 = task % blocks == blocks - 1 ? c : c0 + block;
