@@ -631,10 +631,10 @@ OPTIONS = {"engine": {"enum": ["numpy", "litert", "auto"]}, "native": {"type": "
 # of each engine on an H100 host's 16-core Xeon (MobileNetV2 fp32 and int8, selfie_segmentation,
 # pose_landmark_full at 2 and 16 threads, `bench --compare litert`): the figures above divided by 1.3 (numpy) and
 # 2.5 (LiteRT), each op's roofline shared among as many threads as it gives each that much.  The mean
-# |log(estimate / time)| of the eight: numpy engine 0.12 (0.60 before, when the throughput was multiplied by
-# the threads and the bandwidth not: MobileNetV2 at 16 threads estimated at 4.0x its time), LiteRT 0.23 (0.59).  LiteRT's figures as
-# calibrated here put MobileNetV2 at one thread at 3.5 ms, beyond what one AVX2 core can compute (it took
-# 10.6-12.6 ms here that day; estimated 8.7 now).
+# |log(estimate / time)| of the eight: numpy engine 0.12 (0.60 before, when the throughput was multiplied by the
+# threads and the bandwidth not: MobileNetV2 at 16 threads estimated at 4.0x its time), LiteRT 0.23 (0.59).
+# LiteRT's figures as calibrated on the VM put MobileNetV2 at one thread at 3.5 ms, beyond what one AVX2 core
+# can compute (it took 10.6-12.6 ms there that day; estimated 8.7 now).
 DEFAULT_PROFILES = {
     "numpy": DeviceProfile(gflops=153.0, gbytes_per_s=11.4, launch_us=0.0, partition_us=0.0, run_us=44.0,
                            class_scale={"conv": 1.68, "depthwise": 0.51, "pool": 0.56, "layout": 0.41, "matmul": 0.12,

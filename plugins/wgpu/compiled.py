@@ -238,8 +238,8 @@ class DeviceTensor:
 class ReadBack:
     """The one mappable buffer a partition's outputs are copied back into, each at an offset of its own: a
     run's outputs reach the host through one map and one unmap however many they are (each map is a round
-    of wgpu-py's promise and the device's polling thread: pose_landmark_full's five outputs, mapped one
-    buffer each, cost an H100 host 0.5 ms a run beyond its resident time, OpenCL's reads 0.21)."""
+    of wgpu-py's promise and the device's polling thread: with a buffer and a map each, pose_landmark_full's
+    input and five outputs cost an H100 host 0.50 ms a run beyond its resident time, OpenCL's 0.21)."""
 
     ALIGNMENT = 256  # each output's offset (copies need 4 bytes, maps 8)
 
@@ -260,8 +260,8 @@ class ReadBack:
     def record(self, encoder, tensor: DeviceTensor) -> None:
         if self.buffer is None:
             usage = import_wgpu().BufferUsage
-            self.buffer = self.context.device.create_buffer(size=max(self.size, 4), usage=usage.MAP_READ | usage.COPY_DST,
-                                                            label="readback")
+            self.buffer = self.context.device.create_buffer(size=max(self.size, 4),
+                                                            usage=usage.MAP_READ | usage.COPY_DST, label="readback")
         self.native.copy(encoder, tensor.source._internal, 0, self.buffer._internal, tensor.offset, tensor.source.size)
         tensor.taken = False
         if tensor not in self.pending:
