@@ -28,7 +28,7 @@ from .native import (PER_THREAD_MACS, Geometry, PackedInt8, QBinaryCall, QConvCa
                      QStage, Requant, WideCall, kernel_loops, prepared_run, team_for)
 from .quant_util import (
     Rescale, RescaleInDouble, Requantize, activation_bounds, lane_rounding, multiply_by_quantized_multiplier,
-    multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, zero_point)
+    multiply_half_up, multiply_wide, qrange, quantize_multiplier, scale, scales, vector_lanes, wrap32, zero_point)
 
 
 def _weights(t: Tensor) -> np.ndarray:
@@ -124,7 +124,7 @@ def _finish(op: Op, away, bias: np.ndarray, bound: int, reference=None):
 
     def finish(acc, dst, u0, u1):
         total = acc.astype(np.int64) + bias[u0:u1]
-        stage.channels(u0, u1)(total.astype(np.int32).astype(np.int64) if wraps else total, dst)
+        stage.channels(u0, u1)(wrap32(total) if wraps else total, dst)
     return finish
 
 

@@ -21,7 +21,7 @@ from .native import QLstmCall, kernel_loops, prepared_run
 from .lstm import BIASES, CELL_STATE, GATES, INPUT_WEIGHTS, LAYER_NORMS, OUTPUT_STATE, PEEPHOLES, \
     PROJECTION_BIAS, PROJECTION_WEIGHTS, RECURRENT_WEIGHTS
 from .quant_util import gemmlowp_logistic16, gemmlowp_tanh16, multiply_by_quantized_multiplier, \
-    power_of_two_exponent, quantize_multiplier, rounding_divide_by_pot, scale, trunc_div, wrap16, zero_point
+    power_of_two_exponent, quantize_multiplier, rounding_divide_by_pot, scale, trunc_div, wrap16, wrap32, zero_point
 from .quantized import inverse_sqrt
 
 HIDDEN = 4  # the intermediate tensor that holds output gate x tanh(cell)
@@ -30,10 +30,6 @@ HIDDEN = 4  # the intermediate tensor that holds output gate x tanh(cell)
 def _multiplier(real) -> tuple[int, int]:
     significand, exponent = quantize_multiplier(np.float32(real))
     return int(significand), int(exponent)
-
-
-def _wrap32(x):
-    return ((np.asarray(x, np.int64) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 
 
 def _squash(table: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -73,7 +69,7 @@ class _Gate:
         gate = np.zeros((x.shape[0], self.w_in.shape[0]), np.int64)
         for rows, weights, bias, (m, s) in ((x, self.w_in, self.bias_in, self.rescale_in),
                                             (h, self.w_rec, self.bias_rec, self.rescale_rec)):
-            total = multiply_by_quantized_multiplier(_wrap32(rows @ weights.T + bias), m, s)  # LiteRT's int32 sums
+            total = multiply_by_quantized_multiplier(wrap32(rows @ weights.T + bias), m, s)  # LiteRT's int32 sums
             gate = np.clip(gate + total, -(1 << 15), (1 << 15) - 1)
         if self.peephole is not None:
             # LiteRT walks the peephole over n_output values per batch row (n_output == n_cell without a
@@ -109,12 +105,12 @@ class _Gate:
         variance = np.where(variance < 1, self.variance_guard, variance)
         inv_a, inv_b = inverse_sqrt(variance)
         rescaled = multiply_by_quantized_multiplier(1024 * gate - mean[:, None], inv_a[:, None], inv_b[:, None])
-        weighted = _wrap32(rescaled * self.norm + self.norm_bias)
+        weighted = wrap32(rescaled * self.norm + self.norm_bias)
         rounded = trunc_div(np.where(weighted > 0, weighted + 512, weighted - 512), 1024)
         m, s = self.norm_rescale
         shift = s + 12
         if shift > 0:  # C's int32 left shift, then the multiply without one
-            rounded, shift = _wrap32(rounded << shift), 0
+            rounded, shift = wrap32(rounded << shift), 0
         return np.clip(multiply_by_quantized_multiplier(rounded, m, shift), -(1 << 15), (1 << 15) - 1)
 
 
@@ -222,7 +218,7 @@ def lstm(op: Op):
         if projection is None:
             return np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) + hidden_zp, -128, 127), c
         hidden_values = np.clip(multiply_by_quantized_multiplier(product, *hidden_rescale) - hidden_zp, -128, 127)
-        projected = multiply_by_quantized_multiplier(_wrap32(hidden_values @ projection.T + projection_bias),
+        projected = multiply_by_quantized_multiplier(wrap32(hidden_values @ projection.T + projection_bias),
                                                      *projection_rescale) + state_zp
         projected = np.clip(projected, -128, 127)
         if proj_bound > 0:

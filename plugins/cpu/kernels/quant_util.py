@@ -127,8 +127,7 @@ def multiply_wide(x, multiplier, shift):
     multiplier = np.asarray(multiplier, np.int64)
     reduced = np.where(multiplier < 0x7FFF0000, (multiplier + (1 << 15)) >> 16, 0x7FFF)
     total = 15 - np.asarray(shift, np.int64)
-    wide = (np.asarray(x, np.int64) * reduced + (np.int64(1) << (total - 1))) >> total
-    return ((wide + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+    return wrap32((np.asarray(x, np.int64) * reduced + (np.int64(1) << (total - 1))) >> total)
 
 
 # --- tensor parameters ----------------------------------------------------------------------
@@ -379,6 +378,11 @@ INT16_ONE = (1 << 15) - 1
 def wrap16(x):
     """C's cast to int16: values wrap around (gemmlowp's int16 sums, CwiseMul's results)."""
     return ((np.asarray(x, np.int64) + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def wrap32(x):
+    """C's cast to int32, as int64: values wrap around (LiteRT's int32 sums and its 64-bit rescale's cast)."""
+    return ((np.asarray(x, np.int64) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 
 
 def _mul16(a, b):
