@@ -746,6 +746,43 @@ def test_a_bounded_map_returns_when_the_work_is_done_and_gives_up_after_its_limi
     assert 0.2 <= time.perf_counter() - started < 2
 
 
+def test_a_wait_with_a_poll_resolves_the_map_on_the_calling_thread_and_keeps_its_limit(backend):
+    """On a hardware adapter a wait polls the device itself (no hand-off through wgpu-py's polling thread);
+    on a CPU adapter (this machine's lavapipe) it does not, since polling would take the cores the work runs
+    on.  Either way the limit holds."""
+    from delegate_wgpu.device import POLL_SPIN_S, WaitLimit, bounded_maps, map_for_reading
+
+    if not bounded_maps():
+        pytest.skip("this wgpu-py's promises carry no event to wait on with a limit (runs keep the watchdog)")
+    assert backend.context.poll_in_caller == (backend.context.adapter.info.get("adapter_type") != "CPU")
+    pending = _Unresolved()
+    polls = []
+
+    def poll():  # the third poll completes the map, on the waiting thread
+        polls.append(threading.get_ident())
+        if len(polls) == 3:
+            pending._thread_event.set()
+
+    class Polled:
+        def map_async(self, mode):
+            return pending
+    pending.sync_wait = lambda: None
+    map_for_reading(Polled(), WaitLimit(5.0), poll)
+    assert polls == [threading.get_ident()] * 3
+
+    class Stalled:
+        def map_async(self, mode):
+            return _Unresolved()
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"within 0.2 s"):
+        map_for_reading(Stalled(), WaitLimit(0.2), lambda: None)
+    assert 0.2 <= time.perf_counter() - started < 2
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"within 0.005 s"):  # a limit shorter than the polling stops it
+        map_for_reading(Stalled(), WaitLimit(0.005), lambda: None)
+    assert time.perf_counter() - started < POLL_SPIN_S + 0.5
+
+
 def test_webgpu_runs_on_the_calling_thread_and_a_run_that_never_finishes_falls_back(monkeypatch):
     """The session gives WebGPU no watchdog thread (its run records and submits); the wait for the outputs
     bounds itself instead: a read that never completes fails the partition in time, and the CPU takes over

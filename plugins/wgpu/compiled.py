@@ -23,6 +23,7 @@ submission once the host has asked for them).
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -65,12 +66,13 @@ class NativeEncoding:
     Creating, finishing and submitting go through wgpu-py's error-capturing wrappers of the library, so a
     validation error still raises; the calls per dispatch go to the library itself."""
 
-    def __init__(self, device):
+    def __init__(self, device, poll_in_caller: bool):
         from wgpu.backends.wgpu_native._api import ffi, lib, libf
 
         self.ffi, self.lib, self.libf = ffi, lib, libf
         self.device, self.queue = device._internal, device.queue._internal
         self.copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        self.poll = functools.partial(lib.wgpuDevicePoll, self.device, False, ffi.NULL) if poll_in_caller else None
         self.stamp = lib.wgpuComputePassEncoderWriteTimestamp
         self.resolve = lib.wgpuCommandEncoderResolveQuerySet
         self.calls = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
@@ -271,7 +273,7 @@ class ReadBack:
         """Map the buffer once the submissions that wrote it are done (waiting at most the backend's limit:
         TimeoutError after, the buffer left mid-map and the partition with it), copy every pending output to
         its host array, unmap."""
-        map_for_reading(self.buffer, self.wait_limit)
+        map_for_reading(self.buffer, self.wait_limit, self.native.poll)
         try:
             mapped = self.buffer.read_mapped(copy=False)
             for tensor in self.pending:
@@ -356,7 +358,7 @@ class WgpuCompiled(CompiledPartition):
                                                        usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC)
         self.fence = None  # made by the first run_resident
         self.launches = [self.launch(d) for d in program.launches]
-        self.native = NativeEncoding(device)
+        self.native = NativeEncoding(device, context.poll_in_caller)
         self.prepare_encoding()
         self.inputs = [_InputSlot(s, self.buffers, program.storage, s.convert and self.launch(s.convert))
                        for s in program.inputs]
@@ -470,7 +472,7 @@ class WgpuCompiled(CompiledPartition):
             native.submit(encoder)
         finally:
             native.release(encoder)
-        map_for_reading(self.fence, self.wait_limit)
+        map_for_reading(self.fence, self.wait_limit, self.native.poll)
         self.fence.unmap()
         return True
 
@@ -530,7 +532,7 @@ class Timestamps:
 
     def read(self) -> np.ndarray:
         """Milliseconds between consecutive timestamps of the submission just made."""
-        map_for_reading(self.readback, self.wait_limit)
+        map_for_reading(self.readback, self.wait_limit, self.native.poll)
         try:
             ticks = np.frombuffer(self.readback.read_mapped(), np.uint64).astype(np.float64)
         finally:
