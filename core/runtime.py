@@ -92,6 +92,7 @@ class Executor:
         self._unread: dict[int, tuple[Tensor, dict[str, Any] | None]] = {}
         self._made_by: Mapping[int, Partition] = {}
         self._outputs = frozenset(t.index for t in graph.outputs)
+        self.owned_last_run: frozenset[int] = frozenset()  # outputs of the last run its caller may keep uncopied
 
     def run(self, inputs: Mapping[int, np.ndarray], outputs: frozenset[int] | None = None) -> dict[int, np.ndarray]:
         """Run once; ``inputs`` maps graph input tensor index -> host array.  ``outputs``: the graph outputs
@@ -134,6 +135,7 @@ class Executor:
         # location: tensor index -> {backend name: value}
         where: dict[int, dict[str, Any]] = {i: {self.host: np.asarray(v)} for i, v in inputs.items()}
         made_by: dict[int, Partition] = {}  # tensor index -> the partition that returned it
+        owned: set[int] = set()  # host values a partition made for this run alone (``outputs_owned``)
         transfers = 0
         for part, compiled in zip(self.partitions, self.compiled):
             backend = self.backends[part.backend]
@@ -168,6 +170,8 @@ class Executor:
                     check_value(part, t, value)
                 where[t.index] = {part.backend: value}
                 made_by[t.index] = part
+                if compiled.outputs_owned and part.backend == self.host:
+                    owned.add(t.index)
         out = {}
         for t in self.graph.outputs:
             if wanted is not None and t.index not in wanted:
@@ -178,6 +182,7 @@ class Executor:
             out[t.index] = self._output(t, where.get(t.index), made_by)
         self._made_by = made_by
         self.transfers_last_run = transfers
+        self.owned_last_run = frozenset(owned.intersection(out))
         return out
 
     def _output(self, t: Tensor, copies: dict[str, Any] | None, made_by: Mapping[int, Partition]) -> np.ndarray:

@@ -708,9 +708,12 @@ class Session:
         """Run with inputs keyed by tensor index; outputs keyed likewise (fallback on device failure).
         ``outputs``: the output tensor indices wanted (None: all); the others are not read back.
 
-        Runs take turns; the outputs are this run's own copies, whatever runs next."""
+        Runs take turns; the outputs are this run's own copies, whatever runs next (copied here unless the
+        partition that made one made it for this run alone: ``CompiledPartition.outputs_owned``)."""
         with self._lock:
-            return {k: np.array(v) for k, v in self._run_locked(inputs, self._wanted(outputs)).items()}
+            results = self._run_locked(inputs, self._wanted(outputs))
+            owned = self._serving.owned_last_run
+            return {k: v if k in owned else np.array(v) for k, v in results.items()}
 
     def run_into(self, inputs: Mapping[int, np.ndarray], store: Callable[[Mapping[int, np.ndarray]], None],
                  outputs: Iterable[int] | None = None) -> int:

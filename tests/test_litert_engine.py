@@ -256,3 +256,32 @@ def test_a_custom_op_litert_lacks_is_costed_as_the_numpy_engine_runs_it_between_
     assert litert.estimate_ms(up, options) == pytest.approx(numpy_ms + copies_ms)
     assert numpy_engine.estimate_ms(up, options) is None  # the numpy engine's own plan: the roofline
     assert all(litert.estimate_ms(op, options) is None for op in graph.ops if op is not up)
+
+
+@pytest.mark.parametrize("engine", ["litert", "numpy"])
+def test_a_sessions_outputs_are_its_runs_own_whether_or_not_they_are_copied_again(engine):
+    """LiteRT's engine returns copies (``outputs_owned``): the session hands them over without a second copy;
+    the numpy engine's are copied.  Either way a run's outputs stay as they were after the next run."""
+    import delegate
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 4))
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((6, 3, 3, 4))), b.const("bias", rng.standard_normal(6))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, name="y")
+    z = b.op("ADD", [y, b.const("one", np.float32(1.0))], name="z")
+    b.output(y, z)
+    model = b.to_bytes()
+    session = delegate.load(model, backends="[cpu]", **{"cpu.engine": engine})
+    first_in, second_in = (rng.standard_normal((1, 8, 8, 4)).astype(np.float32) for _ in range(2))
+    first = session.run({"x": first_in})
+    kept = {name: value.copy() for name, value in first.items()}
+    second = session.run({"x": second_in})
+    expected = litert_run(model, [first_in])
+    for name in first:
+        np.testing.assert_array_equal(first[name], kept[name])
+        assert not np.array_equal(first[name], second[name])
+        assert first[name] is not second[name] and not np.shares_memory(first[name], second[name])
+    owned = session._serving.owned_last_run
+    assert owned == (frozenset(t.index for t in session.graph.outputs) if engine == "litert" else frozenset())
+    for got, want in zip((first[t.name] for t in session.graph.outputs), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

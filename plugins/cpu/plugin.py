@@ -213,6 +213,8 @@ class LitertCompiled(CompiledPartition):
     when it is the whole model as read, the model's own bytes (no second copy of its weights, and
     none of the writer's transient ones: MobileNetV2 peaked at 130 MB instead of LiteRT's 79)."""
 
+    outputs_owned = True  # get_tensor copies
+
     def __init__(self, partition: Partition, num_threads: int, try_threads: bool = False):
         from delegate.plugin_api import partition_model, write_model
 
