@@ -714,30 +714,6 @@ def test_without_a_compiler_a_python_loop_records_the_same_dispatches(backend, m
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("looped", [False, True], ids=["record.c", "python loop"])
-def test_a_run_split_into_several_submissions_gives_the_same_bits(backend, monkeypatch, looped):
-    """With SUBMIT_EVERY the dispatches go out in several submissions (the first with the input copies and
-    conversions, the last with the output conversions and read-backs): the same results, resident or not."""
-    from delegate_wgpu import compiled as compiled_module
-    rng = np.random.default_rng(25)
-    g = read_model(small_network(rng)).main
-    inputs = [normal(rng, (1, 9, 10, 3))]
-    if looped:
-        monkeypatch.setattr(compiled_module, "_LOADED", ["no C compiler found"])
-    compiled = backend.compile(make_partition(g, g.ops, "wgpu", 0), CompileOptions())
-    count = len(compiled.launches)
-    assert count >= 3
-    expected = run_compiled(backend, g, compiled, inputs)
-    for every in (1, 2, count - 1):
-        monkeypatch.setattr(compiled_module, "SUBMIT_EVERY", every)
-        parts = compiled.dispatches.submissions()
-        assert parts[0][0] == 0 and parts[-1][1] == count and len(parts) == -(-count // every)
-        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-        for a, b in zip(expected, run_compiled(backend, g, compiled, inputs)):
-            np.testing.assert_array_equal(a, b)
-        assert compiled.run_resident()
-
-
 # -- the wait for a run's work, bounded by limits.run_timeout_s ------------------------------------------------
 
 class _Unresolved:

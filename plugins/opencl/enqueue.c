@@ -20,21 +20,15 @@ typedef cl_int (*enqueue_nd_range_kernel)(cl_command_queue queue, cl_kernel kern
                                           const size_t *local_size, cl_uint events_in_wait_list,
                                           const cl_event *event_wait_list, cl_event *event);
 
-typedef cl_int (*flush_queue)(cl_command_queue queue);
-
 /* Enqueues count kernels in order, with no events: kernel i with dims[i] dimensions of global[3i..]
-   and local[3i..] (no local size, the driver's choice, where has_local[i] is 0).  With flush_every > 0
-   the queue is flushed after every flush_every kernels but the last, so the device starts on the first
-   kernels while the host still enqueues the rest.  Returns CL_SUCCESS, or the first error code with the
-   failing call's index in *failed (nothing after it is enqueued; a failed flush reports its kernel). */
-cl_int enqueue_launches(enqueue_nd_range_kernel enqueue, flush_queue flush, cl_command_queue queue,
-                        const cl_kernel *kernels, const cl_uint *dims, const size_t *global, const size_t *local,
-                        const uint8_t *has_local, int64_t count, int64_t flush_every, int64_t *failed) {
+   and local[3i..] (no local size, the driver's choice, where has_local[i] is 0).  Returns CL_SUCCESS,
+   or the first error code with the failing launch's index in *failed (nothing after it is enqueued). */
+cl_int enqueue_launches(enqueue_nd_range_kernel enqueue, cl_command_queue queue, const cl_kernel *kernels,
+                        const cl_uint *dims, const size_t *global, const size_t *local,
+                        const uint8_t *has_local, int64_t count, int64_t *failed) {
     for (int64_t i = 0; i < count; ++i) {
         cl_int status = enqueue(queue, kernels[i], dims[i], NULL, global + 3 * i,
                                 has_local[i] ? local + 3 * i : NULL, 0, NULL, NULL);
-        if (status == 0 && flush_every > 0 && (i + 1) % flush_every == 0 && i + 1 < count)
-            status = flush(queue);
         if (status != 0) {
             *failed = i;
             return status;

@@ -25,8 +25,6 @@ FLAG_SETS = (["-O2"],)
 # H100 host, asking with none / 20 / 200 between asks: MobileNetV2 0.634 / 0.622 / 0.623 ms, pose_landmark_full
 # 1.086 / 1.057 / 1.049 ms (the driver's blocking wait: 0.630, 1.095).
 PAUSE_ITERS = 20
-# Kernels enqueued between flushes of the queue within a run (0: none; the wait flushes at the end).
-FLUSH_EVERY = 0
 
 _INT64 = ctypes.c_int64
 
@@ -37,7 +35,7 @@ class NativeEnqueue:
 
     def __init__(self, library: ctypes.CDLL, enqueue_address: int, flush_address: int, info_address: int):
         self.call = library.enqueue_launches
-        self.call.argtypes = [ctypes.c_void_p] * 8 + [_INT64, _INT64, ctypes.POINTER(_INT64)]
+        self.call.argtypes = [ctypes.c_void_p] * 7 + [_INT64, ctypes.POINTER(_INT64)]
         self.call.restype = ctypes.c_int32
         self.enqueue_address = enqueue_address
         self.wait_call = library.wait_event
@@ -110,9 +108,8 @@ class PreparedLaunches:
 
     def enqueue(self, cl, queue) -> None:
         """Enqueue every launch on ``queue``; a failure raises what pyopencl would have raised for it."""
-        status = self.native.call(self.native.enqueue_address, self.native.flush_address, queue.int_ptr,
-                                  self.kernels, self.dims, self.global_sizes, self.local_sizes, self.has_local,
-                                  self.count, FLUSH_EVERY, self.failed_ref)
+        status = self.native.call(self.native.enqueue_address, queue.int_ptr, self.kernels, self.dims,
+                                  self.global_sizes, self.local_sizes, self.has_local, self.count, self.failed_ref)
         if status:
             raise cl_error(cl, "clEnqueueNDRangeKernel", status)
 

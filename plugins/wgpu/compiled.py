@@ -123,7 +123,6 @@ class NativeEncoding:
 SOURCE = Path(__file__).with_name("record.c")
 _LOCK = threading.Lock()
 _LOADED: list = []  # [the record_dispatches entry point | str (why there is none)] once tried
-SUBMIT_EVERY = 0  # dispatches per submission within a run (0: all in one; ``Dispatches.submissions``)
 
 
 def record_loop():
@@ -161,22 +160,12 @@ class Dispatches:
         self.groups = (ctypes.c_void_p * count)(*(address(launch[1]) for launch in self.launches))
         self.counts = (ctypes.c_uint32 * (3 * count))(*(n for launch in self.launches for n in launch[2:]))
 
-    def record(self, compute, start: int = 0, stop: int | None = None) -> None:
-        """Record dispatches ``start`` to ``stop`` (default: to the end) into pass ``compute``."""
-        stop = len(self.launches) if stop is None else stop
+    def record(self, compute) -> None:
         if self.loop is None:
-            self.native.record(compute, self.launches[start:stop])
-        elif stop > start:
-            pointer = ctypes.sizeof(ctypes.c_void_p)
-            self.loop(*self.functions, self.native.address(compute), ctypes.byref(self.pipelines, start * pointer),
-                      ctypes.byref(self.groups, start * pointer), ctypes.byref(self.counts, 12 * start), stop - start)
-
-    def submissions(self) -> list[tuple[int, int]]:
-        """The dispatches of each submission of a run: SUBMIT_EVERY at a time, so the device starts on the
-        first while the host still encodes the rest (0: one submission)."""
-        count = len(self.launches)
-        every = SUBMIT_EVERY if SUBMIT_EVERY > 0 else max(count, 1)
-        return [(start, min(start + every, count)) for start in range(0, max(count, 1), every)]
+            self.native.record(compute, self.launches)
+        else:
+            self.loop(*self.functions, self.native.address(compute), self.pipelines, self.groups, self.counts,
+                      self.count)
 
     def describe(self) -> str:
         return f"a Python loop ({self.reason})" if self.reason else "record.c"
@@ -429,37 +418,32 @@ class WgpuCompiled(CompiledPartition):
                 slot.upload(queue, value)
                 if slot.convert:
                     conversions.append(handles(slot.convert))
-        parts = [(0, len(self.launches))] if self.profiler else self.dispatches.submissions()
-        for part, (start, stop) in enumerate(parts):
-            first, last = part == 0, part == len(parts) - 1
-            encoder = native.encoder()
+        encoder = native.encoder()
+        try:
+            for source, target, nbytes in copies:
+                native.copy(encoder, source, 0, target, 0, nbytes)
+            compute = native.begin_pass(encoder)
             try:
-                for source, target, nbytes in copies if first else ():
-                    native.copy(encoder, source, 0, target, 0, nbytes)
-                compute = native.begin_pass(encoder)
-                try:
-                    if first:
-                        native.record(compute, conversions)
-                    if self.profiler:
-                        self._record_stamped(compute, self.profiler.stamp)
-                    else:
-                        self.dispatches.record(compute, start, stop)
-                    for tensor in self.outputs if last else ():
-                        if tensor.wanted:
-                            tensor.record_conversion(compute)
-                finally:
-                    native.end_pass(compute)
-                if last:
-                    self.readback.begin_run()
-                    for tensor in self.outputs:
-                        tensor.fresh = tensor.wanted
-                        if tensor.wanted:
-                            self.readback.record(encoder, tensor)
-                    if self.profiler:
-                        self.profiler.resolve(encoder)
-                native.submit(encoder)
+                native.record(compute, conversions)
+                if self.profiler:
+                    self._record_stamped(compute, self.profiler.stamp)
+                else:
+                    self.dispatches.record(compute)
+                for tensor in self.outputs:
+                    if tensor.wanted:
+                        tensor.record_conversion(compute)
             finally:
-                native.release(encoder)
+                native.end_pass(compute)
+            self.readback.begin_run()
+            for tensor in self.outputs:
+                tensor.fresh = tensor.wanted
+                if tensor.wanted:
+                    self.readback.record(encoder, tensor)
+            if self.profiler:
+                self.profiler.resolve(encoder)
+            native.submit(encoder)
+        finally:
+            native.release(encoder)
         if self.profiler:
             self.profiler.collect()
         return self.results
@@ -477,20 +461,17 @@ class WgpuCompiled(CompiledPartition):
         if self.fence is None:
             usage = import_wgpu().BufferUsage
             self.fence = self.context.device.create_buffer(size=4, usage=usage.MAP_READ | usage.COPY_DST, label="fence")
-        parts = self.dispatches.submissions()
-        for part, (start, stop) in enumerate(parts):
-            encoder = native.encoder()
+        encoder = native.encoder()
+        try:
+            compute = native.begin_pass(encoder)
             try:
-                compute = native.begin_pass(encoder)
-                try:
-                    self.dispatches.record(compute, start, stop)
-                finally:
-                    native.end_pass(compute)
-                if part == len(parts) - 1:
-                    native.copy(encoder, self.uniforms._internal, 0, self.fence._internal, 0, 4)
-                native.submit(encoder)
+                self.dispatches.record(compute)
             finally:
-                native.release(encoder)
+                native.end_pass(compute)
+            native.copy(encoder, self.uniforms._internal, 0, self.fence._internal, 0, 4)
+            native.submit(encoder)
+        finally:
+            native.release(encoder)
         map_for_reading(self.fence, self.wait_limit, self.native.poll)
         self.fence.unmap()
         return True
