@@ -279,21 +279,14 @@ def chain_link(conv: Op) -> bool:
 
 # A depthwise convolution computed inside the 1x1 convolution reading it is worth it only over a short
 # reduction: each work group recomputes it for every input channel, one after another (on the H200 a
-# 7x7x1152 pair took 238 us fused against ~30 us as two kernels; at 64 channels, 14 us fused).  A product
-# of at most DEPTHWISE_FOLD_NARROW_OUTPUT channels is one tile of output slices wide, so each depthwise value
-# is computed once per row, not once per tile: it may read up to DEPTHWISE_FOLD_NARROW_MAX_CHANNELS.
+# 7x7x1152 pair took 238 us fused against ~30 us as two kernels; at 64 channels, 14 us fused).
 DEPTHWISE_FOLD_MAX_CHANNELS = 128
-DEPTHWISE_FOLD_NARROW_OUTPUT = 64
-DEPTHWISE_FOLD_NARROW_MAX_CHANNELS = 384
 
 
 def depthwise_fold_fits(conv: Op) -> bool:
     """Whether 1x1 convolution ``conv`` reads few enough channels to compute its depthwise source itself."""
-    x, weights = conv.inputs[0], conv.input(1)
-    if x is None or len(x.shape) != 4:
-        return False
-    narrow = weights is not None and len(weights.shape) == 4 and weights.shape[0] <= DEPTHWISE_FOLD_NARROW_OUTPUT
-    return x.shape[3] <= (DEPTHWISE_FOLD_NARROW_MAX_CHANNELS if narrow else DEPTHWISE_FOLD_MAX_CHANNELS)
+    x = conv.inputs[0]
+    return x is not None and len(x.shape) == 4 and x.shape[3] <= DEPTHWISE_FOLD_MAX_CHANNELS
 
 
 def _zero_pad(op: Op) -> bool:
