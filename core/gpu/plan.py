@@ -270,10 +270,15 @@ class Values:
 
 @lru_cache(maxsize=None)
 def code_digest(package: str, definitions: str) -> str:
-    """Digest of a GPU plugin's code and templates (every file of ``package``), the kit's lowering and the
-    dialect's rendered ``definitions``: a cached plan is only valid for the lowering and sources it was made from."""
+    """Digest of a GPU plugin's code and templates (every file of ``package``), the kit's code (its lowering,
+    fusion and layouts, and the shared fusion rules of ``delegate.passes``) and the dialect's rendered
+    ``definitions``: a cached plan is only valid for the rules and sources it was made from."""
     digest = sha256(definitions.encode())
-    digest.update(resources.files(__package__).joinpath("lowering.py").read_bytes())
+    kit = resources.files(__package__)
+    for entry in sorted(kit.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py"):
+            digest.update(entry.name.encode() + entry.read_bytes())
+    digest.update(resources.files(__package__.rpartition(".")[0]).joinpath("passes.py").read_bytes())
     pending = [resources.files(package)]
     while pending:
         for entry in sorted(pending.pop().iterdir(), key=lambda e: e.name):
