@@ -28,6 +28,7 @@ from .errors import DelegateError
 from .ir import Subgraph
 from .planner import Candidate
 from .stdio import progress
+from .tools.measure import SWITCH_SETTLE_MS, settle
 
 MIN_ROUNDS = 3  # rounds every candidate runs before any is stopped (but a hopeless one)
 # a candidate whose fastest run is this much slower than the leader's median is stopped at once, without
@@ -41,11 +42,12 @@ HOPELESS_MARGIN = 3.0
 # 8.9x, 33.9 s to compile cold: tune overran its 10 s budget by 32 s on it)
 NEVER_ALONE_MARGIN = 5.0
 MAX_ROUNDS = 25
-# Runs of a candidate per round, back to back, the first not timed: a plan run right after another
-# candidate's finds the caches and the device's queue as that one left them, not as its own last run
-# did (alternating single runs, MobileNetV2 OpenCL greedy measured 1.33 ms on the H100 against 0.75 ms
-# run back to back, which is how a model is run).
-RUNS_PER_ROUND = 3
+# Timed runs of a candidate per round, back to back, after it settles (``measure.settle``: untimed runs for
+# the first ~2 ms): a plan run right after another candidate's finds the caches, the host's thread pools and
+# the device's queue as that one left them, not as its own last run did (alternating single runs,
+# MobileNetV2 OpenCL greedy measured 1.33 ms on the H100 against 0.75 ms run back to back, which is how a
+# model is run; after one untimed run, the CPU alone still measured up to 1.27x itself).
+RUNS_PER_ROUND = 2
 STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
 DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 
@@ -270,7 +272,7 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 c.status = f"not measured: estimated over {HOPELESS_MARGIN}x the best"
                 continue
             rounds = 2 * sum(ms * (2 if ms > HOPELESS_MARGIN * min(estimates) else MIN_ROUNDS * RUNS_PER_ROUND)
-                             for ms in estimates) / 1e3
+                             + MIN_ROUNDS * max(ms, SWITCH_SETTLE_MS) for ms in estimates) / 1e3
             if trials and now + history.predicted_s(c) + rounds > deadline:
                 c.status = "not measured: the budget ran out"
                 continue
@@ -288,9 +290,9 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     for round_ in range(MAX_ROUNDS):
         for trial in [live[i] for i in order.permutation(len(live))]:
             leader = _leader_ms(live, trial)
-            trial.run()
+            settle(trial.run)
             runs = []
-            for _ in range(RUNS_PER_ROUND - 1):
+            for _ in range(RUNS_PER_ROUND):
                 t = time.perf_counter()
                 trial.run()
                 runs.append((time.perf_counter() - t) * 1e3)

@@ -835,11 +835,51 @@ def test_measured_search_stops_a_hopeless_candidate_at_its_first_timed_run():
     slow, close = candidates[1], candidates[2]
     assert winner.name == "cpu"
     assert candidates[3].measured_ms is None and candidates[3].status == "not measured: estimated over 3.0x the best"
-    # its first (untimed) run, then a round's untimed run and one timed run
+    # its first (untimed) run, then a round's settling run (one: it is over SWITCH_SETTLE_MS) and one timed run
     assert runs["greedy:slow"] == 3 and slow.status.startswith("stopped after 1 run: over 3.0x")
     assert slow.measured_ms >= 20
     assert runs["greedy:close"] >= 1 + plan_search.MIN_ROUNDS * plan_search.RUNS_PER_ROUND
     assert close.measured_ms < slow.measured_ms
+
+
+def test_measured_search_times_a_candidate_once_it_has_settled_after_another():
+    """Right after an accelerator plan ran, the CPU alone ran up to 1.45x slower for its next ~1.5 ms (an H100
+    host, LiteRT at 16 threads): timed after one untimed run it lost to a plan 1.3x slower back to back.  Each
+    round lets a candidate settle (``measure.settle``) before timing it, so the faster plan wins."""
+    import time as clock
+    from delegate.planner import Candidate
+    from delegate.tools.measure import SWITCH_SETTLE_MS, settle
+
+    last = {"name": None, "switched": 0.0}
+
+    def busy(seconds):
+        end = clock.perf_counter() + seconds
+        while clock.perf_counter() < end:
+            pass
+
+    def build(candidate):
+        def run():
+            now = clock.perf_counter()
+            if last["name"] != candidate.name:
+                last.update(name=candidate.name, switched=now)
+            if candidate.name == "cpu":  # 0.4 ms back to back, 0.6 ms within 1.5 ms of a switch
+                busy(0.0006 if now - last["switched"] < 0.0015 else 0.0004)
+            else:
+                busy(0.0005)
+        return run
+
+    candidates = [Candidate("cpu", {0: "cpu"}, 1.0, baseline=True, host_alone=True),
+                  Candidate("greedy:gpu", {0: "gpu"}, 1.0, baseline=True)]
+    winner = plan_search.measure(candidates, build, budget_s=2.0)
+    assert winner.name == "cpu", [(c.name, c.measured_ms) for c in candidates]
+    assert candidates[0].measured_ms < 0.48 < candidates[1].measured_ms
+    calls = []
+    started = clock.perf_counter()
+    settle(lambda: calls.append(busy(0.0004)))
+    assert len(calls) >= 4 and (clock.perf_counter() - started) * 1e3 >= SWITCH_SETTLE_MS
+    calls.clear()
+    settle(lambda: calls.append(busy(0.003)))
+    assert len(calls) == 1
 
 
 def test_measured_search_compiles_what_still_fits_its_budget():

@@ -68,6 +68,22 @@ def samples_ms(run: Callable[[], Any], runs: int, warmup: int = 0) -> list[float
     return times
 
 
+# After another plan has run, a plan's first runs are slow: on an H100 host the CPU alone (LiteRT, 16 threads)
+# right after an OpenCL or WebGPU plan's run took 1.45x, 1.27x, 1.12x and 1.04x its back-to-back time on its next
+# four runs (mobilenet_v2_035_96_int8, 0.385 ms a run), efficientnet_lite_blocks_int8 1.28x to 1.03x over four,
+# iris_landmark 1.17x then 1.03x: about the first 1.5 ms after each switch.  Plans timed in turn settle first.
+SWITCH_SETTLE_MS = 2.0
+
+
+def settle(run: Callable[[], Any]) -> None:
+    """Untimed runs of ``run`` until SWITCH_SETTLE_MS passed, at least one: before timing a plan that another
+    plan's runs just preceded (the time a model is run back to back is the one to measure)."""
+    start = time.perf_counter()
+    run()
+    while (time.perf_counter() - start) * 1e3 < SWITCH_SETTLE_MS:
+        run()
+
+
 def alone_median(run: Callable[[], Any], runs: int, warmup: int = 0) -> float:
     """Median ms of ``run`` on its own: the baseline the alternating measurement is checked against."""
     return float(np.median(samples_ms(run, runs, warmup)))

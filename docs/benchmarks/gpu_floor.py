@@ -5,7 +5,7 @@ and with inputs and outputs left on the device.
 
 Per model, in one process: each configuration (OpenCL and WebGPU taking every op they support, at fp32 and
 fp16, and the shipped defaults) and LiteRT's CPU interpreter are loaded side by side and timed in rounds, in a
-new shuffled order each round (so drift is shared); each configuration's device-resident time is its
+new shuffled order each round (so drift is shared), each settling first (``measure.settle``); each configuration's device-resident time is its
 partitions run on inputs already on the device (`measure.profile_partitions`), summed.  Init: the session's
 construction and first run with a new serialization dir (cold), then again from that dir (cached): to the first
 answer (the CPU's while the chosen plan compiles, ``placement.host_first``) and to the chosen plan's first run.  LiteRT's
@@ -25,7 +25,7 @@ import numpy as np
 
 import delegate
 from delegate.inputs import make_inputs
-from delegate.tools.measure import profile_partitions, samples_ms
+from delegate.tools.measure import profile_partitions, samples_ms, settle
 from delegate.tools.reference import litert_cpu
 
 CONFIGS = [("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"), ("defaults", "fp16")]
@@ -162,7 +162,8 @@ def measure(model: str, threads: int, rounds: int) -> list[dict]:
             if "error" in row:
                 continue
             try:
-                times.extend(samples_ms(run, RUNS_PER_ROUND, warmup=1))
+                settle(run)
+                times.extend(samples_ms(run, RUNS_PER_ROUND))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
     for row, run, session, inputs, times in loaded:

@@ -7,7 +7,8 @@ profiles as they are: run `delegate calibrate` first; nothing here refits them).
 Configurations: the CPU alone; OpenCL and WebGPU with the CPU at fp32 and fp16 (the cost model's choice);
 OpenCL and WebGPU greedy; the shipped defaults; the shipped defaults with `placement.search: estimate` (the
 plan chosen from estimates alone) and with `placement.search: measure` (chosen by measurement).  One JSON line per model and configuration (estimated_ms,
-measured_ms: p50 of 30 runs after 5, on one input, the configurations of a model alternating (``measure``); the
+measured_ms: p50 of 30 runs after 5, on one input, the configurations of a model alternating, each settling
+before its runs of a round (``measure``); the
 chosen candidate, partitions, copies, the candidates' estimates, the profiles used), written model by model;
 stops starting new models after --seconds."""
 
@@ -19,7 +20,7 @@ import numpy as np
 
 import delegate
 from delegate.inputs import make_inputs
-from delegate.tools.measure import samples_ms
+from delegate.tools.measure import samples_ms, settle
 
 CONFIGS = [("cpu", "fp32"), ("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"),
            ("greedy-opencl", "fp32"), ("greedy-wgpu", "fp16"), ("defaults", "fp16"), ("estimate", "fp16"),
@@ -44,7 +45,8 @@ ROUNDS, RUNS_PER_ROUND, WARMUP = 10, 3, 5
 
 def measure(model: str) -> list[dict]:
     """Every configuration of ``model`` loaded side by side, then timed in alternating rounds (RUNS_PER_ROUND
-    runs each per round after one untimed, ROUNDS rounds, after WARMUP, in a new shuffled order each round):
+    runs each per round after it settles (``measure.settle``), ROUNDS rounds, after WARMUP, in a new shuffled
+    order each round):
     the machine's drift, and what one configuration leaves behind for the next, are shared, so two
     configurations that chose one plan measure alike.  Timed one after the other in fresh sessions, one plan
     on the H200's OpenCL measured 0.75-1.68x itself; in a fixed order, a CPU plan timed right after an OpenCL
@@ -68,7 +70,9 @@ def measure(model: str) -> list[dict]:
             if "error" in row:
                 continue
             try:
-                times.extend(samples_ms(lambda: session.run_indexed(inputs), RUNS_PER_ROUND, warmup=1))
+                run = lambda: session.run_indexed(inputs)  # noqa: E731
+                settle(run)
+                times.extend(samples_ms(run, RUNS_PER_ROUND))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
     for row, session, _, times in loaded:
