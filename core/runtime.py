@@ -170,7 +170,7 @@ class Executor:
                     check_value(part, t, value)
                 where[t.index] = {part.backend: value}
                 made_by[t.index] = part
-                if compiled.outputs_owned and part.backend == self.host:
+                if part.backend == self.host and getattr(compiled, "outputs_owned", False):  # contract or not
                     owned.add(t.index)
         out = {}
         for t in self.graph.outputs:
