@@ -75,7 +75,12 @@ def model_fingerprint(graph: Subgraph) -> str:
         h.update(json.dumps([op.opcode, op.version, [t.index if t is not None else -1 for t in op.inputs],
                              [t.index for t in op.outputs], op.options], sort_keys=True, default=str).encode())
     for t in graph.tensors:
-        h.update(f"{t.index}|{t.shape}|{t.dtype.name}|{t.quantization}".encode())
+        h.update(f"{t.index}|{t.shape}|{t.dtype.name}".encode())
+        q = t.quantization
+        if q is not None:  # by bytes: printing per-channel arrays took 97 ms of a load (mobilenet_v2_035_96_int8)
+            h.update(f"q{q.axis}".encode())
+            for part in (q.scale, q.zero_point, q.min, q.max):
+                h.update(b"-" if part is None else np.ascontiguousarray(part).tobytes() + b"|")
         if t.data is not None:
             h.update(np.ascontiguousarray(t.data).tobytes())
     return h.hexdigest()
@@ -118,22 +123,58 @@ def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) 
     return path
 
 
+def plan_key(assignment: Any, precision: Any) -> tuple | None:
+    """A plan's identity: its op -> backend assignment and its precision (names change meaning when the cost
+    profile is refitted); None for what no plan can be (a stored file edited or damaged since it was written)."""
+    try:
+        return tuple(sorted((int(k), str(v)) for k, v in assignment.items())), str(precision or "")
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _stored_entries(doc: Mapping[str, Any]) -> list[tuple[tuple, dict]]:
+    """The stored decision's candidates that are plans, with their keys."""
+    entries = doc.get("candidates")
+    keyed = [(plan_key(c.get("assignment"), c.get("precision")), c) for c in entries if isinstance(c, dict)] \
+        if isinstance(entries, list) else []
+    return [(key, c) for key, c in keyed if key is not None]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def stored_others(doc: Mapping[str, Any], candidates: Sequence[Candidate], valid: Callable[[Candidate], bool]) \
+        -> list[Candidate]:
+    """The candidates a stored decision timed besides ``candidates`` (another plan key), rebuilt as it stored
+    them (their estimates of then), each only where ``valid`` (every op on a backend that still runs it): a
+    stored decision's plan is then taken without searching the splits again (pose_landmark_full's min cuts
+    took seconds on an H100 host)."""
+    have = {plan_key(c.assignment, c.precision) for c in candidates}
+    rebuilt = []
+    for key, entry in _stored_entries(doc):
+        candidate = Candidate(str(entry.get("name", "stored")), dict(key[0]), _number(entry.get("estimated_ms")) or 0.0,
+                              precision=key[1])
+        if key not in have and valid(candidate):
+            have.add(key)
+            rebuilt.append(candidate)
+    return rebuilt
+
+
 def stored_candidate(doc: Mapping[str, Any], candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate a stored decision names, with the stored measurements copied onto the candidates that
-    are the same plan (assignment and precision; names can change meaning when the cost profile is refitted).
-    A candidate the decision never timed says so."""
-    def same_plan(assignment: Mapping[str, str], precision: str) -> tuple:
-        return tuple(sorted((int(k), v) for k, v in assignment.items())), precision
-
-    measured = {same_plan(c["assignment"], c.get("precision", "")): c for c in doc.get("candidates", [])
-                if isinstance(c, dict) and isinstance(c.get("assignment"), dict)}
-    wanted = same_plan(doc["assignment"], doc.get("precision", ""))
+    are the same plan (``plan_key``).  A candidate the decision never timed says so."""
+    measured = dict(_stored_entries(doc))
+    wanted = plan_key(doc.get("assignment"), doc.get("precision"))
+    if wanted is None:
+        return None
     chosen = None
     for c in candidates:
-        key = same_plan(c.assignment, c.precision)
+        key = plan_key(c.assignment, c.precision)
         if key in measured:
-            c.measured_ms, c.status = measured[key].get("measured_ms"), measured[key].get("status", "")
-            c.compile_s = measured[key].get("compile_s")
+            entry = measured[key]
+            c.measured_ms, c.compile_s = _number(entry.get("measured_ms")), _number(entry.get("compile_s"))
+            c.status = str(entry.get("status") or "")
         else:
             c.status = "not timed by the stored decision (planned since)"
         if key == wanted:

@@ -178,6 +178,70 @@ def test_measured_search_overrules_wrong_estimates_and_is_stored(profile_dir, mo
     assert len(stored) == 1 and json.loads(stored[0].read_text())["chosen"] == "cpu"
 
 
+def test_a_stored_decision_is_taken_without_searching_the_splits_again(profile_dir, monkeypatch):
+    """A load with a decision stored plans the single backends and takes the decision's other candidates as it
+    stored them: the split search (most of such a load's choice) does not run.  A decision whose plan puts an op
+    where it no longer runs is matched against the whole search instead, and not taken."""
+    model = elementwise_model()
+    measured = Session(model, run_settings("measure"))
+    times = {c.name: c.measured_ms for c in measured.plan.candidates}
+    assert measured.plan.chosen == "cpu" and len(times) == 2  # the single backends
+    real = Planner.splits
+    monkeypatch.setattr(Planner, "splits", lambda *a, **k: pytest.fail("searched the splits again"))
+    again = Session(model, run_settings("auto"))
+    assert again.plan.chosen == "cpu" and again.plan.choice.startswith("stored measured decision of")
+    assert {c.name: c.measured_ms for c in again.plan.candidates} == pytest.approx(times, rel=1e-3)
+    assert again.run({"x": np.ones(SHAPE, np.float32)})
+    path = next((profile_dir / "decisions").glob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["assignment"] = {k: "npu" for k in doc["assignment"]}  # no such backend now
+    path.write_text(json.dumps(doc))
+    searched = []
+    monkeypatch.setattr(Planner, "splits", lambda self, *a, **k: searched.append(1) or real(self, *a, **k))
+    other = Session(model, run_settings("auto"))
+    assert searched and not other.plan.choice.startswith("stored measured decision of")
+
+
+def test_a_stored_decisions_other_candidates_are_rebuilt_as_stored_where_they_still_run():
+    from delegate.planner import Candidate
+    cpu = Candidate("cpu", {0: "cpu", 1: "cpu"}, 2.0, baseline=True, host_alone=True)
+    doc = {"chosen": "cost:gpu", "precision": "", "assignment": {"0": "gpu", "1": "cpu"},
+           "candidates": [{"name": "cpu", "precision": "", "estimated_ms": 2.0, "measured_ms": 1.5,
+                           "assignment": {"0": "cpu", "1": "cpu"}},
+                          {"name": "cost:gpu", "precision": "", "estimated_ms": 1.0, "measured_ms": 0.9,
+                           "assignment": {"0": "gpu", "1": "cpu"}},
+                          {"name": "cost:gpu fp16", "precision": "fp16", "estimated_ms": 1.0, "measured_ms": 0.95,
+                           "assignment": {"0": "gpu", "1": "cpu"}},
+                          {"name": "gone", "precision": "", "estimated_ms": 1.0, "assignment": {"0": "npu", "1": "cpu"}},
+                          {"name": "broken", "assignment": {"x": "cpu"}}, "not a candidate"]}
+    others = plan_search.stored_others(doc, [cpu], lambda c: "npu" not in c.assignment.values())
+    assert [(c.name, c.precision, c.assignment) for c in others] == [
+        ("cost:gpu", "", {0: "gpu", 1: "cpu"}), ("cost:gpu fp16", "fp16", {0: "gpu", 1: "cpu"})]
+    chosen = plan_search.stored_candidate(doc, [cpu] + others)
+    assert chosen is others[0] and chosen.measured_ms == 0.9 and cpu.measured_ms == 1.5
+    # a decision file damaged since: no plan, or its broken parts left out, never an exception
+    assert plan_search.stored_candidate({"assignment": "x"}, [cpu]) is None
+    assert plan_search.stored_candidate({"assignment": {"0": "cpu", "1": "cpu"}, "candidates": "junk"}, [cpu]) is cpu
+    damaged = {"assignment": {"0": "cpu", "1": "cpu"},
+               "candidates": [{"assignment": {"0": "cpu", "1": "cpu"}, "measured_ms": "fast", "compile_s": [1]}]}
+    assert plan_search.stored_candidate(damaged, [cpu]) is cpu and cpu.measured_ms is None and cpu.compile_s is None
+
+
+def test_the_model_fingerprint_covers_quantization_and_weights():
+    """The key of stored decisions: per-channel quantization and weights change it (hashed as bytes, not
+    printed: printing per-channel arrays took 97 ms of a load)."""
+    from delegate.ir import Quantization
+    graph = read_model(elementwise_bytes()).main
+    base = plan_search.model_fingerprint(graph)
+    assert plan_search.model_fingerprint(read_model(elementwise_bytes()).main) == base
+    t = graph.inputs[0]
+    t.quantization = Quantization(np.array([0.5, 0.25], np.float32), np.array([0, 1], np.int64), axis=3)
+    quantized = plan_search.model_fingerprint(graph)
+    t.quantization = Quantization(np.array([0.5, 0.25], np.float32), np.array([0, 2], np.int64), axis=3)
+    assert len({base, quantized, plan_search.model_fingerprint(graph)}) == 3
+    assert plan_search.model_fingerprint(read_model(elementwise_bytes(2.0)).main) != base
+
+
 def test_sustained_speed_measures_on_first_load(profile_dir):
     session = Session(elementwise_model(), run_settings("auto", preference="sustained_speed"))
     assert session.plan.choice == "fastest measured now" and session.plan.chosen == "cpu"
