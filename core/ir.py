@@ -10,6 +10,7 @@ readable text form that golden tests compare.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -164,7 +165,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(map(int, self.shape))  # exact (no int64 wrap), and ~10x quicker than np.prod on a tuple
 
     @property
     def nbytes(self) -> int:

@@ -133,16 +133,51 @@ def test_min_cut_equals_brute_force(problem):
     assert cheapest == pytest.approx(_brute_force(planner, graph, supported), rel=1e-9, abs=1e-9)
 
 
-@given(problems(max_ops=14), st.sampled_from([0.25, 1.0, 4.0]))
-def test_min_cut_assigns_as_preflow_push_does(problem, scale):
-    """The max-flow algorithm is a speed choice only: every op lands where networkx's default gives it."""
+@given(problems(max_ops=14), st.sampled_from([0.25, 1.0, 4.0]), st.sampled_from([1.0, 1e4]))
+def test_min_cut_assigns_as_a_float_max_flow_does(problem, scale, slow):
+    """The integer max flow is a speed choice only: every node lands on the side networkx's float max flow
+    (preflow push) puts it, on the same graph; costs ``slow`` times larger exercise the coarser units."""
+    from delegate import planner as planner_module
     graph, supported, cpu, gpu, transfer = problem
-    planner = make_planner(supported, cpu, gpu, transfer)
+    planner = make_planner(supported, [c * slow for c in cpu], [c * slow for c in gpu], transfer)
     costs, _ = planner.capabilities(graph)
-    chosen = planner.min_cut(graph, "gpu", costs, scale)
-    default = nx.minimum_cut
-    with mock.patch.object(nx, "minimum_cut", lambda g, s, t, flow_func=None: default(g, s, t)):
-        assert planner.min_cut(graph, "gpu", costs, scale) == chosen
+    seen = []
+    real = planner_module.FlowGraph.reaching_sink
+
+    def compared(flows, source, sink):
+        ours = real(flows, source, sink)
+        g = nx.DiGraph()
+        g.add_nodes_from(range(len(flows.ids)))
+        for u, v, ms in flows.edges:
+            if ms >= planner_module._BIG:
+                continue  # no capacity: infinite to networkx
+            if g.has_edge(u, v) and "capacity" in g[u][v]:
+                g[u][v]["capacity"] += ms
+            elif not g.has_edge(u, v):
+                g.add_edge(u, v, capacity=ms)
+        for u, v, ms in flows.edges:
+            if ms >= planner_module._BIG:
+                if g.has_edge(u, v):
+                    g[u][v].pop("capacity", None)
+                else:
+                    g.add_edge(u, v)
+        _, (_, reference) = nx.minimum_cut(g, source, sink)
+        seen.append((ours, set(reference)))
+        return ours
+    with mock.patch.object(planner_module.FlowGraph, "reaching_sink", compared):
+        planner.min_cut(graph, "gpu", costs, scale)
+    assert seen and all(ours == reference for ours, reference in seen)
+
+
+def test_min_cut_never_takes_an_uncuttable_edge_however_large_the_costs():
+    """Parallel uncuttable edges and finite costs whose nanoseconds pass 2**31 (scipy's max flow is 32-bit):
+    an op only the accelerator runs stays there, the rest goes where it is cheaper."""
+    graph = _chain(4)
+    planner = make_planner({0, 1, 2, 3}, [5e4, 1.0, 5e4, 1.0], [1.0, 5e4, 1.0, 5e4], 0.0)
+    costs, _ = planner.capabilities(graph)
+    costs[0].pop("cpu")  # only the accelerator runs op 0
+    cut = planner.min_cut(graph, "gpu", costs)
+    assert cut == {0: "gpu", 1: "cpu", 2: "gpu", 3: "cpu"}
 
 
 @given(problems(max_ops=10))
