@@ -28,7 +28,7 @@ from ..backend import CompileOptions, Support
 from ..ir import DType, Op, Tensor
 from ..shapes import mediapipe_pool_params
 from ..strided import strided_slice_plan
-from .constants import (constant_value, int_values, is_folded_dequantize, is_quantized,
+from .constants import (constant_value, has_constant_value, int_values, is_folded_dequantize, is_quantized,
                         needs_quantized_support)
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
@@ -77,7 +77,7 @@ def _constant(op: Op, i: int, what: str, optional: bool = False) -> str | None:
     t = op.input(i)
     if t is None:
         return None if optional else f"{what} (input {i}) is missing"
-    if constant_value(t) is None:
+    if not has_constant_value(t):
         return f"{what} (input {i}) must be a constant; runtime {what} stay on the CPU"
     return None
 
@@ -177,7 +177,7 @@ def _pad(op: Op) -> str | None:
 
 
 def _padv2(op: Op) -> str | None:
-    if op.input(2) is not None and constant_value(op.input(2)) is None:
+    if op.input(2) is not None and not has_constant_value(op.input(2)):
         return "the padding value (input 2) must be a constant"
     return _pad(op)
 
@@ -604,7 +604,7 @@ def _tensor_reason(t: Tensor, what: str, options: CompileOptions, bool_ok: bool)
         if is_quantized(t) and t.quantization.per_channel and not t.is_constant:
             return f"{what} is quantized per channel; only constants may be"
         return None
-    if t.dtype is DType.float16 and (t.is_constant or constant_value(t) is not None):
+    if t.dtype is DType.float16 and (t.is_constant or has_constant_value(t)):
         return None
     if t.dtype is not DType.float32:
         return f"{what} is {t.dtype.name}; the GPU path computes float32 tensors"
