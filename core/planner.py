@@ -457,8 +457,8 @@ class Planner:
         measured search tries such variants, since boundary costs are the least certain estimates.
         The source side is every node that cannot reach the sink in the residual graph of a maximum flow
         (the largest minimum cut, the same whichever maximum flow), found by scipy's max flow on
-        capacities in nanoseconds: pose_landmark_full's three cuts took 357 ms through networkx's
-        Boykov-Kolmogorov here, most of a load without a stored decision."""
+        capacities in nanoseconds: through networkx's Boykov-Kolmogorov, pose_landmark_full's six cuts took
+        most of its 357 ms split search here, most of a load without a stored decision."""
         flows = FlowGraph()
         s, t = flows.node("source"), flows.node("sink")
 
