@@ -106,6 +106,9 @@ def test_bench_compare_litert(tiny_model, tmp_path):
     assert doc["estimated_ms"] > 0 and doc["estimate_ratio"] == pytest.approx(doc["estimated_ms"] / doc["median_ms"],
                                                                              rel=1e-2)
     assert doc["reference_alone_median_ms"] > 0 and doc["reference_slowed"] is False
+    # both alone, back to back, beside the alternating ratio
+    assert doc["alone_median_ms"] > 0 and doc["alone_ratio"] == pytest.approx(
+        doc["alone_median_ms"] / doc["reference_alone_median_ms"], rel=1e-2)
     assert len((tmp_path / "runs.csv").read_text().splitlines()) == 6
 
 
