@@ -5,7 +5,8 @@ and with inputs and outputs left on the device.
 
 Per model, in one process: each configuration (OpenCL and WebGPU taking every op they support, at fp32 and
 fp16, and the shipped defaults) and LiteRT's CPU interpreter are loaded side by side and timed in rounds, in a
-new shuffled order each round (so drift is shared), each settling first (``measure.settle``); each configuration's device-resident time is its
+new shuffled order each round (so drift is shared), each settling first (``measure.settle``), then each
+alone, back to back (``alone_p50_ms``); each configuration's device-resident time is its
 partitions run on inputs already on the device (`measure.profile_partitions`), summed.  Init: the session's
 construction and first run with a new serialization dir (cold), then again from that dir (cached): to the first
 answer (the CPU's while the chosen plan compiles, ``placement.host_first``) and to the chosen plan's first run.  LiteRT's
@@ -30,6 +31,7 @@ from delegate.tools.reference import litert_cpu
 
 CONFIGS = [("opencl", "fp32"), ("opencl", "fp16"), ("wgpu", "fp32"), ("wgpu", "fp16"), ("defaults", "fp16")]
 RUNS_PER_ROUND = 4
+ALONE_RUNS = 40  # each configuration's back-to-back runs after the rounds
 
 LITERT_GPU_CHILD = """
 import json, os, sys, tempfile, time
@@ -170,6 +172,8 @@ def measure(model: str, threads: int, rounds: int) -> list[dict]:
         if "error" in row:
             continue
         row["p50_ms"] = round(float(np.median(times)), 4)
+        settle(run)  # and back to back, as it runs when nothing else does (no other configuration between)
+        row["alone_p50_ms"] = round(float(np.median(samples_ms(run, ALONE_RUNS))), 4)
         if session is not None:
             timings = profile_partitions(session.executor, inputs, runs=15)
             if all(t.resident_ms is not None for t in timings if t.backend != "cpu"):
