@@ -162,6 +162,7 @@ class Executor:
             if type(results) is not dict and not isinstance(results, Mapping):  # an ABC check costs ~0.3 us
                 raise partition_failure(part, f"run() returned {type(results).__name__}, not a mapping of tensor "
                                               f"index to value")
+            owns = part.backend == self.host and getattr(compiled, "outputs_owned", False)  # contract or not
             for t in part.outputs:
                 if t.index not in results:
                     raise partition_failure(part, f"it did not return tensor {t.index} ({t.name!r})")
@@ -170,7 +171,7 @@ class Executor:
                     check_value(part, t, value)
                 where[t.index] = {part.backend: value}
                 made_by[t.index] = part
-                if part.backend == self.host and getattr(compiled, "outputs_owned", False):  # contract or not
+                if owns:
                     owned.add(t.index)
         out = {}
         for t in self.graph.outputs:
