@@ -421,6 +421,16 @@ def test_quantize_dequantize(seed, conversion, size):
     check(unary_model(opcode, shape, src, in_quant, out_quant, out_dtype=dst), [value])
 
 
+@pytest.mark.parametrize("dtype, zero_point", [("int8", -5), ("int8", 0), ("int8", 7), ("int16", 0)])
+def test_quantize_of_values_no_integer_holds(dtype, zero_point):
+    """NaN, infinities and values beyond int32 quantize as LiteRT's conversion does on x86 (int32's least value,
+    the zero point added with wrap-around, then clamped), in its vector loop and its scalar tail (19 values: two
+    blocks of 8 and a tail of 3), next to values at int32's edge and ordinary ones."""
+    values = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 1e20, 2147483520.0, -2147483648.0, 2147483000.0, 0.5,
+                       1.5, -0.5, 3e38, 100.0, -100.0, 2.5, np.nan, 3e9, -np.inf], np.float32).reshape(1, 19)
+    check(unary_model("QUANTIZE", (1, 19), "float32", None, (1.0, zero_point), out_dtype=dtype), [values])
+
+
 def _data_movement_model(opcode, rng, quant):
     """(builder, input value) of one data-movement op on an int8 (1, 4, 6, 8) tensor."""
     shape = (1, 4, 6, 8)

@@ -36,6 +36,15 @@ def round_half_away(x):
     return np.sign(x) * np.floor(np.abs(x) + 0.5)
 
 
+def int32_conversion_plus(values: np.ndarray, offset: int) -> np.ndarray:
+    """``static_cast<int32_t>(value) + offset`` as LiteRT's kernels compute it on x86, for rounded float
+    ``values``: NaN, infinities and values outside int32 convert to int32's least value, and the sum wraps
+    (int64 results, to be clamped)."""
+    wild = ~(np.abs(values) < 2.0 ** 31)
+    total = np.where(wild, -2.0 ** 31, values).astype(np.int64) + offset
+    return (total + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
 def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
     """(Q31 significand, exponent) with real == significand * 2**(exponent - 31), elementwise."""
     real = np.asarray(real, np.float64)

@@ -23,29 +23,52 @@ from .native import (PER_THREAD_ITEMS, LookupCall, QBinaryCall, QSoftmaxCall, QS
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
-    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, lane_rounding, leading_zeros,
-    lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
+    INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, int32_conversion_plus,
+    lane_rounding, leading_zeros, lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
     rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
     vector_lanes, zero_point)
 
 
 # --- conversions ----------------------------------------------------------------------------
 
+# Rounded values below this magnitude, plus an 8- or 16-bit zero point, stay inside int32, exactly in float32.
+EXACT_IN_FLOAT32 = np.float32(2.0 ** 31 - 65536)
+
 @kernel("QUANTIZE", quantized=True)
 def quantize(op: Op):
     src, dst = op.inputs[0], op.outputs[0]
     bounds = qrange(dst)
     if src.dtype.is_float:
-        # LiteRT's vector loop (whole blocks of 8) multiplies by a float32 reciprocal and rounds
-        # ties to even; its scalar tail divides in double and rounds ties away from zero.
-        vector = vector_lanes(src.size, 8, src.shape)
+        # LiteRT's vector loop (the leading whole blocks of 8 of the flat tensor) multiplies by a float32
+        # reciprocal and rounds ties to even; its scalar tail divides in double and rounds ties away from
+        # zero.  Each is computed only where it applies (both over every element, selected after, took
+        # 0.86 ms of MobileNetV2 int8's 224x224x3 input on one thread, its every other op 2-320 us).
+        whole = src.size - src.size % 8
         divisor = np.float64(scale(dst))
         reciprocal = np.float32(1.0 / divisor)
+        offset, (low, high) = zero_point(dst), bounds
 
         def run_float(ins, outs):
-            x = ins[0]
-            q = np.where(vector, np.rint(x * reciprocal), round_half_away(x.astype(np.float64) / divisor))
-            store(outs[0], q.astype(np.int64) + zero_point(dst), *bounds)
+            x = np.ascontiguousarray(ins[0]).reshape(-1)
+            contiguous = outs[0].flags.c_contiguous
+            out = outs[0].reshape(-1) if contiguous else np.empty(src.size, dst.dtype.numpy)
+            v = x[:whole] * reciprocal
+            np.rint(v, out=v)
+            # in float32 where the sum cannot leave int32 (the largest magnitude says; NaN makes it NaN), the
+            # rest (NaN, infinities, values near or beyond int32's range) as the conversion goes
+            wild = np.flatnonzero(~(np.abs(v) < EXACT_IN_FLOAT32)) if whole and \
+                not np.abs(v).max() < EXACT_IN_FLOAT32 else None
+            exact = None if wild is None else int32_conversion_plus(v[wild], offset)
+            v += np.float32(offset)
+            np.clip(v, low, high, out=v)
+            with np.errstate(invalid="ignore"):  # NaN's place is written over below
+                np.copyto(out[:whole], v, casting="unsafe")
+            if wild is not None:
+                out[wild] = np.clip(exact, low, high)
+            tail = round_half_away(x[whole:].astype(np.float64) / divisor)
+            store(out[whole:], int32_conversion_plus(tail, offset), low, high)
+            if not contiguous:
+                np.copyto(outs[0], out.reshape(outs[0].shape))
         return run_float
     # Between 8-bit types LiteRT vectorises over whole blocks of 16 elements; 16-bit runs scalar code.
     eight_bit = {src.dtype.numpy, dst.dtype.numpy} <= {np.dtype(np.int8), np.dtype(np.uint8)}

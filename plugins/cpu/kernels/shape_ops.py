@@ -195,12 +195,18 @@ def _pad_regions(pads, out_shape) -> tuple[tuple[slice, ...], list[tuple[slice, 
 
 @kernel("PAD", "PADV2")
 def pad(op: Op):
+    native = _native_channel_pad(op, constant(op.inputs[1]), constant(op.input(2)))
+    if native is not None:
+        return native
+    return region_pad(op, 0)
+
+
+def region_pad(op: Op, default_fill):
+    """run() of a PAD/PADV2 that fills the borders (PADV2's value, else ``default_fill``) and copies the input
+    into the interior, in place: one pass over the output."""
     out_shape = op.outputs[0].shape
     fixed = constant(op.inputs[1])
     fill_value = constant(op.input(2))
-    native = _native_channel_pad(op, fixed, fill_value)
-    if native is not None:
-        return native
 
     def regions(pads):
         return _pad_regions(np.asarray(pads).reshape(-1, 2), out_shape)
@@ -209,7 +215,7 @@ def pad(op: Op):
 
     def run(ins, outs):
         interior, borders = planned or regions(ins[1])
-        value = 0 if op.input(2) is None else _operand(fill_value, ins, 2).ravel()[0]
+        value = default_fill if op.input(2) is None else _operand(fill_value, ins, 2).ravel()[0]
         out = outs[0]
         for region in borders:
             out[region] = value
