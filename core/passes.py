@@ -26,8 +26,8 @@ import numpy as np
 
 from .ir import Op, Sparsity, Tensor
 
-FUSIONS = frozenset({"constant", "pad", "clamp", "activation", "epilogue", "gate", "depthwise_pointwise", "chain",
-                     "reshape", "residual", "table"})
+FUSIONS = frozenset({"constant", "pad", "quantized_pad", "clamp", "activation", "epilogue", "gate",
+                     "depthwise_pointwise", "chain", "reshape", "residual", "table"})
 
 # Activations that clamp: (low, high); what "clamp" fuses into its producer, and with PRELU what "activation" does.
 CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
@@ -246,8 +246,9 @@ def _folds_into(group: list[tuple[Op, str]], conv: Op, fusions: Collection[str])
     source = group[0][0]
     if conv.custom or conv.opcode not in CONVOLUTIONS:
         return None
-    if "pad" in fusions and len(group) == 1 and _zero_pad(source) and conv.options.get("padding") == "VALID" \
-            and _float_kernel(conv):
+    if len(group) == 1 and conv.options.get("padding") == "VALID" and (
+            ("pad" in fusions and _zero_pad(source) and _float_kernel(conv))
+            or ("quantized_pad" in fusions and _zero_point_pad(source) and is_quantized_op(conv))):
         return "pad"
     if conv.opcode != "CONV_2D" or not _pointwise(conv):
         return None
@@ -299,6 +300,20 @@ def _zero_pad(op: Op) -> bool:
     fill_value = constant(fill)
     return fill is None or (fill_value is not None and fill_value.size == 1 and float(fill_value.ravel()[0]) == 0.0
                             and fill.quantization is None)
+
+
+def _zero_point_pad(op: Op) -> bool:
+    """A quantized PAD of the rows and columns only, with its input's quantization and filled with its zero
+    point (PAD's own fill): the real value 0, which a quantized convolution's implicit padding contributes
+    too (each tap is taken less the input's zero point)."""
+    if op.opcode != "PAD" or len(op.outputs) != 1 or len(op.outputs[0].shape) != 4 or not is_quantized_op(op):
+        return False
+    x, out, pads = op.inputs[0], op.outputs[0], constant(op.input(1))
+    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or (pads < 0).any():
+        return False
+    q, r = x.quantization, out.quantization
+    return (x.dtype == out.dtype and q is not None and r is not None and np.array_equal(q.scale, r.scale)
+            and np.array_equal(q.zero_point, r.zero_point))
 
 
 def _float_kernel(op: Op) -> bool:

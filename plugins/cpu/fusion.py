@@ -30,7 +30,7 @@ from typing import Collection, Sequence
 from delegate.plugin_api import Group, Op, channel_slope, constant, find_groups, folded_into
 
 # What the CPU backend's kernels fold (both engines; the numpy engine computes constants at compile time).
-FUSIONS = frozenset({"constant", "pad", "activation", "residual", "table"})
+FUSIONS = frozenset({"constant", "pad", "quantized_pad", "activation", "residual", "table"})
 
 
 def fuse_ops(ops: Sequence[Op], keep: Collection[int]) -> tuple[list[Op], dict[int, int]]:

@@ -14,6 +14,7 @@ from delegate.runtime import Executor
 from delegate.tflite.builder import GraphBuilder
 from delegate_cpu.kernels.native import NativeLoops, native_loops
 from tests.oputil import assert_close, litert_run
+from tests.ops.test_quantized_ops import bias, matmul_out_scale, random_q, weights
 
 NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 CONV = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "NONE"}
@@ -87,6 +88,32 @@ def test_pad_convolution_activation(native, opcode, pads, stride):
                 options=options)
     b.output(b.op("PRELU", [conv, b.const("slope", _slope(rng, conv.shape[-1]))]))
     _check(b.to_bytes(), [_normal(rng, (1, 13, 11, 32))], native, {"0": 1, "2": 1})
+
+
+@NATIVE
+@pytest.mark.parametrize("opcode", ["DEPTHWISE_CONV_2D", "CONV_2D"])
+@pytest.mark.parametrize("pads, stride", [([[0, 0], [1, 1], [1, 1], [0, 0]], 1), ([[0, 0], [0, 1], [0, 1], [0, 0]], 2)])
+@pytest.mark.parametrize("requantized", [False, True])
+def test_quantized_pad_convolution(native, opcode, pads, stride, requantized):
+    """An int8 PAD (filled with its zero point) -> VALID convolution: the pad as the convolution's padding,
+    bit for bit LiteRT's result; a PAD whose output is quantized otherwise than its input runs on its own."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    in_scale, zero = 0.03, -7
+    x = b.input("x", (1, 12, 10, 24), "int8", quant=(in_scale, zero))
+    padded = b.op("PAD", [x, b.const("pads", np.array(pads, np.int32))],
+                  quant=(in_scale * 2, zero) if requantized else (in_scale, zero))
+    depthwise = opcode == "DEPTHWISE_CONV_2D"
+    w, scales = weights(b, rng, (1, 3, 3, 24) if depthwise else (16, 3, 3, 24), 3 if depthwise else 0, "int8", True)
+    options = dict(CONV, stride_h=stride, stride_w=stride, **({"depth_multiplier": 1} if depthwise else {}))
+    pad_scale = in_scale * 2 if requantized else in_scale
+    out_quant = (matmul_out_scale(pad_scale, scales, 9 if depthwise else 9 * 24), 3)
+    b.output(b.op(opcode, [padded, w, bias(b, rng, pad_scale, scales, True)], dtype="int8", quant=out_quant,
+                  options=options))
+    model, inputs = b.to_bytes(), [random_q(rng, (1, 12, 10, 24))]
+    outputs, ran_inside = _run(model, inputs, native)
+    assert ran_inside == ({} if requantized else {"0": 1})
+    np.testing.assert_array_equal(outputs[0], litert_run(model, inputs, builtin=True)[0])
 
 
 def test_nothing_fuses_where_values_are_needed_or_differ():
