@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from delegate import CompileOptions
 from delegate.errors import CompileError
 from delegate.tflite.builder import GraphBuilder
 from tests.oputil import check_against_litert, delegate_run
@@ -421,14 +422,29 @@ def test_quantize_dequantize(seed, conversion, size):
     check(unary_model(opcode, shape, src, in_quant, out_quant, out_dtype=dst), [value])
 
 
-@pytest.mark.parametrize("dtype, zero_point", [("int8", -5), ("int8", 0), ("int8", 7), ("int16", 0)])
-def test_quantize_of_values_no_integer_holds(dtype, zero_point):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("dtype, zero_point", [("int8", -5), ("int8", 0), ("int8", 7), ("uint8", 130), ("int16", 0)])
+def test_quantize_of_values_no_integer_holds(dtype, zero_point, native):
     """NaN, infinities and values beyond int32 quantize as LiteRT's conversion does on x86 (int32's least value,
     the zero point added with wrap-around, then clamped), in its vector loop and its scalar tail (19 values: two
     blocks of 8 and a tail of 3), next to values at int32's edge and ordinary ones."""
     values = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 1e20, 2147483520.0, -2147483648.0, 2147483000.0, 0.5,
                        1.5, -0.5, 3e38, 100.0, -100.0, 2.5, np.nan, 3e9, -np.inf], np.float32).reshape(1, 19)
-    check(unary_model("QUANTIZE", (1, 19), "float32", None, (1.0, zero_point), out_dtype=dtype), [values])
+    check(unary_model("QUANTIZE", (1, 19), "float32", None, (1.0, zero_point), out_dtype=dtype), [values], native,
+          lsb=0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("size", [5, 8, 1001, 40003])  # a tail alone, whole blocks, and shares among 4 threads
+def test_quantize_rounds_as_litert_on_ties_and_large_values(native, size):
+    """Values at exact halves of the scale (ties: to even in the vector loop, away from zero in the tail) and
+    large ones, bit for bit."""
+    rng = np.random.default_rng(size)
+    values = (rng.integers(-400, 400, size) * 0.5 * 0.02).astype(np.float32)
+    values[::7] = (rng.standard_normal(values[::7].size) * 1e5).astype(np.float32)
+    model = unary_model("QUANTIZE", (1, size), "float32", None, (0.02, 3), out_dtype="int8").to_bytes()
+    check_against_litert(model, [values.reshape(1, size)], builtin=True, lsb=0, options=CompileOptions(num_threads=4),
+                         backend_options={"native": native})
 
 
 def _data_movement_model(opcode, rng, quant):

@@ -2773,6 +2773,76 @@ int qsoftmax(const qsoftmax_call *p)
 }
 #pragma GCC pop_options
 
+/* float32 -> int8, uint8 or int16 QUANTIZE as LiteRT's kernel computes it: the first ``whole`` values as its
+ * vector loop does (times the float32 reciprocal, ties to even), the rest as its scalar tail (divided in
+ * double, ties away from zero); each converted to int32 as x86 converts (NaN and values outside int32: its
+ * least value), the zero point added with wrap-around, then clamped to [low, high]. */
+typedef struct {
+    const float *x;
+    void *out;
+    int64_t n, whole;
+    float reciprocal;
+    double divisor;
+    int64_t zero, low, high, bytes, threads;
+} quantize_call;
+
+/* no product and sum fused into one rounding: LiteRT rounds the product to float32 first */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+static inline int32_t quantized_value(float rounded, int32_t zero, int32_t low, int32_t high)
+{
+    /* NaN fails both comparisons: int32's least value, as the conversion gives */
+    int32_t q = rounded >= -2147483648.0f && rounded < 2147483648.0f ? (int32_t)rounded : INT32_MIN;
+    int32_t sum = (int32_t)((uint32_t)q + (uint32_t)zero);
+    return sum < low ? low : sum > high ? high : sum;
+}
+
+static inline float rounded_to_even(float v)
+{
+    /* adding and taking off 1.5 * 2^23 rounds to an integer in the current (nearest-even) mode; values
+     * that large, infinities and NaN are left as they are */
+    float magic = 12582912.0f, r = (v + magic) - magic;
+    return fabsf(v) < 8388608.0f ? r : v;
+}
+
+int quantize_prepared(const quantize_call *c)
+{
+    int32_t zero = (int32_t)c->zero, low = (int32_t)c->low, high = (int32_t)c->high;
+    int64_t n = c->n, whole = c->whole < c->n ? c->whole : c->n, bytes = c->bytes;
+    const float *restrict x = c->x;
+    float reciprocal = c->reciprocal;
+    int threads = team_of(c->threads);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int64_t lo, hi;
+        share(whole, LANES, part, threads, &lo, &hi);
+        if (bytes == 1) {
+            uint8_t *restrict out = (uint8_t *)c->out;
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = (uint8_t)quantized_value(rounded_to_even(x[i] * reciprocal), zero, low, high);
+        } else {
+            int16_t *restrict out = (int16_t *)c->out;
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = (int16_t)quantized_value(rounded_to_even(x[i] * reciprocal), zero, low, high);
+        }
+    }
+    for (int64_t i = whole; i < n; i++) {
+        double v = round((double)x[i] / c->divisor);
+        int32_t q = v >= -2147483648.0 && v < 2147483648.0 ? (int32_t)v : INT32_MIN;
+        int32_t sum = (int32_t)((uint32_t)q + (uint32_t)zero);
+        sum = sum < low ? low : sum > high ? high : sum;
+        if (c->bytes == 1)
+            ((uint8_t *)c->out)[i] = (uint8_t)sum;
+        else
+            ((int16_t *)c->out)[i] = (int16_t)sum;
+    }
+    return DONE;
+}
+#pragma GCC pop_options
+
 /* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
  * table starts at the type's minimum). */
 typedef struct {

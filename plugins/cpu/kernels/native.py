@@ -271,7 +271,7 @@ class NativeLoops:
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
-                                                         LookupCall, QMeanCall, QSoftmaxCall, QLstmCall)]
+                                                         LookupCall, QMeanCall, QSoftmaxCall, QLstmCall, QuantizeCall)]
         for symbol, call in calls + [(symbol, WideCall) for symbol in WideCall.symbols.values()]:
             getattr(library, symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, symbol).restype = ctypes.c_int
@@ -1010,6 +1010,31 @@ class LookupCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
              f"lookup arrays {x.shape} -> {out.shape}")
+
+
+class QuantizeCall(ctypes.Structure):
+    """The arguments of native.c's quantize_prepared: ``size`` float32 values to int8, uint8 or int16 (``bytes``
+    1 or 2), LiteRT's vector loop over the first ``whole`` (times ``reciprocal``) and its scalar tail over the
+    rest (divided by ``divisor``), onto ``zero`` within ``bounds``; a run places the input and output."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("n", _INT64), ("whole", _INT64), ("reciprocal", ctypes.c_float),
+                ("divisor", ctypes.c_double), ("zero", _INT64), ("low", _INT64), ("high", _INT64), ("bytes", _INT64),
+                ("threads", _INT64)]
+    symbol, places = "quantize_prepared", ("x", "out")
+
+    def __init__(self, size: int, whole: int, reciprocal: float, divisor: float, zero: int, bounds: tuple[int, int],
+                 dtype: np.dtype, threads: int):
+        fits(0 <= whole <= size and dtype in (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+             and np.iinfo(dtype).min <= bounds[0] <= bounds[1] <= np.iinfo(dtype).max,
+             f"quantize of {size} values to {dtype} within {bounds}")
+        self.dtype = np.dtype(dtype)
+        super().__init__(None, None, size, whole, reciprocal, divisor, zero, bounds[0], bounds[1], self.dtype.itemsize,
+                         threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.n) and _contiguous(out, self.n, self.dtype),
+             f"quantize arrays {x.shape} {x.dtype} -> {out.shape} {out.dtype}")
 
 
 class QSoftmaxCall(ctypes.Structure):

@@ -18,8 +18,8 @@ from delegate.plugin_api import Op
 
 from ..registry import kernel
 from .elementwise import COMPARE, arithmetic
-from .native import (PER_THREAD_ITEMS, LookupCall, QBinaryCall, QSoftmaxCall, QStage, kernel_loops, prepared_run,
-                     team_for)
+from .native import (PER_THREAD_ITEMS, LookupCall, QBinaryCall, QSoftmaxCall, QStage, QuantizeCall, kernel_loops,
+                     prepared_run, team_for)
 from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration side effects)
 from . import quant_int16
 from .quant_util import (
@@ -47,6 +47,11 @@ def quantize(op: Op):
         divisor = np.float64(scale(dst))
         reciprocal = np.float32(1.0 / divisor)
         offset, (low, high) = zero_point(dst), bounds
+        loops = kernel_loops() if src.dtype.numpy == np.float32 else None
+        if loops is not None:
+            call = QuantizeCall(src.size, whole, float(reciprocal), float(divisor), offset, bounds, dst.dtype.numpy,
+                                team_for(src.size, PER_THREAD_ITEMS))
+            return prepared_run(loops, call)
 
         def run_float(ins, outs):
             x = np.ascontiguousarray(ins[0]).reshape(-1)
@@ -86,15 +91,15 @@ def dequantize(op: Op):
     """LiteRT's vector loop (whole blocks of 8) computes in float32, its scalar tail in double."""
     src = op.inputs[0]
     factor, offset = np.float64(scale(src)), zero_point(src)
-    size = src.size
-    vector = (np.arange(size) < size - size % 8).reshape(src.shape)
+    whole = src.size - src.size % 8  # the vector loop's: the leading whole blocks of the flat tensor
     vector_offset = np.float32(-offset * factor)
 
     def run(ins, outs):
-        q = ins[0]
-        fast = q.astype(np.float32) * np.float32(factor) + vector_offset
-        exact = (factor * (q.astype(np.float64) - offset)).astype(np.float32)
-        np.copyto(outs[0], np.where(vector, fast, exact))
+        q, out = np.ascontiguousarray(ins[0]).reshape(-1), np.empty(src.size, np.float32)
+        np.multiply(q[:whole], np.float32(factor), out=out[:whole], dtype=np.float32)
+        out[:whole] += vector_offset
+        out[whole:] = factor * (q[whole:].astype(np.float64) - offset)
+        np.copyto(outs[0], out.reshape(outs[0].shape))
     return run
 
 
