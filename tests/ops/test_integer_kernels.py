@@ -1,7 +1,8 @@
 """native.c's integer kernels (int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, pooling,
 MEAN, table lookups, SOFTMAX; 16x8 convolutions) bit-exact against LiteRT's builtin kernels, as are the numpy
-formulations: builder-made edge cases, every op of the converter's quantized fixtures, and the portable
-C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2)."""
+formulations: builder-made edge cases, every op of the converter's quantized fixtures, the portable
+C products built without AVX2 (a subprocess with DELEGATE_NATIVE_CFLAGS=-mno-avx2) and the products built
+without AMX (-mno-amx-tile)."""
 
 import contextlib
 import os
@@ -124,6 +125,24 @@ def test_fully_connected_is_bit_exact(seed, depth, units, rows, in_zero, out_zer
         exact(b, x)
     assert called == ["qproduct"]
     exact(b, x, native=False)
+
+
+@pytest.mark.parametrize("depth", [63, 64, 65, 200])  # around AMX_MIN_DEPTH, and whole and partial tiles of 64
+@pytest.mark.parametrize("rows, units", [(1, 16), (15, 33), (17, 48), (40, 100)])  # partial row tiles and panels
+def test_products_around_the_tile_sizes_are_bit_exact(depth, rows, units):
+    """Products by AMX tiles where the machine has them (16 rows, 64 depths, two panels at a time), by VNNI or
+    AVX2 elsewhere: every edge of a tile, bit for bit."""
+    rng = np.random.default_rng(depth * rows + units)
+    b = GraphBuilder()
+    in_scale = float(rng.uniform(0.01, 0.05))
+    x = b.input("x", (rows, depth), "int8", quant=(in_scale, 11))
+    w, scales = weights(b, rng, (units, depth), 0, "int8", True)
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias(b, rng, in_scale, scales, True)], dtype="int8",
+                  quant=(matmul_out_scale(in_scale, scales, depth), -3), options={"fused_activation_function": "NONE"}))
+    x = random_q(rng, (rows, depth))
+    with native_calls() as called:
+        exact(b, x)
+    assert called == ["qproduct"]
 
 
 @pytest.mark.parametrize("spread", [0.3, 1.0, 3.0])  # output scales from all multipliers above 1 to all below
@@ -516,6 +535,27 @@ def test_portable_products_are_bit_exact(tmp_path):
     """The portable C path, as machines without AVX2 build it."""
     env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-avx2 -mno-avx512f", "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", PORTABLE_RUN], cwd=Path(__file__).parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
+
+
+WITHOUT_AMX_RUN = """
+import numpy as np
+from delegate_cpu.kernels.native import native_loops
+from tests.ops import test_integer_kernels as t
+assert not native_loops().integer_amx
+rng = np.random.default_rng(4)
+for opcode, kernel, stride in (("CONV_2D", 3, (1, 1)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (2, 2))):
+    b = t.conv_model(rng, opcode, (1, 9, 11, 40), 37, kernel, stride, 1, "SAME", "RELU6", 7, -2, True)
+    t.exact(b, t.random_q(rng, (1, 9, 11, 40)))
+print("exact")
+"""
+
+
+def test_products_built_without_amx_are_bit_exact(tmp_path):
+    """The products a machine without AMX builds (VNNI where it has AVX-512 VNNI, else AVX2 or portable C)."""
+    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-amx-tile -mno-amx-int8", "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", WITHOUT_AMX_RUN], cwd=Path(__file__).parents[2], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
 

@@ -278,6 +278,10 @@ class NativeLoops:
         self.panel_lanes = library.panel_lanes()
         self.integer_isa = INTEGER_ISAS[library.integer_isa()]
         self.integer_group = library.integer_group()
+        library.integer_panel_groups.argtypes = [_INT64]
+        library.integer_panel_groups.restype = _INT64
+        self.integer_amx = bool(library.integer_amx())  # asks the kernel once; panels are packed for it after
+        self.integer_panel_groups = library.integer_panel_groups
         self.sgemm = _find_sgemm()
 
     def depthwise(self, x: np.ndarray, taps: "DepthwiseTaps", out: np.ndarray, where: "Geometry", threads: int,
@@ -804,12 +808,15 @@ class WideCall(ctypes.Structure):
 
 class PackedInt8:
     """A constant (units, depth) int8 operand laid out once for native.c's integer products: panels of
-    16 units, the depth in groups of ``group`` (its integer_group: zero past the last), each group the
-    ``group`` depths of every unit in turn; with each unit's weight sum (padded to whole panels)."""
+    16 units, the depth in ``loops``' groups (its integer_group of depths; as many groups as its
+    integer_panel_groups, zero past the last depth), each group the group's depths of every unit in turn;
+    with each unit's weight sum (padded to whole panels)."""
 
-    def __init__(self, matrix: np.ndarray, group: int):
+    def __init__(self, matrix: np.ndarray, loops: "NativeLoops"):
         self.units, self.depth = matrix.shape
-        panels, groups = -(-self.units // 16), -(-self.depth // group)
+        group = loops.integer_group
+        panels, groups = -(-self.units // 16), int(loops.integer_panel_groups(self.depth))
+        fits(groups * group >= self.depth, f"{groups} groups of {group} for a depth of {self.depth}")
         padded = np.zeros((panels * 16, groups * group), np.int8)
         padded[:self.units, :self.depth] = matrix
         self.panels = aligned_copy(padded.reshape(panels, 16, groups, group).transpose(0, 2, 1, 3)).reshape(-1)

@@ -212,7 +212,7 @@ def _integer_product(op: Op, matrix: np.ndarray, bias: np.ndarray, loops):
     """(packed operand, output stage) of the int8 products x @ matrix.T (matrix: units x depth, as
     stored) in ``loops``: sum((x - zx) * w) is sum(x * w) - zx * sum(w), so the zero point joins the bias."""
     stage = _integer_stage(op, False, bias - zero_point(op.inputs[0]) * matrix.sum(axis=1, dtype=np.int64))
-    return (None, None) if stage is None else (PackedInt8(matrix, loops.integer_group), stage)
+    return (None, None) if stage is None else (PackedInt8(matrix, loops), stage)
 
 
 def _native_conv2d(op: Op, bias: np.ndarray, residual: QBinaryCall | None = None):
