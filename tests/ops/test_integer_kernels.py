@@ -518,45 +518,31 @@ def test_every_op_of_the_quantized_fixtures_is_bit_exact(name):
     assert checked >= 5 and symbols <= set(called)
 
 
-PORTABLE_RUN = """
+BUILD_RUN = """
+import sys
 import numpy as np
 from delegate_cpu.kernels.native import native_loops
 from tests.ops import test_integer_kernels as t
-assert native_loops().integer_isa == "portable", native_loops().integer_isa
+loops = native_loops()
+assert eval(sys.argv[1]), (loops.integer_isa, loops.integer_amx)
 rng = np.random.default_rng(3)
-for opcode, kernel, stride in (("CONV_2D", 3, (2, 2)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (1, 1))):
-    b = t.conv_model(rng, opcode, (1, 11, 10, 13), 21, kernel, stride, 1, "SAME", "RELU", -128, 5, True)
-    t.exact(b, t.random_q(rng, (1, 11, 10, 13)))
+channels, step = int(sys.argv[2]), int(sys.argv[3])
+for opcode, kernel, stride in (("CONV_2D", 3, (2, 2)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (step, step))):
+    b = t.conv_model(rng, opcode, (1, 11, 10, channels), 21, kernel, stride, 1, "SAME", "RELU", -128, 5, True)
+    t.exact(b, t.random_q(rng, (1, 11, 10, channels)))
 print("exact")
 """
 
 
-def test_portable_products_are_bit_exact(tmp_path):
-    """The portable C path, as machines without AVX2 build it."""
-    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-avx2 -mno-avx512f", "XDG_CACHE_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", PORTABLE_RUN], cwd=Path(__file__).parents[2], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
-
-
-WITHOUT_AMX_RUN = """
-import numpy as np
-from delegate_cpu.kernels.native import native_loops
-from tests.ops import test_integer_kernels as t
-assert not native_loops().integer_amx
-rng = np.random.default_rng(4)
-for opcode, kernel, stride in (("CONV_2D", 3, (1, 1)), ("CONV_2D", 1, (1, 1)), ("DEPTHWISE_CONV_2D", 3, (2, 2))):
-    b = t.conv_model(rng, opcode, (1, 9, 11, 40), 37, kernel, stride, 1, "SAME", "RELU6", 7, -2, True)
-    t.exact(b, t.random_q(rng, (1, 9, 11, 40)))
-print("exact")
-"""
-
-
-def test_products_built_without_amx_are_bit_exact(tmp_path):
-    """The products a machine without AMX builds (VNNI where it has AVX-512 VNNI, else AVX2 or portable C)."""
-    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": "-mno-amx-tile -mno-amx-int8", "XDG_CACHE_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", WITHOUT_AMX_RUN], cwd=Path(__file__).parents[2], env=env,
-                          capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("flags, built, channels, depthwise_stride", [
+    ("-mno-avx2 -mno-avx512f", "loops.integer_isa == 'portable'", 13, 1),  # machines without AVX2
+    # machines without AMX: VNNI where they have AVX-512 VNNI (3x3 products of 360 depths), else AVX2 or portable C
+    ("-mno-amx-tile -mno-amx-int8", "not loops.integer_amx", 40, 2)], ids=["portable", "without_amx"])
+def test_products_as_other_machines_build_them_are_bit_exact(tmp_path, flags, built, channels, depthwise_stride):
+    """The native loops built with ``flags`` (a subprocess with DELEGATE_NATIVE_CFLAGS), bit for bit LiteRT's."""
+    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": flags, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", BUILD_RUN, built, str(channels), str(depthwise_stride)],
+                          cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "exact" in done.stdout, done.stderr[-2000:]
 
 
