@@ -73,6 +73,19 @@ def test_depthwise_conv_2d(h, w, c, multiplier, k, stride, dilation, padding, ac
                 backend_options={"native": native})
 
 
+@pytest.mark.parametrize("w", range(4, 22))
+@pytest.mark.parametrize("k, c", [(3, 16), (3, 40), (5, 24)])
+def test_depthwise_rows_at_every_width(w, k, c):
+    """A stride-1 row's interior pixels go by filter rows in groups of 8, then of 4, the last few as a group of 4
+    overlapping pixels already summed: every width from 4 to 21, channels in whole vectors of 16 and with a tail
+    of 8."""
+    rng = np.random.default_rng(w * k + c)
+    weights = rng.standard_normal((1, k, k, c)).astype(np.float32)
+    opts = {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1, "fused_activation_function": "RELU6"}
+    _check_conv("DEPTHWISE_CONV_2D", rng.standard_normal((1, 5, w, c)), weights, rng.standard_normal(c).astype(np.float32),
+                opts, False, builtin=False, backend_options={"native": True})
+
+
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 5), cout=st.integers(1, 5),
        k=st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 3)]), stride=st.integers(1, 3),
        padding=st.sampled_from(["SAME", "VALID"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))

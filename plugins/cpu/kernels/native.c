@@ -343,13 +343,19 @@ static void NAME##_pixels(const float *x, const int64_t *offsets, const float *c
     for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                          \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
-    for (; q + 4 <= pixels; q += 4)                                                                          \
+    /* the last groups of 4 by filter rows too where 4 sums and their inputs fit the registers */             \
+    int tail_rows = rows_of == 3 || (rows_of == 5 && DW_ROW_PIXELS > 4) ? rows_of : 0;                      \
+    for (; q + 4 <= pixels || (q < pixels && pixels >= 4); q += 4) {                                         \
+        int64_t at = q + 4 <= pixels ? q : pixels - 4;  /* the last few: overlapping pixels already summed */ \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
-            NAME##_group(4, x, offsets, weights, taps, c, step, q, j, out, e);                               \
-    if (q < pixels && pixels >= 4) {                                                                         \
-        for (int64_t j = j0; j < j1; j += LANES)                                                             \
-            NAME##_group(4, x, offsets, weights, taps, c, step, pixels - 4, j, out, e);                      \
-        return;                                                                                              \
+            if (tail_rows == 3)                                                                              \
+                NAME##_group_rows(4, 3, x, offsets, weights, taps, c, at, j, out, e);                        \
+            else if (tail_rows == 5)                                                                         \
+                NAME##_group_rows(4, 5, x, offsets, weights, taps, c, at, j, out, e);                        \
+            else                                                                                             \
+                NAME##_group(4, x, offsets, weights, taps, c, step, at, j, out, e);                          \
+        if (at != q)                                                                                         \
+            return;                                                                                          \
     }                                                                                                        \
     for (; q < pixels; q++)                                                                                  \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
