@@ -81,9 +81,11 @@ def test_depthwise_rows_at_every_width(w, k, c):
     of 8."""
     rng = np.random.default_rng(w * k + c)
     weights = rng.standard_normal((1, k, k, c)).astype(np.float32)
-    opts = {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1, "fused_activation_function": "RELU6"}
-    _check_conv("DEPTHWISE_CONV_2D", rng.standard_normal((1, 5, w, c)), weights, rng.standard_normal(c).astype(np.float32),
-                opts, False, builtin=False, backend_options={"native": True})
+    opts = {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1,
+            "fused_activation_function": "RELU6"}
+    bias = rng.standard_normal(c).astype(np.float32)
+    _check_conv("DEPTHWISE_CONV_2D", rng.standard_normal((1, 5, w, c)), weights, bias, opts, False, builtin=False,
+                backend_options={"native": True})
 
 
 @given(h=st.integers(1, 7), w=st.integers(1, 7), cin=st.integers(1, 5), cout=st.integers(1, 5),

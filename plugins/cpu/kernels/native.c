@@ -1671,14 +1671,17 @@ static void qrows_end(void)
  * 112x112x16 -> 96 1x1 convolution took 750 us by AMX against 442 by VNNI). */
 #define AMX_MIN_DEPTH 64
 static int by_amx(int64_t depth) { return amx_on && depth >= AMX_MIN_DEPTH; }
-static int64_t qpanel_groups(int64_t depth) { return by_amx(depth) ? ((depth + 3) / 4 + 15) / 16 * 16 : (depth + 3) / 4; }
+static int64_t qpanel_groups(int64_t depth)
+{
+    return by_amx(depth) ? ((depth + 3) / 4 + 15) / 16 * 16 : (depth + 3) / 4;
+}
 
 /* The rows copied into 16 rows of 4 * groups bytes (zero past each row's depth and past the last row), then per
  * panel the tiles' sums stored and requantized. */
 static size_t qrows_scratch(int64_t depth)
 {
-    return by_amx(depth) ? (size_t)QROWS_MAX * 4 * (size_t)qpanel_groups(depth) + 2 * QROWS_MAX * QPANEL * sizeof(int32_t)
-                         : 0;
+    size_t rows = (size_t)QROWS_MAX * 4 * (size_t)qpanel_groups(depth), sums = 2 * QROWS_MAX * QPANEL * sizeof(int32_t);
+    return by_amx(depth) ? rows + sums : 0;
 }
 
 /* The stored sums of ``rows`` rows against the panel of columns col.., requantized (the stage's vectors loaded

@@ -24,15 +24,16 @@ from . import quant_conv, quant_data, quant_reduce  # noqa: F401  (registration 
 from . import quant_int16
 from .quant_util import (
     INT32_MAX, RELU_BOUNDS, Rescale, Requantize, activation_bounds, c_math, clamp_bounds, int32_conversion_plus,
-    lane_rounding, leading_zeros, lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange, quantize_multiplier, round_half_away,
-    rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store, table_index, trunc_div,
-    vector_lanes, zero_point)
+    lane_rounding, leading_zeros, lookup_table, multiply_by_quantized_multiplier, power_of_two_exponent, qrange,
+    quantize_multiplier, round_half_away, rounding_divide_by_pot, saturating_rounding_doubling_high_mul, scale, store,
+    table_index, trunc_div, vector_lanes, zero_point)
 
 
 # --- conversions ----------------------------------------------------------------------------
 
 # Rounded values below this magnitude, plus an 8- or 16-bit zero point, stay inside int32, exactly in float32.
 EXACT_IN_FLOAT32 = np.float32(2.0 ** 31 - 65536)
+
 
 @kernel("QUANTIZE", quantized=True)
 def quantize(op: Op):
