@@ -290,13 +290,19 @@ def depthwise_fold_fits(conv: Op) -> bool:
     return x is not None and len(x.shape) == 4 and x.shape[3] <= DEPTHWISE_FOLD_MAX_CHANNELS
 
 
+def _pads_rows_and_columns(op: Op, opcodes: tuple[str, ...]) -> bool:
+    """Whether ``op`` (one of ``opcodes``) pads the rows and columns of a 4-d tensor only, by constant amounts."""
+    if op.opcode not in opcodes or len(op.outputs) != 1 or len(op.outputs[0].shape) != 4:
+        return False
+    pads = constant(op.input(1))
+    return pads is not None and pads.shape == (4, 2) and not pads[0].any() and not pads[3].any() and not (pads < 0).any()
+
+
 def _zero_pad(op: Op) -> bool:
     """A PAD adding zeros around the rows and columns only (a convolution's own kind of padding)."""
-    if op.opcode not in ("PAD", "PADV2") or len(op.outputs) != 1 or len(op.outputs[0].shape) != 4:
+    if not _pads_rows_and_columns(op, ("PAD", "PADV2")):
         return False
-    pads, fill = constant(op.input(1)), op.input(2)
-    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or (pads < 0).any():
-        return False
+    fill = op.input(2)
     fill_value = constant(fill)
     return fill is None or (fill_value is not None and fill_value.size == 1 and float(fill_value.ravel()[0]) == 0.0
                             and fill.quantization is None)
@@ -306,11 +312,9 @@ def _zero_point_pad(op: Op) -> bool:
     """A quantized PAD of the rows and columns only, with its input's quantization and filled with its zero
     point (PAD's own fill): the real value 0, which a quantized convolution's implicit padding contributes
     too (each tap is taken less the input's zero point)."""
-    if op.opcode != "PAD" or len(op.outputs) != 1 or len(op.outputs[0].shape) != 4 or not is_quantized_op(op):
+    if not _pads_rows_and_columns(op, ("PAD",)) or not is_quantized_op(op):
         return False
-    x, out, pads = op.inputs[0], op.outputs[0], constant(op.input(1))
-    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or (pads < 0).any():
-        return False
+    x, out = op.inputs[0], op.outputs[0]
     q, r = x.quantization, out.quantization
     return (x.dtype == out.dtype and q is not None and r is not None and np.array_equal(q.scale, r.scale)
             and np.array_equal(q.zero_point, r.zero_point))

@@ -2217,7 +2217,7 @@ int qconv(const qconv_call *p)
  * channel j sums (x - zero) * taps[t][j] over the taps t inside the image (TFLite leaves the others
  * out) in int32, exact for the sums the caller bounded (native.py's QDepthwiseCall), 16 channels held
  * in registers over all taps; then requantizes: int8 through ``stage`` (qstage), int16 through
- * ``wide_stage`` (requant, in int64).  On AVX2 (no AVX-512BW) int8 images go by pairs of taps (paired_row). */
+ * ``wide_stage`` (requant, in int64).  Wherever AVX2 is, int8 images go by pairs of taps (paired_row). */
 typedef struct {
     const void *images;
     const int16_t *taps;
@@ -2227,7 +2227,7 @@ typedef struct {
     const qstage *stage;
     const requant *wide_stage;
     int64_t threads;
-    /* int8 on AVX2 (paired_row): the taps in pairs, each channel's two in turn (16 more values past the last
+    /* int8 with AVX2 (paired_row): the taps in pairs, each channel's two in turn (16 more values past the last
      * pair); the stage's biases less zero times each channel's taps summed; c + 16 bytes of the zero point */
     const int16_t *paired;
     const int32_t *paired_bias;
