@@ -11,7 +11,6 @@ document can name the file, key path and line of whatever is wrong.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import os
 import re
@@ -373,6 +372,8 @@ def _unknown_key(error: jsonschema.ValidationError) -> tuple[KeyPath, str]:
     key = next(k for k in error.instance if k not in allowed)
     if len(path) == 2 and path[0] == "models" and key in GLOBAL_SETTINGS:
         return path + (key,), f"{key!r} can only be set at the top level, not per model"
+    import difflib  # only for a misspelt key: kept out of every load's imports
+
     close = difflib.get_close_matches(str(key), allowed, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"valid keys here: {', '.join(allowed)}"
     return path + (key,), f"unknown key {key!r}; {hint}"

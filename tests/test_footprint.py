@@ -1,5 +1,6 @@
-"""What a CPU run keeps resident: its own hashes instead of OpenSSL's, and no schema validator for plain
-``--set`` values (peak RSS against LiteRT's, issue 20)."""
+"""What a CPU run keeps resident: its own hashes instead of OpenSSL's, no schema validator for plain
+``--set`` values, and none of the GPU backends' rules though their plugins are discovered (peak RSS against
+LiteRT's, issue 20)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_builtin_digests_equal_hashlib_and_hmac():
     assert digest.compare_digest("ab", "ab") and not digest.compare_digest("ab", "ac")
 
 
-def test_a_cpu_run_with_plain_settings_loads_neither_openssl_nor_jsonschema():
+def test_a_cpu_run_with_plain_settings_loads_neither_openssl_nor_jsonschema_nor_the_gpu_rules():
     script = f"""
 import sys
 import numpy as np
@@ -37,7 +38,8 @@ from delegate.session import Session, run_settings
 settings = run_settings(load_config(None, ["cpu.engine=numpy", "num_threads=2"], backends="cpu").for_model({str(MODEL)!r}))
 session = Session(delegate.read_model(open({str(MODEL)!r}, "rb").read()), settings)
 session.run_indexed(session.normalize_inputs([np.zeros(t.shape, numeric_dtype(t)) for t in session.graph.inputs]))
-print(sorted(m for m in ("_hashlib", "hashlib", "jsonschema", "numpy.random") if m in sys.modules))
+print(sorted(m for m in ("_hashlib", "hashlib", "jsonschema", "numpy.random", "delegate.gpu.fusion",
+                          "delegate.gpu.support", "statistics", "difflib") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

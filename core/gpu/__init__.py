@@ -1,15 +1,29 @@
 """What the GPU backends (OpenCL, WebGPU) share: op rules and the lowering registry (support derived from it),
 PHWC4 layout, the float view, fusion.
 
-Nothing here touches a device; a backend adds kernels and a runtime on top.
+Nothing here touches a device; a backend adds kernels and a runtime on top.  The names below are imported
+on first use: a GPU plugin's entry point reads only its options module, so a process that runs on the CPU
+alone never loads the rules, fusion and layout modules (half a megabyte resident).
 """
 
-from .constants import constant_value, dequantize, is_folded_dequantize
-from .fusion import Group, Step, plan_groups
-from .layout import as_nhwc, from_phwc4, phwc4_shape, same_storage, to_phwc4
-from .registry import accepted, lowers, supports
-from .support import BINARY, FUSED_ACTIVATIONS, RULES, UNARY, check_op
+from importlib import import_module
 
-__all__ = ["constant_value", "dequantize", "is_folded_dequantize", "Group", "Step", "plan_groups", "as_nhwc",
-           "from_phwc4", "phwc4_shape", "same_storage", "to_phwc4", "BINARY", "FUSED_ACTIVATIONS", "RULES",
-           "UNARY", "check_op", "accepted", "lowers", "supports"]
+_HOMES = {
+    "constant_value": "constants", "dequantize": "constants", "is_folded_dequantize": "constants",
+    "Group": "fusion", "Step": "fusion", "plan_groups": "fusion",
+    "as_nhwc": "layout", "from_phwc4": "layout", "phwc4_shape": "layout", "same_storage": "layout",
+    "to_phwc4": "layout",
+    "accepted": "registry", "lowers": "registry", "supports": "registry",
+    "BINARY": "support", "FUSED_ACTIVATIONS": "support", "RULES": "support", "UNARY": "support",
+    "check_op": "support",
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value

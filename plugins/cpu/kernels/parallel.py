@@ -16,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import math
 import os
 import queue as queue_module
-import statistics
 import threading
 import time
 from collections import deque
@@ -364,7 +364,8 @@ class ThreadChoice:
         the slowest (see the class docstring)."""
         recent = [seconds for seconds, run in zip(self.samples[team], self.sampled_at[team])
                   if run > self.runs - self.STALE_RUNS] or [self.samples[team][-1]]
-        return statistics.fmean(sorted(recent)[:-1] if len(recent) >= 3 else recent)
+        kept = sorted(recent)[:-1] if len(recent) >= 3 else recent
+        return math.fsum(kept) / len(kept)
 
 
 def loaded_openblas() -> list[ctypes.CDLL]:
