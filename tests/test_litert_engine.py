@@ -1,6 +1,8 @@
 """The CPU backend's LiteRT engine: a whole model as read goes to LiteRT as its own bytes, anything
 else (a part of it, a graph changed since) written out; both give LiteRT's outputs."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -14,9 +16,10 @@ from tests.oputil import litert_run
 pytest.importorskip("ai_edge_litert.interpreter")
 
 
-def _compile(graph, ops):
+def _compile(graph, ops, num_threads: int = 1):
     backend = default_manager().backend_info("cpu").factory({"engine": "litert"})
-    return Executor(graph, [make_partition(graph, ops, "cpu", 0)], {"cpu": backend}, CompileOptions())
+    return Executor(graph, [make_partition(graph, ops, "cpu", 0)], {"cpu": backend},
+                    CompileOptions(num_threads=num_threads))
 
 
 def test_whole_model_goes_as_read_and_parts_are_written():
@@ -183,12 +186,35 @@ def test_profiled_runs_time_each_op_alone_on_the_values_the_op_before_made():
     times = compiled.profile()
     run_ops = {op.index for op in graph.ops if op.opcode != "DEQUANTIZE"}
     assert set(times) == run_ops and all(ms > 0 for ms in times.values())
-    # the last one-op model, fed along the chain, computed what the whole model did
-    last_op, last, _, outs = compiled.alone[-1]
-    assert last_op.index == max(run_ops)
-    np.testing.assert_array_equal(last.get_tensor(outs[0][0]), out)
+    # the one-op models, fed along the chain, computed what the whole model did
+    np.testing.assert_array_equal(compiled.chain_outputs[graph.outputs[0].index], out)
     compiled.set_profiling(False)
-    assert compiled.profile() == {} and compiled.alone == []
+    assert compiled.profile() == {} and compiled.chain_outputs == {}
+
+
+def test_ops_timed_alone_hold_one_thread_pool_at_a_time():
+    """Each op's one-op model is released once timed: holding one per op kept a thread pool each (140 pools of
+    16 threads for pose_landmark_full), and the pools just used spun while the next op was timed."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    y = b.input("x", (1, 16, 16, 16))
+    for i in range(12):
+        w = b.const(f"w{i}", rng.standard_normal((16, 1, 1, 16)).astype(np.float32))
+        y = b.op("CONV_2D", [y, w, b.const(f"b{i}", np.zeros(16, np.float32))],
+                 options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    b.output(y)
+    graph = read_model(b.to_bytes()).main
+    executor = _compile(graph, graph.ops, num_threads=4)
+    compiled = executor.compiled[0]
+    xv = rng.standard_normal(graph.inputs[0].shape).astype(np.float32)
+    executor.run({graph.inputs[0].index: xv})
+    before = len(os.listdir("/proc/self/task"))
+    compiled.set_profiling(True)
+    executor.run({graph.inputs[0].index: xv})
+    times = compiled.profile()
+    assert len(times) == 12 and all(ms > 0 for ms in times.values())
+    assert len(os.listdir("/proc/self/task")) <= before + 4  # one pool of 4 at most, not 12
+    compiled.set_profiling(False)
 
 
 def _around_transpose_conv(custom: bool) -> bytes:
