@@ -96,11 +96,14 @@ def dequantize(op: Op):
     vector_offset = np.float32(-offset * factor)
 
     def run(ins, outs):
-        q, out = np.ascontiguousarray(ins[0]).reshape(-1), np.empty(src.size, np.float32)
+        q = np.ascontiguousarray(ins[0]).reshape(-1)
+        contiguous = outs[0].flags.c_contiguous  # written in place, else through one copy
+        out = outs[0].reshape(-1) if contiguous else np.empty(src.size, np.float32)
         np.multiply(q[:whole], np.float32(factor), out=out[:whole], dtype=np.float32)
         out[:whole] += vector_offset
         out[whole:] = factor * (q[whole:].astype(np.float64) - offset)
-        np.copyto(outs[0], out.reshape(outs[0].shape))
+        if not contiguous:
+            np.copyto(outs[0], out.reshape(outs[0].shape))
     return run
 
 
