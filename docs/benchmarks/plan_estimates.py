@@ -7,7 +7,7 @@ profiles as they are: run `delegate calibrate` first; nothing here refits them).
 Configurations: the CPU alone; OpenCL and WebGPU with the CPU at fp32 and fp16 (the cost model's choice);
 OpenCL and WebGPU greedy; the shipped defaults; the shipped defaults with `placement.search: estimate` (the
 plan chosen from estimates alone) and with `placement.search: measure` (chosen by measurement).  One JSON line per model and configuration (estimated_ms,
-measured_ms: p50 of 30 runs after 5, on one input, the configurations of a model alternating, each settling
+measured_ms: p50 of 10 rounds of at least 3 runs and ROUND_MS each, after 5, on one input, the configurations of a model alternating, each settling
 before its runs of a round (``measure``); the
 chosen candidate, partitions, copies, the candidates' estimates, the profiles used), written model by model;
 stops starting new models after --seconds."""
@@ -41,11 +41,15 @@ def overrides(config: str, precision: str) -> dict:
 
 
 ROUNDS, RUNS_PER_ROUND, WARMUP = 10, 3, 5
+# a configuration's runs of one round last at least this long (more than RUNS_PER_ROUND where runs are short):
+# 30 runs of a 0.03-0.3 ms plan left one plan 0.75-1.15x itself in the configurations that chose it (this 2-core
+# machine; an H100 host)
+ROUND_MS = 5.0
 
 
 def measure(model: str) -> list[dict]:
     """Every configuration of ``model`` loaded side by side, then timed in alternating rounds (RUNS_PER_ROUND
-    runs each per round after it settles (``measure.settle``), ROUNDS rounds, after WARMUP, in a new shuffled
+    runs or ROUND_MS, whichever is more, each per round after it settles (``measure.settle``), ROUNDS rounds, after WARMUP, in a new shuffled
     order each round):
     the machine's drift, and what one configuration leaves behind for the next, are shared, so two
     configurations that chose one plan measure alike.  Timed one after the other in fresh sessions, one plan
@@ -58,24 +62,25 @@ def measure(model: str) -> list[dict]:
             session = delegate.load(model, **overrides(config, precision))
             session.wait_until_ready()  # the plan chosen, where it is measured or compiled behind the first runs
             inputs = session.normalize_inputs(make_inputs(session.graph, None))
-            samples_ms(lambda: session.run_indexed(inputs), 0, warmup=WARMUP)
-            loaded.append((row, session, inputs, []))
+            warm = samples_ms(lambda: session.run_indexed(inputs), WARMUP)
+            runs = int(np.clip(np.ceil(ROUND_MS / max(float(np.median(warm)), 1e-3)), RUNS_PER_ROUND, 200))
+            loaded.append((row, session, inputs, [], runs))
         except Exception as exc:  # a model a configuration cannot run is a row saying why
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
     order = np.random.default_rng(0)
     for _ in range(ROUNDS):
         for j in order.permutation(len(loaded)):
-            row, session, inputs, times = loaded[j]
+            row, session, inputs, times, runs = loaded[j]
             if "error" in row:
                 continue
             try:
                 run = lambda: session.run_indexed(inputs)  # noqa: E731
                 settle(run)
-                times.extend(samples_ms(run, RUNS_PER_ROUND))
+                times.extend(samples_ms(run, runs))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    for row, session, _, times in loaded:
+    for row, session, _, times, _ in loaded:
         if "error" not in row:
             plan = session.plan
             row.update(estimated_ms=round(plan.estimated_ms, 4), measured_ms=round(float(np.median(times)), 4),
