@@ -475,12 +475,15 @@ def refit(profile: DeviceProfile, observations: Sequence[Observation], free: Cal
     if lines:  # the classes whose points draw a line set the launch; the others are fitted on top of it
         fitted = {k: _line(r[:, 0], r[:, 1], r[:, 2], 0.0) for k, r in lines.items()
                   if _spread(r[:, 1]) and r[:, 1].min() <= FLOOR_REACH_MS}
-        launch = min((start for start, _ in fitted.values()), default=launch)
+        # the launch is paid once an op: a line's start is one where its ops are one step each (an LSTM's
+        # start is its floor per step)
+        launch = min((start for k, (start, _) in fitted.items() if np.all(lines[k][:, 0] == 1)), default=launch)
         profile.launch_us = launch * 1e3
         for klass, rows in lines.items():
             start, scale = fitted.get(klass) or _line(rows[:, 0], rows[:, 1], rows[:, 2],
                                                       launch + profile.floor_ms(klass), profile.scale(klass))
-            floor, scale = _sum_matched(rows, launch, max(start - launch, 0.0), scale)
+            # the line's start is a step's floor plus the op's launch spread over its steps
+            floor, scale = _sum_matched(rows, launch, max(start - launch / float(np.median(rows[:, 0])), 0.0), scale)
             profile.class_floor_us[klass], profile.class_scale[klass] = floor * 1e3, scale
     if points.get(BY_CLASS) and WHOLE in points:
         for key, (floor, scale) in _class_fit(points[BY_CLASS], profile).items():
@@ -675,7 +678,7 @@ def _sum_matched(rows: np.ndarray, launch: float, floor: float, scale: float) ->
 
 def _spread(roofs: np.ndarray) -> bool:
     """Whether ops' rooflines are many and varied enough to draw a line through (a floor and a scale)."""
-    return len(roofs) >= 3 and roofs.max() > 4 * roofs.min()
+    return len(roofs) >= 2 and roofs.max() > 4 * roofs.min()
 
 
 def _line(counts: np.ndarray, roofs: np.ndarray, works: np.ndarray, floor: float,

@@ -1616,3 +1616,22 @@ def test_refit_learns_what_a_folded_depthwise_convolution_adds_to_its_readers_ke
     assert profile.folded_channel_us["depthwise_pointwise"] == pytest.approx(0.4, rel=0.05)
     assert profile.folded_ms("depthwise_pointwise", 64) == pytest.approx(0.0256, rel=0.05)
     assert profile.folded_ms("pad", 64) == 0.0  # a fold that becomes addressing
+
+
+def test_refit_of_a_class_measured_at_two_sizes_draws_a_line_through_both():
+    """Two networks of one class at different work (calibrate's two sequence LSTMs, 16x the work apart) give a
+    line: with a floor alone fitted through them, an H100 host's estimates of both came out at their mean
+    (0.61x and 1.99x their time), and a third LSTM between them 1.40x."""
+    from delegate.cost import op_steps
+
+    profile = DeviceProfile(gflops=50.0, gbytes_per_s=20.0, launch_us=0.0)
+    observations, lstms = [], []
+    for features, units in ((8, 16), (32, 64)):
+        graph = read_model(zoo.build("lstm_classifier", steps=16, features=features, units=units)).main
+        lstm = next(op for op in graph.ops if cost_class(op) == "recurrent")
+        took = 0.016 + 60.0 * profile.roofline_ms(op_flops(lstm), op_bytes(lstm))  # 1 us a step and 60x the roofline
+        lstms.append((lstm, took))
+        observations.append(Observation([lstm], took, {lstm.index: took}, op_times_alone=True))
+    refit(profile, observations, lambda op: False)
+    for lstm, took in lstms:
+        assert profile.compute_ms(op_flops(lstm), op_bytes(lstm), "recurrent", op_steps(lstm)) == pytest.approx(took, rel=0.1)
