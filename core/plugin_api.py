@@ -30,7 +30,7 @@ from .passes import (CLAMPS, Group, channel_slope, constant, dequantize_array, f
                      is_quantized_op, known_at_compile_time)
 from .runtime import ModelState, active_state
 from .shapes import (detection_postprocess_options, max_unpooling_geometry, mediapipe_pool_params,
-                     pool_argmax_geometry, transpose_conv_bias_geometry)
+                     pool_argmax_geometry, static_op, static_value, transpose_conv_bias_geometry)
 from .stdio import native_stderr
 from .strided import strided_slice_plan
 from .tflite.writer import write_model
@@ -56,6 +56,8 @@ __all__ = [
     # the shared graph passes: compile-time constants and fusion groups (delegate.passes)
     "CLAMPS", "Group", "channel_slope", "constant", "dequantize_array", "find_groups", "folded_into",
     "is_quantized_op", "known_at_compile_time",
+    # shape arithmetic on static shapes, computed at compile time (delegate.shapes)
+    "static_op", "static_value",
     # the cost model, for a backend's own estimate_ms: an op's work and class, the host's profile at n threads
     "cost_class", "host_profile", "op_bytes", "op_flops", "op_steps",
 ]

@@ -534,8 +534,71 @@ _SHAPE_ARITHMETIC: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {
     "MINIMUM": lambda op, v: np.minimum(v[0], v[1]),
     "REDUCE_PROD": lambda op, v: np.prod(v[0], axis=tuple(int(a) for a in v[1].ravel()),
                                          keepdims=bool(op.options.get("keep_dims"))),
+    "FILL": lambda op, v: np.full(_small(int(d) for d in v[0].ravel()), v[1]),
+    "RANGE": lambda op, v: np.arange(v[0].item(), v[1].item(), v[2].item())
+    if v[2].item() and abs(v[1].item() - v[0].item()) / abs(v[2].item()) <= _SHAPE_VALUE_LIMIT else _too_large(),
 }
 _SHAPE_VALUE_LIMIT = 64  # elements: shape vectors, never activations
+
+
+def static_value(t) -> np.ndarray | None:
+    """The value of integer tensor ``t`` where shape arithmetic computes it from the static shapes the graph
+    has now and from constants (``static_op``), else None (None too where computing it fails: the model's
+    error, which the kernel reports)."""
+    if t is None:
+        return None
+    if t.data is not None:
+        return np.asarray(t.data) if t.quantization is None else None
+    return _arithmetic(t.producer, static_value) if t.producer is not None and static_op(t.producer) else None
+
+
+def static_op(op: Op) -> bool:
+    """Whether ``op`` is shape arithmetic on static shapes and constants: a SHAPE of a tensor whose shape is
+    known, then integer ops of _SHAPE_ARITHMETIC reading only such values and constants (a converter's SHAPE ->
+    STRIDED_SLICE -> PACK giving a RESHAPE its shape, where the source graph read the batch size at run time).
+    Every backend computes such ops once a compile, for the shapes the graph has then (a resized input makes a
+    new compile)."""
+    if op.custom or op.opcode not in _SHAPE_ARITHMETIC or len(op.outputs) != 1:
+        return False
+    out = op.outputs[0]
+    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.quantization is not None \
+            or out.size > _SHAPE_VALUE_LIMIT or min(out.shape, default=0) < 0:
+        return False
+    if op.opcode == "SHAPE":
+        x = op.input(0)
+        return x is not None and min(x.shape, default=0) >= 0
+    return all(t.quantization is None if t.data is not None else t.producer is not None and static_op(t.producer)
+               for t in op.inputs if t is not None)
+
+
+def _arithmetic(op: Op, value_of: Callable[[object], np.ndarray | None]) -> np.ndarray | None:
+    """The output of ``op`` when it is integer shape arithmetic whose operands ``value_of`` knows, else None."""
+    fn = _SHAPE_ARITHMETIC.get(op.opcode)
+    if fn is None or op.custom or len(op.outputs) != 1:
+        return None
+    out = op.outputs[0]
+    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.quantization is not None \
+            or out.size > _SHAPE_VALUE_LIMIT:
+        return None
+    values = [] if op.opcode == "SHAPE" else [value_of(t) for t in op.inputs if t is not None]
+    if any(v is None for v in values):
+        return None
+    try:
+        return np.asarray(fn(op, values)).astype(out.dtype.numpy).reshape(out.shape)
+    except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError):
+        return None  # operands that do not fit: the kernel's checks report it at run time
+
+
+def _small(dims) -> tuple[int, ...]:
+    """``dims`` of a value shape arithmetic may compute: non-negative, at most _SHAPE_VALUE_LIMIT elements."""
+    dims = tuple(dims)
+    if min(dims, default=0) < 0 or int(np.prod(dims, dtype=np.float64)) > _SHAPE_VALUE_LIMIT:
+        _too_large()
+    return dims
+
+
+def _too_large():
+    raise ValueError("not a shape vector")
 
 
 def _strided(op: Op, v: list[np.ndarray]) -> np.ndarray:
@@ -545,25 +608,10 @@ def _strided(op: Op, v: list[np.ndarray]) -> np.ndarray:
 
 def _evaluate_shape_arithmetic(op: Op, known: dict[int, np.ndarray]) -> None:
     """Record the value of ``op``'s output when it is integer shape arithmetic on known values."""
-    fn = _SHAPE_ARITHMETIC.get(op.opcode)
-    if fn is None or op.custom or len(op.outputs) != 1:
-        return
-    out = op.outputs[0]
-    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.size > _SHAPE_VALUE_LIMIT:
-        return
-    operands = [t for t in op.inputs if t is not None]
-    if any(t.quantization is not None for t in operands + [out]):
-        return  # quantized integers are activations, not shapes
-    if op.opcode == "SHAPE":
-        values = []
-    elif all(t.data is not None or t.index in known for t in operands):
-        values = [np.asarray(t.data) if t.data is not None else known[t.index] for t in operands]
-    else:
-        return
-    try:
-        known[out.index] = np.asarray(fn(op, values)).astype(out.dtype.numpy).reshape(out.shape)
-    except (ValueError, IndexError):
-        pass  # operands that do not fit: the kernel's checks report it at run time
+    value = _arithmetic(op, lambda t: (np.asarray(t.data) if t.quantization is None else None) if t.data is not None
+                        else known.get(t.index))
+    if value is not None:
+        known[op.outputs[0].index] = value
 
 
 def with_batch(graph, batch: int) -> None:

@@ -68,3 +68,50 @@ def test_declared_shapes_follow_from_the_input():
     propagate(graph)
     assert [t.shape for t in graph.outputs] == [(3, 4), (12,)]
     validate_graph(graph)
+
+
+def squeeze_excite_model() -> bytes:
+    """x [-1, 4, 4, 8]: x * RESHAPE(MEAN(x), PACK(SHAPE(x)[0], 1, 1, 8)): a converter's squeeze-and-excite block
+    where the source graph read the batch size at run time."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 8), shape_signature=(-1, 4, 4, 8))
+    mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False}, shape=(1, 8))
+    shape = b.op("SHAPE", [x], dtype="int32", shape=(4,), options={"out_type": 2})
+    batch = b.op("STRIDED_SLICE", [shape, b.const("b", np.array([0], np.int32)), b.const("e", np.array([1], np.int32)),
+                                   b.const("s", np.array([1], np.int32))],
+                 options={"shrink_axis_mask": 1}, dtype="int32", shape=())
+    ones = [b.const(f"d{i}", np.array(v, np.int32)) for i, v in enumerate((1, 1, 8))]
+    target = b.op("PACK", [batch, *ones], options={"axis": 0, "values_count": 4}, dtype="int32", shape=(4,))
+    gate = b.op("RESHAPE", [mean, target], shape=(1, 1, 1, 8))
+    b.output(b.op("MUL", [x, gate], shape=(1, 4, 4, 8)))
+    return b.to_bytes()
+
+
+@pytest.mark.parametrize("backend", ["opencl", "wgpu"])
+def test_static_shape_arithmetic_stays_on_the_gpu_and_follows_a_resize(backend):
+    """Shape arithmetic on static shapes is computed when a GPU partition is compiled, so the plan is one GPU
+    partition (before, SHAPE -> STRIDED_SLICE -> PACK went to the CPU: three partitions and their copies); an
+    input resized makes a new plan with the new values, against LiteRT."""
+    from tests.oputil import require_backend
+
+    require_backend(backend)
+    data = squeeze_excite_model()
+    config = load_config(CONFIG, overrides=[f"backends=[{backend}, cpu]", "partitioner=greedy", "precision=fp32",
+                                            "placement.search=estimate", "placement.host_first=false"])
+    ours = Interpreter(model_content=data, config=config)
+    theirs = litert.Interpreter(model_content=data)
+    rng = np.random.default_rng(0)
+    for batch in (1, 3, 2):
+        x = rng.standard_normal((batch, 4, 4, 8)).astype(np.float32)
+        results = []
+        for it in (ours, theirs):
+            index = it.get_input_details()[0]["index"]
+            it.resize_tensor_input(index, x.shape)
+            it.allocate_tensors()
+            it.set_tensor(index, x)
+            it.invoke()
+            results.append(it.get_tensor(it.get_output_details()[0]["index"]))
+        np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)
+        assert results[0].shape == (batch, 4, 4, 8)
+        plan = ours._sessions[0].plan
+        assert [p.backend for p in plan.partitions] == [backend] and len(plan.partitions[0].ops) == 6

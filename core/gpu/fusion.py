@@ -24,7 +24,7 @@ from ..passes import Group as PassGroup, constant_chains
 from ..passes import chain_link, depthwise_fold_fits, gate_operands  # noqa: F401  (the shared pass's tests)
 from .constants import activation_quant, constant_value, int_values, is_folded_dequantize
 from .layout import as_nhwc, covers_input, natural_output_shape, same_storage
-from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY
+from .support import BINARY, CONVERSIONS, TRANSPOSE_CONV_BIAS, UNARY, computed_at_compile_time
 
 # Ops whose kernel stores one vector per output position, so it can apply an epilogue there.
 EPILOGUE_HOSTS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", TRANSPOSE_CONV_BIAS,
@@ -143,14 +143,15 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
 
     ``keep`` holds the indices of tensors that must be stored (partition
     outputs); ``can_host(op)`` says whether the backend's kernel for ``op``
-    takes an epilogue of following ops.  Folded DEQUANTIZE ops form no group.
+    takes an epilogue of following ops.  Folded DEQUANTIZE ops and shape arithmetic computed at compile time
+    form no group.
     """
     members = {id(op) for op in ops}
     position = {id(op): i for i, op in enumerate(ops)}
     absorbed: set[int] = set()
     groups: list[Group] = []
     for op in ops:
-        if id(op) in absorbed or is_folded_dequantize(op):
+        if id(op) in absorbed or is_folded_dequantize(op) or computed_at_compile_time(op):
             continue
         if is_elementwise(op):
             group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
@@ -306,7 +307,7 @@ def runs_no_kernel(op: Op, float_view: bool) -> bool:
     """Whether ``op`` costs no kernel wherever it is: a folded DEQUANTIZE, or a reshape keeping the PHWC4
     bytes that rounds nothing (in the float view a quantized one rounds onto its grid, in a kernel).  What
     a reader's kernel does for its source depends on the partition: ``placement_groups``."""
-    if is_folded_dequantize(op):
+    if is_folded_dequantize(op) or computed_at_compile_time(op):
         return True
     return (op.opcode in RESHAPES and not op.custom and not moves_elements(op)
             and not activation_steps(op, float_view))
@@ -333,6 +334,17 @@ def placement_groups(ops: Sequence[Op], keep: Collection[int], folds: ReaderFold
         entries = members[id(host)]
         entries += [(op, kind) for op in (g.fused if host is g else g.ops)]
         for op in g.ops:
-            entries += [(c, "constant") for c in constant_chains(op, keep)]
+            entries += [(c, "constant") for c in constant_chains(op, keep) + _static_operands(op, keep)]
     return [PassGroup(g.root, tuple(op for op, _ in members[id(g)]), tuple(kind for _, kind in members[id(g)]))
             for g in groups if members.get(id(g))]
+
+
+def _static_operands(op: Op, keep: Collection[int]) -> list[Op]:
+    """The ops computed at compile time (``computed_at_compile_time``) making ``op``'s operands, producers
+    first: placement keeps them with their reader, which they cost nothing beside."""
+    found: list[Op] = []
+    for t in op.inputs:
+        source = t.producer if t is not None and t.index not in keep else None
+        if source is not None and computed_at_compile_time(source):
+            found += _static_operands(source, keep) + [source]
+    return found

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 from ..backend import CompileOptions, Support
 from ..ir import Op
 from .constants import is_folded_dequantize
-from .support import CUSTOM_RULES, RULES, Check, check_op, rule_for
+from .support import CUSTOM_RULES, RULES, Check, check_op, computed_at_compile_time, rule_for
 
 KIT_LOWERED = frozenset({"DEQUANTIZE", "DENSIFY"})  # of constants: folded at compile time
 
@@ -101,6 +101,8 @@ def accepted(dialect: str) -> frozenset[str]:
 
 def supports(dialect: str, op: Op, options: CompileOptions) -> Support:
     """Whether ``dialect`` runs ``op``, and why not: the first failing check of the rule, then the handler."""
+    if computed_at_compile_time(op):
+        return Support.yes()
     found = handler(dialect, op)
     if found is None and rule_for(op) is not None and not is_folded_dequantize(op):
         shared = _shared().get(op.opcode) if dialect in _TEMPLATES else None

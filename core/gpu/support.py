@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend import CompileOptions, Support
 from ..ir import DType, Op, Tensor
-from ..shapes import mediapipe_pool_params
+from ..shapes import mediapipe_pool_params, static_op, static_value
 from ..strided import strided_slice_plan
 from .constants import (constant_value, has_constant_value, int_values, is_folded_dequantize, is_quantized,
                         needs_quantized_support)
@@ -609,6 +609,24 @@ def _tensor_reason(t: Tensor, what: str, options: CompileOptions, bool_ok: bool)
     if t.dtype is not DType.float32:
         return f"{what} is {t.dtype.name}; the GPU path computes float32 tensors"
     return None
+
+
+def computed_at_compile_time(op: Op) -> bool:
+    """Shape arithmetic on static shapes (``shapes.static_op``) whose values only more of it or an op's
+    parameters read (a RESHAPE's shape): the lowering computes nothing for it, runs no kernel, and the ops
+    stay with their reader (``fusion.placement_groups``).  Left to the CPU, a converter's SHAPE ->
+    STRIDED_SLICE -> PACK before each RESHAPE split a GPU plan at every one of them."""
+    if not static_op(op) or static_value(op.outputs[0]) is None:  # one that fails is left to the CPU to report
+        return False
+    for t in op.outputs:
+        if len(t.uses) != 1:  # a graph output, or read twice: its value may have to leave the partition
+            return False
+        use = t.uses[0]
+        rule = rule_for(use)
+        if not computed_at_compile_time(use) and (use.custom or rule is None or any(
+                x is t and i not in rule.params for i, x in enumerate(use.inputs))):
+            return False
+    return True
 
 
 def check_op(op: Op, options: CompileOptions) -> Support:

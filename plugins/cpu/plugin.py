@@ -15,7 +15,7 @@ import numpy as np
 from delegate.plugin_api import (HOST, Backend, BackendInfo, CompileError, CompileOptions, CompiledPartition,
                                  DeviceProfile, DType, Group, Op, Partition, Subgraph, Support, Tensor, find_groups,
                                  hookimpl, aligned_zeros, make_partition, native_stderr, plan_arena, cost_class,
-                                 host_profile, op_bytes, op_flops, op_steps, STATE_OPS)
+                                 host_profile, op_bytes, op_flops, op_steps, static_op, static_value, STATE_OPS)
 
 from . import registry
 from .fusion import FUSIONS, fuse_ops
@@ -150,27 +150,19 @@ def initial_state(t: Tensor) -> np.ndarray:
     return np.full(t.shape, zero, t.dtype.numpy)
 
 
-# Ops of shape arithmetic: run once at compile time where every value they read is known then (see
-# _static_values).  Their results are small integer vectors (shapes, indices).
-SHAPE_ARITHMETIC = frozenset({"SHAPE", "STRIDED_SLICE", "SLICE", "PACK", "CONCATENATION", "GATHER", "RESHAPE",
-                              "SQUEEZE", "EXPAND_DIMS", "CAST", "ADD", "SUB", "MUL", "FLOOR_DIV", "MAXIMUM",
-                              "MINIMUM", "REDUCE_PROD", "FILL", "RANGE"})
-STATIC_VALUE_ITEMS = 64
-
-
 def _static_values(ops: list[Op], keep: set[int], custom) -> tuple[list[Op], dict[int, np.ndarray]]:
-    """``ops`` less the shape arithmetic computed at compile time, and the values it computed (tensor
-    index -> array): a SHAPE of a static shape, then the ops of SHAPE_ARITHMETIC whose inputs are all
-    such values or constants, with small integer results that no caller needs (``keep``).  Converters
-    leave such chains (SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE) where the source graph reshaped by a
-    shape it read at run time; each would otherwise cost a Python call per run."""
+    """``ops`` less the shape arithmetic computed at compile time (``static_op``: a SHAPE of a static shape,
+    then integer ops on such values and constants), and the values it computed (tensor index -> array), by
+    this engine's kernels; none whose value a caller needs (``keep``).  Converters leave such chains (SHAPE ->
+    STRIDED_SLICE -> PACK -> RESHAPE) where the source graph reshaped by a shape it read at run time; each
+    would otherwise cost a Python call per run."""
     values: dict[int, np.ndarray] = {}
     left = []
     for op in ops:
-        if not _static_op(op, values, keep):
+        if any(t.index in keep for t in op.outputs) or not static_op(op):
             left.append(op)
             continue
-        ins = [None if t is None else values[t.index] if t.index in values else constant(t) for t in op.inputs]
+        ins = [None if t is None else values[t.index] if t.index in values else static_value(t) for t in op.inputs]
         outs = [np.empty(t.shape, t.dtype.numpy) for t in op.outputs]
         try:  # values a run would compute, so what fails is the model's, as it would fail in every run
             CpuCompiled._kernel(op, custom, 1, False, 1)(ins, outs)
@@ -178,20 +170,6 @@ def _static_values(ops: list[Op], keep: set[int], custom) -> tuple[list[Op], dic
             raise CompileError(f"{op.describe()}: {exc}") from None
         values.update((t.index, out) for t, out in zip(op.outputs, outs))
     return left, values
-
-
-def _static_op(op: Op, values: dict[int, np.ndarray], keep: set[int]) -> bool:
-    """Whether ``op`` is shape arithmetic on values known at compile time (see _static_values)."""
-    if op.custom or op.opcode not in SHAPE_ARITHMETIC or not op.outputs:
-        return False
-    for t in op.outputs:
-        if t.index in keep or t.dtype.numpy is None or t.dtype.numpy.kind not in "iu" \
-                or min(t.shape, default=1) < 0 or t.size > STATIC_VALUE_ITEMS:
-            return False
-    if op.opcode == "SHAPE":
-        x = op.input(0)
-        return x is not None and min(x.shape, default=0) >= 0  # the shape this partition is compiled for
-    return all(t is None or t.index in values or known_at_compile_time(t) for t in op.inputs)
 
 
 def _computes_constants(op: Op) -> bool:
