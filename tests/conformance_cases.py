@@ -288,6 +288,23 @@ def _split_head_padded(rng):
 case("CONV_2D", "grouped")(lambda rng: conv(rng, (1, 5, 5, 8), 6, 3, {}, groups=2))
 case("DEPTHWISE_CONV_2D", "multiplier2")(lambda rng: conv(rng, (1, 6, 7, 3), 6, 3, {
     "depth_multiplier": 2, "fused_activation_function": "RELU"}, opcode="DEPTHWISE_CONV_2D"))
+@case("DEPTHWISE_CONV_2D", "row_tails")
+def _depthwise_row_tails(rng):
+    """3x3 and 5x5 depthwise convolutions of rows whose pixels with every tap inside leave 1, 2 or 3 after the
+    groups of 8 and 4 the CPU's native loop sums at once (each tail its own group), 24 channels (a vector of
+    16 and the last 8 again)."""
+    b = GraphBuilder()
+    inputs, shapes = [], [(1, 3, w, 24) for w in (4, 5, 7)] + [(1, 5, w, 24) for w in (5, 6, 7)]
+    for i, shape in enumerate(shapes):
+        k = 3 if i < 3 else 5
+        x = b.input(f"x{i}", shape)
+        inputs.append(normal(rng, shape))
+        b.output(b.op("DEPTHWISE_CONV_2D", [x, b.const(f"w{i}", normal(rng, (1, k, k, 24), 0.5)),
+                                            b.const(f"b{i}", normal(rng, (24,)))],
+                      options={**CONV, "depth_multiplier": 1, "fused_activation_function": "RELU6"}))
+    return b.to_bytes(), inputs
+
+
 case("FULLY_CONNECTED")(lambda rng: one_op("FULLY_CONNECTED", [(3, 12)], rng,
                                            [normal(rng, (5, 12)), normal(rng, (5,))]))
 case("BATCH_MATMUL", "broadcast_batches")(lambda rng: one_op("BATCH_MATMUL", [(2, 1, 5, 7), (3, 7, 6)], rng))

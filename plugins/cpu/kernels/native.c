@@ -322,6 +322,24 @@ static inline __attribute__((always_inline)) void NAME##_group_rows(const int P,
     for (int k = 0; k < P; k++)                                                                              \
         NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
 }                                                                                                            \
+/* NAME_group_rows of P (1-4) pixels by filter rows of KW (3 or 5), each size its own unrolled code. */       \
+static inline __attribute__((always_inline)) void NAME##_rows_rest(const int P, const int KW, const float *x,  \
+                                                                  const int64_t *offsets,                    \
+                                                                  const float *const *weights, int64_t taps, \
+                                                                  int64_t c, int64_t q, int64_t j, float *out, \
+                                                                  const epilogue *e)                         \
+{                                                                                                            \
+    switch (P * 8 + KW) {                                                                                    \
+    case 11: NAME##_group_rows(1, 3, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 19: NAME##_group_rows(2, 3, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 27: NAME##_group_rows(3, 3, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 35: NAME##_group_rows(4, 3, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 13: NAME##_group_rows(1, 5, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 21: NAME##_group_rows(2, 5, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    case 29: NAME##_group_rows(3, 5, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    default: NAME##_group_rows(4, 5, x, offsets, weights, taps, c, q, j, out, e); break;                     \
+    }                                                                                                        \
+}                                                                                                            \
 /* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
  * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
  * out is never the input), or one by one when fewer than 4 in all.  Each group of pixels takes every  \
@@ -343,8 +361,19 @@ static void NAME##_pixels(const float *x, const int64_t *offsets, const float *c
     for (; q + DW_PIXELS <= pixels; q += DW_PIXELS)                                                          \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
             NAME##_group(DW_PIXELS, x, offsets, weights, taps, c, step, q, j, out, e);                       \
-    /* the last groups of 4 by filter rows too where 4 sums and their inputs fit the registers */             \
+    /* the last groups of 4 by filter rows too where 4 sums and their inputs fit the registers, then the 1-3    \
+     * left as one group of their own (a group of 4 overlapping pixels already summed did up to 3 again: a     \
+     * 7x7 layer's 5 inner pixels of a row took 8) */                                                         \
     int tail_rows = rows_of == 3 || (rows_of == 5 && DW_ROW_PIXELS > 4) ? rows_of : 0;                      \
+    if (tail_rows) {                                                                                         \
+        for (; q + 4 <= pixels; q += 4)                                                                      \
+            for (int64_t j = j0; j < j1; j += LANES)                                                         \
+                NAME##_rows_rest(4, tail_rows, x, offsets, weights, taps, c, q, j, out, e);                  \
+        if (q < pixels)                                                                                      \
+            for (int64_t j = j0; j < j1; j += LANES)                                                         \
+                NAME##_rows_rest((int)(pixels - q), tail_rows, x, offsets, weights, taps, c, q, j, out, e);  \
+        return;                                                                                              \
+    }                                                                                                        \
     for (; q + 4 <= pixels || (q < pixels && pixels >= 4); q += 4) {                                         \
         int64_t at = q + 4 <= pixels ? q : pixels - 4;  /* the last few: overlapping pixels already summed */ \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
