@@ -545,30 +545,60 @@ def static_value(t) -> np.ndarray | None:
     """The value of integer tensor ``t`` where shape arithmetic computes it from the static shapes the graph
     has now and from constants (``static_op``), else None (None too where computing it fails: the model's
     error, which the kernel reports)."""
-    if t is None:
+    if t is None or (t.data is None and (t.producer is None or not static_op(t.producer))):
         return None
+    return _computed(t, {})
+
+
+def _computed(t, values: dict[int, np.ndarray | None]) -> np.ndarray | None:
+    """The value of ``t``, a constant or the output of a static op, each tensor's computed once (``values``)."""
     if t.data is not None:
         return np.asarray(t.data) if t.quantization is None else None
-    return _arithmetic(t.producer, static_value) if t.producer is not None and static_op(t.producer) else None
+    if t.index not in values:
+        values[t.index] = _arithmetic(t.producer, lambda x: _computed(x, values))
+    return values[t.index]
+
+
+# shape arithmetic more ops deep than this is not computed at compile time (a crafted chain of thousands)
+STATIC_DEPTH = 64
 
 
 def static_op(op: Op) -> bool:
     """Whether ``op`` is shape arithmetic on static shapes and constants: a SHAPE of a tensor whose shape is
-    known, then integer ops of _SHAPE_ARITHMETIC reading only such values and constants (a converter's SHAPE ->
-    STRIDED_SLICE -> PACK giving a RESHAPE its shape, where the source graph read the batch size at run time).
-    Every backend computes such ops once a compile, for the shapes the graph has then (a resized input makes a
-    new compile)."""
-    if op.custom or op.opcode not in _SHAPE_ARITHMETIC or len(op.outputs) != 1:
-        return False
-    out = op.outputs[0]
-    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.quantization is not None \
-            or out.size > _SHAPE_VALUE_LIMIT or min(out.shape, default=0) < 0:
-        return False
+    known, then integer ops of _SHAPE_ARITHMETIC reading only such values and constants, at most STATIC_DEPTH
+    deep (a converter's SHAPE -> STRIDED_SLICE -> PACK giving a RESHAPE its shape, where the source graph read
+    the batch size at run time).  Every backend computes such ops once a compile, for the shapes the graph has
+    then (a resized input makes a new compile)."""
+    return _static_depth(op, {}, 1) <= STATIC_DEPTH
+
+
+def _static_depth(op: Op, depths: dict[int, int], level: int) -> int:
+    """How many ops deep ``op``'s shape arithmetic reaches (SHAPE: 1), or more than STATIC_DEPTH where it is not
+    static or sits ``level`` > STATIC_DEPTH below the op asked about; each op's found once (``depths``, by id),
+    so a graph reading one value twice at every step (a crafted MAXIMUM(s, s) chain: 2^n paths) costs one visit
+    an op, and the search never goes deeper than STATIC_DEPTH."""
+    found = depths.get(id(op))
+    if found is not None:
+        return found
+    if level > STATIC_DEPTH:
+        return STATIC_DEPTH + 1
+    depths[id(op)] = deepest = STATIC_DEPTH + 1  # until found: a cycle or a chain too deep is not static
+    out = op.outputs[0] if len(op.outputs) == 1 else None
+    if op.custom or op.opcode not in _SHAPE_ARITHMETIC or out is None or out.dtype.numpy is None \
+            or out.dtype.numpy.kind not in "iu" or out.quantization is not None or out.size > _SHAPE_VALUE_LIMIT \
+            or min(out.shape, default=0) < 0:
+        return deepest
     if op.opcode == "SHAPE":
         x = op.input(0)
-        return x is not None and min(x.shape, default=0) >= 0
-    return all(t.quantization is None if t.data is not None else t.producer is not None and static_op(t.producer)
-               for t in op.inputs if t is not None)
+        deepest = 1 if x is not None and min(x.shape, default=0) >= 0 else deepest
+    else:
+        reads = [0 if t.data is not None and t.quantization is None else
+                 _static_depth(t.producer, depths, level + 1) if t.data is None and t.producer is not None
+                 else STATIC_DEPTH + 1
+                 for t in op.inputs if t is not None]
+        deepest = max(reads, default=0) + 1
+    depths[id(op)] = min(deepest, STATIC_DEPTH + 1)
+    return depths[id(op)]
 
 
 def _arithmetic(op: Op, value_of: Callable[[object], np.ndarray | None]) -> np.ndarray | None:

@@ -314,3 +314,31 @@ def test_litert_refusal_under_engine_auto_is_reported():
     assert described["engine"] == "numpy" and "LiteRT could not take partition 0" in described["litert_refused"]
     out = list(session.run([np.ones((1, 4, 4, 3), np.float32)]).values())[0]
     assert out[0, 1, 1].tolist() == [27.0, 27.0]  # an interior pixel: 3x3x3 ones
+
+
+def _shape_read_twice_at_every_step(depth: int) -> bytes:
+    """RESHAPE(RELU(x), s) where s is SHAPE(x) through ``depth`` MAXIMUM(s, s): 2^depth paths back to the SHAPE."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 8))
+    s = b.op("SHAPE", [x], dtype="int32", shape=(4,), options={"out_type": 2})
+    for _ in range(depth):
+        s = b.op("MAXIMUM", [s, s], dtype="int32", shape=(4,))
+    b.output(b.op("RESHAPE", [b.op("RELU", [x]), s], shape=(1, 4, 4, 8)))
+    return b.to_bytes()
+
+
+def test_shape_arithmetic_reading_one_value_twice_at_every_step_is_walked_once_an_op():
+    """Compile-time shape arithmetic (``shapes.static_op``) visits each op once: a crafted chain reading one value
+    twice at every step has 2^n paths (40 steps: a search by paths would never end), and a chain deeper than
+    STATIC_DEPTH is left to run (searched no deeper, so thousands of ops cannot exhaust Python's stack)."""
+    from delegate.shapes import STATIC_DEPTH, static_op, static_value
+
+    graph = read_model(_shape_read_twice_at_every_step(40)).main
+    last = graph.ops[-3]
+    assert static_op(last) and list(static_value(last.outputs[0])) == [1, 4, 4, 8]
+    x = np.random.default_rng(0).standard_normal((1, 4, 4, 8)).astype(np.float32)
+    session = delegate.load(_shape_read_twice_at_every_step(40), backends=["cpu"], **{"cpu.engine": "numpy"})
+    np.testing.assert_array_equal(list(session.run([x]).values())[0], np.maximum(x, 0))
+    for depth, static in ((STATIC_DEPTH - 1, True), (STATIC_DEPTH, False), (5000, False)):
+        graph = read_model(_shape_read_twice_at_every_step(depth)).main
+        assert static_op(graph.ops[-3]) is static
