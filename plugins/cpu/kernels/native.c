@@ -340,11 +340,12 @@ static inline __attribute__((always_inline)) void NAME##_rows_rest(const int P, 
     default: NAME##_group_rows(4, 5, x, offsets, weights, taps, c, q, j, out, e); break;                     \
     }                                                                                                        \
 }                                                                                                            \
-/* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; the last few     \
- * pixels a group of 4 again, overlapping pixels already summed (the same sums again, from the input:  \
- * out is never the input), or one by one when fewer than 4 in all.  Each group of pixels takes every  \
- * vector of channels before the next group: the input pixels it reads stay in the first-level cache  \
- * (a sweep of the whole row per vector of channels reread them from the next level, every time). */   \
+/* Channels j0..j1 of every pixel, a vector at a time: groups of DW_PIXELS, then 4; by filter rows    \
+ * the last 1-3 pixels one group of their own, else a group of 4 again, overlapping pixels already     \
+ * summed (the same sums again, from the input: out is never the input), or one by one when fewer     \
+ * than 4 in all.  Each group of pixels takes every vector of channels before the next group: the     \
+ * input pixels it reads stay in the first-level cache (a sweep of the whole row per vector of         \
+ * channels reread them from the next level, every time). */                                          \
 static void NAME##_pixels(const float *x, const int64_t *offsets, const float *const *weights,                \
                           int64_t taps, int64_t c, int64_t step, int64_t pixels, int64_t j0, int64_t j1,      \
                           int rows_of, float *out, const epilogue *e)                                        \
