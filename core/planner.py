@@ -26,6 +26,7 @@ from .errors import UnsupportedOpError
 from .ir import Op, Subgraph, Tensor
 from .partition import make_partition
 from .passes import Group, folded_into, folds_constant
+from .shapes import static_op
 
 
 def _host_cores(backend: Backend) -> bool:
@@ -650,6 +651,7 @@ class Planner:
         """``found`` (name, assignment, notes) as candidates, leaving out a plan ``known`` or found before."""
         out: list[Candidate] = []
         for name, assignment, notes in found:
+            assignment = self.with_readers(graph, assignment, costs)
             same = next((c for c in known + out if c.assignment == assignment), None)
             if same is not None:  # the same plan reached another way: keep why the limits shaped it so
                 if not name.startswith("trimmed:"):
@@ -658,6 +660,24 @@ class Planner:
             out.append(Candidate(name, assignment, self.evaluate(graph, assignment, costs)[0], list(notes),
                                  baseline=name == self.host or name.startswith("greedy:"),
                                  host_alone=name == self.host))
+        return out
+
+    def with_readers(self, graph: Subgraph, assignment: Mapping[int, str],
+                     costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
+        """``assignment`` with each op of shape arithmetic on static shapes (``shapes.static_op``) where its readers
+        are, when they are all on one backend that runs it, and on the host when its value is a graph output:
+        every backend computes such an op once a compile, for nothing, and a GPU lowering computes no value
+        for other partitions (a RESHAPE pinned to the CPU read the shape a GPU partition gave it as zeros)."""
+        out = dict(assignment)
+        outputs = {t.index for t in graph.outputs}
+        for op in reversed(graph.ops):
+            if not static_op(op):
+                continue
+            readers = {out[u.index] for t in op.outputs for u in t.uses}
+            if any(t.index in outputs for t in op.outputs):
+                readers = {self.host}
+            if len(readers) == 1 and next(iter(readers)) in costs[op.index]:
+                out[op.index] = next(iter(readers))
         return out
 
     def dominated(self, graph: Subgraph, accel: str, costs: Mapping[int, Mapping[str, float]]) -> bool:

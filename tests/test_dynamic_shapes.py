@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import delegate
 from delegate import Interpreter, read_model
 from delegate.config import load_config
 from delegate.shapes import propagate
@@ -115,3 +116,25 @@ def test_static_shape_arithmetic_stays_on_the_gpu_and_follows_a_resize(backend):
         assert results[0].shape == (batch, 4, 4, 8)
         plan = ours._sessions[0].plan
         assert [p.backend for p in plan.partitions] == [backend] and len(plan.partitions[0].ops) == 6
+
+
+@pytest.mark.parametrize("backend", ["opencl", "wgpu"])
+def test_static_shape_arithmetic_follows_a_reader_pinned_elsewhere(backend):
+    """With its RESHAPE pinned to the CPU, the shape arithmetic goes to the CPU with it: a GPU partition computes
+    no value for it (it gave the CPU's RESHAPE zeros for its shape), and compiling one that would is an error."""
+    from delegate.errors import CompileError
+    from delegate.gpu.fusion import plan_groups
+    from tests.oputil import litert_run, require_backend
+
+    require_backend(backend)
+    data = squeeze_excite_model()
+    session = delegate.load(data, backends=f"[{backend}, cpu]", partitioner="greedy", pin=[{"op": "RESHAPE", "backend": "cpu"}],
+                            **{"placement.search": "estimate", "placement.host_first": False, "precision": "fp32"})
+    on_gpu = [op.opcode for p in session.plan.partitions if p.backend == backend for op in p.ops]
+    assert on_gpu == ["MEAN", "MUL"]
+    x = np.random.default_rng(1).standard_normal((1, 4, 4, 8)).astype(np.float32)
+    np.testing.assert_allclose(list(session.run([x]).values())[0], litert_run(data, [x])[0], rtol=1e-5, atol=1e-6)
+    graph = read_model(data).main
+    pack = next(op for op in graph.ops if op.opcode == "PACK")
+    with pytest.raises(CompileError, match="partition output"):
+        plan_groups(graph.ops, {pack.outputs[0].index})

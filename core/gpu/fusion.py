@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
+from ..errors import CompileError
 from ..ir import DType, Op, Tensor
 from ..passes import Group as PassGroup, constant_chains
 from ..passes import chain_link, depthwise_fold_fits, gate_operands  # noqa: F401  (the shared pass's tests)
@@ -138,20 +139,26 @@ def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
 
 
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
-                can_host: Callable[[Op], bool] = hosts_epilogue) -> list[Group]:
+                can_host: Callable[[Op], bool] = hosts_epilogue, compiling: bool = True) -> list[Group]:
     """Groups of ``ops`` (topologically ordered) in the order their kernels must run.
 
     ``keep`` holds the indices of tensors that must be stored (partition
     outputs); ``can_host(op)`` says whether the backend's kernel for ``op``
     takes an epilogue of following ops.  Folded DEQUANTIZE ops and shape arithmetic computed at compile time
-    form no group.
+    form no group; ``compiling``, the latter's value may not leave the partition (the lowering computes none:
+    the planner keeps such ops with their reader, ``Planner.with_readers``).
     """
     members = {id(op) for op in ops}
     position = {id(op): i for i, op in enumerate(ops)}
     absorbed: set[int] = set()
     groups: list[Group] = []
     for op in ops:
-        if id(op) in absorbed or is_folded_dequantize(op) or computed_at_compile_time(op):
+        if computed_at_compile_time(op):
+            if compiling and any(t.index in keep for t in op.outputs):
+                raise CompileError(f"{op.describe()}: shape arithmetic computed at compile time is a partition "
+                                   f"output; the GPU lowering computes no value for other partitions")
+            continue
+        if id(op) in absorbed or is_folded_dequantize(op):
             continue
         if is_elementwise(op):
             group = Group(op, elementwise_steps(op, op.inputs[0], float_view), [op])
@@ -319,7 +326,7 @@ def placement_groups(ops: Sequence[Op], keep: Collection[int], folds: ReaderFold
     each kernel's root with its epilogue, the groups its kernel does while reading them (``reader_folds``),
     and the constant DEQUANTIZEs they read.  Placement then keeps a kernel whole, and its cost counts
     the kernels the lowering runs, not one per op."""
-    groups = plan_groups(ops, keep, float_view=float_view, can_host=can_host)
+    groups = plan_groups(ops, keep, float_view=float_view, can_host=can_host, compiling=False)
     folded = reader_folds(groups, keep, folds)
     owner = {id(op): g for g in groups for op in g.ops}
 
