@@ -767,7 +767,7 @@ class Planner:
         """The plan (partitions, copies, explanation) of one candidate assignment."""
         if costs is None:
             costs, refusals = self.capabilities(graph)
-        assignment = candidate.assignment
+        assignment = self.with_readers(graph, candidate.assignment, costs)  # a stored decision may predate it
         total, copies = self.evaluate(graph, assignment, costs)
         partitions = [make_partition(graph, ops, assignment[ops[0].index], i)
                       for i, ops in enumerate(self.form_partitions(graph, assignment))]
