@@ -693,6 +693,33 @@ def _fill(rng):
     return b.to_bytes(), [normal(rng, ())], None
 
 
+@case("RESHAPE", "shape_computed_from_shapes")
+def _reshape_computed_shape(rng):
+    """RESHAPEs whose shapes are shape arithmetic on static shapes, as converters leave it where the source graph
+    read a size at run time: SHAPE -> STRIDED_SLICE -> PACK with constants, and SHAPE -> GATHER -> REDUCE_PROD ->
+    CONCATENATION; every backend computes them once a compile (the GPUs with no kernel)."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4, 8))
+    mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False})
+    shape = b.op("SHAPE", [x], dtype="int32", shape=(4,), options={"out_type": 2})
+    batch = b.op("STRIDED_SLICE", [shape, b.const("b", np.array([0], np.int32)), b.const("e", np.array([1], np.int32)),
+                                   b.const("s", np.array([1], np.int32))],
+                 options={"shrink_axis_mask": 1}, dtype="int32", shape=())
+    gate = b.op("RESHAPE", [mean, b.op("PACK", [batch, *(b.const(f"d{i}", np.array(v, np.int32))
+                                                         for i, v in enumerate((1, 1, 8)))],
+                                       options={"axis": 0, "values_count": 4}, dtype="int32", shape=(4,))],
+                shape=(2, 1, 1, 8))
+    shape2 = b.op("SHAPE", [x], dtype="int32", shape=(4,), options={"out_type": 2})
+    rows = b.op("REDUCE_PROD", [b.op("GATHER", [shape2, b.const("hw", np.array([1, 2], np.int32))],
+                                     options={"axis": 0, "batch_dims": 0}, dtype="int32", shape=(2,)),
+                                b.const("ax", np.array([0], np.int32))],
+                options={"keep_dims": True}, dtype="int32", shape=(1,))
+    target = b.op("CONCATENATION", [b.const("n", np.array([2], np.int32)), rows, b.const("c", np.array([8], np.int32))],
+                  options={"axis": 0}, dtype="int32", shape=(3,))
+    b.output(b.op("MUL", [x, gate]), b.op("RESHAPE", [b.op("RELU", [x]), target], shape=(2, 12, 8)))
+    return b.to_bytes(), [normal(rng, (2, 3, 4, 8))], None
+
+
 @case("SHAPE", "int32")
 def _shape(rng):
     b = GraphBuilder()
