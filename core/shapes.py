@@ -535,8 +535,7 @@ _SHAPE_ARITHMETIC: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {
     "REDUCE_PROD": lambda op, v: np.prod(v[0], axis=tuple(int(a) for a in v[1].ravel()),
                                          keepdims=bool(op.options.get("keep_dims"))),
     "FILL": lambda op, v: np.full(_small(int(d) for d in v[0].ravel()), v[1]),
-    "RANGE": lambda op, v: np.arange(v[0].item(), v[1].item(), v[2].item())
-    if v[2].item() and abs(v[1].item() - v[0].item()) / abs(v[2].item()) <= _SHAPE_VALUE_LIMIT else _too_large(),
+    "RANGE": lambda op, v: _range(*(x.item() for x in v)),
 }
 _SHAPE_VALUE_LIMIT = 64  # elements: shape vectors, never activations
 
@@ -583,10 +582,7 @@ def _static_depth(op: Op, depths: dict[int, int], level: int) -> int:
     if level > STATIC_DEPTH:
         return STATIC_DEPTH + 1
     depths[id(op)] = deepest = STATIC_DEPTH + 1  # until found: a cycle or a chain too deep is not static
-    out = op.outputs[0] if len(op.outputs) == 1 else None
-    if op.custom or op.opcode not in _SHAPE_ARITHMETIC or out is None or out.dtype.numpy is None \
-            or out.dtype.numpy.kind not in "iu" or out.quantization is not None or out.size > _SHAPE_VALUE_LIMIT \
-            or min(out.shape, default=0) < 0:
+    if _shape_vector(op) is None or min(op.outputs[0].shape, default=0) < 0:
         return deepest
     if op.opcode == "SHAPE":
         x = op.input(0)
@@ -603,20 +599,25 @@ def _static_depth(op: Op, depths: dict[int, int], level: int) -> int:
 
 def _arithmetic(op: Op, value_of: Callable[[object], np.ndarray | None]) -> np.ndarray | None:
     """The output of ``op`` when it is integer shape arithmetic whose operands ``value_of`` knows, else None."""
-    fn = _SHAPE_ARITHMETIC.get(op.opcode)
-    if fn is None or op.custom or len(op.outputs) != 1:
-        return None
-    out = op.outputs[0]
-    if out.dtype.numpy is None or out.dtype.numpy.kind not in "iu" or out.quantization is not None \
-            or out.size > _SHAPE_VALUE_LIMIT:
+    out = _shape_vector(op)
+    if out is None:
         return None
     values = [] if op.opcode == "SHAPE" else [value_of(t) for t in op.inputs if t is not None]
     if any(v is None for v in values):
         return None
     try:
-        return np.asarray(fn(op, values)).astype(out.dtype.numpy).reshape(out.shape)
+        return np.asarray(_SHAPE_ARITHMETIC[op.opcode](op, values)).astype(out.dtype.numpy).reshape(out.shape)
     except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError):
         return None  # operands that do not fit: the kernel's checks report it at run time
+
+
+def _shape_vector(op: Op):
+    """``op``'s one output where ``op`` is of _SHAPE_ARITHMETIC and it is a small unquantized integer vector."""
+    out = op.outputs[0] if len(op.outputs) == 1 else None
+    if op.custom or op.opcode not in _SHAPE_ARITHMETIC or out is None or out.dtype.numpy is None \
+            or out.dtype.numpy.kind not in "iu" or out.quantization is not None or out.size > _SHAPE_VALUE_LIMIT:
+        return None
+    return out
 
 
 def _small(dims) -> tuple[int, ...]:
@@ -625,6 +626,12 @@ def _small(dims) -> tuple[int, ...]:
     if min(dims, default=0) < 0 or int(np.prod(dims, dtype=np.float64)) > _SHAPE_VALUE_LIMIT:
         _too_large()
     return dims
+
+
+def _range(start, limit, delta) -> np.ndarray:
+    if not delta or abs(limit - start) / abs(delta) > _SHAPE_VALUE_LIMIT:
+        _too_large()
+    return np.arange(start, limit, delta)
 
 
 def _too_large():
