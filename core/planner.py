@@ -666,7 +666,7 @@ class Planner:
                      costs: Mapping[int, Mapping[str, float]]) -> dict[int, str]:
         """``assignment`` with each op of shape arithmetic on static shapes (``shapes.static_op``) where its readers
         are, when they are all on one backend that runs it, and on the host when its value is a graph output:
-        every backend computes such an op once a compile, for nothing, and a GPU lowering computes no value
+        such an op costs next to nothing anywhere, and a GPU lowering computes no value
         for other partitions (a RESHAPE pinned to the CPU read the shape a GPU partition gave it as zeros)."""
         out = dict(assignment)
         outputs = {t.index for t in graph.outputs}

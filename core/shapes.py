@@ -566,8 +566,8 @@ def static_op(op: Op) -> bool:
     """Whether ``op`` is shape arithmetic on static shapes and constants: a SHAPE of a tensor whose shape is
     known, then integer ops of _SHAPE_ARITHMETIC reading only such values and constants, at most STATIC_DEPTH
     deep (a converter's SHAPE -> STRIDED_SLICE -> PACK giving a RESHAPE its shape, where the source graph read
-    the batch size at run time).  Every backend computes such ops once a compile, for the shapes the graph has
-    then (a resized input makes a new compile)."""
+    the batch size at run time).  The numpy engine and the GPU lowerings compute such ops once a compile, for
+    the shapes the graph has then (a resized input makes a new compile); LiteRT's interpreter runs them."""
     return _static_depth(op, {}, 1) <= STATIC_DEPTH
 
 

@@ -697,7 +697,7 @@ def _fill(rng):
 def _reshape_computed_shape(rng):
     """RESHAPEs whose shapes are shape arithmetic on static shapes, as converters leave it where the source graph
     read a size at run time: SHAPE -> STRIDED_SLICE -> PACK with constants, and SHAPE -> GATHER -> REDUCE_PROD ->
-    CONCATENATION; every backend computes them once a compile (the GPUs with no kernel)."""
+    CONCATENATION; the GPUs compute them at compile time, with no kernel."""
     b = GraphBuilder()
     x = b.input("x", (2, 3, 4, 8))
     mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], options={"keep_dims": False})
