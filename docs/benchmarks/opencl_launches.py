@@ -3,7 +3,8 @@
     python3 docs/benchmarks/opencl_launches.py trivial            # by argument count and kind
     python3 docs/benchmarks/opencl_launches.py partition MODEL    # each launch of MODEL's OpenCL partition
 
-trivial: 64 launches of a one-line kernel with 1-24 buffer, int or int4 arguments, as 64 kernel objects and as one,
+trivial: 64 launches of a one-line kernel with 1-24 buffer arguments (one buffer each time, distinct buffers of
+4 KiB or 4 MiB, or one buffer with int offsets), or int or int4 arguments, as 64 kernel objects and as one,
 median of 60 runs: microseconds per launch, and the wait after the last.  partition: MODEL whole on OpenCL (greedy,
 fp32), each launch enqueued 64 times alone (median of 40), with its buffer and argument counts and work sizes, and
 the partition's launches together.  One JSON document on stdout."""
@@ -42,18 +43,10 @@ def trivial() -> dict:
     native = native_enqueue(cl)
     out = {"device": device.name}
     buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, 4 * 1024)
-    for kind in ("buffer", "int", "int4"):
-        for n in (1, 4, 8, 16, 24):
-            if kind == "buffer":
-                params = ", ".join(f"__global float* a{i}" for i in range(n))
-                body, target, args = " + ".join(f"a{i}[i]" for i in range(n)), "a0", [buffer] * n
-            else:
-                params = "__global float* o, " + ", ".join(f"{kind} a{i}" for i in range(n))
-                body = " + ".join(f"(float)a{i}" + (".x" if kind == "int4" else "") for i in range(n))
-                target = "o"
-                args = [buffer] + [np.int32(j) if kind == "int" else cl.cltypes.make_int4(j, 0, 0, 0) for j in range(n)]
-            program = cl.Program(context, f"__kernel void k({params}) {{ int i = get_global_id(0); "
-                                          f"{target}[i] = {body}; }}").build()
+    kinds = ("buffer", "distinct buffer", "distinct 4 MiB buffer", "offset into one buffer", "int", "int4")
+    for kind in kinds:
+        for n in (1, 2, 4, 8, 16, 24):
+            program, args = _trivial_kernel(context, buffer, kind, n)
             kernels = []
             for _ in range(64):
                 kernel = cl.Kernel(program, "k")
@@ -62,6 +55,30 @@ def trivial() -> dict:
             out[f"{kind} x{n}, 64 kernel objects"] = per_launch(native, queue, kernels, 60)
             out[f"{kind} x{n}, one kernel object"] = per_launch(native, queue, kernels[:1] * 64, 60)
     return out
+
+
+def _trivial_kernel(context, buffer, kind: str, n: int):
+    """A one-line kernel reading ``n`` arguments of ``kind``, and those arguments: one buffer ``n`` times, ``n``
+    distinct buffers (4 KiB or 4 MiB each), one buffer with ``n`` int offsets into it, or a buffer and ``n``
+    int / int4 scalars."""
+    if kind.endswith("buffer") and kind != "offset into one buffer":
+        params = ", ".join(f"__global float* a{i}" for i in range(n))
+        body, target = " + ".join(f"a{i}[i]" for i in range(n)), "a0"
+        size = 4 << 20 if "MiB" in kind else 4 * 1024
+        args = [buffer] * n if kind == "buffer" else [cl.Buffer(context, cl.mem_flags.READ_WRITE, size)
+                                                        for _ in range(n)]
+    elif kind == "offset into one buffer":
+        params = "__global float* o, " + ", ".join(f"int a{i}" for i in range(n))
+        body, target = " + ".join(f"o[a{i} + i]" for i in range(n)), "o"
+        args = [cl.Buffer(context, cl.mem_flags.READ_WRITE, n * 4 * 1024)] + [np.int32(1024 * j) for j in range(n)]
+    else:
+        params = "__global float* o, " + ", ".join(f"{kind} a{i}" for i in range(n))
+        body = " + ".join(f"(float)a{i}" + (".x" if kind == "int4" else "") for i in range(n))
+        target = "o"
+        args = [buffer] + [np.int32(j) if kind == "int" else cl.cltypes.make_int4(j, 0, 0, 0) for j in range(n)]
+    program = cl.Program(context, f"__kernel void k({params}) {{ int i = get_global_id(0); "
+                                  f"{target}[i] = {body}; }}").build()
+    return program, args
 
 
 def partition(model: str) -> dict:
