@@ -4,10 +4,10 @@
     python3 docs/benchmarks/opencl_launches.py partition MODEL    # each launch of MODEL's OpenCL partition
 
 trivial: 64 launches of a one-line kernel with 1-24 buffer arguments (one buffer each time, distinct buffers of
-4 KiB or 4 MiB, or one buffer with int offsets), or int or int4 arguments, as 64 kernel objects and as one,
-median of 60 runs: microseconds per launch, and the wait after the last.  partition: MODEL whole on OpenCL (greedy,
-fp32), each launch enqueued 64 times alone (median of 40), with its buffer and argument counts and work sizes, and
-the partition's launches together.  One JSON document on stdout."""
+4 KiB or 4 MiB, one buffer with int offsets, or pointers into shared virtual memory), or int or int4 arguments,
+as 64 kernel objects and as one, median of 60 runs: microseconds per launch, and the wait after the last.
+partition: MODEL whole on OpenCL (greedy, fp32), each launch enqueued 64 times alone (median of 40), with its
+buffer and argument counts and work sizes, and the partition's launches together.  One JSON document on stdout."""
 
 import json
 import sys
@@ -43,8 +43,12 @@ def trivial() -> dict:
     native = native_enqueue(cl)
     out = {"device": device.name}
     buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, 4 * 1024)
-    kinds = ("buffer", "distinct buffer", "distinct 4 MiB buffer", "offset into one buffer", "int", "int4")
+    kinds = ("buffer", "distinct buffer", "distinct 4 MiB buffer", "offset into one buffer", "svm pointer", "int",
+             "int4")
     for kind in kinds:
+        if kind == "svm pointer" and not device.svm_capabilities:
+            out[kind] = "the device has no shared virtual memory"
+            continue
         for n in (1, 2, 4, 8, 16, 24):
             program, args = _trivial_kernel(context, buffer, kind, n)
             kernels = []
@@ -67,6 +71,11 @@ def _trivial_kernel(context, buffer, kind: str, n: int):
         size = 4 << 20 if "MiB" in kind else 4 * 1024
         args = [buffer] * n if kind == "buffer" else [cl.Buffer(context, cl.mem_flags.READ_WRITE, size)
                                                         for _ in range(n)]
+    elif kind == "svm pointer":  # n pointers into one coarse-grained shared virtual memory allocation
+        params = ", ".join(f"__global float* a{i}" for i in range(n))
+        body, target = " + ".join(f"a{i}[i]" for i in range(n)), "a0"
+        memory = cl.svm_empty(context, cl.svm_mem_flags.READ_WRITE, n * 1024, np.float32)
+        args = [cl.SVM(memory[1024 * j:]) for j in range(n)]
     elif kind == "offset into one buffer":
         params = "__global float* o, " + ", ".join(f"int a{i}" for i in range(n))
         body, target = " + ".join(f"o[a{i} + i]" for i in range(n)), "o"
