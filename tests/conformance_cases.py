@@ -312,6 +312,12 @@ case("BATCH_MATMUL", "adjoint_constant")(lambda rng: one_op(
     "BATCH_MATMUL", [(3, 9, 4)], rng, [normal(rng, (5, 9))], options={"adj_x": True, "adj_y": True}))
 case("TRANSPOSE_CONV", "same_stride2")(lambda rng: (
     transpose_conv_model(3, 4, 5, 6, (3, 3), 2, "SAME", True, rng), [normal(rng, (1, 3, 4, 5))], None))
+# Kernels as large as their stride upsample: each output pixel takes one tap, moved into place in rows of
+# kernel width x channels values (even rows are moved as pairs, odd ones one by one).
+case("TRANSPOSE_CONV", "upsample_rows_of_two")(lambda rng: (
+    transpose_conv_model(5, 6, 7, 1, (2, 2), 2, "VALID", True, rng), [normal(rng, (1, 5, 6, 7))], None))
+case("TRANSPOSE_CONV", "upsample_odd_rows")(lambda rng: (
+    transpose_conv_model(2, 3, 4, 3, (3, 3), 3, "VALID", True, rng), [normal(rng, (1, 2, 3, 4))], None))
 
 
 @case("Convolution2DTransposeBias", "valid_stride2")
