@@ -417,11 +417,18 @@ static void depthwise_pixels(const float *x, const int64_t *offsets, const float
         dw8_pixels(x, offsets, weights, taps, c, step, pixels, c1 - 8, c1 - 7, rows_of, out, e);
 }
 
+/* What a task (one row of one channel block) costs beyond its channels, in channels: the row's tap offsets
+ * and border pixels, and the pixels' loop.  Chains of 20 depthwise layers on an H100 host's 16 cores, blocks of
+ * 16 channels against whole rows: 56x56x144 1.81 against 1.46 ms, 28x28x192 2.63 against 0.90, 14x14x576 1.96
+ * against 0.96, 7x7x960 1.90 against 0.55 (run to run those figures moved by up to 1.5x, these gaps did not). */
+#define DEPTHWISE_TASK_CHANNELS 32
+
 /* The channels of each block a depthwise convolution's rows are split into (a multiple of 16; the last block
- * takes what is left over): the width whose busiest thread has the fewest channel rows to compute (as many
- * tasks as a thread takes, times the widest block's channels), the widest where two tie.  MobileNetV2's
- * 7x7x960 layer on 16 threads, 7 rows as 7 tasks, kept 9 threads idle (its depthwise layers ran 2.1x faster on
- * 16 threads than on 2); 7 rows on 2 threads as 4 and 3 kept one waiting for the other an eighth of the time. */
+ * takes what is left over): the width whose busiest thread has the least to compute (as many tasks as a thread
+ * takes, times the widest block's channels and DEPTHWISE_TASK_CHANNELS), the widest where two tie.
+ * MobileNetV2's 7x7x960 layer on 16 threads, 7 rows as 7 tasks, kept 9 threads idle (its depthwise layers ran
+ * 2.1x faster on 16 threads than on 2); 7 rows on 2 threads as 4 and 3 kept one waiting for the other an eighth
+ * of the time. */
 static int64_t channel_block(int64_t rows, int64_t c, int team)
 {
     if (team < 2 || c < 32)
@@ -429,7 +436,7 @@ static int64_t channel_block(int64_t rows, int64_t c, int team)
     int64_t best = c, least = -1;
     for (int64_t parts = 1; parts <= c / 16; parts++) {
         int64_t block = ((c + parts - 1) / parts + 15) / 16 * 16, blocks = c / block > 1 ? c / block : 1;
-        int64_t busiest = (rows * blocks + team - 1) / team * (c - (blocks - 1) * block);
+        int64_t busiest = (rows * blocks + team - 1) / team * (c - (blocks - 1) * block + DEPTHWISE_TASK_CHANNELS);
         if (least < 0 || busiest < least) {
             least = busiest;
             best = blocks > 1 ? block : c;
