@@ -538,6 +538,9 @@ def cmd_calibrate(args) -> int:
             c.print(f"{r['backend']}: {figure} kept at the defaults, not measured: {why}")
     for name, why in skipped.items():
         c.print(f"skipped {name}: {why}")
+    speed = report["speed"]
+    c.print(f"speed check: {speed['network']} on the host took {speed['start_ms']} ms at the start and "
+            f"{speed['end_ms']} ms at the end")
     for name, why in refused.items():
         c.print(f"refused {name}: {why}")
     return MeasurementError.exit_code if refused else 0

@@ -4,10 +4,10 @@ One Ray task per alive node, pinned to it (node affinity, not soft: a node that 
 of handing it to another node) and holding all of the node's CPUs and GPUs, so that every device of the node is
 visible to it and nothing else Ray schedules runs beside the measurement.  Each task runs the code the local
 command runs (:func:`delegate.tools.calibrate.calibrate_all`, :func:`delegate.suite.run_suite`) and sends back
-its rows; here they become one table keyed by node (hostname, node id) and device (backend, device name and the
-fingerprint of the device's stable facts).  The profiles a node calibrated come back with its rows and are
-stored here under their fingerprint, so a plan made on this machine for a device of that fingerprint uses them
-(and ``delegate plan`` names the file) although the device never ran here.
+its rows (nodes sharing a host in turn); here they become one table keyed by node (hostname, node id) and device
+(backend, device name and the fingerprint of the device's stable facts).  The profiles a node calibrated come
+back with its rows and are stored here under their fingerprint, so a plan made on this machine for a device of
+that fingerprint uses them (and ``delegate plan`` names the file) although the device never ran here.
 """
 
 from __future__ import annotations
@@ -23,28 +23,34 @@ from .executor import connect, import_ray, raised
 
 def on_every_node(fn: Callable[..., Any], args: tuple, address: str | None = None) -> list[dict[str, Any]]:
     """``fn(*args)`` once on every alive node of the cluster at ``address`` (or RAY_ADDRESS, else a local Ray);
-    per node: ``node`` (hostname), ``node_id`` and ``result``, or ``error`` (``kind``, ``message``)."""
+    per node: ``node`` (hostname), ``node_id`` and ``result``, or ``error`` (``kind``, ``message``).  Nodes
+    that share a host run in turn, one of each host at a time: their measurements would take each other's cores
+    (two nodes of one 2-core machine calibrating at once: the speed check refused the calibration)."""
     ray = connect(import_ray(), address)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(max_retries=0)(_node_task)
-    pending = []
+    by_host: dict[str, list[dict[str, Any]]] = {}
     for node in (n for n in ray.nodes() if n.get("Alive")):
-        resources = node.get("Resources", {})
-        pending.append((node, task.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0)).remote(fn, args)))
-    results = []
-    for node, ref in pending:
-        entry = {"node": node.get("NodeManagerHostname", "?"), "node_id": node["NodeID"]}
-        try:
-            entry.update(ray.get(ref))
-        except Exception as exc:  # Ray's own failure (the node lost, the task's worker killed): its last line
-            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-            entry["error"] = {"kind": "ExecutionError",
-                              "message": f"the Ray task failed: {type(exc).__name__}: {last}"}
-        results.append(entry)
-    return results
+        by_host.setdefault(node.get("NodeManagerAddress") or node["NodeID"], []).append(node)
+    results: dict[str, dict[str, Any]] = {}
+    for turn in range(max((len(nodes) for nodes in by_host.values()), default=0)):
+        pending = []
+        for node in (nodes[turn] for nodes in by_host.values() if turn < len(nodes)):
+            resources = node.get("Resources", {})
+            pending.append((node, task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0)).remote(fn, args)))
+        for node, ref in pending:
+            entry = {"node": node.get("NodeManagerHostname", "?"), "node_id": node["NodeID"]}
+            try:
+                entry.update(ray.get(ref))
+            except Exception as exc:  # Ray's own failure (the node lost, the task's worker killed): its last line
+                last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                entry["error"] = {"kind": "ExecutionError",
+                                  "message": f"the Ray task failed: {type(exc).__name__}: {last}"}
+            results[node["NodeID"]] = entry
+    return [results[n["NodeID"]] for nodes in by_host.values() for n in nodes]
 
 
 def _node_task(fn: Callable[..., Any], args: tuple) -> dict[str, Any]:
@@ -89,12 +95,13 @@ def calibrate(settings, address: str | None = None) -> dict[str, Any]:
     """Every node calibrates its backends; each profile it produced is stored here under its fingerprint.
 
     ``profiles``: a row per node and device (``profile``: where it is stored here, ``node_profile``: on the
-    node); ``workloads``, ``skipped``, ``refused``: rows per node and backend, as ``calibrate`` reports them."""
+    node); ``workloads``, ``skipped``, ``refused``: rows per node and backend, as ``calibrate`` reports them;
+    ``speed``: each node's speed check."""
     from .cost import DeviceProfile, save_profile
 
     nodes = on_every_node(_calibrate_here, (settings,), address)
     doc: dict[str, Any] = {"nodes": _nodes_doc(nodes), "profiles": [], "workloads": [], "skipped": [],
-                           "refused": []}
+                           "refused": [], "speed": []}
     for entry in nodes:
         report, where = entry.get("result"), _node_fields(entry)
         if report is None:
@@ -108,6 +115,7 @@ def calibrate(settings, address: str | None = None) -> dict[str, Any]:
         doc["workloads"] += [{**where, "backend": name, **w} for name, ws in report["workloads"].items() for w in ws]
         for key in ("skipped", "refused"):
             doc[key] += [{**where, "backend": name, "reason": why} for name, why in report[key].items()]
+        doc["speed"].append({**where, **report["speed"]})
     return doc
 
 

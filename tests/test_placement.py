@@ -311,6 +311,36 @@ def test_calibration_refuses_unstable_or_impossible_figures():
         calibrate.check_bounds("opencl", no_latency, calibrate.bounds_for({"device_type": "gpu"}))
 
 
+def test_calibration_whose_machine_changed_speed_stores_nothing(profile_dir, monkeypatch):
+    """The reference network timed at both ends of a calibration: over SPEED_DRIFT apart, every backend is refused
+    and each profile file is as it was before (an older one put back, a new one gone); within it, kept."""
+    settings = RunSettings(backends=[("cpu", {"engine": "numpy"})])
+    real_reference = calibrate.reference_ms
+    backend = Session(read_model(zoo.build("posenet")), settings).backends["cpu"]
+    path = save_profile(profile_info(backend, settings.compile.num_threads),
+                        DeviceProfile(gflops=3.0, gbytes_per_s=4.0, launch_us=1.0))
+    older = path.read_bytes()
+    measured = DeviceProfile(gflops=7.0, gbytes_per_s=8.0, launch_us=2.0)
+    monkeypatch.setattr(calibrate, "calibrate_backend", lambda backend, options: measured)
+    monkeypatch.setattr(calibrate, "fit_to_workloads", lambda settings, name: [])
+    for times, kept in (([1.0, 1.3], False), ([1.0, 1.2], True), ([1.3, 1.0], False)):
+        path.write_bytes(older)
+        ends = iter(times)
+        monkeypatch.setattr(calibrate, "reference_ms", lambda settings: next(ends))
+        report = calibrate.calibrate_all(settings)
+        assert report["speed"]["start_ms"] == times[0] and report["speed"]["end_ms"] == times[1]
+        if kept:
+            assert not report["refused"] and report["profiles"][0]["gflops"] == 7.0
+            assert json.loads(path.read_text())["gflops"] == 7.0
+        else:
+            assert report["profiles"] == [] and "speed changed" in report["refused"]["cpu"]
+            assert path.read_bytes() == older
+    path.unlink()
+    ends = iter([1.0, 2.0])
+    assert "speed changed" in calibrate.calibrate_all(settings)["refused"]["cpu"] and not path.exists()
+    assert real_reference(settings) > 0  # the check itself: the first example network timed on the host
+
+
 def test_calibration_tries_a_larger_size_when_a_small_one_is_drowned_in_jitter(monkeypatch):
     """A device so fast that the small chains' difference is noise (WebGPU on an H200): the next size is
     measured instead of refusing the whole calibration; the largest size's instability is still refused where

@@ -436,18 +436,55 @@ def fit_to_workloads(settings, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+# How far apart the reference network's times at the start and the end of a calibration may be (either way)
+# before it is refused: the machine's speed changed under it.  An H100 host, slowed while it calibrated, stored
+# CPU figures under half of other hosts' (478 GFLOP/s against 1064-1358), and once it was quick again the
+# plans were estimated at 1.9-2.4x their time.
+SPEED_DRIFT = 1.25
+
+
+def reference_ms(settings) -> float:
+    """The first example network on the host backend alone, median ms of WORKLOAD_PLAN_RUNS once settled:
+    the speed check at both ends of a calibration."""
+    from .. import zoo
+    from ..inputs import make_inputs
+    from ..plugins import HOST_WORD
+    from ..session import Session
+    from ..tflite.reader import read_model
+    from .measure import samples_ms, settle
+
+    net, kwargs = WORKLOADS[0]
+    alone = dataclasses.replace(settings.placement, search="estimate", pins=[], denies=[])
+    host = dataclasses.replace(settings, backends=[b for b in settings.backends if b[0] == HOST_WORD] or
+                               [(HOST_WORD, {})], placement=alone, fallback=False)
+    session = Session(read_model(zoo.build(net, **kwargs)), host)
+    try:
+        inputs = session.normalize_inputs(make_inputs(session.graph, None))
+        run = lambda: session.run_indexed(inputs)  # noqa: E731
+        settle(run)
+        return float(np.median(samples_ms(run, WORKLOAD_PLAN_RUNS, warmup=WORKLOAD_WARMUP)))
+    finally:
+        session.close()
+
+
 def calibrate_all(settings) -> dict[str, Any]:
     """``delegate calibrate`` as data: each configured backend calibrated and its profile stored, then every
     profile refitted to the example networks (the host's first).  ``profiles``: a row per stored profile;
     ``workloads``: per backend, the refitted plans' estimates against their measured times; ``skipped``:
-    backends that did not start; ``refused``: backends whose figures were refused, with why."""
-    from ..cost import profile_info, save_profile
+    backends that did not start; ``refused``: backends whose figures were refused, with why; ``speed``: the
+    reference network's ms at the start and the end.  Where those two are over SPEED_DRIFT apart, every
+    backend is refused and each profile file is put back as it was before."""
+    from ..cost import fingerprint, profile_dir, profile_info, save_profile
     from ..errors import DelegateError
     from ..plugins import default_manager
     from ..session import instantiate_backends
     from ..stdio import progress
 
     backends, skipped = instantiate_backends(settings.backends, default_manager(settings.disable_plugins), True)
+    paths = [profile_dir() / f"{fingerprint(profile_info(b, settings.compile.num_threads))}.json"
+             for b in backends.values()]
+    before = {path: path.read_bytes() if path.is_file() else None for path in paths}
+    start_ms = reference_ms(settings)
     rows, refused = [], {}
     with progress("calibrating backends", len(backends)) as advance:
         for name, backend in backends.items():
@@ -476,4 +513,23 @@ def calibrate_all(settings) -> dict[str, Any]:
                 refused[row["backend"]] = f"the fit to workloads failed: {exc}"
             finally:
                 advance()
-    return {"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused}
+    end_ms = reference_ms(settings)
+    speed = {"network": WORKLOADS[0][0], "start_ms": round(start_ms, 4), "end_ms": round(end_ms, 4)}
+    if max(start_ms, end_ms) > SPEED_DRIFT * min(start_ms, end_ms):
+        _put_back(before)
+        why = (f"the machine's speed changed during the calibration: the reference network ({WORKLOADS[0][0]} on "
+               f"the host) took {start_ms:.3g} ms at the start and {end_ms:.3g} ms at the end; nothing was stored "
+               f"(calibrate again when the machine is quiet)")
+        rows, workloads, refused = [], {}, {name: why for name in backends}
+    return {"profiles": rows, "workloads": workloads, "skipped": skipped, "refused": refused, "speed": speed}
+
+
+def _put_back(before: dict) -> None:
+    """Each profile file as it was before the calibration: its old bytes, or none where there was none."""
+    for path, data in before.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+            continue
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
