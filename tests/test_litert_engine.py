@@ -217,9 +217,10 @@ def test_ops_timed_alone_hold_one_thread_pool_at_a_time():
     compiled.set_profiling(False)
 
 
-def _around_transpose_conv(custom: bool) -> bytes:
+def _around_transpose_conv(custom: bool, size: int = 5) -> bytes:
     """A convolution, MediaPipe's Convolution2DTransposeBias (``custom``) or the builtin TRANSPOSE_CONV of the
-    same geometry, and a LOGISTIC; float16 weights, each read through a DEQUANTIZE."""
+    same geometry, and a LOGISTIC, on a ``size`` x ``size`` image; float16 weights, each read through a
+    DEQUANTIZE."""
     from delegate.shapes import transpose_conv_bias_geometry
 
     rng = np.random.default_rng(4)
@@ -228,12 +229,12 @@ def _around_transpose_conv(custom: bool) -> bytes:
     def half(name, shape):
         return b.op("DEQUANTIZE", [b.const(name, rng.standard_normal(shape).astype(np.float16))], dtype="float32",
                     name=f"{name}_fp32")
-    x = b.input("x", (1, 5, 5, 8))
+    x = b.input("x", (1, size, size, 8))
     y = b.op("CONV_2D", [x, half("w", (6, 3, 3, 8)), half("bias", (6,))],
              options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
     weights, bias = half("up_w", (4, 2, 2, 6)), half("up_b", (4,))
     params = np.array([2, 2, 2], "<i4").tobytes()  # VALID, stride 2
-    shape = transpose_conv_bias_geometry((1, 5, 5, 6), (4, 2, 2, 6), params)[0]
+    shape = transpose_conv_bias_geometry((1, size, size, 6), (4, 2, 2, 6), params)[0]
     if custom:
         up = b.op("Convolution2DTransposeBias", [y, weights, bias], custom=True, custom_options=params, shape=shape)
     else:
@@ -267,18 +268,19 @@ def test_custom_op_litert_lacks_runs_on_numpy_between_litert_stretches():
 @pytest.mark.parametrize("threads", [1, 4])
 def test_a_custom_op_litert_lacks_is_costed_as_the_numpy_engine_runs_it_between_litert_calls(threads):
     """Planned for the LiteRT engine, the custom op LiteRT leaves to the numpy engine costs the numpy engine's
-    estimate of it (its profile at the plan's threads) plus copying what it reads and writes across the
-    LiteRT calls around it; the op LiteRT runs itself keeps the planner's roofline."""
+    estimate of it plus copying what it reads and writes across the LiteRT calls around it, both at one
+    thread's figures whatever the plan's count (the kernel is a Python step of numpy calls); the op LiteRT
+    runs itself keeps the planner's roofline."""
     from delegate.cost import cost_class, host_profile, op_bytes, op_flops, op_steps
 
-    graph = read_model(_around_transpose_conv(custom=True)).main
+    graph = read_model(_around_transpose_conv(custom=True, size=96)).main  # an op the threads' figures would share
     litert = default_manager().backend_info("cpu").factory({"engine": "litert"})
     numpy_engine = default_manager().backend_info("cpu").factory({"engine": "numpy"})
     options = CompileOptions(num_threads=threads)
     up = next(op for op in graph.ops if op.opcode == "Convolution2DTransposeBias")
-    numpy_ms = host_profile(numpy_engine, threads).compute_ms(op_flops(up), op_bytes(up), cost_class(up), op_steps(up))
+    numpy_ms = host_profile(numpy_engine, 1).compute_ms(op_flops(up), op_bytes(up), cost_class(up), op_steps(up))
     moved = up.inputs[0].nbytes + up.outputs[0].nbytes  # the weights are compile-time constants
-    copies_ms = 2 * moved / (host_profile(litert, threads).gbytes_per_s * 1e9) * 1e3
+    copies_ms = 2 * moved / (host_profile(litert, 1).gbytes_per_s * 1e9) * 1e3
     assert litert.estimate_ms(up, options) == pytest.approx(numpy_ms + copies_ms)
     assert numpy_engine.estimate_ms(up, options) is None  # the numpy engine's own plan: the roofline
     assert all(litert.estimate_ms(op, options) is None for op in graph.ops if op is not up)

@@ -648,7 +648,7 @@ class CpuBackend(Backend):
         self.options = dict(options or {})
         self.custom: dict[str, registry.Factory] = {}
         # threads -> (the numpy engine, its profile, LiteRT's): the estimate of ops LiteRT leaves to the numpy engine
-        self._engine_profiles: dict[int, tuple[Backend, DeviceProfile, DeviceProfile]] = {}
+        self._engine_profiles: tuple[Backend, DeviceProfile, DeviceProfile] | None = None  # see estimate_ms
         self._steps: weakref.WeakKeyDictionary[Op, bool] = weakref.WeakKeyDictionary()  # see cost_class
 
     def add_custom_kernels(self, kernels: Mapping[str, registry.Factory]) -> None:
@@ -753,20 +753,19 @@ class CpuBackend(Backend):
 
     def estimate_ms(self, op: Op, options: CompileOptions) -> float | None:
         """With the LiteRT engine, a custom op LiteRT's kernels lack runs on the numpy engine between stretches
-        of LiteRT (``SegmentedCompiled``): the numpy engine's estimate of it (its profile at the plan's threads),
-        plus copying what it reads out of LiteRT's tensors and what it writes into them, at the host's
-        bandwidth.  (MediaPipe selfie_segmentation's transposed convolution, 0.05 ms by LiteRT's figures, ran
-        0.24-0.50 ms on numpy between two LiteRT calls.)  Else the planner's roofline (None)."""
+        of LiteRT (``SegmentedCompiled``): the numpy engine's estimate of it, plus copying what it reads out of
+        LiteRT's tensors and what it writes into them, at the host's bandwidth, both on one thread whatever the
+        plan's count: a custom op's kernel is a Python step of numpy calls, which split no work among threads.
+        (MediaPipe selfie_segmentation's transposed convolution, 0.05 ms by LiteRT's figures, ran 0.24-0.50 ms on
+        numpy between two LiteRT calls; on an H100 host at 16 threads, estimated from the 16 threads' figures
+        at 0.04 ms, it took 0.45.)  Else the planner's roofline (None)."""
         if not op.custom or self.engine != "litert" or registry.find_kernel(op, self.custom) is None \
                 or not litert_lacks_custom(op):
             return None
-        threads = max(int(options.num_threads or 1), 1)
-        profiles = self._engine_profiles.get(threads)
-        if profiles is None:
+        if self._engine_profiles is None:
             numpy_engine = CpuBackend({**self.options, "engine": "numpy"})
-            profiles = self._engine_profiles[threads] = (numpy_engine, host_profile(numpy_engine, threads),
-                                                         host_profile(self, threads))
-        numpy_engine, numpy_profile, litert_profile = profiles
+            self._engine_profiles = (numpy_engine, host_profile(numpy_engine, 1), host_profile(self, 1))
+        numpy_engine, numpy_profile, litert_profile = self._engine_profiles
         own = numpy_profile.compute_ms(op_flops(op), op_bytes(op), numpy_engine.cost_class(op), op_steps(op))
         moved = sum(t.nbytes for t in (*op.inputs, *op.outputs) if t is not None and not known_at_compile_time(t))
         return own + 2 * moved / (litert_profile.gbytes_per_s * 1e9) * 1e3
