@@ -216,6 +216,21 @@ def _padded_input(rng):
     return b.to_bytes(), [normal(rng, (2, 6, 7, 3))]
 
 
+@case("CONV_2D", "swish")
+def _swish(rng):
+    """A converter's swish after a convolution and after a fully connected layer, x * LOGISTIC(x) with the MUL's
+    inputs in either order: on the GPUs one epilogue step of the kernel before it."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 6, 4))
+    y = b.op("CONV_2D", [x, b.const("w", normal(rng, (6, 3, 3, 4), 0.5)), b.const("b", normal(rng, (6,)))],
+             options=CONV)
+    b.output(b.op("MUL", [y, b.op("LOGISTIC", [y])], options={"fused_activation_function": "NONE"}))
+    f = b.op("FULLY_CONNECTED", [b.op("RESHAPE", [x, b.const("s", np.array([1, 120], np.int32))]),
+                                 b.const("fw", normal(rng, (8, 120), 0.2)), b.const("fb", normal(rng, (8,)))])
+    b.output(b.op("MUL", [b.op("LOGISTIC", [f]), f], options={"fused_activation_function": "NONE"}))
+    return b.to_bytes(), [normal(rng, (1, 5, 6, 4), 2.0)]
+
+
 @case("CONV_2D", "squeeze_excite_batch2")
 def _squeeze_excite(rng):
     """A squeeze-and-excitation block: global pooling, two one-pixel 1x1 convolutions (one kernel on both GPU

@@ -274,6 +274,39 @@ def test_values_needed_elsewhere_are_stored():
     assert [[op.opcode for op in grp.ops] for grp in groups] == [["CONV_2D", "ADD"], ["MUL", "HARD_SWISH"]]
 
 
+def swish_after_conv(swapped=False, keep_conv=False, keep_sigmoid=False):
+    """CONV_2D, then x * LOGISTIC(x) on its result as a converter writes a swish: LOGISTIC and MUL."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3))
+    y = b.op("CONV_2D", [x, b.const("w", np.ones((4, 1, 1, 3), np.float32)), b.const("b", np.zeros(4, np.float32))],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"})
+    gate = b.op("LOGISTIC", [y])
+    b.output(b.op("MUL", [gate, y] if swapped else [y, gate], options={"fused_activation_function": "RELU6"}))
+    for extra, wanted in ((y, keep_conv), (gate, keep_sigmoid)):
+        if wanted:
+            b.output(extra)
+    return b.build().main
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_swish_after_a_kernel_is_one_epilogue_step(swapped):
+    """x * LOGISTIC(x) on a kernel's value is one step of its epilogue (the kernel stores only the product),
+    whichever input of the MUL the value is; the MUL's own activation follows."""
+    g = swish_after_conv(swapped)
+    groups = plan_groups(g.ops, {t.index for t in g.outputs})
+    assert [[op.opcode for op in grp.ops] for grp in groups] == [["CONV_2D", "LOGISTIC", "MUL"]]
+    assert [s.signature() for s in groups[0].steps] == [("unary", "SWISH", None, False, ()),
+                                                        ("unary", "RELU6", None, False, ())]
+
+
+def test_a_swish_whose_parts_are_read_elsewhere_stays_apart():
+    """The kernel's value or the LOGISTIC's needed outside: each is stored, and the swish is not fused."""
+    for g in (swish_after_conv(keep_conv=True), swish_after_conv(keep_sigmoid=True)):
+        groups = plan_groups(g.ops, {t.index for t in g.outputs})
+        assert not any(s.name == "SWISH" for grp in groups for s in grp.steps)
+        assert sum(len(grp.ops) for grp in groups) == len(g.ops)
+
+
 @given(seed=st.integers(0, 500))
 def test_groups_run_after_everything_they_read(seed):
     """Random elementwise DAGs: each group's inputs are graph inputs, constants or stored earlier."""

@@ -63,6 +63,8 @@ UNARY_CODE: dict[str, Formula] = {
     "ELU": lambda d, v: f"(max({v}, {d.k(0)}) + (exp(min({v}, {d.k(0)})) - {d.k(1)}))",
     "NONZERO": lambda d, v: _select(d, d.k(0), d.k(1), f"({v}) != {d.k(0)}"),  # CAST to bool
     "HARD_SWISH": lambda d, v: f"(({v}) * clamp(({v}) + {d.k(3)}, {d.k(0)}, {d.k(6)}) / {d.k(6)})",
+    # x * LOGISTIC(x), a converter's LOGISTIC and MUL fused into one step (fusion.plan_groups)
+    "SWISH": lambda d, v: f"(({v}) * ({d.k(1)} / ({d.k(1)} + exp(-({v})))))",
     "GELU": lambda d, v: f"({d.k(0.5)} * ({v}) * ({d.k(1)} + {_erf(d, f'({v}) * {d.k(math.sqrt(0.5))}')}))",
     "GELU_APPROXIMATE": lambda d, v: (
         f"({d.k(0.5)} * ({v}) * ({d.k(1)} + tanh(clamp({d.k(math.sqrt(2 / math.pi))} * "

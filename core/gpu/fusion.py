@@ -138,6 +138,30 @@ def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
     return op.opcode in UNARY + CONVERSIONS or not (op.inputs[0] is value and op.inputs[1] is value)
 
 
+def _swish(value: Tensor, keep: Collection[int], members: Collection[int], absorbed: Collection[int],
+           float_view: bool) -> list[Op] | None:
+    """[LOGISTIC, MUL] where they compute ``value`` * LOGISTIC(``value``) and nothing else reads the LOGISTIC
+    (a converter's swish): one epilogue step, SWISH, the same two operations on the value in registers.  Not
+    where the float view rounds the LOGISTIC's result onto a grid (an integer model's), which one step skips."""
+    if len(value.uses) != 2:
+        return None
+    logistic = next((u for u in value.uses if u.opcode == "LOGISTIC"), None)
+    if logistic is None or len(logistic.outputs) != 1 or logistic.outputs[0].index in keep:
+        return None
+    sigmoid = logistic.outputs[0]
+    product = next((u for u in value.uses if u is not logistic), None)
+    if product is None or product.opcode != "MUL" or len(sigmoid.uses) != 1 or sigmoid.uses[0] is not product:
+        return None
+    if {id(t) for t in product.inputs} != {id(value), id(sigmoid)} or activation_steps(logistic, float_view):
+        return None
+    pair = [logistic, product]
+    if any(id(op) not in members or id(op) in absorbed or op.custom for op in pair):
+        return None
+    if any(op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype for op in pair):
+        return None
+    return pair
+
+
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
                 can_host: Callable[[Op], bool] = hosts_epilogue, compiling: bool = True) -> list[Group]:
     """Groups of ``ops`` (topologically ordered) in the order their kernels must run.
@@ -166,13 +190,18 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
             group = Group(op, activation_steps(op, float_view), [op])
         if can_host(op) and len(op.outputs) == 1:  # a kernel storing several outputs takes no epilogue
             value = op.outputs[0]
-            while (value.index not in keep and len(value.uses) == 1 and id(value.uses[0]) not in absorbed
-                   and _absorbable(value.uses[0], value, members)):
-                follower = value.uses[0]
-                group.steps += elementwise_steps(follower, value, float_view)
-                group.ops.append(follower)
-                absorbed.add(id(follower))
-                value = follower.outputs[0]
+            while value.index not in keep:
+                if len(value.uses) == 1 and id(value.uses[0]) not in absorbed and \
+                        _absorbable(value.uses[0], value, members):
+                    followers = [value.uses[0]]
+                    group.steps += elementwise_steps(followers[0], value, float_view)
+                elif (followers := _swish(value, keep, members, absorbed, float_view)):
+                    group.steps += [Step("unary", "SWISH")] + activation_steps(followers[1], float_view)
+                else:
+                    break
+                group.ops += followers
+                absorbed.update(id(f) for f in followers)
+                value = followers[-1].outputs[0]
         groups.append(group)
     groups.sort(key=lambda g: position[id(g.ops[-1])])
     return groups
