@@ -270,6 +270,21 @@ def quantized_conv(rng, opcode: str, dtype: str, x_quant, out_quant, shape=(1, 6
     return b.to_bytes(), [rng.integers(info.min, info.max + 1, shape).astype(dtype)]
 
 
+@case("CONV_2D", "int8_swish")
+def _int8_swish(rng):
+    """A quantized convolution and a converter's swish on its int8 result: the LOGISTIC's output on its own grid
+    (1/256, -128) before the MUL, which the GPUs' float view keeps inside the one epilogue step.  The product's
+    grid is coarser than the convolution's: under fp16 a convolution a step off stays within a step of it."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 7, 3), "int8", quant=(0.03, -4))
+    w = b.const("w", rng.integers(-127, 128, (5, 3, 3, 3)).astype(np.int8), quant=(0.01, 0))
+    bias = b.const("b", rng.integers(-2000, 2000, 5).astype(np.int32), quant=(0.0003, 0))
+    y = b.op("CONV_2D", [x, w, bias], dtype="int8", quant=(0.05, 3), options=CONV)
+    gate = b.op("LOGISTIC", [y], dtype="int8", quant=(1 / 256, -128))
+    b.output(b.op("MUL", [y, gate], dtype="int8", quant=(0.08, -10), options={"fused_activation_function": "NONE"}))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 3)).astype(np.int8)]
+
+
 case("CONV_2D", "uint8_input")(lambda rng: quantized_conv(rng, "CONV_2D", "uint8", (0.02, 128), (0.05, 120)))
 case("CONV_2D", "int8_input_odd_bytes")(lambda rng: quantized_conv(rng, "CONV_2D", "int8", (0.03, -4), (0.04, 2),
                                                                    shape=(1, 5, 7, 3), out=6))

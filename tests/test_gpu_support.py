@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 from delegate import CompileOptions, Quantization
 from delegate.gpu import check_op, plan_groups
-from delegate.gpu.constants import constant_value, dequantize, from_float_view
+from delegate.gpu.constants import activation_quant, constant_value, dequantize, from_float_view
 from delegate.gpu.layout import as_nhwc, from_phwc4, nhwc_axis, pack_conv_weights, phwc4_shape, same_storage, to_phwc4
 from delegate.tflite.builder import GraphBuilder
 
@@ -297,6 +297,30 @@ def test_a_swish_after_a_kernel_is_one_epilogue_step(swapped):
     assert [[op.opcode for op in grp.ops] for grp in groups] == [["CONV_2D", "LOGISTIC", "MUL"]]
     assert [s.signature() for s in groups[0].steps] == [("unary", "SWISH", None, False, ()),
                                                         ("unary", "RELU6", None, False, ())]
+
+
+def test_an_integer_swish_rounds_its_logistic_inside_the_step():
+    """In the float view of an int8 model the LOGISTIC's result lies on its grid before the MUL reads it: the
+    fused step carries that grid and rounds onto it between the two operations, in both dialects."""
+    from delegate.gpu.dialect import OPENCL, WGSL, epilogue_lines
+
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 3), "int8", quant=(0.03, -4))
+    y = b.op("CONV_2D", [x, b.const("w", np.ones((4, 1, 1, 3), np.int8), quant=(0.01, 0)),
+                         b.const("b", np.zeros(4, np.int32), quant=(0.0003, 0))], dtype="int8", quant=(0.05, 3),
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"})
+    gate = b.op("LOGISTIC", [y], dtype="int8", quant=(1 / 256, -128))
+    b.output(b.op("MUL", [gate, y], dtype="int8", quant=(0.08, -10), options={"fused_activation_function": "NONE"}))
+    g = b.build().main
+    groups = plan_groups(g.ops, {t.index for t in g.outputs}, float_view=True)
+    assert [[op.opcode for op in grp.ops] for grp in groups] == [["CONV_2D", "LOGISTIC", "MUL"]]
+    assert [s.kind for s in groups[0].steps] == ["quantize", "swish", "quantize"]
+    swish = groups[0].steps[1]
+    assert swish.quant == activation_quant(gate)
+    for dialect in (OPENCL, WGSL):
+        line = epilogue_lines(dialect, [swish.signature()], lambda i, s: "", lambda i: f"grid{i}")[0]
+        rounded = dialect.quantize_call(dialect.unary("LOGISTIC", "v"), "grid0")
+        assert line == f"v = {dialect.binary_call('MUL', 'v', rounded)};"
 
 
 def test_a_swish_whose_parts_are_read_elsewhere_stays_apart():

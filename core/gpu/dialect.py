@@ -183,6 +183,9 @@ def epilogue_lines(dialect: Dialect, steps: Sequence[tuple], operand: Callable[[
             lines.append(f"v = {dialect.unary(name, 'v', params)};")
         elif kind == "quantize":
             lines.append(f"v = {dialect.quantize_call('v', grid(i))};")
+        elif kind == "swish":  # the LOGISTIC's result rounded onto its grid, as its own kernel would store it
+            gate = dialect.quantize_call(dialect.unary("LOGISTIC", "v"), grid(i))
+            lines.append(f"v = {dialect.binary_call('MUL', 'v', gate)};")
         elif kind == "binary":
             other = operand(i, step)
             lhs, rhs = (other, "v") if swapped else ("v", other)

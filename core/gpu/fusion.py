@@ -39,7 +39,8 @@ class Step:
 
     ``kind`` is ``unary`` (``name`` an activation, ``params`` its options), ``binary`` (``name`` the op,
     ``operand`` its other input, ``swapped`` when the running value is the op's
-    second input) or ``quantize`` (round onto the grid ``quant``).
+    second input), ``quantize`` (round onto the grid ``quant``) or ``swish`` (the value times its
+    LOGISTIC rounded onto the grid ``quant``).
     """
 
     kind: str
@@ -139,10 +140,10 @@ def _absorbable(op: Op, value: Tensor, members: Collection[int]) -> bool:
 
 
 def _swish(value: Tensor, keep: Collection[int], members: Collection[int], absorbed: Collection[int],
-           float_view: bool) -> list[Op] | None:
-    """[LOGISTIC, MUL] where they compute ``value`` * LOGISTIC(``value``) and nothing else reads the LOGISTIC
-    (a converter's swish): one epilogue step, SWISH, the same two operations on the value in registers.  Not
-    where the float view rounds the LOGISTIC's result onto a grid (an integer model's), which one step skips."""
+           float_view: bool) -> tuple[list[Op], tuple | None] | None:
+    """([LOGISTIC, MUL], the LOGISTIC's grid) where they compute ``value`` * LOGISTIC(``value``) and nothing else
+    reads the LOGISTIC (a converter's swish): one epilogue step, the same operations on the value in registers
+    (in the float view of an integer model the LOGISTIC's result rounded onto its grid between them)."""
     if len(value.uses) != 2:
         return None
     logistic = next((u for u in value.uses if u.opcode == "LOGISTIC"), None)
@@ -152,14 +153,15 @@ def _swish(value: Tensor, keep: Collection[int], members: Collection[int], absor
     product = next((u for u in value.uses if u is not logistic), None)
     if product is None or product.opcode != "MUL" or len(sigmoid.uses) != 1 or sigmoid.uses[0] is not product:
         return None
-    if {id(t) for t in product.inputs} != {id(value), id(sigmoid)} or activation_steps(logistic, float_view):
+    gate = activation_steps(logistic, float_view)
+    if {id(t) for t in product.inputs} != {id(value), id(sigmoid)} or [s.kind for s in gate] not in ([], ["quantize"]):
         return None
     pair = [logistic, product]
     if any(id(op) not in members or id(op) in absorbed or op.custom for op in pair):
         return None
     if any(op.outputs[0].shape != value.shape or op.outputs[0].dtype != value.dtype for op in pair):
         return None
-    return pair
+    return pair, gate[0].quant if gate else None
 
 
 def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = False,
@@ -195,8 +197,10 @@ def plan_groups(ops: Sequence[Op], keep: Collection[int], *, float_view: bool = 
                         _absorbable(value.uses[0], value, members):
                     followers = [value.uses[0]]
                     group.steps += elementwise_steps(followers[0], value, float_view)
-                elif (followers := _swish(value, keep, members, absorbed, float_view)):
-                    group.steps += [Step("unary", "SWISH")] + activation_steps(followers[1], float_view)
+                elif (swish := _swish(value, keep, members, absorbed, float_view)):
+                    followers, gate = swish
+                    step = Step("unary", "SWISH") if gate is None else Step("swish", "SWISH", quant=gate)
+                    group.steps += [step] + activation_steps(followers[1], float_view)
                 else:
                     break
                 group.ops += followers

@@ -174,7 +174,7 @@ def epilogue_operands(steps: Sequence[Step], out_shape: Sequence[int]) -> dict[i
     operand (``float``) or a tensor operand read at the output position (broadcast), named ``e<i>``."""
     found: dict[int, Arg] = {}
     for i, step in enumerate(steps):
-        if step.kind == "quantize":
+        if step.kind in ("quantize", "swish"):
             found[i] = ParamArg(f"e{i}", "float4", tuple(float(q) for q in step.quant))
         elif step.kind == "binary" and step.scalar:
             found[i] = ParamArg(f"e{i}", "float", float(constant_value(step.operand).ravel()[0]))
