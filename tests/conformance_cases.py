@@ -407,6 +407,33 @@ case("BATCH_TO_SPACE_ND", "cropped_batch2")(lambda rng: one_op(
     "BATCH_TO_SPACE_ND", [(8, 3, 4, 5)], rng, [np.array([2, 2], np.int32), np.array([[1, 0], [0, 1]], np.int32)]))
 case("PAD")(lambda rng: one_op("PAD", [(1, 3, 4, 5)], rng, [np.array([[0, 1], [2, 0], [1, 1], [0, 3]], np.int32)]))
 case("RESHAPE")(lambda rng: one_op("RESHAPE", [(1, 4, 3, 6)], rng, [np.array([2, 6, 6], np.int32)]))
+
+
+@case("RESHAPE", "int8_squeeze_excite")
+def _int8_squeeze_excite_reshape(rng):
+    """An int8 squeeze-and-excitation vector as a converter writes it: MEAN without kept dimensions, then a
+    RESHAPE back to one pixel on the same grid (no rounding of its own, so no GPU kernel), read by a 1x1
+    convolution (its grid coarse enough that a MEAN a step off stays within a step of it)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 6, 8), "int8", quant=(0.05, 2))
+    mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], dtype="int8", quant=(0.02, -3),
+                options={"keep_dims": False})
+    pixel = b.op("RESHAPE", [mean, b.const("s", np.array([1, 1, 1, 8], np.int32))], dtype="int8", quant=(0.02, -3))
+    w = b.const("w", rng.integers(-127, 128, (4, 1, 1, 8)).astype(np.int8), quant=(0.01, 0))
+    bias = b.const("b", rng.integers(-500, 500, 4).astype(np.int32), quant=(0.0002, 0))
+    b.output(pixel)  # a partition output: stored, but by the MEAN's kernel, where the reshape runs none
+    b.output(b.op("CONV_2D", [pixel, w, bias], dtype="int8", quant=(0.2, 1), options={**CONV, "padding": "VALID"}))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 5, 6, 8)).astype(np.int8)]
+
+
+@case("RESHAPE", "int8_onto_another_grid")
+def _int8_regrid(rng):
+    """A quantized RESHAPE whose output grid is not its input's: LiteRT copies the integers, so the values
+    change; the GPUs' float view would round them instead, and refuses it."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8), "int8", quant=(0.02, -3))
+    b.output(b.op("RESHAPE", [x, b.const("s", np.array([1, 1, 1, 8], np.int32))], dtype="int8", quant=(0.03, 0)))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 8)).astype(np.int8)]
 case("EXPAND_DIMS", "last")(lambda rng: one_op("EXPAND_DIMS", [(2, 3, 5)], rng, [np.array(-1, np.int32)]))
 case("SQUEEZE")(lambda rng: one_op("SQUEEZE", [(1, 3, 1, 6)], rng, options={"squeeze_dims": [2]}))
 case("TRANSPOSE", "4d")(lambda rng: one_op("TRANSPOSE", [(2, 3, 4, 5)], rng, [np.array([0, 3, 1, 2], np.int32)]))

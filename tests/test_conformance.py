@@ -64,7 +64,8 @@ NO_GPU_KERNEL = ("RFFT2D", "REAL", "IMAG", "BROADCAST_TO",
                  "LOG_SOFTMAX", "LOGICAL_NOT", "LOGICAL_OR", "UNIDIRECTIONAL_SEQUENCE_LSTM")
 REFUSALS = {**{(op, gpu): "no GPU kernel" for op in NO_GPU_KERNEL for gpu in GPUS},
             **{("quantized", gpu): "quantized" for gpu in GPUS}, **{("hybrid", gpu): "" for gpu in GPUS},
-            **{("GATHER:runtime_indices", gpu): "runtime indices" for gpu in GPUS}}
+            **{("GATHER:runtime_indices", gpu): "runtime indices" for gpu in GPUS},
+            **{("RESHAPE:int8_onto_another_grid", gpu): "another grid" for gpu in GPUS}}
 GPU_RANK_LIMIT = 4
 
 

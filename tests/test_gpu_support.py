@@ -323,6 +323,23 @@ def test_an_integer_swish_rounds_its_logistic_inside_the_step():
         assert line == f"v = {dialect.binary_call('MUL', 'v', rounded)};"
 
 
+def test_a_reshape_onto_its_inputs_own_grid_rounds_nothing_and_runs_no_kernel():
+    """In the float view a quantized tensor's values lie on its grid: a reshape onto the same grid has no
+    rounding step, and one keeping the PHWC4 bytes runs no kernel; onto another grid it would round, in a
+    kernel, where LiteRT copies the integers: refused."""
+    from delegate.gpu.fusion import activation_steps, runs_no_kernel
+
+    for out_quant, rounds in (((0.02, -3), False), ((0.03, 0), True)):
+        b = GraphBuilder()
+        x = b.input("x", (1, 8), "int8", quant=(0.02, -3))
+        b.output(b.op("RESHAPE", [x, b.const("s", np.array([1, 1, 1, 8], np.int32))], dtype="int8", quant=out_quant))
+        reshape = b.build().main.ops[0]
+        assert [s.kind for s in activation_steps(reshape, True)] == (["quantize"] if rounds else [])
+        assert runs_no_kernel(reshape, True) is not rounds
+        # onto another grid LiteRT copies the integers: the GPU path refuses such a reshape
+        assert bool(check_op(reshape, CompileOptions(allow_quantized=True))) is not rounds
+
+
 def test_a_swish_whose_parts_are_read_elsewhere_stays_apart():
     """The kernel's value or the LOGISTIC's needed outside: each is stored, and the swish is not fused."""
     for g in (swish_after_conv(keep_conv=True), swish_after_conv(keep_sigmoid=True)):

@@ -80,13 +80,16 @@ class Group:
 
 
 def activation_steps(op: Op, float_view: bool) -> list[Step]:
-    """The op's fused activation, then rounding onto its output grid in the float view."""
+    """The op's fused activation, then rounding onto its output grid in the float view (not for a reshape onto
+    its input's own grid: its values lie on it already, and a reshape keeping the PHWC4 bytes then runs no
+    kernel; an int8 EfficientNet-B0's squeeze-and-excitation reshapes ran one each)."""
     steps = []
     act = op.options.get("fused_activation_function", "NONE")
     if act not in ("NONE", None) and op.opcode != "LSTM":
         steps.append(Step("unary", act))
     quant = activation_quant(op.outputs[0]) if float_view and op.outputs else None
-    if quant is not None:
+    if quant is not None and not (op.opcode in RESHAPES and not op.custom and not steps and op.inputs
+                                  and activation_quant(op.inputs[0]) == quant):
         steps.append(Step("quantize", "QUANTIZE", quant=quant))
     return steps
 

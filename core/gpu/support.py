@@ -28,8 +28,8 @@ from ..backend import CompileOptions, Support
 from ..ir import DType, Op, Tensor
 from ..shapes import mediapipe_pool_params, static_op, static_value
 from ..strided import strided_slice_plan
-from .constants import (constant_value, has_constant_value, int_values, is_folded_dequantize, is_quantized,
-                        needs_quantized_support)
+from .constants import (activation_quant, constant_value, has_constant_value, int_values, is_folded_dequantize,
+                        is_quantized, needs_quantized_support)
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 UNARY = ("RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LOG", "SQRT",
@@ -309,8 +309,20 @@ def _comparison(op: Op) -> str | None:
     return _binary(op)
 
 
+def _same_grid(op: Op) -> str | None:
+    """A quantized reshape keeps its input's grid: LiteRT copies the integers, which onto another grid mean
+    other values than the float view's rounding would give (a converter never writes one)."""
+    x, out = op.inputs[0], op.outputs[0]
+    if is_quantized(x) and is_quantized(out) and activation_quant(x) != activation_quant(out):
+        return ("a quantized reshape onto another grid than its input's (LiteRT copies the integers "
+                "unchanged; the GPU's float view would round the values)")
+    return None
+
+
 def _expand_dims(op: Op) -> str | None:
-    return None if int_values(op.input(1)) is not None else "axis (input 1) must be a constant"
+    if int_values(op.input(1)) is None:
+        return "axis (input 1) must be a constant"
+    return _same_grid(op)
 
 
 def _transpose(op: Op) -> str | None:
@@ -544,11 +556,11 @@ RULES: dict[str, OpRule] = {
     "CONCATENATION": OpRule(1, 2, _concat),
     "PAD": OpRule(1, 2, _pad, params=(1,)),
     "PADV2": OpRule(1, 2, _padv2, params=(1,)),
-    "RESHAPE": OpRule(1, 1, params=(1,)),
+    "RESHAPE": OpRule(1, 1, _same_grid, params=(1,)),
     "SPLIT": OpRule(1, 2, _split, params=(0,)),
     "SPLIT_V": OpRule(1, 2, _split, params=(1, 2)),
     "EXPAND_DIMS": OpRule(1, 1, _expand_dims, params=(1,)),
-    "SQUEEZE": OpRule(1, 1),
+    "SQUEEZE": OpRule(1, 1, _same_grid),
     "TRANSPOSE": OpRule(1, 2, _transpose, params=(1,)),
     "RESIZE_BILINEAR": OpRule(3, 3, _resize, params=(1,)),
     "RESIZE_NEAREST_NEIGHBOR": OpRule(3, 4, _resize, params=(1,)),
