@@ -285,6 +285,27 @@ def _int8_swish(rng):
     return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 3)).astype(np.int8)]
 
 
+@case("CONV_2D", "int8_squeeze_excite")
+def _int8_squeeze_excite(rng):
+    """An int8 squeeze-and-excitation block: the gate product, rounded onto its own grid, computed where the
+    projection reads its input on the GPUs (its grid and the projection's coarse enough that an input a step
+    off under fp16 stays within a step)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 7, 8), "int8", quant=(0.05, 2))
+    pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], dtype="int8", quant=(0.05, 2),
+                  options={"keep_dims": True})
+    valid = {**CONV, "padding": "VALID"}
+
+    def conv(name, source, shape, quant, scale):
+        w = b.const(f"w{name}", rng.integers(-127, 128, shape).astype(np.int8), quant=(0.01, 0))
+        bias = b.const(f"b{name}", rng.integers(-300, 300, shape[0]).astype(np.int32), quant=(scale * 0.01, 0))
+        return b.op("CONV_2D", [source, w, bias], dtype="int8", quant=quant, options=valid)
+    gate = b.op("LOGISTIC", [conv("1", pooled, (8, 1, 1, 8), (0.1, 0), 0.05)], dtype="int8", quant=(1 / 256, -128))
+    gated = b.op("MUL", [x, gate], dtype="int8", quant=(0.1, 1), options={"fused_activation_function": "NONE"})
+    b.output(conv("2", gated, (4, 1, 1, 8), (0.25, -2), 0.1))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 8)).astype(np.int8)]
+
+
 case("CONV_2D", "uint8_input")(lambda rng: quantized_conv(rng, "CONV_2D", "uint8", (0.02, 128), (0.05, 120)))
 case("CONV_2D", "int8_input_odd_bytes")(lambda rng: quantized_conv(rng, "CONV_2D", "int8", (0.03, -4), (0.04, 2),
                                                                    shape=(1, 5, 7, 3), out=6))

@@ -203,3 +203,29 @@ def test_the_planner_costs_the_kernels_the_lowering_launches(name, model):
         assert checked
     finally:
         session.close()
+
+
+def test_an_integer_gate_folded_into_its_reader_rounds_onto_the_products_grid():
+    """An int8 squeeze-and-excitation gate product computed where the projection reads it: both dialects round
+    each product onto the MUL's grid there (OpenCL: GATE_GRID and the grid as an argument; WebGPU: the rounded
+    helper and its uniform), as the MUL's own kernel stored it."""
+    import delegate
+    from delegate.gpu.constants import activation_quant
+    from tests.conformance_cases import CASES
+
+    model = next(case for case in CASES if case.id == "CONV_2D:int8_squeeze_excite").make()[0]
+    for backend in ("opencl", "wgpu"):
+        require_backend(backend)
+        session = delegate.load(model, None, backends=f"[{backend},cpu]", partitioner="greedy", allow_quantized=True,
+                                **{"placement.search": "estimate"})
+        grid = activation_quant(next(op for op in session.graph.ops if op.opcode == "MUL").outputs[0])
+        compiled = session.executor.compiled[0]
+        assert "MUL#3+CONV_2D#4" in compiled.describe()["launches"]
+        if backend == "opencl":
+            gated = next(spec for spec in compiled.plan.launches if spec.label == "MUL#3+CONV_2D#4")
+            assert ["GATE_GRID", 1] in [list(d) for d in gated.params["defines"]]
+            assert ["float4", list(grid)] in gated.args
+        else:
+            assert any("fake_quant(V(src[i]) * V(gate[" in text and "p.gate_grid" in text
+                       for text in compiled.program.shaders)
+        session.close()

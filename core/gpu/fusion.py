@@ -225,7 +225,8 @@ class ReaderFolds:
 
     Each field but ``nested`` is None (the dialect does not fold that kind) or a test of the reader:
     ``pad`` a zero PAD of rows and columns, read by a convolution as extra padding; ``gate`` a product
-    by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it;
+    by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it (in the
+    float view of an integer model rounded onto the product's grid there: ``gate_grid``);
     ``depthwise`` a depthwise convolution (activations only after it) computed where a 1x1
     convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations,
     run in one kernel with the 1x1 convolution reading it; ``reshape`` a reshape moving elements
@@ -298,6 +299,12 @@ def moves_elements(op: Op) -> bool:
     return op.opcode in RESHAPES and not op.custom and not same_storage(op.inputs[0].shape, op.outputs[0].shape)
 
 
+def gate_grid(group: Group) -> tuple | None:
+    """The grid a folded gate product rounds onto where its reader stages it (an integer model's float view),
+    else None."""
+    return group.steps[1].quant if len(group.steps) == 2 else None
+
+
 def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     """How ``group`` is done by the kernel of the one op reading its result ("pad", "gate",
     "depthwise", "chain", "reshape"), or None when it runs its own kernel."""
@@ -313,8 +320,8 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     reader = read_by(group.output, ("CONV_2D",))
     if reader is None or not pointwise(reader):
         return None
-    if (folds.gate and root.opcode == "MUL" and not group.fused and len(group.steps) == 1 and gate_operands(root)
-            and folds.gate(reader)):
+    if (folds.gate and root.opcode == "MUL" and not group.fused and gate_operands(root) and folds.gate(reader)
+            and [step.kind for step in group.steps] in (["binary"], ["binary", "quantize"])):
         return "gate"
     if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
             and folds.depthwise(reader):

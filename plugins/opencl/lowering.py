@@ -17,7 +17,7 @@ import numpy as np
 
 from delegate.gpu.constants import constant_value
 from delegate.gpu.dialect import OPENCL, unary_chain
-from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_operands, is_matmul
+from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_grid, gate_operands, is_matmul
 from delegate.gpu.layout import (as_nhwc, dense_groups, host_order, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, slices)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
@@ -344,6 +344,10 @@ class ClLowering(Lowering):
             values, gate = gate_operands(source.root)
             args += [self.tensor(values), self.tensor(gate), i32(depth if as_nhwc(gate.shape)[0] > 1 else 0)]
             defines = (("GATED_INPUT", 1),)
+            grid = gate_grid(source)
+            if grid is not None:
+                args.append(["float4", [float(q) for q in grid]])
+                defines += (("GATE_GRID", 1),)
             staging = 2.0
         wg_p, wg_s, chunk, split = matmul_shape(rows, out_slices, depth, self.compute_units, staging)
         items = (round_to(rows, 2 * wg_p) // 2, round_to(out_slices, 2 * wg_s) // 2, split)  # 2 x 2 outputs each

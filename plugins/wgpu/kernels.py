@@ -15,7 +15,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from delegate.gpu import Group, constant_value
-from delegate.gpu.fusion import ReaderFolds, gate_operands
+from delegate.gpu.fusion import ReaderFolds, gate_grid, gate_operands
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
 from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
@@ -30,7 +30,8 @@ from .tiling import (WORKGROUP, DeviceShape, matmul_candidates, matmul_tiling, r
 DIALECT = "wgpu"
 # Shader files that are parts of kernels, no template of their own: the prelude, the helpers templates are
 # assembled with (HELPERS, a product's input reads, the workgroup reductions) and the subgroup probe.
-PARTS = frozenset({"common", "lanes", "weight_blocks", "matmul_input", "matmul_input_gated", "reduce_shared",
+PARTS = frozenset({"common", "lanes", "weight_blocks", "matmul_input", "matmul_input_gated",
+                   "matmul_input_gated_rounded", "reduce_shared",
                    "reduce_subgroup", "subgroup_probe"})
 WIDE_SOFTMAX_SLICES = 8  # from here on a workgroup shares each pixel
 
@@ -161,7 +162,12 @@ def _matmul(plan: KernelList, k: Kernel, p: Product) -> None:
         image, gate = gate_operands(p.staged[1].root)
         k.tensor("src", image.index, image.shape)
         k.tensor("gate", gate.index, gate.shape)
-        k.helpers.append(template("matmul_input_gated"))
+        grid = gate_grid(p.staged[1])
+        if grid is None:
+            k.helpers.append(template("matmul_input_gated"))
+        else:
+            k.param("gate_grid", "vec4<f32>", [float(q) for q in grid])
+            k.helpers.append(template("matmul_input_gated_rounded"))
     units = len(p.window)
     _weight_blocks(k, plan.constant(("weights", p.key), pack_conv_weights(p.window.reshape(units, 1, 1, -1))))
     k.read("bias", plan.constant(("bias", p.key), pack_vector(p.bias, units)))

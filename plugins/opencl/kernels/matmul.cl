@@ -22,10 +22,13 @@
 //   staged vector is its output (with its activation DEPTHWISE_ACT) at the row's pixel;
 //   mid = (width, channels) of that output;
 // - GATED_INPUT: the rows of `in` times one gate vector per input vector (and per image
-//   when gate_stride is the depth), as a squeeze-and-excitation block scales its input.
+//   when gate_stride is the depth), as a squeeze-and-excitation block scales its input; with
+//   GATE_GRID each product rounded onto gate_grid (an integer model's float view).
 #if defined(DEPTHWISE_INPUT)
 #define INPUT_PARAMS , int4 id, int multiplier, __global const STORAGE* dw_weights, __global const STORAGE* dw_bias, \
     int4 geometry, int4 spacing, int2 mid
+#elif defined(GATED_INPUT) && defined(GATE_GRID)
+#define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride, float4 gate_grid
 #elif defined(GATED_INPUT)
 #define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride
 #else
@@ -58,7 +61,11 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
                                                  KH, KW, a_n, a_y, a_x, (k)))
 #elif defined(GATED_INPUT)
   int a_base = (r / in_plane) * depth * in_plane + r % in_plane, a_gate = r / in_plane * gate_stride;
+#if defined(GATE_GRID)
+#define STAGED(k) fake_quant(LOAD4(in, a_base + (k) * in_plane) * LOAD4(gate, a_gate + (k)), gate_grid)
+#else
 #define STAGED(k) (LOAD4(in, a_base + (k) * in_plane) * LOAD4(gate, a_gate + (k)))
+#endif
 #else
   int a_base = (r / in_plane) * depth * in_plane + r % in_plane;
 #define STAGED(k) LOAD4(in, a_base + (k) * in_plane)
