@@ -287,9 +287,10 @@ def _int8_swish(rng):
 
 @case("CONV_2D", "int8_squeeze_excite")
 def _int8_squeeze_excite(rng):
-    """An int8 squeeze-and-excitation block: the gate product, rounded onto its own grid, computed where the
-    projection reads its input on the GPUs (its grid and the projection's coarse enough that an input a step
-    off under fp16 stays within a step)."""
+    """An int8 squeeze-and-excitation block as an EfficientNet's: two one-pixel convolutions, a swish after the
+    first, a sigmoid after the second, run in one GPU kernel with their roundings; the gate product, rounded onto
+    its own grid, computed where the projection reads its input (its grid and the projection's coarse enough that
+    an input a step off under fp16 stays within a step)."""
     b = GraphBuilder()
     x = b.input("x", (1, 6, 7, 8), "int8", quant=(0.05, 2))
     pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], dtype="int8", quant=(0.05, 2),
@@ -300,7 +301,10 @@ def _int8_squeeze_excite(rng):
         w = b.const(f"w{name}", rng.integers(-127, 128, shape).astype(np.int8), quant=(0.01, 0))
         bias = b.const(f"b{name}", rng.integers(-300, 300, shape[0]).astype(np.int32), quant=(scale * 0.01, 0))
         return b.op("CONV_2D", [source, w, bias], dtype="int8", quant=quant, options=valid)
-    gate = b.op("LOGISTIC", [conv("1", pooled, (8, 1, 1, 8), (0.1, 0), 0.05)], dtype="int8", quant=(1 / 256, -128))
+    squeezed = conv("0", pooled, (4, 1, 1, 8), (0.08, 1), 0.05)
+    swished = b.op("MUL", [squeezed, b.op("LOGISTIC", [squeezed], dtype="int8", quant=(1 / 256, -128))],
+                   dtype="int8", quant=(0.06, -2), options={"fused_activation_function": "NONE"})
+    gate = b.op("LOGISTIC", [conv("1", swished, (8, 1, 1, 4), (0.1, 0), 0.06)], dtype="int8", quant=(1 / 256, -128))
     gated = b.op("MUL", [x, gate], dtype="int8", quant=(0.1, 1), options={"fused_activation_function": "NONE"})
     b.output(conv("2", gated, (4, 1, 1, 8), (0.25, -2), 0.1))
     return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 8)).astype(np.int8)]

@@ -205,10 +205,11 @@ def test_the_planner_costs_the_kernels_the_lowering_launches(name, model):
         session.close()
 
 
-def test_an_integer_gate_folded_into_its_reader_rounds_onto_the_products_grid():
-    """An int8 squeeze-and-excitation gate product computed where the projection reads it: both dialects round
-    each product onto the MUL's grid there (OpenCL: GATE_GRID and the grid as an argument; WebGPU: the rounded
-    helper and its uniform), as the MUL's own kernel stored it."""
+def test_an_integer_squeeze_and_excitation_block_runs_in_three_kernels_with_its_roundings():
+    """An int8 squeeze-and-excitation block: the two one-pixel convolutions in one kernel, each of the first's
+    rounding steps on a grid passed to it (OpenCL: HIDDEN_PARAMS; WebGPU: uniforms), and the gate product
+    computed where the projection reads it, rounded onto the MUL's grid there (OpenCL: GATE_GRID and the grid
+    as an argument; WebGPU: the rounded helper and its uniform), as their own kernels stored them."""
     import delegate
     from delegate.gpu.constants import activation_quant
     from tests.conformance_cases import CASES
@@ -218,14 +219,22 @@ def test_an_integer_gate_folded_into_its_reader_rounds_onto_the_products_grid():
         require_backend(backend)
         session = delegate.load(model, None, backends=f"[{backend},cpu]", partitioner="greedy", allow_quantized=True,
                                 **{"placement.search": "estimate"})
-        grid = activation_quant(next(op for op in session.graph.ops if op.opcode == "MUL").outputs[0])
+        gate = next(op for op in session.graph.ops if op.opcode == "MUL" and len(op.inputs[1].shape) == 4
+                    and op.inputs[1].shape[1] == 1 and op.inputs[0].shape[1] > 1)
+        grid = activation_quant(gate.outputs[0])
         compiled = session.executor.compiled[0]
-        assert "MUL#3+CONV_2D#4" in compiled.describe()["launches"]
+        launches = compiled.describe()["launches"]
+        assert len(launches) == 3 and launches[0].startswith("MEAN") and launches[2].startswith("MUL")
+        assert [op.split("#")[0] for op in launches[1].split("+")] == ["CONV_2D", "LOGISTIC", "MUL", "CONV_2D",
+                                                                       "LOGISTIC"]
         if backend == "opencl":
-            gated = next(spec for spec in compiled.plan.launches if spec.label == "MUL#3+CONV_2D#4")
+            chained, gated = (next(s for s in compiled.plan.launches if s.label == label) for label in launches[1:])
             assert ["GATE_GRID", 1] in [list(d) for d in gated.params["defines"]]
             assert ["float4", list(grid)] in gated.args
+            hidden = dict((name, value) for name, value in chained.params["defines"])
+            assert "fake_quant" in hidden["HIDDEN_ACT(v)"] and hidden["HIDDEN_PARAMS"].count("float4") == 3
         else:
-            assert any("fake_quant(V(src[i]) * V(gate[" in text and "p.gate_grid" in text
-                       for text in compiled.program.shaders)
+            shaders = compiled.program.shaders
+            assert any("fake_quant(V(src[i]) * V(gate[" in text and "p.gate_grid" in text for text in shaders)
+            assert any("fn hidden_steps" in text and "p.h0" in text for text in shaders)
         session.close()

@@ -195,12 +195,19 @@ def epilogue_lines(dialect: Dialect, steps: Sequence[tuple], operand: Callable[[
     return lines
 
 
-def unary_chain(dialect: Dialect, steps: Sequence[tuple], value: str) -> str:
-    """The expression applying unary steps (by signature) to ``value``, for a producer fused into a reader."""
-    for kind, name, _, _, params in steps:
-        if kind != "unary":
-            raise ValueError(f"only unary steps chain into an expression, not {kind!r}")
-        value = dialect.unary(name, value, params)
+def unary_chain(dialect: Dialect, steps: Sequence[tuple], value: str,
+                grid: Callable[[int], str] | None = None) -> str:
+    """The expression applying unary steps (by signature) to ``value``, for a producer fused into a reader; with
+    ``grid`` (step i's quantization grid, as the plugin passes it) its rounding steps too."""
+    for i, (kind, name, _, _, params) in enumerate(steps):
+        if kind == "unary":
+            value = dialect.unary(name, value, params)
+        elif kind == "quantize" and grid is not None:
+            value = dialect.quantize_call(value, grid(i))
+        elif kind == "swish" and grid is not None:
+            value = dialect.binary_call("MUL", value, dialect.quantize_call(dialect.unary("LOGISTIC", value), grid(i)))
+        else:
+            raise ValueError(f"a {kind!r} step does not chain into an expression here")
     return value
 
 

@@ -228,9 +228,10 @@ class ReaderFolds:
     by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it (in the
     float view of an integer model rounded onto the product's grid there: ``gate_grid``);
     ``depthwise`` a depthwise convolution (activations only after it) computed where a 1x1
-    convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations,
-    run in one kernel with the 1x1 convolution reading it; ``reshape`` a reshape moving elements
-    between slices, read by a concatenation through the reshape's view of its input.  ``nested``: a
+    convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations (and
+    the float view's rounding steps, ``chain_grids``), run in one kernel with the 1x1 convolution
+    reading it; ``reshape`` a reshape moving elements between slices, read by a concatenation through
+    the reshape's view of its input.  ``nested``: a
     folded group may itself read the result of another folded group.
     """
 
@@ -299,6 +300,12 @@ def moves_elements(op: Op) -> bool:
     return op.opcode in RESHAPES and not op.custom and not same_storage(op.inputs[0].shape, op.outputs[0].shape)
 
 
+def chain_grids(group: Group) -> dict[int, tuple]:
+    """The grids of a chained group's rounding steps (an integer model's float view), by step index: its
+    reader's kernel takes them as arguments."""
+    return {i: step.quant for i, step in enumerate(group.steps) if step.kind in ("quantize", "swish")}
+
+
 def gate_grid(group: Group) -> tuple | None:
     """The grid a folded gate product rounds onto where its reader stages it (an integer model's float view),
     else None."""
@@ -326,8 +333,8 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
             and folds.depthwise(reader):
         return "depthwise"
-    if folds.chain and chain_link(root) and chain_link(reader) and unary_only and folds.chain(root) \
-            and folds.chain(reader):
+    if folds.chain and chain_link(root) and chain_link(reader) and folds.chain(root) and folds.chain(reader) \
+            and all(step.kind in ("unary", "quantize", "swish") for step in group.steps):
         return "chain"
     return None
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from delegate.gpu.constants import constant_value
 from delegate.gpu.dialect import OPENCL, unary_chain
-from delegate.gpu.fusion import Group, ReaderFolds, Step, gate_grid, gate_operands, is_matmul
+from delegate.gpu.fusion import Group, ReaderFolds, Step, chain_grids, gate_grid, gate_operands, is_matmul
 from delegate.gpu.layout import (as_nhwc, dense_groups, host_order, pack_conv_weights, pack_depthwise_weights,
                                  pack_vector, phwc4_vectors, slices)
 from delegate.gpu.lowering import (BroadcastArg, Call, ConstantArg, HostArg, Lowering, ParamArg, TensorArg, boundary_call,
@@ -301,11 +301,14 @@ class ClLowering(Lowering):
             self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), self.upload(np.concatenate(weights)),
             self.upload(np.concatenate(bias)), i32(hidden), i32(len(weights[0]))]
         items = min(pow2_at_least(max(hidden_slices, out_slices)), MATVEC_GROUP)
-        act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)")
+        grids = chain_grids(p.staged[1])  # the first convolution's rounding steps: arguments h<i>
+        args += [["float4", [float(q) for q in grid]] for grid in grids.values()]
+        act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)", lambda i: f"h{i}")
+        hidden_params = (("HIDDEN_PARAMS", "".join(f", float4 h{i}" for i in grids)),) if grids else ()
         stored = STORE_HOST if self.host_write(dst[1], "dense_pair") else ()
         self.add("dense_pair", p.steps, args, p.output[1], (items * as_nhwc(x.shape)[0], 1, 1), p.ops,
-                 defines=(("GROUP", items), ("HIDDEN", hidden_slices), ("HIDDEN_ACT(v)", act)) + stored,
-                 local_size=(items, 1, 1), label=p.label)
+                 defines=(("GROUP", items), ("HIDDEN", hidden_slices), ("HIDDEN_ACT(v)", act)) + hidden_params
+                 + stored, local_size=(items, 1, 1), label=p.label)
 
     def matmul(self, src, src_shape, window: np.ndarray, bias: np.ndarray | None, dst, dst_shape,
                steps: Sequence[Step], ops: Sequence[Op], source: Group | None = None, label: str = "") -> None:

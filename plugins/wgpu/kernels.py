@@ -15,7 +15,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from delegate.gpu import Group, constant_value
-from delegate.gpu.fusion import ReaderFolds, gate_grid, gate_operands
+from delegate.gpu.fusion import ReaderFolds, chain_grids, gate_grid, gate_operands
 from delegate.gpu.dialect import WGSL, reduction, unary_chain
 from delegate.gpu.layout import as_nhwc, dense_groups, pack_conv_weights, pack_vector
 from delegate.gpu.layout import slices as slices_of
@@ -131,7 +131,9 @@ def _dense_pair(plan: KernelList, k: Kernel, p: Product) -> None:
         [pack_vector(constant_value(conv1.input(2)), len(w1)), pack_vector(p.bias, len(p.window))])))
     k.param("hidden_c", "i32", hidden)
     k.param("second", "i32", len(blocks[0]))
-    chain = unary_chain(WGSL, [step.signature() for step in p.staged[1].steps], "value")
+    for i, grid in chain_grids(p.staged[1]).items():  # the first convolution's rounding steps
+        k.param(f"h{i}", "vec4<f32>", [float(q) for q in grid])
+    chain = unary_chain(WGSL, [step.signature() for step in p.staged[1].steps], "value", lambda i: f"p.h{i}")
     k.helpers.append(f"fn hidden_steps(value: V) -> V {{\n  return {chain};\n}}")
     k.substitutions = {"HIDDEN": str(slices_of(hidden))}
     k.tile((WORKGROUP, 1, 1), (as_nhwc(x.shape)[0], 1, 1))

@@ -2,11 +2,15 @@
 // one launch: the first's result, through HIDDEN_ACT (its activations), stays in local memory for the
 // second.  One work group of GROUP items per image; items take output slices in turn.  weights: both
 // layers' vectors as matvec.cl reads them ([S_out][S_in][4 input lanes]), the second's from vector
-// `second`; bias: both layers' biases, the second's after the first's HIDDEN slices.
+// `second`; bias: both layers' biases, the second's after the first's HIDDEN slices.  HIDDEN_PARAMS: the
+// grids HIDDEN_ACT rounds onto (an integer model's float view).
+#ifndef HIDDEN_PARAMS
+#define HIDDEN_PARAMS
+#endif
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
                  int in_channels, __global const STORAGE* weights, __global const STORAGE* bias,
-                 int hidden_channels, int second EPILOGUE_PARAMS) {
+                 int hidden_channels, int second HIDDEN_PARAMS EPILOGUE_PARAMS) {
   __local ACC4 hidden[HIDDEN];
   int t = get_local_id(0), n = get_group_id(0);
   for (int s = t; s < HIDDEN; s += GROUP) {
@@ -32,3 +36,4 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
     STORE_OUT(v, out, od, out_channels, n, 0, 0, s);
   }
 }
+#undef HIDDEN_PARAMS
