@@ -285,6 +285,21 @@ def _int8_swish(rng):
     return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 3)).astype(np.int8)]
 
 
+@case("DEPTHWISE_CONV_2D", "int8_padded_stride2")
+def _int8_padded_depthwise(rng):
+    """An int8 zero PAD on its input's grid before a stride-2 depthwise convolution, as a converter writes a
+    MobileNet's: the GPUs fold it into the convolution as extra padding (it rounds nothing)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 7, 8, 8), "int8", quant=(0.04, -6))
+    padded = b.op("PAD", [x, b.const("pads", np.array([[0, 0], [0, 1], [0, 1], [0, 0]], np.int32))], dtype="int8",
+                  quant=(0.04, -6))
+    w = b.const("w", rng.integers(-127, 128, (1, 3, 3, 8)).astype(np.int8), quant=(0.02, 0))
+    bias = b.const("b", rng.integers(-400, 400, 8).astype(np.int32), quant=(0.0008, 0))
+    b.output(b.op("DEPTHWISE_CONV_2D", [padded, w, bias], dtype="int8", quant=(0.05, 4),
+                  options={**CONV, "padding": "VALID", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1}))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 7, 8, 8)).astype(np.int8)]
+
+
 @case("CONV_2D", "int8_squeeze_excite")
 def _int8_squeeze_excite(rng):
     """An int8 squeeze-and-excitation block as an EfficientNet's: two one-pixel convolutions, a swish after the

@@ -340,6 +340,21 @@ def test_a_reshape_onto_its_inputs_own_grid_rounds_nothing_and_runs_no_kernel():
         assert bool(check_op(reshape, CompileOptions(allow_quantized=True))) is not rounds
 
 
+def test_a_zero_pad_onto_its_inputs_own_grid_rounds_nothing():
+    """A quantized zero PAD onto its input's grid adds zeros, which lie on it: no rounding step, so it folds into
+    the convolution reading it; onto another grid the GPU path refuses it, as a reshape (LiteRT copies)."""
+    from delegate.gpu.fusion import activation_steps
+
+    for out_quant, rounds in (((0.02, -3), False), ((0.03, 0), True)):
+        b = GraphBuilder()
+        x = b.input("x", (1, 3, 4, 5), "int8", quant=(0.02, -3))
+        b.output(b.op("PAD", [x, b.const("p", np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))], dtype="int8",
+                      quant=out_quant))
+        pad = b.build().main.ops[0]
+        assert [s.kind for s in activation_steps(pad, True)] == (["quantize"] if rounds else [])
+        assert bool(check_op(pad, CompileOptions(allow_quantized=True))) is not rounds
+
+
 def test_a_swish_whose_parts_are_read_elsewhere_stays_apart():
     """The kernel's value or the LOGISTIC's needed outside: each is stored, and the swish is not fused."""
     for g in (swish_after_conv(keep_conv=True), swish_after_conv(keep_sigmoid=True)):

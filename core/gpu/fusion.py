@@ -79,16 +79,21 @@ class Group:
         return self.ops[1:]
 
 
+# Ops whose every output value is an input value or zero: onto their input's own grid they round nothing.
+ON_INPUT_GRID = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE", "PAD")
+
+
 def activation_steps(op: Op, float_view: bool) -> list[Step]:
-    """The op's fused activation, then rounding onto its output grid in the float view (not for a reshape onto
-    its input's own grid: its values lie on it already, and a reshape keeping the PHWC4 bytes then runs no
-    kernel; an int8 EfficientNet-B0's squeeze-and-excitation reshapes ran one each)."""
+    """The op's fused activation, then rounding onto its output grid in the float view (not for a reshape or a
+    zero PAD onto its input's own grid: its values lie on it already, so a reshape keeping the PHWC4 bytes runs
+    no kernel and a PAD folds into the convolution reading it; an int8 EfficientNet-B0's squeeze-and-excitation
+    reshapes ran one each, an int8 MobileNetV2's four PADs too)."""
     steps = []
     act = op.options.get("fused_activation_function", "NONE")
     if act not in ("NONE", None) and op.opcode != "LSTM":
         steps.append(Step("unary", act))
     quant = activation_quant(op.outputs[0]) if float_view and op.outputs else None
-    if quant is not None and not (op.opcode in RESHAPES and not op.custom and not steps and op.inputs
+    if quant is not None and not (op.opcode in ON_INPUT_GRID and not op.custom and not steps and op.inputs
                                   and activation_quant(op.inputs[0]) == quant):
         steps.append(Step("quantize", "QUANTIZE", quant=quant))
     return steps

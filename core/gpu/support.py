@@ -173,7 +173,7 @@ def _pad(op: Op) -> str | None:
         return "paddings (input 1) must be a constant of shape [rank, 2]"
     if min(pads) < 0:
         return "negative paddings are not implemented"
-    return None
+    return _same_grid(op)
 
 
 def _padv2(op: Op) -> str | None:
@@ -310,12 +310,12 @@ def _comparison(op: Op) -> str | None:
 
 
 def _same_grid(op: Op) -> str | None:
-    """A quantized reshape keeps its input's grid: LiteRT copies the integers, which onto another grid mean
-    other values than the float view's rounding would give (a converter never writes one)."""
+    """A quantized reshape or PAD keeps its input's grid: LiteRT copies the integers, which onto another grid
+    mean other values than the float view's rounding would give (a converter never writes one)."""
     x, out = op.inputs[0], op.outputs[0]
     if is_quantized(x) and is_quantized(out) and activation_quant(x) != activation_quant(out):
-        return ("a quantized reshape onto another grid than its input's (LiteRT copies the integers "
-                "unchanged; the GPU's float view would round the values)")
+        return (f"a quantized {op.opcode} onto another grid than its input's (LiteRT copies the integers "
+                f"unchanged; the GPU's float view would round the values)")
     return None
 
 
