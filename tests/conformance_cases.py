@@ -300,6 +300,23 @@ def _int8_padded_depthwise(rng):
     return b.to_bytes(), [rng.integers(-128, 128, (1, 7, 8, 8)).astype(np.int8)]
 
 
+@case("DEPTHWISE_CONV_2D", "int8_into_pointwise")
+def _int8_depthwise_pointwise(rng):
+    """An int8 depthwise convolution (RELU6) read only by a 1x1 convolution, as in a MobileNetV2 block: OpenCL
+    computes it where the product stages its input, its roundings on grids passed to that kernel (the 1x1
+    convolution's grid coarse enough that an input a step off under fp16 stays within a step)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 9, 10, 16), "int8", quant=(0.04, -6))
+    w = b.const("w", rng.integers(-127, 128, (1, 3, 3, 16)).astype(np.int8), quant=(0.02, 0))
+    bias = b.const("b", rng.integers(-400, 400, 16).astype(np.int32), quant=(0.0008, 0))
+    depthwise = b.op("DEPTHWISE_CONV_2D", [x, w, bias], dtype="int8", quant=(0.03, -128),
+                     options={**CONV, "depth_multiplier": 1, "fused_activation_function": "RELU6"})
+    pw = b.const("pw", rng.integers(-127, 128, (8, 1, 1, 16)).astype(np.int8), quant=(0.01, 0))
+    pb = b.const("pb", rng.integers(-400, 400, 8).astype(np.int32), quant=(0.0003, 0))
+    b.output(b.op("CONV_2D", [depthwise, pw, pb], dtype="int8", quant=(0.15, 3), options=CONV))
+    return b.to_bytes(), [rng.integers(-128, 128, (1, 9, 10, 16)).astype(np.int8)]
+
+
 @case("CONV_2D", "int8_squeeze_excite")
 def _int8_squeeze_excite(rng):
     """An int8 squeeze-and-excitation block as an EfficientNet's: two one-pixel convolutions, a swish after the

@@ -238,3 +238,21 @@ def test_an_integer_squeeze_and_excitation_block_runs_in_three_kernels_with_its_
             assert any("fake_quant(V(src[i]) * V(gate[" in text and "p.gate_grid" in text for text in shaders)
             assert any("fn hidden_steps" in text and "p.h0" in text for text in shaders)
         session.close()
+
+
+def test_an_integer_depthwise_convolution_staged_by_its_pointwise_reader_rounds_there():
+    """OpenCL computes an int8 depthwise convolution where the 1x1 convolution reading it stages its input: one
+    kernel, the depthwise convolution's roundings on grids passed to it (DEPTHWISE_GRIDS)."""
+    import delegate
+    from tests.conformance_cases import CASES
+
+    require_backend("opencl")
+    model = next(case for case in CASES if case.id == "DEPTHWISE_CONV_2D:int8_into_pointwise").make()[0]
+    session = delegate.load(model, None, backends="[opencl,cpu]", partitioner="greedy", allow_quantized=True,
+                            **{"placement.search": "estimate"})
+    compiled = session.executor.compiled[0]
+    (launch,) = compiled.plan.launches
+    assert launch.label == "DEPTHWISE_CONV_2D#0+CONV_2D#1"
+    defines = dict((name, value) for name, value in launch.params["defines"])
+    assert defines["DEPTHWISE_GRIDS"].count("float4") == 1 and "fake_quant" in defines["DEPTHWISE_ACT(v)"]
+    session.close()

@@ -232,12 +232,12 @@ class ReaderFolds:
     ``pad`` a zero PAD of rows and columns, read by a convolution as extra padding; ``gate`` a product
     by one value per channel (a squeeze-and-excitation gate), scaled as a 1x1 convolution reads it (in the
     float view of an integer model rounded onto the product's grid there: ``gate_grid``);
-    ``depthwise`` a depthwise convolution (activations only after it) computed where a 1x1
-    convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through activations (and
-    the float view's rounding steps, ``chain_grids``), run in one kernel with the 1x1 convolution
-    reading it; ``reshape`` a reshape moving elements between slices, read by a concatenation through
-    the reshape's view of its input.  ``nested``: a
-    folded group may itself read the result of another folded group.
+    ``depthwise`` a depthwise convolution (activations and roundings only after it, as a chain's)
+    computed where a 1x1 convolution stages its input; ``chain`` a 1x1 convolution of one pixel, through
+    activations (and the float view's rounding steps, whose grids ``chain_grids`` gives), run in one
+    kernel with the 1x1 convolution reading it; ``reshape`` a reshape moving elements between slices,
+    read by a concatenation through the reshape's view of its input.  ``nested``: a folded group may
+    itself read the result of another folded group.
     """
 
     pad: Callable[[Op], bool] | None = None
@@ -306,8 +306,8 @@ def moves_elements(op: Op) -> bool:
 
 
 def chain_grids(group: Group) -> dict[int, tuple]:
-    """The grids of a chained group's rounding steps (an integer model's float view), by step index: its
-    reader's kernel takes them as arguments."""
+    """The grids of a chained or staged depthwise group's rounding steps (an integer model's float view), by
+    step index: its reader's kernel takes them as arguments."""
     return {i: step.quant for i, step in enumerate(group.steps) if step.kind in ("quantize", "swish")}
 
 
@@ -320,7 +320,8 @@ def gate_grid(group: Group) -> tuple | None:
 def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     """How ``group`` is done by the kernel of the one op reading its result ("pad", "gate",
     "depthwise", "chain", "reshape"), or None when it runs its own kernel."""
-    root, unary_only = group.root, all(step.kind == "unary" for step in group.steps)
+    # the steps a reader's staging applies: activations, and the float view's roundings (``chain_grids``)
+    root, rounding_or_unary = group.root, all(step.kind in ("unary", "quantize", "swish") for step in group.steps)
     if root.custom:
         return None
     if folds.reshape and not group.fused and not group.steps and moves_elements(root) and len(group.output.uses) == 1:
@@ -335,11 +336,11 @@ def fold_kind(group: Group, folds: ReaderFolds) -> str | None:
     if (folds.gate and root.opcode == "MUL" and not group.fused and gate_operands(root) and folds.gate(reader)
             and [step.kind for step in group.steps] in (["binary"], ["binary", "quantize"])):
         return "gate"
-    if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and unary_only and depthwise_fold_fits(reader) \
+    if folds.depthwise and root.opcode == "DEPTHWISE_CONV_2D" and rounding_or_unary and depthwise_fold_fits(reader) \
             and folds.depthwise(reader):
         return "depthwise"
-    if folds.chain and chain_link(root) and chain_link(reader) and folds.chain(root) and folds.chain(reader) \
-            and all(step.kind in ("unary", "quantize", "swish") for step in group.steps):
+    if folds.chain and chain_link(root) and chain_link(reader) and rounding_or_unary and folds.chain(root) \
+            and folds.chain(reader):
         return "chain"
     return None
 

@@ -338,10 +338,14 @@ class ClLowering(Lowering):
         if source is None:
             args.append(src)
         elif source.root.opcode == "DEPTHWISE_CONV_2D":
-            args += self.depthwise_args(source.root) + [int2(w, c)]
+            grids = chain_grids(source)  # the depthwise convolution's rounding steps: arguments d<i>
+            args += self.depthwise_args(source.root) + [int2(w, c)] + [["float4", [float(q) for q in grid]]
+                                                                         for grid in grids.values()]
             _, dkh, dkw, _ = source.root.inputs[1].shape
-            defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw),
-                       ("DEPTHWISE_ACT(v)", unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)")))
+            act = unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)", lambda i: f"d{i}")
+            defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw), ("DEPTHWISE_ACT(v)", act))
+            if grids:
+                defines += (("DEPTHWISE_GRIDS", "".join(f", float4 d{i}" for i in grids)),)
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
             values, gate = gate_operands(source.root)

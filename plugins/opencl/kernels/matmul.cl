@@ -25,8 +25,11 @@
 //   when gate_stride is the depth), as a squeeze-and-excitation block scales its input; with
 //   GATE_GRID each product rounded onto gate_grid (an integer model's float view).
 #if defined(DEPTHWISE_INPUT)
+#ifndef DEPTHWISE_GRIDS  // the grids DEPTHWISE_ACT rounds onto (an integer model's float view)
+#define DEPTHWISE_GRIDS
+#endif
 #define INPUT_PARAMS , int4 id, int multiplier, __global const STORAGE* dw_weights, __global const STORAGE* dw_bias, \
-    int4 geometry, int4 spacing, int2 mid
+    int4 geometry, int4 spacing, int2 mid DEPTHWISE_GRIDS
 #elif defined(GATED_INPUT) && defined(GATE_GRID)
 #define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride, float4 gate_grid
 #elif defined(GATED_INPUT)
@@ -126,6 +129,7 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
 }
 
 #undef INPUT_PARAMS
+#undef DEPTHWISE_GRIDS
 #undef STAGED
 #undef TILE_P
 #undef TILE_S
