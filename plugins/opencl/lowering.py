@@ -301,10 +301,10 @@ class ClLowering(Lowering):
             self.tensor(x), self.dims(x.shape), i32(as_nhwc(x.shape)[3]), self.upload(np.concatenate(weights)),
             self.upload(np.concatenate(bias)), i32(hidden), i32(len(weights[0]))]
         items = min(pow2_at_least(max(hidden_slices, out_slices)), MATVEC_GROUP)
-        grids = chain_grids(p.staged[1])  # the first convolution's rounding steps: arguments h<i>
-        args += [["float4", [float(q) for q in grid]] for grid in grids.values()]
+        grids, params = grid_arguments(p.staged[1], "h")  # the first convolution's rounding steps
+        args += grids
         act = unary_chain(OPENCL, [step.signature() for step in p.staged[1].steps], "(v)", lambda i: f"h{i}")
-        hidden_params = (("HIDDEN_PARAMS", "".join(f", float4 h{i}" for i in grids)),) if grids else ()
+        hidden_params = (("HIDDEN_PARAMS", params),) if grids else ()
         stored = STORE_HOST if self.host_write(dst[1], "dense_pair") else ()
         self.add("dense_pair", p.steps, args, p.output[1], (items * as_nhwc(x.shape)[0], 1, 1), p.ops,
                  defines=(("GROUP", items), ("HIDDEN", hidden_slices), ("HIDDEN_ACT(v)", act)) + hidden_params
@@ -338,14 +338,13 @@ class ClLowering(Lowering):
         if source is None:
             args.append(src)
         elif source.root.opcode == "DEPTHWISE_CONV_2D":
-            grids = chain_grids(source)  # the depthwise convolution's rounding steps: arguments d<i>
-            args += self.depthwise_args(source.root) + [int2(w, c)] + [["float4", [float(q) for q in grid]]
-                                                                         for grid in grids.values()]
+            grids, params = grid_arguments(source, "d")  # the depthwise convolution's rounding steps
+            args += self.depthwise_args(source.root) + [int2(w, c)] + grids
             _, dkh, dkw, _ = source.root.inputs[1].shape
             act = unary_chain(OPENCL, [step.signature() for step in source.steps], "(v)", lambda i: f"d{i}")
             defines = (("DEPTHWISE_INPUT", 1), ("KH", dkh), ("KW", dkw), ("DEPTHWISE_ACT(v)", act))
             if grids:
-                defines += (("DEPTHWISE_GRIDS", "".join(f", float4 d{i}" for i in grids)),)
+                defines += (("DEPTHWISE_GRIDS", params),)
             staging = 3.0 * dkh * dkw  # two loads and a multiply-add per tap
         else:
             values, gate = gate_operands(source.root)
@@ -374,6 +373,14 @@ class ClLowering(Lowering):
         self.add("mean", g.steps, args, out.shape, (items, round_to(phwc4_vectors(out.shape), per_group), 1), g.ops,
                  defines=(("GROUP", items), ("REDUCTIONS", per_group)), local_size=(items, per_group, 1))
         return True
+
+
+def grid_arguments(group: Group, prefix: str) -> tuple[list[list], str]:
+    """The kernel arguments of a folded group's rounding grids (``chain_grids``: an integer model's float view)
+    and the parameters declaring them, ``float4 <prefix><step index>`` each, which its steps' code reads."""
+    grids = chain_grids(group)
+    return ([["float4", [float(q) for q in grid]] for grid in grids.values()],
+            "".join(f", float4 {prefix}{i}" for i in grids))
 
 
 declare_templates(DIALECT, templates())
