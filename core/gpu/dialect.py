@@ -172,6 +172,12 @@ class Dialect:
         return self.unary_call(name, [value, *(self.k(p) for p in params)])
 
 
+def rounded_swish(dialect: Dialect, value: str, grid: str) -> str:
+    """``value`` times its LOGISTIC rounded onto ``grid``, as the LOGISTIC's own kernel would have stored it (a
+    swish step in an integer model's float view)."""
+    return dialect.binary_call("MUL", value, dialect.quantize_call(dialect.unary("LOGISTIC", value), grid))
+
+
 def epilogue_lines(dialect: Dialect, steps: Sequence[tuple], operand: Callable[[int, tuple], str],
                    grid: Callable[[int], str]) -> list[str]:
     """Statements applying the steps (by signature) to ``v``; ``operand(i, step)`` spells step i's other
@@ -183,9 +189,8 @@ def epilogue_lines(dialect: Dialect, steps: Sequence[tuple], operand: Callable[[
             lines.append(f"v = {dialect.unary(name, 'v', params)};")
         elif kind == "quantize":
             lines.append(f"v = {dialect.quantize_call('v', grid(i))};")
-        elif kind == "swish":  # the LOGISTIC's result rounded onto its grid, as its own kernel would store it
-            gate = dialect.quantize_call(dialect.unary("LOGISTIC", "v"), grid(i))
-            lines.append(f"v = {dialect.binary_call('MUL', 'v', gate)};")
+        elif kind == "swish":
+            lines.append(f"v = {rounded_swish(dialect, 'v', grid(i))};")
         elif kind == "binary":
             other = operand(i, step)
             lhs, rhs = (other, "v") if swapped else ("v", other)
@@ -205,7 +210,7 @@ def unary_chain(dialect: Dialect, steps: Sequence[tuple], value: str,
         elif kind == "quantize" and grid is not None:
             value = dialect.quantize_call(value, grid(i))
         elif kind == "swish" and grid is not None:
-            value = dialect.binary_call("MUL", value, dialect.quantize_call(dialect.unary("LOGISTIC", value), grid(i)))
+            value = rounded_swish(dialect, value, grid(i))
         else:
             raise ValueError(f"a {kind!r} step does not chain into an expression here")
     return value

@@ -79,10 +79,6 @@ class Group:
         return self.ops[1:]
 
 
-# Ops whose every output value is an input value or zero: onto their input's own grid they round nothing.
-ON_INPUT_GRID = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE", "PAD")
-
-
 def activation_steps(op: Op, float_view: bool) -> list[Step]:
     """The op's fused activation, then rounding onto its output grid in the float view (not for a reshape or a
     zero PAD onto its input's own grid: its values lie on it already, so a reshape keeping the PHWC4 bytes runs
@@ -298,6 +294,8 @@ def zero_pad_of_rows_and_columns(op: Op) -> bool:
 
 
 RESHAPES = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
+# Ops whose every output value is an input value or zero: onto their input's own grid they round nothing.
+ON_INPUT_GRID = RESHAPES + ("PAD",)
 
 
 def moves_elements(op: Op) -> bool:
