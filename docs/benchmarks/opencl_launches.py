@@ -7,7 +7,9 @@ trivial: 64 launches of a one-line kernel with 1-24 buffer arguments (one buffer
 4 KiB or 4 MiB, one buffer with int offsets, or pointers into shared virtual memory), or int or int4 arguments,
 as 64 kernel objects and as one, median of 60 runs: microseconds per launch, and the wait after the last.
 partition: MODEL whole on OpenCL (greedy, fp32), each launch enqueued 64 times alone (median of 40), with its
-buffer and argument counts and work sizes, and the partition's launches together.  One JSON document on stdout."""
+buffer and argument counts and work sizes, the partition's launches together, and the device's own time for them:
+all enqueued behind a user event, then released and drained (no host enqueue in the way; median of 40).  One JSON
+document on stdout."""
 
 import json
 import sys
@@ -34,6 +36,24 @@ def per_launch(native, queue, launches, reps: int) -> tuple[float, float]:
         enqueue.append(t1 - t0)
         wait.append(time.perf_counter() - t1)
     return round(float(np.median(enqueue)) / len(launches) * 1e6, 3), round(float(np.median(wait)) * 1e6, 1)
+
+
+def drained_ms(native, context, queue, launches, reps: int) -> float:
+    """Milliseconds from releasing ``launches``, enqueued behind an unset user event, to the queue drained
+    (median): what the device takes for them when the host's enqueue is not in the way."""
+    prepared = PreparedLaunches(native, launches)
+    times = []
+    for _ in range(reps):
+        gate = cl.UserEvent(context)
+        cl.enqueue_marker(queue, wait_for=[gate])
+        prepared.enqueue(cl, queue)
+        queue.flush()
+        time.sleep(0.005)
+        start = time.perf_counter()
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        queue.finish()
+        times.append(time.perf_counter() - start)
+    return round(float(np.median(times)) * 1e3, 4)
 
 
 def trivial() -> dict:
@@ -101,8 +121,9 @@ def partition(model: str) -> dict:
              "us": per_launch(native, queue, [launch] * 64, 40)[0]}
             for spec, launch in zip(compiled.plan.launches, compiled.launches)]
     whole, wait = per_launch(native, queue, compiled.launches, 40)
+    drained = drained_ms(native, compiled.device.context, queue, compiled.launches, 40)
     return {"model": model.rsplit("/", 1)[-1], "launches": len(rows), "together_us_per_launch": whole,
-            "wait_after_us": wait, "each": rows}
+            "wait_after_us": wait, "device_drain_ms": drained, "each": rows}
 
 
 if __name__ == "__main__":
