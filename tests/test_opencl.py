@@ -10,6 +10,7 @@ one test cost one build.
 
 from __future__ import annotations
 
+import re
 import stat
 import struct
 import time
@@ -18,9 +19,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from delegate import CacheError, CompileOptions, PluginError, read_model
+from delegate import CacheError, CompileError, CompileOptions, PluginError, read_model
 from delegate.cache import CacheWarning, EntryStore
 from delegate.gpu.fusion import is_matmul
+from delegate.gpu.plan import BufferSpec
 from delegate.partition import make_partition
 from delegate.plugins import default_manager
 from delegate.runtime import Executor
@@ -28,12 +30,14 @@ from delegate.tflite.builder import GraphBuilder
 from tests.models import normal, residual_block, squeeze_excitation
 from tests.oputil import assert_close, check_against_litert, litert_run
 
-pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 from delegate_opencl import lowering  # noqa: E402
 from delegate_opencl.compiled import ClCompiled  # noqa: E402
 from delegate_opencl.geometry import MATVEC_ROWS  # noqa: E402
 from delegate_opencl.device import probe  # noqa: E402
-from delegate_opencl.program import ProgramBuilder, Variant, program_source  # noqa: E402
+from delegate_opencl.arena import ALIGN, make_arena, offsets  # noqa: E402
+from delegate_opencl.program import (MAPPINGS, ProgramBuilder, Variant, epilogue_code, program_source,  # noqa: E402
+                                     template, templates, variant, variant_of)
 
 _AVAILABLE, _WHY = probe()
 if not _AVAILABLE:
@@ -696,6 +700,52 @@ def test_values_stay_on_the_device_between_partitions(backend):
     out = executor.run({t.index: x for t, x in zip(g.inputs, inputs)})
     assert executor.transfers_last_run == 3  # two inputs up, one output down: the ADD result never leaves
     assert_close([out[g.outputs[0].index]], litert_run(data, inputs), rtol=RTOL, atol=1e-5)
+
+
+def test_every_kernel_takes_one_buffer_the_arena(backend):
+    """A buffer argument costs the driver per launch: no template, mapping or generated epilogue declares one
+    besides ARENA (tensors are AT offsets into it)."""
+    sources = {name: template(name) for name in templates() if name not in MAPPINGS}
+    for name, source in sources.items():
+        signature = re.search(r"KERNEL_NAME\((.*?)\)\s*\{", source, re.S).group(1)
+        assert signature.startswith("ARENA, ") and "__global" not in signature, name
+        macros = [line for line in source.splitlines() if line.startswith("#define") and "PARAMS" in line]
+        assert not any("__global" in line for line in macros), name
+    _, compiled = compile_whole(backend, residual_block(np.random.default_rng(3)))  # an ADD of a tensor fused
+    params, _ = epilogue_code(variant_of(compiled.plan.launches[0]).epilogue)
+    assert "__global" not in params and "AT(e1)" in params
+    gathered = dict(variant("concat", constants=(("views", 1),), inputs=3).defines)
+    assert "__global" not in gathered["GATHER_INPUTS"] and "AT(in2)" in gathered["GATHER_INPUTS"]
+
+
+def test_arena_ranges_are_aligned_and_disjoint(backend):
+    rng = np.random.default_rng(3)
+    _, compiled = compile_whole(backend, residual_block(rng))
+    regions = sorted(compiled.buffers, key=lambda r: r.offset)
+    assert len({r.buffer.int_ptr for r in regions}) == 1 and len(regions) == len(compiled.plan.buffers)
+    assert all(r.offset % ALIGN == 0 for r in regions)
+    assert all(a.offset + a.nbytes <= b.offset for a, b in zip(regions, regions[1:]))
+    assert regions[-1].offset + regions[-1].nbytes <= compiled.arena.size == compiled.describe()["device_bytes"]
+    assert offsets([0, 1, ALIGN, ALIGN + 1]) == ([0, ALIGN, 2 * ALIGN, 3 * ALIGN], 5 * ALIGN)
+
+
+def test_arena_larger_than_one_buffer_may_be_is_a_compile_error():
+    class Small:  # the device, allowing single buffers of 1 KiB
+        name, max_mem_alloc_size = "small device", 1024
+    spec = BufferSpec(4096, "scratch")
+    with pytest.raises(CompileError, match="need 4096 bytes in one OpenCL buffer and small device allows at most 1024"):
+        make_arena(pyopencl, None, None, Small(), [spec], b"")
+
+
+def test_a_copy_larger_than_its_range_is_refused(backend):
+    """Past its range lie other tensors of the arena: an upload or read that would not fit is an error."""
+    rng = np.random.default_rng(4)
+    g, compiled = compile_whole(backend, residual_block(rng))
+    boundary = compiled.inputs[0]
+    target = boundary.buffer if boundary.kernel is None else boundary.staging
+    too_big = np.zeros(target.nbytes // 4 + 1, np.float32)
+    with pytest.raises(ValueError, match="does not fit its"):
+        boundary.upload(pyopencl, compiled.device.queue, too_big)
 
 
 @given(shape=st.lists(st.integers(1, 7), min_size=0, max_size=4).map(tuple),

@@ -1,5 +1,5 @@
-"""A compiled OpenCL partition: its kernel plan's buffers resident, kernels built and bound, work-group
-sizes chosen.
+"""A compiled OpenCL partition: its kernel plan's buffers resident (as ranges of one arena, see arena.py),
+kernels built and bound, work-group sizes chosen.
 
 ``run`` enqueues the uploads of the partition's inputs (the caller's NHWC
 arrays, converted to PHWC4 by a kernel) and every kernel on the device's
@@ -19,10 +19,11 @@ import numpy as np
 from delegate.plugin_api import CompileOptions, CompiledPartition, EntryStore, Partition, cache_key
 from delegate.gpu.constants import constant_value
 from delegate.gpu.fusion import plan_groups
-from delegate.gpu.plan import BufferSpec, KernelPlan, LaunchSpec
+from delegate.gpu.plan import KernelPlan, LaunchSpec
 from delegate.gpu.precision import Precision
 from delegate.gpu.precision import choose_precision as kit_precision
 
+from .arena import make_arena
 from .enqueue import PreparedLaunches, native_enqueue
 from .geometry import pow2_at_least
 from .lowering import ClLowering
@@ -72,7 +73,9 @@ class ClCompiled(CompiledPartition):
         self.device, self.plan, self.precision, self.plan_source = device, plan, precision, plan_source
         self.wait_limit = wait_limit or WaitLimit()
         self.build_threads, self.programs = build_threads, 0
-        self.buffers = [self._buffer(spec) for spec in plan.buffers]
+        cl, context, queue = device.cl, device.context, device.queue
+        self.buffers = make_arena(cl, context, queue, device.device, plan.buffers, plan.blob)  # a Region each
+        self.arena = self.buffers[0].buffer if self.buffers else None
         self.profiled: list[list[Any]] | None = None  # the kernels' events of each profiled run
         self.uploads: list[Any] = []  # keeps the caller's arrays referenced until their copies are done
         self.boundary_profiled: list[list[Any]] = []  # per profiled run: its uploads', conversions' and reads' events
@@ -103,20 +106,9 @@ class ClCompiled(CompiledPartition):
             return None, loaded
         return PreparedLaunches(loaded, self.launches), ""
 
-    def _buffer(self, spec: BufferSpec):
-        """A device buffer for ``spec``: a constant's bytes copied in, anything else zero-filled."""
-        cl, context = self.device.cl, self.device.context
-        if spec.data is not None:
-            offset, size = spec.data
-            data = np.frombuffer(self.plan.blob, np.uint8, size, offset)
-            return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
-        buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, spec.nbytes)
-        cl.enqueue_fill_buffer(self.device.queue, buffer, np.zeros(1, np.uint8), 0, spec.nbytes)
-        return buffer
-
     def _argument(self, kind: str, value: Any) -> Any:
-        if kind == "buffer":
-            return self.buffers[value]
+        if kind == "buffer":  # a range of the arena, by its byte offset (the kernel takes the arena first)
+            return np.uint64(self.buffers[value].offset)
         if kind == "int":
             return np.int32(value)
         if kind == "float":
@@ -139,7 +131,7 @@ class ClCompiled(CompiledPartition):
         kernels = []
         for launch, variant in zip(launches, of_launch):
             kernel = cl.Kernel(*names[variant])
-            kernel.set_args(*(self._argument(kind, value) for kind, value in launch.args))
+            kernel.set_args(self.arena, *(self._argument(kind, value) for kind, value in launch.args))
             kernels.append(kernel)
         sizes = [tuple(launch.work) for launch in launches]
         locals_: list = [tuple(launch.local) if launch.local else default_local(size)
@@ -279,7 +271,7 @@ class ClCompiled(CompiledPartition):
             "programs": self.programs,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "work_group_sizes": "tuned" if self.tuned else "default (up to 16x4)",
-            "device_bytes": sum(b.nbytes for b in self.plan.buffers),
+            "device_bytes": self.arena.size if self.arena is not None else 0,
             "host_outputs": sorted({b.host_kind for b in self.outputs if b.host_kind}) or "none read yet",
             "buffer_bytes": self.plan.buffer_bytes(),
         }

@@ -74,10 +74,9 @@ def _gather_inputs(inputs: int, views: bool) -> tuple[tuple[str, str], ...]:
     more = range(1, inputs)
     view = (lambda i: f", int4 in{i}_v") if views else (lambda i: "")
     select = (lambda i: f" fv = in{i}_v;") if views else (lambda i: "")
-    return (("GATHER_INPUTS", "".join(f", __global const STORAGE* in{i}, int4 in{i}_d, int in{i}_c{view(i)}"
-                                      for i in more)),
-            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = in{i}; fd = in{i}_d; fc = in{i}_c;{select(i)} }}"
-                                       for i in more)))
+    return (("GATHER_INPUTS", "".join(f", AT(in{i}), int4 in{i}_d, int in{i}_c{view(i)}" for i in more)),
+            ("GATHER_SELECT", " ".join(f"if (input == {i}) {{ from = VIEW(const STORAGE, in{i}); fd = in{i}_d; "
+                                       f"fc = in{i}_c;{select(i)} }}" for i in more)))
 
 
 def _concat_ends(inputs: int) -> tuple[tuple[str, str], ...]:
@@ -141,8 +140,8 @@ def epilogue_code(epilogue: Sequence[tuple]) -> tuple[str, str]:
         if step[2] == "scalar":
             params.append(f"float e{i}")
             return f"(FLT4)((FLT)e{i})"
-        params.append(f"__global const STORAGE* e{i}, int4 e{i}_dims, int e{i}_splat")
-        return f"read_bcast(e{i}, e{i}_dims, e{i}_splat, n, y, x, s)"
+        params.append(f"AT(e{i}), int4 e{i}_dims, int e{i}_splat")
+        return f"read_bcast(VIEW(const STORAGE, e{i}), e{i}_dims, e{i}_splat, n, y, x, s)"
 
     def grid(i: int) -> str:
         params.append(f"float4 e{i}")

@@ -28,6 +28,7 @@ from delegate.gpu.constants import from_float_view, to_float_view
 from delegate.gpu.waits import WaitLimit as KitWaitLimit
 from delegate.plugin_api import DType, Quantization, Tensor
 
+from .arena import Region
 from .enqueue import native_enqueue
 
 
@@ -115,8 +116,8 @@ def wait_within(cl, queue, event, limit: WaitLimit, pending: list | tuple = ()) 
 
 
 class Boundary:
-    """Where a partition input or output meets the host: its PHWC4 buffer, the bound kernel that converts
-    between it and an NHWC staging buffer (none when the bytes coincide) and, for an output once first
+    """Where a partition input or output meets the host: its PHWC4 range of the arena, the bound kernel that
+    converts between it and an NHWC staging range (none when the bytes coincide) and, for an output once first
     read, the host array it is read into (made once, reused by every later run).  An input's host values
     are float32 or, ``host_dtype`` an integer type, a quantized input's own integers (the device
     dequantizes); ``host_layout``: the buffer holds them in host order, read so by the input's kernel."""
@@ -124,8 +125,8 @@ class Boundary:
     __slots__ = ("tensor", "buffer", "staging", "kernel", "global_size", "local_size", "host", "pinned",
                  "host_kind", "host_dtype", "host_layout")
 
-    def __init__(self, tensor: Tensor, buffer, staging=None, kernel=None, global_size=None, local_size=None,
-                 host_dtype: np.dtype = np.dtype(np.float32), host_layout: bool = False):
+    def __init__(self, tensor: Tensor, buffer: Region, staging: Region | None = None, kernel=None, global_size=None,
+                 local_size=None, host_dtype: np.dtype = np.dtype(np.float32), host_layout: bool = False):
         self.tensor, self.buffer, self.staging = tensor, buffer, staging
         self.kernel, self.global_size, self.local_size = kernel, global_size, local_size
         self.host_dtype, self.host_layout = host_dtype, host_layout
@@ -134,8 +135,9 @@ class Boundary:
 
     def upload(self, cl, queue, values: np.ndarray) -> list:
         """Enqueue the copy of NHWC ``values`` and their conversion (non-blocking); returns their events."""
-        events = [cl.enqueue_copy(queue, self.buffer if self.kernel is None else self.staging, values,
-                                  is_blocking=False)]
+        target = self.buffer if self.kernel is None else self.staging
+        _check_fits(values, target, "input")
+        events = [cl.enqueue_copy(queue, target.buffer, values, dst_offset=target.offset, is_blocking=False)]
         if self.kernel is not None:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
         return events
@@ -148,9 +150,16 @@ class Boundary:
         events = []
         if self.kernel is not None:
             events.append(cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size))
-        events.append(cl.enqueue_copy(queue, self.host, self.buffer if self.kernel is None else self.staging,
-                                      is_blocking=False))
+        source = self.buffer if self.kernel is None else self.staging
+        _check_fits(self.host, source, "output")
+        events.append(cl.enqueue_copy(queue, self.host, source.buffer, src_offset=source.offset, is_blocking=False))
         return events
+
+
+def _check_fits(host: np.ndarray, region: Region, what: str) -> None:
+    """A copy between ``host`` and ``region`` stays inside the range: the arena's neighbours are other tensors."""
+    if host.nbytes > region.nbytes:
+        raise ValueError(f"an {what} of {host.nbytes} bytes does not fit its {region.nbytes}-byte device range")
 
 
 class ClValue:
@@ -176,7 +185,7 @@ class ClValue:
         return cls(array.shape, DType.from_numpy(array.dtype), staged=array)
 
     @property
-    def buffer(self):
+    def buffer(self) -> Region | None:
         return None if self.boundary is None else self.boundary.buffer
 
     def host_floats(self, cl, queue) -> np.ndarray:
@@ -200,8 +209,10 @@ def fill_input(cl, queue, boundary: Boundary, value: Any, storage: np.dtype) -> 
         value = ClValue.stage(value)
     if value.boundary is not None and value.storage == storage and not (boundary.host_layout
                                                                          or value.boundary.host_layout):
-        if value.buffer.int_ptr != boundary.buffer.int_ptr:
-            cl.enqueue_copy(queue, boundary.buffer, value.buffer)
+        source, target = value.buffer, boundary.buffer
+        if not source.same_bytes(target):
+            cl.enqueue_copy(queue, target.buffer, source.buffer, src_offset=source.offset, dst_offset=target.offset,
+                            byte_count=min(source.nbytes, target.nbytes))
         return []
     if boundary.host_dtype.kind != "f":  # dequantized on the device
         host = value.staged if value.staged is not None else value.to_host(cl, queue)

@@ -2,8 +2,9 @@
 // the NHWC view; `length` values) and keeps the index of the first largest value of sign * input
 // (sign = -1: smallest).  keep = the input's shape with that axis as 1, matched to output lanes
 // through NHWC order.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                           int in_channels, int4 keep, int axis, int length, float sign EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -1,9 +1,10 @@
 // BATCH_MATMUL: output lane (batches n, y; row x; column c of the NHWC view) is the sum over the
 // depth of a[row, k] * b[k, column], in fp32; batches broadcast (coordinates modulo each input's
 // batch sizes).  axes = (a's row axis, a's depth axis, b's depth axis, b's column axis).
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* a, int4 ad,
-                          int a_channels, __global const STORAGE* b, int4 bd, int b_channels, int4 axes,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(a), int4 ad,
+                          int a_channels, AT(b), int4 bd, int b_channels, int4 axes,
                           int depth EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, a); BIND(const STORAGE, b);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -8,18 +8,20 @@
 #define CONV_TAP(acc, v, w0, w1, w2, w3) acc += (v).x * (w0) + (v).y * (w1) + (v).z * (w2) + (v).w * (w3)
 #endif
 #if defined(HOST_INPUT)  // HOST_CHANNELS channels: the slice loop and each read's lanes unroll
-#define CONV_INPUT __global const HOST_INPUT* in, int4 id, int in_channels, float4 dequant
+#define CONV_INPUT AT(in), int4 id, int in_channels, float4 dequant
+#define CONV_INPUT_BIND BIND(const HOST_INPUT, in)
 #define CONV_READ(row, c) HOST_READ(HOST_INPUT)(in, id, HOST_CHANNELS, dequant, n, iy, c, si)
 #define CONV_SLICES ((HOST_CHANNELS + 3) / 4)
 #else
-#define CONV_INPUT __global const STORAGE* in, int4 id, int in_channels
+#define CONV_INPUT AT(in), int4 id, int in_channels
+#define CONV_INPUT_BIND BIND(const STORAGE, in)
 #define CONV_READ(row, c) LOAD4(in, (row) + (c))
 #define CONV_SLICES id.z
 #endif
 
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, CONV_INPUT,
-                          __global const STORAGE* weights, __global const STORAGE* bias,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, CONV_INPUT, AT(weights), AT(bias),
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); CONV_INPUT_BIND; BIND(const STORAGE, weights); BIND(const STORAGE, bias);
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);
   if (x0 >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -57,5 +59,6 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
   }
 }
 #undef CONV_INPUT
+#undef CONV_INPUT_BIND
 #undef CONV_READ
 #undef CONV_SLICES

@@ -4,10 +4,11 @@
 // conv2d.cl would give each of a handful of work items the whole reduction, one memory
 // round trip after another.  Same arguments and weight layout as conv2d.cl.
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                 __global const STORAGE* in, int4 id, int in_channels,
-                 __global const STORAGE* weights, __global const STORAGE* bias,
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                 AT(in), int4 id, int in_channels,
+                 AT(weights), AT(bias),
                  int4 geometry, int4 spacing EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(const STORAGE, weights); BIND(const STORAGE, bias);
   __local float4 scratch[GROUP];
   int t = get_local_id(0), o = get_global_id(1);
   int x = o % od.x, y = o / od.x % od.y, z = o / (od.x * od.y);

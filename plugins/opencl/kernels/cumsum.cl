@@ -1,8 +1,9 @@
 // CUMSUM: each output lane sums its line of the input along `axis` (n, h, w, c of the NHWC view;
 // `length` values) up to itself, in fp32: from the start, or from the end with reverse = 1, and
 // without itself with exclusive = 1.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                           int in_channels, int axis, int length, int exclusive, int reverse EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -8,9 +8,10 @@
 #define HIDDEN_PARAMS
 #endif
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                 int in_channels, __global const STORAGE* weights, __global const STORAGE* bias,
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
+                 int in_channels, AT(weights), AT(bias),
                  int hidden_channels, int second HIDDEN_PARAMS EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(const STORAGE, weights); BIND(const STORAGE, bias);
   __local ACC4 hidden[HIDDEN];
   int t = get_local_id(0), n = get_group_id(0);
   for (int s = t; s < HIDDEN; s += GROUP) {

@@ -9,10 +9,11 @@
                            (FLT)((ix) >= 0 && (ix) < id.x))
 #endif
 
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels, int multiplier,
-                          __global const STORAGE* weights, __global const STORAGE* bias,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int in_channels, int multiplier,
+                          AT(weights), AT(bias),
                           int4 geometry, int4 spacing EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(const STORAGE, weights); BIND(const STORAGE, bias);
   int x0 = get_global_id(0) * 4, y = get_global_id(1), z = get_global_id(2);
   if (x0 >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

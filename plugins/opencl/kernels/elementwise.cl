@@ -1,7 +1,8 @@
 // Elementwise ops and chains of them: loads the first input (broadcast to the output
 // shape), and the epilogue applies the ops themselves.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int splat_channel EPILOGUE_PARAMS) {
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int splat_channel EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -43,7 +43,11 @@
 #elif defined(MAP_PACK)
 #define MAP_PARAMS , int axis
 #elif defined(MAP_TAKE)
-#define MAP_PARAMS , int4 walk, __global const STORAGE* table
+#define MAP_PARAMS , int4 walk, AT(table)
+#define MAP_BIND BIND(const STORAGE, table)
+#endif
+#if !defined(MAP_BIND)
+#define MAP_BIND
 #endif
 #if !defined(GATHER_INPUTS)
 #define GATHER_INPUTS
@@ -55,8 +59,9 @@
 #define GATHER_VIEW
 #endif
 
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                           int in_channels GATHER_VIEW GATHER_INPUTS, int aligned MAP_PARAMS EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); MAP_BIND;
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
@@ -150,6 +155,7 @@ __kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, 
   STORE_OUT(v, out, od, out_channels, n, y, x, s);
 }
 #undef MAP_PARAMS
+#undef MAP_BIND
 #undef GATHER_INPUTS
 #undef GATHER_SELECT
 #undef GATHER_VIEW

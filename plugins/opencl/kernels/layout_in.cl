@@ -10,8 +10,9 @@
 #define LAYOUT_IN_DEQUANT
 #define LAYOUT_IN_Q (float4)(1.0f, 0.0f, 0.0f, 0.0f)
 #endif
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int out_channels,
-                          __global const LAYOUT_IN_T* in LAYOUT_IN_DEQUANT) {
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in) LAYOUT_IN_DEQUANT) {
+  BIND(STORAGE, out); BIND(const LAYOUT_IN_T, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -1,6 +1,7 @@
 // A partition output leaves as NHWC float32: converted on the device so the host reads
 // exactly the caller's array, without padding lanes.
-__kernel void KERNEL_NAME(__global const STORAGE* in, int4 id, int in_channels, __global float* out) {
+__kernel void KERNEL_NAME(ARENA, AT(in), int4 id, int in_channels, AT(out)) {
+  BIND(const STORAGE, in); BIND(float, out);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= id.x || y >= id.y || z >= id.z * id.w) return;
   int s = z % id.z, n = z / id.z, c = s * 4;

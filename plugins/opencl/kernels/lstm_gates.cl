@@ -2,10 +2,11 @@
 // = [input | candidate | forget | output] (4 x units channels) for each batch row:
 //   state = sigmoid(i) * tanh(g) + sigmoid(f) * prev_state;  out = sigmoid(o) * tanh(state)
 // One work item per output vector; the new cell state is stored at the same position of `state`.
-__kernel void KERNEL_NAME(__global STORAGE* out, int4 od, int units,
-                          __global const STORAGE* gates, int4 gd, int gates_channels,
-                          __global const STORAGE* prev_state, int4 pd, int prev_channels,
-                          __global STORAGE* state, int4 sd, int state_channels EPILOGUE_PARAMS) {
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int units,
+                          AT(gates), int4 gd, int gates_channels,
+                          AT(prev_state), int4 pd, int prev_channels,
+                          AT(state), int4 sd, int state_channels EPILOGUE_PARAMS) {
+  BIND(STORAGE, out); BIND(const STORAGE, gates); BIND(const STORAGE, prev_state); BIND(STORAGE, state);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -28,14 +28,18 @@
 #ifndef DEPTHWISE_GRIDS  // the grids DEPTHWISE_ACT rounds onto (an integer model's float view)
 #define DEPTHWISE_GRIDS
 #endif
-#define INPUT_PARAMS , int4 id, int multiplier, __global const STORAGE* dw_weights, __global const STORAGE* dw_bias, \
+#define INPUT_PARAMS , int4 id, int multiplier, AT(dw_weights), AT(dw_bias), \
     int4 geometry, int4 spacing, int2 mid DEPTHWISE_GRIDS
+#define INPUT_BIND BIND(const STORAGE, dw_weights); BIND(const STORAGE, dw_bias)
 #elif defined(GATED_INPUT) && defined(GATE_GRID)
-#define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride, float4 gate_grid
+#define INPUT_PARAMS , AT(gate), int gate_stride, float4 gate_grid
+#define INPUT_BIND BIND(const STORAGE, gate)
 #elif defined(GATED_INPUT)
-#define INPUT_PARAMS , __global const STORAGE* gate, int gate_stride
+#define INPUT_PARAMS , AT(gate), int gate_stride
+#define INPUT_BIND BIND(const STORAGE, gate)
 #else
 #define INPUT_PARAMS
+#define INPUT_BIND
 #endif
 #define TILE_P (2 * WG_P)
 #define TILE_S (2 * WG_S)
@@ -48,9 +52,10 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_P, WG_S, SPLIT)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
-                 __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
-                 __global const STORAGE* in INPUT_PARAMS EPILOGUE_PARAMS) {
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(weights), AT(bias), int rows, int depth,
+                 int in_plane, int out_plane, AT(in) INPUT_PARAMS EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, weights); BIND(const STORAGE, bias); BIND(const STORAGE, in);
+  INPUT_BIND;
   __local FLT4 a_tiles[SPLIT][CHUNK][TILE_P];
   __local FLT4 w_tiles[SPLIT][TILE_S][CHUNK * 4];
   int li = get_local_id(0), lj = get_local_id(1), lz = get_local_id(2), item = lj * WG_P + li;
@@ -129,6 +134,7 @@ void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global 
 }
 
 #undef INPUT_PARAMS
+#undef INPUT_BIND
 #undef DEPTHWISE_GRIDS
 #undef STAGED
 #undef TILE_P

@@ -5,9 +5,10 @@
 // items' partial sums in local memory.  Same arguments and weight layout as matmul.cl.
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* weights,
-                 __global const STORAGE* bias, int rows, int depth, int in_plane, int out_plane,
-                 __global const STORAGE* in EPILOGUE_PARAMS) {
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(weights),
+                 AT(bias), int rows, int depth, int in_plane, int out_plane,
+                 AT(in) EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, weights); BIND(const STORAGE, bias); BIND(const STORAGE, in);
   __local ACC4 partial[ROWS][GROUP];
   int t = get_local_id(0), s = get_group_id(0);
   int base[ROWS];

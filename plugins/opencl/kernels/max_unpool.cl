@@ -1,9 +1,10 @@
 // MediaPipe's MaxUnpooling2D as a gather: each output lane takes the value of the last input pixel (in
 // row-major order) whose window holds it and whose index (truncated) is its place there, ky * kernel w + kx;
 // zero where none is.  window = (kernel w, kernel h, stride x, stride y), spacing = (pad x, pad y).
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int in_channels, __global const STORAGE* indices, int4 xd, int indices_channels,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
+                          int in_channels, AT(indices), int4 xd, int indices_channels,
                           int4 window, int4 spacing EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(const STORAGE, indices);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

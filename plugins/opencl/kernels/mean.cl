@@ -3,8 +3,9 @@
 // the reduced axes with size 1.  GROUP items (local dimension 0) compute one output vector
 // (local dimension 1 picks it): they share the reduced positions and add their partial sums.
 __kernel __attribute__((reqd_work_group_size(GROUP, REDUCTIONS, 1)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                  int in_channels, int4 reduce EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   __local float4 scratch[REDUCTIONS][GROUP];
   int t = get_local_id(0), o = get_global_id(1);
   int x = o % od.x, y = o / od.x % od.y, z = o / (od.x * od.y);

@@ -1,7 +1,8 @@
 // ONE_HOT: output elements in NHWC order are (outer, d, inner), walk = (depth, inner size); each is
 // `on_value` where the index at (outer, inner) of `in` (the float view of the indices) equals d, else `off_value`.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                           int in_channels, int4 walk, float on_value, float off_value EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

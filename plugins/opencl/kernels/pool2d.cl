@@ -2,9 +2,10 @@
 // only the taps inside the image).  The average accumulates in fp32.
 // window = (filter_w, filter_h, stride_x, stride_y); spacing = (pad_x, pad_y, 1, 1), as for a
 // convolution without dilation.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int in_channels,
                           int4 window, int4 spacing, int is_max EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

@@ -2,9 +2,10 @@
 // clipped to the input (window = (kernel w, kernel h, stride x, stride y), spacing = (pad x, pad y)),
 // clamped to bounds = (low, high); `indices` gets its place in the window, ky * kernel w + kx, plus 0.1
 // as MediaPipe stores it (truncating it back is exact).
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
-                          int in_channels, __global STORAGE* indices, int4 xd, int indices_channels, int4 window,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
+                          int in_channels, AT(indices), int4 xd, int indices_channels, int4 window,
                           int4 spacing, float4 bounds EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(STORAGE, indices);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

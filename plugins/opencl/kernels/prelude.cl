@@ -21,6 +21,16 @@ typedef float4 FLT4;
 typedef float4 ACC4;
 #define TO_ACC4(v) convert_float4(v)
 
+// A partition's tensors and constants are ranges of one device buffer, its arena (delegate_opencl.arena): a
+// kernel takes the arena once, as ARENA, and each tensor as its byte offset, AT(name); BIND(T, name) then
+// declares the tensor's pointer and VIEW(T, name) is it as an expression.  NVIDIA's driver charges every
+// buffer argument of every launch (~0.4 us) and a scalar argument almost nothing.  Every range starts on a
+// 256-byte boundary, as a buffer of its own would, so the aligned vector accesses below stay aligned.
+#define ARENA __global uchar* arena
+#define AT(name) ulong name##_at
+#define VIEW(T, name) ((__global T*)(arena + name##_at))
+#define BIND(T, name) __global T* name = VIEW(T, name)
+
 // Buffers start aligned and every vector index is in whole vectors, so vectors move as
 // one aligned 16- or 8-byte access: through vector pointers, or without cl_khr_fp16 through
 // vloada_half4/vstorea_half4, whose alignment promise vload_half4 (2 bytes) does not give.

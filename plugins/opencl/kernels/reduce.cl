@@ -3,8 +3,9 @@
 // from delegate.gpu.dialect).
 // keep = the output shape with the reduced axes kept as 1 (n, h, w, c); reduce = 1 for each reduced
 // axis, else 0.  Lanes are matched to keep through their position in NHWC order.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                           int in_channels, int4 keep, int4 reduce EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

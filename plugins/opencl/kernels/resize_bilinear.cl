@@ -1,9 +1,10 @@
 // RESIZE_BILINEAR with TFLite's source coordinates: src = dst * scale, or
 // (dst + 0.5) * scale - 0.5 with half-pixel centers; the lower neighbour is clamped
 // at 0 and the upper one at the last row/column.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels, float4 scale,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int in_channels, float4 scale,
                           int half_pixel EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

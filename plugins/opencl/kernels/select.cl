@@ -8,10 +8,11 @@ inline int select_lane(int4 d, int channels, int4 at) {
 }
 #endif
 
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* cond, int4 cd, int cond_channels,
-                          __global const STORAGE* a, int4 ad, int a_channels,
-                          __global const STORAGE* b, int4 bd, int b_channels, int aligned EPILOGUE_PARAMS) {
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(cond), int4 cd, int cond_channels,
+                          AT(a), int4 ad, int a_channels,
+                          AT(b), int4 bd, int b_channels, int aligned EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, cond); BIND(const STORAGE, a); BIND(const STORAGE, b);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

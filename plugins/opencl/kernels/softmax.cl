@@ -2,8 +2,9 @@
 // items (local dimension 0) share a pixel's slices and combine its max and sum in local
 // memory; local dimension 1 picks the pixel.
 __kernel __attribute__((reqd_work_group_size(GROUP, REDUCTIONS, 1)))
-void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels, __global const STORAGE* in, int4 id,
+void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels, AT(in), int4 id,
                  int in_channels, float beta EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   __local float4 scratch[REDUCTIONS][GROUP];
   int t = get_local_id(0), pixel = get_global_id(1);
   int x = pixel % od.x, y = pixel / od.x % od.y, n = pixel / (od.x * od.y);

@@ -1,8 +1,9 @@
 // TRANSPOSE: input axis j (n, y, x, c of its NHWC view) is output axis axes[j]; each output
 // lane reads its element from the input coordinate those axes give.
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels, int aligned,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int in_channels, int aligned,
                           int4 axes EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;

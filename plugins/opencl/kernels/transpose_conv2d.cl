@@ -2,10 +2,11 @@
 // sums the inputs (ix, iy) with ix * stride - pad + kx == x for the kernel taps kx.
 // weights: [S_out][KH][KW][S_in][4 input lanes] vectors of 4 output channels.
 // window = (kernel_w, kernel_h, stride_x, stride_y); spacing = (pad_x, pad_y, 0, 0).
-__kernel void KERNEL_NAME(__global OUT_STORAGE* out, int4 od, int out_channels,
-                          __global const STORAGE* in, int4 id, int in_channels,
-                          __global const STORAGE* weights, __global const STORAGE* bias,
+__kernel void KERNEL_NAME(ARENA, AT(out), int4 od, int out_channels,
+                          AT(in), int4 id, int in_channels,
+                          AT(weights), AT(bias),
                           int4 window, int4 spacing EPILOGUE_PARAMS) {
+  BIND(OUT_STORAGE, out); BIND(const STORAGE, in); BIND(const STORAGE, weights); BIND(const STORAGE, bias);
   int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (x >= od.x || y >= od.y || z >= od.z * od.w) return;
   int s = z % od.z, n = z / od.z;
