@@ -16,6 +16,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as StillRunning
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -50,6 +51,11 @@ MAX_ROUNDS = 25
 RUNS_PER_ROUND = 2
 STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
 DECISION_VERSION = 2  # bump when the candidate set or its naming changes
+# The status of an accelerator alone whose cold compile outlasted the budget (pose_landmark_full's OpenCL
+# kernels took 10-14 s to build on H100 hosts, and tune took 14.7 s of a 10 s budget waiting for them).  The
+# compile goes on in the background; a decision without that candidate is not stored, so the next search
+# (its kernels built by then, in this process or in the kernel cache) times it.
+OUTLASTED = "not measured: still compiling when the budget ran out"
 
 # Estimates closer than this do not decide between the CPU alone and the best plan using an accelerator: on
 # the H200 after `delegate calibrate` (2026-12-06) whole-plan estimates were 0.59-1.41x of the measured times,
@@ -108,7 +114,11 @@ def load_decision(key: str) -> dict[str, Any] | None:
     return doc
 
 
-def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) -> Path:
+def save_decision(key: str, winner: Candidate, candidates: Sequence[Candidate]) -> Path | None:
+    """Store the decision under ``key``; None, nothing stored, where a single backend's compile outlasted the
+    budget (the decision never saw it: the next search should)."""
+    if any(c.status == OUTLASTED for c in candidates):
+        return None
     directory = decision_dir()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{key}.json"
@@ -252,7 +262,8 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
     that releases the interpreter (OpenCL 5.6-5.9 s and WebGPU 2.3-2.9 s cold on the H200, one after the
     other before).  Then the others, one at a time in order of their estimate, where the predicted compile
     (``CompileHistory``) and the minimum rounds of every candidate compiled, its own included, still fit.  A
-    compile under way is not interrupted: the budget is overrun by at most one.  One that fails to compile
+    compile under way is not interrupted, but an accelerator alone still compiling when the budget runs out is
+    not waited for (``OUTLASTED``; the host alone always is).  One that fails to compile
     or run is left out with the reason in its ``status``.  ``started``: when the search began (perf_counter),
     if before this call: the budget is the caller's whole wait, its backends' set-up included.  ``more``: finds
     further candidates on this thread while the single backends compile (on the H100, pose_landmark_full's six
@@ -289,18 +300,26 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
                 return build(c), time.perf_counter() - t
             except Exception as exc:
                 return exc, time.perf_counter() - t
-        with ThreadPoolExecutor(max_workers=max(len(alone), 1), thread_name_prefix="delegate-tune") as pool:
+        pool = ThreadPoolExecutor(max_workers=max(len(alone), 1), thread_name_prefix="delegate-tune")
+        try:
             jobs = [(c, pool.submit(built, c)) for c in alone]
             found = list(more()) if more is not None else []
             advance(parts=0, total=len(candidates) + len(found))
             ordered += sorted(found, key=lambda c: c.estimated_ms)
             for c, job in jobs:
-                run, seconds = job.result()
+                try:
+                    run, seconds = job.result(None if c.host_alone else max(deadline - time.perf_counter(), 0.0))
+                except StillRunning:
+                    c.status = OUTLASTED
+                    advance()
+                    continue
                 advance()
                 if isinstance(run, BaseException):
                     c.status = _not_measured(run)
                     continue
                 first_run(c, run, seconds)
+        finally:
+            pool.shutdown(wait=False)  # a compile that outlasted the budget finishes on its own thread
         for c in ordered:
             if c in alone or c.baseline:
                 continue

@@ -977,6 +977,37 @@ def test_measured_search_times_a_candidate_once_it_has_settled_after_another():
     assert len(starts) == 1
 
 
+def test_measured_search_does_not_wait_past_its_budget_for_a_cold_compile(profile_dir):
+    """pose_landmark_full's OpenCL kernels took 10-14 s to build cold on H100 hosts and tune took 14.7 s of a
+    10 s budget waiting for them: an accelerator alone still compiling when the budget runs out is left out
+    (the host alone is always waited for), and the decision is not stored, so the next search times it."""
+    import threading
+    import time as clock
+    from delegate.planner import Candidate
+
+    release = threading.Event()
+
+    def build(candidate):
+        if not candidate.host_alone:
+            release.wait(10)  # a driver's cold compile
+        return lambda: None
+
+    candidates = [Candidate("cpu", {0: "cpu"}, 3.0, baseline=True, host_alone=True),
+                  Candidate("greedy:gpu", {0: "gpu"}, 1.0, baseline=True)]
+    start = clock.perf_counter()
+    try:
+        winner = plan_search.measure(candidates, build, budget_s=0.5)
+        waited = clock.perf_counter() - start
+    finally:
+        release.set()
+    assert winner.name == "cpu" and winner.measured_ms is not None and waited < 2.0
+    assert candidates[1].status == plan_search.OUTLASTED and candidates[1].measured_ms is None
+    assert plan_search.save_decision("k", winner, candidates) is None
+    assert not (profile_dir / "decisions").exists()
+    candidates[1].status = "stopped after 3 runs: over 1.3x the leader"
+    assert plan_search.save_decision("k", winner, candidates).exists()
+
+
 def test_measured_search_compiles_what_still_fits_its_budget():
     """Compiling cold took seconds per candidate on the H200, and tune overran its 10 s budget (13 s): a
     candidate is compiled only where the quickest compile so far still fits; the single backends
