@@ -7,7 +7,7 @@ trivial: 64 launches of a one-line kernel with 1-24 buffer arguments (one buffer
 4 KiB or 4 MiB, one buffer with int offsets, or pointers into shared virtual memory), or int or int4 arguments,
 as 64 kernel objects and as one, median of 60 runs: microseconds per launch, and the wait after the last.
 partition: MODEL whole on OpenCL (greedy, fp32), each launch enqueued 64 times alone (median of 40), with its
-buffer and argument counts and work sizes, the partition's launches together, and the device's own time for them:
+tensor and argument counts and work sizes, the partition's launches together, and the device's own time for them:
 all enqueued behind a user event, then released and drained (no host enqueue in the way; median of 40).  One JSON
 document on stdout."""
 
@@ -116,7 +116,8 @@ def partition(model: str) -> dict:
                             **{"placement.search": "estimate"})
     compiled = next(c for c in session.executor.compiled if getattr(c, "prepared", None) is not None)
     native, queue = compiled.prepared.native, compiled.device.queue
-    rows = [{"label": spec.label, "buffers": sum(1 for kind, _ in spec.args if kind == "buffer"),
+    # "tensors": the launch's tensors and constants, each a byte offset into the partition's one arena buffer
+    rows = [{"label": spec.label, "tensors": sum(1 for kind, _ in spec.args if kind == "buffer"),
              "args": len(spec.args), "work": list(launch[1]), "local": list(launch[2]) if launch[2] else None,
              "us": per_launch(native, queue, [launch] * 64, 40)[0]}
             for spec, launch in zip(compiled.plan.launches, compiled.launches)]
