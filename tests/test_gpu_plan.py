@@ -89,7 +89,8 @@ def test_mobilenet_v1_plans_the_same_device_memory_on_both_backends():
         facts = compiled.describe()
         assert facts["kernels"] == len(plan_of(compiled).launches) > 0
         planned[name] = facts["buffer_bytes"]
-        assert facts["device_bytes"] == sum(facts["buffer_bytes"].values())
+        padding = facts["device_bytes"] - sum(facts["buffer_bytes"].values())  # OpenCL's arena aligns its ranges
+        assert 0 <= padding < 256 * len(plan_of(compiled).buffers) * (name == "opencl") + 1
     assert planned["opencl"] == planned["wgpu"]
     assert (planned["wgpu"]["input"], planned["wgpu"]["staging"]) == (224 * 224 * 3 * 4, 0)
     assert sum(planned["opencl"].values()) < 23e6
@@ -143,7 +144,7 @@ def test_every_opencl_template_storing_in_host_order_stores_through_store_out():
     kernels = resources.files("delegate_opencl").joinpath("kernels")
     for name in sorted(ClLowering.host_writers - set(MAPPINGS)):
         source = kernels.joinpath(f"{name}.cl").read_text()
-        assert "__global OUT_STORAGE* out" in source and "STORE_OUT(" in source, name
+        assert "BIND(OUT_STORAGE, out)" in source and "STORE_OUT(" in source, name
         assert not any(line.strip().startswith("STORE4(") and ", out, " in line for line in source.splitlines()), name
 
 
