@@ -727,6 +727,7 @@ def test_arena_ranges_are_aligned_and_disjoint(backend):
     assert all(a.offset + a.nbytes <= b.offset for a, b in zip(regions, regions[1:]))
     assert regions[-1].offset + regions[-1].nbytes <= compiled.arena.size == compiled.describe()["device_bytes"]
     assert offsets([0, 1, ALIGN, ALIGN + 1]) == ([0, ALIGN, 2 * ALIGN, 3 * ALIGN], 5 * ALIGN)
+    assert make_arena(pyopencl, None, None, None, [], b"") == []  # a plan without buffers allocates none
 
 
 def test_arena_larger_than_one_buffer_may_be_is_a_compile_error():

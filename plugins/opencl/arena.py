@@ -47,6 +47,8 @@ def offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
 def make_arena(cl, context, queue, device, specs: Sequence[BufferSpec], blob: bytes | bytearray) -> list[Region]:
     """One device buffer for every buffer of a kernel plan, zero-filled and the constants' bytes copied in; a
     range of it per spec.  CompileError when it is larger than the device allows one buffer to be."""
+    if not specs:
+        return []
     starts, total = offsets([spec.nbytes for spec in specs])
     limit = int(device.max_mem_alloc_size)
     if total > limit:
