@@ -53,8 +53,7 @@ def make_arena(cl, context, queue, device, specs: Sequence[BufferSpec], blob: by
     limit = int(device.max_mem_alloc_size)
     if total > limit:
         raise CompileError(f"the partition's buffers need {total} bytes in one OpenCL buffer and "
-                           f"{device.name.strip()} allows at most {limit}: split the model into smaller partitions "
-                           f"(partition limits in the config)")
+                           f"{device.name.strip()} allows at most {limit}")
     arena = cl.Buffer(context, cl.mem_flags.READ_WRITE, total)
     cl.enqueue_fill_buffer(queue, arena, np.zeros(1, np.uint8), 0, total)
     for spec, start in zip(specs, starts):
