@@ -173,7 +173,7 @@ def softmax(op: Op):
     x = op.inputs[0]
     loops = kernel_loops() if x.dtype.numpy == np.float32 and x.shape and x.size else None
     if loops is not None:
-        return prepared_run(loops, SoftmaxCall(x.size, x.shape[-1], beta))
+        return prepared_run(loops, SoftmaxCall(x.size, x.shape[-1], beta, team_for(x.size, PER_THREAD_ITEMS)))
 
     def run(ins, outs):
         outs[0] /= _shifted_exp(ins[0], beta, outs[0])

@@ -2812,29 +2812,59 @@ int mean_prepared(const mean_call *m)
 }
 
 /* A float SOFTMAX over rows of ``depth``, in numpy's formulation's steps: e = exp(beta * (x - row max))
- * (beta applied only when not 1), the row's e summed, each e divided by the sum. */
+ * (beta applied only when not 1, e by exp_lanes), the row's e summed, each e divided by the sum; the rows
+ * shared among ``threads``.  With expf a lane at a time, a transformer block's attention SOFTMAX of
+ * 2 x 197 x 197 took 0.39 ms on the 2-core VM, LiteRT's 0.02. */
 typedef struct {
     const float *x;
     float *out;
     int64_t rows, depth;
     float beta;
+    int64_t threads;
 } softmax_call;
+
+static void softmax_row(const float *restrict x, float *restrict out, int64_t depth, float beta)
+{
+    vec tops = (vec){0} + x[0];
+    int64_t k = 0;
+    for (; k + LANES <= depth; k += LANES) {
+        vec v = load(x + k);
+        tops = (vec)(((ivec)v & (ivec)(v > tops)) | ((ivec)tops & ~(ivec)(v > tops)));
+    }
+    float top = tops[0];
+    for (int i = 1; i < LANES; i++)
+        top = tops[i] > top ? tops[i] : top;
+    for (; k < depth; k++)
+        top = x[k] > top ? x[k] : top;
+    vec sums = {0}, shift = (vec){0} + top;
+    for (k = 0; k + LANES <= depth; k += LANES) {
+        vec v = load(x + k) - shift;
+        vec e = exp_lanes(beta != 1.0f ? v * beta : v);
+        store(out + k, e);
+        sums += e;
+    }
+    float sum = 0;
+    for (int i = 0; i < LANES; i++)
+        sum += sums[i];
+    if (k < depth) {  /* the last few, a vector of them (the lanes past the row unused) */
+        vec v = {0};
+        memcpy(&v, x + k, (size_t)(depth - k) * sizeof(float));
+        v -= shift;
+        vec e = exp_lanes(beta != 1.0f ? v * beta : v);
+        memcpy(out + k, &e, (size_t)(depth - k) * sizeof(float));
+        for (int64_t i = 0; i < depth - k; i++)
+            sum += e[i];
+    }
+    for (k = 0; k < depth; k++)
+        out[k] /= sum;
+}
 
 int softmax_prepared(const softmax_call *p)
 {
-    for (int64_t r = 0; r < p->rows; r++) {
-        const float *x = p->x + r * p->depth;
-        float *out = p->out + r * p->depth, top = x[0], sum = 0;
-        for (int64_t k = 1; k < p->depth; k++)
-            top = x[k] > top ? x[k] : top;
-        for (int64_t k = 0; k < p->depth; k++) {
-            float v = x[k] - top;
-            out[k] = expf(p->beta != 1.0f ? v * p->beta : v);
-            sum += out[k];
-        }
-        for (int64_t k = 0; k < p->depth; k++)
-            out[k] /= sum;
-    }
+    int team = p->rows > 1 ? team_of(p->threads) : 1;
+    #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
+    for (int64_t r = 0; r < p->rows; r++)
+        softmax_row(p->x + r * p->depth, p->out + r * p->depth, p->depth, p->beta);
     return DONE;
 }
 

@@ -645,14 +645,15 @@ class MeanCall(ctypes.Structure):
 
 class SoftmaxCall(ctypes.Structure):
     """The arguments of native.c's softmax_prepared: a float SOFTMAX over rows of ``depth`` (``size``
-    items in all), with ``beta``; a run places the input and output."""
+    items in all), with ``beta``, the rows shared among ``threads``; a run places the input and output."""
 
-    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("beta", ctypes.c_float)]
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rows", _INT64), ("depth", _INT64), ("beta", ctypes.c_float),
+                ("threads", _INT64)]
     symbol, places = "softmax_prepared", ("x", "out")
 
-    def __init__(self, size: int, depth: int, beta: float):
+    def __init__(self, size: int, depth: int, beta: float, threads: int = 1):
         fits(depth >= 1 and size % depth == 0, f"softmax rows of {depth} in {size} items")
-        super().__init__(None, None, size // depth, depth, beta)
+        super().__init__(None, None, size // depth, depth, beta, threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
