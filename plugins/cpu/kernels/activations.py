@@ -144,6 +144,9 @@ def erf(x: np.ndarray) -> np.ndarray:
 @kernel("GELU")
 def gelu(op: Op):
     approximate = bool(op.options.get("approximate", False))
+    native = _native_unary(op, "GELU_TANH" if approximate else "GELU")
+    if native is not None:
+        return native
     k = math.sqrt(2.0 / math.pi)
 
     def run(ins, outs):

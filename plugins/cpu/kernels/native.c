@@ -804,7 +804,7 @@ int conv_prepared(const conv_call *c)
  * the first's rows (shares of whole rows then, as for an epilogue with a slope per column),
  * unary_flat for a copy (a bare clamp), hard swish or logistic. */
 enum { ADD = 0, SUB, MUL, MAXIMUM, MINIMUM };
-enum { COPY = 0, HARD_SWISH, LOGISTIC };
+enum { COPY = 0, HARD_SWISH, LOGISTIC, GELU, GELU_TANH };
 
 typedef int32_t ivec __attribute__((vector_size(sizeof(vec))));
 
@@ -845,6 +845,33 @@ static void logistic_span(const float *restrict x, float *restrict out, int64_t 
         memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
         v = 1.0f / (1.0f + exp_lanes(-v));
         memcpy(out + i, &v, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+/* GELU of n floats at x into out: x/2 (1 + erf(x / sqrt 2)), erf as numpy's formulation computes it
+ * (Abramowitz & Stegun 7.1.26, within 1.5e-7) but in float32 lanes with exp_lanes; or with ``approximate``
+ * x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) as 1 - 2 / (e^2y + 1).  In float64 numpy, a
+ * transformer block's 197 x 64 GELU took 0.15 ms on the 2-core VM, LiteRT's 0.004. */
+static void gelu_span(const float *restrict x, float *restrict out, int64_t n, int approximate)
+{
+    for (int64_t i = 0; i < n; i += LANES) {
+        int64_t m = n - i < LANES ? n - i : LANES;
+        vec v = {0}, inner;
+        memcpy(&v, x + i, (size_t)m * sizeof(float));
+        if (approximate) {
+            vec y = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+            inner = 1.0f - 2.0f / (exp_lanes(2.0f * y) + 1.0f);
+        } else {
+            vec z = v * 0.7071067811865476f;
+            ivec sign = (ivec)z & (int32_t)0x80000000;
+            vec a = (vec)((ivec)z & (int32_t)0x7fffffff);
+            vec t = 1.0f / (1.0f + 0.3275911f * a);
+            vec poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f
+                                                                                   + t * 1.061405429f))));
+            inner = (vec)((ivec)(1.0f - poly * exp_lanes(-(z * z))) | sign);
+        }
+        vec r = 0.5f * v * (1.0f + inner);
+        memcpy(out + i, &r, (size_t)m * sizeof(float));
     }
 }
 
@@ -913,6 +940,8 @@ static void unary_flat(int kind, const float *restrict x, float *restrict out, i
         share(n, LANES, part, threads, &lo, &hi);
         if (kind == LOGISTIC)
             logistic_span(x + lo, out + lo, hi - lo);
+        else if (kind == GELU || kind == GELU_TANH)
+            gelu_span(x + lo, out + lo, hi - lo, kind == GELU_TANH);
         else if (kind == HARD_SWISH)
             for (int64_t i = lo; i < hi; i++) {
                 float gate = x[i] + 3.0f;

@@ -64,7 +64,7 @@ MAX_TEAM = 16
 TEAM_SHARE = 1 << 18
 # The elementwise kernels of native.c, in the order of its enums.
 BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
-UNARY_KINDS = ("COPY", "HARD_SWISH", "LOGISTIC")
+UNARY_KINDS = ("COPY", "HARD_SWISH", "LOGISTIC", "GELU", "GELU_TANH")
 
 # The integer products native.c was built with, by its integer_isa().
 INTEGER_ISAS = ("portable", "avx2", "avx512vnni")
