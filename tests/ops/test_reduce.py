@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+
+import delegate
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
@@ -59,6 +61,30 @@ def test_a_mean_over_a_million_pixels_sums_in_litert_order(opcode, native):
                          rtol=2e-7, atol=0, lsb=0, builtin=True, options=CompileOptions(num_threads=2),
                          backend_options={"native": native})
 
+
+
+@given(shape=st.sampled_from([(1, 197, 32), (3, 5, 7, 2), (2, 1, 300), (40, 3)]), last=st.integers(1, 2),
+       native=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_mean_over_consecutive_axes_sums_each_in_order(shape, last, native, seed):
+    """MEAN over the last axes (a transformer's layer norm takes the mean of each token's channels) in the native
+    loops, several rows to a thread's block: each mean is one float32 sum over its values in order, divided by
+    their count, as LiteRT's builtin kernels compute it (bit-exact against that order)."""
+    rng = np.random.default_rng(seed)
+    axes = list(range(len(shape) - min(last, len(shape) - 1), len(shape)))
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    b.output(b.op("MEAN", [x, b.const("axes", np.array(axes, np.int32))], options={"keep_dims": True}))
+    data = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
+    check_against_litert(b.to_bytes(), [data], options=CompileOptions(num_threads=2), backend_options={"native": native})
+    if native:
+        session = delegate.load(b.to_bytes(), None, backends="[cpu]", num_threads=2,
+                                **{"cpu.engine": "numpy", "placement.search": "estimate"})
+        ours = next(iter(session.run_indexed({session.graph.inputs[0].index: data}).values()))
+        rows = data.reshape(-1, int(np.prod([shape[a] for a in axes])))
+        expected = np.zeros(rows.shape[0], np.float32)
+        for column in rows.T:  # one float32 sum per row, its values in order
+            expected += column
+        np.testing.assert_array_equal(ours.ravel(), expected / np.float32(rows.shape[1]))
 
 @given(op=st.sampled_from(["SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "MEAN"]), case=shape_and_axes(),
        keep_dims=st.booleans(), seed=st.integers(0, 2**16))

@@ -625,17 +625,17 @@ class ResizeCall(ctypes.Structure):
 
 
 class MeanCall(ctypes.Structure):
-    """The arguments of native.c's mean_pixels (mean_call): the mean of contiguous (N, H, W, C) float
-    images over their pixels into (N, C); a run places both arrays."""
+    """The arguments of native.c's mean_pixels (mean_call): the mean of a contiguous float array viewed as
+    (outer, count, inner) over its middle axis into (outer, inner): a global average pool's (N, H * W, C),
+    or any MEAN over consecutive axes; a run places both arrays."""
 
     _fields_ = [("x", _PTR), ("out", _PTR), ("images", _INT64), ("pixels", _INT64), ("c", _INT64),
                 ("threads", _INT64)]
     symbol, places = "mean_prepared", ("x", "out")
 
-    def __init__(self, shape: tuple[int, int, int, int], threads: int):
-        n, h, w, c = shape
-        fits(h * w >= 1, f"mean of {shape}")
-        super().__init__(None, None, n, h * w, c, threads)
+    def __init__(self, outer: int, count: int, inner: int, threads: int):
+        fits(count >= 1 and outer >= 1 and inner >= 1, f"mean of ({outer}, {count}, {inner}) over its middle")
+        super().__init__(None, None, outer, count, inner, threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:

@@ -91,7 +91,8 @@ def _native_pool(op: Op, pads: tuple[int, int, int, int]):
     if average and activation == "NONE" and (where.kh, where.kw) == (where.h, where.w) \
             and (where.oh, where.ow) == (1, 1):
         # one window over each whole image: its mean over the pixels
-        return prepared_run(loops, MeanCall(op.inputs[0].shape, team))
+        n, h, w, c = op.inputs[0].shape
+        return prepared_run(loops, MeanCall(n, h * w, c, team))
     return prepared_run(loops, PoolCall(where, average, finish, team))
 
 

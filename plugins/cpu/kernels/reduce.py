@@ -50,15 +50,19 @@ def reduce(op: Op):
 
 
 def _native_mean(op: Op, axes: tuple[int, ...]):
-    """MEAN of float NHWC images over their pixels (a global average pool) in the native loops, on all
-    the kernel's threads; None where those do not serve."""
+    """Float MEAN over consecutive axes (the pixels of NHWC images, a global average pool; a transformer's
+    last axis) in the native loops, on all the kernel's threads; None where those do not serve.  One
+    native call beats numpy's mean at any size (a 197 x 32 MEAN over its last axis: 15 us through numpy on
+    the 2-core VM, LiteRT's 2)."""
     shape = op.inputs[0].shape
-    # One native call beats numpy's mean over two axes at any size.
     loops, team = float_loops(op), team_for(math.prod(shape), PER_THREAD_ITEMS)
-    if loops is None or len(shape) != 4 or axes != (1, 2):
+    if loops is None or not axes or list(axes) != list(range(axes[0], axes[-1] + 1)):
         return None
-
-    return prepared_run(loops, MeanCall(shape, team))
+    outer, count, inner = (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]),
+                           math.prod(shape[axes[-1] + 1:]))
+    if min(outer, count, inner) < 1:
+        return None
+    return prepared_run(loops, MeanCall(outer, count, inner, team))
 
 
 @kernel("ARG_MAX", "ARG_MIN")
