@@ -834,24 +834,10 @@ static inline vec exp_lanes(vec x)
     return p * scale;
 }
 
-/* LOGISTIC of n floats at x into out, as numpy's formulation: 1 / (1 + e^-x). */
-static void logistic_span(const float *restrict x, float *restrict out, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        store(out + i, 1.0f / (1.0f + exp_lanes(-load(x + i))));
-    if (i < n) {
-        vec v = {0};
-        memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
-        v = 1.0f / (1.0f + exp_lanes(-v));
-        memcpy(out + i, &v, (size_t)(n - i) * sizeof(float));
-    }
-}
-
-/* GELU of n floats at x into out: x/2 (1 + erf(x / sqrt 2)), erf as numpy's formulation computes it
- * (Abramowitz & Stegun 7.1.26, within 1.5e-7) but in float32 lanes with exp_lanes; or with ``approximate``
- * x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) as 1 - 2 / (e^2y + 1).  In float64 numpy, a
- * transformer block's 197 x 64 GELU took 0.15 ms on the 2-core VM, LiteRT's 0.004. */
+/* GELU lane by lane: x/2 (1 + erf(x / sqrt 2)), erf as numpy's formulation computes it (Abramowitz & Stegun
+ * 7.1.26, within 1.5e-7) but in float32 with exp_lanes; or with ``approximate`` x/2 (1 + tanh(sqrt(2/pi)
+ * (x + 0.044715 x^3))), tanh(y) as 1 - 2 / (e^2y + 1).  In float64 numpy, a transformer block's 197 x 64 GELU
+ * took 0.15 ms on the 2-core VM, LiteRT's 0.004. */
 static inline vec gelu_lanes(vec v, int approximate)
 {
     vec inner;
@@ -870,15 +856,22 @@ static inline vec gelu_lanes(vec v, int approximate)
     return 0.5f * v * (1.0f + inner);
 }
 
-static void gelu_span(const float *restrict x, float *restrict out, int64_t n, int approximate)
+/* The unary op ``kind`` (LOGISTIC as numpy's formulation: 1 / (1 + e^-x); GELU; GELU_TANH) lane by lane. */
+static inline vec unary_lanes(int kind, vec v)
+{
+    return kind == LOGISTIC ? 1.0f / (1.0f + exp_lanes(-v)) : gelu_lanes(v, kind == GELU_TANH);
+}
+
+/* unary_lanes of n floats at x into out: whole vectors, then the last few as one (its lanes past the end unused). */
+static void unary_span(int kind, const float *restrict x, float *restrict out, int64_t n)
 {
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
-        store(out + i, gelu_lanes(load(x + i), approximate));
-    if (i < n) {  /* the last few, a vector of them (the lanes past the end unused) */
+        store(out + i, unary_lanes(kind, load(x + i)));
+    if (i < n) {
         vec v = {0};
         memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
-        v = gelu_lanes(v, approximate);
+        v = unary_lanes(kind, v);
         memcpy(out + i, &v, (size_t)(n - i) * sizeof(float));
     }
 }
@@ -946,10 +939,8 @@ static void unary_flat(int kind, const float *restrict x, float *restrict out, i
     for (int part = 0; part < threads; part++) {
         int64_t lo, hi;
         share(n, LANES, part, threads, &lo, &hi);
-        if (kind == LOGISTIC)
-            logistic_span(x + lo, out + lo, hi - lo);
-        else if (kind == GELU || kind == GELU_TANH)
-            gelu_span(x + lo, out + lo, hi - lo, kind == GELU_TANH);
+        if (kind == LOGISTIC || kind == GELU || kind == GELU_TANH)
+            unary_span(kind, x + lo, out + lo, hi - lo);
         else if (kind == HARD_SWISH)
             for (int64_t i = lo; i < hi; i++) {
                 float gate = x[i] + 3.0f;
