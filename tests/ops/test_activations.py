@@ -76,6 +76,31 @@ def test_softmax(beta, shape, scale, seed):
     check_against_litert(_unary_model("SOFTMAX", shape, {"beta": beta}), [rng.standard_normal(shape) * scale])
 
 
+@given(rows=st.integers(1, 40), depth=st.sampled_from([1, 7, 16, 17, 33, 197]), beta=st.sampled_from([1.0, 0.7]),
+       masked=st.booleans(), seed=st.integers(0, 2**16))
+def test_softmax_rows_of_any_depth_shared_among_threads(rows, depth, beta, masked, seed):
+    """The native SOFTMAX's rows (whole vectors, then the last few as one; the rows split between two threads),
+    some entries at -inf as an attention mask writes them and some far above the rest."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, depth)) * 20).astype(np.float32)
+    if masked and depth > 1:
+        x[rng.random(x.shape) < 0.3] = -np.inf
+        x[:, 0] = np.where(np.isinf(x[:, 0]), 0.0, x[:, 0])  # every row keeps a finite entry
+        x[rng.random(x.shape) < 0.05] = 80.0
+    check_against_litert(_unary_model("SOFTMAX", (rows, depth), {"beta": beta}), [x],
+                         options=CompileOptions(num_threads=2), backend_options={"native": True})
+
+
+@given(size=st.sampled_from([1, 15, 16, 17, 4003, 12608]), approximate=st.booleans(), seed=st.integers(0, 2**16))
+def test_gelu_spans_of_any_length_shared_among_threads(size, approximate, seed):
+    """The native GELU over whole vectors and the last few, split between two threads, on values out to +-100."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, size)) * 4).astype(np.float32)
+    x.ravel()[: min(size, 4)] = [100.0, -100.0, 88.0, -88.0][: min(size, 4)]
+    check_against_litert(_unary_model("GELU", (1, size), {"approximate": approximate}), [x], builtin=True,
+                         options=CompileOptions(num_threads=2), backend_options={"native": True})
+
+
 @given(shape=SHAPES, scale=st.sampled_from([1.0, 30.0]), seed=st.integers(0, 2**16))
 def test_log_softmax(shape, scale, seed):
     rng = np.random.default_rng(seed)

@@ -651,7 +651,7 @@ class SoftmaxCall(ctypes.Structure):
                 ("threads", _INT64)]
     symbol, places = "softmax_prepared", ("x", "out")
 
-    def __init__(self, size: int, depth: int, beta: float, threads: int = 1):
+    def __init__(self, size: int, depth: int, beta: float, threads: int):
         fits(depth >= 1 and size % depth == 0, f"softmax rows of {depth} in {size} items")
         super().__init__(None, None, size // depth, depth, beta, threads)
         self.reference = ctypes.byref(self)
