@@ -362,7 +362,7 @@ def cmd_tune(args) -> int:
             c = console()
             c.print(f"[bold]{doc['model']}[/bold]: {len(session.plan.candidates)} candidate plan(s) in "
                     f"{doc['search_seconds']:.1f} s, {doc['seconds']:.1f} s with learning from them; chosen: "
-                    f"{session.plan.chosen} ({session.plan.choice}); stored for the next load")
+                    f"{session.plan.chosen} ({session.plan.choice})" + ("; stored for the next load" if doc["stored"] else ""))
             if doc["not_profiled"]:
                 c.print(f"not profiled for the cost model (the budget ran out): {', '.join(doc['not_profiled'])}")
             c.print(candidates_table(session.plan))
@@ -385,6 +385,7 @@ def _tune_one(spec: str, config, budget: float | None, started: float | None = N
     to it), else from now."""
     from dataclasses import replace
 
+    from . import plan_search
     from .cli import read_model_arg
     from .session import Session, run_settings
 
@@ -402,7 +403,7 @@ def _tune_one(spec: str, config, budget: float | None, started: float | None = N
     estimated_pick, _ = session.planner.choose(plan.candidates)
     doc = {"model": label, "chosen": plan.chosen, "choice": plan.choice, "budget_seconds": budget,
            "start_up_seconds": round(start_up_s, 2), "search_budget_seconds": round(search_budget, 3),
-           "search_seconds": round(search_s, 2),
+           "search_seconds": round(search_s, 2), "stored": plan_search.NOT_STORED not in plan.choice,
            "estimated_pick": estimated_pick.name, "not_profiled": [],
            "candidates": [c.to_dict() for c in plan.candidates], "profiles": plan.profiles, "partitions": []}
     plan_ms = {c.name: c.measured_ms for c in plan.candidates if c.measured_ms is not None}

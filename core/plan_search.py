@@ -56,6 +56,7 @@ DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 # compile goes on in the background; a decision without that candidate is not stored, so the next search
 # (its kernels built by then, in this process or in the kernel cache) times it.
 OUTLASTED = "not measured: still compiling when the budget ran out"
+NOT_STORED = "not stored: a backend was still compiling, the next search times it"
 
 # Estimates closer than this do not decide between the CPU alone and the best plan using an accelerator: on
 # the H200 after `delegate calibrate` (2026-12-06) whole-plan estimates were 0.59-1.41x of the measured times,

@@ -456,7 +456,8 @@ class Session:
         winner = plan_search.measure(first, build, self.settings.placement.budget_s, started, more=pending)
         candidates = first + found
         plan = self.planner.plan_of_candidates(self.graph, candidates, costs, refusals)
-        plan_search.save_decision(key, winner, candidates)
+        if plan_search.save_decision(key, winner, candidates) is None:
+            choice += f" ({plan_search.NOT_STORED})"
         chosen_plan = self._plan_of(winner, plan, choice)
         # measuring ran the winner on a scratch model state; its variable tensors start afresh for the user
         for compiled in built[winner.name]:

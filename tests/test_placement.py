@@ -1008,6 +1008,32 @@ def test_measured_search_does_not_wait_past_its_budget_for_a_cold_compile(profil
     assert plan_search.save_decision("k", winner, candidates).exists()
 
 
+def test_tune_says_a_decision_without_a_cold_compile_is_not_stored(tmp_path, profile_dir):
+    """tune on an H100 host printed "stored for the next load" for a decision it had not stored (OpenCL still
+    compiling at the budget's end): the report says what happened, and the next load plans afresh."""
+    import subprocess
+    import sys
+    from delegate.tflite.writer import write_model
+
+    model = tmp_path / "m.tflite"
+    model.write_bytes(write_model(elementwise_model()))
+    config = tmp_path / "c.yaml"
+    config.write_text("backends: [{name: fakegpu, options: {compile_ms: 3000}}, cpu]\ncpu: {engine: numpy}\n")
+
+    def cli(*args, json_out=True):
+        proc = subprocess.run([sys.executable, "-m", "delegate.cli", *args, "--config", str(config), str(model)]
+                              + (["--json"] if json_out else []), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout) if json_out else proc.stdout
+    tuned = cli("tune", "--budget", "1")["models"][0]
+    assert tuned["chosen"] == "cpu" and tuned["stored"] is False
+    assert plan_search.NOT_STORED in tuned["choice"]
+    assert {c["name"]: c["status"] for c in tuned["candidates"]}["greedy:fakegpu"] == plan_search.OUTLASTED
+    assert not (profile_dir / "decisions").exists() or not any((profile_dir / "decisions").iterdir())
+    text = " ".join(cli("tune", "--budget", "1", json_out=False).split())
+    assert "not stored" in text and "stored for the next load" not in text
+
+
 def test_measured_search_compiles_what_still_fits_its_budget():
     """Compiling cold took seconds per candidate on the H200, and tune overran its 10 s budget (13 s): a
     candidate is compiled only where the quickest compile so far still fits; the single backends
