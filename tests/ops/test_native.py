@@ -100,6 +100,69 @@ def test_depthwise_channel_blocks_of_few_rows_match_numpy(loops, h, c, stride, t
     _depthwise_3x3_against_numpy(loops, np.random.default_rng(h * c), h, 9, c, stride, threads)
 
 
+def _depthwise_rows_against_numpy(loops, rng, h: int, width: int, c: int, k: int, threads: int,
+                                  weights: np.ndarray | None = None) -> None:
+    """A SAME k x k stride-1 depthwise convolution of an (h, width, c) image (whole rows: the border pixels in
+    groups with the others), bias in its epilogue, against numpy; the output starts as NaN."""
+    x = rng.standard_normal((h, width, c)).astype(np.float32)
+    weights = rng.standard_normal((k, k, c)).astype(np.float32) if weights is None else weights
+    bias = rng.standard_normal(c).astype(np.float32)
+    out = np.full((1, h, width, c), np.nan, np.float32)
+    where = native.Geometry.around(x[None], out, (k, k), (1, 1, 1, 1), (k // 2, k // 2))
+    loops.depthwise(x[None], native.DepthwiseTaps(weights.reshape(k * k, c)), out, where, threads,
+                    native.Epilogue(bias).tiled(width))
+    expected = _reference(x, (h, width), (k, k), (1, 1, 1, 1), (k // 2, k // 2),
+                          lambda pixel, ky, kx: pixel * weights[ky, kx], c) + bias
+    np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 9, 12, 14, 17])  # groups of 8, 4 and 1-3, edges on both
+@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("c", [8, 24, 136, 300])  # one vector of 8; 16 + 8; blocks of 128 and a tail
+def test_depthwise_whole_rows_match_numpy(loops, width, k, c):
+    """At a stride of 1 a row goes whole: groups reaching past its ends read the columns outside as zeros."""
+    _depthwise_rows_against_numpy(loops, np.random.default_rng(width * k + c), 3, width, c, k, 2)
+
+
+@needs_compiler
+def test_depthwise_taps_outside_the_image_are_skipped_whatever_the_weights():
+    """A tap outside the image adds nothing, not zero times its weight: with an infinite weight in a filter's
+    left column, the pixels at the left edge, whose left taps fall outside, stay finite (as LiteRT's kernels)."""
+    loops = native.native_loops()
+    weights = np.random.default_rng(0).standard_normal((3, 3, 16)).astype(np.float32)
+    weights[1, 0, :5] = np.inf
+    _depthwise_rows_against_numpy(loops, np.random.default_rng(1), 4, 9, 16, 3, 2, weights)
+
+
+FLOAT_BUILD_RUN = """
+import numpy as np
+from delegate_cpu.kernels.native import native_loops
+from tests.ops import test_native as t
+loops = native_loops()
+for width in (1, 3, 4, 7, 9, 14):
+    for k in (3, 5):
+        for c in (8, 24, 40):
+            t._depthwise_rows_against_numpy(loops, np.random.default_rng(width), 3, width, c, k, 2)
+print("matched")
+"""
+
+
+@needs_compiler
+@pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx2 -mno-avx512f"], ids=["avx2", "portable"])
+def test_depthwise_whole_rows_as_other_machines_build_them(tmp_path, flags):
+    """The float depthwise rows built without AVX-512 (groups of 4 pixels by filter rows) and without AVX2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "DELEGATE_NATIVE_CFLAGS": flags, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", FLOAT_BUILD_RUN], cwd=Path(__file__).parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "matched" in done.stdout, done.stderr[-2000:]
+
+
 @needs_compiler
 @pytest.mark.parametrize("m, k, n, threads", [(300, 40, 70, 2), (5, 64, 1000, 2), (1, 8, 3, 4), (64, 16, 16, 1)])
 def test_shared_product_matches_numpy(loops, m, k, n, threads):

@@ -463,7 +463,8 @@ class DepthwiseCall(ctypes.Structure):
     and the output."""
 
     _fields_ = [("images", _PTR), ("weights", _PTR), ("repeated", _PTR), ("period", _INT64), ("out", _PTR),
-                ("where", ctypes.POINTER(Geometry)), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+                ("where", ctypes.POINTER(Geometry)), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64),
+                ("finite", _INT64)]
     symbol, places = "depthwise_prepared", ("images", "out")
 
     def __init__(self, taps: "DepthwiseTaps", where: "Geometry", finish: Epilogue, threads: int):
@@ -472,7 +473,7 @@ class DepthwiseCall(ctypes.Structure):
         fits(finish.covers(where.ow * where.c), "the epilogue does not cover a depthwise output row")
         self.kept = (taps, where, finish)
         super().__init__(None, taps.weights.ctypes.data, taps.repeated.ctypes.data, taps.period, None,
-                         ctypes.pointer(where), ctypes.pointer(finish), threads)
+                         ctypes.pointer(where), ctypes.pointer(finish), threads, taps.finite)
         self.reference = ctypes.byref(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
@@ -701,6 +702,7 @@ class DepthwiseTaps:
         self.period = math.lcm(channels, 16)
         repeats = -(-(self.period + 64) // channels)
         self.repeated = aligned_copy(np.tile(self.weights, (1, repeats))[:, :self.period + 64])
+        self.finite = bool(np.isfinite(self.weights).all())  # else a tap outside the image is skipped, not zeroed
 
     def check(self, where: "Geometry") -> None:
         """Whether these taps are the geometry's window over its channels."""
