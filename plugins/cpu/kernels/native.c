@@ -322,38 +322,16 @@ static inline __attribute__((always_inline)) void NAME##_group(const int P, cons
 }                                                                                                            \
 /* NAME_group for a stride and dilation of 1 along the row, the taps whole filter rows of KW: each     \
  * filter row's P + KW - 1 input pixels loaded once for its KW taps (pixel k, tap kx reads input        \
- * k + kx), each tap's weights once; the same sums in the same order as NAME_group. */                   \
+ * k + kx), each tap's weights once; the same sums in the same order as NAME_group.  Of the input       \
+ * pixels only in[lo..hi) are in the image (a group at an end of the row), the others read as zeros,    \
+ * whose products (by finite weights: see depthwise_rows) add nothing to a sum, so each pixel sums the  \
+ * taps it keeps, in order, as a border pixel on its own does. */                                       \
 static inline __attribute__((always_inline)) void NAME##_group_rows(const int P, const int KW,                \
                                                                    const float *x, const int64_t *offsets,   \
                                                                    const float *const *weights,              \
                                                                    int64_t taps, int64_t c, int64_t q,       \
-                                                                   int64_t j, float *out, const epilogue *e) \
-{                                                                                                            \
-    VEC acc[DW_PIXELS], in[DW_PIXELS + 4], w[5];                                                             \
-    for (int k = 0; k < P; k++)                                                                              \
-        acc[k] = (VEC){0};                                                                                   \
-    for (int64_t t = 0; t < taps; t += KW) {                                                                 \
-        const float *row = x + offsets[t] + q * c + j;                                                       \
-        for (int i = 0; i < P + KW - 1; i++)                                                                 \
-            in[i] = NAME##_load(row + i * c);                                                                \
-        for (int kx = 0; kx < KW; kx++)                                                                      \
-            w[kx] = NAME##_load(weights[t + kx] + j);                                                        \
-        for (int kx = 0; kx < KW; kx++)                                                                      \
-            for (int k = 0; k < P; k++)                                                                      \
-                acc[k] += in[k + kx] * w[kx];                                                                \
-    }                                                                                                        \
-    for (int k = 0; k < P; k++)                                                                              \
-        NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
-}                                                                                                            \
-/* NAME_group_rows for a group that reaches past an end of the row: of its P + KW - 1 input pixels only   \
- * in[lo..hi) are in the image, the others read as zeros, whose products (by finite weights: see         \
- * depthwise_rows) add nothing to a sum, so each pixel sums the taps it keeps, in order, as a border      \
- * pixel on its own did. */                                                                              \
-static inline __attribute__((always_inline)) void NAME##_edge_rows(const int P, const int KW, const float *x, \
-                                                                  const int64_t *offsets,                    \
-                                                                  const float *const *weights, int64_t taps, \
-                                                                  int64_t c, int64_t q, int64_t j, int lo,   \
-                                                                  int hi, float *out, const epilogue *e)     \
+                                                                   int64_t j, int lo, int hi, float *out,    \
+                                                                   const epilogue *e)                        \
 {                                                                                                            \
     VEC acc[DW_PIXELS], in[DW_PIXELS + 4], w[5];                                                             \
     for (int k = 0; k < P; k++)                                                                              \
@@ -372,7 +350,7 @@ static inline __attribute__((always_inline)) void NAME##_edge_rows(const int P, 
         NAME##_store(out + (q + k) * c + j, acc[k], j, e);                                                   \
 }                                                                                                            \
 /* A group of P pixels (1-4 or DW_ROW_PIXELS) by filter rows of KW (3 or 5) from pixel q of a row of w      \
- * input columns whose pixel q reads column q - left first: whole, or at an edge (NAME_edge_rows). */       \
+ * input columns whose pixel q reads column q - left first, inside the row or at an end of it. */           \
 static inline __attribute__((always_inline)) void NAME##_row_group(const int P, const int KW, const float *x,  \
                                     const int64_t *offsets,                                                   \
                                     const float *const *weights, int64_t taps, int64_t c, int64_t q,          \
@@ -383,15 +361,15 @@ static inline __attribute__((always_inline)) void NAME##_row_group(const int P, 
     int lo = first < 0 ? (int)(-first < span ? -first : span) : 0;                                           \
     int hi = end < span ? (int)(end > 0 ? end : 0) : (int)span;                                              \
     if (lo == 0 && hi == span)                                                                               \
-        for (int64_t j = j0; j < j1; j += LANES)                                                             \
-            NAME##_group_rows(P, KW, x, offsets, weights, taps, c, q, j, out, e);                            \
+        for (int64_t j = j0; j < j1; j += LANES)  /* (bounds as constants: no test left in the loads) */       \
+            NAME##_group_rows(P, KW, x, offsets, weights, taps, c, q, j, 0, P + KW - 1, out, e);             \
     else                                                                                                     \
         for (int64_t j = j0; j < j1; j += LANES)                                                             \
-            NAME##_edge_rows(P, KW, x, offsets, weights, taps, c, q, j, lo, hi, out, e);                     \
+            NAME##_group_rows(P, KW, x, offsets, weights, taps, c, q, j, lo, hi, out, e);                    \
 }                                                                                                            \
 /* A whole output row of ow pixels at a stride and dilation of 1, taps by filter rows of KW: groups of      \
- * DW_ROW_PIXELS, then 4, then the last 1-3 as one group, those at the ends through NAME_edge_rows (one by   \
- * one with the taps they keep, a 7x7 layer's two border pixels of seven took a third of its time). */        \
+ * DW_ROW_PIXELS, then 4, then the last 1-3 as one group, those at the ends too (one by one with the taps    \
+ * they keep, a 7x7 layer's two border pixels of seven took a third of its time). */                        \
 static void NAME##_whole_row(const float *x, const int64_t *offsets, const float *const *weights, int64_t taps, \
                              int64_t c, int64_t ow, int64_t w, int64_t left, int64_t j0, int64_t j1, int KW,  \
                              float *out, const epilogue *e)                                                  \
