@@ -301,6 +301,22 @@ def test_partition_team_follows_the_large_ops(monkeypatch):
     assert native.partition_team(_conv_ops([big, big]), 16) == 3
 
 
+def test_partition_team_counts_batch_products_and_ops_built_on_exp(monkeypatch):
+    """A transformer block's attention (its BATCH_MATMULs and a 2 x 197 x 197 SOFTMAX) outweighs its small
+    projections: a ViT block's partition ran on one thread of two, its SOFTMAX 70 us where two took 36."""
+    from delegate.tflite.builder import GraphBuilder
+    monkeypatch.setattr(native, "available_cores", lambda: 64)
+    b = GraphBuilder()
+    q, k = b.input("q", (1, 2, 197, 16)), b.input("k", (1, 2, 16, 197))
+    scores = b.op("BATCH_MATMUL", [q, k])
+    b.op("SOFTMAX", [scores], options={"beta": 1.0})
+    attention = list(b.ops)
+    assert native._multiply_adds(attention[0]) == 2 * 197 * 197 * 16
+    assert native._multiply_adds(attention[1]) == 2 * 197 * 197 * native.EXP_VALUE_MACS
+    assert native.partition_team(_conv_ops([8] * 4) + attention, 2) == 2
+    assert native.partition_team(_conv_ops([8] * 4), 2) == 1
+
+
 @needs_compiler
 def test_calls_that_do_not_fit_their_arrays_are_refused(loops):
     """The ctypes boundary: a call whose arrays do not hold what its loops address never reaches C."""

@@ -1042,10 +1042,15 @@ int mean_pixels(const float *restrict x, float *restrict out, int64_t images, in
         int64_t k0 = task % blocks * MEAN_BLOCK, n = c - k0 < MEAN_BLOCK ? c - k0 : MEAN_BLOCK;
         const float *in = x + first * pixels * c + k0;
         float sums[MEAN_BLOCK] = {0};  /* count * n <= MEAN_BLOCK */
-        for (int64_t p = 0; p < pixels; p++)
-            for (int64_t i = 0; i < count; i++)
-                for (int64_t k = 0; k < n; k++)
-                    sums[i * n + k] += in[(i * pixels + p) * c + k];
+        if (n == 1)  /* one value a pixel: the images' chains side by side, no loop over channels */
+            for (int64_t p = 0; p < pixels; p++)
+                for (int64_t i = 0; i < count; i++)
+                    sums[i] += in[(i * pixels + p) * c];
+        else
+            for (int64_t p = 0; p < pixels; p++)
+                for (int64_t i = 0; i < count; i++)
+                    for (int64_t k = 0; k < n; k++)
+                        sums[i * n + k] += in[(i * pixels + p) * c + k];
         for (int64_t i = 0; i < count; i++)
             for (int64_t k = 0; k < n; k++)
                 out[(first + i) * c + k0 + k] = sums[i * n + k] / (float)pixels;

@@ -1366,8 +1366,8 @@ def limit_team(threads: int) -> None:
 def partition_team(ops, threads: int) -> int:
     """At compile time: how many of ``threads`` a partition's native loops share (one team for all its
     kernels, each op on all of it or on one thread, see share_among): enough for its large ops, the
-    work-weighted upper quartile of its convolutions and products (a quarter of their multiply-adds
-    are in ops at least that big), to give each TEAM_SHARE; all of them (up to MAX_TEAM) when it has
+    work-weighted upper quartile of its convolutions, products and ops built on e^x (a quarter of their
+    multiply-adds are in ops at least that big, see _multiply_adds), to give each TEAM_SHARE; all of them (up to MAX_TEAM) when it has
     none; never more than the cores of the process's affinity (a team larger waits on threads without
     a core).  The median op would leave models of many small ops and a few large ones (MobileNetV2 at
     96x96: 221k multiply-adds, upper quartile 885k) on one thread while LiteRT splits every op."""
@@ -1383,13 +1383,26 @@ def partition_team(ops, threads: int) -> int:
     return max(1, min(threads, MAX_TEAM, large // TEAM_SHARE))
 
 
+# What one value of an op built on e^x costs the native loops, in the multiply-adds of a packed product that take
+# as long: a transformer block's 2 x 197 x 197 SOFTMAX took 67 us on one thread of the 2-core VM, MobileNetV2's
+# 1x1 products at 56x56 ran 73 GMAC/s there (4.9M in 67 us: 63 a value).
+EXP_VALUE_MACS = 32
+EXP_OPS = frozenset({"SOFTMAX", "LOGISTIC", "TANH", "GELU", "EXP", "ELU", "LOG_SOFTMAX"})
+
+
 def _multiply_adds(op) -> int:
-    """Multiply-adds of a convolution or fully connected op; 0 for others."""
+    """Multiply-adds of a convolution, fully connected op or batch matmul, and what an op built on e^x
+    costs as many (EXP_VALUE_MACS a value); 0 for others."""
+    out = math.prod(op.outputs[0].shape) if op.outputs and op.outputs[0].shape is not None else 0
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         _, kh, kw, depth = op.inputs[1].shape
-        return math.prod(op.outputs[0].shape) * kh * kw * (depth if op.opcode == "CONV_2D" else 1)
+        return out * kh * kw * (depth if op.opcode == "CONV_2D" else 1)
     if op.opcode == "FULLY_CONNECTED":
-        return math.prod(op.outputs[0].shape) * op.inputs[1].shape[-1]
+        return out * op.inputs[1].shape[-1]
+    if op.opcode == "BATCH_MATMUL" and len(op.inputs[0].shape) >= 2:
+        return out * op.inputs[0].shape[-2 if op.options.get("adj_x") else -1]
+    if op.opcode in EXP_OPS and op.outputs[0].dtype.numpy == np.float32:
+        return out * EXP_VALUE_MACS
     return 0
 
 
