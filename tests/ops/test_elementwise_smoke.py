@@ -1,6 +1,7 @@
 """Golden tests of elementwise kernels (arithmetic, comparisons, logic, select, unary math, conversions)."""
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from delegate import CompileOptions
@@ -67,6 +68,36 @@ def test_channel_row_binary(op, act, row_first, constant_row, shape, native, see
     b.output(b.op(op, [row, x] if row_first else [x, row], options=opts, shape=shape))
     check_against_litert(b.to_bytes(), inputs, options=CompileOptions(num_threads=2),
                          backend_options={"native": native})
+
+
+# Operand shapes against an output of (2, 197, 32) (rows of its last axis) in each way the native loops take
+# them: whole, one value per column, per row (a layer norm's mean of each token), one value; and of one column.
+FORMS = [((2, 197, 32), (2, 197, 1)), ((2, 197, 1), (2, 197, 32)), ((2, 197, 1), (32,)), ((1, 1, 32), (2, 197, 1)),
+         ((2, 197, 32), ()), ((1,), (2, 197, 32)), ((32,), (2, 197, 32)), ((2, 197, 1), (1, 1, 1)), ((5, 1), (5, 1))]
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE", "MAXIMUM", "MINIMUM"])
+@pytest.mark.parametrize("shapes", FORMS)
+@pytest.mark.parametrize("constant", [None, 0, 1])
+def test_binary_operands_broadcast_by_rows_columns_or_one_value(op, shapes, constant):
+    """Each operand of the output's shape, a value per column, a value per row or one value (either side,
+    at run time or constant), on two threads; a layer norm's steps then join the batched native calls."""
+    import delegate
+    rng = np.random.default_rng(len(FORMS) * len(op) + FORMS.index(shapes))
+    b, inputs = GraphBuilder(), []
+    operands = []
+    for i, shape in enumerate(shapes):
+        values = _nonzero(rng, shape) if i == 1 and op == "DIV" else (rng.standard_normal(shape) * 4).astype(np.float32)
+        if i == constant:
+            operands.append(b.const(f"c{i}", values))
+        else:
+            operands.append(b.input(f"x{i}", shape))
+            inputs.append(values)
+    b.output(b.op(op, operands))
+    check_against_litert(b.to_bytes(), inputs, options=CompileOptions(num_threads=2))
+    session = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=2, **{"cpu.engine": "numpy"})
+    (_, run, _, _), = session.executor.compiled[0].steps
+    assert getattr(run, "prepared", None) is not None  # a native prepared call, batched with its neighbours
 
 
 def _nonzero(rng, shape, low=0.5):

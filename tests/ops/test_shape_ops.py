@@ -1,6 +1,7 @@
 """Golden tests of the data-movement kernels (reshapes, joins, splits, slices, gathers, padding) against LiteRT."""
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, strategies as st
 
 from delegate import CompileOptions
@@ -311,3 +312,23 @@ def test_shape_arithmetic_runs_at_compile_time():
     out = ex.run({g.inputs[0].index: values})
     np.testing.assert_array_equal(out[g.outputs[0].index], values.reshape(2, 12))
     np.testing.assert_array_equal(out[g.outputs[1].index], [2, 3, 4])
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 197, 16), (3, 64, 96), (1, 2, 197, 16), (2, 3, 1, 4, 5), (2, 1, 3, 2, 2, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int16", "int64", "bool"])
+def test_transpose_in_the_native_loops_moves_every_item(shape, dtype):
+    """TRANSPOSE by a constant permutation is one prepared native call (batched with its neighbours): every
+    permutation of up to six axes, items of 1 to 8 bytes, shared among two threads, exactly numpy's."""
+    import itertools
+    import delegate
+    rng = np.random.default_rng(len(shape))
+    perms = list(itertools.permutations(range(len(shape))))
+    for perm in [perms[i] for i in rng.choice(len(perms), min(len(perms), 6), replace=False)]:
+        data = _single("TRANSPOSE", shape, dtype, [np.array(perm, np.int32)],
+                       shape=tuple(shape[k] for k in perm))
+        x = _values(rng, shape, dtype)
+        session = delegate.load(data, backends="[cpu]", num_threads=2, **{"cpu.engine": "numpy"})
+        (_, run, _, _), = session.executor.compiled[0].steps
+        assert getattr(run, "prepared", None) is not None
+        out = next(iter(session.run_indexed({session.graph.inputs[0].index: x}).values()))
+        np.testing.assert_array_equal(out, np.transpose(x, perm))

@@ -18,7 +18,7 @@ def clip(op: Op):
     """Clamps in the native loops where they serve, else through np.clip, which runs a vector loop
     where maximum against a scalar does not."""
     low, high = CLAMPS[op.opcode]
-    native = _native_unary(op, "COPY", Epilogue(None, (low, high)))
+    native = native_unary(op, "COPY", Epilogue(None, (low, high)))
     if native is not None:
         return native
 
@@ -74,7 +74,7 @@ def leaky_relu(op: Op):
     return _scaled_negative_part(op, np.float32(op.options.get("alpha", 0.2)))
 
 
-def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
+def native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
     """The op in one pass through the native loops on all the kernel's threads; None where those do not
     serve."""
     loops, size = elementwise_loops(op), math.prod(op.outputs[0].shape)
@@ -85,7 +85,7 @@ def _native_unary(op: Op, kind: str, finish=NO_EPILOGUE):
 
 @kernel("HARD_SWISH")
 def hard_swish(op: Op):
-    native = _native_unary(op, "HARD_SWISH")
+    native = native_unary(op, "HARD_SWISH")
     if native is not None:
         return native
     shape = op.outputs[0].shape
@@ -100,7 +100,7 @@ def hard_swish(op: Op):
 
 @kernel("LOGISTIC")
 def logistic(op: Op):
-    native = _native_unary(op, "LOGISTIC")
+    native = native_unary(op, "LOGISTIC")
     if native is not None:
         return native
 
@@ -144,7 +144,7 @@ def erf(x: np.ndarray) -> np.ndarray:
 @kernel("GELU")
 def gelu(op: Op):
     approximate = bool(op.options.get("approximate", False))
-    native = _native_unary(op, "GELU_TANH" if approximate else "GELU")
+    native = native_unary(op, "GELU_TANH" if approximate else "GELU")
     if native is not None:
         return native
     k = math.sqrt(2.0 / math.pi)

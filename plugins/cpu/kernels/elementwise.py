@@ -9,7 +9,8 @@ import numpy as np
 from delegate.plugin_api import Op
 
 from ..registry import kernel, laid_out
-from .common import CLAMPS, along_rows, constant, float_constant, fused, fused_name
+from .activations import native_unary
+from .common import CLAMPS, along_rows, constant, fused, fused_name
 from .native import (BINARY_KINDS, PER_THREAD_ITEMS, BinaryCall, Epilogue, float_loops, prepared_run,
                      team_for)
 
@@ -69,43 +70,40 @@ def arithmetic(op: Op):
     return laid_out(run, 0, 1)
 
 
-# Operand order does not matter to these, so a broadcast row may come first.
-_COMMUTATIVE = frozenset({"ADD", "MUL", "MAXIMUM", "MINIMUM"})
-
-
 def _native_arithmetic(op: Op):
     """The op in one pass through the native loops on all the kernel's threads, with a fused clamp or
-    PReLU: on operands of the output's shape, or one of them a row along its last axis (a
-    per-channel scale, offset or gate), runtime or constant; None where those do not serve."""
+    PReLU: each operand of the output's shape or broadcast to it as one value per element of its last axis
+    (a per-channel scale, offset or gate), one value per row of it (a layer norm's mean and deviation of each
+    token), or one value, runtime or constant; None where those do not serve."""
     activation, shape = fused_name(op), op.outputs[0].shape
     if op.opcode not in BINARY_KINDS or activation not in ("NONE", "PRELU", *CLAMPS) or not shape:
         return None
     first, second = op.inputs[:2]
-    if _is_row(first, shape) and second.shape == shape and op.opcode in _COMMUTATIVE:
-        first, second = second, first
-    if first.shape != shape or not (second.shape == shape or _is_row(second, shape)):
-        return None
+    forms = (_form(first.shape, shape), _form(second.shape, shape))
     loops = float_loops(op)
-    if loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
+    if None in forms or loops is None or any(t.dtype.numpy != np.float32 for t in (first, second, op.outputs[0])):
         return None
-    # Constant operands are taken as they are laid out once; the others are read at run time.
-    fixed_a, fixed_b = (None if (v := float_constant(t)) is None else np.ascontiguousarray(v) for t in (first, second))
-    slot_a, slot_b = op.inputs.index(first), op.inputs.index(second)
     finish = Epilogue(None, CLAMPS.get(activation), op.options.get("prelu_slope"))
-    call = BinaryCall(op.opcode, shape, second.shape != shape, finish, team_for(math.prod(shape), PER_THREAD_ITEMS))
-    if fixed_a is None and fixed_b is None and (slot_a, slot_b) == (0, 1):
-        return laid_out(prepared_run(loops, call, 2), 0, 1)
-
-    def run(ins, outs):
-        a = fixed_a if fixed_a is not None else np.ascontiguousarray(ins[slot_a])
-        b = fixed_b if fixed_b is not None else np.ascontiguousarray(ins[slot_b])
-        loops.prepared(call, a, b, outs[0])
-    return laid_out(run, 0, 1)
+    call = BinaryCall(op.opcode, shape, forms, finish, team_for(math.prod(shape), PER_THREAD_ITEMS))
+    return prepared_run(loops, call, 2)  # a constant operand comes as its buffer, bound once (batched_steps)
 
 
-def _is_row(t, shape) -> bool:
-    """Whether ``t`` holds one value per element of the last axis of ``shape``, broadcast along the rest."""
-    return len(t.shape) <= len(shape) and t.shape[-1:] == shape[-1:] and math.prod(t.shape) == shape[-1] > 1
+def _form(operand: tuple[int, ...], shape: tuple[int, ...]) -> str | None:
+    """How an operand of ``operand``'s shape covers an output of ``shape`` viewed as rows of its last axis
+    (native.BINARY_FORMS), or None where it broadcasts another way."""
+    if len(operand) > len(shape):
+        return None
+    padded = (1,) * (len(shape) - len(operand)) + tuple(operand)
+    columns = shape[-1]
+    if padded == tuple(shape):
+        return "WHOLE"
+    if math.prod(padded) == 1:
+        return "ONE"
+    if padded[-1] == columns and all(d == 1 for d in padded[:-1]):
+        return "PER_COLUMN"
+    if padded[-1] == 1 and padded[:-1] == tuple(shape[:-1]):
+        return "WHOLE" if columns == 1 else "PER_ROW"
+    return None
 
 
 @kernel(*COMPARE)
@@ -142,6 +140,9 @@ _UNARY = {"EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "RSQRT": _rsqrt, "SQUAR
 
 @kernel(*_UNARY)
 def unary(op: Op):
+    native = native_unary(op, "RSQRT") if op.opcode == "RSQRT" else None
+    if native is not None:  # a layer norm's step, in the batched native calls with the ops around it
+        return native
     fn = _UNARY[op.opcode]
 
     def run(ins, outs):

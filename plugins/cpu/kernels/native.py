@@ -63,8 +63,10 @@ MAX_TEAM = 16
 # on 8 and 4.2 on 16.
 TEAM_SHARE = 1 << 18
 # The elementwise kernels of native.c, in the order of its enums.
-BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM")
-UNARY_KINDS = ("COPY", "HARD_SWISH", "LOGISTIC", "GELU", "GELU_TANH")
+BINARY_KINDS = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "DIV", "SQUARED_DIFFERENCE")
+# How each operand of a binary call covers the output viewed as (rows, columns) (native.c's binary_form).
+BINARY_FORMS = ("WHOLE", "PER_COLUMN", "PER_ROW", "ONE")
+UNARY_KINDS = ("COPY", "HARD_SWISH", "LOGISTIC", "GELU", "GELU_TANH", "RSQRT")
 
 # The integer products native.c was built with, by its integer_isa().
 INTEGER_ISAS = ("portable", "avx2", "avx512vnni")
@@ -267,7 +269,7 @@ class NativeLoops:
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
         for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall,
-                     ResizeCall):
+                     ResizeCall, TransposeCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -309,13 +311,6 @@ class NativeLoops:
         """A convolution read in place: ``weights`` its (KH*KW*C, units) matrix packed, ``finish`` padded
         to its panels, the rest as for depthwise."""
         self.prepared(ConvCall(weights, where, finish, threads), x, out)
-
-    def binary(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
-               finish: Epilogue = NO_EPILOGUE) -> None:
-        """out = a (kind) b, then the epilogue (its slope along the last axis): contiguous float32 arrays,
-        a of out's shape, b too or one row of its last axis (broadcast along the rows); ``kind`` one
-        of BINARY_KINDS."""
-        self.prepared(BinaryCall(kind, out.shape, b.size != out.size, finish, threads), a, b, out)
 
     def pool(self, x: np.ndarray, out: np.ndarray, where: "Geometry", average: bool, threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
@@ -481,20 +476,23 @@ class DepthwiseCall(ctypes.Structure):
 
 
 class BinaryCall(ctypes.Structure):
-    """The arguments of native.c's binary_flat (binary_call) for operands of ``shape`` (the second one
-    row of its last axis when ``broadcast``): built once, a run places the operands and the output."""
+    """The arguments of native.c's binary_flat (binary_call): an output of ``shape`` (viewed as rows of its
+    last axis) from two operands, each covering it as ``forms`` say (BINARY_FORMS): built once, a run places
+    the operands and the output."""
 
     _fields_ = [("kind", _INT64), ("a", _PTR), ("b", _PTR), ("out", _PTR), ("n", _INT64), ("columns", _INT64),
-                ("broadcast", _INT64), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
+                ("a_form", _INT64), ("b_form", _INT64), ("finish", ctypes.POINTER(Epilogue)), ("threads", _INT64)]
     symbol, places = "binary_prepared", ("a", "b", "out")
 
-    def __init__(self, kind: str, shape: tuple[int, ...], broadcast: bool, finish: Epilogue, threads: int):
+    def __init__(self, kind: str, shape: tuple[int, ...], forms: tuple[str, str], finish: Epilogue, threads: int):
+        n = math.prod(shape)
         columns = shape[-1] if shape else 1
         fits(finish.covers(columns), "the epilogue does not cover a row")
+        sizes = {"WHOLE": n, "PER_COLUMN": columns, "PER_ROW": n // columns if columns else 0, "ONE": 1}
         self.kept = finish
-        self.sizes = (math.prod(shape), columns if broadcast else math.prod(shape), math.prod(shape))
-        super().__init__(BINARY_KINDS.index(kind), None, None, None, math.prod(shape), shape[-1] if shape else 1,
-                         broadcast, ctypes.pointer(finish), threads)
+        self.sizes = (sizes[forms[0]], sizes[forms[1]], n)
+        super().__init__(BINARY_KINDS.index(kind), None, None, None, n, columns, BINARY_FORMS.index(forms[0]),
+                         BINARY_FORMS.index(forms[1]), ctypes.pointer(finish), threads)
         self.reference = ctypes.byref(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -516,6 +514,35 @@ class CopyCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
              and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
+
+
+TRANSPOSE_AXES = 6  # native.c's
+
+
+class TransposeCall(ctypes.Structure):
+    """The arguments of native.c's transpose_prepared: a contiguous array of ``shape`` and ``dtype`` (items
+    of 1, 2, 4 or 8 bytes) with its axes in the order ``perm`` (out's axis k is x's axis perm[k]), up to
+    TRANSPOSE_AXES of them; a run places x and out."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("rank", _INT64), ("item", _INT64),
+                ("shape", _INT64 * TRANSPOSE_AXES), ("step", _INT64 * TRANSPOSE_AXES), ("threads", _INT64)]
+    symbol, places = "transpose_prepared", ("x", "out")
+
+    def __init__(self, shape: tuple[int, ...], perm: tuple[int, ...], dtype, threads: int):
+        fits(1 <= len(shape) <= TRANSPOSE_AXES and sorted(perm) == list(range(len(shape))),
+             f"a permutation {perm} of {len(shape)} axes")
+        self.dtype = np.dtype(dtype)
+        fits(self.dtype.itemsize in (1, 2, 4, 8), f"items of {self.dtype.itemsize} bytes")
+        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        self.in_shape, self.out_shape = tuple(shape), tuple(shape[k] for k in perm)
+        super().__init__(None, None, len(shape), self.dtype.itemsize, (_INT64 * TRANSPOSE_AXES)(*self.out_shape),
+                         (_INT64 * TRANSPOSE_AXES)(*(strides[k] for k in perm)), threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(x.shape == self.in_shape and out.shape == self.out_shape and x.flags.c_contiguous
+             and out.flags.c_contiguous and x.dtype == out.dtype == self.dtype,
+             f"transpose of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
 
 
 class UnaryCall(ctypes.Structure):

@@ -15,7 +15,8 @@ from delegate.plugin_api import Op, strided_slice_plan
 
 from ..registry import kernel, laid_out
 from .common import constant, fused
-from .native import PER_THREAD_ITEMS, CopyCall, PadCall, float_loops, kernel_loops, prepared_run, team_for
+from .native import (PER_THREAD_ITEMS, TRANSPOSE_AXES, CopyCall, PadCall, TransposeCall, float_loops,
+                     kernel_loops, prepared_run, team_for)
 
 
 def _operand(fixed, ins, i):
@@ -47,12 +48,30 @@ _BY_INT_LIST = {"TRANSPOSE": np.transpose, "TILE": np.tile}
 
 @kernel(*_BY_INT_LIST)
 def by_int_list(op: Op):
-    """TRANSPOSE (permutation) and TILE (multiples): numpy's function of the input and an int list."""
+    """TRANSPOSE (permutation) and TILE (multiples): numpy's function of the input and an int list; a
+    TRANSPOSE by a constant permutation with the native loops one prepared call (batched with its
+    neighbours': a transformer's attention transposes its heads five times between its products)."""
     fn, fixed = _BY_INT_LIST[op.opcode], constant(op.inputs[1])
+    native = _native_transpose(op, fixed) if op.opcode == "TRANSPOSE" and fixed is not None else None
+    if native is not None:
+        return native
 
     def run(ins, outs):
         np.copyto(outs[0], fn(ins[0], _int_list(_operand(fixed, ins, 1))))
     return run
+
+
+def _native_transpose(op: Op, perm):
+    """TRANSPOSE through the native loops, or None where they do not serve."""
+    x, out, loops = op.inputs[0], op.outputs[0], kernel_loops()
+    dtype = out.dtype.numpy
+    if loops is None or dtype is None or dtype.kind not in "biuf" or x.dtype != out.dtype \
+            or not 1 <= len(x.shape) <= TRANSPOSE_AXES or min(x.shape) < 0:
+        return None
+    perm = tuple(int(k) % len(x.shape) for k in np.asarray(perm).ravel())
+    if sorted(perm) != list(range(len(x.shape))) or tuple(x.shape[k] for k in perm) != tuple(out.shape):
+        return None
+    return prepared_run(loops, TransposeCall(tuple(x.shape), perm, dtype, team_for(math.prod(x.shape), PER_THREAD_ITEMS)))
 
 
 @kernel("CONCATENATION")
