@@ -1451,7 +1451,7 @@ def test_numpy_engine_costs_its_batched_native_ops_apart_from_its_numpy_steps():
     if kernel_loops() is None:
         pytest.skip("the native loops do not build on this machine (no C compiler)")
     b = GraphBuilder()
-    x, y, z = b.input("x", (1, 8, 8, 16)), b.input("y", (1, 8, 8, 16)), b.input("z", (1, 8, 8, 1))
+    x, y, z = b.input("x", (1, 8, 8, 16)), b.input("y", (1, 8, 8, 16)), b.input("z", (1, 1, 8, 16))
     native = b.op("ADD", [x, y], options={"fused_activation_function": "NONE"})
     step = b.op("ADD", [native, z], options={"fused_activation_function": "NONE"})
     b.output(step)

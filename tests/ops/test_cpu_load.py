@@ -223,7 +223,7 @@ def test_team_follows_a_restricted_affinity(tmp_path):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_blas_is_held_to_one_thread_only_where_a_kernel_may_call_it(monkeypatch, threads):
     """A partition whose kernels are all native calls leaves BLAS's thread count alone during runs (they
-    never call it); with a numpy kernel (a TRANSPOSE) each run holds it to one thread."""
+    never call it); with a numpy kernel (a TILE) each run holds it to one thread."""
     import delegate_cpu.plugin as plugin
     from delegate.partition import make_partition
     from delegate.plugins import default_manager
@@ -240,7 +240,7 @@ def test_blas_is_held_to_one_thread_only_where_a_kernel_may_call_it(monkeypatch,
     x = b.input("x", (1, 8, 8, 16), "float32")
     conv = b.op("CONV_2D", [x, b.const("w", np.ones((16, 1, 1, 16), np.float32))],
                 options={"padding": "SAME", "stride_h": 1, "stride_w": 1})
-    b.output(conv, b.op("TRANSPOSE", [conv, b.const("perm", np.array([0, 2, 1, 3], np.int32))]))
+    b.output(conv, b.op("TILE", [conv, b.const("multiples", np.array([1, 1, 1, 2], np.int32))], shape=(1, 8, 8, 32)))
     g = read_model(b.to_bytes()).main
     be = default_manager().backend_info("cpu").factory({})
     for ops, holds in ((g.ops[:1], native.native_loops() is None), (g.ops, True)):
