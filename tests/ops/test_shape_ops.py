@@ -318,7 +318,8 @@ def test_shape_arithmetic_runs_at_compile_time():
 @pytest.mark.parametrize("dtype", ["float32", "int8", "int16", "int64", "bool"])
 def test_transpose_in_the_native_loops_moves_every_item(shape, dtype):
     """TRANSPOSE by a constant permutation is one prepared native call (batched with its neighbours): every
-    permutation of up to six axes, items of 1 to 8 bytes, shared among two threads, exactly numpy's."""
+    permutation of up to six axes, items of 1 to 8 bytes (a matrix transposed: 4-byte items, by blocks of 8 x 8
+    and the ragged edges), shared among two threads, exactly numpy's."""
     import itertools
     import delegate
     rng = np.random.default_rng(len(shape))
@@ -329,6 +330,7 @@ def test_transpose_in_the_native_loops_moves_every_item(shape, dtype):
         x = _values(rng, shape, dtype)
         session = delegate.load(data, backends="[cpu]", num_threads=2, **{"cpu.engine": "numpy"})
         (_, run, _, _), = session.executor.compiled[0].steps
-        assert getattr(run, "prepared", None) is not None
+        matrix = len(shape) > 1 and perm[-2] == len(shape) - 1 != perm[-1]  # numpy's for items not of 4 bytes
+        assert (getattr(run, "prepared", None) is not None) == (not matrix or np.dtype(dtype).itemsize == 4)
         out = next(iter(session.run_indexed({session.graph.inputs[0].index: x}).values()))
         np.testing.assert_array_equal(out, np.transpose(x, perm))

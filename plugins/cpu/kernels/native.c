@@ -3018,12 +3018,11 @@ int copy_prepared(const copy_call *c)
 
 /* TRANSPOSE: out (contiguous, of ``shape``, ``rank`` axes up to TRANSPOSE_AXES) from x's items, out's axis k
  * stepping ``step[k]`` items through x; ``item`` bytes an item (1, 2, 4 or 8).  Where out's second last axis
- * is x's last (a matrix transposed: attention's scores), tiles of TRANSPOSE_TILE rows of out, each row of a
- * tile written in order from TRANSPOSE_TILE lines of x; else each out row a gather at one step.  Tiles or rows
- * are shared among ``threads``.  A 2 x 197 x 197 transpose on the 2-core VM: 40-43 us on one thread, 28-29 on
- * two (numpy's copy 22-24 on one, as a Python step of its own between the native calls). */
+ * is x's last (a matrix transposed: attention's scores; 4-byte items only, native.py's TransposeCall), blocks
+ * of 8 x 8 transposed in registers (transpose8x8), the ragged edges item by item; else each out row a gather
+ * at one step.  Blocks of 8 rows of out, or rows, are shared among ``threads``.  A 2 x 197 x 197 float
+ * transpose on the 2-core VM took 40-43 us on one thread item by item in tiles, numpy's copy 22-24. */
 #define TRANSPOSE_AXES 6
-#define TRANSPOSE_TILE 16
 typedef struct {
     const void *x;
     void *out;
@@ -3043,6 +3042,33 @@ static int64_t transpose_start(const transpose_call *p, int64_t axes, int64_t in
     return at;
 }
 
+typedef uint32_t u32x8 __attribute__((vector_size(8 * sizeof(uint32_t))));
+
+/* dst row k = column k of the 8 x 8 block at src (rows ``from`` items apart), dst rows ``to`` apart: pairs of
+ * rows interleaved, then pairs of pairs, then halves. */
+static inline void transpose8x8(const uint32_t *src, int64_t from, uint32_t *dst, int64_t to)
+{
+    u32x8 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        memcpy(&r[i], src + i * from, sizeof r[i]);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], (u32x8){0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (u32x8){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = __builtin_shuffle(t[i], t[i + 2], (u32x8){0, 1, 8, 9, 4, 5, 12, 13});
+        r[i + 1] = __builtin_shuffle(t[i], t[i + 2], (u32x8){2, 3, 10, 11, 6, 7, 14, 15});
+        r[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], (u32x8){0, 1, 8, 9, 4, 5, 12, 13});
+        r[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], (u32x8){2, 3, 10, 11, 6, 7, 14, 15});
+    }
+    for (int k = 0; k < 4; k++) {
+        u32x8 low = __builtin_shuffle(r[k], r[k + 4], (u32x8){0, 1, 2, 3, 8, 9, 10, 11});
+        u32x8 high = __builtin_shuffle(r[k], r[k + 4], (u32x8){4, 5, 6, 7, 12, 13, 14, 15});
+        memcpy(dst + k * to, &low, sizeof low);
+        memcpy(dst + (k + 4) * to, &high, sizeof high);
+    }
+}
+
 #define TRANSPOSE_ROW(T)                                                                                     \
     do {                                                                                                     \
         const T *from = (const T *)p->x + transpose_start(p, rank - 1, r);                                   \
@@ -3051,37 +3077,26 @@ static int64_t transpose_start(const transpose_call *p, int64_t axes, int64_t in
             to[j] = from[j * last];                                                                          \
     } while (0)
 
-#define TRANSPOSE_TILES(T)                                                                                   \
-    do {                                                                                                     \
-        const T *from = (const T *)p->x + transpose_start(p, rank - 2, matrix) + r0;                         \
-        T *to = (T *)p->out + (matrix * height + r0) * columns;                                              \
-        for (int64_t j0 = 0; j0 < columns; j0 += TRANSPOSE_TILE) {                                           \
-            int64_t jn = columns - j0 < TRANSPOSE_TILE ? columns - j0 : TRANSPOSE_TILE;                      \
-            for (int64_t i = 0; i < rn; i++)                                                                 \
-                for (int64_t j = j0; j < j0 + jn; j++)                                                       \
-                    to[i * columns + j] = from[j * last + i];                                                \
-        }                                                                                                    \
-    } while (0)
-
 int transpose_prepared(const transpose_call *p)
 {
     int64_t rank = p->rank, columns = p->shape[rank - 1], last = p->step[rank - 1], rows = 1;
     for (int64_t k = 0; k < rank - 1; k++)
         rows *= p->shape[k];
     int team = rows * columns >= 4096 ? team_of(p->threads) : 1;
-    if (rank >= 2 && p->step[rank - 2] == 1 && last != 1) {
-        int64_t height = p->shape[rank - 2], matrices = height ? rows / height : 0;
-        int64_t tiles = (height + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    if (rank >= 2 && p->step[rank - 2] == 1 && last != 1 && p->item == 4) {
+        int64_t height = p->shape[rank - 2], matrices = height ? rows / height : 0, bands = (height + 7) / 8;
         #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
-        for (int64_t task = 0; task < matrices * tiles; task++) {
-            int64_t matrix = task / tiles, r0 = task % tiles * TRANSPOSE_TILE;
-            int64_t rn = height - r0 < TRANSPOSE_TILE ? height - r0 : TRANSPOSE_TILE;
-            switch (p->item) {
-            case 1: TRANSPOSE_TILES(uint8_t); break;
-            case 2: TRANSPOSE_TILES(uint16_t); break;
-            case 4: TRANSPOSE_TILES(uint32_t); break;
-            default: TRANSPOSE_TILES(uint64_t); break;
-            }
+        for (int64_t task = 0; task < matrices * bands; task++) {
+            int64_t matrix = task / bands, i0 = task % bands * 8, in = height - i0 < 8 ? height - i0 : 8;
+            const uint32_t *from = (const uint32_t *)p->x + transpose_start(p, rank - 2, matrix) + i0;
+            uint32_t *to = (uint32_t *)p->out + (matrix * height + i0) * columns;
+            int64_t j = 0;
+            if (in == 8)
+                for (; j + 8 <= columns; j += 8)
+                    transpose8x8(from + j * last, last, to + j, columns);
+            for (int64_t i = 0; i < in; i++)  /* the ragged edges: out[i][j] = x row j, item i */
+                for (int64_t jj = j; jj < columns; jj++)
+                    to[i * columns + jj] = from[jj * last + i];
         }
         return DONE;
     }

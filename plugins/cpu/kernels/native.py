@@ -522,7 +522,8 @@ TRANSPOSE_AXES = 6  # native.c's
 class TransposeCall(ctypes.Structure):
     """The arguments of native.c's transpose_prepared: a contiguous array of ``shape`` and ``dtype`` (items
     of 1, 2, 4 or 8 bytes) with its axes in the order ``perm`` (out's axis k is x's axis perm[k]), up to
-    TRANSPOSE_AXES of them; a run places x and out."""
+    TRANSPOSE_AXES of them; a run places x and out.  A matrix transposed (x's last axis out's second last)
+    goes by blocks in registers for 4-byte items and by a gather per row for others."""
 
     _fields_ = [("x", _PTR), ("out", _PTR), ("rank", _INT64), ("item", _INT64),
                 ("shape", _INT64 * TRANSPOSE_AXES), ("step", _INT64 * TRANSPOSE_AXES), ("threads", _INT64)]
@@ -1418,16 +1419,15 @@ EXP_OPS = frozenset({"SOFTMAX", "LOGISTIC", "TANH", "GELU", "EXP", "ELU", "LOG_S
 
 
 def _multiply_adds(op) -> int:
-    """Multiply-adds of a convolution, fully connected op or batch matmul, and what an op built on e^x
-    costs as many (EXP_VALUE_MACS a value); 0 for others."""
+    """Multiply-adds of a convolution or fully connected op, and what a float op built on e^x costs as many
+    (EXP_VALUE_MACS a value); 0 for others (a BATCH_MATMUL goes through numpy's BLAS on one thread, not the
+    team: counted, it put a quantized ViT block's partition on two threads, 3% slower than one)."""
     out = math.prod(op.outputs[0].shape) if op.outputs and op.outputs[0].shape is not None else 0
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         _, kh, kw, depth = op.inputs[1].shape
         return out * kh * kw * (depth if op.opcode == "CONV_2D" else 1)
     if op.opcode == "FULLY_CONNECTED":
         return out * op.inputs[1].shape[-1]
-    if op.opcode == "BATCH_MATMUL" and len(op.inputs[0].shape) >= 2:
-        return out * op.inputs[0].shape[-2 if op.options.get("adj_x") else -1]
     if op.opcode in EXP_OPS and op.outputs[0].dtype.numpy == np.float32:
         return out * EXP_VALUE_MACS
     return 0

@@ -71,6 +71,9 @@ def _native_transpose(op: Op, perm):
     perm = tuple(int(k) % len(x.shape) for k in np.asarray(perm).ravel())
     if sorted(perm) != list(range(len(x.shape))) or tuple(x.shape[k] for k in perm) != tuple(out.shape):
         return None
+    rank = len(perm)
+    if rank >= 2 and perm[-2] == rank - 1 != perm[-1] and dtype.itemsize != 4:
+        return None  # a matrix transposed: native.c does 4-byte items by blocks, numpy others faster than a gather
     return prepared_run(loops, TransposeCall(tuple(x.shape), perm, dtype, team_for(math.prod(x.shape), PER_THREAD_ITEMS)))
 
 
