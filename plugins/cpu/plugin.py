@@ -68,7 +68,8 @@ class CpuCompiled(CompiledPartition):
         self.batched = batched_steps(self.steps)  # what runs (profiled runs too: see run)
         # BLAS is held to one thread during runs (see parallel.py) unless every kernel is a native call,
         # which never calls it (holding it costs ~5 us a run: two thread-count changes).
-        blas = not all(getattr(run, "prepared", None) is not None for _, run, _, _ in self.steps)
+        blas = not all(getattr(run, "prepared", None) is not None and not getattr(run.prepared, "uses_blas", False)
+                       for _, run, _, _ in self.steps)
         self.threading = ThreadChoice(limit_team, blas, self.team) if num_threads > 1 else \
             (lambda: blas_threads(1)) if blas else contextlib.nullcontext
 

@@ -131,6 +131,49 @@ def test_fully_connected_float16_weights_through_dequantize():
     check_against_litert(b.to_bytes(), [rng.standard_normal((2, 16))])
 
 
+@pytest.mark.parametrize("batches", [((2, 3), (2, 3)), ((4,), ()), ((4,), (1,)), ((), ()), ((1, 2), (1, 2))])
+@pytest.mark.parametrize("adj", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("const_rhs", [False, True])
+def test_batch_matmul_in_the_native_loops(batches, adj, const_rhs):
+    """A float32 BATCH_MATMUL whose operands' batches are the output's (or the second one matrix for all) is a
+    prepared native call, each product by BLAS's sgemm on a thread of the team, every transposition; runs hold
+    BLAS to one thread even in a partition of native calls only."""
+    import contextlib
+    import delegate
+    import delegate_cpu.plugin as plugin
+    from delegate_cpu.kernels.native import native_loops
+    if native_loops() is None or native_loops().sgemm is None:
+        pytest.skip("no native loops, or no BLAS sgemm they know, on this machine")
+    rng = np.random.default_rng(len(batches[0]) + 2 * adj[0] + adj[1])
+    m, k, n = 37, 16, 29
+    a_shape = batches[0] + ((k, m) if adj[0] else (m, k))
+    b_shape = batches[1] + ((n, k) if adj[1] else (k, n))
+    b = GraphBuilder()
+    a = b.input("a", a_shape)
+    rhs_value = rng.standard_normal(b_shape).astype(np.float32)
+    rhs = b.const("b", rhs_value) if const_rhs else b.input("b", b_shape)
+    b.output(b.op("BATCH_MATMUL", [a, rhs], options={"adj_x": adj[0], "adj_y": adj[1]}))
+    inputs = [rng.standard_normal(a_shape).astype(np.float32)] + ([] if const_rhs else [rhs_value])
+    check_against_litert(b.to_bytes(), inputs, options=CompileOptions(num_threads=2))
+    held = []
+
+    @contextlib.contextmanager
+    def recording(count):
+        held.append(count)
+        yield
+    session = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=1, **{"cpu.engine": "numpy"})
+    (_, run, _, _), = session.executor.compiled[0].steps
+    assert getattr(run, "prepared", None) is not None
+    original = plugin.blas_threads
+    plugin.blas_threads = recording
+    try:
+        blas_held = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=1, **{"cpu.engine": "numpy"})
+        blas_held.run_indexed(blas_held.normalize_inputs({t.name: v for t, v in zip(blas_held.graph.inputs, inputs)}))
+    finally:
+        plugin.blas_threads = original
+    assert held == [1]
+
+
 @given(m=st.integers(1, 5), k=st.integers(1, 6), n=st.integers(1, 5), adj_x=st.booleans(), adj_y=st.booleans(),
        batches=st.sampled_from([((2,), (2,)), ((1,), (3,)), ((2, 1), (3,)), ((), (2,))]),
        const_rhs=st.booleans(), seed=st.integers(0, 2**16))

@@ -14,6 +14,8 @@ threads.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from delegate.plugin_api import Op, transpose_conv_bias_geometry
@@ -21,8 +23,8 @@ from delegate.plugin_api import Op, transpose_conv_bias_geometry
 from ..registry import kernel, laid_out
 from .common import (CLAMPS, Padded, PaddedRows, activation, along_rows, contiguous_layout, convert, float_constant,
                      fused, fused_name, same_padding, scratch, strided, window_view)
-from .native import (NO_EPILOGUE, PER_THREAD_MACS, ConvCall, DepthwiseCall, DepthwiseTaps, Epilogue, Geometry,
-                     PackedOperand, ProductCall, kernel_loops, prepared_run, team_for)
+from .native import (NO_EPILOGUE, PER_THREAD_MACS, BatchProductCall, ConvCall, DepthwiseCall, DepthwiseTaps, Epilogue,
+                     Geometry, PackedOperand, ProductCall, float_loops, kernel_loops, prepared_run, team_for)
 from .parallel import chunks_for, even_chunks, kernel_threads, spread
 
 
@@ -728,9 +730,37 @@ def matrix_gemm(op: Op, operand, finish, dtype=np.float32, offset: float = 0, de
     return run
 
 
+def _native_batch_matmul(op: Op, adj_x: bool, adj_y: bool):
+    """A float32 BATCH_MATMUL through the native loops (each product by BLAS's sgemm on a thread of the team,
+    batched with the calls around it), where its operands' batches are the output's (the second's may be one
+    matrix for all) and numpy's BLAS is one the loops know; else None."""
+    lhs, rhs, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    loops = float_loops(op)
+    if loops is None or loops.sgemm is None or any(t.dtype.numpy != np.float32 for t in (lhs, rhs, out)) \
+            or min(len(lhs.shape), len(rhs.shape), len(out.shape)) < 2:
+        return None
+    m, k = (lhs.shape[-1], lhs.shape[-2]) if adj_x else (lhs.shape[-2], lhs.shape[-1])
+    k_b, n = (rhs.shape[-1], rhs.shape[-2]) if adj_y else (rhs.shape[-2], rhs.shape[-1])
+    batches = tuple(out.shape[:-2])
+
+    def padded(t):  # a batch shape as the output's
+        dims = tuple(t.shape[:-2])
+        return (1,) * (len(batches) - len(dims)) + dims if len(dims) <= len(batches) else None
+    shared_b = padded(rhs) == (1,) * len(batches)
+    if k != k_b or tuple(out.shape[-2:]) != (m, n) or padded(lhs) != batches or not (shared_b or padded(rhs) == batches):
+        return None
+    batch = math.prod(batches)
+    call = BatchProductCall(loops.sgemm, batch, m, n, k, (adj_x, adj_y), shared_b,
+                            team_for(batch * m * n * k, PER_THREAD_MACS))
+    return prepared_run(loops, call, 2)
+
+
 @kernel("BATCH_MATMUL")
 def batch_matmul(op: Op):
     adj_x, adj_y = bool(op.options.get("adj_x")), bool(op.options.get("adj_y"))
+    native = _native_batch_matmul(op, adj_x, adj_y)
+    if native is not None:
+        return native
     rhs = float_constant(op.inputs[1])
     if rhs is not None:
         rhs = np.ascontiguousarray(np.swapaxes(rhs, -1, -2) if adj_y else rhs)

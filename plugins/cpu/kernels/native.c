@@ -1329,15 +1329,50 @@ typedef void (*sgemm32_fn)(int, int, int, int32_t, int32_t, int32_t, float, cons
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
+static void sgemm_of(void *fn, int int64, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
+{
+    int ta = trans_a ? TRANS : NO_TRANS, tb = trans_b ? TRANS : NO_TRANS;
+    if (int64)
+        ((sgemm64_fn)fn)(ROW_MAJOR, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    else
+        ((sgemm32_fn)fn)(ROW_MAJOR, ta, tb, (int32_t)m, (int32_t)n, (int32_t)k, 1.0f, a, (int32_t)lda,
+                         b, (int32_t)ldb, 0.0f, c, (int32_t)ldc);
+}
+
 static void sgemm(void *fn, int int64, int trans_a, int64_t m, int64_t n, int64_t k, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
 {
-    int ta = trans_a ? TRANS : NO_TRANS;
-    if (int64)
-        ((sgemm64_fn)fn)(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-    else
-        ((sgemm32_fn)fn)(ROW_MAJOR, ta, NO_TRANS, (int32_t)m, (int32_t)n, (int32_t)k, 1.0f, a, (int32_t)lda,
-                         b, (int32_t)ldb, 0.0f, c, (int32_t)ldc);
+    sgemm_of(fn, int64, trans_a, 0, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+/* BATCH_MATMUL of contiguous float32 operands: out[i] = a[i] @ b[i] for ``batch`` products of (m x k) by
+ * (k x n), each operand transposed where its ``trans`` says (stored k x m, n x k), b the same matrix for all
+ * where ``b_step`` is 0; the products, each in bands of rows, shared among ``threads`` (BLAS's sgemm on one
+ * thread each).  A transformer's attention products otherwise went through numpy between the batched native
+ * calls, on one thread. */
+typedef struct {
+    const float *a, *b;
+    float *out;
+    void *sgemm;
+    int64_t int64, batch, m, n, k, trans_a, trans_b, b_step, threads;
+} batch_product_call;
+
+int batch_product_prepared(const batch_product_call *p)
+{
+    int64_t m = p->m, n = p->n, k = p->k, team = team_of(p->threads);
+    int64_t bands = team > 1 && p->batch < team ? (team + p->batch - 1) / p->batch : 1;
+    bands = bands < m ? bands : (m > 0 ? m : 1);
+    #pragma omp parallel for num_threads(team) schedule(static) if (team > 1 && p->batch * bands > 1)
+    for (int64_t task = 0; task < p->batch * bands; task++) {
+        int64_t i = task / bands, r0 = m * (task % bands) / bands, r1 = m * (task % bands + 1) / bands;
+        const float *a = p->a + i * m * k, *b = p->b + i * p->b_step;
+        if (r1 > r0)
+            sgemm_of(p->sgemm, (int)p->int64, (int)p->trans_a, (int)p->trans_b, r1 - r0, n, k,
+                     p->trans_a ? a + r0 : a + r0 * k, p->trans_a ? m : k, b, p->trans_b ? k : n,
+                     p->out + i * m * n + r0 * n, n);
+    }
+    return DONE;
 }
 
 /* Rows of c one product of a thread's share covers: the share's epilogue then runs while they are

@@ -269,7 +269,7 @@ class NativeLoops:
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
         for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall,
-                     ResizeCall, TransposeCall):
+                     ResizeCall, TransposeCall, BatchProductCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -514,6 +514,31 @@ class CopyCall(ctypes.Structure):
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
              and x.dtype == out.dtype, f"copy of {x.shape} {x.dtype} into {out.shape} {out.dtype}")
+
+
+class BatchProductCall(ctypes.Structure):
+    """The arguments of native.c's batch_product_prepared: a float32 BATCH_MATMUL of contiguous operands, ``batch``
+    products of (m x k) by (k x n) (each operand stored transposed where ``trans`` says), the second the same
+    matrix for all where ``shared_b``, through the BLAS sgemm numpy loaded (``sgemm``: its address and whether its
+    integers are 64-bit); a run places a, b and out.  ``uses_blas``: runs hold BLAS to one thread."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("out", _PTR), ("sgemm", _PTR), ("int64", _INT64), ("batch", _INT64),
+                ("m", _INT64), ("n", _INT64), ("k", _INT64), ("trans_a", _INT64), ("trans_b", _INT64),
+                ("b_step", _INT64), ("threads", _INT64)]
+    symbol, places = "batch_product_prepared", ("a", "b", "out")
+    uses_blas = True
+
+    def __init__(self, sgemm: tuple[int, int], batch: int, m: int, n: int, k: int, trans: tuple[bool, bool],
+                 shared_b: bool, threads: int):
+        fits(min(batch, m, n, k) >= 1, f"a batch product of {batch} x ({m} x {k}) @ ({k} x {n})")
+        self.sizes = (batch * m * k, (1 if shared_b else batch) * k * n, batch * m * n)
+        super().__init__(None, None, None, sgemm[0], sgemm[1], batch, m, n, k, trans[0], trans[1],
+                         0 if shared_b else k * n, threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
+             f"batch product arrays {a.shape} @ {b.shape} -> {out.shape}")
 
 
 TRANSPOSE_AXES = 6  # native.c's
