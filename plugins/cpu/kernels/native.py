@@ -1309,7 +1309,7 @@ def _one_call(loops: NativeLoops, stretch: list) -> tuple:
                 kept.append(x)
             if x.dtype != dtype or x.shape != shape:  # the message formatted only then: this runs every run
                 fits(False, f"input {x.shape} {x.dtype} for {shape} {dtype}")
-            setattr(call, field, x.ctypes.data)
+            setattr(call, field, address(x))
         return kept
 
     def run(ins, outs):
