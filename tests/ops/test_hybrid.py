@@ -53,6 +53,41 @@ def test_fully_connected(seed, asymmetric, per_channel, keep_num_dims, act):
     check(b.to_bytes(), (rng.standard_normal((2, 3, depth)) * 3).astype(np.float32))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's formulation on the rows that are not finite
+@pytest.mark.parametrize("asymmetric", [False, True])
+@pytest.mark.parametrize("values", ["normal", "wide", "ties", "zeros", "not finite"])
+def test_fully_connected_in_the_native_loops_is_numpys_formulation(asymmetric, values):
+    """The native hybrid FULLY_CONNECTED (rows shared between two threads) is numpy's formulation bit for bit:
+    each row quantized (halves away from zero, the asymmetric zero point nudged in double), its integer sums,
+    the float32 scaling and bias, the clamp; rows with a value that is not finite go numpy's way whole."""
+    import delegate
+    rng = np.random.default_rng(len(values) + asymmetric)
+    units, depth, rows = 24, 40, 197
+    b = GraphBuilder()
+    x = b.input("x", (1, rows, depth))
+    w = b.const("w", weights(rng, (units, depth)), quant=weight_quant(rng, units, True))
+    b.output(b.op("FULLY_CONNECTED", [x, w, b.const("b", rng.standard_normal(units).astype(np.float32))],
+                  dtype="float32", options={"asymmetric_quantize_inputs": asymmetric, "keep_num_dims": True,
+                                            "fused_activation_function": "RELU6"}))
+    data = {"normal": rng.standard_normal((1, rows, depth)) * 3, "wide": rng.standard_normal((1, rows, depth)) * 1e30,
+            "ties": rng.integers(-254, 255, (1, rows, depth)) / 2.0, "zeros": np.zeros((1, rows, depth)),
+            "not finite": rng.standard_normal((1, rows, depth))}[values].astype(np.float32)
+    if values == "ties":
+        data[0, :, 0] = 127.0  # max|x| 127: the symmetric grid is the halves' own
+    if values == "not finite":
+        data[0, 3, 5], data[0, 7, 1] = np.nan, np.inf
+    results = []
+    for native in (True, False):
+        session = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=2,
+                                **{"cpu.engine": "numpy", "cpu.native": native})
+        (_, run, _, _), = session.executor.compiled[0].steps
+        assert (run.__name__ == "numpy_run") != native
+        results.append(next(iter(session.run_indexed({session.graph.inputs[0].index: data}).values())))
+    np.testing.assert_array_equal(results[0], results[1])
+    if values != "not finite":
+        check(b.to_bytes(), data)
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=seeds, per_channel=st.booleans(), padding=st.sampled_from(["SAME", "VALID"]),
        stride=st.integers(1, 2), kernel=st.sampled_from([(1, 1), (3, 3), (2, 3)]))

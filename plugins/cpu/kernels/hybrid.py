@@ -13,12 +13,15 @@ exact at every depth these ops have.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from delegate.plugin_api import Op, Tensor
 
 from ..registry import kernel
-from .common import fused, window_view
+from .common import CLAMPS, fused, fused_name, window_view
+from .native import PER_THREAD_MACS, HybridFcCall, kernel_loops, team_for
 from .conv import conv_pads
 from .quant_util import round_half_away
 
@@ -82,9 +85,20 @@ def fully_connected(op: Op):
     scales = _weight_scales(w, units)
     asymmetric, bias, act = bool(op.options.get("asymmetric_quantize_inputs")), _bias(op, 2), fused(op)
 
-    def run(ins, outs):
+    def numpy_run(ins, outs):
         q, step, _ = quantize_rows(np.asarray(ins[0], np.float32).reshape(-1, depth), asymmetric)
         _finish(q @ weights.T, step[:, None] * scales[None, :], bias, act, outs[0])
+    loops, rows = kernel_loops(), math.prod(op.outputs[0].shape) // max(units, 1)
+    if loops is None or fused_name(op) not in ("NONE", *CLAMPS) or op.inputs[0].dtype.numpy != np.float32 \
+            or not 1 <= depth <= HybridFcCall.MOST_DEPTH or rows < 1:
+        return numpy_run
+    call = HybridFcCall(np.asarray(w.data, np.int8), scales, bias, rows, asymmetric,
+                        CLAMPS.get(fused_name(op), (-np.inf, np.inf)), team_for(rows * units * depth, PER_THREAD_MACS))
+
+    def run(ins, outs):
+        """The native loops' pass, or numpy's formulation for inputs holding a value that is not finite."""
+        if not loops.finite_only(call, np.ascontiguousarray(ins[0], np.float32), outs[0]):
+            numpy_run(ins, outs)
     return run
 
 

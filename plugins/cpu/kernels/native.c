@@ -3288,6 +3288,106 @@ int quantize_prepared(const quantize_call *c)
 }
 #pragma GCC pop_options
 
+/* A dynamic-range ("hybrid") FULLY_CONNECTED as numpy's formulation (hybrid.py) computes it: each row of x
+ * quantized to int8 (symmetric: max|x| / 127; asymmetric: [min(x, 0), max(x, 0)] over 255 steps in double, the
+ * zero point nudged from the nearer end, halves away from zero), its integer sums against each unit's int8
+ * weights, then float32(sum) * (row scale * unit scale) + bias, clamped to [low, high].  A row holding a value
+ * that is not finite is left to numpy's formulation: the call returns NOT_FINITE before writing anything. */
+enum { NOT_FINITE = 2 };
+/* no product and sum fused into one rounding: numpy's formulation rounds each to float32 */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+typedef struct {
+    const float *x;
+    float *out;
+    const int8_t *weights;
+    const float *scales, *bias;
+    int64_t rows, depth, units, asymmetric;
+    float low, high;
+    int64_t threads;
+} hybrid_fc_call;
+
+static inline float half_away(float v)
+{
+    float r = floorf(fabsf(v) + 0.5f);
+    return v < 0.0f ? -r : r;
+}
+
+static inline double half_away_double(double v)
+{
+    double r = floor(fabs(v) + 0.5);
+    return v < 0.0 ? -r : r;
+}
+
+/* Row ``x`` (``depth`` values) quantized into q, less its zero point; returns its float32 scale. */
+static float hybrid_row(const float *restrict x, int64_t depth, int asymmetric, int32_t *restrict q)
+{
+    float low = 0.0f, high = 0.0f;
+    for (int64_t i = 0; i < depth; i++) {
+        low = x[i] < low ? x[i] : low;
+        high = x[i] > high ? x[i] : high;
+    }
+    if (low == high) {
+        for (int64_t i = 0; i < depth; i++)
+            q[i] = 0;
+        return 1.0f;
+    }
+    if (!asymmetric) {
+        float reach = -low > high ? -low : high, inverse = 127.0f / reach;
+        for (int64_t i = 0; i < depth; i++) {
+            float v = half_away(x[i] * inverse);
+            q[i] = (int32_t)(v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v);
+        }
+        return reach / 127.0f;
+    }
+    double lo = low, hi = high, step64 = (hi - lo) / 255.0;
+    double from_min = -128.0 - lo / step64, from_max = 127.0 - hi / step64;
+    double zero_at = 128.0 + fabs(lo / step64) < 127.0 + fabs(hi / step64) ? from_min : from_max;
+    int32_t zero = zero_at <= -128.0 ? -128 : zero_at >= 127.0 ? 127 : (int32_t)half_away_double(zero_at);
+    float step = (float)step64, inverse = 1.0f / step, zero_f = (float)zero;
+    for (int64_t i = 0; i < depth; i++) {
+        float product = x[i] * inverse;
+        float v = half_away(zero_f + product);
+        q[i] = (int32_t)(v < -128.0f ? -128.0f : v > 127.0f ? 127.0f : v) - zero;
+    }
+    return step;
+}
+
+int hybrid_fc_prepared(const hybrid_fc_call *p)
+{
+    int64_t depth = p->depth, units = p->units;
+    for (int64_t i = 0; i < p->rows * depth; i++)
+        if (!isfinite(p->x[i]))
+            return NOT_FINITE;
+    int team = team_of(p->threads);
+    size_t per_thread = (size_t)depth * sizeof(int32_t);
+    char *all = scratch(team, per_thread);
+    if (!all)
+        return NO_MEMORY;
+    #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
+    for (int64_t r = 0; r < p->rows; r++) {
+        int32_t *q = (int32_t *)own_scratch(all, per_thread);
+        float step = hybrid_row(p->x + r * depth, depth, (int)p->asymmetric, q);
+        float *out = p->out + r * units;
+        for (int64_t u = 0; u < units; u++) {
+            const int8_t *w = p->weights + u * depth;
+            int32_t sum = 0;
+            for (int64_t i = 0; i < depth; i++)
+                sum += q[i] * (int32_t)w[i];
+            float scale = step * p->scales[u], value = (float)sum * scale;
+            if (p->bias)
+                value += p->bias[u];
+            out[u] = value < p->low ? p->low : value > p->high ? p->high : value;
+        }
+    }
+    free(all);
+    return DONE;
+}
+#pragma GCC pop_options
+
 /* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
  * table starts at the type's minimum). */
 typedef struct {

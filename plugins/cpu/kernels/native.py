@@ -269,7 +269,7 @@ class NativeLoops:
         library.set_team_limit.restype = None
         library.get_team_limit.restype = ctypes.c_int
         for call in (ProductCall, ConvCall, CopyCall, MeanCall, SoftmaxCall, UnaryCall, PadCall, PoolCall, PreluCall,
-                     ResizeCall, TransposeCall, BatchProductCall):
+                     ResizeCall, TransposeCall, BatchProductCall, HybridFcCall):
             getattr(library, call.symbol).argtypes = [ctypes.POINTER(call)]
             getattr(library, call.symbol).restype = ctypes.c_int
         calls = [(call.symbol, call) for call in (QProductCall, QConvCall, QDepthwiseCall, QBinaryCall, QPoolCall,
@@ -305,6 +305,16 @@ class NativeLoops:
         call.placed(*arrays)
         for name, array in zip(call.places, arrays):
             setattr(call, name, address(array))
+
+    def finite_only(self, call, *arrays: np.ndarray) -> bool:
+        """prepared() for a call that declines inputs holding a value that is not finite (its status
+        NOT_FINITE, nothing written): False then, for the caller's other formulation."""
+        self.bind(call, *arrays)
+        status = getattr(self.library, call.symbol)(call.reference)
+        if status == NOT_FINITE:
+            return False
+        _done(status, call.symbol)
+        return True
 
     def conv(self, x: np.ndarray, weights: "PackedOperand", out: np.ndarray, where: "Geometry", threads: int,
              finish: Epilogue = NO_EPILOGUE) -> None:
@@ -539,6 +549,40 @@ class BatchProductCall(ctypes.Structure):
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
              f"batch product arrays {a.shape} @ {b.shape} -> {out.shape}")
+
+
+NOT_FINITE = 2  # native.c's status of a call that declines inputs holding a value that is not finite
+
+
+class HybridFcCall(ctypes.Structure):
+    """The arguments of native.c's hybrid_fc_prepared: a dynamic-range FULLY_CONNECTED of ``rows`` float rows
+    of ``depth`` against int8 ``weights`` (units x depth) with per-unit ``scales``, float ``bias`` (or None) and
+    a clamp to ``bounds``, each row quantized symmetrically or ``asymmetric``ally as numpy's formulation
+    (hybrid.py) does; a run places x and out (see NativeLoops.finite_only)."""
+
+    _fields_ = [("x", _PTR), ("out", _PTR), ("weights", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _INT64),
+                ("depth", _INT64), ("units", _INT64), ("asymmetric", _INT64), ("low", ctypes.c_float),
+                ("high", ctypes.c_float), ("threads", _INT64)]
+    symbol, places = "hybrid_fc_prepared", ("x", "out")
+    # integer sums of products of at most 255 x 128 stay in int32 up to this depth
+    MOST_DEPTH = (2**31 - 1) // (255 * 128)
+
+    def __init__(self, weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, rows: int, asymmetric: bool,
+                 bounds: tuple[float, float], threads: int):
+        units, depth = weights.shape
+        fits(rows >= 1 and 1 <= depth <= self.MOST_DEPTH and units >= 1, f"hybrid rows of {depth} into {units}")
+        self.kept = (np.ascontiguousarray(weights, np.int8), np.ascontiguousarray(scales, np.float32),
+                     None if bias is None else np.ascontiguousarray(bias, np.float32))
+        fits(self.kept[1].shape == (units,) and (bias is None or self.kept[2].shape == (units,)),
+             "hybrid scales or bias not one per unit")
+        super().__init__(None, None, self.kept[0].ctypes.data, self.kept[1].ctypes.data,
+                         None if bias is None else self.kept[2].ctypes.data, rows, depth, units, asymmetric,
+                         bounds[0], bounds[1], threads)
+        self.reference = ctypes.byref(self)
+
+    def placed(self, x: np.ndarray, out: np.ndarray) -> None:
+        fits(_contiguous(x, self.rows * self.depth) and _contiguous(out, self.rows * self.units),
+             f"hybrid arrays {x.shape} -> {out.shape}")
 
 
 TRANSPOSE_AXES = 6  # native.c's
