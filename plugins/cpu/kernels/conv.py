@@ -750,6 +750,8 @@ def _native_batch_matmul(op: Op, adj_x: bool, adj_y: bool):
     if k != k_b or tuple(out.shape[-2:]) != (m, n) or padded(lhs) != batches or not (shared_b or padded(rhs) == batches):
         return None
     batch = math.prod(batches)
+    if min(batch, m, n, k) < 1:  # an empty product: numpy's
+        return None
     call = BatchProductCall(loops.sgemm, batch, m, n, k, (adj_x, adj_y), shared_b,
                             team_for(batch * m * n * k, PER_THREAD_MACS))
     return prepared_run(loops, call, 2)

@@ -90,7 +90,7 @@ def fully_connected(op: Op):
         _finish(q @ weights.T, step[:, None] * scales[None, :], bias, act, outs[0])
     loops, rows = kernel_loops(), math.prod(op.outputs[0].shape) // max(units, 1)
     if loops is None or fused_name(op) not in ("NONE", *CLAMPS) or op.inputs[0].dtype.numpy != np.float32 \
-            or not 1 <= depth <= HybridFcCall.MOST_DEPTH or rows < 1:
+            or not 1 <= depth <= HybridFcCall.MOST_DEPTH or rows < 1 or units < 1:
         return numpy_run
     call = HybridFcCall(np.asarray(w.data, np.int8), scales, bias, rows, asymmetric,
                         CLAMPS.get(fused_name(op), (-np.inf, np.inf)), team_for(rows * units * depth, PER_THREAD_MACS))
