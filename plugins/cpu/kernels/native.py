@@ -556,9 +556,9 @@ NOT_FINITE = 2  # native.c's status of a call that declines inputs holding a val
 
 class HybridFcCall(ctypes.Structure):
     """The arguments of native.c's hybrid_fc_prepared: a dynamic-range FULLY_CONNECTED of ``rows`` float rows
-    of ``depth`` against int8 ``weights`` (units x depth) with per-unit ``scales``, float ``bias`` (or None) and
-    a clamp to ``bounds``, each row quantized symmetrically or ``asymmetric``ally as numpy's formulation
-    (hybrid.py) does; a run places x and out (see NativeLoops.finite_only)."""
+    of ``depth`` against int8 ``weights`` (units x depth, kept transposed as int16) with per-unit ``scales``,
+    float ``bias`` (or None) and a clamp to ``bounds``, each row quantized symmetrically or ``asymmetric``ally as
+    numpy's formulation (hybrid.py) does; a run places x and out (see NativeLoops.finite_only)."""
 
     _fields_ = [("x", _PTR), ("out", _PTR), ("weights", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _INT64),
                 ("depth", _INT64), ("units", _INT64), ("asymmetric", _INT64), ("low", ctypes.c_float),
@@ -571,7 +571,8 @@ class HybridFcCall(ctypes.Structure):
                  bounds: tuple[float, float], threads: int):
         units, depth = weights.shape
         fits(rows >= 1 and 1 <= depth <= self.MOST_DEPTH and units >= 1, f"hybrid rows of {depth} into {units}")
-        self.kept = (np.ascontiguousarray(weights, np.int8), np.ascontiguousarray(scales, np.float32),
+        self.kept = (np.ascontiguousarray(np.asarray(weights, np.int8).T, np.int16),
+                     np.ascontiguousarray(scales, np.float32),
                      None if bias is None else np.ascontiguousarray(bias, np.float32))
         fits(self.kept[1].shape == (units,) and (bias is None or self.kept[2].shape == (units,)),
              "hybrid scales or bias not one per unit")
