@@ -252,7 +252,9 @@ class ThreadChoice:
     1.8x slower on average than one thread alone, and probing a team 1.45x slower every tenth run cost
     MobileNetV2 at 2 threads here 11% of its mean time and 40% at p90, three runs in twelve off the leader);
     one that wins, a change of leader, or a leader's run over twice its average (a load arriving) brings
-    them back to PROBE_EVERY, the last probing at once.  ``limit_team(n)`` caps the native loops' team for the
+    them back to PROBE_EVERY, the last probing at once.  Between probes the leader runs without a load reading or a
+ranking (~8 us a run on the 2-core VM, a quarter of an empty model's run); the run after a probe or a trial ranks
+again.  ``limit_team(n)`` caps the native loops' team for the
     run (native.limit_team).
     """
 
@@ -270,6 +272,7 @@ class ThreadChoice:
         self.probing: int | None = None  # the team of the probe under way
         self.last_team: int | None = None  # the team of the last run
         self.trying = False  # whether the probe under way is a team's first trial
+        self.ranked = False  # whether the leader was ranked since the last probe or trial ended
         self.limit_team = limit_team
         self.blas = blas  # whether the kernels may call BLAS (else its thread count is left alone)
         self.team = team  # the native loops' team of the partition (native.partition_team)
@@ -288,7 +291,9 @@ class ThreadChoice:
             return self.team  # a first run pays for first-touch memory: not a fair sample
         if self.probing is not None:
             return self.probing  # a probe's or a trial's second run (see __call__)
-        teams = self.candidates()
+        if self.ranked and self.runs < self.next_probe:
+            return self.leader  # between probes the load is not read (a reading and a ranking cost ~8 us a run)
+        teams, self.ranked = self.candidates(), True
         for team in teams:
             if len(self.samples.get(team, ())) < 2:
                 self.probing, self.trying = team, True  # a first trial, two runs as a probe (see __call__)
@@ -338,9 +343,10 @@ class ThreadChoice:
                 and end - start > 2 * min(self.samples[team]) and end - start > 2 * self.average(team)
             self._sample(team, end - start)
             if self.probing == team and self.trying:
-                self.probing, self.trying = None, False
+                self.probing, self.trying, self.ranked = None, False, False
             elif self.probing == team:
                 self._probed(end - start)
+                self.ranked = False
             elif slowed:  # a load may have come: the others are probed again from the next run
                 self.probe_every, self.next_probe = self.PROBE_EVERY, self.runs + 1
 
