@@ -348,3 +348,18 @@ def test_a_team_that_keeps_losing_its_probes_is_probed_less_often(monkeypatch):
     assert teams.count(1) <= 2 * (300 // choice.MOST_RUNS_BETWEEN_PROBES + 3)  # ~60 at a probe every tenth run
     clock.cost = lambda team: {2: 4.0, 1: 1.45}[team]  # a busy process: the team of 2 stalls
     assert clock.teams(choice, 12, 40).count(1) >= 36
+
+
+def test_the_leader_runs_between_probes_without_reading_the_load(monkeypatch):
+    """A load reading and a ranking cost ~8 us a run (a quarter of an empty model's run on the 2-core VM):
+    between probes the leader runs without them, and the run after a probe ranks again."""
+    readings = []
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    clock = _Clock(lambda team: {2: 1.0, 1: 2.0}[team])
+    monkeypatch.setattr(parallel.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(parallel, "free_cores", lambda spinning=0: readings.append(1) or 2)
+    choice = parallel.ThreadChoice(clock.limit, team=2)
+    teams = clock.teams(choice, 10, 200)
+    assert teams.count(2) >= 190  # the fastest team keeps the lead
+    # a reading at most on each probe's first run and on the run after its last, not on every run
+    assert choice.probes >= 2 and len(readings) <= 10 + 2 * (choice.probes + 2)
