@@ -564,10 +564,10 @@ def cmd_calibrate(args) -> int:
                                   "xfer GB/s", "saved to"],
                   [[r["backend"], r["gflops"], r["gbytes_per_s"], r["launch_us"], r["partition_us"], r["transfer_latency_us"],
                     r["transfer_gbytes_per_s"] or "-", r["profile"]] for r in rows]))
-    c.print(table("fit to workloads (plans of the refitted profiles)", ["backend", "workload", "estimated ms",
-                                                                        "measured ms"],
-                  [[name, w["workload"], w["estimated_ms"], w["measured_ms"]] for name, ws in workloads.items()
-                   for w in ws]))
+    c.print(table("fit to workloads (plans of the refitted profiles; measured: the fastest pass, fitted)",
+                  ["backend", "workload", "estimated ms", "measured ms", "each pass ms"],
+                  [[name, w["workload"], w["estimated_ms"], w["measured_ms"], " ".join(map(str, w["passes_ms"]))]
+                   for name, ws in workloads.items() for w in ws]))
     for r in rows:
         for figure, why in r["defaults_kept"].items():
             c.print(f"{r['backend']}: {figure} kept at the defaults, not measured: {why}")
