@@ -351,7 +351,7 @@ def test_a_team_that_keeps_losing_its_probes_is_probed_less_often(monkeypatch):
 
 
 def test_the_leader_runs_between_probes_without_reading_the_load(monkeypatch):
-    """A load reading and a ranking cost ~8 us a run (a quarter of an empty model's run on the 2-core VM):
+    """A load reading and a ranking cost ~8 us a run (a fifth of an empty model's run on the 2-core VM):
     between probes the leader runs without them, and the run after a probe ranks again."""
     readings = []
     monkeypatch.setattr(parallel, "available_cores", lambda: 2)
