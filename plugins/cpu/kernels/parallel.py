@@ -252,10 +252,9 @@ class ThreadChoice:
     1.8x slower on average than one thread alone, and probing a team 1.45x slower every tenth run cost
     MobileNetV2 at 2 threads here 11% of its mean time and 40% at p90, three runs in twelve off the leader);
     one that wins, a change of leader, or a leader's run over twice its average (a load arriving) brings
-    them back to PROBE_EVERY, the last probing at once.  Between probes the leader runs without a load reading or a
-ranking (~8 us a run on the 2-core VM, a fifth of an empty model's run); the run after a probe or a trial ranks
-again.  ``limit_team(n)`` caps the native loops' team for the
-    run (native.limit_team).
+    them back to PROBE_EVERY, the last probing at once.  Between probes the leader runs without a load reading
+    or a ranking (~8 us a run on the 2-core VM, a fifth of an empty model's run); the run after a probe or a
+    trial ranks again.  ``limit_team(n)`` caps the native loops' team for the run (native.limit_team).
     """
 
     PROBE_EVERY = 10
