@@ -131,19 +131,36 @@ def test_fully_connected_float16_weights_through_dequantize():
     check_against_litert(b.to_bytes(), [rng.standard_normal((2, 16))])
 
 
+def test_batch_matmul_without_a_known_sgemm_is_a_numpy_step(monkeypatch):
+    """Where no BLAS sgemm the loops know is loaded, a float BATCH_MATMUL runs as numpy, still LiteRT's answer."""
+    import delegate
+    from delegate_cpu.kernels.native import native_loops
+    loops = native_loops()
+    if loops is not None:
+        monkeypatch.setattr(loops, "sgemm", None)
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    a, rhs = b.input("a", (2, 37, 16)), b.input("b", (2, 16, 29))
+    b.output(b.op("BATCH_MATMUL", [a, rhs], options={"adj_x": False, "adj_y": False}))
+    inputs = [rng.standard_normal((2, 37, 16)).astype(np.float32), rng.standard_normal((2, 16, 29)).astype(np.float32)]
+    check_against_litert(b.to_bytes(), inputs, options=CompileOptions(num_threads=2))
+    session = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=1, **{"cpu.engine": "numpy"})
+    (_, run, _, _), = session.executor.compiled[0].steps
+    assert getattr(run, "prepared", None) is None
+
+
 @pytest.mark.parametrize("batches", [((2, 3), (2, 3)), ((4,), ()), ((4,), (1,)), ((), ()), ((1, 2), (1, 2))])
 @pytest.mark.parametrize("adj", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("const_rhs", [False, True])
 def test_batch_matmul_in_the_native_loops(batches, adj, const_rhs):
     """A float32 BATCH_MATMUL whose operands' batches are the output's (or the second one matrix for all) is a
     prepared native call, each product by BLAS's sgemm on a thread of the team, every transposition; runs hold
-    BLAS to one thread even in a partition of native calls only."""
+    BLAS to one thread even in a partition of native calls only.  Where the loops or a BLAS sgemm they know are
+    missing, the op is a numpy step, as right."""
     import contextlib
     import delegate
     import delegate_cpu.plugin as plugin
     from delegate_cpu.kernels.native import native_loops
-    if native_loops() is None or native_loops().sgemm is None:
-        pytest.skip("no native loops, or no BLAS sgemm they know, on this machine")
     rng = np.random.default_rng(len(batches[0]) + 2 * adj[0] + adj[1])
     m, k, n = 37, 16, 29
     a_shape = batches[0] + ((k, m) if adj[0] else (m, k))
@@ -163,6 +180,10 @@ def test_batch_matmul_in_the_native_loops(batches, adj, const_rhs):
         yield
     session = delegate.load(b.to_bytes(), backends="[cpu]", num_threads=1, **{"cpu.engine": "numpy"})
     (_, run, _, _), = session.executor.compiled[0].steps
+    loops = native_loops()
+    if loops is None or loops.sgemm is None:
+        assert getattr(run, "prepared", None) is None
+        return
     assert getattr(run, "prepared", None) is not None
     original = plugin.blas_threads
     plugin.blas_threads = recording
