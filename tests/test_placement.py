@@ -341,6 +341,19 @@ def test_calibration_whose_machine_changed_speed_stores_nothing(profile_dir, mon
     assert real_reference(settings) > 0  # the check itself: the first example network timed on the host
 
 
+def test_the_speed_check_reads_the_fastest_of_its_bursts(monkeypatch):
+    """A burst of other work during one of the reference's bursts is not a change of the machine's speed: the
+    fastest burst counts, and only a slowdown lasting through all of them shows."""
+    from delegate.tools import measure
+    settings = RunSettings(backends=[("cpu", {"engine": "numpy"})])
+    monkeypatch.setattr(measure, "settle", lambda run: None)
+    for bursts, expected in (([3.0, 1.0, 2.0], 1.0), ([2.0, 2.5, 2.0], 2.0)):
+        medians = iter(bursts)
+        monkeypatch.setattr(measure, "samples_ms", lambda run, runs, warmup=0: [next(medians)] * runs)
+        assert calibrate.reference_ms(settings) == expected
+        assert next(medians, None) is None  # every burst was timed
+
+
 def test_calibration_tries_a_larger_size_when_a_small_one_is_drowned_in_jitter(monkeypatch):
     """A device so fast that the small chains' difference is noise (WebGPU on an H200): the next size is
     measured instead of refusing the whole calibration; the largest size's instability is still refused where
