@@ -7,8 +7,8 @@ PAD its convolution reads past the borders, the gate MUL or depthwise convolutio
 applies while reading its input, the first of two one-pixel 1x1 convolutions run as one kernel, the
 reshapes a concatenation reads through, the activations and elementwise ops its kernel applies before
 storing, the residual ADD a convolution applies to what it stores (with the clamp or PReLU after it, as that
-ADD's own activation), and the product of an 8-bit lookup
-table op's result with its own input (a swish: one table of the input's 256 values).  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
+ADD's own activation), and the product of an 8- or 16-bit lookup
+table op's result with its own input (a swish: one table of the input's 256 or 65536 values).  Each backend declares the kinds of fusion its kernels do (``Backend.fusions``, kinds from
 ``FUSIONS``); ``find_groups`` looks only for those.  The planner places a group as a unit and costs it
 as one kernel: its folded ops cost nothing.
 
@@ -41,8 +41,8 @@ CONVOLUTIONS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
 # Kernels adding a residual to their results ("residual"): int8 ones after requantizing, float ones
 # after their activation.
 RESIDUAL_HOSTS = frozenset({"CONV_2D"})
-# Lookup-table kernels of an 8-bit input whose product with that same input ("table": a swish, x *
-# LOGISTIC(x)) is one table too, of the same 256 input values.
+# Lookup-table kernels of an 8- or 16-bit input whose product with that same input ("table": a swish, x *
+# LOGISTIC(x)) is one table too, of the same 256 or 65536 input values.
 TABLE_HOSTS = frozenset({"LOGISTIC", "TANH"})
 
 
@@ -381,15 +381,15 @@ def _follower(op: Op, fusions: Collection[str], keep: Collection[int],
 
 
 def _table_product(op: Op, follower: Op) -> bool:
-    """Whether ``follower`` multiplies the 8-bit table op ``op``'s result by ``op``'s own input, every
-    tensor of one element type with one scale (a function of the input's 256 values)."""
+    """Whether ``follower`` multiplies the 8- or 16-bit table op ``op``'s result by ``op``'s own input, every
+    tensor of one element type with one scale (a function of the input's 256 or 65536 values)."""
     if op.opcode not in TABLE_HOSTS or follower.opcode != "MUL" or len(follower.inputs) != 2:
         return False
     x, value = op.inputs[0], op.outputs[0]
     if {id(t) for t in follower.inputs} != {id(x), id(value)}:
         return False
     tensors = (x, value, follower.outputs[0])
-    return all(t.dtype.numpy is not None and t.dtype.numpy.type in (np.int8, np.uint8) and t.dtype == x.dtype
+    return all(t.dtype.numpy is not None and t.dtype.numpy.type in (np.int8, np.uint8, np.int16) and t.dtype == x.dtype
                and t.quantization is not None and np.size(t.quantization.scale) == 1 and t.shape == x.shape
                for t in tensors) and (follower.options.get("fused_activation_function") or "NONE") == "NONE"
 

@@ -285,6 +285,17 @@ def _int8_swish(rng):
     return b.to_bytes(), [rng.integers(-128, 128, (1, 6, 7, 3)).astype(np.int8)]
 
 
+@case("LOGISTIC", "int16_swish")
+def _int16_swish(rng):
+    """The converter's int16x8 swish, x * LOGISTIC(x), on every int16 value once (the CPU looks up the MUL's
+    results in one table of them), the LOGISTIC on its fixed grid (1/32768, 0), saturating at both ends."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 64, 64), "int16", quant=(0.0004, 0))
+    gate = b.op("LOGISTIC", [x], dtype="int16", quant=(1 / 32768, 0))
+    b.output(b.op("MUL", [x, gate], dtype="int16", quant=(0.0004, 0), options={"fused_activation_function": "NONE"}))
+    return b.to_bytes(), [rng.permutation(np.arange(-32768, 32768)).astype(np.int16).reshape(1, 16, 64, 64)]
+
+
 @case("DEPTHWISE_CONV_2D", "int8_padded_stride2")
 def _int8_padded_depthwise(rng):
     """An int8 zero PAD on its input's grid before a stride-2 depthwise convolution, as a converter writes a

@@ -18,8 +18,8 @@ and activation to each tile (float), then adds as the ADD would, with the ADD's 
 results are in cache.  A float ADD whose clamp came out as a separate RELU, or that a PRELU follows, takes
 that activation as its own.
 
-An int8 swish (LOGISTIC, or TANH, then the MUL of its result by its own input) is one function of the
-input's 256 values: the table op's kernel looks up the MUL's results directly (option
+An 8- or 16-bit swish (LOGISTIC, or TANH, then the MUL of its result by its own input) is one function of
+the input's 256 or 65536 values: the table op's kernel looks up the MUL's results directly (option
 ``times_input``), one pass over the tensor instead of two plus the MUL's requantization.
 """
 

@@ -176,3 +176,26 @@ def test_float_residual_add_runs_in_the_convolution(native, kernel, units, conv_
     adding = {symbol for symbol, arrays in bound if arrays == 3 and symbol in ("packed_product", "conv_prepared")}
     packs = native and native_loops() is not None
     assert adding == ({"conv_prepared" if kernel == 3 else "packed_product"} if packs else set())
+
+
+GATE_GRIDS = {("LOGISTIC", "int8"): (1 / 256, -128), ("TANH", "int8"): (1 / 128, 0),
+              ("LOGISTIC", "int16"): (1 / 32768, 0), ("TANH", "int16"): (1 / 32768, 0)}
+
+
+@NATIVE
+@pytest.mark.parametrize("dtype, shape, quant", [("int8", (1, 4, 8, 8), (0.06, -5)),
+                                                 ("int16", (1, 16, 64, 64), (0.0004, 0))])
+@pytest.mark.parametrize("gate, swapped", [("LOGISTIC", False), ("TANH", True)])
+def test_a_quantized_swish_is_one_table(native, dtype, shape, quant, gate, swapped):
+    """x * LOGISTIC(x) (or TANH), on 8- or 16-bit tensors and every value of the type: the MUL runs inside the
+    table op, whose one table holds the MUL's results for every input (looked up by the native loops, or by
+    numpy without them), LiteRT's builtin kernels' bit for bit."""
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype, quant=quant)
+    gated = b.op(gate, [x], dtype=dtype, quant=GATE_GRIDS[gate, dtype])
+    b.output(b.op("MUL", [gated, x] if swapped else [x, gated], dtype=dtype, quant=quant, options=NO_ACTIVATION))
+    info = np.iinfo(dtype)
+    every = np.random.default_rng(3).permutation(np.arange(info.min, info.max + 1)).astype(dtype).reshape(shape)
+    outputs, ran_inside = _run(b.to_bytes(), [every], native)
+    assert ran_inside == {"1": 0}  # the MUL ran inside the table op
+    np.testing.assert_array_equal(outputs[0], litert_run(b.to_bytes(), [every], builtin=True)[0])

@@ -3427,18 +3427,35 @@ int hybrid_fc_prepared(const hybrid_fc_call *p)
 }
 #pragma GCC pop_options
 
-/* An int8 or uint8 op through its 256-entry table (the byte value, its top bit flipped for int8: the
- * table starts at the type's minimum). */
+/* An int8 or uint8 op through its 256-entry table, or (``wide``) an int16 op through its 65536-entry one of
+ * 16-bit items: the item's bits, the top one flipped for a signed type (the table starts at the type's
+ * minimum), index the table. */
 typedef struct {
     const uint8_t *x;
     uint8_t *out;
     int64_t n;
     const uint8_t *table;
-    int64_t flip, threads;
+    int64_t flip, threads, wide;
 } lookup_call;
+
+static int qlookup_wide(const lookup_call *p)
+{
+    const uint16_t *x = (const uint16_t *)p->x, *table = (const uint16_t *)p->table, flip = (uint16_t)p->flip;
+    uint16_t *out = (uint16_t *)p->out;
+    int64_t parts = (p->n + 4095) / 4096;
+    #pragma omp parallel for num_threads(team_of(p->threads)) schedule(static) if (team_of(p->threads) > 1)
+    for (int64_t part = 0; part < parts; part++) {
+        int64_t end = (part + 1) * 4096 < p->n ? (part + 1) * 4096 : p->n;
+        for (int64_t i = part * 4096; i < end; i++)
+            out[i] = table[x[i] ^ flip];
+    }
+    return DONE;
+}
 
 int qlookup(const lookup_call *p)
 {
+    if (p->wide)
+        return qlookup_wide(p);
     int64_t parts = (p->n + 4095) / 4096;
     uint8_t flip = (uint8_t)p->flip;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)

@@ -1103,21 +1103,25 @@ class QPoolCall(ctypes.Structure):
 
 
 class LookupCall(ctypes.Structure):
-    """The arguments of native.c's qlookup: ``size`` int8 or uint8 items (``signed``) through a 256-entry
-    ``table`` of one-byte outputs, indexed from the type's minimum; a run places the input and output."""
+    """The arguments of native.c's qlookup: ``size`` 8-bit items (``signed``: int8, else uint8) through a
+    256-entry ``table`` of one-byte outputs, or int16 items through a 65536-entry one of two-byte outputs,
+    indexed from the type's minimum; a run places the input and output."""
 
-    _fields_ = [("x", _PTR), ("out", _PTR), ("n", _INT64), ("table", _PTR), ("flip", _INT64), ("threads", _INT64)]
+    _fields_ = [("x", _PTR), ("out", _PTR), ("n", _INT64), ("table", _PTR), ("flip", _INT64), ("threads", _INT64),
+                ("wide", _INT64)]
     symbol, places = "qlookup", ("x", "out")
 
     def __init__(self, table: np.ndarray, size: int, signed: bool, threads: int):
-        fits(table.size == 256 and table.itemsize == 1, f"a lookup table of {table.size} {table.dtype}")
+        fits((table.size, table.itemsize) in ((256, 1), (65536, 2)), f"a lookup table of {table.size} {table.dtype}")
         self.kept = np.ascontiguousarray(table)
-        super().__init__(None, None, size, self.kept.ctypes.data, 0x80 if signed else 0, threads)
+        self.itemsize = table.itemsize
+        flip = (1 << (8 * table.itemsize - 1)) if signed else 0
+        super().__init__(None, None, size, self.kept.ctypes.data, flip, threads, int(table.itemsize == 2))
         self.reference = ctypes.byref(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
-        fits(all(a.itemsize == 1 and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
-             f"lookup arrays {x.shape} -> {out.shape}")
+        fits(all(a.itemsize == self.itemsize and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
+             f"lookup arrays {x.shape} {x.dtype} -> {out.shape} {out.dtype}")
 
 
 class QuantizeCall(ctypes.Structure):
