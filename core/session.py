@@ -743,13 +743,17 @@ class Session:
             owned = self._serving.owned_last_run
             return {k: v if k in owned else np.array(v) for k, v in results.items()}
 
-    def run_into(self, inputs: Mapping[int, np.ndarray], store: Callable[[Mapping[int, np.ndarray]], None],
+    def run_into(self, inputs: Mapping[int, np.ndarray],
+                 store: Callable[[Mapping[int, np.ndarray], frozenset[int]], None],
                  outputs: Iterable[int] | None = None) -> int:
-        """Run and hand the outputs to ``store`` before the next run may start, uncopied: they can be the
-        backends' own buffers, so ``store`` copies what it keeps (the Interpreter's output buffers).
-        Returns the run's number, for :meth:`fetch_into` of the outputs it left on the devices."""
+        """Run and hand the outputs to ``store`` before the next run may start, uncopied, with the indices of
+        those this run made for itself alone (``CompiledPartition.outputs_owned``): ``store`` may keep those
+        as they are; the others can be the backends' own buffers, so it copies what it keeps of them (the
+        Interpreter's output buffers).  Returns the run's number, for :meth:`fetch_into` of the outputs it
+        left on the devices."""
         with self._lock:
-            store(self._run_locked(inputs, self._wanted(outputs)))
+            results = self._run_locked(inputs, self._wanted(outputs))
+            store(results, self._serving.owned_last_run)
             return self._serving.runs
 
     def fetch_into(self, index: int, run: int, store: Callable[[np.ndarray], None]) -> None:

@@ -288,13 +288,13 @@ def test_an_output_of_a_replaced_run_is_refused():
     session = load(two_outputs(), backends="[opencl, cpu]", partitioner="greedy", precision="fp32")
     relu, twice = (t.index for t in session.graph.outputs)
     inputs = session.normalize_inputs({"x": np.zeros((1, 4, 5, 3), np.float32)})
-    run = session.run_into(inputs, lambda results: None, [twice])
+    run = session.run_into(inputs, lambda results, owned: None, [twice])
     got = []
     session.fetch_into(relu, run, got.append)
     np.testing.assert_array_equal(got[0], np.zeros((1, 4, 5, 3), np.float32))
     with pytest.raises(ExecutionError, match="not an output the last run left unread"):
         session.fetch_into(relu, run, got.append)
-    later = session.run_into(inputs, lambda results: None, [twice])
+    later = session.run_into(inputs, lambda results, owned: None, [twice])
     with pytest.raises(ExecutionError, match=f"output {relu} of run {run} is gone: run {later} came after"):
         session.fetch_into(relu, run, got.append)
 

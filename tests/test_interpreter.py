@@ -112,3 +112,37 @@ def test_one_interpreter_two_threads_refused_or_correct():
     assert all("another thread" in e for e in errors)
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_outputs_a_run_made_for_itself_become_the_output_buffers():
+    """LiteRT's engine copies each output out of its interpreter for that run alone: the Interpreter keeps
+    that array as its output buffer, not a second copy of it.  Run after run the values are LiteRT's,
+    get_tensor still hands out copies, and a view held across invoke is still refused."""
+    rng = np.random.default_rng(8)
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 6, 4))
+    b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((5, 3, 3, 4)).astype(np.float32)),
+                              b.const("b", rng.standard_normal(5).astype(np.float32))],
+                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
+    data = b.to_bytes()
+    ours, theirs = Interpreter(model_content=data, config=CPU), litert.Interpreter(model_content=data)
+    for it in (ours, theirs):
+        it.allocate_tensors()
+    i, o = ours.get_input_details()[0]["index"], ours.get_output_details()[0]["index"]
+    buffers = []
+    for _ in range(3):
+        value = rng.standard_normal((1, 6, 6, 4)).astype(np.float32)
+        for it in (ours, theirs):
+            it.set_tensor(i, value)
+            it.invoke()
+        got = ours.get_tensor(o)
+        np.testing.assert_allclose(got, theirs.get_tensor(o), rtol=1e-5, atol=1e-5)
+        got += 1  # a copy: the buffer is untouched
+        np.testing.assert_allclose(ours.get_tensor(o), theirs.get_tensor(o), rtol=1e-5, atol=1e-5)
+        buffers.append(id(ours.tensor(o)().base))
+    assert len(set(buffers)) > 1  # each run's own array taken, not copied into one kept buffer
+    held = ours.tensor(o)()
+    with pytest.raises(ExecutionError, match="at least 1 reference"):
+        ours.invoke()
+    del held
+    ours.invoke()

@@ -47,7 +47,7 @@ def prefix_ms(graph, last: int, threads: int, first_input: np.ndarray) -> tuple[
     session = delegate.load(data, backends="[cpu]", **{"cpu.engine": "numpy", "num_threads": threads})
     try:
         inputs = session.normalize_inputs({session.graph.inputs[0].name: first_input})
-        ours = lambda: session.run_into(inputs, lambda outputs: None)  # noqa: E731
+        ours = lambda: session.run_into(inputs, lambda outputs, owned: None)  # noqa: E731
         return (min(median_ms(interpreter.invoke) for _ in range(ROUNDS)),
                 min(median_ms(ours) for _ in range(ROUNDS)))
     finally:
