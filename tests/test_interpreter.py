@@ -146,3 +146,24 @@ def test_outputs_a_run_made_for_itself_become_the_output_buffers():
         ours.invoke()
     del held
     ours.invoke()
+
+
+def test_input_buffers_start_on_a_cache_line():
+    """An input buffer starts on a 64-byte line, as LiteRT's tensors do (kernels read it in place, and a vector
+    read across two lines costs two loads), and views of it still make invoke unsafe, as LiteRT's rule says."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 5, 5, 24))
+    b.output(b.op("RELU", [x]))
+    for config in (CPU, None):
+        it = Interpreter(model_content=b.to_bytes(), config=config)
+        it.allocate_tensors()
+        i = it.get_input_details()[0]["index"]
+        it.set_tensor(i, np.full((1, 5, 5, 24), -1.0, np.float32))
+        assert it.tensor(i)().ctypes.data % 64 == 0
+        held = it.tensor(i)()[0, :2]
+        assert not it._safe_to_run()
+        with pytest.raises(ExecutionError, match="at least 1 reference"):
+            it.invoke()
+        del held
+        it.invoke()
+        np.testing.assert_array_equal(it.get_tensor(it.get_output_details()[0]["index"]), 0.0)
