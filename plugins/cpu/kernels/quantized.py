@@ -509,7 +509,8 @@ def _table_run(op: Op, table: np.ndarray):
     """run() taking each int8 / uint8 / int16 input through ``table`` (indexed as table_index does): in
     native.c's qlookup where the native loops serve."""
     src = op.inputs[0]
-    loops = kernel_loops() if src.shape == op.outputs[0].shape else None
+    same_width = table.itemsize == np.dtype(src.dtype.numpy).itemsize  # qlookup maps items to items as wide
+    loops = kernel_loops() if src.shape == op.outputs[0].shape and same_width else None
     if loops is not None:
         size = int(np.prod(src.shape))
         call = LookupCall(table, size, src.dtype.numpy != np.uint8, team_for(size, PER_THREAD_ITEMS))
