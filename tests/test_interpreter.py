@@ -9,6 +9,7 @@ from delegate.errors import ExecutionError
 from delegate.interpreter import Interpreter
 from delegate.tflite.builder import GraphBuilder
 from tests.mediapipe import mediapipe_models
+from tests.models import conv_then_relu
 from tests.oputil import litert
 
 CPU = "configs/cpu.yaml"
@@ -119,19 +120,14 @@ def test_outputs_a_run_made_for_itself_become_the_output_buffers():
     that array as its output buffer, not a second copy of it.  Run after run the values are LiteRT's,
     get_tensor still hands out copies, and a view held across invoke is still refused."""
     rng = np.random.default_rng(8)
-    b = GraphBuilder()
-    x = b.input("x", (1, 6, 6, 4))
-    b.output(b.op("CONV_2D", [x, b.const("w", rng.standard_normal((5, 3, 3, 4)).astype(np.float32)),
-                              b.const("b", rng.standard_normal(5).astype(np.float32))],
-                  options={"padding": "SAME", "stride_h": 1, "stride_w": 1}))
-    data = b.to_bytes()
+    data = conv_then_relu(rng)
     ours, theirs = Interpreter(model_content=data, config=CPU), litert.Interpreter(model_content=data)
     for it in (ours, theirs):
         it.allocate_tensors()
     i, o = ours.get_input_details()[0]["index"], ours.get_output_details()[0]["index"]
     buffers = []
     for _ in range(3):
-        value = rng.standard_normal((1, 6, 6, 4)).astype(np.float32)
+        value = rng.standard_normal((1, 6, 5, 3)).astype(np.float32)
         for it in (ours, theirs):
             it.set_tensor(i, value)
             it.invoke()

@@ -11,7 +11,6 @@ stretch of ops costs inside the network.  One line per prefix: both times, both 
 ratio.  The model's ops must run in the order they are stored (a chain of stretches, as MobileNets are)."""
 
 import sys
-import time
 
 import numpy as np
 
@@ -21,19 +20,9 @@ from delegate.inputs import make_inputs
 from delegate.partition import make_partition
 from delegate.tflite.reader import read_model
 from delegate.tflite.writer import write_model
+from delegate.tools.measure import alone_median
 
 ROUNDS, RUNS, WARMUP = 3, 60, 10
-
-
-def median_ms(run) -> float:
-    for _ in range(WARMUP):
-        run()
-    times = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
 
 
 def prefix_ms(graph, last: int, threads: int, first_input: np.ndarray) -> tuple[float, float]:
@@ -48,8 +37,8 @@ def prefix_ms(graph, last: int, threads: int, first_input: np.ndarray) -> tuple[
     try:
         inputs = session.normalize_inputs({session.graph.inputs[0].name: first_input})
         ours = lambda: session.run_into(inputs, lambda outputs, owned: None)  # noqa: E731
-        return (min(median_ms(interpreter.invoke) for _ in range(ROUNDS)),
-                min(median_ms(ours) for _ in range(ROUNDS)))
+        return (min(alone_median(interpreter.invoke, RUNS, WARMUP) for _ in range(ROUNDS)),
+                min(alone_median(ours, RUNS, WARMUP) for _ in range(ROUNDS)))
     finally:
         session.close()
 
