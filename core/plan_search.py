@@ -50,6 +50,12 @@ MAX_ROUNDS = 25
 # model is run; after one untimed run, the CPU alone still measured up to 1.27x itself).
 RUNS_PER_ROUND = 2
 STOP_MARGIN = 1.3  # stopped when its fastest run is this much slower than the leader's median
+# A plan that is not a single backend alone is kept over the fastest of those only where it measured faster
+# than this fraction of that one's time: closer, the order is the measurement's noise, and a split plan or
+# another precision is the one that risks more (an H100 host, 2026-12-08 00:51 UTC: the search kept
+# efficientnet_lite_blocks_fp32's cost plan at fp16, which the harness then measured at 1.10x OpenCL alone; on
+# the 2-core VM four configurations that chose one plan measured 0.94-1.06x each other)
+CLEAR_WIN = 0.95
 DECISION_VERSION = 2  # bump when the candidate set or its naming changes
 # The status of an accelerator alone whose cold compile outlasted the budget (pose_landmark_full's OpenCL
 # kernels took 10-14 s to build on H100 hosts, and tune took 14.7 s of a 10 s budget waiting for them).  The
@@ -254,7 +260,8 @@ def _leader_ms(trials: Sequence[Trial], besides: Trial) -> float:
 def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callable[[], Any]],
             budget_s: float, started: float | None = None,
             more: Callable[[], Sequence[Candidate]] | None = None) -> Candidate:
-    """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest.
+    """Time each candidate (``build`` compiles it and returns one run); fill ``measured_ms``; the fastest, but a
+    single backend alone over any other plan that did not beat it by more than CLEAR_WIN.
 
     The single backends alone come first (what the plan must never be slower than), compiled side by side,
     one thread each (``build`` must let different backends compile at once): the host alone always, an
@@ -374,4 +381,11 @@ def measure(candidates: Sequence[Candidate], build: Callable[[Candidate], Callab
         trial.candidate.measured_ms = float(np.median(trial.samples))
     if not trials:
         raise RuntimeError("no candidate plan could be compiled and run")
-    return min((t.candidate for t in trials if t in live), key=lambda c: c.measured_ms)
+    kept = [t.candidate for t in trials if t in live]
+    best = min(kept, key=lambda c: c.measured_ms)
+    single = min((c for c in kept if c.baseline), key=lambda c: c.measured_ms, default=None)
+    if single is not None and not best.baseline and best.measured_ms > CLEAR_WIN * single.measured_ms:
+        best.status = (f"within {1 - CLEAR_WIN:.0%} of {single.name}: a single backend alone is kept unless beaten "
+                       f"by more")
+        best = single
+    return best

@@ -1760,3 +1760,25 @@ def test_refit_of_a_class_measured_at_two_sizes_draws_a_line_through_both():
     refit(profile, observations, lambda op: False)
     for lstm, took in lstms:
         assert profile.compute_ms(op_flops(lstm), op_bytes(lstm), "recurrent", op_steps(lstm)) == pytest.approx(took, rel=0.1)
+
+
+def test_a_plan_of_several_backends_must_clearly_beat_the_single_backends():
+    """A split plan (or another precision) measured within CLEAR_WIN of the fastest single backend alone gives way
+    to it, and says so; one that beats it clearly is kept."""
+    import time as clock
+    from delegate.planner import Candidate
+
+    def busy(seconds):
+        end = clock.perf_counter() + seconds
+        while clock.perf_counter() < end:
+            pass
+
+    for split_ms, kept in ((0.49, "cpu"), (0.35, "cost:gpu")):
+        delays = {"cpu": 0.50, "greedy:gpu": 0.70, "cost:gpu": split_ms}
+        candidates = [Candidate("cpu", {0: "cpu", 1: "cpu"}, 1.0, baseline=True, host_alone=True),
+                      Candidate("greedy:gpu", {0: "gpu", 1: "gpu"}, 1.0, baseline=True),
+                      Candidate("cost:gpu", {0: "gpu", 1: "cpu"}, 1.0)]
+        winner = plan_search.measure(candidates, lambda c: lambda: busy(delays[c.name] * 1e-3), budget_s=3.0)
+        assert winner.name == kept, [(c.name, c.measured_ms, c.status) for c in candidates]
+        split = candidates[2]
+        assert split.status.startswith("within 5% of cpu") == (kept == "cpu" and split.measured_ms < winner.measured_ms)
