@@ -106,10 +106,39 @@ def _output_like_input(op: Op, slot: int = 0) -> None:
              f"output {t.index} of type {t.dtype.name} must have input {slot}'s type {op.inputs[slot].dtype.name}")
 
 
-def _bias(op: Op, slot: int, units: int) -> None:
+# LiteRT's 64-bit rescale of an int16 kernel's sums (MultiplyByQuantizedMultiplier on int64) takes them below
+# 2**47 in magnitude; an int64 bias leaving the products' sums no room there overflows it, and its kernels then
+# compute what the wrap gives (a fixture's bias mutated to 9.2e18 gave outputs 65535 steps apart).
+INT16_SUM_BOUND = 1 << 47
+
+
+def _one_scale(op: Op, slot: int = 0) -> None:
+    """A quantized convolution or product reads one scale and zero point of its data input (``slot``) and of its
+    output, as LiteRT's kernels do: a scale per channel there is not something they compute with (a fuzzed
+    MobileNet whose convolution read a per-channel constant came out 14 steps from LiteRT's)."""
+    for t, what in ((op.input(slot), "input"), (op.outputs[0], "output")):
+        q = None if t is None else t.quantization
+        if q is not None and t.dtype in (DType.int8, DType.uint8, DType.int16) and np.size(q.scale) > 1:
+            raise Invalid(f"{what} {t.index} has {np.size(q.scale)} scales: the kernel reads one, not one per channel")
+
+
+def _bias(op: Op, slot: int, units: int, products: int = 0, data: int = 0) -> None:
+    """The bias holds a value per output channel; an int64 bias of an int16 kernel (its input in slot ``data``)
+    summing ``products`` products of its input and weights a value each leaving the sum within
+    INT16_SUM_BOUND."""
     bias = op.input(slot)
-    if bias is not None:
-        need(bias.size == units, f"bias {bias.index} has {bias.size} values for {units} output channels")
+    if bias is None:
+        return
+    need(bias.size == units, f"bias {bias.index} has {bias.size} values for {units} output channels")
+    values = _const(op, slot)
+    if products and values is not None and values.size and bias.dtype == DType.int64 \
+            and op.inputs[data].dtype == DType.int16:
+        weight = op.inputs[1].dtype
+        largest = products * (1 << 15) * (1 << (15 if weight == DType.int16 else 7))
+        widest = max(int(values.max()), -int(values.min()))
+        need(widest + largest < INT16_SUM_BOUND,
+             f"bias {bias.index} holds {widest if widest == int(values.max()) else -widest}: with {products} "
+             f"products a sum leaves the 2**47 that LiteRT's 64-bit rescale of int16 sums takes")
 
 
 # -- elementwise ----------------------------------------------------------------
@@ -235,7 +264,8 @@ def _conv(op: Op) -> None:
     need(channels % depth == 0, f"input channels {channels} are not a multiple of the filter's {depth}")
     need(units % (channels // depth) == 0 if channels else False,
          f"{units} output channels do not split into {channels // depth if channels else 0} groups")
-    _bias(op, 2, units)
+    _bias(op, 2, units, kh * kw * depth)
+    _one_scale(op)
 
 
 # Three inputs, as LiteRT's kernel reads them (with two it reads past the node's inputs and crashes;
@@ -252,7 +282,8 @@ def _depthwise(op: Op) -> None:
     need(channels >= 1 and units % channels == 0,
          f"filter channels {units} are not a multiple of the input's {channels}")
     # depth_multiplier is not checked: LiteRT's builtin kernel ignores it for units // channels
-    _bias(op, 2, units)
+    _bias(op, 2, units, kh * kw)
+    _one_scale(op)
 
 
 @operands("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", inputs=1, keeps_type=0)
@@ -277,7 +308,8 @@ def _transpose_conv(op: Op) -> None:
     if out is not None:
         need(all(int(d) >= 1 for d in out.ravel()), f"output shape {out.ravel().tolist()} has a dimension < 1")
         need(int(out.ravel()[3]) == units, f"output channels {int(out.ravel()[3])} differ from the filter's {units}")
-    _bias(op, 3, units)
+    _bias(op, 3, units, kh * kw * depth, data=2)
+    _one_scale(op, 2)
 
 
 @operands("Convolution2DTransposeBias", inputs=3)
@@ -336,7 +368,8 @@ def _fully_connected(op: Op) -> None:
         need(x.shape and x.shape[-1] == depth,
              f"keep_num_dims needs the input's last dimension ({x.shape[-1] if x.shape else None}) "
              f"to be the weights' depth {depth}")
-    _bias(op, 2, units)
+    _bias(op, 2, units, depth)
+    _one_scale(op)
 
 
 @operands("BATCH_MATMUL", inputs=2)

@@ -39,6 +39,13 @@ def _conv(opcode="CONV_2D", filt=(4, 3, 3, 3), bias=4, x=(1, 4, 4, 3), shape=(1,
                 shape, x=x, options={**SAME, **options})
 
 
+def _int16x8_fully_connected(bias: int) -> bytes:
+    """int16 inputs, int8 weights, an int64 bias holding ``bias`` (as the converter's int16x8 models, but for that)."""
+    return _one("FULLY_CONNECTED", lambda b, t: [t, b.const("w", np.ones((3, 6), np.int8), quant=(0.01, 0)),
+                                                 b.const("b", np.array([0, bias, 5], np.int64), quant=(1e-5, 0))],
+                (1, 3), x=(1, 6), dtype="int16", quant=(0.001, 0), out_quant=(0.002, 0))
+
+
 def _detection(options: bytes, anchors: int = 8, classes: int = 2) -> bytes:
     b = GraphBuilder()
     boxes = b.input("boxes", (1, anchors, 4))
@@ -158,6 +165,13 @@ CASES = {
                                    options={**SAME, "filter_height": 0, "filter_width": 2}), "filter_height"),
     "reshape product": (_one("RESHAPE", lambda b, t: [t, b.const("s", np.array([4, 2], np.int32))], (4, 2),
                              x=(1, 6)), "holds"),
+    "int16x8 fully connected bias beyond the 64-bit rescale": (_int16x8_fully_connected(1 << 60), "2**47"),
+    "int16x8 fully connected bias at the most negative int64": (_int16x8_fully_connected(-(1 << 63)), "2**47"),
+    "int8 conv reading a per-channel input": (
+        _one("CONV_2D", lambda b, t: [t, b.const("w", np.ones((2, 1, 1, 3), np.int8), quant=(0.01, 0)),
+                                      b.const("b", np.zeros(2, np.int32), quant=(1e-4, 0))],
+             (1, 4, 4, 2), dtype="int8", quant=(np.full(3, 0.01, np.float32), np.zeros(3, np.int64), 3),
+             out_quant=(0.05, 0), options=SAME), "per channel"),
     "conv bias length": (_conv(bias=5), "bias"),
     "conv filter in-channels > input": (_conv(filt=(4, 3, 3, 4), x=(1, 4, 4, 2)), "multiple"),
     "transpose conv bias short options": (_transpose_conv_bias(struct.pack("<ii", 1, 2)), "12"),
