@@ -76,6 +76,14 @@ _RESCALED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+
+
+def own_address(call: ctypes.Structure) -> ctypes.c_void_p:
+    """The pointer a prepared call passes for itself.  Not ``ctypes.byref``: kept on the call, a byref object
+    references the call, and the garbage collector cannot see through it, so every call (and the packed
+    weights and tables it keeps) outlived its session (a numpy-engine session of an int8 MobileNet left
+    1.4 MB behind at each load and close)."""
+    return ctypes.c_void_p(ctypes.addressof(call))
 _F32 = np.dtype(np.float32)
 
 
@@ -428,7 +436,7 @@ class ProductCall(ctypes.Structure):
         super().__init__(m, rhs.columns, k, None, row_step // 4, column_step // 4, rhs.panels.ctypes.data, None,
                          ldc, ctypes.pointer(finish), threads)
         _adding(self, residual)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
         """Contiguous arrays of (m, k) and (m, n) items (a prepared call's rows are contiguous)."""
@@ -457,7 +465,7 @@ class ConvCall(ctypes.Structure):
         super().__init__(None, weights.panels.ctypes.data, weights.columns, None, ctypes.pointer(where),
                          ctypes.pointer(finish), threads)
         _adding(self, residual)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
         self.kept[1].placed(x, _placed_operand(self, (x, *rest)))
@@ -479,7 +487,7 @@ class DepthwiseCall(ctypes.Structure):
         self.kept = (taps, where, finish)
         super().__init__(None, taps.weights.ctypes.data, taps.repeated.ctypes.data, taps.period, None,
                          ctypes.pointer(where), ctypes.pointer(finish), threads, taps.finite)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept[1].placed(x, out)
@@ -503,7 +511,7 @@ class BinaryCall(ctypes.Structure):
         self.sizes = (sizes[forms[0]], sizes[forms[1]], n)
         super().__init__(BINARY_KINDS.index(kind), None, None, None, n, columns, BINARY_FORMS.index(forms[0]),
                          BINARY_FORMS.index(forms[1]), ctypes.pointer(finish), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
@@ -519,7 +527,7 @@ class CopyCall(ctypes.Structure):
 
     def __init__(self, nbytes: int):
         super().__init__(None, None, nbytes)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.flags.c_contiguous and out.flags.c_contiguous and x.nbytes == out.nbytes == self.bytes
@@ -544,7 +552,7 @@ class BatchProductCall(ctypes.Structure):
         self.sizes = (batch * m * k, (1 if shared_b else batch) * k * n, batch * m * n)
         super().__init__(None, None, None, sgemm[0], sgemm[1], batch, m, n, k, trans[0], trans[1],
                          0 if shared_b else k * n, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(x, size) for x, size in zip((a, b, out), self.sizes)),
@@ -579,7 +587,7 @@ class HybridFcCall(ctypes.Structure):
         super().__init__(None, None, self.kept[0].ctypes.data, self.kept[1].ctypes.data,
                          None if bias is None else self.kept[2].ctypes.data, rows, depth, units, asymmetric,
                          bounds[0], bounds[1], threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.rows * self.depth) and _contiguous(out, self.rows * self.units),
@@ -608,7 +616,7 @@ class TransposeCall(ctypes.Structure):
         self.in_shape, self.out_shape = tuple(shape), tuple(shape[k] for k in perm)
         super().__init__(None, None, len(shape), self.dtype.itemsize, (_INT64 * TRANSPOSE_AXES)(*self.out_shape),
                          (_INT64 * TRANSPOSE_AXES)(*(strides[k] for k in perm)), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(x.shape == self.in_shape and out.shape == self.out_shape and x.flags.c_contiguous
@@ -628,7 +636,7 @@ class UnaryCall(ctypes.Structure):
         fits(finish.bias is None and finish.slope is None, "a unary op's epilogue is a clamp")
         self.kept = finish
         super().__init__(UNARY_KINDS.index(kind), None, None, size, ctypes.pointer(finish), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.n) and _contiguous(out, self.n), f"unary arrays {x.shape} -> {out.shape}")
@@ -646,7 +654,7 @@ class PadCall(ctypes.Structure):
         columns = shape[-1] if shape else 1
         fits(before >= 0 and after >= 0 and columns >= 1, f"pad of {tuple(shape)} by ({before}, {after})")
         super().__init__(None, None, math.prod(shape) // columns, columns, before, after, value, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.rows * self.columns) and
@@ -668,7 +676,7 @@ class PoolCall(ctypes.Structure):
         fits(finish.bias is None and finish.slope is None, "a pool's epilogue is a clamp")
         self.kept = (where, finish)
         super().__init__(None, None, ctypes.pointer(where), average, ctypes.pointer(finish), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept[0].placed(x, out)
@@ -687,7 +695,7 @@ class PreluCall(ctypes.Structure):
         fits(bool(shape) and shape[-1] == slope.size, f"prelu of {tuple(shape)} by {slope.size} slopes")
         self.kept = slope
         super().__init__(None, slope.ctypes.data, None, math.prod(shape) // slope.size, slope.size, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         size = self.rows * self.channels
@@ -716,7 +724,7 @@ class ResizeCall(ctypes.Structure):
             taps += [lower, upper, weight]
         self.kept = taps
         super().__init__(None, None, n, h, w, c, *(t.ctypes.data for t in taps), taps[0].size, taps[3].size, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.images * self.h * self.w * self.c) and
@@ -735,7 +743,7 @@ class MeanCall(ctypes.Structure):
     def __init__(self, outer: int, count: int, inner: int, threads: int):
         fits(count >= 1 and outer >= 1 and inner >= 1, f"mean of ({outer}, {count}, {inner}) over its middle")
         super().__init__(None, None, outer, count, inner, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.images * self.pixels * self.c) and _contiguous(out, self.images * self.c),
@@ -753,7 +761,7 @@ class SoftmaxCall(ctypes.Structure):
     def __init__(self, size: int, depth: int, beta: float, threads: int):
         fits(depth >= 1 and size % depth == 0, f"softmax rows of {depth} in {size} items")
         super().__init__(None, None, size // depth, depth, beta, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         size = self.rows * self.depth
@@ -897,7 +905,7 @@ class WideCall(ctypes.Structure):
         self.symbol, self.kept = self.symbols[kind], (weights, stage, where)
         super().__init__(rows, units, depth, None, weights.ctypes.data, None,
                          None if where is None else ctypes.pointer(where), zero, ctypes.pointer(stage), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         where = self.kept[2]
@@ -958,7 +966,7 @@ class QBinaryCall(ctypes.Structure):
         super().__init__(None, None, None, size, period, int(mul), head, *zeros,
                          None if mul else tables.ctypes.data, (_INT64 * 4)(*(factors or [0] * 4)),
                          int(bool(factors)), ctypes.pointer(output), threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fits(all(_contiguous(v, n, _I8) for v, n in ((a, self.n), (b, self.period), (out, self.n))),
@@ -1004,7 +1012,7 @@ class QProductCall(ctypes.Structure):
         super().__init__(rows, rhs.units, rhs.depth, None, rhs.depth, rhs.panels.ctypes.data, rhs.sums.ctypes.data,
                          None, rhs.units, ctypes.pointer(stage), threads)
         _with_residual(self, residual, rows * rhs.units)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, lhs: np.ndarray, *rest: np.ndarray) -> None:
         out = _placed_residual(self, (lhs, *rest))
@@ -1032,7 +1040,7 @@ class QConvCall(ctypes.Structure):
         super().__init__(None, rhs.panels.ctypes.data, rhs.sums.ctypes.data, rhs.units, None, ctypes.pointer(where),
                          zero, ctypes.pointer(stage), threads)
         _with_residual(self, residual, where.images * where.image_out)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, *rest: np.ndarray) -> None:
         self.kept[1].placed(x, _placed_residual(self, (x, *rest)), _I8)
@@ -1071,7 +1079,7 @@ class QDepthwiseCall(ctypes.Structure):
         super().__init__(None, taps.ctypes.data, None, ctypes.pointer(where), zero, int(wide),
                          None if wide else ctypes.pointer(stage), ctypes.pointer(stage) if wide else None, threads,
                          paired.ctypes.data, paired_bias.ctypes.data, zeros.ctypes.data)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     @staticmethod
     def sums_fit(taps: np.ndarray, dtype, zero: int) -> bool:
@@ -1096,7 +1104,7 @@ class QPoolCall(ctypes.Structure):
         fits(where.out_layout[0][3] == where.c, "pool output channels differ from the input's")
         self.kept = where
         super().__init__(None, None, ctypes.pointer(where), average, *bounds, threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         self.kept.placed(x, out, _I8)
@@ -1117,7 +1125,7 @@ class LookupCall(ctypes.Structure):
         self.itemsize = table.itemsize
         flip = (1 << (8 * table.itemsize - 1)) if signed else 0
         super().__init__(None, None, size, self.kept.ctypes.data, flip, threads, int(table.itemsize == 2))
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(all(a.itemsize == self.itemsize and a.flags.c_contiguous and a.size == self.n for a in (x, out)),
@@ -1142,7 +1150,7 @@ class QuantizeCall(ctypes.Structure):
         self.dtype = np.dtype(dtype)
         super().__init__(None, None, size, whole, reciprocal, divisor, zero, bounds[0], bounds[1], self.dtype.itemsize,
                          threads)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.n) and _contiguous(out, self.n, self.dtype),
@@ -1163,7 +1171,7 @@ class QSoftmaxCall(ctypes.Structure):
              f"softmax table {table.shape} {table.dtype} or rows of {depth} in {size} items")
         self.kept = np.ascontiguousarray(table)
         super().__init__(None, None, size // depth, depth, self.kept.ctypes.data, scale, zero, *bounds)
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         size = self.rows * self.depth
@@ -1241,7 +1249,7 @@ class QLstmCall(ctypes.Structure):
         scratch = np.zeros(6 * sizes["batch"] * n_cell, np.int64)
         self.kept.append(scratch)
         self.scratch = scratch.ctypes.data
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, h: np.ndarray, c: np.ndarray, y: np.ndarray) -> None:
         rows = self.batch
@@ -1267,7 +1275,7 @@ class QMeanCall(ctypes.Structure):
         fits(stage.channels == c, f"a mean's stage of {stage.channels} channels for {c}")
         self.kept = stage
         super().__init__(None, None, n, h * w, c, ctypes.pointer(stage))
-        self.reference = ctypes.byref(self)
+        self.reference = own_address(self)
 
     def placed(self, x: np.ndarray, out: np.ndarray) -> None:
         fits(_contiguous(x, self.images * self.pixels * self.c, _I8) and _contiguous(out, self.images * self.c, _I8),
