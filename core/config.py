@@ -526,7 +526,9 @@ class Limits(Section):
 
 
 def machine_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower."""
+    """Bytes of memory this process may use: the machine's, or when lower its cgroup's limit, or what its
+    address-space limit (``ulimit -v``) leaves beside what it has mapped already (a model planning 12 GiB under a
+    4 GiB limit otherwise ended in numpy's MemoryError where the budget's one-line refusal was due)."""
     try:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
@@ -538,7 +540,26 @@ def machine_memory() -> int:
             total = min(total, int(limit))
     except OSError:
         pass
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            total = min(total, max(soft - _mapped_bytes(), 0))
+    except (ImportError, ValueError, OSError):
+        pass
     return total
+
+
+def _mapped_bytes() -> int:
+    """This process's address space in use (VmSize), 0 where the system does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 @dataclass(frozen=True)

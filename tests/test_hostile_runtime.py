@@ -277,6 +277,22 @@ def test_a_model_over_the_memory_budget_is_refused_before_allocating():
         Session(read_model(data), RunSettings(limits=Limits(memory_mb=4096)))
 
 
+def test_the_default_budget_is_what_the_address_space_limit_leaves(monkeypatch):
+    """Under ``ulimit -v`` the default budget (limits.memory_mb: null) is what the limit leaves beside what the
+    process has mapped: a model planning past it is refused in one line, not by numpy's MemoryError."""
+    import resource
+
+    from delegate import config
+
+    mapped = config._mapped_bytes()
+    assert mapped > 0
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (mapped + (1 << 30), resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert config.machine_memory() <= 1 << 30
+    with pytest.raises(ExecutionError, match=r"more than the memory budget of 1 GiB \(limits.memory_mb\)"):
+        Session(read_model(big_intermediates_model()), RunSettings(limits=Limits()))
+
+
 def test_resize_is_checked_against_the_budget_and_negative_dimensions_are_refused():
     b = GraphBuilder()
     x = b.input("x", (1, 64, 64, 3), shape_signature=(-1, 64, 64, 3))
