@@ -78,12 +78,12 @@ _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 
 
-def own_address(call: ctypes.Structure) -> ctypes.c_void_p:
+def own_address(call: ctypes.Structure):
     """The pointer a prepared call passes for itself.  Not ``ctypes.byref``: kept on the call, a byref object
     references the call, and the garbage collector cannot see through it, so every call (and the packed
     weights and tables it keeps) outlived its session (a numpy-engine session of an int8 MobileNet left
     1.4 MB behind at each load and close)."""
-    return ctypes.c_void_p(ctypes.addressof(call))
+    return ctypes.cast(ctypes.c_void_p(ctypes.addressof(call)), ctypes.POINTER(type(call)))
 _F32 = np.dtype(np.float32)
 
 
