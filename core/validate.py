@@ -153,10 +153,28 @@ def _binary(op: Op) -> None:
         _output_like_input(op)
     if op.opcode == "ADD":
         _quantized_add(op)
+    if op.opcode == "MUL":
+        _quantized_mul(op)
     if op.opcode in ("ADD", "SUB", "MUL") and op.inputs[0].shape != op.inputs[1].shape:
         # LiteRT's broadcasting kernels abort the process on an operand with a scale per channel
         need(all(t.quantization is None or np.size(t.quantization.scale) <= 1 for t in op.inputs),
              "a broadcast operand takes one scale, not one per channel")
+
+
+# A quantized MUL rescales each product to the output by the input scales' product over the output's, in
+# 32-bit fixed point with a left shift for multipliers above 1: from 2**30 on that shift reaches 31 bits and the
+# product overflows (a fuzzed fixture's output scale of 1e-45 gave outputs 3277 steps from LiteRT's).
+MUL_MULTIPLIER_BOUND = 2.0 ** 30
+
+
+def _quantized_mul(op: Op) -> None:
+    out, (a, b) = op.outputs[0], op.inputs
+    if out.dtype not in (DType.int8, DType.uint8, DType.int16) or any(t.quantization is None for t in (a, b, out)):
+        return
+    scales = [_first_scale(t) for t in (a, b, out)]
+    need(scales[0] * scales[1] / scales[2] < MUL_MULTIPLIER_BOUND,
+         f"the output scale {scales[2]:g} is too small for input scales {scales[0]:g} and {scales[1]:g} (their "
+         f"product over it must stay below 2^30, LiteRT's fixed-point rescale)")
 
 
 def _first_scale(t: Tensor | None, default: float = 1.0) -> float:

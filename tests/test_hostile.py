@@ -172,6 +172,9 @@ CASES = {
                                       b.const("b", np.zeros(2, np.int32), quant=(1e-4, 0))],
              (1, 4, 4, 2), dtype="int8", quant=(np.full(3, 0.01, np.float32), np.zeros(3, np.int64), 3),
              out_quant=(0.05, 0), options=SAME), "per channel"),
+    "int16 mul output scale 1e-45": (
+        _one("MUL", lambda b, t: [t, t], (1, 4, 4, 3), dtype="int16", quant=(0.001, 0), out_quant=(1e-45, 0),
+             options={"fused_activation_function": "NONE"}), "too small"),
     "conv bias length": (_conv(bias=5), "bias"),
     "conv filter in-channels > input": (_conv(filt=(4, 3, 3, 4), x=(1, 4, 4, 2)), "multiple"),
     "transpose conv bias short options": (_transpose_conv_bias(struct.pack("<ii", 1, 2)), "12"),
