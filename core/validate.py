@@ -167,11 +167,19 @@ def _binary(op: Op) -> None:
 MUL_MULTIPLIER_BOUND = 2.0 ** 30
 
 
-def _quantized_mul(op: Op) -> None:
+def _quantized_binary(op: Op) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(a, b, out) of an integer ADD or MUL whose three tensors are quantized, else None."""
     out, (a, b) = op.outputs[0], op.inputs
     if out.dtype not in (DType.int8, DType.uint8, DType.int16) or any(t.quantization is None for t in (a, b, out)):
+        return None
+    return a, b, out
+
+
+def _quantized_mul(op: Op) -> None:
+    tensors = _quantized_binary(op)
+    if tensors is None:
         return
-    scales = [_first_scale(t) for t in (a, b, out)]
+    scales = [_first_scale(t) for t in tensors]
     need(scales[0] * scales[1] / scales[2] < MUL_MULTIPLIER_BOUND,
          f"the output scale {scales[2]:g} is too small for input scales {scales[0]:g} and {scales[1]:g} (their "
          f"product over it must stay below 2^30, LiteRT's fixed-point rescale)")
@@ -190,11 +198,12 @@ def _power_of_two(scale: float) -> bool:
 def _quantized_add(op: Op) -> None:
     """LiteRT's quantized ADD rescales its sum to the output by a multiplier it requires below 1 (the process
     aborts otherwise): twice the larger input scale over 2^20 (2^15 for int16) times the output's."""
-    out, (a, b) = op.outputs[0], op.inputs
-    if out.dtype not in (DType.int8, DType.uint8, DType.int16) or any(t.quantization is None for t in (a, b, out)):
+    tensors = _quantized_binary(op)
+    if tensors is None:
         return
-    scales = [_first_scale(t) for t in (a, b, out)]
-    zeros = [int(np.asarray(t.quantization.zero_point).ravel()[0]) for t in (a, b, out)]
+    out = tensors[2]
+    scales = [_first_scale(t) for t in tensors]
+    zeros = [int(np.asarray(t.quantization.zero_point).ravel()[0]) for t in tensors]
     if out.dtype == DType.int16 and op.options.get("pot_scale_int16", True) and not any(zeros) and \
             all(map(_power_of_two, scales)):
         return  # int16 scales of powers of two: LiteRT shifts instead

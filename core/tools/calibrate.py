@@ -408,13 +408,18 @@ WORKLOAD_PASSES = 2
 
 def _timed_workload(session, inputs) -> tuple[float, list]:
     """One pass of a workload: its plan's median ms once settled, and each partition timed alone."""
-    from .measure import profile_partitions, samples_ms, settle
+    from .measure import profile_partitions
 
-    def run():
-        return session.run_indexed(inputs)
+    return _settled_median(lambda: session.run_indexed(inputs)), \
+        profile_partitions(session.executor, inputs, WORKLOAD_RUNS)
+
+
+def _settled_median(run) -> float:
+    """Median ms of WORKLOAD_PLAN_RUNS of ``run`` after WORKLOAD_WARMUP, once settled (``measure.settle``)."""
+    from .measure import alone_median, settle
+
     settle(run)
-    ms = float(np.median(samples_ms(run, WORKLOAD_PLAN_RUNS, warmup=WORKLOAD_WARMUP)))
-    return ms, profile_partitions(session.executor, inputs, WORKLOAD_RUNS)
+    return alone_median(run, WORKLOAD_PLAN_RUNS, warmup=WORKLOAD_WARMUP)
 
 
 def _plan_of(executor) -> list[tuple[str, tuple[int, ...]]]:
@@ -496,7 +501,6 @@ def reference_ms(settings) -> float:
     from ..plugins import HOST_WORD
     from ..session import Session
     from ..tflite.reader import read_model
-    from .measure import samples_ms, settle
 
     net, kwargs = WORKLOADS[0]
     alone = dataclasses.replace(settings.placement, search="estimate", pins=[], denies=[])
@@ -505,12 +509,7 @@ def reference_ms(settings) -> float:
     session = Session(read_model(zoo.build(net, **kwargs)), host)
     try:
         inputs = session.normalize_inputs(make_inputs(session.graph, None))
-        run = lambda: session.run_indexed(inputs)  # noqa: E731
-        bursts = []
-        for _ in range(REFERENCE_BURSTS):
-            settle(run)
-            bursts.append(float(np.median(samples_ms(run, WORKLOAD_PLAN_RUNS, warmup=WORKLOAD_WARMUP))))
-        return min(bursts)
+        return min(_settled_median(lambda: session.run_indexed(inputs)) for _ in range(REFERENCE_BURSTS))
     finally:
         session.close()
 
